@@ -1,0 +1,257 @@
+//! What a response means for the run: success, or which kind of failure.
+//!
+//! The pool branches on [`CallError`]: a rate limit pauses everyone and
+//! requeues, exhausted credits halt, transient failures retry, permanent ones
+//! are recorded, and a rejected key stops the whole run.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+
+use crate::rate::retry_after;
+
+/// Why a call did not succeed, in the terms the pool acts on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallError {
+    /// A 429 for pace (window overrun or cooldown): pause every worker, requeue.
+    #[error("rate limited (HTTP 429{})", fmt_after(.retry_after))]
+    RateLimited {
+        /// The server's `Retry-After`, if it sent a usable one.
+        retry_after: Option<Duration>,
+    },
+    /// A 429 for the concurrency ceiling: this worker waits, nobody else does.
+    #[error("concurrency ceiling reached (HTTP 429, x-concurrency-limit)")]
+    Concurrency {
+        /// The server's `Retry-After`, if it sent a usable one.
+        retry_after: Option<Duration>,
+    },
+    /// No credits left (429 with a credit header ≤ 0, or 402): halt cleanly.
+    #[error("credits exhausted (HTTP {status})")]
+    CreditsExhausted {
+        /// 429 or 402.
+        status: u16,
+    },
+    /// The key was refused (401/403): nothing else will work either.
+    #[error("the API key was rejected (HTTP {status})")]
+    Auth {
+        /// 401 or 403.
+        status: u16,
+    },
+    /// Worth retrying: 5xx, 408, a timeout or a dropped connection.
+    #[error("{reason}")]
+    Transient {
+        /// What happened, for the failures file.
+        reason: String,
+        /// The server's `Retry-After`, if it sent one.
+        retry_after: Option<Duration>,
+    },
+    /// Retrying cannot help: any other 4xx.
+    #[error("HTTP {status}: {reason}")]
+    Permanent {
+        /// The status code.
+        status: u16,
+        /// A short reason (the body's error message when it has one).
+        reason: String,
+    },
+}
+
+fn fmt_after(d: &Option<Duration>) -> String {
+    d.map(|d| format!(", retry after {}s", d.as_secs_f64()))
+        .unwrap_or_default()
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Classifies a response by status and headers. `body` is used only to give
+/// a permanent failure a readable reason.
+pub fn classify(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+    now: SystemTime,
+) -> Result<(), CallError> {
+    let retry_after = header_str(headers, "retry-after").and_then(|v| retry_after::parse(v, now));
+    let code = status.as_u16();
+    match code {
+        200..=299 => Ok(()),
+        402 => Err(CallError::CreditsExhausted { status: code }),
+        429 if crate::credits::exhausted_by_headers(headers) => {
+            Err(CallError::CreditsExhausted { status: code })
+        }
+        429 if headers.contains_key("x-concurrency-limit") => {
+            Err(CallError::Concurrency { retry_after })
+        }
+        429 => Err(CallError::RateLimited { retry_after }),
+        401 | 403 => Err(CallError::Auth { status: code }),
+        408 | 500..=599 => Err(CallError::Transient {
+            reason: format!(
+                "HTTP {code}{}",
+                short_reason(body)
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            retry_after,
+        }),
+        _ => Err(CallError::Permanent {
+            status: code,
+            reason: short_reason(body).unwrap_or_else(|| {
+                status
+                    .canonical_reason()
+                    .unwrap_or("unexpected status")
+                    .to_string()
+            }),
+        }),
+    }
+}
+
+/// A transport failure (timeout, refused, reset) is always worth a retry.
+pub fn transport(err: &reqwest::Error) -> CallError {
+    let what = if err.is_timeout() {
+        "timed out"
+    } else if err.is_connect() {
+        "could not connect"
+    } else if err.is_body() || err.is_decode() {
+        "connection dropped while reading the response"
+    } else {
+        "connection failed"
+    };
+    // reqwest's Display includes the URL, which may carry the item's data
+    // but never the key (the key travels in a header). Keep the cause chain short.
+    let mut reason = what.to_string();
+    let mut src = std::error::Error::source(err);
+    while let Some(s) = src {
+        reason = format!("{what}: {s}");
+        src = s.source();
+    }
+    CallError::Transient {
+        reason,
+        retry_after: None,
+    }
+}
+
+/// The `error` or `message` field of a JSON error body, or the first line of
+/// a text body, trimmed to something a failures file can hold.
+fn short_reason(body: &str) -> Option<String> {
+    let from_json = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            ["error", "message", "detail"]
+                .iter()
+                .find_map(|k| v.get(k).and_then(|m| m.as_str()).map(str::to_string))
+        });
+    let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    Some(text.chars().take(200).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderName, HeaderValue};
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.insert(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    fn c(code: u16, pairs: &[(&str, &str)], body: &str) -> Result<(), CallError> {
+        classify(
+            StatusCode::from_u16(code).unwrap(),
+            &h(pairs),
+            body,
+            SystemTime::now(),
+        )
+    }
+
+    #[test]
+    fn success() {
+        assert_eq!(c(200, &[], ""), Ok(()));
+        assert_eq!(c(204, &[], ""), Ok(()));
+    }
+
+    #[test]
+    fn rate_limit_vs_credits_vs_concurrency() {
+        assert_eq!(
+            c(
+                429,
+                &[("retry-after", "7"), ("x-api-remaining-credits", "12")],
+                ""
+            ),
+            Err(CallError::RateLimited {
+                retry_after: Some(Duration::from_secs(7))
+            })
+        );
+        assert_eq!(
+            c(
+                429,
+                &[("retry-after", "7"), ("x-api-remaining-credits", "0")],
+                ""
+            ),
+            Err(CallError::CreditsExhausted { status: 429 })
+        );
+        assert_eq!(
+            c(429, &[("x-api-remaining-credits", "-3")], ""),
+            Err(CallError::CreditsExhausted { status: 429 })
+        );
+        assert_eq!(
+            c(402, &[], ""),
+            Err(CallError::CreditsExhausted { status: 402 })
+        );
+        assert_eq!(
+            c(
+                429,
+                &[("retry-after", "1"), ("x-concurrency-limit", "5")],
+                ""
+            ),
+            Err(CallError::Concurrency {
+                retry_after: Some(Duration::from_secs(1))
+            })
+        );
+        // No usable Retry-After: the pool falls back to its own default.
+        assert_eq!(
+            c(429, &[("retry-after", "whenever")], ""),
+            Err(CallError::RateLimited { retry_after: None })
+        );
+    }
+
+    #[test]
+    fn auth_transient_permanent() {
+        assert_eq!(c(401, &[], ""), Err(CallError::Auth { status: 401 }));
+        assert_eq!(c(403, &[], ""), Err(CallError::Auth { status: 403 }));
+        assert!(matches!(
+            c(503, &[("retry-after", "2")], "busy"),
+            Err(CallError::Transient { retry_after: Some(d), .. }) if d == Duration::from_secs(2)
+        ));
+        assert!(matches!(c(408, &[], ""), Err(CallError::Transient { .. })));
+        assert_eq!(
+            c(
+                422,
+                &[],
+                r#"{"status":"error","error":"number must be an integer"}"#
+            ),
+            Err(CallError::Permanent {
+                status: 422,
+                reason: "number must be an integer".into()
+            })
+        );
+        assert_eq!(
+            c(404, &[], ""),
+            Err(CallError::Permanent {
+                status: 404,
+                reason: "Not Found".into()
+            })
+        );
+    }
+}

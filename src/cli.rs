@@ -1,0 +1,310 @@
+//! The command line. `run` is the default subcommand, so
+//! `batchrun --plan starter input.jsonl` works as written.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::input::Format;
+use crate::rate::{Limit, Plan};
+
+/// Push a file of items through a metered, rate-limited API as fast as the
+/// plan allows, without tripping it; stop cleanly when credits run out and
+/// resume exactly where it stopped.
+#[derive(Parser, Debug)]
+#[command(name = "batchrun", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do (`run` when omitted).
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Send one request per item of INPUT (the default subcommand).
+    Run(Box<RunArgs>),
+    /// Serve the built-in rehearsal API (a faithful model of a metered API).
+    Sim(crate::sim::SimArgs),
+    /// Print the plans with their derived token bucket.
+    Plans,
+    /// Print a job's progress from its checkpoint, without calling the API.
+    Status(StatusArgs),
+}
+
+const SUBCOMMANDS: [&str; 5] = ["run", "sim", "plans", "status", "help"];
+
+impl Cli {
+    /// Parses `args`, inserting the default `run` subcommand when the first
+    /// argument is not a subcommand (nor a top-level --help/--version).
+    pub fn parse_with_default<I: IntoIterator<Item = OsString>>(args: I) -> Cli {
+        Cli::parse_from(with_default_subcommand(args.into_iter().collect()))
+    }
+}
+
+fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
+    let first = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
+    let insert = match first.as_deref() {
+        None => false,
+        Some(a) if SUBCOMMANDS.contains(&a) => false,
+        Some("-h" | "--help" | "-V" | "--version") => false,
+        Some(_) => true,
+    };
+    if insert {
+        args.insert(1, OsString::from("run"));
+    }
+    args
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration such as 30s, 5m, 6h: {e}"))
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not 'Name: value'"))?;
+    let name = name.trim();
+    if name.is_empty() || reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(format!("{name:?} is not a valid header name"));
+    }
+    Ok((name.to_string(), value.trim().to_string()))
+}
+
+/// Credit alert thresholds, as fractions of the cycle's allowance used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thresholds(pub Vec<f64>);
+
+fn parse_thresholds(s: &str) -> Result<Thresholds, String> {
+    crate::credits::parse_thresholds(s).map(Thresholds)
+}
+
+fn parse_at_least_one(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} must be a whole number of at least 1")),
+    }
+}
+
+fn parse_concurrency(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} must be a whole number from 1 to 10000")),
+    }
+}
+
+/// Options of `batchrun run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The items: .jsonl/.ndjson (one JSON value a line) or .csv (header row).
+    #[arg(value_name = "INPUT")]
+    pub input: PathBuf,
+
+    /// Input format; by default taken from the file's extension.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+
+    /// Plan: sets the per-minute limit and the concurrency from the published table.
+    #[arg(long, value_enum, default_value = "free")]
+    pub plan: Plan,
+
+    /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
+    #[arg(long)]
+    pub limit: Option<Limit>,
+
+    /// Workers (calls in flight at once), overriding the plan.
+    #[arg(long, value_parser = parse_concurrency)]
+    pub concurrency: Option<usize>,
+
+    /// Token bucket capacity [default: max(1, limit/10)].
+    #[arg(long)]
+    pub burst: Option<u64>,
+
+    /// Request URL template: {field} from the item (percent-encoded), {index} the line number.
+    #[arg(long, env = "BATCHRUN_URL", value_name = "TEMPLATE")]
+    pub url: Option<String>,
+
+    /// HTTP method [default: GET, or POST with --body/--json-body].
+    #[arg(long)]
+    pub method: Option<String>,
+
+    /// Extra header 'Name: value' (templated); repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+
+    /// Request body template ({field} values are JSON-escaped).
+    #[arg(long, value_name = "TEMPLATE", conflicts_with = "json_body")]
+    pub body: Option<String>,
+
+    /// Send the item itself as the JSON body.
+    #[arg(long)]
+    pub json_body: bool,
+
+    /// Environment variable holding the API key.
+    #[arg(long, default_value = "BATCHRUN_API_KEY", value_name = "VAR")]
+    pub api_key_env: String,
+
+    /// Header the API key is sent in.
+    #[arg(long, default_value = "x-api-key", value_name = "NAME")]
+    pub api_key_header: String,
+
+    /// Where the checkpoint lives.
+    #[arg(long, default_value = ".batchrun", value_name = "DIR")]
+    pub state_dir: PathBuf,
+
+    /// Results file [default: <input stem>.results.jsonl beside the input].
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Failures file [default: <input stem>.failures.jsonl beside the input].
+    #[arg(long, value_name = "FILE")]
+    pub failures: Option<PathBuf>,
+
+    /// Calls per item for transient failures (5xx, timeouts) before it is recorded as failed.
+    #[arg(long, default_value = "5", value_parser = parse_at_least_one)]
+    pub max_attempts: u32,
+
+    /// Per-request timeout.
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    pub timeout: Duration,
+
+    /// Discard the checkpoint and start over.
+    #[arg(long)]
+    pub fresh: bool,
+
+    /// Retry the items recorded as failed.
+    #[arg(long)]
+    pub retry_failed: bool,
+
+    /// Print a one-object JSON summary on stdout at exit.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Start the built-in sim in-process on a free port and run against it
+    /// (no key, no network). --url may then be a path such as /v1/echo?n={n}.
+    #[arg(long)]
+    pub sim: bool,
+
+    /// Credit thresholds (fractions used) that raise an alert once per billing cycle.
+    #[arg(long, default_value = "0.5,0.8,0.95", value_parser = parse_thresholds, value_name = "LIST")]
+    pub alert_at: Thresholds,
+
+    /// Trailing window for the burn-rate projection.
+    #[arg(long, default_value = "6h", value_parser = parse_positive_duration)]
+    pub burn_window: Duration,
+
+    /// POST every alert as JSON to this URL.
+    #[arg(long, value_name = "URL")]
+    pub alert_webhook: Option<String>,
+
+    /// Credits kept for production: halt before a call could take the balance below N.
+    #[arg(long, value_name = "N")]
+    pub reserve: Option<i64>,
+
+    /// Start even if the projected cost of the remaining items would cross the reserve.
+    #[arg(long)]
+    pub allow_partial: bool,
+
+    /// On exhaustion (or reserve reached), wait and probe instead of exiting.
+    #[arg(long)]
+    pub wait_for_credits: bool,
+
+    /// How often to probe while waiting for credits.
+    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
+    pub probe_every: Duration,
+}
+
+/// Options of `batchrun status`.
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// The input file the job was started with.
+    #[arg(value_name = "INPUT")]
+    pub input: PathBuf,
+
+    /// Where the checkpoint lives.
+    #[arg(long, default_value = ".batchrun", value_name = "DIR")]
+    pub state_dir: PathBuf,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::parse_with_default(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn run_is_the_default_subcommand() {
+        let cli = parse(&["batchrun", "--plan", "starter", "input.jsonl"]);
+        let Command::Run(a) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(a.plan, Plan::Starter);
+        assert_eq!(a.input, PathBuf::from("input.jsonl"));
+        let Command::Run(a) = parse(&["batchrun", "items.csv"]).command else {
+            panic!("expected run")
+        };
+        assert_eq!(a.plan, Plan::Free, "free is the safest default");
+        assert!(matches!(
+            parse(&["batchrun", "plans"]).command,
+            Command::Plans
+        ));
+    }
+
+    #[test]
+    fn options_parse() {
+        let Command::Run(a) = parse(&[
+            "batchrun",
+            "in.jsonl",
+            "--limit",
+            "600/6s",
+            "--header",
+            "X-A: {id}",
+            "--timeout",
+            "2s",
+            "--alert-at",
+            "0.25,0.75",
+        ])
+        .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(a.limit, Some("600/6s".parse().unwrap()));
+        assert_eq!(a.headers, vec![("X-A".to_string(), "{id}".to_string())]);
+        assert_eq!(a.timeout, Duration::from_secs(2));
+        assert_eq!(a.alert_at, Thresholds(vec![0.25, 0.75]));
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for bad in [
+            vec!["batchrun", "in.jsonl", "--limit", "lots"],
+            vec!["batchrun", "in.jsonl", "--concurrency", "0"],
+            vec!["batchrun", "in.jsonl", "--header", "nocolon"],
+            vec!["batchrun", "in.jsonl", "--max-attempts", "0"],
+            vec!["batchrun", "in.jsonl", "--body", "x", "--json-body"],
+        ] {
+            let e = Cli::try_parse_from(with_default_subcommand(
+                bad.iter().map(OsString::from).collect(),
+            ))
+            .unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,1143 @@
+//! The credit meter: reads the account's credit headers off every metered
+//! response, raises threshold and burn-rate alerts once per billing cycle, and
+//! builds the billing alerts for exhaustion and the production reserve.
+//!
+//! Everything here is pure: the caller passes the time in, nothing sleeps and
+//! nothing does I/O, so the whole module is tested on a fake clock. Delivering
+//! alerts is [`crate::alert`]'s job.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::header::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+/// Credits left this billing cycle.
+pub const H_REMAINING: &str = "x-api-remaining-credits";
+/// Credits spent this billing cycle.
+pub const H_USED: &str = "x-api-credits-used";
+/// The cycle's allowance; its presence is what marks a response as metered.
+pub const H_MAX: &str = "x-api-max-credits";
+/// Unix time (seconds) at which the allowance resets.
+pub const H_RENEWAL: &str = "x-api-renewal";
+
+/// Dedupe id of the burn-rate projection alert.
+pub const ID_PROJECTED: &str = "projected";
+/// Dedupe id of the exhaustion alert.
+pub const ID_EXHAUSTED: &str = "exhausted";
+/// Dedupe id of the reserve alert.
+pub const ID_RESERVE: &str = "reserve";
+
+/// The projection refuses to extrapolate from less data than this: a few
+/// minutes of a burst would otherwise predict doom for the whole cycle.
+pub const MIN_PROJECTION_SPAN: Duration = Duration::from_secs(30 * 60);
+
+/// Where the account stood according to one metered response.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CreditSnapshot {
+    /// `x-api-remaining-credits`; may be negative if the API lets a call overdraw.
+    pub remaining: i64,
+    /// `x-api-credits-used`.
+    pub used: i64,
+    /// `x-api-max-credits`.
+    pub max: i64,
+    /// `x-api-renewal` in unix seconds, `None` when absent, zero or not a number.
+    pub renewal: Option<u64>,
+}
+
+/// Parses a credit header as an integer.
+///
+/// Surrounding whitespace is tolerated. A decimal with no fractional part
+/// ("12.0") is accepted because some gateways serialize every number as a
+/// float; a real fraction ("12.5") is refused, since credits are whole and
+/// rounding would misstate the balance. Anything else (empty, text, NaN,
+/// out of range) is `None`.
+fn parse_int(h: &HeaderMap, name: &str) -> Option<i64> {
+    let s = h.get(name)?.to_str().ok()?.trim();
+    if let Ok(v) = s.parse::<i64>() {
+        return Some(v);
+    }
+    let f = s.parse::<f64>().ok()?;
+    // The bounds keep the cast exact; i64::MAX itself is not representable.
+    if f.fract() == 0.0 && (-9.0e18..=9.0e18).contains(&f) {
+        Some(f as i64)
+    } else {
+        None
+    }
+}
+
+/// Reads the credit headers of one response.
+///
+/// Returns `None` unless `x-api-max-credits`, `x-api-credits-used` and
+/// `x-api-remaining-credits` are all present and integers: a response
+/// without them was not metered and says nothing about the balance.
+/// Surrounding whitespace is fine and "12.0" reads as 12, but "12.5", "abc"
+/// or an empty value make the whole snapshot `None`. A missing or malformed
+/// `x-api-renewal` only leaves `renewal` unknown. Never panics.
+pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
+    let max = parse_int(h, H_MAX)?;
+    let used = parse_int(h, H_USED)?;
+    let remaining = parse_int(h, H_REMAINING)?;
+    // Zero is what a missing timestamp often serializes to; it is never a real
+    // renewal, and treating it as one would start a bogus "new cycle".
+    let renewal = parse_int(h, H_RENEWAL).filter(|&r| r > 0).map(|r| r as u64);
+    Some(CreditSnapshot {
+        remaining,
+        used,
+        max,
+        renewal,
+    })
+}
+
+/// True when `x-api-remaining-credits` is present and reads zero or less.
+///
+/// The classifier uses this to tell a credit-exhaustion 429 from a rate-limit
+/// 429. Unlike [`snapshot_from_headers`] it accepts any finite number, even a
+/// fractional one: "-0.5" left is still nothing left.
+pub fn exhausted_by_headers(h: &HeaderMap) -> bool {
+    h.get(H_REMAINING)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .is_some_and(|v| v.is_finite() && v <= 0.0)
+}
+
+/// What an alert is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertKind {
+    /// A share of the allowance was used (`--alert-at`).
+    Threshold,
+    /// At the current burn rate credits run out before renewal.
+    Projection,
+    /// Credits ran out; the run halted.
+    Exhausted,
+    /// The run halted to keep the `--reserve` for production.
+    Reserve,
+    /// The run is waiting for credits to come back (`--wait-for-credits`).
+    Waiting,
+    /// Credits came back and the run resumed.
+    Resumed,
+}
+
+impl AlertKind {
+    /// The snake_case name, the same string the JSON uses.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AlertKind::Threshold => "threshold",
+            AlertKind::Projection => "projection",
+            AlertKind::Exhausted => "exhausted",
+            AlertKind::Reserve => "reserve",
+            AlertKind::Waiting => "waiting",
+            AlertKind::Resumed => "resumed",
+        }
+    }
+}
+
+impl fmt::Display for AlertKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One billing alert, as printed, posted to the webhook and listed in the
+/// `--json` summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    /// What the alert is about.
+    pub kind: AlertKind,
+    /// Stable dedupe id ("pct-0.8", "projected", "exhausted", "reserve"): each
+    /// id fires at most once per billing cycle.
+    pub id: String,
+    /// One human-readable line.
+    pub message: String,
+    /// Credits remaining when the alert was raised, if known.
+    pub remaining: Option<i64>,
+    /// The cycle's allowance, if known.
+    pub max: Option<i64>,
+    /// Renewal time in unix seconds, if known.
+    pub renewal: Option<u64>,
+}
+
+impl Alert {
+    /// An alert carrying the numbers of `snapshot` (all `None` without one).
+    /// The lead uses this for the `Waiting`/`Resumed` alerts.
+    pub fn new(
+        kind: AlertKind,
+        id: impl Into<String>,
+        message: impl Into<String>,
+        snapshot: Option<CreditSnapshot>,
+    ) -> Alert {
+        Alert {
+            kind,
+            id: id.into(),
+            message: message.into(),
+            remaining: snapshot.map(|s| s.remaining),
+            max: snapshot.map(|s| s.max),
+            renewal: snapshot.and_then(|s| s.renewal),
+        }
+    }
+
+    /// The billing alert for a halt on exhausted credits. It names the renewal
+    /// date because that is how long the outage lasts if nobody tops up.
+    pub fn exhausted(snapshot: Option<CreditSnapshot>) -> Alert {
+        let balance = match snapshot {
+            Some(s) => format!(" ({} of {} remaining)", group(s.remaining), group(s.max)),
+            None => String::new(),
+        };
+        let message = format!(
+            "credits exhausted{balance}; {}; top up or upgrade to continue sooner, \
+             then resume the run",
+            describe_renewal(snapshot.and_then(|s| s.renewal)),
+        );
+        Alert::new(AlertKind::Exhausted, ID_EXHAUSTED, message, snapshot)
+    }
+
+    /// The billing alert for a halt that keeps `reserve` credits for
+    /// production traffic.
+    pub fn reserve(reserve: i64, snapshot: Option<CreditSnapshot>) -> Alert {
+        let balance = match snapshot {
+            Some(s) => format!(" ({} of {} remaining)", group(s.remaining), group(s.max)),
+            None => String::new(),
+        };
+        let message = format!(
+            "halted to keep the reserve of {} credits for production{balance}; {}",
+            group(reserve),
+            describe_renewal(snapshot.and_then(|s| s.renewal)),
+        );
+        Alert::new(AlertKind::Reserve, ID_RESERVE, message, snapshot)
+    }
+}
+
+/// Formats a unix time as "2026-12-10 00:00 UTC".
+///
+/// Falls back to the raw number past year 9999, where humantime's formatter
+/// errors out (and `to_string` would panic).
+pub fn format_unix_utc(secs: u64) -> String {
+    match rfc3339(secs) {
+        Some(s) => format!("{} {} UTC", &s[..10], &s[11..16]),
+        None => format!("unix time {secs}"),
+    }
+}
+
+/// Formats a unix time as the date alone, "2026-12-10" (UTC).
+pub fn format_unix_date(secs: u64) -> String {
+    match rfc3339(secs) {
+        Some(s) => s[..10].to_string(),
+        None => format!("unix time {secs}"),
+    }
+}
+
+fn rfc3339(secs: u64) -> Option<String> {
+    // Last second of 9999-12-31; humantime refuses anything later.
+    const MAX_SECS: u64 = 253_402_300_799;
+    if secs > MAX_SECS {
+        return None;
+    }
+    let t = UNIX_EPOCH.checked_add(Duration::from_secs(secs))?;
+    Some(humantime::format_rfc3339_seconds(t).to_string())
+}
+
+/// "credits renew 2026-12-10 00:00 UTC", or "renewal date unknown".
+pub fn describe_renewal(renewal: Option<u64>) -> String {
+    match renewal {
+        Some(r) => format!("credits renew {}", format_unix_utc(r)),
+        None => "renewal date unknown".to_string(),
+    }
+}
+
+/// Thousands separators: credit balances are read by people at a glance.
+fn group(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// "6.7 days", "5.5 hours", "12 minutes".
+fn span(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs >= 2.0 * 86_400.0 {
+        format!("{:.1} days", secs / 86_400.0)
+    } else if secs >= 3_600.0 {
+        format!("{:.1} hours", secs / 3_600.0)
+    } else {
+        let m = (secs / 60.0).round() as u64;
+        format!("{m} minute{}", if m == 1 { "" } else { "s" })
+    }
+}
+
+/// Enough precision to be meaningful for both fast and trickling burns.
+fn rate(per_hour: f64) -> String {
+    if per_hour >= 10.0 {
+        format!("{per_hour:.0}")
+    } else if per_hour >= 1.0 {
+        format!("{per_hour:.1}")
+    } else {
+        format!("{per_hour:.2}")
+    }
+}
+
+/// "80", "95.5": threshold as a percentage without float noise (0.95 * 100
+/// is 94.99999999999999).
+fn pct(th: f64) -> String {
+    let tenths = (th * 1000.0).round() / 10.0;
+    format!("{tenths}")
+}
+
+/// Parses `--alert-at`, e.g. "0.5,0.8,0.95" or "50%,80%,95%".
+///
+/// Each value must lie in (0, 1] (or (0%, 100%]). The result is sorted and
+/// deduplicated so thresholds fire in order. An empty string or "none"
+/// disables threshold alerts.
+pub fn parse_thresholds(s: &str) -> Result<Vec<f64>, String> {
+    let s = s.trim();
+    if s.is_empty() || s.eq_ignore_ascii_case("none") {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!(
+                "empty value in alert thresholds {s:?}; expected e.g. 0.5,0.8,0.95"
+            ));
+        }
+        let (num, scale) = match part.strip_suffix('%') {
+            Some(p) => (p.trim(), 100.0),
+            None => (part, 1.0),
+        };
+        let v = num.parse::<f64>().map_err(|_| {
+            format!("alert threshold {part:?} is not a number; expected e.g. 0.8 or 80%")
+        })? / scale;
+        if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+            let hint = if scale == 1.0 && v > 1.0 && v <= 100.0 {
+                format!(" (did you mean {}%?)", num)
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "alert threshold {part:?} is out of range: use a fraction of the allowance \
+                 in (0, 1], e.g. 0.8, or a percentage like 80%{hint}"
+            ));
+        }
+        out.push(v);
+    }
+    out.sort_by(f64::total_cmp);
+    out.dedup();
+    Ok(out)
+}
+
+/// Tuning of [`CreditMeter`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeterConfig {
+    /// Fractions of the allowance used at which to alert, e.g. 0.8 = 80%.
+    pub thresholds: Vec<f64>,
+    /// Trailing window the burn rate is measured over (`--burn-window`). A
+    /// window shorter than [`MIN_PROJECTION_SPAN`] never projects.
+    pub burn_window: Duration,
+}
+
+impl Default for MeterConfig {
+    fn default() -> Self {
+        MeterConfig {
+            thresholds: vec![0.5, 0.8, 0.95],
+            burn_window: Duration::from_secs(6 * 3600),
+        }
+    }
+}
+
+/// The part of the meter kept in the checkpoint, so that an alert fired
+/// before a halt is not fired again by the resumed run in the same cycle.
+///
+/// Samples are deliberately not persisted: the wall-clock gap between a halt
+/// and its resume would be averaged into the burn rate as time spent burning
+/// nothing (or, with a stale baseline, credits spent by other clients would be
+/// charged to this run's pace). A resumed run starts a fresh window instead.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MeterState {
+    /// The last snapshot observed.
+    pub last: Option<CreditSnapshot>,
+    /// Alert ids already fired in this cycle, in firing order.
+    pub fired: Vec<String>,
+    /// Renewal time of the cycle `fired` belongs to, when known.
+    pub cycle_renewal: Option<u64>,
+}
+
+/// A burn-rate forecast.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Projection {
+    /// Credits spent per hour over the trailing window.
+    pub per_hour: f64,
+    /// How long the remaining credits last at that rate (zero if none left).
+    pub runs_out_in: Duration,
+    /// How long before renewal they run out; `None` when they last until
+    /// renewal, or the renewal is unknown or already past.
+    pub before_renewal: Option<Duration>,
+}
+
+/// Tracks the account's credits across responses and decides which alerts
+/// are due. Feed it every metered response with [`CreditMeter::observe`].
+#[derive(Debug, Clone)]
+pub struct CreditMeter {
+    thresholds: Vec<f64>,
+    window: Duration,
+    /// (time, used) at most one per `spacing`; see `observe`.
+    samples: VecDeque<(SystemTime, i64)>,
+    fired: Vec<String>,
+    last: Option<CreditSnapshot>,
+    cycle_renewal: Option<u64>,
+}
+
+impl CreditMeter {
+    /// A meter with `cfg`, continuing from a checkpointed `restored` state if
+    /// any (its fired alerts stay fired while the cycle is the same).
+    pub fn new(cfg: MeterConfig, restored: Option<MeterState>) -> Self {
+        let mut thresholds: Vec<f64> = cfg
+            .thresholds
+            .into_iter()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .collect();
+        thresholds.sort_by(f64::total_cmp);
+        thresholds.dedup();
+        let st = restored.unwrap_or_default();
+        CreditMeter {
+            thresholds,
+            window: cfg.burn_window,
+            samples: VecDeque::new(),
+            cycle_renewal: st.cycle_renewal.or(st.last.and_then(|l| l.renewal)),
+            fired: st.fired,
+            last: st.last,
+        }
+    }
+
+    /// Records one metered response seen at `now` and returns the alerts that
+    /// became due (each id at most once per billing cycle), in order.
+    ///
+    /// A renewal different from the current cycle's starts a new cycle: the
+    /// burn samples and the fired set are cleared, so thresholds can fire
+    /// again against the fresh allowance.
+    pub fn observe(&mut self, snap: CreditSnapshot, now: SystemTime) -> Vec<Alert> {
+        if let Some(r) = snap.renewal {
+            if self.cycle_renewal.is_some_and(|c| c != r) {
+                self.samples.clear();
+                self.fired.clear();
+            }
+            self.cycle_renewal = Some(r);
+        }
+        self.last = Some(snap);
+        self.record(snap.used, now);
+
+        let mut alerts = Vec::new();
+        if snap.max > 0 {
+            let ratio = snap.used as f64 / snap.max as f64;
+            for i in 0..self.thresholds.len() {
+                let th = self.thresholds[i];
+                if ratio < th {
+                    break;
+                }
+                let id = format!("pct-{th}");
+                if self.mark_fired(&id) {
+                    let message = format!(
+                        "{}% of credits used ({} of {}; {} remaining; {})",
+                        pct(th),
+                        group(snap.used),
+                        group(snap.max),
+                        group(snap.remaining),
+                        describe_renewal(snap.renewal),
+                    );
+                    alerts.push(Alert::new(AlertKind::Threshold, id, message, Some(snap)));
+                }
+            }
+        }
+
+        if snap.remaining > 0 && !self.has_fired(ID_PROJECTED) {
+            if let Some(p) = self.projection(now) {
+                if let (Some(before), Some(r)) = (p.before_renewal, snap.renewal) {
+                    self.mark_fired(ID_PROJECTED);
+                    let message = format!(
+                        "at {} credits/hour, credits run out in {}, {} before renewal ({})",
+                        rate(p.per_hour),
+                        span(p.runs_out_in),
+                        span(before),
+                        format_unix_date(r),
+                    );
+                    alerts.push(Alert::new(
+                        AlertKind::Projection,
+                        ID_PROJECTED,
+                        message,
+                        Some(snap),
+                    ));
+                }
+            }
+        }
+        alerts
+    }
+
+    /// Adds a burn sample and trims the window.
+    fn record(&mut self, used: i64, now: SystemTime) {
+        // Keeping at most ~360 samples per window bounds memory on fast runs
+        // (thousands of responses an hour) while costing well under 1% of
+        // accuracy: a merged bucket keeps its first time and its highest used.
+        let spacing = self.window / 360;
+        match self.samples.back() {
+            // The clock stepped back; samples ahead of it would give nonsense.
+            Some(&(t, _)) if now < t => self.samples.clear(),
+            // Used fell below the window's baseline: a top-up or a reset the
+            // renewal header did not announce. The old samples belong to a
+            // different balance, and measuring across them would give a
+            // negative rate. A small dip above the baseline is just concurrent
+            // responses arriving out of order, and is kept.
+            _ if self.samples.front().is_some_and(|&(_, u0)| used < u0) => self.samples.clear(),
+            _ => {}
+        }
+        // The first sample is never merged into, so the baseline stays exact.
+        let merge = self.samples.len() >= 2
+            && self
+                .samples
+                .back()
+                .is_some_and(|&(t, _)| now.duration_since(t).unwrap_or_default() < spacing);
+        match self.samples.back_mut() {
+            Some((_, u)) if merge => *u = (*u).max(used),
+            _ => self.samples.push_back((now, used)),
+        }
+        while let Some(&(t, _)) = self.samples.front() {
+            if now.duration_since(t).unwrap_or_default() > self.window {
+                self.samples.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The burn-rate forecast at `now`, from the samples in the trailing
+    /// window: `None` with less than [`MIN_PROJECTION_SPAN`] of data, without a
+    /// snapshot, or when nothing is being spent.
+    pub fn projection(&self, now: SystemTime) -> Option<Projection> {
+        let last = self.last?;
+        let mut in_window = self
+            .samples
+            .iter()
+            .filter(|&&(t, _)| now.duration_since(t).is_ok_and(|age| age <= self.window));
+        let &(t0, u0) = in_window.next()?;
+        let span = now.duration_since(t0).ok()?;
+        if span < MIN_PROJECTION_SPAN {
+            return None;
+        }
+        // The highest used, not the latest: out-of-order responses from
+        // concurrent workers can make the latest one slightly stale.
+        let u_end = in_window.map(|&(_, u)| u).fold(u0, i64::max);
+        let hours = span.as_secs_f64() / 3600.0;
+        let per_hour = (u_end - u0) as f64 / hours;
+        if !(per_hour > 0.0 && per_hour.is_finite()) {
+            return None;
+        }
+        let runs_out_in =
+            Duration::try_from_secs_f64(last.remaining.max(0) as f64 / per_hour * 3600.0)
+                .unwrap_or(Duration::MAX);
+        let before_renewal = last.renewal.and_then(|r| {
+            let until_renewal = UNIX_EPOCH
+                .checked_add(Duration::from_secs(r))?
+                .duration_since(now)
+                .ok()?;
+            until_renewal
+                .checked_sub(runs_out_in)
+                .filter(|d| !d.is_zero())
+        });
+        Some(Projection {
+            per_hour,
+            runs_out_in,
+            before_renewal,
+        })
+    }
+
+    /// The last snapshot observed (or restored).
+    pub fn last(&self) -> Option<CreditSnapshot> {
+        self.last
+    }
+
+    /// The state to keep in the checkpoint.
+    pub fn state(&self) -> MeterState {
+        MeterState {
+            last: self.last,
+            fired: self.fired.clone(),
+            cycle_renewal: self.cycle_renewal,
+        }
+    }
+
+    /// Marks alert `id` as fired in this cycle; true if it was not already.
+    ///
+    /// The runner uses this for the exhaustion and reserve alerts. Call
+    /// [`CreditMeter::observe`] with the triggering response's snapshot first,
+    /// so a cycle change is noticed before the id is checked.
+    pub fn mark_fired(&mut self, id: &str) -> bool {
+        if self.has_fired(id) {
+            return false;
+        }
+        self.fired.push(id.to_string());
+        true
+    }
+
+    /// Whether alert `id` already fired in this cycle.
+    pub fn has_fired(&self, id: &str) -> bool {
+        self.fired.iter().any(|f| f == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    const HOUR: u64 = 3600;
+    const DAY: u64 = 86_400;
+    /// The fake clock's origin: a UTC midnight in late 2026.
+    const T0: u64 = 1_796_000_000 - 1_796_000_000 % DAY;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn snap(used: i64, max: i64, renewal: Option<u64>) -> CreditSnapshot {
+        CreditSnapshot {
+            remaining: max - used,
+            used,
+            max,
+            renewal,
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    fn ids(alerts: &[Alert]) -> Vec<&str> {
+        alerts.iter().map(|a| a.id.as_str()).collect()
+    }
+
+    #[test]
+    fn snapshot_reads_all_four_headers() {
+        let h = headers(&[
+            (H_MAX, b"10000"),
+            (H_USED, b" 2500 "),
+            (H_REMAINING, b"7500"),
+            (H_RENEWAL, b"1796860800"),
+        ]);
+        assert_eq!(
+            snapshot_from_headers(&h),
+            Some(CreditSnapshot {
+                remaining: 7500,
+                used: 2500,
+                max: 10000,
+                renewal: Some(1_796_860_800)
+            })
+        );
+    }
+
+    #[test]
+    fn snapshot_none_when_a_credit_header_is_missing() {
+        assert_eq!(snapshot_from_headers(&HeaderMap::new()), None);
+        // Without x-api-max-credits the response was not metered.
+        let h = headers(&[(H_USED, b"1"), (H_REMAINING, b"9")]);
+        assert_eq!(snapshot_from_headers(&h), None);
+        let h = headers(&[(H_MAX, b"10"), (H_REMAINING, b"9")]);
+        assert_eq!(snapshot_from_headers(&h), None);
+        let h = headers(&[(H_MAX, b"10"), (H_USED, b"1")]);
+        assert_eq!(snapshot_from_headers(&h), None);
+    }
+
+    #[test]
+    fn snapshot_none_when_a_credit_header_is_not_a_number() {
+        for bad in [
+            &b"abc"[..],
+            b"",
+            b"  ",
+            b"12.5",
+            b"NaN",
+            b"inf",
+            b"1e400",
+            b"99999999999999999999999",
+            b"1,000",
+            b"\xff\xfe",
+        ] {
+            let h = headers(&[(H_MAX, b"10"), (H_USED, bad), (H_REMAINING, b"9")]);
+            assert_eq!(snapshot_from_headers(&h), None, "used = {bad:?}");
+        }
+    }
+
+    #[test]
+    fn snapshot_accepts_integral_floats_and_negative_remaining() {
+        let h = headers(&[(H_MAX, b"10.0"), (H_USED, b"12"), (H_REMAINING, b"-2")]);
+        assert_eq!(snapshot_from_headers(&h), Some(snap(12, 10, None)));
+    }
+
+    #[test]
+    fn snapshot_renewal_unknown_when_absent_zero_or_garbage() {
+        for bad in [&b"soon"[..], b"0", b"-5", b"1.5", b""] {
+            let h = headers(&[
+                (H_MAX, b"10"),
+                (H_USED, b"1"),
+                (H_REMAINING, b"9"),
+                (H_RENEWAL, bad),
+            ]);
+            assert_eq!(snapshot_from_headers(&h).unwrap().renewal, None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn exhausted_by_headers_cases() {
+        assert!(exhausted_by_headers(&headers(&[(H_REMAINING, b"0")])));
+        assert!(exhausted_by_headers(&headers(&[(H_REMAINING, b" -3 ")])));
+        assert!(exhausted_by_headers(&headers(&[(H_REMAINING, b"0.0")])));
+        assert!(exhausted_by_headers(&headers(&[(H_REMAINING, b"-0.5")])));
+        assert!(!exhausted_by_headers(&headers(&[(H_REMAINING, b"1")])));
+        assert!(!exhausted_by_headers(&headers(&[(H_REMAINING, b"0.5")])));
+        assert!(!exhausted_by_headers(&headers(&[(H_REMAINING, b"none")])));
+        assert!(!exhausted_by_headers(&headers(&[(H_REMAINING, b"-inf")])));
+        assert!(!exhausted_by_headers(&headers(&[(H_REMAINING, b"\xff")])));
+        assert!(!exhausted_by_headers(&HeaderMap::new()));
+        // Other credit headers alone do not mean exhaustion.
+        assert!(!exhausted_by_headers(&headers(&[(H_MAX, b"0")])));
+    }
+
+    #[test]
+    fn thresholds_fire_once_each_in_order() {
+        let renewal = Some(T0 + 20 * DAY);
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert!(m.observe(snap(4_999, 10_000, renewal), at(T0)).is_empty());
+        let a = m.observe(snap(5_000, 10_000, renewal), at(T0 + 1));
+        assert_eq!(ids(&a), ["pct-0.5"]);
+        assert_eq!(a[0].kind, AlertKind::Threshold);
+        assert_eq!(a[0].remaining, Some(5_000));
+        assert_eq!(a[0].max, Some(10_000));
+        assert_eq!(a[0].renewal, renewal);
+        assert!(
+            a[0].message
+                .starts_with("50% of credits used (5,000 of 10,000"),
+            "{}",
+            a[0].message
+        );
+        assert!(m
+            .observe(snap(6_000, 10_000, renewal), at(T0 + 2))
+            .is_empty());
+        // Jumping past two thresholds at once fires both, lowest first.
+        let a = m.observe(snap(9_600, 10_000, renewal), at(T0 + 3));
+        assert_eq!(ids(&a), ["pct-0.8", "pct-0.95"]);
+        assert!(
+            a[1].message.starts_with("95% of credits used"),
+            "{}",
+            a[1].message
+        );
+        assert!(m
+            .observe(snap(9_700, 10_000, renewal), at(T0 + 4))
+            .is_empty());
+        assert!(m
+            .observe(snap(10_000, 10_000, renewal), at(T0 + 5))
+            .is_empty());
+        assert_eq!(m.state().fired, ["pct-0.5", "pct-0.8", "pct-0.95"]);
+    }
+
+    #[test]
+    fn thresholds_ignore_a_zero_allowance() {
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert!(m.observe(snap(5, 0, None), at(T0)).is_empty());
+    }
+
+    #[test]
+    fn restored_state_suppresses_refiring_in_the_same_cycle() {
+        let renewal = Some(T0 + 20 * DAY);
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert_eq!(
+            ids(&m.observe(snap(8_500, 10_000, renewal), at(T0))),
+            ["pct-0.5", "pct-0.8"]
+        );
+        assert!(m.mark_fired(ID_EXHAUSTED));
+        assert!(!m.mark_fired(ID_EXHAUSTED));
+
+        // Round-trip through JSON the way the checkpoint stores it.
+        let json = serde_json::to_string(&m.state()).unwrap();
+        let restored: MeterState = serde_json::from_str(&json).unwrap();
+        assert_eq!(restored, m.state());
+
+        let mut m2 = CreditMeter::new(MeterConfig::default(), Some(restored));
+        assert_eq!(m2.last(), Some(snap(8_500, 10_000, renewal)));
+        assert!(m2
+            .observe(snap(8_600, 10_000, renewal), at(T0 + HOUR))
+            .is_empty());
+        // (Under 30 minutes of samples, so no projection alert joins in.)
+        assert!(!m2.mark_fired(ID_EXHAUSTED));
+        assert_eq!(
+            ids(&m2.observe(snap(9_500, 10_000, renewal), at(T0 + HOUR + 60))),
+            ["pct-0.95"]
+        );
+    }
+
+    #[test]
+    fn restored_state_from_another_cycle_is_dropped() {
+        let old = MeterState {
+            last: Some(snap(9_000, 10_000, Some(T0))),
+            fired: vec!["pct-0.5".into(), "pct-0.8".into(), ID_EXHAUSTED.into()],
+            cycle_renewal: Some(T0),
+        };
+        let mut m = CreditMeter::new(MeterConfig::default(), Some(old));
+        let a = m.observe(snap(8_000, 10_000, Some(T0 + 30 * DAY)), at(T0 + 60));
+        assert_eq!(ids(&a), ["pct-0.5", "pct-0.8"]);
+        assert!(m.mark_fired(ID_EXHAUSTED));
+        assert_eq!(m.state().cycle_renewal, Some(T0 + 30 * DAY));
+    }
+
+    #[test]
+    fn cycle_change_resets_fired_and_samples() {
+        let r1 = Some(T0 + DAY);
+        let r2 = Some(T0 + 31 * DAY);
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert_eq!(
+            ids(&m.observe(snap(5_000, 10_000, r1), at(T0))),
+            ["pct-0.5"]
+        );
+        m.observe(snap(6_000, 10_000, r1), at(T0 + HOUR));
+        assert!(m.projection(at(T0 + HOUR)).is_some());
+        // A response without a renewal does not end the cycle.
+        assert!(m
+            .observe(snap(6_100, 10_000, None), at(T0 + HOUR + 1))
+            .is_empty());
+        assert_eq!(m.state().cycle_renewal, r1);
+
+        let a = m.observe(snap(10, 10_000, r2), at(T0 + 2 * HOUR));
+        assert!(a.is_empty());
+        assert!(m.state().fired.is_empty());
+        assert_eq!(m.projection(at(T0 + 2 * HOUR)), None, "samples were reset");
+        assert_eq!(
+            ids(&m.observe(snap(5_000, 10_000, r2), at(T0 + 2 * HOUR + 60))),
+            ["pct-0.5"]
+        );
+    }
+
+    #[test]
+    fn unknown_renewal_never_changes_cycle() {
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert_eq!(
+            ids(&m.observe(snap(5_000, 10_000, None), at(T0))),
+            ["pct-0.5"]
+        );
+        // The first known renewal adopts the cycle rather than starting a new one.
+        assert!(m
+            .observe(snap(5_100, 10_000, Some(T0 + DAY)), at(T0 + 1))
+            .is_empty());
+        assert_eq!(m.state().cycle_renewal, Some(T0 + DAY));
+    }
+
+    /// Steady burn: `per_hour` credits every hour, one sample every 10 minutes
+    /// over `hours`, ending with `remaining_end` left. Returns the alerts.
+    fn burn(
+        m: &mut CreditMeter,
+        start: u64,
+        hours: u64,
+        per_hour: i64,
+        remaining_end: i64,
+        renewal: Option<u64>,
+    ) -> Vec<Alert> {
+        let max = 1_000_000;
+        let used_end = max - remaining_end;
+        let steps = hours * 6;
+        let mut alerts = Vec::new();
+        for i in 0..=steps {
+            let used = used_end - per_hour * (steps - i) as i64 / 6;
+            let s = CreditSnapshot {
+                remaining: max - used,
+                used,
+                max,
+                renewal,
+            };
+            alerts.extend(m.observe(s, at(start + i * 600)));
+        }
+        alerts
+    }
+
+    fn no_thresholds() -> MeterConfig {
+        MeterConfig {
+            thresholds: vec![],
+            ..MeterConfig::default()
+        }
+    }
+
+    #[test]
+    fn seed_case_projection() {
+        // 40,000 remaining, renewal 10 days away, a steady 250/hour over 6 h.
+        let now = T0 + 6 * HOUR;
+        let renewal = now + 10 * DAY;
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        let alerts = burn(&mut m, T0, 6, 250, 40_000, Some(renewal));
+
+        let p = m.projection(at(now)).unwrap();
+        assert!((p.per_hour - 250.0).abs() < 1e-9, "{}", p.per_hour);
+        let days = p.runs_out_in.as_secs_f64() / DAY as f64;
+        assert!((days - 6.667).abs() < 0.001, "{days}");
+        let before = p.before_renewal.unwrap().as_secs_f64() / DAY as f64;
+        assert!((before - 3.333).abs() < 0.001, "{before}");
+
+        // The alert fired as soon as it was due (after 30 minutes, when a
+        // little more was left), and only once.
+        assert_eq!(ids(&alerts), [ID_PROJECTED]);
+        assert_eq!(alerts[0].kind, AlertKind::Projection);
+        assert!(
+            alerts[0].message.contains("3.3 days before renewal"),
+            "{}",
+            alerts[0].message
+        );
+        let more = m.observe(snap(961_000, 1_000_000, Some(renewal)), at(now + 600));
+        assert!(more.is_empty());
+    }
+
+    #[test]
+    fn seed_case_alert_message() {
+        // Two readings six hours apart measure the same steady 250/hour; the
+        // alert is first due at the second one, where 40,000 are left.
+        let renewal = 1_796_860_800;
+        assert_eq!(format_unix_date(renewal), "2026-12-10");
+        assert_eq!(format_unix_utc(renewal), "2026-12-10 00:00 UTC");
+        let now = renewal - 10 * DAY;
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        let first = snap(958_500, 1_000_000, Some(renewal));
+        assert!(m.observe(first, at(now - 6 * HOUR)).is_empty());
+        let alerts = m.observe(snap(960_000, 1_000_000, Some(renewal)), at(now));
+        assert_eq!(ids(&alerts), [ID_PROJECTED]);
+        let a = &alerts[0];
+        assert_eq!(
+            a.message,
+            "at 250 credits/hour, credits run out in 6.7 days, 3.3 days before renewal (2026-12-10)"
+        );
+        assert_eq!(
+            (a.remaining, a.max, a.renewal),
+            (Some(40_000), Some(1_000_000), Some(renewal))
+        );
+    }
+
+    #[test]
+    fn projection_needs_thirty_minutes_of_data() {
+        let renewal = Some(T0 + 10 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        // A furious burn over 29 minutes: no projection, no alert.
+        for i in 0..=29u64 {
+            let a = m.observe(
+                snap(100_000 + i as i64 * 1_000, 1_000_000, renewal),
+                at(T0 + i * 60),
+            );
+            assert!(a.is_empty());
+        }
+        assert_eq!(m.projection(at(T0 + 29 * 60)), None);
+        let a = m.observe(snap(130_000, 1_000_000, renewal), at(T0 + 30 * 60));
+        assert_eq!(ids(&a), [ID_PROJECTED]);
+        assert!(m.projection(at(T0 + 30 * 60)).is_some());
+    }
+
+    #[test]
+    fn no_projection_alert_when_credits_outlast_renewal() {
+        // 40,000 at 250/hour lasts 6.7 days; renewal in 5 days.
+        let now = T0 + 6 * HOUR;
+        let renewal = now + 5 * DAY;
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        let alerts = burn(&mut m, T0, 6, 250, 40_000, Some(renewal));
+        assert!(alerts.is_empty());
+        let p = m.projection(at(now)).unwrap();
+        assert_eq!(p.before_renewal, None);
+    }
+
+    #[test]
+    fn no_projection_alert_without_renewal() {
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        let alerts = burn(&mut m, T0, 6, 250, 40_000, None);
+        assert!(alerts.is_empty());
+        let p = m.projection(at(T0 + 6 * HOUR)).unwrap();
+        assert_eq!(p.before_renewal, None);
+    }
+
+    #[test]
+    fn projection_uses_only_the_trailing_window() {
+        // A 6-hour window after 8 hours: a heavy first 2 hours must not count.
+        let now = T0 + 8 * HOUR;
+        let renewal = Some(now + 10 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        burn(&mut m, T0, 2, 5_000, 41_500, renewal);
+        burn(&mut m, T0 + 2 * HOUR, 6, 250, 40_000, renewal);
+        let p = m.projection(at(now)).unwrap();
+        assert!((p.per_hour - 250.0).abs() < 1e-9, "{}", p.per_hour);
+    }
+
+    #[test]
+    fn idle_meter_does_not_project() {
+        let renewal = Some(T0 + DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        for i in 0..=12u64 {
+            assert!(m
+                .observe(snap(900, 1_000, renewal), at(T0 + i * 600))
+                .is_empty());
+        }
+        assert_eq!(m.projection(at(T0 + 2 * HOUR)), None);
+    }
+
+    #[test]
+    fn used_decreasing_resets_samples_without_negative_rates() {
+        let renewal = Some(T0 + 10 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        m.observe(snap(500_000, 1_000_000, renewal), at(T0));
+        m.observe(snap(510_000, 1_000_000, renewal), at(T0 + HOUR));
+        assert!(m.projection(at(T0 + HOUR)).is_some());
+        // Used drops: a top-up or an unannounced reset.
+        let a = m.observe(snap(100, 1_000_000, renewal), at(T0 + HOUR + 60));
+        assert!(a.is_empty());
+        assert_eq!(m.projection(at(T0 + 2 * HOUR)), None);
+        m.observe(snap(1_100, 1_000_000, renewal), at(T0 + 2 * HOUR));
+        let p = m.projection(at(T0 + 2 * HOUR)).unwrap();
+        assert!(
+            p.per_hour > 0.0 && (p.per_hour - 1_016.9).abs() < 1.0,
+            "{}",
+            p.per_hour
+        );
+    }
+
+    #[test]
+    fn out_of_order_responses_do_not_reset_the_window() {
+        let renewal = Some(T0 + 10 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        m.observe(snap(1_000, 1_000_000, renewal), at(T0));
+        m.observe(snap(2_000, 1_000_000, renewal), at(T0 + HOUR));
+        // A slow worker's older response lands late.
+        m.observe(snap(1_990, 1_000_000, renewal), at(T0 + HOUR + 1));
+        let p = m.projection(at(T0 + HOUR + 1)).unwrap();
+        assert!((p.per_hour - 1_000.0).abs() < 1.0, "{}", p.per_hour);
+    }
+
+    #[test]
+    fn clock_stepping_back_does_not_panic_or_project_nonsense() {
+        let renewal = Some(T0 + 10 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        m.observe(snap(1_000, 1_000_000, renewal), at(T0 + HOUR));
+        m.observe(snap(2_000, 1_000_000, renewal), at(T0 + 2 * HOUR));
+        m.observe(snap(2_100, 1_000_000, renewal), at(T0));
+        assert_eq!(m.projection(at(T0)), None);
+    }
+
+    #[test]
+    fn many_samples_stay_bounded() {
+        let renewal = Some(T0 + 30 * DAY);
+        let mut m = CreditMeter::new(no_thresholds(), None);
+        for i in 0..20_000u64 {
+            m.observe(snap(i as i64, 1_000_000, renewal), at(T0 + i * 2));
+        }
+        assert!(m.samples.len() <= 400, "{}", m.samples.len());
+        let p = m.projection(at(T0 + 39_998)).unwrap();
+        assert!((p.per_hour - 1_800.0).abs() < 20.0, "{}", p.per_hour);
+    }
+
+    #[test]
+    fn exhausted_and_reserve_alerts_name_the_renewal() {
+        let s = CreditSnapshot {
+            remaining: 0,
+            used: 10_000,
+            max: 10_000,
+            renewal: Some(1_796_860_800),
+        };
+        let a = Alert::exhausted(Some(s));
+        assert_eq!(a.kind, AlertKind::Exhausted);
+        assert_eq!(a.id, ID_EXHAUSTED);
+        assert!(a.message.contains("2026-12-10 00:00 UTC"), "{}", a.message);
+        assert!(a.message.contains("0 of 10,000 remaining"), "{}", a.message);
+        assert_eq!(
+            (a.remaining, a.max, a.renewal),
+            (Some(0), Some(10_000), Some(1_796_860_800))
+        );
+
+        let a = Alert::exhausted(None);
+        assert!(a.message.contains("renewal date unknown"), "{}", a.message);
+        assert_eq!((a.remaining, a.max, a.renewal), (None, None, None));
+
+        let a = Alert::reserve(
+            2_000,
+            Some(CreditSnapshot {
+                remaining: 2_050,
+                ..s
+            }),
+        );
+        assert_eq!(a.kind, AlertKind::Reserve);
+        assert_eq!(a.id, ID_RESERVE);
+        assert!(
+            a.message.contains("reserve of 2,000 credits"),
+            "{}",
+            a.message
+        );
+        assert!(a.message.contains("2026-12-10 00:00 UTC"), "{}", a.message);
+        let a = Alert::reserve(5, Some(CreditSnapshot { renewal: None, ..s }));
+        assert!(a.message.contains("renewal date unknown"), "{}", a.message);
+    }
+
+    #[test]
+    fn dates_far_out_do_not_panic() {
+        assert_eq!(format_unix_utc(u64::MAX), format!("unix time {}", u64::MAX));
+        assert_eq!(format_unix_date(253_402_300_799), "9999-12-31");
+        assert_eq!(format_unix_utc(0), "1970-01-01 00:00 UTC");
+    }
+
+    #[test]
+    fn alert_json_shape() {
+        let a = Alert::exhausted(None);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["kind"], "exhausted");
+        assert_eq!(AlertKind::Projection.to_string(), "projection");
+        let back: Alert = serde_json::from_value(v).unwrap();
+        assert_eq!(back, a);
+    }
+
+    #[test]
+    fn parse_thresholds_cases() {
+        assert_eq!(parse_thresholds("0.5,0.8,0.95"), Ok(vec![0.5, 0.8, 0.95]));
+        assert_eq!(
+            parse_thresholds(" 95% , 50%,0.8,0.5 "),
+            Ok(vec![0.5, 0.8, 0.95])
+        );
+        assert_eq!(parse_thresholds("1"), Ok(vec![1.0]));
+        assert_eq!(parse_thresholds(""), Ok(vec![]));
+        assert_eq!(parse_thresholds("none"), Ok(vec![]));
+        for bad in [
+            "0", "-0.1", "1.5", "abc", "0.5,,0.8", "NaN", "0%", "101%", "inf",
+        ] {
+            assert!(parse_thresholds(bad).is_err(), "{bad}");
+        }
+        let e = parse_thresholds("80").unwrap_err();
+        assert!(e.contains("80%"), "{e}");
+    }
+
+    #[test]
+    fn percent_labels_have_no_float_noise() {
+        assert_eq!(pct(0.95), "95");
+        assert_eq!(pct(0.955), "95.5");
+        assert_eq!(pct(0.07), "7");
+    }
+
+    #[test]
+    fn formatting_helpers() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1_000), "1,000");
+        assert_eq!(group(-1_234_567), "-1,234,567");
+        assert_eq!(span(Duration::from_secs(45 * 60)), "45 minutes");
+        assert_eq!(span(Duration::from_secs(90 * 60)), "1.5 hours");
+        assert_eq!(span(Duration::from_secs(60)), "1 minute");
+        assert_eq!(span(Duration::from_secs(30 * HOUR)), "30.0 hours");
+        assert_eq!(rate(0.5), "0.50");
+        assert_eq!(rate(2.26), "2.3");
+        assert_eq!(rate(250.0), "250");
+    }
+}

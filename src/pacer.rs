@@ -1,0 +1,236 @@
+//! When may the next call go? The async face of the pure rate logic.
+//!
+//! The pool only sees the [`Pacer`] interface (take / pause / observe), so an
+//! exact sliding-window pacer or a pacer shared through Redis can slot in
+//! without touching the pool.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::rate::bucket::TokenBucket;
+use crate::rate::Rate;
+
+/// A boxed future, so `Pacer` can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Decides when each call may start. Shared by every worker of a run.
+pub trait Pacer: Send + Sync {
+    /// Waits until one call may start, and claims it.
+    fn take(&self) -> BoxFuture<'_, ()>;
+
+    /// A rate-limit 429 arrived: every worker waits `for_` before its next
+    /// call, and nobody bursts when the pause ends.
+    fn pause(&self, for_: Duration);
+
+    /// Sees the limit the server says is in force (`x-rate-limit-limit`), so a
+    /// key capped below its plan slows the pacer down. Returns true if the pacer changed.
+    fn observe_limit(&self, limit_in_force: u64) -> bool;
+
+    /// When the current pause ends, if one is in force.
+    fn paused_until(&self) -> Option<Instant>;
+}
+
+/// The token-bucket pacer from the design: one bucket shared by every worker.
+pub struct BucketPacer {
+    bucket: Mutex<TokenBucket>,
+    period: Duration,
+}
+
+fn now_std() -> std::time::Instant {
+    Instant::now().into_std()
+}
+
+impl BucketPacer {
+    /// Wraps a bucket; `period` is the window the limit is counted over.
+    pub fn new(bucket: TokenBucket, period: Duration) -> BucketPacer {
+        BucketPacer {
+            bucket: Mutex::new(bucket),
+            period,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TokenBucket> {
+        // A panic while holding this lock cannot leave the bucket in a state
+        // worse than stale, so carry on with it.
+        self.bucket.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Pacer for BucketPacer {
+    fn take(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            loop {
+                let next = self.lock().try_take(now_std());
+                match next {
+                    Ok(()) => return,
+                    Err(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
+                }
+            }
+        })
+    }
+
+    fn pause(&self, for_: Duration) {
+        let now = now_std();
+        self.lock().pause_until(now + for_, now);
+    }
+
+    fn observe_limit(&self, limit_in_force: u64) -> bool {
+        if limit_in_force == 0 {
+            return false;
+        }
+        let rate = Rate {
+            count: limit_in_force,
+            period: self.period,
+        };
+        self.lock().shrink_to(rate, now_std())
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.lock().paused_until(now_std()).map(Instant::from_std)
+    }
+}
+
+/// No per-period limit (Mega): calls go at once, but a 429 still pauses everyone.
+#[derive(Default)]
+pub struct Unpaced {
+    paused_until: Mutex<Option<Instant>>,
+}
+
+impl Pacer for Unpaced {
+    fn take(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            while let Some(until) = self.paused_until() {
+                tokio::time::sleep_until(until).await;
+            }
+        })
+    }
+
+    fn pause(&self, for_: Duration) {
+        let until = Instant::now() + for_;
+        let mut p = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+        *p = Some(p.map_or(until, |old| old.max(until)));
+    }
+
+    fn observe_limit(&self, _limit_in_force: u64) -> bool {
+        false
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        let p = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+        p.filter(|&u| u > Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn starter_scaled() -> BucketPacer {
+        // 60 per second: capacity 6, refill (60 - 6) / 1.05 s.
+        let r = Rate {
+            count: 60,
+            period: Duration::from_secs(1),
+        };
+        BucketPacer::new(
+            TokenBucket::for_limit(r, None, false, now_std()).unwrap(),
+            r.period,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn burst_then_drip() {
+        let p = starter_scaled();
+        let t0 = Instant::now();
+        for _ in 0..6 {
+            p.take().await;
+        }
+        assert_eq!(Instant::now(), t0, "the burst of 6 is free");
+        p.take().await;
+        let waited = Instant::now() - t0;
+        let drip = Duration::from_secs_f64(1.05 / 54.0);
+        assert!(
+            waited >= drip && waited < drip + Duration::from_millis(2),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_holds_every_worker() {
+        let p = Arc::new(starter_scaled());
+        let t0 = Instant::now();
+        p.pause(Duration::from_secs(3));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                p.take().await;
+                Instant::now()
+            }));
+        }
+        for t in tasks {
+            let at = t.await.unwrap();
+            assert!(at >= t0 + Duration::from_secs(3), "{:?}", at - t0);
+        }
+        assert!(p.paused_until().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_minute_of_greedy_workers_stays_under_the_limit() {
+        let p = Arc::new(starter_scaled());
+        let t0 = Instant::now();
+        let stamps = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..5 {
+            let (p, stamps) = (p.clone(), stamps.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < t0 + Duration::from_secs(10) {
+                    p.take().await;
+                    stamps.lock().unwrap().push(Instant::now());
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let s = stamps.lock().unwrap();
+        for (i, a) in s.iter().enumerate() {
+            let in_window = s[i..]
+                .iter()
+                .take_while(|b| **b - *a < Duration::from_secs(1))
+                .count();
+            assert!(in_window <= 60, "{in_window} in one window");
+        }
+        assert!(s.len() >= 500, "too slow: {}", s.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unpaced_only_waits_for_pauses() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        for _ in 0..1000 {
+            p.take().await;
+        }
+        assert_eq!(Instant::now(), t0);
+        p.pause(Duration::from_secs(2));
+        p.take().await;
+        assert_eq!(Instant::now(), t0 + Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capped_key_slows_the_pacer() {
+        let p = starter_scaled();
+        assert!(p.observe_limit(20));
+        assert!(!p.observe_limit(60));
+        let t0 = Instant::now();
+        for _ in 0..12 {
+            p.take().await;
+        }
+        // Capacity 2 at (20 - 2) / 1.05 s: 10 more tokens take over half a second.
+        assert!(Instant::now() - t0 > Duration::from_millis(500));
+    }
+}

@@ -1,0 +1,274 @@
+//! Credits: alerts once per cycle, the reserve, waiting for a top-up, status.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use crate::common::*;
+
+/// A webhook receiver on 127.0.0.1:0 that keeps every JSON body it gets.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<serde_json::Value>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let store = got.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+                let store = store.clone();
+                async move {
+                    store.lock().unwrap().push(v);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/hook?token=hook-secret",
+            listener.local_addr().unwrap()
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver {
+            url,
+            got,
+            _task: task,
+        }
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|v| v["id"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+}
+
+fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
+    summary["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| x["id"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_webhook() {
+    let sim = Sim::start(&["--limit", "200/1s", "--credits", "40"]);
+    let hook = Receiver::start().await;
+    let dir = TempDir::new("thresholds");
+    let input = numbers(&dir, "items.jsonl", 60);
+    let args = [
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "2",
+        "--alert-at",
+        "0.5,0.8",
+        "--alert-webhook",
+        &hook.url,
+    ];
+    let first = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(first.code, 75, "{}", first.stderr);
+    let ids = alert_ids(&first.summary);
+    assert!(ids.contains(&"pct-0.5".to_string()), "{ids:?}");
+    assert!(ids.contains(&"pct-0.8".to_string()), "{ids:?}");
+    assert!(ids.contains(&"exhausted".to_string()), "{ids:?}");
+    assert!(
+        first.stderr.contains("ALERT [threshold]"),
+        "{}",
+        first.stderr
+    );
+    assert!(
+        !first.stderr.contains("hook-secret"),
+        "webhook token leaked"
+    );
+
+    // The halt's webhook deliveries finished before the process exited.
+    let got = hook.got.lock().unwrap().clone();
+    let exhausted = got
+        .iter()
+        .find(|v| v["id"] == "exhausted")
+        .expect("exhausted alert posted");
+    assert_eq!(exhausted["kind"], "exhausted");
+    assert_eq!(exhausted["remaining"], 0);
+    assert_eq!(exhausted["max"], 40);
+    assert!(exhausted["renewal"].as_u64().is_some());
+    assert!(exhausted["job"].as_str().is_some_and(|j| !j.is_empty()));
+    assert!(exhausted["message"]
+        .as_str()
+        .unwrap()
+        .contains("credits renew"));
+
+    // A top-up in the same cycle: the rerun finishes and fires nothing again.
+    sim.topup(100).await;
+    let second = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    let again = alert_ids(&second.summary);
+    assert!(!again.iter().any(|i| i.starts_with("pct-")), "{again:?}");
+    let ids = hook.ids();
+    for id in ["pct-0.5", "pct-0.8", "exhausted"] {
+        assert_eq!(
+            ids.iter().filter(|i| *i == id).count(),
+            1,
+            "{id} in {ids:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reserve_halts_before_the_balance_would_cross_it() {
+    let sim = Sim::start(&["--limit", "200/1s", "--credits", "100"]);
+    let dir = TempDir::new("reserve");
+    let input = numbers(&dir, "items.jsonl", 50);
+
+    // Without --allow-partial: the projection (50 credits) crosses the
+    // reserve (80 of 100), so it refuses after the first call told it the balance.
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "200/1s", "--reserve", "80"],
+    ));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(r.stderr.contains("projected cost"), "{}", r.stderr);
+    assert!(r.stderr.contains("--allow-partial"), "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0);
+    assert!(r.summary["done"].as_u64().unwrap() <= 1);
+
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--limit",
+            "200/1s",
+            "--concurrency",
+            "5",
+            "--reserve",
+            "80",
+            "--allow-partial",
+        ],
+    ));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "halted");
+    assert_eq!(r.summary["credits_remaining"], 80);
+    assert_eq!(r.summary["done"], 20);
+    assert_eq!(r.summary["failed"], 0);
+    assert!(r.stderr.contains("reserve"), "{}", r.stderr);
+    let stats = sim.stats().await;
+    assert_eq!(stats["credits_remaining"], 80, "{stats}");
+
+    // status reads the checkpoint without calling the API.
+    let requests_before = sim.stats().await["accepted"].clone();
+    let out = bin()
+        .args(["status", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("20 done, 0 failed, 30 pending of 50"),
+        "{text}"
+    );
+    assert!(text.contains("80 remaining of 100"), "{text}");
+    assert!(text.contains("reserve"), "{text}");
+    assert_eq!(sim.stats().await["accepted"], requests_before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_for_credits_resumes_by_itself_after_a_top_up() {
+    let sim = Sim::start(&["--limit", "200/1s", "--credits", "10"]);
+    let dir = TempDir::new("wait");
+    let input = numbers(&dir, "items.jsonl", 25);
+    let child = run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--limit",
+            "200/1s",
+            "--concurrency",
+            "3",
+            "--wait-for-credits",
+            "--probe-every",
+            "200ms",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Exhausted, and probing: at least two rejected probes after the halt.
+    wait_for_stats(&sim, 30, |s| {
+        s["side_effects"] == 10 && s["rejected_credits"].as_u64().unwrap_or(0) >= 3
+    })
+    .await;
+    sim.topup(100).await;
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 25);
+    let ids = alert_ids(&summary);
+    assert!(ids.contains(&"waiting".to_string()), "{ids:?}");
+    assert!(ids.contains(&"resumed".to_string()), "{ids:?}");
+    assert_eq!(
+        ids.iter().filter(|i| *i == "waiting").count(),
+        1,
+        "alerted once: {ids:?}"
+    );
+    assert_eq!(sim.stats().await["side_effects"], 25);
+    assert_eq!(
+        lines_of(&dir.path().join("items.results.jsonl")),
+        (1..=25).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_while_waiting_for_credits_exits_130() {
+    let sim = Sim::start(&["--limit", "200/1s", "--credits", "3"]);
+    let dir = TempDir::new("waitctrlc");
+    let input = numbers(&dir, "items.jsonl", 10);
+    let child = run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--limit",
+            "200/1s",
+            "--wait-for-credits",
+            "--probe-every",
+            "1h",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for_stats(&sim, 30, |s| {
+        s["rejected_credits"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 3);
+    assert_eq!(summary["failed"], 0);
+}

@@ -1,0 +1,426 @@
+//! The run, end to end: the real binary against a real `batchrun sim`.
+
+use std::process::Stdio;
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clean_run_never_trips_the_limit_and_writes_every_item_in_order() {
+    let sim = Sim::start(&["--limit", "60/1s", "--concurrency", "5", "--cooldown", "1s"]);
+    let dir = TempDir::new("clean");
+    let input = numbers(&dir, "items.jsonl", 120);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "60/1s", "--concurrency", "5"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "done");
+    assert_eq!(r.summary["done"], 120);
+    assert_eq!(r.summary["rate_limited"], 0);
+    assert_eq!(r.summary["exit_code"], 0);
+
+    let stats = sim.stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_eq!(stats["rejected_cooldown"], 0, "{stats}");
+    assert_eq!(stats["rejected_concurrency"], 0, "{stats}");
+    assert_eq!(stats["side_effects"], 120);
+    assert!(stats["max_in_window"].as_u64().unwrap() <= 60);
+
+    let out = dir.path().join("items.results.jsonl");
+    assert_eq!(lines_of(&out), (1..=120).collect::<Vec<_>>());
+    let first = &jsonl(&out)[0];
+    assert_eq!(first["input"]["n"], 1);
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["body"]["status"], "ok");
+    assert!(jsonl(&dir.path().join("items.failures.jsonl")).is_empty());
+    assert_key_absent_from_files(dir.path());
+
+    // The same command again resends nothing.
+    let again = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "60/1s", "--concurrency", "5"],
+    ));
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["requests"], 0);
+    assert_eq!(sim.stats().await["side_effects"], 120);
+    assert_eq!(lines_of(&out).len(), 120);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overdriven_run_sees_429s_pauses_and_still_does_every_item_once() {
+    let sim = Sim::start(&[
+        "--limit",
+        "20/1s",
+        "--concurrency",
+        "10",
+        "--cooldown",
+        "1s",
+    ]);
+    let dir = TempDir::new("overdriven");
+    let input = numbers(&dir, "items.jsonl", 60);
+    // Live traffic on the same key has just filled the window.
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        let r = client
+            .get(format!("{}/v1/echo?live={i}", sim.url))
+            .header("x-api-key", KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "100/1s", "--concurrency", "5", "--burst", "10"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.summary["rate_limited"].as_u64().unwrap() >= 1,
+        "{}",
+        r.summary
+    );
+    assert!(r.stderr.contains("pausing every worker"), "{}", r.stderr);
+    assert_eq!(r.summary["done"], 60);
+    assert_eq!(r.summary["failed"], 0);
+    let out = dir.path().join("items.results.jsonl");
+    assert_eq!(lines_of(&out), (1..=60).collect::<Vec<_>>());
+    let stats = sim.stats().await;
+    assert_eq!(
+        stats["side_effects"], 80,
+        "60 items + 20 live calls, each once: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn credit_exhaustion_halts_resumably_and_a_top_up_finishes_the_job() {
+    let sim = Sim::start(&["--limit", "100/1s", "--credits", "30"]);
+    let dir = TempDir::new("credits");
+    let input = numbers(&dir, "items.jsonl", 50);
+    let args = ["--limit", "100/1s", "--concurrency", "5"];
+    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "halted");
+    assert_eq!(r.summary["done"], 30);
+    assert_eq!(
+        r.summary["failed"], 0,
+        "exhaustion never marks an item failed"
+    );
+    assert_eq!(r.summary["pending"], 20);
+    assert!(r.summary["renewal"].as_u64().is_some());
+    assert!(r.stderr.contains("credits exhausted"), "{}", r.stderr);
+    assert!(r.stderr.contains("credits renew"), "{}", r.stderr);
+    let out = dir.path().join("items.results.jsonl");
+    assert_eq!(lines_of(&out).len(), 30);
+    assert!(jsonl(&dir.path().join("items.failures.jsonl")).is_empty());
+
+    sim.topup(100).await;
+    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 50);
+    assert_eq!(lines_of(&out), (1..=50).collect::<Vec<_>>());
+    assert_eq!(sim.stats().await["side_effects"], 50);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_mid_run_then_resume_does_every_item_exactly_once() {
+    let sim = Sim::start(&[
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "5",
+        "--latency",
+        "5ms..15ms",
+    ]);
+    let dir = TempDir::new("kill9");
+    let input = numbers(&dir, "items.jsonl", 150);
+    let args = ["--limit", "200/1s", "--concurrency", "5"];
+    let mut child = run_cmd(&sim, &dir, &input, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 40).await;
+    child.kill().unwrap(); // SIGKILL: no chance to flush anything
+    child.wait().unwrap();
+    let before = sim.stats().await["side_effects"].as_u64().unwrap();
+    assert!(before < 150, "the run finished before it could be killed");
+
+    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 150);
+    let out = dir.path().join("items.results.jsonl");
+    assert_eq!(
+        lines_of(&out),
+        (1..=150).collect::<Vec<_>>(),
+        "every item exactly once"
+    );
+    let stats = sim.stats().await;
+    assert_eq!(
+        stats["side_effects"], 150,
+        "replays never repeat a side effect: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_saves_the_checkpoint_exits_130_and_the_rerun_completes() {
+    let sim = Sim::start(&["--limit", "20/1s", "--concurrency", "2"]);
+    let dir = TempDir::new("ctrlc");
+    let input = numbers(&dir, "items.jsonl", 60);
+    let args = ["--limit", "20/1s", "--concurrency", "2"];
+    let child = run_cmd(&sim, &dir, &input, &args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 5).await;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "interrupted");
+    let done = summary["done"].as_u64().unwrap();
+    assert!((5..60).contains(&done), "{summary}");
+    let results = dir.path().join("items.results.jsonl");
+    assert_eq!(
+        lines_of(&results).len() as u64,
+        done,
+        "outputs written at exit"
+    );
+
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "100/1s", "--concurrency", "2"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(lines_of(&results), (1..=60).collect::<Vec<_>>());
+    assert_eq!(sim.stats().await["side_effects"], 60);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_stops_before_any_request_naming_file_and_line() {
+    let sim = Sim::start(&[]);
+    let dir = TempDir::new("badinput");
+    let bad = dir.write("bad.jsonl", "{\"n\": 1}\n\n{\"n\": 2\n{\"n\": 3}\n");
+    let r = finish(run_cmd(&sim, &dir, &bad, &[]));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("bad.jsonl:3:"), "{}", r.stderr);
+
+    let ragged = dir.write("ragged.csv", "n,word\n1,one\n2\n");
+    let r = finish(run_cmd(&sim, &dir, &ragged, &[]));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("ragged.csv:3:"), "{}", r.stderr);
+
+    // A field the URL needs but an item lacks is bad input too.
+    let missing = dir.write("missing.jsonl", "{\"n\": 1}\n{\"m\": 2}\n");
+    let r = finish(run_cmd(&sim, &dir, &missing, &[]));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("missing.jsonl:2:"), "{}", r.stderr);
+    assert!(r.stderr.contains("\"n\""), "{}", r.stderr);
+
+    let stats = sim.stats().await;
+    assert_eq!(stats["accepted"], 0, "no request was sent: {stats}");
+    assert_eq!(stats["side_effects"], 0);
+
+    let empty = dir.write("empty.jsonl", "");
+    let r = finish(run_cmd(&sim, &dir, &empty, &[]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["total"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rejected_key_halts_with_exit_1_and_marks_nothing_failed() {
+    let sim = Sim::start(&[]);
+    let dir = TempDir::new("auth");
+    let input = numbers(&dir, "items.jsonl", 10);
+    // The key goes in a header the API does not read: it answers 401.
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--api-key-header", "x-wrong-header", "--limit", "100/1s"],
+    ));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "failed");
+    assert_eq!(r.summary["failed"], 0);
+    assert_eq!(r.summary["done"], 0);
+    assert!(r.stderr.contains("rejected the key"), "{}", r.stderr);
+    assert!(r.stderr.contains("BATCHRUN_API_KEY"), "{}", r.stderr);
+    assert_key_absent_from_files(dir.path());
+
+    // No key at all is a usage error before anything is sent.
+    let out = bin()
+        .arg(&input)
+        .args(["--url", &format!("{}/v1/echo", sim.url)])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("BATCHRUN_API_KEY"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transient_failures_retry_and_permanent_ones_are_recorded() {
+    let sim = Sim::start(&["--limit", "500/1s", "--fail-rate", "0.3", "--seed", "7"]);
+    let dir = TempDir::new("faults");
+    let mut s = String::new();
+    for i in 1..=40 {
+        // /v9/... is not an API path: the sim answers 404.
+        let ver = if i % 10 == 0 { "v9" } else { "v1" };
+        s.push_str(&format!("{{\"n\": {i}, \"ver\": \"{ver}\"}}\n"));
+    }
+    let input = dir.write("items.jsonl", &s);
+    let url = format!("{}/{{ver}}/echo?n={{n}}", sim.url);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--url",
+            &url,
+            "--limit",
+            "500/1s",
+            "--concurrency",
+            "4",
+            "--max-attempts",
+            "12",
+        ],
+    ));
+    assert_eq!(r.code, 3, "some items failed: {}", r.stderr);
+    assert_eq!(r.summary["state"], "done");
+    assert_eq!(r.summary["done"], 36);
+    assert_eq!(r.summary["failed"], 4);
+    assert!(r.summary["retries"].as_u64().unwrap() >= 1, "{}", r.summary);
+    let failures = jsonl(&dir.path().join("items.failures.jsonl"));
+    assert_eq!(
+        failures
+            .iter()
+            .map(|f| f["line"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [10, 20, 30, 40]
+    );
+    assert_eq!(failures[0]["status"], 404);
+    assert!(failures[0]["reason"].as_str().unwrap().contains("404"));
+
+    // --retry-failed sends only those again (they fail again: still exit 3).
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--url",
+            &url,
+            "--limit",
+            "500/1s",
+            "--concurrency",
+            "4",
+            "--retry-failed",
+            "--max-attempts",
+            "12",
+        ],
+    ));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(r.summary["requests"].as_u64().unwrap() >= 4);
+    assert_eq!(r.summary["done"], 36);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropped_connections_are_retried_without_repeating_side_effects() {
+    let sim = Sim::start(&["--limit", "500/1s", "--reset-rate", "0.2", "--seed", "3"]);
+    let dir = TempDir::new("reset");
+    let input = numbers(&dir, "items.jsonl", 40);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "500/1s", "--max-attempts", "12"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 40);
+    let stats = sim.stats().await;
+    assert_eq!(stats["side_effects"], 40, "{stats}");
+    assert!(
+        stats["idempotent_replays"].as_u64().unwrap() >= 1,
+        "{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_input_is_refused_until_fresh() {
+    let sim = Sim::start(&["--limit", "500/1s"]);
+    let dir = TempDir::new("changed");
+    let input = numbers(&dir, "items.jsonl", 5);
+    let args = ["--limit", "500/1s"];
+    assert_eq!(finish(run_cmd(&sim, &dir, &input, &args)).code, 0);
+    numbers(&dir, "items.jsonl", 6);
+    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("changed since its checkpoint"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--fresh"), "{}", r.stderr);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "500/1s", "--fresh"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 6);
+    assert_eq!(r.summary["requests"], 6, "--fresh starts over");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_built_in_sim_runs_a_real_job_with_no_key() {
+    let dir = TempDir::new("demo");
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/numbers.jsonl"
+    ))
+    .unwrap();
+    let input = dir.write("numbers.jsonl", &src);
+    let out = bin()
+        .args(["--plan", "starter", "--limit", "600/1s", "--sim", "--json"])
+        .arg(&input)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 20);
+    let results = jsonl(&dir.path().join("numbers.results.jsonl"));
+    assert_eq!(results.len(), 20);
+    assert_eq!(results[2]["body"]["data"]["word"], "three");
+}
+
+#[test]
+fn plans_prints_the_derived_bucket() {
+    let out = bin().arg("plans").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["starter", "60/min", "5", "6", "0.897"]),
+        "{text}"
+    );
+}
