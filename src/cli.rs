@@ -90,6 +90,10 @@ fn parse_thresholds(s: &str) -> Result<Thresholds, String> {
     crate::credits::parse_thresholds(s).map(Thresholds)
 }
 
+fn parse_webhook(s: &str) -> Result<String, String> {
+    crate::alert::check_webhook_url(s).map(|()| s.to_string())
+}
+
 fn parse_at_least_one(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n) if n >= 1 => Ok(n),
@@ -192,7 +196,7 @@ pub struct RunArgs {
     pub json: bool,
 
     /// Start the built-in sim in-process on a free port and run against it
-    /// (no key, no network). --url may then be a path such as /v1/echo?n={n}.
+    /// (no key, no network). --url may then be a path on the sim, such as /v1/echo.
     #[arg(long)]
     pub sim: bool,
 
@@ -205,7 +209,7 @@ pub struct RunArgs {
     pub burn_window: Duration,
 
     /// POST every alert as JSON to this URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = parse_webhook)]
     pub alert_webhook: Option<String>,
 
     /// Credits kept for production: halt before a call could take the balance below N.

@@ -1079,6 +1079,9 @@ pub async fn run(
     // 3. The job and its checkpoint.
     let store = Store::open(&args.state_dir).map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
     let mut meta = open_job(&store, &settings, &scan, args.fresh)?;
+    // Until this run ends, a reader of the checkpoint sees it unfinished.
+    meta.last_state = None;
+    meta.halt_reason = None;
     let items = store.items(&meta.id).context("opening the checkpoint")?;
     if args.retry_failed {
         items.clear_failed().context("clearing failed items")?;
@@ -1237,7 +1240,9 @@ pub async fn run(
             alerter.clone(),
         );
         let mut meta_local = meta.clone();
+        let (store, origin) = (store.clone(), settings.origin.clone());
         tokio::spawn(async move {
+            let mut saved_at = Instant::now();
             let mut meter_local = meter;
             let mut err: Option<anyhow::Error> = None;
             while let Some(ev) = ev_rx.recv().await {
@@ -1301,6 +1306,19 @@ pub async fn run(
                 })();
                 if let (Err(e), None) = (res, &err) {
                     err = Some(e);
+                }
+                // Keep the job's pacing time and the alerts fired current on
+                // disk, so a kill -9 neither bursts into the window on resume
+                // nor repeats an alert.
+                if saved_at.elapsed() >= Duration::from_secs(1) {
+                    saved_at = Instant::now();
+                    meta_local.meter = meter_local.state();
+                    let saved = store
+                        .save_job(&meta_local)
+                        .and_then(|()| store.save_meter_state(&origin, &meta_local.meter));
+                    if let (Err(e), None) = (saved, &err) {
+                        err = Some(e.into());
+                    }
                 }
             }
             meta_local.meter = meter_local.state();
