@@ -1375,32 +1375,31 @@ pub async fn run(
     // 9. Decide the end state, alert, persist, write outputs.
     let counts = items.counts().context("reading the checkpoint")?;
     let last = meter_final.last();
+    // The exhaustion and reserve halts are billing alerts, once per cycle.
+    let billing = match &halt {
+        Some(Halt::Exhausted) => Some(Alert::exhausted(last)),
+        Some(Halt::Reserve(why)) => {
+            let mut a = Alert::reserve(args.reserve.unwrap_or(0), last);
+            a.message = format!("{why}. {}", a.message);
+            Some(a)
+        }
+        _ => None,
+    };
+    if let Some(a) = &billing {
+        let mut m = meter_final;
+        if m.mark_fired(&a.id) {
+            alerter.send(a);
+        } else {
+            reporter.println(&format!("batchrun: {}", a.message));
+        }
+        meta_final.meter = m.state();
+    }
     let (state, halt_reason) = match &halt {
         None => (RunState::Done, None),
         Some(h) => {
             let reason = match h {
-                Halt::Exhausted => {
-                    let a = Alert::exhausted(last);
-                    let mut m = meter_final;
-                    if m.mark_fired(&a.id) {
-                        alerter.send(&a);
-                    } else {
-                        reporter.println(&format!("batchrun: {}", a.message));
-                    }
-                    meta_final.meter = m.state();
-                    a.message
-                }
-                Halt::Reserve(why) => {
-                    let mut a = Alert::reserve(args.reserve.unwrap_or(0), last);
-                    a.message = format!("{why}. {}", a.message);
-                    let mut m = meter_final;
-                    if m.mark_fired(&a.id) {
-                        alerter.send(&a);
-                    } else {
-                        reporter.println(&format!("batchrun: {}", a.message));
-                    }
-                    meta_final.meter = m.state();
-                    a.message
+                Halt::Exhausted | Halt::Reserve(_) => {
+                    billing.map(|a| a.message).unwrap_or_default()
                 }
                 Halt::Auth(status) => format!(
                     "the API rejected the key (HTTP {status}): check {} holds a valid key for this API; nothing was marked failed",
