@@ -17,13 +17,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => {
                 let json = args.json;
-                let shutdown = async {
-                    // If the handler cannot be installed, never resolve:
-                    // the run then ends only by itself.
-                    if tokio::signal::ctrl_c().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                };
+                let shutdown = interrupted();
                 match batchrun::runner::run(*args, shutdown).await {
                     Ok(summary) => {
                         if json {
@@ -64,4 +58,30 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: a scheduler stopping
+/// the job deserves the same clean stop as a person at the terminal. If no
+/// handler can be installed it never resolves, and the run ends by itself.
+async fn interrupted() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
 }

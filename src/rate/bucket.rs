@@ -61,6 +61,21 @@ impl TokenBucket {
     /// is for a job resumed within one window of its last call: the previous
     /// process may have used the burst already, and an empty start keeps the
     /// sum of both under the limit.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use batchrun::rate::{bucket::TokenBucket, Rate};
+    ///
+    /// let starter = Rate { count: 60, period: Duration::from_secs(60) };
+    /// let now = Instant::now();
+    /// let mut b = TokenBucket::for_limit(starter, None, false, now).unwrap();
+    /// assert_eq!(b.capacity(), 6);
+    /// for _ in 0..6 {
+    ///     assert!(b.try_take(now).is_ok()); // the burst
+    /// }
+    /// let next = b.try_take(now).unwrap_err(); // then about 0.9 a second
+    /// assert!(next - now > Duration::from_millis(1100));
+    /// ```
     pub fn for_limit(
         limit: Rate,
         burst: Option<u64>,

@@ -49,6 +49,19 @@ impl fmt::Display for Rate {
 }
 
 /// A `--limit` value: a rate, or `none` (no per-period limit, as on Mega).
+///
+/// ```
+/// use std::time::Duration;
+/// use batchrun::rate::{Limit, Rate};
+///
+/// let starter: Limit = "60/1m".parse().unwrap();
+/// assert_eq!(starter, Limit::Rate(Rate { count: 60, period: Duration::from_secs(60) }));
+/// // Apigee's units: the same 30 per second, with very different bursts.
+/// assert_eq!("30ps".parse::<Limit>().unwrap().rate().unwrap().per_second(), 30.0);
+/// assert_eq!("1800pm".parse::<Limit>().unwrap().rate().unwrap().per_second(), 30.0);
+/// assert_eq!("none".parse::<Limit>().unwrap(), Limit::Unlimited);
+/// assert!("sixty a minute".parse::<Limit>().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
     /// At most this many requests per period.

@@ -424,3 +424,33 @@ fn plans_prints_the_derived_bucket() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
+    let sim = Sim::start(&["--limit", "10/1s", "--concurrency", "1"]);
+    let dir = TempDir::new("sigterm");
+    let input = numbers(&dir, "items.jsonl", 40);
+    let child = run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "10/1s", "--concurrency", "1"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 2).await;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"], "interrupted");
+    assert_eq!(
+        lines_of(&dir.path().join("items.results.jsonl")).len() as u64,
+        summary["done"].as_u64().unwrap()
+    );
+}
