@@ -536,7 +536,7 @@ impl CreditMeter {
         // concurrent workers can make the latest one slightly stale.
         let u_end = in_window.map(|&(_, u)| u).fold(u0, i64::max);
         let hours = span.as_secs_f64() / 3600.0;
-        let per_hour = (u_end - u0) as f64 / hours;
+        let per_hour = u_end.saturating_sub(u0) as f64 / hours;
         if !(per_hour > 0.0 && per_hour.is_finite()) {
             return None;
         }
@@ -584,6 +584,15 @@ impl CreditMeter {
         }
         self.fired.push(id.to_string());
         true
+    }
+
+    /// Forgets that alert `id` fired, so it can fire again this cycle: an
+    /// exhaustion that ended (a call succeeded after a top-up) makes the next
+    /// one a new outage worth its own alert.
+    pub fn unmark_fired(&mut self, id: &str) -> bool {
+        let before = self.fired.len();
+        self.fired.retain(|f| f != id);
+        self.fired.len() != before
     }
 
     /// Whether alert `id` already fired in this cycle.

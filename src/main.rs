@@ -2,14 +2,17 @@
 
 use std::process::ExitCode;
 
+use std::io::Write;
+
 use batchrun::cli::{Cli, Command};
+use batchrun::report::err_line;
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_default(std::env::args_os());
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("batchrun: cannot start the async runtime: {e}");
+            err_line(&format!("batchrun: cannot start the async runtime: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -22,14 +25,18 @@ fn main() -> ExitCode {
                     Ok(summary) => {
                         if json {
                             match serde_json::to_string(&summary) {
-                                Ok(s) => println!("{s}"),
-                                Err(e) => eprintln!("batchrun: cannot print the summary: {e}"),
+                                Ok(s) => {
+                                    let _ = writeln!(std::io::stdout(), "{s}");
+                                }
+                                Err(e) => {
+                                    err_line(&format!("batchrun: cannot print the summary: {e}"))
+                                }
                             }
                         }
                         summary.exit_code
                     }
                     Err(e) => {
-                        eprintln!("batchrun: error: {e:#}");
+                        err_line(&format!("batchrun: error: {e:#}"));
                         e.exit_code()
                     }
                 }
@@ -37,21 +44,21 @@ fn main() -> ExitCode {
             Command::Sim(args) => match batchrun::sim::run(args).await {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("batchrun sim: error: {e:#}");
+                    err_line(&format!("batchrun sim: error: {e:#}"));
                     1
                 }
             },
             Command::Plans => {
-                print!("{}", batchrun::status::plans_table());
+                let _ = write!(std::io::stdout(), "{}", batchrun::status::plans_table());
                 0
             }
             Command::Status(args) => match batchrun::status::status(&args) {
                 Ok(text) => {
-                    print!("{text}");
+                    let _ = write!(std::io::stdout(), "{text}");
                     0
                 }
                 Err(e) => {
-                    eprintln!("batchrun status: error: {e:#}");
+                    err_line(&format!("batchrun status: error: {e:#}"));
                     1
                 }
             },

@@ -4,7 +4,7 @@
 //! anything. On a terminal it draws an indicatif bar on stderr; otherwise it
 //! writes a plain line every few seconds, which reads well in cron mail and CI logs.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -183,7 +183,7 @@ impl Reporter {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(b) => b.println(line),
-            None => eprintln!("{line}"),
+            None => err_line(line),
         }
     }
 
@@ -194,7 +194,7 @@ impl Reporter {
                 let b = b.clone();
                 Box::new(move |l: &str| b.println(l))
             }
-            None => Box::new(|l: &str| eprintln!("{l}")),
+            None => Box::new(err_line),
         }
     }
 
@@ -206,7 +206,11 @@ impl Reporter {
                 b.set_position(v.done + v.failed);
                 b.set_message(msg);
             }
-            None => eprintln!("batchrun: {}/{} done  {msg}", v.done + v.failed, self.total),
+            None => err_line(&format!(
+                "batchrun: {}/{} done  {msg}",
+                v.done + v.failed,
+                self.total
+            )),
         }
     }
 
@@ -216,6 +220,12 @@ impl Reporter {
             b.finish_and_clear();
         }
     }
+}
+
+/// Writes a line to stderr, ignoring a closed or broken stderr: losing a
+/// progress line must never take the run (and its checkpoint) down with it.
+pub fn err_line(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The short human summary printed on stderr at the end.

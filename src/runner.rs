@@ -31,6 +31,9 @@ use crate::rate::Limit;
 use crate::report::{self, Reporter, RunState, Summary, View};
 use crate::template::{Escape, Template};
 
+/// The shortest pause a 429 causes, whatever its Retry-After says.
+pub const MIN_PAUSE: Duration = Duration::from_secs(1);
+
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
@@ -97,6 +100,16 @@ impl RequestSpec {
             .url
             .render(item, Escape::Url)
             .map_err(|e| format!("--url: {e}"))?;
+        match reqwest::Url::parse(&url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            Ok(u) => {
+                return Err(format!(
+                    "--url: {url:?} is not http or https (scheme {:?})",
+                    u.scheme()
+                ))
+            }
+            Err(e) => return Err(format!("--url: {url:?} is not a valid URL: {e}")),
+        }
         let mut headers = HeaderMap::new();
         for (name, t) in &self.headers {
             let v = t
@@ -290,13 +303,14 @@ enum Halt {
     Reserve(String),
     Auth(u16),
     Interrupted,
+    Internal(String),
 }
 
 impl Halt {
     fn state(&self) -> RunState {
         match self {
             Halt::Exhausted | Halt::Reserve(_) => RunState::Halted,
-            Halt::Auth(_) => RunState::Failed,
+            Halt::Auth(_) | Halt::Internal(_) => RunState::Failed,
             Halt::Interrupted => RunState::Interrupted,
         }
     }
@@ -384,6 +398,7 @@ struct ReserveState {
     disabled: bool,
     cost: CostEstimate,
     projected_checked: bool,
+    done_in_run: u64,
 }
 
 /// Credits per successful call, from the movement of `x-api-credits-used`.
@@ -392,29 +407,46 @@ struct ReserveState {
 #[derive(Default, Clone, Copy)]
 struct CostEstimate {
     base_used: Option<i64>,
+    base_renewal: Option<u64>,
+    max_used: i64,
     successes: u64,
     per_item: Option<f64>,
     prior: Option<f64>,
 }
 
 impl CostEstimate {
+    /// Feeds every metered response, in any order. The first one sets the
+    /// base; each later success adds one charge; the highest `used` seen
+    /// since the base, over those successes, is the cost per item.
     fn observe(&mut self, snap: &CreditSnapshot, success: bool) {
+        let new_cycle = self.base_renewal != snap.renewal && self.base_used.is_some();
         match self.base_used {
-            Some(b) if snap.used >= b => {
+            Some(b) if !new_cycle => {
+                // A response older than the base says nothing new.
+                if snap.used < b {
+                    return;
+                }
+                self.max_used = self.max_used.max(snap.used);
                 if success {
                     self.successes += 1;
-                    if snap.used > b {
-                        self.per_item = Some((snap.used - b) as f64 / self.successes as f64);
-                    }
+                }
+                if self.successes > 0 {
+                    self.per_item =
+                        Some(self.max_used.saturating_sub(b) as f64 / self.successes as f64);
                 }
             }
-            // First sight, or a new cycle / top-up moved `used` back: measure
-            // from here.
             _ => {
                 self.base_used = Some(snap.used);
+                self.base_renewal = snap.renewal;
+                self.max_used = snap.used;
                 self.successes = 0;
             }
         }
+    }
+
+    /// Whether any cost is known (measured in this run or carried over).
+    fn known(&self) -> bool {
+        self.per_item.is_some() || self.prior.is_some()
     }
 
     fn current(&self) -> f64 {
@@ -437,6 +469,10 @@ impl Drop for InFlight {
             if let Some(r) = &ctx.reserve {
                 let mut s = r.state.lock().unwrap_or_else(|p| p.into_inner());
                 s.in_flight = s.in_flight.saturating_sub(1);
+                drop(s);
+                // Whatever became of the call (even a panic), a worker
+                // waiting for its turn must get to look again.
+                r.changed.send_modify(|n| *n += 1);
             }
         }
     }
@@ -505,7 +541,7 @@ impl Ctx {
     /// them: the pool stops sending until a probe finds them back. Alerts
     /// once per waiting spell.
     fn start_waiting(&self, why: &str) {
-        let next = Instant::now() + self.probe_every;
+        let next = self.next_probe();
         let entered = self.gate.send_if_modified(|g| {
             if *g == Gate::Running {
                 *g = Gate::Waiting(next);
@@ -519,7 +555,8 @@ impl Ctx {
                 AlertKind::Waiting,
                 "waiting",
                 format!(
-                    "{why}; waiting for credits, probing every {}",
+                    "{why} ({}); waiting for credits, probing every {}",
+                    credits::describe_renewal(self.last_snapshot().and_then(|s| s.renewal)),
                     humantime::format_duration(self.probe_every)
                 ),
                 self.last_snapshot(),
@@ -527,9 +564,15 @@ impl Ctx {
         }
     }
 
+    fn next_probe(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.probe_every)
+            .unwrap_or(now + Duration::from_secs(365 * 86_400))
+    }
+
     /// The probe found no credits: next probe one interval from now.
     fn probe_failed(&self) {
-        let next = Instant::now() + self.probe_every;
+        let next = self.next_probe();
         self.gate.send_modify(|g| {
             if matches!(g, Gate::Waiting(_)) {
                 *g = Gate::Waiting(next);
@@ -584,7 +627,11 @@ impl Ctx {
         let Some(r) = &self.reserve else { return true };
         let s = r.state.lock().unwrap_or_else(|p| p.into_inner());
         match s.last {
-            Some(last) if !s.disabled => last.remaining - s.cost.current().ceil() as i64 >= r.floor,
+            Some(last) if !s.disabled => {
+                last.remaining
+                    .saturating_sub(s.cost.current().ceil() as i64)
+                    >= r.floor
+            }
             _ => true,
         }
     }
@@ -598,18 +645,20 @@ impl Ctx {
             s.in_flight += 1;
             return Admit::Go(InFlight(Some(self.clone())));
         }
-        let Some(last) = s.last else {
-            // The balance is learnt from the first response: until then one
-            // call at a time.
-            if s.in_flight == 0 {
+        // The balance is learnt from the first response and the cost of a
+        // call from the next: until both are known, one call at a time, so
+        // that a call costing many credits cannot overshoot the reserve.
+        let last = match s.last {
+            Some(last) if s.cost.known() => last,
+            _ if s.in_flight == 0 => {
                 s.in_flight += 1;
                 return Admit::Go(InFlight(Some(self.clone())));
             }
-            return Admit::WaitForBalance;
+            _ => return Admit::WaitForBalance,
         };
         let cost = s.cost.current();
         let need = (cost * (s.in_flight + 1) as f64).ceil() as i64;
-        if last.remaining - need < r.floor {
+        if last.remaining.saturating_sub(need) < r.floor {
             return Admit::Refused(format!(
                 "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}",
                 last.remaining, r.floor
@@ -632,14 +681,18 @@ impl Ctx {
                 let stale = s
                     .last
                     .is_some_and(|prev| prev.renewal == snap.renewal && snap.used < prev.used);
+                s.cost.observe(&snap, success);
                 if !stale {
-                    s.cost.observe(&snap, success);
                     s.last = Some(snap);
                 }
-                if !s.projected_checked {
+                if success {
+                    s.done_in_run += 1;
+                }
+                // Once the cost of a call is known, project the rest.
+                if !s.projected_checked && s.cost.known() {
                     s.projected_checked = true;
                     let cost = s.cost.current();
-                    let left = r.pending_at_start.saturating_sub(u64::from(success));
+                    let left = r.pending_at_start.saturating_sub(s.done_in_run);
                     let projected = (cost * left as f64).ceil() as i64;
                     let line = format!(
                         "batchrun: projected cost of the {left} remaining item(s): ~{projected} credits at ~{cost:.1}/item; balance {}, reserve {}",
@@ -653,7 +706,7 @@ impl Ctx {
                         max: Some(snap.max),
                         renewal: snap.renewal,
                     }));
-                    if snap.remaining - projected < r.floor && !r.allow_partial {
+                    if snap.remaining.saturating_sub(projected) < r.floor && !r.allow_partial {
                         refusal = Some(format!(
                             "the remaining {left} item(s) would cost ~{projected} credits and take the balance of {} below the reserve of {}; use --allow-partial to run until the reserve",
                             snap.remaining, r.floor
@@ -747,12 +800,13 @@ impl Ctx {
             if !probing && *self.gate.borrow() != Gate::Running {
                 continue;
             }
+            // Subscribed before asking, so a call that ends in between still
+            // wakes this worker if it has to wait its turn.
+            let mut turn = self.reserve.as_ref().map(|r| r.changed.subscribe());
             let guard = match self.admit(probing) {
                 Admit::Go(g) => g,
                 Admit::WaitForBalance => {
-                    if let Some(r) = &self.reserve {
-                        let mut rx = r.changed.subscribe();
-                        rx.mark_unchanged();
+                    if let Some(rx) = turn.as_mut() {
                         tokio::select! {
                             _ = rx.changed() => {}
                             _ = self.until_stopped() => return,
@@ -825,7 +879,8 @@ impl Ctx {
                         self.release_probe();
                     }
                     attempts -= 1;
-                    let pause = retry_after.unwrap_or(self.default_pause);
+                    // A zero Retry-After would turn the pause into a hot loop.
+                    let pause = retry_after.unwrap_or(self.default_pause).max(MIN_PAUSE);
                     self.pacer.pause(pause);
                     self.emit(Event::RateLimited {
                         pause,
@@ -837,7 +892,7 @@ impl Ctx {
                         self.release_probe();
                     }
                     attempts -= 1;
-                    let pause = retry_after.unwrap_or(Duration::from_secs(1));
+                    let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
                     self.emit(Event::RateLimited {
                         pause,
                         concurrency: true,
@@ -864,9 +919,10 @@ impl Ctx {
                     return;
                 }
                 Err(CallError::Permanent { status, reason }) => {
-                    // The API answered without refusing credits: they are back.
+                    // This item is bad, which says nothing about credits: the
+                    // next waiting worker probes with its own item.
                     if probing {
-                        self.probe_succeeded();
+                        self.release_probe();
                     }
                     self.emit(Event::Failed {
                         line: item.line,
@@ -1112,8 +1168,10 @@ pub async fn run(
         Limit::Rate(r) => {
             let since_last =
                 unix_now().saturating_sub(Duration::from_millis(meta.last_active_unix_ms));
+            // The margin covers the pacing stamp a kill -9 may not have saved
+            // (saved every second, flushed within half a second more).
             let start_empty =
-                meta.last_active_unix_ms > 0 && since_last < r.period + Duration::from_secs(1);
+                meta.last_active_unix_ms > 0 && since_last < r.period + Duration::from_secs(3);
             let bucket =
                 TokenBucket::for_limit(r, settings.burst, start_empty, Instant::now().into_std())
                     .map_err(|e| RunError::Usage(e.to_string()))?;
@@ -1129,6 +1187,19 @@ pub async fn run(
         .timeout(args.timeout)
         .pool_max_idle_per_host(settings.concurrency)
         .user_agent(concat!("batchrun/", env!("CARGO_PKG_VERSION")))
+        // The key travels in a custom header that reqwest would carry across
+        // a redirect to another host: follow redirects only within the origin.
+        .redirect(reqwest::redirect::Policy::custom(|attempt| {
+            let same_origin = attempt
+                .previous()
+                .first()
+                .is_some_and(|first| first.origin() == attempt.url().origin());
+            if same_origin && attempt.previous().len() < 10 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        }))
         .build()
         .context("building the HTTP client")?;
 
@@ -1246,6 +1317,8 @@ pub async fn run(
             let mut meter_local = meter;
             let mut err: Option<anyhow::Error> = None;
             while let Some(ev) = ev_rx.recv().await {
+                // Set when the fired-alert set changed: it goes to disk at once.
+                let mut fired = false;
                 let res: anyhow::Result<()> = (|| {
                     match ev {
                         Event::Sent => {
@@ -1262,6 +1335,11 @@ pub async fn run(
                             })?;
                             stats.done.fetch_add(1, Ordering::Relaxed);
                             stats.done_this_run.fetch_add(1, Ordering::Relaxed);
+                            // A call went through: any exhaustion is over, and
+                            // the next one is a new outage with its own alert.
+                            if meter_local.unmark_fired(credits::ID_EXHAUSTED) {
+                                fired = true;
+                            }
                         }
                         Event::Failed { line, status, reason, attempts } => {
                             items.record(line, &ItemRecord {
@@ -1289,6 +1367,7 @@ pub async fn run(
                             *stats.credits.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
                             for a in meter_local.observe(s, SystemTime::now()) {
                                 alerter.send(&a);
+                                fired = true;
                             }
                         }
                         Event::LimitInForce(l) => reporter.println(&format!(
@@ -1297,8 +1376,11 @@ pub async fn run(
                         Event::Alert(a) => {
                             if a.id == "projection-note" {
                                 reporter.println(&a.message);
-                            } else if a.id == "waiting" || a.id == "resumed" || meter_local.mark_fired(&a.id) {
+                            } else if a.id == "waiting" || a.id == "resumed" {
                                 alerter.send(&a);
+                            } else if meter_local.mark_fired(&a.id) {
+                                alerter.send(&a);
+                                fired = true;
                             }
                         }
                     }
@@ -1310,12 +1392,13 @@ pub async fn run(
                 // Keep the job's pacing time and the alerts fired current on
                 // disk, so a kill -9 neither bursts into the window on resume
                 // nor repeats an alert.
-                if saved_at.elapsed() >= Duration::from_secs(1) {
+                if fired || saved_at.elapsed() >= Duration::from_secs(1) {
                     saved_at = Instant::now();
                     meta_local.meter = meter_local.state();
                     let saved = store
                         .save_job(&meta_local)
-                        .and_then(|()| store.save_meter_state(&origin, &meta_local.meter));
+                        .and_then(|()| store.save_meter_state(&origin, &meta_local.meter))
+                        .and_then(|()| if fired { store.flush() } else { Ok(()) });
                     if let (Err(e), None) = (saved, &err) {
                         err = Some(e.into());
                     }
@@ -1330,9 +1413,13 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            r = workers.join_next() => {
-                if r.is_none() { break; }
-            }
+            r = workers.join_next() => match r {
+                None => break,
+                Some(Err(e)) if e.is_panic() => ctx.stop(Halt::Internal(
+                    "a worker crashed (a bug in batchrun); the checkpoint is saved: run the same command to resume".into(),
+                )),
+                Some(_) => {}
+            },
             _ = &mut shutdown => {
                 reporter.println("batchrun: interrupted: finishing the calls in flight, then saving the checkpoint...");
                 ctx.stop(Halt::Interrupted);
@@ -1394,7 +1481,16 @@ pub async fn run(
         }
         meta_final.meter = m.state();
     }
+    let left = scan.total.saturating_sub(counts.done + counts.failed);
     let (state, halt_reason) = match &halt {
+        // Every worker ended without a halt yet items are pending: never
+        // report that as done.
+        None if left > 0 && matches!(feeder_result, Ok(Ok(()))) => (
+            RunState::Failed,
+            Some(format!(
+                "the pool stopped with {left} item(s) pending (a bug in batchrun); run the same command to resume"
+            )),
+        ),
         None => (RunState::Done, None),
         Some(h) => {
             let reason = match h {
@@ -1406,6 +1502,7 @@ pub async fn run(
                     args.api_key_env
                 ),
                 Halt::Interrupted => "interrupted by Ctrl-C".to_string(),
+                Halt::Internal(why) => why.clone(),
             };
             (h.state(), Some(reason))
         }
@@ -1469,7 +1566,7 @@ pub async fn run(
         out: settings.out.display().to_string(),
         failures: settings.failures.display().to_string(),
     };
-    eprintln!("{}", report::human_summary(&summary));
+    report::err_line(&report::human_summary(&summary));
     Ok(summary)
 }
 
@@ -1502,22 +1599,30 @@ mod tests {
 
     #[test]
     fn cost_estimate_follows_credits_used() {
-        let snap = |used| CreditSnapshot {
+        let snap = |used, renewal| CreditSnapshot {
             remaining: 1000 - used,
             used,
             max: 1000,
-            renewal: None,
+            renewal: Some(renewal),
         };
         let mut c = CostEstimate::default();
+        assert!(!c.known());
         assert_eq!(c.current(), 1.0, "unknown: one credit per item");
-        c.observe(&snap(20), true);
-        c.observe(&snap(40), true);
-        c.observe(&snap(60), true);
+        c.observe(&snap(20, 7), true);
+        assert!(!c.known(), "one response is only the base");
+        c.observe(&snap(40, 7), true);
         assert_eq!(c.current(), 20.0);
-        // A renewal moves `used` back: the estimate restarts from there.
-        c.observe(&snap(0), false);
-        c.observe(&snap(20), true);
+        // Responses arriving out of order still count their charge.
+        c.observe(&snap(80, 7), true);
+        c.observe(&snap(60, 7), true);
         assert_eq!(c.current(), 20.0);
+        // Older than the base: ignored.
+        c.observe(&snap(0, 7), true);
+        assert_eq!(c.current(), 20.0);
+        // A new cycle (renewal moved, used back to 0): measure from there.
+        c.observe(&snap(0, 8), false);
+        c.observe(&snap(3, 8), true);
+        assert_eq!(c.current(), 3.0);
     }
 
     #[test]

@@ -147,8 +147,15 @@ impl TokenBucket {
             return Ok(());
         }
         let missing = 1.0 - self.tokens;
-        let wait = Duration::from_secs_f64(missing / self.rate_per_sec);
-        Err(now + wait.max(Duration::from_micros(1)))
+        // A limit such as 1 per century makes this wait astronomically long;
+        // saturate rather than overflow.
+        const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
+        let wait = Duration::try_from_secs_f64(missing / self.rate_per_sec)
+            .unwrap_or(FAR)
+            .clamp(Duration::from_micros(1), FAR);
+        Err(now
+            .checked_add(wait)
+            .unwrap_or(now + Duration::from_secs(365 * 86_400)))
     }
 
     /// A rate-limit 429 slipped through: hold every caller until `until`, and
@@ -308,6 +315,19 @@ mod tests {
         b.pause_until(until + Duration::from_secs(30), next);
         b.pause_until(until + Duration::from_secs(1), next);
         assert_eq!(b.paused_until(next), Some(until + Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn an_absurdly_slow_limit_waits_long_but_never_panics() {
+        let t0 = Instant::now();
+        let r = Rate {
+            count: 2,
+            period: Duration::from_secs(u64::MAX / 4),
+        };
+        let mut b = TokenBucket::for_limit(r, None, false, t0).unwrap();
+        assert!(b.try_take(t0).is_ok());
+        let next = b.try_take(t0).unwrap_err();
+        assert!(next - t0 >= Duration::from_secs(365 * 86_400));
     }
 
     #[test]

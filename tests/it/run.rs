@@ -228,6 +228,18 @@ async fn bad_input_stops_before_any_request_naming_file_and_line() {
     assert!(r.stderr.contains("missing.jsonl:2:"), "{}", r.stderr);
     assert!(r.stderr.contains("\"n\""), "{}", r.stderr);
 
+    // A URL that is not http(s) is caught in the same pass.
+    let good = numbers(&dir, "good.jsonl", 3);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &good,
+        &["--url", "localhost:8080/v1/x?n={n}"],
+    ));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("good.jsonl:1:"), "{}", r.stderr);
+    assert!(r.stderr.contains("not http or https"), "{}", r.stderr);
+
     let stats = sim.stats().await;
     assert_eq!(stats["accepted"], 0, "no request was sent: {stats}");
     assert_eq!(stats["side_effects"], 0);
@@ -453,4 +465,80 @@ async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
         lines_of(&dir.path().join("items.results.jsonl")).len() as u64,
         summary["done"].as_u64().unwrap()
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_to_another_host_never_carries_the_key() {
+    use std::sync::{Arc, Mutex};
+    // B records every request it gets; A redirects everything to B under
+    // another host name (localhost instead of 127.0.0.1).
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let b = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let log = log.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("x-api-key")
+                .map(|v| v.to_str().unwrap_or("").to_string())
+                .unwrap_or_default();
+            log.lock().unwrap().push(key);
+            "stolen"
+        }
+    });
+    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b_port = lb.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(lb, b).await });
+    let a = axum::Router::new().fallback(move || async move {
+        (
+            axum::http::StatusCode::TEMPORARY_REDIRECT,
+            [("location", format!("http://localhost:{b_port}/elsewhere"))],
+        )
+    });
+    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a_url = format!("http://{}/v1/x?n={{n}}", la.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(la, a).await });
+
+    let dir = TempDir::new("redirect");
+    let input = numbers(&dir, "items.jsonl", 3);
+    let mut cmd = bin();
+    cmd.arg(&input)
+        .args(["--url", &a_url, "--limit", "100/1s", "--json"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("BATCHRUN_API_KEY", KEY);
+    let r = finish(cmd);
+    assert_eq!(
+        r.code, 3,
+        "the redirect is recorded as a failure: {}",
+        r.stderr
+    );
+    assert_eq!(r.summary["failed"], 3);
+    let failures = jsonl(&dir.path().join("items.failures.jsonl"));
+    assert_eq!(failures[0]["status"], 307);
+    assert!(seen.lock().unwrap().is_empty(), "the other host was called");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closed_stderr_does_not_crash_the_run() {
+    use std::os::fd::FromRawFd;
+    let sim = Sim::start(&["--limit", "500/1s"]);
+    let dir = TempDir::new("nostderr");
+    let input = numbers(&dir, "items.jsonl", 10);
+    let mut fds = [0; 2];
+    // SAFETY: a fresh pipe whose read end we close at once, so every write to
+    // the child's stderr fails with EPIPE, as under `2>&1 | head -1`.
+    let write_end = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        std::fs::File::from_raw_fd(fds[1])
+    };
+    let out = run_cmd(&sim, &dir, &input, &["--limit", "500/1s"])
+        .stderr(Stdio::from(write_end))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 10);
+    assert_eq!(lines_of(&dir.path().join("items.results.jsonl")).len(), 10);
 }
