@@ -132,6 +132,9 @@ impl Store {
         let db = sled::Config::new()
             .path(dir.join("checkpoint"))
             .flush_every_ms(Some(500))
+            // sled caches up to 1 GiB by default; a job's memory should not
+            // grow with its length.
+            .cache_capacity(64 * 1024 * 1024)
             .open()
             .map_err(|e| match e {
                 sled::Error::Io(ref io) if io.kind() == std::io::ErrorKind::WouldBlock => {

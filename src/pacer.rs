@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
 use crate::rate::bucket::TokenBucket;
@@ -26,12 +27,24 @@ pub trait Pacer: Send + Sync {
     /// call, and nobody bursts when the pause ends.
     fn pause(&self, for_: Duration);
 
-    /// Sees the limit the server says is in force (`x-rate-limit-limit`), so a
-    /// key capped below its plan slows the pacer down. Returns true if the pacer changed.
-    fn observe_limit(&self, limit_in_force: u64) -> bool;
+    /// Sees every response's headers. The bucket reads the limit the server
+    /// says is in force (`x-rate-limit-limit`), so a key capped below its plan
+    /// slows it down; it returns that new limit when it changed.
+    fn observe(&self, headers: &HeaderMap) -> Option<u64>;
 
     /// When the current pause ends, if one is in force.
     fn paused_until(&self) -> Option<Instant>;
+}
+
+/// `x-rate-limit-limit`, when present and a whole number.
+fn limit_in_force(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-rate-limit-limit")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The token-bucket pacer from the design: one bucket shared by every worker.
@@ -78,15 +91,15 @@ impl Pacer for BucketPacer {
         self.lock().pause_until(now + for_, now);
     }
 
-    fn observe_limit(&self, limit_in_force: u64) -> bool {
-        if limit_in_force == 0 {
-            return false;
-        }
+    fn observe(&self, headers: &HeaderMap) -> Option<u64> {
+        let limit_in_force = limit_in_force(headers).filter(|&l| l > 0)?;
         let rate = Rate {
             count: limit_in_force,
             period: self.period,
         };
-        self.lock().shrink_to(rate, now_std())
+        self.lock()
+            .shrink_to(rate, now_std())
+            .then_some(limit_in_force)
     }
 
     fn paused_until(&self) -> Option<Instant> {
@@ -115,8 +128,8 @@ impl Pacer for Unpaced {
         *p = Some(p.map_or(until, |old| old.max(until)));
     }
 
-    fn observe_limit(&self, _limit_in_force: u64) -> bool {
-        false
+    fn observe(&self, _headers: &HeaderMap) -> Option<u64> {
+        None
     }
 
     fn paused_until(&self) -> Option<Instant> {
@@ -224,8 +237,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_capped_key_slows_the_pacer() {
         let p = starter_scaled();
-        assert!(p.observe_limit(20));
-        assert!(!p.observe_limit(60));
+        let limit = |l: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-rate-limit-limit", l.parse().unwrap());
+            h
+        };
+        assert_eq!(p.observe(&HeaderMap::new()), None);
+        assert_eq!(p.observe(&limit("garbage")), None);
+        assert_eq!(p.observe(&limit("20")), Some(20));
+        assert_eq!(p.observe(&limit("60")), None, "never grows");
         let t0 = Instant::now();
         for _ in 0..12 {
             p.take().await;

@@ -833,14 +833,8 @@ impl Ctx {
                         *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
                         self.emit(Event::Credits(s));
                     }
-                    if let Some(l) = headers
-                        .get("x-rate-limit-limit")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                    {
-                        if self.pacer.observe_limit(l) {
-                            self.emit(Event::LimitInForce(l));
-                        }
+                    if let Some(l) = self.pacer.observe(&headers) {
+                        self.emit(Event::LimitInForce(l));
                     }
                     let c = classify::classify(
                         reqwest::StatusCode::from_u16(status)

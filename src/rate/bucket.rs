@@ -31,6 +31,11 @@ pub struct TokenBucket {
     tokens: f64,
     last: Instant,
     paused_until: Option<Instant>,
+    /// When the bucket was made and how many tokens it has released since,
+    /// so a shrink soon after the start can count the opening burst.
+    created: Instant,
+    released: u64,
+    window: Duration,
 }
 
 /// How much of the window to hold back for the gap between our clock and the
@@ -50,6 +55,9 @@ impl TokenBucket {
             tokens: capacity as f64,
             last: now,
             paused_until: None,
+            created: now,
+            released: 0,
+            window: Duration::ZERO,
         }
     }
 
@@ -92,6 +100,7 @@ impl TokenBucket {
             if limit.count == 1 && burst.is_none() {
                 let span = limit.period + skew_allowance(limit.period);
                 let mut b = TokenBucket::new(1, 1.0 / span.as_secs_f64(), now);
+                b.window = limit.period;
                 if start_empty {
                     b.tokens = 0.0;
                 }
@@ -105,6 +114,7 @@ impl TokenBucket {
         let span = limit.period + skew_allowance(limit.period);
         let rate = (limit.count - capacity) as f64 / span.as_secs_f64();
         let mut b = TokenBucket::new(capacity, rate, now);
+        b.window = limit.period;
         if start_empty {
             b.tokens = 0.0;
         }
@@ -144,6 +154,7 @@ impl TokenBucket {
         // token" into a second, pointless wake-up.
         if self.tokens >= 1.0 - 1e-9 {
             self.tokens = (self.tokens - 1.0).max(0.0);
+            self.released = self.released.saturating_add(1);
             return Ok(());
         }
         let missing = 1.0 - self.tokens;
@@ -182,6 +193,11 @@ impl TokenBucket {
         self.capacity = smaller.capacity.min(self.capacity);
         self.rate_per_sec = smaller.rate_per_sec;
         self.tokens = self.tokens.min(self.capacity);
+        if now.saturating_duration_since(self.created) < self.window + skew_allowance(self.window) {
+            // Everything released so far is still inside the server's window:
+            // it is owed out of the smaller budget (negative tokens are a debt).
+            self.tokens -= self.released as f64;
+        }
         true
     }
 }
@@ -334,8 +350,16 @@ mod tests {
     fn shrinks_to_a_lower_limit_in_force_but_never_grows() {
         let t0 = Instant::now();
         let mut b = TokenBucket::for_limit(per_min(60), None, false, t0).unwrap();
+        for _ in 0..6 {
+            assert!(b.try_take(t0).is_ok());
+        }
         assert!(b.shrink_to(per_min(20), t0));
         assert_eq!(b.capacity(), 2);
+        // The six already sent count against the new limit of 20 per window.
+        let times = greedy(b.clone(), t0, Duration::from_secs(300));
+        let mut all = vec![t0; 6];
+        all.extend(times);
+        assert!(max_in_any_window(&all, Duration::from_secs(60)) <= 20);
         assert!(b.rate_per_sec() < 18.0 / 60.0 + 1e-9);
         assert!(!b.shrink_to(per_min(60), t0));
         assert_eq!(b.capacity(), 2);

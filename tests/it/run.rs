@@ -542,3 +542,29 @@ async fn a_closed_stderr_does_not_crash_the_run() {
     assert_eq!(summary["done"], 10);
     assert_eq!(lines_of(&dir.path().join("items.results.jsonl")).len(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_capped_below_its_plan_slows_the_run_to_the_cap() {
+    let sim = Sim::start(&[
+        "--limit",
+        "60/1s",
+        "--key-cap",
+        &format!("{KEY}=20"),
+        "--cooldown",
+        "1s",
+    ]);
+    let dir = TempDir::new("keycap");
+    let input = numbers(&dir, "items.jsonl", 50);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &["--limit", "60/1s", "--concurrency", "5"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("reports a limit of 20"), "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = sim.stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_eq!(stats["side_effects"], 50);
+}
