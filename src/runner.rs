@@ -659,6 +659,11 @@ impl Ctx {
         let cost = s.cost.current();
         let need = (cost * (s.in_flight + 1) as f64).ceil() as i64;
         if last.remaining.saturating_sub(need) < r.floor {
+            // With calls still in flight the reserve is not reached yet: one
+            // of them may fail and cost nothing. Wait for them to settle.
+            if s.in_flight > 0 {
+                return Admit::WaitForBalance;
+            }
             return Admit::Refused(format!(
                 "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}",
                 last.remaining, r.floor
