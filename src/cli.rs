@@ -220,6 +220,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub allow_partial: bool,
 
+    /// With --reserve: spend one call to learn the balance even if the last
+    /// known one says the reserve is reached (after a top-up).
+    #[arg(long)]
+    pub recheck_credits: bool,
+
     /// On exhaustion (or reserve reached), wait and probe instead of exiting.
     #[arg(long)]
     pub wait_for_credits: bool,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use crate::rate::bucket::TokenBucket;
+use crate::rate::bucket::{skew_allowance, TokenBucket};
 use crate::rate::Rate;
 
 /// A boxed future, so `Pacer` can be used as a trait object.
@@ -107,34 +107,103 @@ impl Pacer for BucketPacer {
     }
 }
 
-/// No per-period limit (Mega): calls go at once, but a 429 still pauses everyone.
-#[derive(Default)]
+/// No per-period limit (Mega): calls go at once, but a 429 still pauses
+/// everyone. A Mega key can still be capped below its plan: the first
+/// `x-rate-limit-limit` it reports turns on a token bucket sized to that
+/// limit per minute (the plans' window).
 pub struct Unpaced {
-    paused_until: Mutex<Option<Instant>>,
+    state: Mutex<UnpacedState>,
+}
+
+struct UnpacedState {
+    paused_until: Option<Instant>,
+    capped: Option<TokenBucket>,
+    started: Instant,
+    taken: u64,
+}
+
+impl Default for Unpaced {
+    fn default() -> Self {
+        Unpaced {
+            state: Mutex::new(UnpacedState {
+                paused_until: None,
+                capped: None,
+                started: Instant::now(),
+                taken: 0,
+            }),
+        }
+    }
+}
+
+/// The window a cap reported without one is read against.
+const CAP_WINDOW: Duration = Duration::from_secs(60);
+
+impl Unpaced {
+    fn lock(&self) -> std::sync::MutexGuard<'_, UnpacedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Pacer for Unpaced {
     fn take(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            while let Some(until) = self.paused_until() {
-                tokio::time::sleep_until(until).await;
+            loop {
+                let wait = {
+                    let mut s = self.lock();
+                    let now = Instant::now();
+                    match (s.paused_until.filter(|&u| u > now), s.capped.as_mut()) {
+                        (Some(until), _) => Some(until),
+                        (None, Some(b)) => b.try_take(now.into_std()).err().map(Instant::from_std),
+                        (None, None) => None,
+                    }
+                };
+                match wait {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => {
+                        self.lock().taken += 1;
+                        return;
+                    }
+                }
             }
         })
     }
 
     fn pause(&self, for_: Duration) {
-        let until = Instant::now() + for_;
-        let mut p = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-        *p = Some(p.map_or(until, |old| old.max(until)));
+        let now = Instant::now();
+        let until = now + for_;
+        let mut s = self.lock();
+        s.paused_until = Some(s.paused_until.map_or(until, |old| old.max(until)));
+        if let Some(b) = s.capped.as_mut() {
+            b.pause_until(until.into_std(), now.into_std());
+        }
     }
 
-    fn observe(&self, _headers: &HeaderMap) -> Option<u64> {
-        None
+    fn observe(&self, headers: &HeaderMap) -> Option<u64> {
+        let cap = limit_in_force(headers).filter(|&l| l > 0)?;
+        let rate = Rate {
+            count: cap,
+            period: CAP_WINDOW,
+        };
+        let now = Instant::now();
+        let mut s = self.lock();
+        if let Some(b) = s.capped.as_mut() {
+            return b.shrink_to(rate, now.into_std()).then_some(cap);
+        }
+        let mut b = TokenBucket::for_limit(rate, None, true, now.into_std()).ok()?;
+        // Calls already sent inside this window count against the cap.
+        if now.saturating_duration_since(s.started) < CAP_WINDOW + skew_allowance(CAP_WINDOW) {
+            b.owe(s.taken);
+        }
+        if let Some(until) = s.paused_until {
+            b.pause_until(until.into_std(), now.into_std());
+        }
+        s.capped = Some(b);
+        Some(cap)
     }
 
     fn paused_until(&self) -> Option<Instant> {
-        let p = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-        p.filter(|&u| u > Instant::now())
+        let s = self.lock();
+        s.paused_until.filter(|&u| u > Instant::now())
     }
 }
 
@@ -232,6 +301,33 @@ mod tests {
         p.pause(Duration::from_secs(2));
         p.take().await;
         assert_eq!(Instant::now(), t0 + Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unlimited_key_that_reports_a_cap_gets_paced_to_it() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            p.take().await;
+        }
+        let mut h = HeaderMap::new();
+        h.insert("x-rate-limit-limit", "20".parse().unwrap());
+        assert_eq!(p.observe(&h), Some(20));
+        let stamps = {
+            let mut v = vec![t0; 5];
+            for _ in 0..40 {
+                p.take().await;
+                v.push(Instant::now());
+            }
+            v
+        };
+        for (i, a) in stamps.iter().enumerate() {
+            let n = stamps[i..]
+                .iter()
+                .take_while(|b| **b - *a < Duration::from_secs(60))
+                .count();
+            assert!(n <= 20, "{n} in one minute");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -835,8 +835,17 @@ impl Ctx {
                 Ok((status, headers, body)) => {
                     let snap = credits::snapshot_from_headers(&headers);
                     if let Some(s) = snap {
-                        *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
-                        self.emit(Event::Credits(s));
+                        // With many workers, responses arrive out of order:
+                        // within a cycle, one that saw less spending is older
+                        // news and must not roll the balance back.
+                        let mut seen = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+                        let stale = seen
+                            .is_some_and(|prev| prev.renewal == s.renewal && s.used < prev.used);
+                        if !stale {
+                            *seen = Some(s);
+                            drop(seen);
+                            self.emit(Event::Credits(s));
+                        }
                     }
                     if let Some(l) = self.pacer.observe(&headers) {
                         self.emit(Event::LimitInForce(l));
@@ -1150,15 +1159,17 @@ pub async fn run(
         args.alert_webhook.clone(),
         reporter.printer(),
     ));
+    let restored = store
+        .meter_state(&settings.origin)
+        .context("reading the checkpoint")?
+        .unwrap_or_else(|| meta.meter.clone());
+    let last_known = restored.last;
     let meter = CreditMeter::new(
         MeterConfig {
             thresholds: args.alert_at.0.clone(),
             burn_window: args.burn_window,
         },
-        store
-            .meter_state(&settings.origin)
-            .context("reading the checkpoint")?
-            .or_else(|| Some(meta.meter.clone())),
+        Some(restored),
     );
 
     // 4. The pacer. A job resumed within one window of its last call starts
@@ -1263,6 +1274,11 @@ pub async fn run(
             Ok(())
         })
     };
+    if let Some(halt) = reserve_precheck(&args, last_known, meta.cost_per_item, pending, &reporter)
+    {
+        // Nothing is sent: the workers start and find the pool stopped.
+        ctx.stop(halt);
+    }
     let queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..settings.concurrency {
@@ -1313,6 +1329,7 @@ pub async fn run(
         let (store, origin) = (store.clone(), settings.origin.clone());
         tokio::spawn(async move {
             let mut saved_at = Instant::now();
+            let mut stamped = false;
             let mut meter_local = meter;
             let mut err: Option<anyhow::Error> = None;
             while let Some(ev) = ev_rx.recv().await {
@@ -1323,6 +1340,13 @@ pub async fn run(
                         Event::Sent => {
                             stats.requests.fetch_add(1, Ordering::Relaxed);
                             meta_local.last_active_unix_ms = unix_now().as_millis() as u64;
+                            if !stamped {
+                                // The first call of the run goes to disk at
+                                // once: a kill -9 a moment later must still
+                                // let the next run know it is resuming quickly.
+                                stamped = true;
+                                fired = true;
+                            }
                         }
                         Event::Done { line, status, body, attempts } => {
                             items.record(line, &ItemRecord {
@@ -1567,6 +1591,47 @@ pub async fn run(
     };
     report::err_line(&report::human_summary(&summary));
     Ok(summary)
+}
+
+/// The reserve check a run can make before sending anything, from the last
+/// balance and cost per item the checkpoint knows (in this billing cycle).
+/// A stale balance can only be too high or too low by a top-up or other
+/// traffic: `--recheck-credits` (or `--wait-for-credits`) learns it afresh
+/// with one call instead.
+fn reserve_precheck(
+    args: &RunArgs,
+    last: Option<CreditSnapshot>,
+    cost: Option<f64>,
+    pending: u64,
+    reporter: &Reporter,
+) -> Option<Halt> {
+    let floor = args.reserve?;
+    if args.recheck_credits || args.wait_for_credits || pending == 0 {
+        return None;
+    }
+    let last = last?;
+    if last.renewal.is_some_and(|r| r <= unix_now().as_secs()) {
+        return None; // That cycle is over: the balance has been renewed.
+    }
+    let cost = cost.unwrap_or(1.0).max(0.0);
+    let projected = (cost * pending as f64).ceil() as i64;
+    reporter.println(&format!(
+        "batchrun: projected cost of the {pending} remaining item(s): ~{projected} credits at ~{cost:.1}/item; last known balance {}, reserve {floor}",
+        last.remaining
+    ));
+    if last.remaining.saturating_sub(cost.ceil() as i64) < floor {
+        return Some(Halt::Reserve(format!(
+            "reserve reached: the last known balance is {} and a call costs ~{cost:.0}, the reserve is {floor}; nothing was sent (after a top-up, run with --recheck-credits)",
+            last.remaining
+        )));
+    }
+    if !args.allow_partial && last.remaining.saturating_sub(projected) < floor {
+        return Some(Halt::Reserve(format!(
+            "the remaining {pending} item(s) would cost ~{projected} credits and take the last known balance of {} below the reserve of {floor}; nothing was sent (use --allow-partial to run until the reserve)",
+            last.remaining
+        )));
+    }
+    None
 }
 
 /// Starts the built-in sim in this process, mirroring the run's plan.

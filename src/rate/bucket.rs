@@ -180,6 +180,12 @@ impl TokenBucket {
         self.last = self.last.max(until);
     }
 
+    /// Records `n` calls already made elsewhere in the current window as a
+    /// debt, paid back before this bucket releases anything.
+    pub fn owe(&mut self, n: u64) {
+        self.tokens -= n as f64;
+    }
+
     /// Shrinks the bucket to a lower limit the server reports being in force
     /// (`x-rate-limit-limit`): a key capped below its plan. Never grows it.
     pub fn shrink_to(&mut self, limit: Rate, now: Instant) -> bool {

@@ -613,8 +613,9 @@ impl Model {
         // executes), claim the slot and the idempotency key.
         self.record(key, now);
         self.stats.accepted += 1;
-        self.account.remaining -= cost;
-        self.account.used += cost;
+        // Saturating: absurd --cost or top-up values must not panic the sim.
+        self.account.remaining = self.account.remaining.saturating_sub(cost);
+        self.account.used = self.account.used.saturating_add(cost);
         if let Some(k) = &idem_key {
             self.idem.insert(k.clone(), Idem::InProgress);
         }
@@ -668,7 +669,7 @@ impl Model {
         // A renewal in between already reset the meter; don't over-refund.
         let back = t.cost.min(self.account.used);
         self.account.used -= back;
-        self.account.remaining += back;
+        self.account.remaining = self.account.remaining.saturating_add(back);
         if let Some(k) = &t.idem {
             if matches!(self.idem.get(k), Some(Idem::InProgress)) {
                 self.idem.remove(k);

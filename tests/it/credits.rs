@@ -187,6 +187,33 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
     assert!(text.contains("80 remaining of 100"), "{text}");
     assert!(text.contains("reserve"), "{text}");
     assert_eq!(sim.stats().await["accepted"], requests_before);
+
+    // The nightly rerun: the checkpoint already knows the reserve is reached,
+    // so it refuses without spending a single credit of it.
+    let args = [
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "5",
+        "--reserve",
+        "80",
+        "--allow-partial",
+    ];
+    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0);
+    assert!(r.stderr.contains("nothing was sent"), "{}", r.stderr);
+    assert!(r.stderr.contains("--recheck-credits"), "{}", r.stderr);
+    assert_eq!(sim.stats().await["accepted"], requests_before);
+
+    // After a top-up, one call learns the new balance and the job finishes.
+    sim.topup(100).await;
+    let mut recheck = args.to_vec();
+    recheck.push("--recheck-credits");
+    let r = finish(run_cmd(&sim, &dir, &input, &recheck));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 50);
+    assert_eq!(sim.stats().await["credits_remaining"], 150);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -214,7 +241,8 @@ async fn wait_for_credits_resumes_by_itself_after_a_top_up() {
     .unwrap();
     // Exhausted, and probing: at least two rejected probes after the halt.
     wait_for_stats(&sim, 30, |s| {
-        s["side_effects"] == 10 && s["rejected_credits"].as_u64().unwrap_or(0) >= 3
+        // Three workers' first refusals, then at least two probes.
+        s["side_effects"] == 10 && s["rejected_credits"].as_u64().unwrap_or(0) >= 3 + 2
     })
     .await;
     sim.topup(100).await;
