@@ -115,6 +115,10 @@ pub struct Store {
 #[derive(Clone)]
 pub struct JobItems {
     tree: sled::Tree,
+    /// How many times `--retry-failed` re-opened each item: part of its
+    /// Idempotency-Key, because an API that stored the failed response
+    /// would otherwise replay the failure instead of trying again.
+    retries: sled::Tree,
 }
 
 fn key(line: u64) -> [u8; 8] {
@@ -230,9 +234,9 @@ impl Store {
     /// Removes a job and all its records (`--fresh`).
     pub fn discard_job(&self, id: &str) -> Result<(), CheckpointError> {
         self.jobs.remove(id).map_err(|e| self.err(e))?;
-        self.db
-            .drop_tree(format!("items:{id}"))
-            .map_err(|e| self.err(e))?;
+        for tree in [format!("items:{id}"), format!("retries:{id}")] {
+            self.db.drop_tree(tree).map_err(|e| self.err(e))?;
+        }
         Ok(())
     }
 
@@ -242,7 +246,11 @@ impl Store {
             .db
             .open_tree(format!("items:{id}"))
             .map_err(|e| self.err(e))?;
-        Ok(JobItems { tree })
+        let retries = self
+            .db
+            .open_tree(format!("retries:{id}"))
+            .map_err(|e| self.err(e))?;
+        Ok(JobItems { tree, retries })
     }
 
     /// Makes everything written so far durable. Called at every halt and exit.
@@ -284,6 +292,10 @@ impl JobItems {
             let rec: ItemRecord =
                 serde_json::from_slice(&v).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
             if rec.state == ItemState::Failed {
+                let generation = self.generation_of(&k)? + 1;
+                self.retries
+                    .insert(&k, &generation.to_be_bytes())
+                    .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
                 self.tree
                     .remove(k)
                     .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
@@ -291,6 +303,20 @@ impl JobItems {
             }
         }
         Ok(n)
+    }
+
+    /// How many times `--retry-failed` re-opened the item (0 for most).
+    pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {
+        self.generation_of(&key(line))
+    }
+
+    fn generation_of(&self, k: &[u8]) -> Result<u32, CheckpointError> {
+        let v = self
+            .retries
+            .get(k)
+            .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
+        Ok(v.and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
+            .map_or(0, u32::from_be_bytes))
     }
 
     /// Done and failed counts.
@@ -360,7 +386,14 @@ mod tests {
         let items = s.items("j1").unwrap();
         assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 1 });
         assert_eq!(items.get(2).unwrap(), None);
+        assert_eq!(items.generation(3).unwrap(), 0);
         assert_eq!(items.clear_failed().unwrap(), 1);
+        assert_eq!(
+            items.generation(3).unwrap(),
+            1,
+            "a retried item gets a new key"
+        );
+        assert_eq!(items.generation(1).unwrap(), 0, "a done item keeps its key");
         assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 0 });
         s.discard_job("j1").unwrap();
         assert!(s.job("j1").unwrap().is_none());

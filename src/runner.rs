@@ -741,17 +741,14 @@ impl Ctx {
 
     async fn send(
         &self,
-        item: &Item,
+        idem_key: &str,
         req: &Rendered,
     ) -> Result<(u16, HeaderMap, String), reqwest::Error> {
         let mut b = self
             .client
             .request(self.spec.method.clone(), &req.url)
             .headers(req.headers.clone())
-            .header(
-                "idempotency-key",
-                format!("{}-{}", self.idem_prefix, item.line),
-            );
+            .header("idempotency-key", idem_key);
         if let Some(Secret(k)) = &self.spec.key {
             if let Ok(mut v) = HeaderValue::from_str(k) {
                 v.set_sensitive(true);
@@ -772,7 +769,8 @@ impl Ctx {
     }
 
     /// Drives one item until it is done, failed, or left pending by a stop.
-    async fn process(self: &Arc<Self>, item: Item) {
+    async fn process(self: &Arc<Self>, item: Item, generation: u32) {
+        let idem_key = idempotency_key(&self.idem_prefix, item.line, generation);
         let req = match self.spec.render(&item) {
             Ok(r) => r,
             Err(reason) => {
@@ -830,7 +828,7 @@ impl Ctx {
             };
             self.emit(Event::Sent);
             attempts += 1;
-            let result = self.send(&item, &req).await;
+            let result = self.send(&idem_key, &req).await;
             let outcome = match result {
                 Ok((status, headers, body)) => {
                     let snap = credits::snapshot_from_headers(&headers);
@@ -986,7 +984,7 @@ impl Ctx {
     }
 }
 
-async fn worker(ctx: Arc<Ctx>, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Item>>>) {
+async fn worker(ctx: Arc<Ctx>, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<(Item, u32)>>>) {
     loop {
         if ctx.is_stopped() {
             return;
@@ -998,8 +996,10 @@ async fn worker(ctx: Arc<Ctx>, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Item
                 _ = ctx.until_stopped() => None,
             }
         };
-        let Some(item) = item else { return };
-        ctx.process(item).await;
+        let Some((item, generation)) = item else {
+            return;
+        };
+        ctx.process(item, generation).await;
     }
 }
 
@@ -1256,7 +1256,7 @@ pub async fn run(
 
     // 5. The feeder streams pending items into a small queue: memory does
     //    not grow with the input.
-    let (item_tx, item_rx) = mpsc::channel::<Item>(settings.concurrency * 2);
+    let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
     let feeder = {
         let items = items.clone();
         let path = settings.input.clone();
@@ -1267,7 +1267,8 @@ pub async fn run(
                 if items.get(item.line)?.is_some() {
                     continue;
                 }
-                if item_tx.blocking_send(item).is_err() {
+                let generation = items.generation(item.line)?;
+                if item_tx.blocking_send((item, generation)).is_err() {
                     break;
                 }
             }
@@ -1634,6 +1635,16 @@ fn reserve_precheck(
     None
 }
 
+/// The Idempotency-Key of an item: stable across resumes (the job's nonce
+/// and the line), new after `--retry-failed` re-opens it (the generation).
+fn idempotency_key(prefix: &str, line: u64, generation: u32) -> String {
+    if generation == 0 {
+        format!("{prefix}-{line}")
+    } else {
+        format!("{prefix}-{line}-r{generation}")
+    }
+}
+
 /// Starts the built-in sim in this process, mirroring the run's plan.
 async fn start_sim(
     limit: Limit,
@@ -1699,6 +1710,16 @@ mod tests {
             default_output(Path::new("items.csv"), "failures"),
             PathBuf::from("items.failures.jsonl")
         );
+    }
+
+    #[test]
+    fn idempotency_keys_are_stable_until_a_retry_reopens_the_item() {
+        assert_eq!(idempotency_key("batchrun-ab", 7, 0), "batchrun-ab-7");
+        assert_eq!(
+            idempotency_key("batchrun-ab", 7, 0),
+            idempotency_key("batchrun-ab", 7, 0)
+        );
+        assert_eq!(idempotency_key("batchrun-ab", 7, 2), "batchrun-ab-7-r2");
     }
 
     #[test]
