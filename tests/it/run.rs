@@ -605,3 +605,40 @@ async fn the_client_alone_keeps_every_window_under_its_limit() {
     );
     assert!(max >= 30, "and it used most of the window: {stats}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_csv_input_with_a_body_template_and_a_custom_out_file() {
+    let sim = Sim::start(&["--limit", "500/1s"]);
+    let dir = TempDir::new("csv");
+    let input = dir.write(
+        "people.csv",
+        "name,n\n\"Ada, Countess\",1\n\"say \"\"hi\"\"\",2\n",
+    );
+    let out = dir.path().join("custom").join("out.jsonl");
+    let url = format!("{}/v1/greet", sim.url);
+    let r = finish(run_cmd(
+        &sim,
+        &dir,
+        &input,
+        &[
+            "--url",
+            &url,
+            "--limit",
+            "500/1s",
+            "--body",
+            r#"{{"name": "{name}", "n": {n}}}"#,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let results = jsonl(&out);
+    assert_eq!(results.len(), 2);
+    // CSV rows arrive as objects of strings; the body template JSON-escapes them.
+    assert_eq!(results[0]["line"], 2);
+    assert_eq!(results[0]["input"]["name"], "Ada, Countess");
+    assert_eq!(results[0]["body"]["data"]["name"], "Ada, Countess");
+    assert_eq!(results[0]["body"]["data"]["n"], 1);
+    assert_eq!(results[1]["body"]["data"]["name"], "say \"hi\"");
+    assert_eq!(sim.stats().await["side_effects"], 2);
+}
