@@ -224,6 +224,13 @@ mod tests {
         )
     }
 
+    /// A response's headers carrying `x-rate-limit-limit: l`.
+    fn limit_header(l: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-rate-limit-limit", l.parse().unwrap());
+        h
+    }
+
     /// The most release times (sorted) inside any span shorter than `w`.
     fn max_in_window(stamps: &[Instant], w: Duration) -> usize {
         (0..stamps.len())
@@ -318,9 +325,7 @@ mod tests {
         for _ in 0..5 {
             p.take().await;
         }
-        let mut h = HeaderMap::new();
-        h.insert("x-rate-limit-limit", "20".parse().unwrap());
-        assert_eq!(p.observe(&h), Some(20));
+        assert_eq!(p.observe(&limit_header("20")), Some(20));
         let stamps = {
             let mut v = vec![t0; 5];
             for _ in 0..40 {
@@ -336,15 +341,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_capped_key_slows_the_pacer() {
         let p = starter_scaled();
-        let limit = |l: &str| {
-            let mut h = HeaderMap::new();
-            h.insert("x-rate-limit-limit", l.parse().unwrap());
-            h
-        };
         assert_eq!(p.observe(&HeaderMap::new()), None);
-        assert_eq!(p.observe(&limit("garbage")), None);
-        assert_eq!(p.observe(&limit("20")), Some(20));
-        assert_eq!(p.observe(&limit("60")), None, "never grows");
+        assert_eq!(p.observe(&limit_header("garbage")), None);
+        assert_eq!(p.observe(&limit_header("20")), Some(20));
+        assert_eq!(p.observe(&limit_header("60")), None, "never grows");
         let t0 = Instant::now();
         for _ in 0..12 {
             p.take().await;

@@ -617,10 +617,7 @@ impl Ctx {
     }
 
     fn last_snapshot(&self) -> Option<CreditSnapshot> {
-        self.reserve
-            .as_ref()
-            .and_then(|r| r.state.lock().ok().and_then(|s| s.last))
-            .or_else(|| *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()))
+        *self.last_seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn reserve_has_room(&self) -> bool {
@@ -681,13 +678,8 @@ impl Ctx {
         let mut refusal = None;
         match snap {
             Some(snap) => {
-                // Responses can arrive out of order: within a cycle, one that
-                // saw less spending than the last one is older news.
-                let stale = s
-                    .last
-                    .is_some_and(|prev| prev.renewal == snap.renewal && snap.used < prev.used);
                 s.cost.observe(&snap, success);
-                if !stale {
+                if !older_than(&snap, s.last) {
                     s.last = Some(snap);
                 }
                 if success {
@@ -696,13 +688,9 @@ impl Ctx {
                 // Once the cost of a call is known, project the rest.
                 if !s.projected_checked && s.cost.known() {
                     s.projected_checked = true;
-                    let cost = s.cost.current();
                     let left = r.pending_at_start.saturating_sub(s.done_in_run);
-                    let projected = (cost * left as f64).ceil() as i64;
-                    let line = format!(
-                        "batchrun: projected cost of the {left} remaining item(s): ~{projected} credits at ~{cost:.1}/item; balance {}, reserve {}",
-                        snap.remaining, r.floor
-                    );
+                    let (line, crosses) =
+                        project(s.cost.current(), left, snap.remaining, r.floor, "balance");
                     self.emit(Event::Alert(Alert {
                         kind: AlertKind::Reserve,
                         id: "projection-note".into(),
@@ -711,11 +699,10 @@ impl Ctx {
                         max: Some(snap.max),
                         renewal: snap.renewal,
                     }));
-                    if snap.remaining.saturating_sub(projected) < r.floor && !r.allow_partial {
-                        refusal = Some(format!(
-                            "the remaining {left} item(s) would cost ~{projected} credits and take the balance of {} below the reserve of {}; use --allow-partial to run until the reserve",
-                            snap.remaining, r.floor
-                        ));
+                    if !r.allow_partial {
+                        refusal = crosses.map(|why| {
+                            format!("{why}; use --allow-partial to run until the reserve")
+                        });
                     }
                 }
             }
@@ -833,13 +820,8 @@ impl Ctx {
                 Ok((status, headers, body)) => {
                     let snap = credits::snapshot_from_headers(&headers);
                     if let Some(s) = snap {
-                        // With many workers, responses arrive out of order:
-                        // within a cycle, one that saw less spending is older
-                        // news and must not roll the balance back.
                         let mut seen = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
-                        let stale = seen
-                            .is_some_and(|prev| prev.renewal == s.renewal && s.used < prev.used);
-                        if !stale {
+                        if !older_than(&s, *seen) {
                             *seen = Some(s);
                             drop(seen);
                             self.emit(Event::Credits(s));
@@ -1615,24 +1597,44 @@ fn reserve_precheck(
         return None; // That cycle is over: the balance has been renewed.
     }
     let cost = cost.unwrap_or(1.0).max(0.0);
-    let projected = (cost * pending as f64).ceil() as i64;
-    reporter.println(&format!(
-        "batchrun: projected cost of the {pending} remaining item(s): ~{projected} credits at ~{cost:.1}/item; last known balance {}, reserve {floor}",
-        last.remaining
-    ));
+    let (line, crosses) = project(cost, pending, last.remaining, floor, "last known balance");
+    reporter.println(&line);
     if last.remaining.saturating_sub(cost.ceil() as i64) < floor {
         return Some(Halt::Reserve(format!(
             "reserve reached: the last known balance is {} and a call costs ~{cost:.0}, the reserve is {floor}; nothing was sent (after a top-up, run with --recheck-credits)",
             last.remaining
         )));
     }
-    if !args.allow_partial && last.remaining.saturating_sub(projected) < floor {
-        return Some(Halt::Reserve(format!(
-            "the remaining {pending} item(s) would cost ~{projected} credits and take the last known balance of {} below the reserve of {floor}; nothing was sent (use --allow-partial to run until the reserve)",
-            last.remaining
-        )));
+    match crosses {
+        Some(why) if !args.allow_partial => Some(Halt::Reserve(format!(
+            "{why}; nothing was sent (use --allow-partial to run until the reserve)"
+        ))),
+        _ => None,
     }
-    None
+}
+
+/// The projected cost of `left` items at `cost` each, as the line to print,
+/// and why it is refused when it would take `balance` below the reserve.
+/// `what` names the balance ("balance", or "last known balance" when it
+/// comes from the checkpoint).
+fn project(cost: f64, left: u64, balance: i64, floor: i64, what: &str) -> (String, Option<String>) {
+    let projected = (cost * left as f64).ceil() as i64;
+    let line = format!(
+        "batchrun: projected cost of the {left} remaining item(s): ~{projected} credits at ~{cost:.1}/item; {what} {balance}, reserve {floor}"
+    );
+    let crosses = (balance.saturating_sub(projected) < floor).then(|| {
+        format!(
+            "the remaining {left} item(s) would cost ~{projected} credits and take the {what} of {balance} below the reserve of {floor}"
+        )
+    });
+    (line, crosses)
+}
+
+/// Whether `snap` is older news than `prev`: responses arrive out of order
+/// with many workers, and within one billing cycle the one that saw less
+/// spending was answered earlier. It must not roll the balance back.
+fn older_than(snap: &CreditSnapshot, prev: Option<CreditSnapshot>) -> bool {
+    prev.is_some_and(|p| p.renewal == snap.renewal && snap.used < p.used)
 }
 
 /// The Idempotency-Key of an item: stable across resumes (the job's nonce
@@ -1698,6 +1700,32 @@ mod tests {
         c.observe(&snap(0, 8), false);
         c.observe(&snap(3, 8), true);
         assert_eq!(c.current(), 3.0);
+    }
+
+    #[test]
+    fn an_out_of_order_response_is_older_news_only_within_a_cycle() {
+        let snap = |used, renewal| CreditSnapshot {
+            remaining: 100 - used,
+            used,
+            max: 100,
+            renewal: Some(renewal),
+        };
+        assert!(!older_than(&snap(5, 1), None));
+        assert!(older_than(&snap(5, 1), Some(snap(6, 1))));
+        assert!(
+            !older_than(&snap(6, 1), Some(snap(6, 1))),
+            "a top-up keeps used"
+        );
+        assert!(!older_than(&snap(0, 2), Some(snap(6, 1))), "a new cycle");
+    }
+
+    #[test]
+    fn the_projection_refuses_only_when_it_crosses_the_reserve() {
+        let (line, crosses) = project(2.0, 10, 100, 80, "balance");
+        assert!(line.contains("~20 credits"), "{line}");
+        assert_eq!(crosses, None, "100 - 20 = 80 keeps the reserve");
+        let (_, crosses) = project(2.0, 11, 100, 80, "last known balance");
+        assert!(crosses.unwrap().contains("last known balance of 100"));
     }
 
     #[test]
