@@ -164,7 +164,31 @@ pub struct Finished {
 
 /// Runs to completion and parses the `--json` summary.
 pub fn finish(mut c: Command) -> Finished {
-    let out = c.output().expect("run batchrun");
+    finished(c.output().expect("run batchrun"))
+}
+
+/// Starts `c`, waits until the sim's stats satisfy `cond`, sends `signal`
+/// (SIGINT, SIGTERM) as a person or a scheduler would, and waits for the end.
+pub async fn signal_when(
+    mut c: Command,
+    sim: &Sim,
+    cond: impl Fn(&serde_json::Value) -> bool,
+    signal: i32,
+) -> Finished {
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn batchrun");
+    wait_for_stats(sim, 30, cond).await;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+    finished(child.wait_with_output().expect("wait for batchrun"))
+}
+
+fn finished(out: std::process::Output) -> Finished {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(

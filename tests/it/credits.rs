@@ -271,33 +271,26 @@ async fn ctrl_c_while_waiting_for_credits_exits_130() {
     let sim = Sim::start(&["--limit", "200/1s", "--credits", "3"]);
     let dir = TempDir::new("waitctrlc");
     let input = numbers(&dir, "items.jsonl", 10);
-    let child = run_cmd(
+    let r = signal_when(
+        run_cmd(
+            &sim,
+            &dir,
+            &input,
+            &[
+                "--limit",
+                "200/1s",
+                "--wait-for-credits",
+                "--probe-every",
+                "1h",
+            ],
+        ),
         &sim,
-        &dir,
-        &input,
-        &[
-            "--limit",
-            "200/1s",
-            "--wait-for-credits",
-            "--probe-every",
-            "1h",
-        ],
+        |s| s["rejected_credits"].as_u64().unwrap_or(0) >= 1,
+        libc::SIGINT,
     )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    wait_for_stats(&sim, 30, |s| {
-        s["rejected_credits"].as_u64().unwrap_or(0) >= 1
-    })
     .await;
-    // SAFETY: sending a signal to our own child process.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130));
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let summary = r.summary;
     assert_eq!(summary["done"], 3);
     assert_eq!(summary["failed"], 0);
 }

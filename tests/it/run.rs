@@ -184,19 +184,15 @@ async fn ctrl_c_saves_the_checkpoint_exits_130_and_the_rerun_completes() {
     let dir = TempDir::new("ctrlc");
     let input = numbers(&dir, "items.jsonl", 60);
     let args = ["--limit", "20/1s", "--concurrency", "2"];
-    let child = run_cmd(&sim, &dir, &input, &args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 5).await;
-    // SAFETY: sending a signal to our own child process.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130));
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = signal_when(
+        run_cmd(&sim, &dir, &input, &args),
+        &sim,
+        |s| s["side_effects"].as_u64().unwrap_or(0) >= 5,
+        libc::SIGINT,
+    )
+    .await;
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let summary = r.summary;
     assert_eq!(summary["state"], "interrupted");
     let done = summary["done"].as_u64().unwrap();
     assert!((5..60).contains(&done), "{summary}");
@@ -456,24 +452,20 @@ async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
     let sim = Sim::start(&["--limit", "10/1s", "--concurrency", "1"]);
     let dir = TempDir::new("sigterm");
     let input = numbers(&dir, "items.jsonl", 40);
-    let child = run_cmd(
+    let r = signal_when(
+        run_cmd(
+            &sim,
+            &dir,
+            &input,
+            &["--limit", "10/1s", "--concurrency", "1"],
+        ),
         &sim,
-        &dir,
-        &input,
-        &["--limit", "10/1s", "--concurrency", "1"],
+        |s| s["side_effects"].as_u64().unwrap_or(0) >= 2,
+        libc::SIGTERM,
     )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 2).await;
-    // SAFETY: sending a signal to our own child process.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130));
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    .await;
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let summary = r.summary;
     assert_eq!(summary["state"], "interrupted");
     assert_eq!(
         lines_of(&dir.path().join("items.results.jsonl")).len() as u64,
