@@ -46,25 +46,8 @@ pub struct CreditSnapshot {
     pub renewal: Option<u64>,
 }
 
-/// Parses a credit header as an integer.
-///
-/// Surrounding whitespace is tolerated. A decimal with no fractional part
-/// ("12.0") is accepted because some gateways serialize every number as a
-/// float; a real fraction ("12.5") is refused, since credits are whole and
-/// rounding would misstate the balance. Anything else (empty, text, NaN,
-/// out of range) is `None`.
-fn parse_int(h: &HeaderMap, name: &str) -> Option<i64> {
-    let s = h.get(name)?.to_str().ok()?.trim();
-    if let Ok(v) = s.parse::<i64>() {
-        return Some(v);
-    }
-    let f = s.parse::<f64>().ok()?;
-    // The bounds keep the cast exact; i64::MAX itself is not representable.
-    if f.fract() == 0.0 && (-9.0e18..=9.0e18).contains(&f) {
-        Some(f as i64)
-    } else {
-        None
-    }
+fn parse_int(h: &HeaderMap, name: &reqwest::header::HeaderName) -> Option<i64> {
+    crate::wire::credit_int(h, name)
 }
 
 /// Reads the credit headers of one response.
@@ -76,12 +59,12 @@ fn parse_int(h: &HeaderMap, name: &str) -> Option<i64> {
 /// or an empty value make the whole snapshot `None`. A missing or malformed
 /// `x-api-renewal` only leaves `renewal` unknown. Never panics.
 pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
-    let max = parse_int(h, H_MAX)?;
-    let used = parse_int(h, H_USED)?;
-    let remaining = parse_int(h, H_REMAINING)?;
+    let max = parse_int(h, &crate::wire::MAX_CREDITS)?;
+    let used = parse_int(h, &crate::wire::CREDITS_USED)?;
+    let remaining = parse_int(h, &crate::wire::REMAINING_CREDITS)?;
     // Zero is what a missing timestamp often serializes to; it is never a real
     // renewal, and treating it as one would start a bogus "new cycle".
-    let renewal = parse_int(h, H_RENEWAL).filter(|&r| r > 0).map(|r| r as u64);
+    let renewal = parse_int(h, &crate::wire::RENEWAL).filter(|&r| r > 0).map(|r| r as u64);
     Some(CreditSnapshot {
         remaining,
         used,

@@ -22,3 +22,4 @@ pub mod runner;
 pub mod sim;
 pub mod status;
 pub mod template;
+pub mod wire;

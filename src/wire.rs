@@ -1,0 +1,104 @@
+//! The API's wire contract: header names and how their values are read.
+//!
+//! The client and the built-in sim both speak it, so both take the names from
+//! here; a header spelled differently on each side would be a silent bug.
+
+use reqwest::header::{HeaderMap, HeaderName};
+
+/// The default header that carries the API key.
+pub const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Makes a retried call safe: the server runs each key at most once.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Set by the server when it answers from its idempotency store.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The per-window request limit actually in force for this key.
+pub const RATE_LIMIT_LIMIT: HeaderName = HeaderName::from_static("x-rate-limit-limit");
+/// What is left of that limit in the current window.
+pub const RATE_LIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rate-limit-remaining");
+/// Present on a 429 caused by the concurrency ceiling, not by the window.
+pub const CONCURRENCY_LIMIT: HeaderName = HeaderName::from_static("x-concurrency-limit");
+/// Credits left this billing cycle.
+pub const REMAINING_CREDITS: HeaderName = HeaderName::from_static("x-api-remaining-credits");
+/// Credits spent this billing cycle.
+pub const CREDITS_USED: HeaderName = HeaderName::from_static("x-api-credits-used");
+/// The cycle's allowance; its presence is what marks a response as metered.
+pub const MAX_CREDITS: HeaderName = HeaderName::from_static("x-api-max-credits");
+/// Unix time (seconds) at which the allowance resets.
+pub const RENEWAL: HeaderName = HeaderName::from_static("x-api-renewal");
+/// Seconds (or an HTTP date) until a retry may succeed.
+pub const RETRY_AFTER: HeaderName = reqwest::header::RETRY_AFTER;
+
+/// A header's value as trimmed text, when it is valid visible ASCII.
+pub fn text<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// A header as a whole number, when it is one.
+pub fn whole(h: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    text(h, name)?.parse().ok()
+}
+
+/// Parses a credit header as an integer.
+///
+/// A decimal with no fractional part ("12.0") is accepted because some
+/// gateways serialize every number as a float; a real fraction ("12.5") is
+/// refused, since credits are whole and rounding would misstate the balance.
+/// Anything else (empty, text, NaN, out of range) is `None`.
+pub fn credit_int(h: &HeaderMap, name: &HeaderName) -> Option<i64> {
+    let s = text(h, name)?;
+    if let Ok(v) = s.parse::<i64>() {
+        return Some(v);
+    }
+    let f = s.parse::<f64>().ok()?;
+    // The bounds keep the cast exact; i64::MAX itself is not representable.
+    if f.fract() == 0.0 && (-9.0e18..=9.0e18).contains(&f) {
+        Some(f as i64)
+    } else {
+        None
+    }
+}
+
+/// `x-rate-limit-limit`, when present and a positive whole number.
+pub fn limit_in_force(h: &HeaderMap) -> Option<u64> {
+    whole(h, &RATE_LIMIT_LIMIT).filter(|&l| l > 0)
+}
+
+/// `x-rate-limit-remaining`, when present and a whole number.
+pub fn limit_remaining(h: &HeaderMap) -> Option<u64> {
+    whole(h, &RATE_LIMIT_REMAINING)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn map(pairs: &[(&HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.insert((*n).clone(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn credit_values_accept_whole_floats_only() {
+        let h = map(&[
+            (&REMAINING_CREDITS, " 12.0 "),
+            (&CREDITS_USED, "12.5"),
+            (&MAX_CREDITS, "abc"),
+        ]);
+        assert_eq!(credit_int(&h, &REMAINING_CREDITS), Some(12));
+        assert_eq!(credit_int(&h, &CREDITS_USED), None);
+        assert_eq!(credit_int(&h, &MAX_CREDITS), None);
+        assert_eq!(credit_int(&h, &RENEWAL), None);
+    }
+
+    #[test]
+    fn a_zero_or_garbled_limit_is_no_limit() {
+        assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "0")])), None);
+        assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "x")])), None);
+        assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, " 7")])), Some(7));
+        assert_eq!(limit_remaining(&map(&[(&RATE_LIMIT_REMAINING, "0")])), Some(0));
+    }
+}
