@@ -108,26 +108,9 @@ pub fn classify(
 }
 
 /// A transport failure (timeout, refused, reset) is always worth a retry.
-pub fn transport(err: &reqwest::Error) -> CallError {
-    let what = if err.is_timeout() {
-        "timed out"
-    } else if err.is_connect() {
-        "could not connect"
-    } else if err.is_body() || err.is_decode() {
-        "connection dropped while reading the response"
-    } else {
-        "connection failed"
-    };
-    // reqwest's Display includes the URL, which may carry the item's data
-    // but never the key (the key travels in a header). Keep the cause chain short.
-    let mut reason = what.to_string();
-    let mut src = std::error::Error::source(err);
-    while let Some(s) = src {
-        reason = format!("{what}: {s}");
-        src = s.source();
-    }
+pub fn transport(err: &crate::request::TransportError) -> CallError {
     CallError::Transient {
-        reason,
+        reason: err.reason.clone(),
         retry_after: None,
     }
 }

@@ -33,6 +33,11 @@ pub const ID_RESERVE: &str = "reserve";
 /// minutes of a burst would otherwise predict doom for the whole cycle.
 pub const MIN_PROJECTION_SPAN: Duration = Duration::from_secs(30 * 60);
 
+pub mod ledger;
+pub mod reserve;
+
+pub use ledger::{Admit, InFlight, Ledger, Observed, ReserveConfig};
+
 /// Where the account stood according to one metered response.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CreditSnapshot {
@@ -64,13 +69,24 @@ pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
     let remaining = parse_int(h, &crate::wire::REMAINING_CREDITS)?;
     // Zero is what a missing timestamp often serializes to; it is never a real
     // renewal, and treating it as one would start a bogus "new cycle".
-    let renewal = parse_int(h, &crate::wire::RENEWAL).filter(|&r| r > 0).map(|r| r as u64);
+    let renewal = parse_int(h, &crate::wire::RENEWAL)
+        .filter(|&r| r > 0)
+        .map(|r| r as u64);
     Some(CreditSnapshot {
         remaining,
         used,
         max,
         renewal,
     })
+}
+
+impl CreditSnapshot {
+    /// Whether this is older news than `prev`: responses arrive out of order
+    /// with many workers, and within one billing cycle the one that saw less
+    /// spending was answered earlier. It must not roll the balance back.
+    pub fn is_older_than(&self, prev: Option<CreditSnapshot>) -> bool {
+        prev.is_some_and(|p| p.renewal == self.renewal && self.used < p.used)
+    }
 }
 
 /// True when `x-api-remaining-credits` is present and reads zero or less.

@@ -2,23 +2,28 @@
 //! the plan allows without tripping it, stop cleanly when credits run out, and
 //! resume exactly where it stopped.
 //!
-//! The pipeline, in the order a run meets it: [`input`] streams items,
-//! [`template`] turns each into a request, [`pacer`] decides when it may go,
-//! [`runner`] drives the worker pool, [`classify`] reads each response,
-//! [`credits`] meters the balance, [`checkpoint`] records every item in sled and
-//! [`report`] shows progress and the summary. [`sim`] is the built-in rehearsal
-//! server every test runs against.
+//! The pipeline, in the order a run meets it: [`settings`] validates the
+//! options, [`input`] streams items, [`request`] turns each into a call,
+//! [`pace`] decides when it may go, [`run`] drives the worker pool,
+//! [`classify`] reads each response, [`credits`] owns the balance and its
+//! alerts, [`checkpoint`] records every item in sled and [`report`] shows
+//! progress and the summary. [`exit`] is the exit-code contract; [`wire`]
+//! the API's header names. [`sim`] is the built-in rehearsal server every
+//! test runs against; the run knows nothing of it.
 
 pub mod alert;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
 pub mod credits;
+pub mod exit;
 pub mod input;
-pub mod pacer;
+pub mod pace;
 pub mod rate;
 pub mod report;
-pub mod runner;
+pub mod request;
+pub mod run;
+pub mod settings;
 pub mod sim;
 pub mod status;
 pub mod template;

@@ -1,11 +1,12 @@
-//! The `batchrun` binary: parse, call the library, map the outcome to an exit code.
-
-use std::process::ExitCode;
+//! The `batchrun` binary: argv -> Cli -> Settings -> run -> exit code.
 
 use std::io::Write;
+use std::process::ExitCode;
 
-use batchrun::cli::{Cli, Command};
+use batchrun::cli::{Cli, Command, RunArgs};
+use batchrun::exit;
 use batchrun::report::err_line;
+use batchrun::settings::{self, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_default(std::env::args_os());
@@ -13,58 +14,86 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             err_line(&format!("batchrun: cannot start the async runtime: {e}"));
-            return ExitCode::from(1);
+            return ExitCode::from(exit::FATAL as u8);
         }
     };
     let code = rt.block_on(async {
         match cli.command {
-            Command::Run(args) => {
-                let json = args.json;
-                let shutdown = interrupted();
-                match batchrun::runner::run(*args, shutdown).await {
-                    Ok(summary) => {
-                        if json {
-                            match serde_json::to_string(&summary) {
-                                Ok(s) => {
-                                    let _ = writeln!(std::io::stdout(), "{s}");
-                                }
-                                Err(e) => {
-                                    err_line(&format!("batchrun: cannot print the summary: {e}"))
-                                }
-                            }
-                        }
-                        summary.exit_code
-                    }
-                    Err(e) => {
-                        err_line(&format!("batchrun: error: {e:#}"));
-                        e.exit_code()
-                    }
-                }
-            }
+            Command::Run(args) => run(*args).await,
             Command::Sim(args) => match batchrun::sim::run(args).await {
-                Ok(()) => 0,
+                Ok(()) => exit::OK,
                 Err(e) => {
                     err_line(&format!("batchrun sim: error: {e:#}"));
-                    1
+                    exit::FATAL
                 }
             },
             Command::Plans => {
                 let _ = write!(std::io::stdout(), "{}", batchrun::status::plans_table());
-                0
+                exit::OK
             }
             Command::Status(args) => match batchrun::status::status(&args) {
                 Ok(text) => {
                     let _ = write!(std::io::stdout(), "{text}");
-                    0
+                    exit::OK
                 }
                 Err(e) => {
                     err_line(&format!("batchrun status: error: {e:#}"));
-                    1
+                    exit::FATAL
                 }
             },
         }
     });
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// `batchrun run`: with `--sim`, the built-in sim is started here and the
+/// run only sees its URL.
+async fn run(args: RunArgs) -> i32 {
+    let json = args.json;
+    let sim = if args.sim {
+        let (limit, concurrency) = settings::plan_limits(&args);
+        let sim_args = batchrun::sim::SimArgs {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            limit: Some(limit),
+            concurrency: Some(concurrency),
+            ..batchrun::sim::SimArgs::default()
+        };
+        match batchrun::sim::spawn(sim_args).await {
+            Ok((addr, handle)) => Some((format!("http://{addr}"), handle)),
+            Err(e) => {
+                err_line(&format!(
+                    "batchrun: error: starting the built-in sim: {e:#}"
+                ));
+                return exit::FATAL;
+            }
+        }
+    } else {
+        None
+    };
+    let outcome = match Settings::from_cli(&args, sim.as_ref().map(|(u, _)| u.as_str())) {
+        Ok(settings) => batchrun::run::run(settings, interrupted()).await,
+        Err(e) => Err(e),
+    };
+    if let Some((_, handle)) = sim {
+        handle.abort();
+    }
+    match outcome {
+        Ok(summary) => {
+            if json {
+                match serde_json::to_string(&summary) {
+                    Ok(s) => {
+                        let _ = writeln!(std::io::stdout(), "{s}");
+                    }
+                    Err(e) => err_line(&format!("batchrun: cannot print the summary: {e}")),
+                }
+            }
+            summary.exit_code
+        }
+        Err(e) => {
+            err_line(&format!("batchrun: error: {e:#}"));
+            e.exit_code()
+        }
+    }
 }
 
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: a scheduler stopping

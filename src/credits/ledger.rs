@@ -1,0 +1,313 @@
+//! The one owner of the account's balance as this run knows it, and the
+//! reserve guard that reads it.
+//!
+//! Admission must read the balance and the count of calls in flight under
+//! one lock (a call is "in flight" until its charge shows in a response), so
+//! both live here, behind one mutex.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use super::reserve::{project, CostEstimate};
+use super::{Alert, AlertKind, CreditSnapshot};
+
+/// What `--reserve` asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct ReserveConfig {
+    /// Credits kept for production.
+    pub floor: i64,
+    /// Run until the reserve even if the projection crosses it.
+    pub allow_partial: bool,
+    /// Items pending when the run started, for the projection.
+    pub pending_at_start: u64,
+}
+
+#[derive(Default)]
+struct State {
+    last: Option<CreditSnapshot>,
+    /// Whether `last` came from a response of this run. The reserve admits
+    /// calls only on a fresh balance: one from the checkpoint may be stale
+    /// by a top-up or other traffic.
+    fresh: bool,
+    in_flight: u64,
+    unmetered_responses: u32,
+    disabled: bool,
+    cost: CostEstimate,
+    projected_checked: bool,
+    done_in_run: u64,
+}
+
+/// The balance, and the reserve guard when `--reserve` is set: a call may
+/// start only if the last known balance, less the projected cost of every
+/// call in flight and this one, stays at or above the reserve.
+pub struct Ledger {
+    state: Mutex<State>,
+    reserve: Option<ReserveConfig>,
+    changed: watch::Sender<u64>,
+}
+
+/// The reserve's answer to "may this call start?".
+pub enum Admit {
+    /// Yes; the call counts as in flight until the guard is dropped.
+    Go(InFlight),
+    /// Not until a call in flight settles.
+    WaitForBalance,
+    /// No: the reserve is reached.
+    Refused(String),
+}
+
+/// Counts a call as in flight for the reserve until dropped.
+pub struct InFlight(Option<Arc<Ledger>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(l) = self.0.take() {
+            let mut s = l.lock();
+            s.in_flight = s.in_flight.saturating_sub(1);
+            drop(s);
+            // Whatever became of the call (even a panic), a worker waiting
+            // for its turn must get to look again.
+            l.changed.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// What one response told the ledger.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// The snapshot, when it is newer than what was known.
+    pub newer: Option<CreditSnapshot>,
+    /// A line for the operator (the projection, once the cost is known).
+    pub note: Option<String>,
+    /// An alert to raise (the reserve cannot work on this API).
+    pub alert: Option<Alert>,
+    /// Why the run must stop for the reserve, if it must.
+    pub refusal: Option<String>,
+}
+
+impl Ledger {
+    /// A ledger starting from the checkpoint's `last` balance and cost.
+    pub fn new(
+        last: Option<CreditSnapshot>,
+        reserve: Option<ReserveConfig>,
+        prior_cost: Option<f64>,
+    ) -> Arc<Ledger> {
+        Arc::new(Ledger {
+            state: Mutex::new(State {
+                last,
+                cost: CostEstimate::with_prior(prior_cost),
+                ..State::default()
+            }),
+            reserve,
+            changed: watch::channel(0).0,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The latest balance known (from this run or the checkpoint).
+    pub fn last(&self) -> Option<CreditSnapshot> {
+        self.lock().last
+    }
+
+    /// The cost per item measured in this run, if any.
+    pub fn measured_cost(&self) -> Option<f64> {
+        self.lock().cost.per_item
+    }
+
+    /// Wakes when a call settles; subscribe before asking [`Ledger::admit`],
+    /// so a call that ends in between still wakes the waiter.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Whether one more call fits above the reserve (always, without one).
+    pub fn has_room(&self) -> bool {
+        let Some(r) = &self.reserve else { return true };
+        let s = self.lock();
+        match s.last {
+            Some(last) if s.fresh && !s.disabled => {
+                last.remaining
+                    .saturating_sub(s.cost.current().ceil() as i64)
+                    >= r.floor
+            }
+            _ => true,
+        }
+    }
+
+    /// May a call start? A probe while waiting for credits always may.
+    pub fn admit(self: &Arc<Self>, probing: bool) -> Admit {
+        let Some(r) = &self.reserve else {
+            return Admit::Go(InFlight(None));
+        };
+        let mut s = self.lock();
+        if s.disabled || probing {
+            s.in_flight += 1;
+            return Admit::Go(InFlight(Some(self.clone())));
+        }
+        // The balance is learnt from the first response and the cost of a
+        // call from the next: until both are known, one call at a time, so
+        // that a call costing many credits cannot overshoot the reserve.
+        let last = match s.last {
+            Some(last) if s.fresh && s.cost.known() => last,
+            _ if s.in_flight == 0 => {
+                s.in_flight += 1;
+                return Admit::Go(InFlight(Some(self.clone())));
+            }
+            _ => return Admit::WaitForBalance,
+        };
+        let cost = s.cost.current();
+        let need = (cost * (s.in_flight + 1) as f64).ceil() as i64;
+        if last.remaining.saturating_sub(need) < r.floor {
+            // With calls still in flight the reserve is not reached yet: one
+            // of them may fail and cost nothing. Wait for them to settle.
+            if s.in_flight > 0 {
+                return Admit::WaitForBalance;
+            }
+            return Admit::Refused(format!(
+                "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}",
+                last.remaining, r.floor
+            ));
+        }
+        s.in_flight += 1;
+        Admit::Go(InFlight(Some(self.clone())))
+    }
+
+    /// Feeds one response's credit headers. `charged` is false for an
+    /// exhaustion answer, which moves the balance but says nothing about
+    /// the cost of a call.
+    pub fn observe(&self, snap: Option<CreditSnapshot>, success: bool, charged: bool) -> Observed {
+        let mut s = self.lock();
+        let mut out = Observed::default();
+        if let Some(snap) = snap {
+            if !s.fresh || !snap.is_older_than(s.last) {
+                s.last = Some(snap);
+                s.fresh = true;
+                out.newer = Some(snap);
+            }
+        }
+        if let (Some(r), true) = (self.reserve, charged) {
+            match snap {
+                Some(snap) => self.reserve_sees(&mut s, &r, snap, success, &mut out),
+                None => Self::unmetered(&mut s, &mut out),
+            }
+            drop(s);
+            self.changed.send_modify(|n| *n += 1);
+        }
+        out
+    }
+
+    fn reserve_sees(
+        &self,
+        s: &mut State,
+        r: &ReserveConfig,
+        snap: CreditSnapshot,
+        success: bool,
+        out: &mut Observed,
+    ) {
+        s.cost.observe(&snap, success);
+        if success {
+            s.done_in_run += 1;
+        }
+        // Once the cost of a call is known, project the rest.
+        if !s.projected_checked && s.cost.known() {
+            s.projected_checked = true;
+            let left = r.pending_at_start.saturating_sub(s.done_in_run);
+            let (line, crosses) =
+                project(s.cost.current(), left, snap.remaining, r.floor, "balance");
+            out.note = Some(line);
+            if !r.allow_partial {
+                out.refusal = crosses
+                    .map(|why| format!("{why}; use --allow-partial to run until the reserve"));
+            }
+        }
+    }
+
+    fn unmetered(s: &mut State, out: &mut Observed) {
+        s.unmetered_responses += 1;
+        if !s.fresh && s.unmetered_responses >= 3 && !s.disabled {
+            s.disabled = true;
+            out.alert = Some(Alert::new(
+                AlertKind::Reserve,
+                "reserve-unmetered",
+                "--reserve is ignored: the API sends no credit headers (x-api-max-credits)",
+                None,
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(used: i64, renewal: u64) -> CreditSnapshot {
+        CreditSnapshot {
+            remaining: 100 - used,
+            used,
+            max: 100,
+            renewal: Some(renewal),
+        }
+    }
+
+    #[test]
+    fn an_out_of_order_response_is_older_news_only_within_a_cycle() {
+        assert!(!snap(5, 1).is_older_than(None));
+        assert!(snap(5, 1).is_older_than(Some(snap(6, 1))));
+        assert!(
+            !snap(6, 1).is_older_than(Some(snap(6, 1))),
+            "a top-up keeps used"
+        );
+        assert!(!snap(0, 2).is_older_than(Some(snap(6, 1))), "a new cycle");
+    }
+
+    #[test]
+    fn the_balance_never_rolls_back() {
+        let l = Ledger::new(None, None, None);
+        assert_eq!(
+            l.observe(Some(snap(6, 1)), true, true).newer,
+            Some(snap(6, 1))
+        );
+        assert_eq!(l.observe(Some(snap(5, 1)), true, true).newer, None);
+        assert_eq!(l.last(), Some(snap(6, 1)));
+    }
+
+    #[test]
+    fn the_reserve_admits_one_call_until_the_cost_is_known_then_keeps_the_floor() {
+        let r = ReserveConfig {
+            floor: 90,
+            allow_partial: true,
+            pending_at_start: 100,
+        };
+        let l = Ledger::new(None, Some(r), None);
+        let first = match l.admit(false) {
+            Admit::Go(g) => g,
+            _ => panic!("the first call learns the balance"),
+        };
+        assert!(matches!(l.admit(false), Admit::WaitForBalance));
+        l.observe(Some(snap(2, 1)), true, true);
+        drop(first);
+        let second = match l.admit(false) {
+            Admit::Go(g) => g,
+            _ => panic!("the second call learns the cost"),
+        };
+        let seen = l.observe(Some(snap(4, 1)), true, true);
+        assert!(seen.note.unwrap().contains("~2.0/item"));
+        drop(second);
+        // 96 left, 2 per call: 3 calls keep 90; the fourth would not.
+        let g: Vec<_> = (0..3)
+            .map(|_| match l.admit(false) {
+                Admit::Go(g) => g,
+                _ => panic!("room for three"),
+            })
+            .collect();
+        assert!(matches!(l.admit(false), Admit::WaitForBalance));
+        drop(g);
+        l.observe(Some(snap(10, 1)), true, true);
+        assert!(matches!(l.admit(false), Admit::Refused(_)));
+        assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
+    }
+}

@@ -1,0 +1,77 @@
+//! The exit-code contract, in one place.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | every item done |
+//! | 1 | fatal: the key was rejected, the state is unusable, a bug |
+//! | 2 | bad options or bad input (file, line and reason given); nothing sent |
+//! | 3 | finished, but some items failed (see the failures file) |
+//! | 75 | halted resumably: credits exhausted or reserve reached; run again to resume |
+//! | 130 | interrupted (Ctrl-C or SIGTERM); run again to resume |
+
+use crate::input::InputError;
+use crate::report::RunState;
+
+/// Every item done.
+pub const OK: i32 = 0;
+/// A fatal error.
+pub const FATAL: i32 = 1;
+/// Bad options or input.
+pub const USAGE: i32 = 2;
+/// Finished with failed items.
+pub const SOME_FAILED: i32 = 3;
+/// Halted resumably (EX_TEMPFAIL).
+pub const HALTED: i32 = 75;
+/// Interrupted (128 + SIGINT).
+pub const INTERRUPTED: i32 = 130;
+
+/// Errors that stop a run before or outside the pool, by exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bad options (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Bad input (exit 2): names the file, line and reason.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// Anything else (exit 1): state mismatch, unusable state dir, ...
+    #[error(transparent)]
+    Fatal(#[from] anyhow::Error),
+}
+
+impl RunError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Usage(_) | RunError::Input(_) => USAGE,
+            RunError::Fatal(_) => FATAL,
+        }
+    }
+}
+
+/// The exit code for a run that ended in `state` with `failed_items` failed.
+pub fn for_state(state: RunState, failed_items: u64) -> i32 {
+    match state {
+        RunState::Done if failed_items > 0 => SOME_FAILED,
+        RunState::Done => OK,
+        RunState::Halted => HALTED,
+        RunState::Interrupted => INTERRUPTED,
+        RunState::Failed => FATAL,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_end_state_has_its_code() {
+        assert_eq!(for_state(RunState::Done, 0), 0);
+        assert_eq!(for_state(RunState::Done, 2), 3);
+        assert_eq!(for_state(RunState::Halted, 0), 75);
+        assert_eq!(for_state(RunState::Interrupted, 0), 130);
+        assert_eq!(for_state(RunState::Failed, 0), 1);
+        assert_eq!(RunError::Usage("x".into()).exit_code(), 2);
+        assert_eq!(RunError::Fatal(anyhow::anyhow!("x")).exit_code(), 1);
+    }
+}

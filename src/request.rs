@@ -1,0 +1,380 @@
+//! What is sent for each item, and the seam through which it is sent.
+//!
+//! [`RequestSpec`] renders an item into a [`Request`]; a [`Transport`] sends
+//! it. The run uses [`HttpTransport`] (reqwest); the pool's unit tests use a
+//! scripted fake, so the per-call logic is tested without a server.
+
+use std::sync::Arc;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::input::Item;
+use crate::pace::BoxFuture;
+use crate::template::{Escape, Template};
+
+/// The API key. Its `Debug` never shows it, and it only ever leaves the
+/// process as a sensitive header value.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> Secret {
+        Secret(key.into())
+    }
+
+    /// The key itself, for the one header that carries it (and redaction).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Where the body of each request comes from.
+#[derive(Debug)]
+pub enum Body {
+    /// No body.
+    None,
+    /// The item itself, as JSON.
+    Item,
+    /// A template rendered with the item's fields, JSON-escaped.
+    Template(Template),
+}
+
+/// What to send for each item.
+#[derive(Debug)]
+pub struct RequestSpec {
+    /// The HTTP method.
+    pub method: reqwest::Method,
+    /// The URL template.
+    pub url: Template,
+    /// Extra headers, each a template.
+    pub headers: Vec<(HeaderName, Template)>,
+    /// The body.
+    pub body: Body,
+    /// The header the key travels in.
+    pub key_header: HeaderName,
+    /// The key.
+    pub key: Option<Secret>,
+}
+
+/// One rendered call, ready for a [`Transport`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The method.
+    pub method: reqwest::Method,
+    /// The rendered URL.
+    pub url: String,
+    /// Every header, the key (marked sensitive) and the Idempotency-Key included.
+    pub headers: HeaderMap,
+    /// The body bytes, if any.
+    pub body: Option<Vec<u8>>,
+}
+
+impl RequestSpec {
+    /// Renders `item` into a request, or says which part could not be rendered.
+    pub fn render(&self, item: &Item) -> Result<Request, String> {
+        let url = self
+            .url
+            .render(item, Escape::Url)
+            .map_err(|e| format!("--url: {e}"))?;
+        match reqwest::Url::parse(&url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            Ok(u) => {
+                return Err(format!(
+                    "--url: {url:?} is not http or https (scheme {:?})",
+                    u.scheme()
+                ))
+            }
+            Err(e) => return Err(format!("--url: {url:?} is not a valid URL: {e}")),
+        }
+        let mut headers = HeaderMap::new();
+        for (name, t) in &self.headers {
+            let v = t
+                .render(item, Escape::Header)
+                .map_err(|e| format!("--header {name}: {e}"))?;
+            let v = HeaderValue::from_str(&v)
+                .map_err(|_| format!("--header {name}: value is not a valid header value"))?;
+            headers.append(name.clone(), v);
+        }
+        let body = match &self.body {
+            Body::None => None,
+            Body::Item => Some((
+                serde_json::to_vec(&item.value).map_err(|e| e.to_string())?,
+                true,
+            )),
+            Body::Template(t) => {
+                let b = t
+                    .render(item, Escape::Json)
+                    .map_err(|e| format!("--body: {e}"))?;
+                let is_json = serde_json::from_str::<serde_json::Value>(&b).is_ok();
+                Some((b.into_bytes(), is_json))
+            }
+        };
+        if let Some((_, true)) = &body {
+            if !headers.contains_key(reqwest::header::CONTENT_TYPE) {
+                headers.insert(
+                    reqwest::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+            }
+        }
+        if let Some(k) = &self.key {
+            if let Ok(mut v) = HeaderValue::from_str(k.expose()) {
+                v.set_sensitive(true);
+                headers.insert(self.key_header.clone(), v);
+            }
+        }
+        Ok(Request {
+            method: self.method.clone(),
+            url,
+            headers,
+            body: body.map(|(b, _)| b),
+        })
+    }
+}
+
+impl Request {
+    /// The same request carrying `key` as its Idempotency-Key.
+    pub fn with_idempotency_key(&self, key: &str) -> Request {
+        let mut r = self.clone();
+        if let Ok(v) = HeaderValue::from_str(key) {
+            r.headers.insert(crate::wire::IDEMPOTENCY_KEY, v);
+        }
+        r
+    }
+}
+
+/// A response as the pool reads it.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body as text (lossy for non-UTF-8).
+    pub body: String,
+}
+
+/// What kind of transport failure happened; the pool retries all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// No answer within the timeout: the server may have run the call.
+    Timeout,
+    /// No connection was made: the server never saw the call.
+    Connect,
+    /// The connection dropped while the response was read.
+    Body,
+    /// Anything else.
+    Other,
+}
+
+/// A call that got no response.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{reason}")]
+pub struct TransportError {
+    /// What happened.
+    pub kind: FailureKind,
+    /// A short reason for the failures file (never the key).
+    pub reason: String,
+}
+
+/// Sends one request. Implemented by [`HttpTransport`] and by test fakes.
+pub trait Transport: Send + Sync {
+    /// Sends `req` and reads the whole response.
+    fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>>;
+}
+
+/// The real transport: one reqwest client reused for every call.
+pub struct HttpTransport {
+    client: reqwest::Client,
+}
+
+impl HttpTransport {
+    /// A client with `timeout` per call, keeping up to `idle` connections,
+    /// that follows redirects only within the request's origin.
+    pub fn new(timeout: std::time::Duration, idle: usize) -> anyhow::Result<HttpTransport> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .pool_max_idle_per_host(idle)
+            .user_agent(concat!("batchrun/", env!("CARGO_PKG_VERSION")))
+            // The key travels in a custom header that reqwest would carry
+            // across a redirect to another host.
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let same_origin = attempt
+                    .previous()
+                    .first()
+                    .is_some_and(|first| first.origin() == attempt.url().origin());
+                if same_origin && attempt.previous().len() < 10 {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            }))
+            .build()?;
+        Ok(HttpTransport { client })
+    }
+}
+
+impl Transport for HttpTransport {
+    fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>> {
+        Box::pin(async move {
+            let mut b = self
+                .client
+                .request(req.method.clone(), &req.url)
+                .headers(req.headers.clone());
+            if let Some(bytes) = &req.body {
+                b = b.body(bytes.clone());
+            }
+            let resp = b.send().await.map_err(|e| failure(&e))?;
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let body = resp.text().await.map_err(|e| failure(&e))?;
+            Ok(Response {
+                status,
+                headers,
+                body,
+            })
+        })
+    }
+}
+
+/// A reqwest error as a [`TransportError`]. reqwest's own Display includes
+/// the URL, which may carry item data; the reason keeps only the category
+/// and the innermost cause.
+fn failure(err: &reqwest::Error) -> TransportError {
+    let (kind, what) = if err.is_timeout() {
+        (FailureKind::Timeout, "timed out")
+    } else if err.is_connect() {
+        (FailureKind::Connect, "could not connect")
+    } else if err.is_body() || err.is_decode() {
+        (
+            FailureKind::Body,
+            "connection dropped while reading the response",
+        )
+    } else {
+        (FailureKind::Other, "connection failed")
+    };
+    let mut reason = what.to_string();
+    let mut src = std::error::Error::source(err);
+    while let Some(s) = src {
+        reason = format!("{what}: {s}");
+        src = s.source();
+    }
+    TransportError { kind, reason }
+}
+
+/// A shareable transport.
+pub type SharedTransport = Arc<dyn Transport>;
+
+#[cfg(test)]
+pub mod fake {
+    //! A scripted transport for the pool's unit tests.
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// What the fake answers for one call.
+    pub type Script = Box<dyn Fn(&Request, u64) -> Step + Send + Sync>;
+
+    /// One scripted answer: a response or a failure, after a delay.
+    pub struct Step {
+        /// How long the call takes (on tokio's clock).
+        pub after: Duration,
+        /// What it returns.
+        pub result: Result<Response, TransportError>,
+    }
+
+    impl Step {
+        /// A 200 with `body` at once.
+        pub fn ok(body: &str) -> Step {
+            Step::status(200, &[], body)
+        }
+
+        /// A response with `status`, `headers` and `body` at once.
+        pub fn status(status: u16, headers: &[(&str, &str)], body: &str) -> Step {
+            let mut h = HeaderMap::new();
+            for (n, v) in headers {
+                h.insert(
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            Step {
+                after: Duration::ZERO,
+                result: Ok(Response {
+                    status,
+                    headers: h,
+                    body: body.to_string(),
+                }),
+            }
+        }
+
+        /// A transport failure at once.
+        pub fn fail(kind: FailureKind) -> Step {
+            Step {
+                after: Duration::ZERO,
+                result: Err(TransportError {
+                    kind,
+                    reason: "scripted failure".into(),
+                }),
+            }
+        }
+
+        /// The same answer after `d`.
+        pub fn after(mut self, d: Duration) -> Step {
+            self.after = d;
+            self
+        }
+    }
+
+    /// Answers each call from a script; records what was sent, and when.
+    pub struct FakeTransport {
+        script: Script,
+        /// Every call: (tokio time since creation, URL, Idempotency-Key).
+        pub sent: Mutex<Vec<(Duration, String, String)>>,
+        start: tokio::time::Instant,
+    }
+
+    impl FakeTransport {
+        /// A transport answering call number `n` (from 0) with `script(req, n)`.
+        pub fn new(script: impl Fn(&Request, u64) -> Step + Send + Sync + 'static) -> Self {
+            FakeTransport {
+                script: Box::new(script),
+                sent: Mutex::new(Vec::new()),
+                start: tokio::time::Instant::now(),
+            }
+        }
+
+        /// Calls made so far.
+        pub fn calls(&self) -> Vec<(Duration, String, String)> {
+            self.sent.lock().unwrap().clone()
+        }
+    }
+
+    impl Transport for FakeTransport {
+        fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>> {
+            let n = {
+                let mut s = self.sent.lock().unwrap();
+                let idem = req
+                    .headers
+                    .get(crate::wire::IDEMPOTENCY_KEY)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                s.push((self.start.elapsed(), req.url.clone(), idem));
+                s.len() as u64 - 1
+            };
+            let step = (self.script)(req, n);
+            Box::pin(async move {
+                tokio::time::sleep(step.after).await;
+                step.result
+            })
+        }
+    }
+}

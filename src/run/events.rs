@@ -1,0 +1,85 @@
+//! What workers tell the one loop that records: typed events, never
+//! strings to be routed by id.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::credits::{Alert, CreditSnapshot};
+use crate::pace::PaceNote;
+
+/// One thing that happened in the pool.
+#[derive(Debug)]
+pub enum Event {
+    /// A call went out.
+    Sent,
+    /// An item is done.
+    Done {
+        /// Its line.
+        line: u64,
+        /// The response's status.
+        status: u16,
+        /// The response's body (JSON, or a string when it is not JSON).
+        body: serde_json::Value,
+        /// Calls it took.
+        attempts: u32,
+    },
+    /// An item failed for good.
+    Failed {
+        /// Its line.
+        line: u64,
+        /// The last status, if a response came.
+        status: Option<u16>,
+        /// Why.
+        reason: String,
+        /// Calls it took.
+        attempts: u32,
+    },
+    /// A 429: for the window (everyone paused) or for concurrency.
+    RateLimited {
+        /// How long.
+        pause: Duration,
+        /// True for a concurrency 429, which delays only its worker.
+        concurrency: bool,
+    },
+    /// A transient failure will be retried.
+    Retry,
+    /// A newer credit balance.
+    Credits(CreditSnapshot),
+    /// The pacer changed what it does.
+    Pace(PaceNote),
+    /// A line for the operator.
+    Note(String),
+    /// A billing alert; those about a waiting spell go out every time, the
+    /// others once per billing cycle.
+    Alert(Alert),
+}
+
+/// Counters shared between the recording loop, the progress ticker and the
+/// summary.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Items done (all runs).
+    pub done: AtomicU64,
+    /// Items failed (all runs).
+    pub failed: AtomicU64,
+    /// Items done by this run.
+    pub done_this_run: AtomicU64,
+    /// Calls sent by this run.
+    pub requests: AtomicU64,
+    /// Rate-limit 429s this run.
+    pub rate_limited: AtomicU64,
+    /// Retries this run.
+    pub retries: AtomicU64,
+}
+
+impl Stats {
+    /// Reads one counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Adds one to a counter.
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,188 @@
+//! The end of a run: decide its end state, raise the billing alert, save
+//! the checkpoint, write the outputs and build the summary.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::time::Instant;
+
+use super::events::Stats;
+use super::gate::Halt;
+use super::recorder::Recorded;
+use crate::alert::Alerter;
+use crate::checkpoint::{JobItems, Store};
+use crate::credits::{Alert, CreditSnapshot, Ledger};
+use crate::exit::{self, RunError};
+use crate::report::{self, Reporter, RunState, Summary};
+use crate::settings::Settings;
+
+/// Everything the end of a run reads.
+pub struct Ending<'a> {
+    /// The run's settings.
+    pub settings: &'a Settings,
+    /// The checkpoint.
+    pub store: &'a Store,
+    /// The job's items.
+    pub items: &'a JobItems,
+    /// Progress and notes.
+    pub reporter: &'a Reporter,
+    /// Billing alerts.
+    pub alerter: &'a Alerter,
+    /// The run's counters.
+    pub stats: &'a Stats,
+    /// The balance.
+    pub ledger: &'a Arc<Ledger>,
+    /// Items in the input.
+    pub total: u64,
+    /// When the run started.
+    pub started: Instant,
+}
+
+/// How the input feeder ended.
+pub type FeederResult = Result<anyhow::Result<()>, tokio::task::JoinError>;
+
+/// The billing alert a halt raises: exhaustion and the reserve, once per cycle.
+fn billing_alert(halt: &Option<Halt>, reserve: i64, last: Option<CreditSnapshot>) -> Option<Alert> {
+    match halt {
+        Some(Halt::Exhausted) => Some(Alert::exhausted(last)),
+        Some(Halt::Reserve(why)) => {
+            let mut a = Alert::reserve(reserve, last);
+            a.message = format!("{why}. {}", a.message);
+            Some(a)
+        }
+        _ => None,
+    }
+}
+
+/// The end state and its reason.
+fn end_state(
+    halt: &Option<Halt>,
+    left: u64,
+    feeder_ok: bool,
+    billing: Option<&Alert>,
+    api_key_env: &str,
+) -> (RunState, Option<String>) {
+    let Some(h) = halt else {
+        // Every worker ended without a halt yet items are pending: never
+        // report that as done.
+        if left > 0 && feeder_ok {
+            return (
+                RunState::Failed,
+                Some(format!(
+                    "the pool stopped with {left} item(s) pending (a bug in batchrun); run the same command to resume"
+                )),
+            );
+        }
+        return (RunState::Done, None);
+    };
+    let reason = match h {
+        Halt::Exhausted | Halt::Reserve(_) => billing.map(|a| a.message.clone()).unwrap_or_default(),
+        Halt::Auth(status) => format!(
+            "the API rejected the key (HTTP {status}): check {api_key_env} holds a valid key for this API; nothing was marked failed"
+        ),
+        Halt::Interrupted => "interrupted by Ctrl-C".to_string(),
+        Halt::Internal(why) => why.clone(),
+    };
+    (h.state(), Some(reason))
+}
+
+/// Ends the run: see the module docs.
+pub async fn finish(
+    e: Ending<'_>,
+    halt: Option<Halt>,
+    recorded: Recorded,
+    feeder: FeederResult,
+) -> Result<Summary, RunError> {
+    let Recorded {
+        mut meta,
+        mut meter,
+        err: record_err,
+    } = recorded;
+    let counts = e.items.counts().context("reading the checkpoint")?;
+    let last = e.ledger.last();
+    let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last);
+    if let Some(a) = &billing {
+        if meter.mark_fired(&a.id) {
+            e.alerter.send(a);
+        } else {
+            e.reporter.println(&format!("batchrun: {}", a.message));
+        }
+        meta.meter = meter.state();
+    }
+    let left = e.total.saturating_sub(counts.done + counts.failed);
+    let feeder_ok = matches!(feeder, Ok(Ok(())));
+    let (state, halt_reason) = end_state(
+        &halt,
+        left,
+        feeder_ok,
+        billing.as_ref(),
+        &e.settings.api_key_env,
+    );
+    if let Some(c) = e.ledger.measured_cost() {
+        meta.cost_per_item = Some(c);
+    }
+    meta.requests += Stats::get(&e.stats.requests);
+    meta.rate_limited += Stats::get(&e.stats.rate_limited);
+    meta.retries += Stats::get(&e.stats.retries);
+    meta.halt_reason = halt_reason.clone();
+    let exit_code = exit::for_state(state, counts.failed);
+    meta.last_state = serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string));
+    e.store.save_job(&meta).context("saving the checkpoint")?;
+    e.store
+        .save_meter_state(&e.settings.origin, &meta.meter)
+        .context("saving the checkpoint")?;
+    e.store.flush().context("flushing the checkpoint")?;
+    super::job::write_outputs(e.settings, e.items)?;
+    e.reporter.finish();
+    e.alerter.flush(std::time::Duration::from_secs(5)).await;
+    if let Some(err) = record_err {
+        return Err(RunError::Fatal(
+            err.context("recording results in the checkpoint"),
+        ));
+    }
+    match feeder {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Err(RunError::Fatal(err.context("reading the input"))),
+        Err(err) => return Err(RunError::Fatal(anyhow::anyhow!("reading the input: {err}"))),
+    }
+    let summary = summary(&e, state, counts, last, exit_code, halt_reason);
+    report::err_line(&report::human_summary(&summary));
+    Ok(summary)
+}
+
+fn summary(
+    e: &Ending<'_>,
+    state: RunState,
+    counts: crate::checkpoint::Counts,
+    last: Option<CreditSnapshot>,
+    exit_code: i32,
+    halt_reason: Option<String>,
+) -> Summary {
+    let elapsed = e.started.elapsed().as_secs_f64();
+    let done_this_run = Stats::get(&e.stats.done_this_run);
+    Summary {
+        state,
+        total: e.total,
+        done: counts.done,
+        failed: counts.failed,
+        pending: e.total.saturating_sub(counts.done + counts.failed),
+        requests: Stats::get(&e.stats.requests),
+        rate_limited: Stats::get(&e.stats.rate_limited),
+        retries: Stats::get(&e.stats.retries),
+        credits_remaining: last.map(|s| s.remaining),
+        elapsed_s: (elapsed * 1000.0).round() / 1000.0,
+        achieved_per_min: if elapsed > 0.0 {
+            ((done_this_run as f64 * 60.0 / elapsed) * 10.0).round() / 10.0
+        } else {
+            0.0
+        },
+        exit_code,
+        halt_reason,
+        renewal: last.and_then(|s| s.renewal),
+        alerts: e.alerter.fired(),
+        out: e.settings.out.display().to_string(),
+        failures: e.settings.failures.display().to_string(),
+    }
+}

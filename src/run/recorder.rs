@@ -1,0 +1,179 @@
+//! The one loop that records what the workers report: every item in the
+//! checkpoint, the counters, the credit meter and its alerts. The reporter
+//! and the alerter only consume what this loop tells them.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::events::{Event, Stats};
+use super::job::unix_now;
+use crate::alert::Alerter;
+use crate::checkpoint::{ItemRecord, ItemState, JobItems, JobMeta, Store};
+use crate::credits::{self, AlertKind, CreditMeter};
+use crate::pace::PaceNote;
+use crate::report::Reporter;
+
+/// How often the job's pacing stamp and fired alerts reach disk at most.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// The recording loop's state.
+pub struct Recorder {
+    /// Counters it keeps.
+    pub stats: Arc<Stats>,
+    /// The job's items in the checkpoint.
+    pub items: JobItems,
+    /// Progress and notes.
+    pub reporter: Arc<Reporter>,
+    /// Billing alerts.
+    pub alerter: Arc<Alerter>,
+    /// The job record, kept current.
+    pub meta: JobMeta,
+    /// The credit meter: the one place that knows which alerts fired.
+    pub meter: CreditMeter,
+    /// The checkpoint.
+    pub store: Store,
+    /// Whose credits these are, for the per-origin alert state.
+    pub origin: String,
+}
+
+/// What the loop hands back when the pool is over.
+pub struct Recorded {
+    /// The job record as last recorded.
+    pub meta: JobMeta,
+    /// The meter, with every alert fired.
+    pub meter: CreditMeter,
+    /// The first error met while recording, if any.
+    pub err: Option<anyhow::Error>,
+}
+
+impl Recorder {
+    /// Records events until every sender is gone.
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>) -> Recorded {
+        let mut saved_at = Instant::now();
+        let mut stamped = false;
+        let mut err: Option<anyhow::Error> = None;
+        while let Some(ev) = rx.recv().await {
+            let first_call = !stamped && matches!(ev, Event::Sent);
+            stamped |= first_call;
+            // The first call of the run goes to disk at once: a kill -9 a
+            // moment later must still let the next run know it is resuming
+            // quickly. So does a change to the fired alerts.
+            let urgent = match self.handle(ev) {
+                Ok(fired) => fired || first_call,
+                Err(e) => {
+                    err.get_or_insert(e);
+                    first_call
+                }
+            };
+            if urgent || saved_at.elapsed() >= SAVE_EVERY {
+                saved_at = Instant::now();
+                if let Err(e) = self.persist(urgent) {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        self.meta.meter = self.meter.state();
+        Recorded {
+            meta: self.meta,
+            meter: self.meter,
+            err,
+        }
+    }
+
+    /// Keeps the job's pacing time and the alerts fired current on disk, so
+    /// a kill -9 neither bursts into the window on resume nor repeats an alert.
+    fn persist(&mut self, flush: bool) -> anyhow::Result<()> {
+        self.meta.meter = self.meter.state();
+        self.store.save_job(&self.meta)?;
+        self.store
+            .save_meter_state(&self.origin, &self.meta.meter)?;
+        if flush {
+            self.store.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Records one event. True when the fired-alert set changed.
+    fn handle(&mut self, ev: Event) -> anyhow::Result<bool> {
+        let stats = &self.stats;
+        match ev {
+            Event::Sent => {
+                Stats::bump(&stats.requests);
+                self.meta.last_active_unix_ms = unix_now().as_millis() as u64;
+            }
+            Event::Done {
+                line,
+                status,
+                body,
+                attempts,
+            } => {
+                self.items.record(
+                    line,
+                    &ItemRecord {
+                        state: ItemState::Done,
+                        status: Some(status),
+                        body: Some(body),
+                        reason: None,
+                        attempts,
+                    },
+                )?;
+                Stats::bump(&stats.done);
+                Stats::bump(&stats.done_this_run);
+                // A call went through: any exhaustion is over, and the next
+                // one is a new outage with its own alert.
+                return Ok(self.meter.unmark_fired(credits::ID_EXHAUSTED));
+            }
+            Event::Failed {
+                line,
+                status,
+                reason,
+                attempts,
+            } => {
+                self.items.record(
+                    line,
+                    &ItemRecord {
+                        state: ItemState::Failed,
+                        status,
+                        body: None,
+                        reason: Some(reason),
+                        attempts,
+                    },
+                )?;
+                Stats::bump(&stats.failed);
+            }
+            Event::RateLimited { pause, concurrency } => {
+                Stats::bump(&stats.rate_limited);
+                if !concurrency {
+                    self.reporter.println(&format!(
+                        "batchrun: rate limited (429): pausing every worker for {:.1}s",
+                        pause.as_secs_f64()
+                    ));
+                }
+            }
+            Event::Retry => Stats::bump(&stats.retries),
+            Event::Credits(s) => {
+                let alerts = self.meter.observe(s, SystemTime::now());
+                for a in &alerts {
+                    self.alerter.send(a);
+                }
+                return Ok(!alerts.is_empty());
+            }
+            Event::Pace(PaceNote::LimitInForce(l)) => self.reporter.println(&format!(
+                "batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"
+            )),
+            Event::Note(line) => self.reporter.println(&line),
+            Event::Alert(a) => match a.kind {
+                AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),
+                _ if self.meter.mark_fired(&a.id) => {
+                    self.alerter.send(&a);
+                    return Ok(true);
+                }
+                _ => {}
+            },
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,282 @@
+//! Validated settings, built once from the command line.
+//!
+//! The run takes [`Settings`], never clap types: every option has been
+//! checked and defaulted here, so a bad one fails before anything is read
+//! or sent.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue};
+
+use crate::cli::RunArgs;
+use crate::exit::RunError;
+use crate::input::{self, Format};
+use crate::rate::bucket::TokenBucket;
+use crate::rate::Limit;
+use crate::request::{Body, RequestSpec, Secret};
+use crate::template::Template;
+
+/// The sim's default endpoint: it echoes the item back.
+const SIM_DEFAULT_PATH: &str = "/v1/echo";
+
+/// What the credit features were asked to do.
+#[derive(Debug, Clone)]
+pub struct CreditSettings {
+    /// Fractions of the allowance that raise an alert.
+    pub alert_at: Vec<f64>,
+    /// Trailing window of the burn-rate projection.
+    pub burn_window: Duration,
+    /// Where alerts are POSTed, if anywhere.
+    pub webhook: Option<String>,
+    /// Credits kept for production, if any.
+    pub reserve: Option<i64>,
+    /// Run until the reserve even if the projection crosses it.
+    pub allow_partial: bool,
+    /// Spend one call to learn the balance afresh.
+    pub recheck_credits: bool,
+    /// Wait and probe instead of halting on exhaustion.
+    pub wait_for_credits: bool,
+    /// How often to probe while waiting.
+    pub probe_every: Duration,
+}
+
+/// The settled options of a run.
+#[derive(Debug)]
+pub struct Settings {
+    /// Whose credits these are: the API's origin ("sim" for the built-in one).
+    pub origin: String,
+    /// The rate limit to pace to.
+    pub limit: Limit,
+    /// Workers.
+    pub concurrency: usize,
+    /// Token bucket capacity, when given.
+    pub burst: Option<u64>,
+    /// What identifies the job besides the input (never the key).
+    pub identity: String,
+    /// The input's format.
+    pub format: Format,
+    /// The input file.
+    pub input: PathBuf,
+    /// The results file.
+    pub out: PathBuf,
+    /// The failures file.
+    pub failures: PathBuf,
+    /// Where the checkpoint lives.
+    pub state_dir: PathBuf,
+    /// What to send for each item.
+    pub request: Arc<RequestSpec>,
+    /// Per-call timeout.
+    pub timeout: Duration,
+    /// Calls per item for transient failures.
+    pub max_attempts: u32,
+    /// Discard the checkpoint first.
+    pub fresh: bool,
+    /// Re-open failed items.
+    pub retry_failed: bool,
+    /// The environment variable the key came from, for messages.
+    pub api_key_env: String,
+    /// Credit alerts, reserve and waiting.
+    pub credits: CreditSettings,
+}
+
+/// The limit and concurrency the options ask for (the plan's, unless overridden).
+pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
+    (
+        args.limit.unwrap_or_else(|| args.plan.limit()),
+        args.concurrency.unwrap_or_else(|| args.plan.concurrency()),
+    )
+}
+
+fn default_output(input: &Path, suffix: &str) -> PathBuf {
+    let stem = input
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "batchrun".into());
+    input.with_file_name(format!("{stem}.{suffix}.jsonl"))
+}
+
+fn usage(msg: String) -> RunError {
+    RunError::Usage(msg)
+}
+
+/// The URL to send to, what of it identifies the job, and whether the body
+/// defaults to the item (the sim's echo endpoint).
+fn url_source(args: &RunArgs, sim_base: Option<&str>) -> Result<(String, String, bool), RunError> {
+    Ok(match (sim_base, &args.url) {
+        (Some(base), None) => (
+            format!("{base}{SIM_DEFAULT_PATH}"),
+            format!("sim:{SIM_DEFAULT_PATH}"),
+            true,
+        ),
+        (Some(base), Some(u)) if u.starts_with('/') => {
+            (format!("{base}{u}"), format!("sim:{u}"), false)
+        }
+        (Some(_), Some(u)) | (None, Some(u)) => (u.clone(), u.clone(), false),
+        (None, None) => {
+            return Err(usage(
+                "no --url given (nor BATCHRUN_URL); use --sim to rehearse against the built-in sim"
+                    .into(),
+            ))
+        }
+    })
+}
+
+fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
+    let key = match std::env::var(&args.api_key_env) {
+        Ok(k) if !k.is_empty() => Secret::new(k),
+        _ if sim => Secret::new("sim-demo-key"),
+        _ => {
+            return Err(usage(format!(
+                "no API key: set the environment variable {} (or name another with --api-key-env)",
+                args.api_key_env
+            )))
+        }
+    };
+    HeaderValue::from_str(key.expose()).map_err(|_| {
+        usage(format!(
+            "the API key in {} contains characters a header cannot carry",
+            args.api_key_env
+        ))
+    })?;
+    Ok(Some(key))
+}
+
+/// Builds the request spec from the options.
+fn request_spec(
+    args: &RunArgs,
+    url_src: &str,
+    json_default: bool,
+    key: Option<Secret>,
+) -> Result<RequestSpec, RunError> {
+    let url = Template::parse(url_src).map_err(|e| usage(format!("--url: {e}")))?;
+    let body = if args.json_body || (json_default && args.body.is_none()) {
+        Body::Item
+    } else if let Some(b) = &args.body {
+        Body::Template(Template::parse(b).map_err(|e| usage(format!("--body: {e}")))?)
+    } else {
+        Body::None
+    };
+    let method = match &args.method {
+        Some(m) => reqwest::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+            .map_err(|_| usage(format!("--method {m:?} is not an HTTP method")))?,
+        None if matches!(body, Body::None) => reqwest::Method::GET,
+        None => reqwest::Method::POST,
+    };
+    let mut headers = Vec::new();
+    for (n, v) in &args.headers {
+        let name = HeaderName::from_bytes(n.as_bytes())
+            .map_err(|_| usage(format!("--header: {n:?} is not a header name")))?;
+        let t = Template::parse(v).map_err(|e| usage(format!("--header {n}: {e}")))?;
+        headers.push((name, t));
+    }
+    let key_header = HeaderName::from_bytes(args.api_key_header.as_bytes()).map_err(|_| {
+        usage(format!(
+            "--api-key-header {:?} is not a header name",
+            args.api_key_header
+        ))
+    })?;
+    Ok(RequestSpec {
+        method,
+        url,
+        headers,
+        body,
+        key_header,
+        key,
+    })
+}
+
+/// The job's identity: what is sent, never the key itself.
+fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
+    let mut identity = format!("{} {identity_url}", spec.method);
+    for (n, v) in &args.headers {
+        identity.push_str(&format!("\n{n}: {v}"));
+    }
+    match (&spec.body, &args.body) {
+        (Body::Item, _) => identity.push_str("\nbody: <item as JSON>"),
+        (Body::Template(_), Some(b)) => identity.push_str(&format!("\nbody: {b}")),
+        _ => {}
+    }
+    identity.push_str(&format!("\nkey header: {}", spec.key_header));
+    identity
+}
+
+impl Settings {
+    /// Validates `args`. `sim_base` is the built-in sim's URL when `--sim`
+    /// started one: `--url` may then be a path on it, and no key is needed.
+    pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
+        let (limit, concurrency) = plan_limits(args);
+        if let (Some(b), Limit::Rate(r)) = (args.burst, limit) {
+            TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
+                .map_err(|e| usage(e.to_string()))?;
+        }
+        let (url_src, identity_url, json_default) = url_source(args, sim_base)?;
+        let key = api_key(args, sim_base.is_some())?;
+        let request = request_spec(args, &url_src, json_default, key)?;
+        let format = input::detect_format(&args.input, args.format)?;
+        let origin = if sim_base.is_some() && identity_url.starts_with("sim:") {
+            "sim".to_string()
+        } else {
+            reqwest::Url::parse(&url_src)
+                .map(|u| u.origin().ascii_serialization())
+                .unwrap_or_else(|_| url_src.split('{').next().unwrap_or_default().to_string())
+        };
+        Ok(Settings {
+            origin,
+            limit,
+            concurrency,
+            burst: args.burst,
+            identity: identity(args, &request, &identity_url),
+            format,
+            input: args.input.clone(),
+            out: args
+                .out
+                .clone()
+                .unwrap_or_else(|| default_output(&args.input, "results")),
+            failures: args
+                .failures
+                .clone()
+                .unwrap_or_else(|| default_output(&args.input, "failures")),
+            state_dir: args.state_dir.clone(),
+            request: Arc::new(request),
+            timeout: args.timeout,
+            max_attempts: args.max_attempts,
+            fresh: args.fresh,
+            retry_failed: args.retry_failed,
+            api_key_env: args.api_key_env.clone(),
+            credits: CreditSettings {
+                alert_at: args.alert_at.0.clone(),
+                burn_window: args.burn_window,
+                webhook: args.alert_webhook.clone(),
+                reserve: args.reserve,
+                allow_partial: args.allow_partial,
+                recheck_credits: args.recheck_credits,
+                wait_for_credits: args.wait_for_credits,
+                probe_every: args.probe_every,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_outputs_sit_beside_the_input() {
+        assert_eq!(
+            default_output(Path::new("/data/items.jsonl"), "results"),
+            PathBuf::from("/data/items.results.jsonl")
+        );
+        assert_eq!(
+            default_output(Path::new("items.csv"), "failures"),
+            PathBuf::from("items.failures.jsonl")
+        );
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug() {
+        assert_eq!(format!("{:?}", Secret::new("sk_live_123")), "Secret(***)");
+    }
+}
