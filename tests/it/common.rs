@@ -152,6 +152,179 @@ pub fn run_cmd(sim: &Sim, dir: &TempDir, input: &Path, extra: &[&str]) -> Comman
     c
 }
 
+/// One test's world: an optional `batchrun sim`, a temp dir, an input file in
+/// it, and `batchrun` commands against them. Built with
+/// `Scenario::new(tag).with_sim(args).numbers(n)`; everything is removed (and
+/// the sim killed) when it drops.
+pub struct Scenario {
+    sim: Option<Sim>,
+    dir: TempDir,
+    input: Option<PathBuf>,
+}
+
+impl Scenario {
+    /// A fresh temp dir tagged `tag`, with no sim and no input yet.
+    pub fn new(tag: &str) -> Scenario {
+        Scenario {
+            sim: None,
+            dir: TempDir::new(tag),
+            input: None,
+        }
+    }
+
+    /// Starts `batchrun sim ARGS` (see [`Sim::start`]) for this scenario.
+    pub fn with_sim(mut self, args: &[&str]) -> Scenario {
+        self.sim = Some(Sim::start(args));
+        self
+    }
+
+    /// Makes `items.jsonl` with `n` items `{"n": 1..=n}` the input.
+    pub fn numbers(mut self, n: u64) -> Scenario {
+        self.input = Some(numbers(&self.dir, "items.jsonl", n));
+        self
+    }
+
+    /// Makes `name` inside the dir, holding `contents`, the input.
+    pub fn input(mut self, name: &str, contents: &str) -> Scenario {
+        self.input = Some(self.dir.write(name, contents));
+        self
+    }
+
+    /// The sim; panics when the scenario was built without one.
+    pub fn sim(&self) -> &Sim {
+        self.sim
+            .as_ref()
+            .expect("this scenario has no sim: build it with .with_sim(args)")
+    }
+
+    /// The temp dir (write more files with `.dir().write(name, contents)`).
+    pub fn dir(&self) -> &TempDir {
+        &self.dir
+    }
+
+    /// The input file; panics when none was set.
+    pub fn input_path(&self) -> &Path {
+        self.input
+            .as_deref()
+            .expect("this scenario has no input: use .numbers(n) or .input(name, contents)")
+    }
+
+    /// The default `--out`: `<input stem>.results.jsonl` beside the input.
+    pub fn out_path(&self) -> PathBuf {
+        self.beside_input("results")
+    }
+
+    /// The default `--failures`: `<input stem>.failures.jsonl` beside the input.
+    pub fn failures_path(&self) -> PathBuf {
+        self.beside_input("failures")
+    }
+
+    /// The `--state-dir` every command of this scenario uses.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn beside_input(&self, kind: &str) -> PathBuf {
+        let input = self.input_path();
+        let stem = input.file_stem().unwrap().to_string_lossy();
+        input.with_file_name(format!("{stem}.{kind}.jsonl"))
+    }
+
+    /// `batchrun INPUT --url <sim>/v1/echo?n={n} --state-dir DIR/state --json
+    /// EXTRA` with the test key in the environment; an `--url` in `extra`
+    /// replaces the default one (and is required when there is no sim).
+    pub fn cmd(&self, extra: &[&str]) -> Command {
+        self.cmd_for(self.input_path(), extra)
+    }
+
+    /// Like [`Scenario::cmd`], on another input file.
+    pub fn cmd_for(&self, input: &Path, extra: &[&str]) -> Command {
+        match &self.sim {
+            Some(sim) => run_cmd(sim, &self.dir, input, extra),
+            None => {
+                assert!(
+                    extra.contains(&"--url"),
+                    "a scenario without a sim needs --url in its arguments"
+                );
+                let mut c = bin();
+                c.arg(input)
+                    .arg("--state-dir")
+                    .arg(self.state_dir())
+                    .arg("--json")
+                    .args(extra)
+                    .env("BATCHRUN_API_KEY", KEY)
+                    .stdin(Stdio::null());
+                c
+            }
+        }
+    }
+
+    /// Runs [`Scenario::cmd`] to completion.
+    pub fn run(&self, extra: &[&str]) -> Finished {
+        finish(self.cmd(extra))
+    }
+
+    /// Runs [`Scenario::cmd_for`] to completion.
+    pub fn run_for(&self, input: &Path, extra: &[&str]) -> Finished {
+        finish(self.cmd_for(input, extra))
+    }
+
+    /// Starts [`Scenario::cmd`] and sends `signal` once the sim's stats
+    /// satisfy `cond` (see the free [`signal_when`]).
+    pub async fn signal_when(
+        &self,
+        extra: &[&str],
+        cond: impl Fn(&serde_json::Value) -> bool,
+        signal: i32,
+    ) -> Finished {
+        signal_when(self.cmd(extra), self.sim(), cond, signal).await
+    }
+}
+
+/// Asserts that the results file `out` holds the lines 1..=n, each exactly
+/// once and in input order: every item of a `numbers(n)` input done once.
+pub fn assert_each_item_once(out: &Path, n: u64) {
+    let got = lines_of(out);
+    let want: Vec<u64> = (1..=n).collect();
+    if got == want {
+        return;
+    }
+    let mut seen = std::collections::BTreeMap::<u64, usize>::new();
+    for l in &got {
+        *seen.entry(*l).or_default() += 1;
+    }
+    let missing: Vec<u64> = want
+        .iter()
+        .copied()
+        .filter(|l| !seen.contains_key(l))
+        .collect();
+    let repeated: Vec<u64> = seen
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(l, _)| *l)
+        .collect();
+    let stray: Vec<u64> = seen
+        .keys()
+        .copied()
+        .filter(|l| !(1..=n).contains(l))
+        .collect();
+    panic!(
+        "{}: expected lines 1..={n} once each in order; {} lines, missing {missing:?}, \
+         repeated {repeated:?}, out of range {stray:?}, order {got:?}",
+        out.display(),
+        got.len()
+    );
+}
+
+/// Asserts that the sim performed exactly `n` side effects (one per item:
+/// a replay or a retry never repeats one).
+pub fn assert_side_effects(stats: &serde_json::Value, n: u64) {
+    assert_eq!(
+        stats["side_effects"], n,
+        "expected exactly {n} side effects: {stats}"
+    );
+}
+
 /// The outcome of a finished `batchrun` run.
 pub struct Finished {
     /// Exit code.

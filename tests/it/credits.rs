@@ -64,10 +64,10 @@ fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_webhook() {
-    let sim = Sim::start(&["--limit", "200/1s", "--credits", "40"]);
+    let s = Scenario::new("thresholds")
+        .with_sim(&["--limit", "200/1s", "--credits", "40"])
+        .numbers(60);
     let hook = Receiver::start().await;
-    let dir = TempDir::new("thresholds");
-    let input = numbers(&dir, "items.jsonl", 60);
     let args = [
         "--limit",
         "200/1s",
@@ -78,7 +78,7 @@ async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_web
         "--alert-webhook",
         &hook.url,
     ];
-    let first = finish(run_cmd(&sim, &dir, &input, &args));
+    let first = s.run(&args);
     assert_eq!(first.code, 75, "{}", first.stderr);
     let ids = alert_ids(&first.summary);
     assert!(ids.contains(&"pct-0.5".to_string()), "{ids:?}");
@@ -111,8 +111,8 @@ async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_web
         .contains("credits renew"));
 
     // A top-up in the same cycle: the rerun finishes and fires nothing again.
-    sim.topup(100).await;
-    let second = finish(run_cmd(&sim, &dir, &input, &args));
+    s.sim().topup(100).await;
+    let second = s.run(&args);
     assert_eq!(second.code, 0, "{}", second.stderr);
     let again = alert_ids(&second.summary);
     assert!(!again.iter().any(|i| i.starts_with("pct-")), "{again:?}");
@@ -128,18 +128,14 @@ async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_web
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reserve_halts_before_the_balance_would_cross_it() {
-    let sim = Sim::start(&["--limit", "200/1s", "--credits", "100"]);
-    let dir = TempDir::new("reserve");
-    let input = numbers(&dir, "items.jsonl", 50);
+    let s = Scenario::new("reserve")
+        .with_sim(&["--limit", "200/1s", "--credits", "100"])
+        .numbers(50);
+    let sim = s.sim();
 
     // Without --allow-partial: the projection (50 credits) crosses the
     // reserve (80 of 100), so it refuses after the first call told it the balance.
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "200/1s", "--reserve", "80"],
-    ));
+    let r = s.run(&["--limit", "200/1s", "--reserve", "80"]);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert!(r.stderr.contains("projected cost"), "{}", r.stderr);
     assert!(r.stderr.contains("--allow-partial"), "{}", r.stderr);
@@ -147,20 +143,16 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
     // It learns the balance and the cost of a call from two calls, one at a time.
     assert!(r.summary["done"].as_u64().unwrap() <= 2, "{}", r.summary);
 
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
-            "--limit",
-            "200/1s",
-            "--concurrency",
-            "5",
-            "--reserve",
-            "80",
-            "--allow-partial",
-        ],
-    ));
+    let args = [
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "5",
+        "--reserve",
+        "80",
+        "--allow-partial",
+    ];
+    let r = s.run(&args);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert_eq!(r.summary["state"], "halted");
     assert_eq!(r.summary["credits_remaining"], 80);
@@ -174,8 +166,8 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
     let requests_before = sim.stats().await["accepted"].clone();
     let out = bin()
         .args(["status", "--state-dir"])
-        .arg(dir.path().join("state"))
-        .arg(&input)
+        .arg(s.state_dir())
+        .arg(s.input_path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -190,16 +182,7 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
 
     // The nightly rerun: the checkpoint already knows the reserve is reached,
     // so it refuses without spending a single credit of it.
-    let args = [
-        "--limit",
-        "200/1s",
-        "--concurrency",
-        "5",
-        "--reserve",
-        "80",
-        "--allow-partial",
-    ];
-    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    let r = s.run(&args);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 0);
     assert!(r.stderr.contains("nothing was sent"), "{}", r.stderr);
@@ -210,7 +193,7 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
     sim.topup(100).await;
     let mut recheck = args.to_vec();
     recheck.push("--recheck-credits");
-    let r = finish(run_cmd(&sim, &dir, &input, &recheck));
+    let r = s.run(&recheck);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["done"], 50);
     assert_eq!(sim.stats().await["credits_remaining"], 150);
@@ -218,14 +201,11 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn wait_for_credits_resumes_by_itself_after_a_top_up() {
-    let sim = Sim::start(&["--limit", "200/1s", "--credits", "10"]);
-    let dir = TempDir::new("wait");
-    let input = numbers(&dir, "items.jsonl", 25);
-    let child = run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
+    let s = Scenario::new("wait")
+        .with_sim(&["--limit", "200/1s", "--credits", "10"])
+        .numbers(25);
+    let child = s
+        .cmd(&[
             "--limit",
             "200/1s",
             "--concurrency",
@@ -233,19 +213,18 @@ async fn wait_for_credits_resumes_by_itself_after_a_top_up() {
             "--wait-for-credits",
             "--probe-every",
             "200ms",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Exhausted, and probing: at least two rejected probes after the halt.
-    wait_for_stats(&sim, 30, |s| {
+    wait_for_stats(s.sim(), 30, |st| {
         // Three workers' first refusals, then at least two probes.
-        s["side_effects"] == 10 && s["rejected_credits"].as_u64().unwrap_or(0) >= 3 + 2
+        st["side_effects"] == 10 && st["rejected_credits"].as_u64().unwrap_or(0) >= 3 + 2
     })
     .await;
-    sim.topup(100).await;
+    s.sim().topup(100).await;
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -259,23 +238,17 @@ async fn wait_for_credits_resumes_by_itself_after_a_top_up() {
         1,
         "alerted once: {ids:?}"
     );
-    assert_eq!(sim.stats().await["side_effects"], 25);
-    assert_eq!(
-        lines_of(&dir.path().join("items.results.jsonl")),
-        (1..=25).collect::<Vec<_>>()
-    );
+    assert_side_effects(&s.sim().stats().await, 25);
+    assert_each_item_once(&s.out_path(), 25);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_while_waiting_for_credits_exits_130() {
-    let sim = Sim::start(&["--limit", "200/1s", "--credits", "3"]);
-    let dir = TempDir::new("waitctrlc");
-    let input = numbers(&dir, "items.jsonl", 10);
-    let r = signal_when(
-        run_cmd(
-            &sim,
-            &dir,
-            &input,
+    let s = Scenario::new("waitctrlc")
+        .with_sim(&["--limit", "200/1s", "--credits", "3"])
+        .numbers(10);
+    let r = s
+        .signal_when(
             &[
                 "--limit",
                 "200/1s",
@@ -283,12 +256,10 @@ async fn ctrl_c_while_waiting_for_credits_exits_130() {
                 "--probe-every",
                 "1h",
             ],
-        ),
-        &sim,
-        |s| s["rejected_credits"].as_u64().unwrap_or(0) >= 1,
-        libc::SIGINT,
-    )
-    .await;
+            |st| st["rejected_credits"].as_u64().unwrap_or(0) >= 1,
+            libc::SIGINT,
+        )
+        .await;
     assert_eq!(r.code, 130, "{}", r.stderr);
     let summary = r.summary;
     assert_eq!(summary["done"], 3);
@@ -299,34 +270,29 @@ async fn ctrl_c_while_waiting_for_credits_exits_130() {
 async fn the_reserve_holds_when_a_call_costs_several_credits() {
     // Three credits a call, slow calls, five workers: the cost must be learnt
     // before the pool opens up, or the calls in flight overshoot the reserve.
-    let sim = Sim::start(&[
-        "--limit",
-        "200/1s",
-        "--credits",
-        "30",
-        "--cost",
-        "3",
-        "--latency",
-        "50ms",
-    ]);
-    let dir = TempDir::new("reservecost");
-    let input = numbers(&dir, "items.jsonl", 20);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
+    let s = Scenario::new("reservecost")
+        .with_sim(&[
             "--limit",
             "200/1s",
-            "--concurrency",
-            "5",
-            "--reserve",
-            "20",
-            "--allow-partial",
-        ],
-    ));
+            "--credits",
+            "30",
+            "--cost",
+            "3",
+            "--latency",
+            "50ms",
+        ])
+        .numbers(20);
+    let r = s.run(&[
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "5",
+        "--reserve",
+        "20",
+        "--allow-partial",
+    ]);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert_eq!(r.summary["credits_remaining"], 21, "{}", r.summary);
     assert_eq!(r.summary["done"], 3);
-    assert_eq!(sim.stats().await["credits_remaining"], 21);
+    assert_eq!(s.sim().stats().await["credits_remaining"], 21);
 }

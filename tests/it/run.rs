@@ -6,85 +6,71 @@ use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn clean_run_never_trips_the_limit_and_writes_every_item_in_order() {
-    let sim = Sim::start(&[
-        "--limit",
-        "120/4s",
-        "--concurrency",
-        "5",
-        "--cooldown",
-        "1s",
-    ]);
-    let dir = TempDir::new("clean");
-    let input = numbers(&dir, "items.jsonl", 120);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "120/4s", "--concurrency", "5"],
-    ));
+    let s = Scenario::new("clean")
+        .with_sim(&[
+            "--limit",
+            "120/4s",
+            "--concurrency",
+            "5",
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(120);
+    let args = ["--limit", "120/4s", "--concurrency", "5"];
+    let r = s.run(&args);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["state"], "done");
     assert_eq!(r.summary["done"], 120);
     assert_eq!(r.summary["rate_limited"], 0);
     assert_eq!(r.summary["exit_code"], 0);
 
-    let stats = sim.stats().await;
+    let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     assert_eq!(stats["rejected_cooldown"], 0, "{stats}");
     assert_eq!(stats["rejected_concurrency"], 0, "{stats}");
-    assert_eq!(stats["side_effects"], 120);
+    assert_side_effects(&stats, 120);
 
-    let out = dir.path().join("items.results.jsonl");
-    assert_eq!(lines_of(&out), (1..=120).collect::<Vec<_>>());
+    let out = s.out_path();
+    assert_each_item_once(&out, 120);
     let first = &jsonl(&out)[0];
     assert_eq!(first["input"]["n"], 1);
     assert_eq!(first["status"], 200);
     assert_eq!(first["body"]["status"], "ok");
-    assert!(jsonl(&dir.path().join("items.failures.jsonl")).is_empty());
-    assert_key_absent_from_files(dir.path());
+    assert!(jsonl(&s.failures_path()).is_empty());
+    assert_key_absent_from_files(s.dir().path());
 
     // The same command again resends nothing.
-    let again = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "120/4s", "--concurrency", "5"],
-    ));
+    let again = s.run(&args);
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert_eq!(again.summary["requests"], 0);
-    assert_eq!(sim.stats().await["side_effects"], 120);
-    assert_eq!(lines_of(&out).len(), 120);
+    assert_side_effects(&s.sim().stats().await, 120);
+    assert_each_item_once(&out, 120);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn overdriven_run_sees_429s_pauses_and_still_does_every_item_once() {
-    let sim = Sim::start(&[
-        "--limit",
-        "20/1s",
-        "--concurrency",
-        "10",
-        "--cooldown",
-        "1s",
-    ]);
-    let dir = TempDir::new("overdriven");
-    let input = numbers(&dir, "items.jsonl", 60);
+    let s = Scenario::new("overdriven")
+        .with_sim(&[
+            "--limit",
+            "20/1s",
+            "--concurrency",
+            "10",
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(60);
     // Live traffic on the same key has just filled the window.
     let client = reqwest::Client::new();
     for i in 0..20 {
         let r = client
-            .get(format!("{}/v1/echo?live={i}", sim.url))
+            .get(format!("{}/v1/echo?live={i}", s.sim().url))
             .header("x-api-key", KEY)
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "100/1s", "--concurrency", "5", "--burst", "10"],
-    ));
+    let r = s.run(&["--limit", "100/1s", "--concurrency", "5", "--burst", "10"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
         r.summary["rate_limited"].as_u64().unwrap() >= 1,
@@ -94,22 +80,18 @@ async fn overdriven_run_sees_429s_pauses_and_still_does_every_item_once() {
     assert!(r.stderr.contains("pausing every worker"), "{}", r.stderr);
     assert_eq!(r.summary["done"], 60);
     assert_eq!(r.summary["failed"], 0);
-    let out = dir.path().join("items.results.jsonl");
-    assert_eq!(lines_of(&out), (1..=60).collect::<Vec<_>>());
-    let stats = sim.stats().await;
-    assert_eq!(
-        stats["side_effects"], 80,
-        "60 items + 20 live calls, each once: {stats}"
-    );
+    assert_each_item_once(&s.out_path(), 60);
+    // 60 items + 20 live calls, each once.
+    assert_side_effects(&s.sim().stats().await, 60 + 20);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn credit_exhaustion_halts_resumably_and_a_top_up_finishes_the_job() {
-    let sim = Sim::start(&["--limit", "100/1s", "--credits", "30"]);
-    let dir = TempDir::new("credits");
-    let input = numbers(&dir, "items.jsonl", 50);
+    let s = Scenario::new("credits")
+        .with_sim(&["--limit", "100/1s", "--credits", "30"])
+        .numbers(50);
     let args = ["--limit", "100/1s", "--concurrency", "5"];
-    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    let r = s.run(&args);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert_eq!(r.summary["state"], "halted");
     assert_eq!(r.summary["done"], 30);
@@ -121,168 +103,143 @@ async fn credit_exhaustion_halts_resumably_and_a_top_up_finishes_the_job() {
     assert!(r.summary["renewal"].as_u64().is_some());
     assert!(r.stderr.contains("credits exhausted"), "{}", r.stderr);
     assert!(r.stderr.contains("credits renew"), "{}", r.stderr);
-    let out = dir.path().join("items.results.jsonl");
-    assert_eq!(lines_of(&out).len(), 30);
-    assert!(jsonl(&dir.path().join("items.failures.jsonl")).is_empty());
+    assert_eq!(lines_of(&s.out_path()).len(), 30);
+    assert!(jsonl(&s.failures_path()).is_empty());
 
-    sim.topup(100).await;
-    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    s.sim().topup(100).await;
+    let r = s.run(&args);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["done"], 50);
-    assert_eq!(lines_of(&out), (1..=50).collect::<Vec<_>>());
-    assert_eq!(sim.stats().await["side_effects"], 50);
+    assert_each_item_once(&s.out_path(), 50);
+    assert_side_effects(&s.sim().stats().await, 50);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_mid_run_then_resume_does_every_item_exactly_once() {
-    let sim = Sim::start(&[
-        "--limit",
-        "200/1s",
-        "--concurrency",
-        "5",
-        "--latency",
-        "5ms..15ms",
-        "--cooldown",
-        "2s",
-    ]);
-    let dir = TempDir::new("kill9");
-    let input = numbers(&dir, "items.jsonl", 400);
+    let s = Scenario::new("kill9")
+        .with_sim(&[
+            "--limit",
+            "200/1s",
+            "--concurrency",
+            "5",
+            "--latency",
+            "5ms..15ms",
+            "--cooldown",
+            "2s",
+        ])
+        .numbers(400);
+    let sim = s.sim();
     let args = ["--limit", "200/1s", "--concurrency", "5"];
-    let mut child = run_cmd(&sim, &dir, &input, &args)
+    let mut child = s
+        .cmd(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_stats(&sim, 30, |s| s["side_effects"].as_u64().unwrap_or(0) >= 40).await;
+    wait_for_stats(sim, 30, |st| st["side_effects"].as_u64().unwrap_or(0) >= 40).await;
     child.kill().unwrap(); // SIGKILL: no chance to flush anything
     child.wait().unwrap();
     let before = sim.stats().await["side_effects"].as_u64().unwrap();
     assert!(before < 400, "the run finished before it could be killed");
 
-    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    let r = s.run(&args);
     assert_eq!(r.code, 0, "{}", r.stderr);
     // Resumed within the window: it starts with an empty bucket, so its calls
     // and the killed run's never overrun the window together.
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     assert_eq!(r.summary["done"], 400);
-    let out = dir.path().join("items.results.jsonl");
-    assert_eq!(
-        lines_of(&out),
-        (1..=400).collect::<Vec<_>>(),
-        "every item exactly once"
-    );
-    let stats = sim.stats().await;
-    assert_eq!(
-        stats["side_effects"], 400,
-        "replays never repeat a side effect: {stats}"
-    );
+    assert_each_item_once(&s.out_path(), 400);
+    // Replays never repeat a side effect.
+    assert_side_effects(&sim.stats().await, 400);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_saves_the_checkpoint_exits_130_and_the_rerun_completes() {
-    let sim = Sim::start(&["--limit", "20/1s", "--concurrency", "2"]);
-    let dir = TempDir::new("ctrlc");
-    let input = numbers(&dir, "items.jsonl", 60);
+    let s = Scenario::new("ctrlc")
+        .with_sim(&["--limit", "20/1s", "--concurrency", "2"])
+        .numbers(60);
     let args = ["--limit", "20/1s", "--concurrency", "2"];
-    let r = signal_when(
-        run_cmd(&sim, &dir, &input, &args),
-        &sim,
-        |s| s["side_effects"].as_u64().unwrap_or(0) >= 5,
-        libc::SIGINT,
-    )
-    .await;
+    let r = s
+        .signal_when(
+            &args,
+            |st| st["side_effects"].as_u64().unwrap_or(0) >= 5,
+            libc::SIGINT,
+        )
+        .await;
     assert_eq!(r.code, 130, "{}", r.stderr);
     let summary = r.summary;
     assert_eq!(summary["state"], "interrupted");
     let done = summary["done"].as_u64().unwrap();
     assert!((5..60).contains(&done), "{summary}");
-    let results = dir.path().join("items.results.jsonl");
     assert_eq!(
-        lines_of(&results).len() as u64,
+        lines_of(&s.out_path()).len() as u64,
         done,
         "outputs written at exit"
     );
 
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "100/1s", "--concurrency", "2"],
-    ));
+    let r = s.run(&["--limit", "100/1s", "--concurrency", "2"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(lines_of(&results), (1..=60).collect::<Vec<_>>());
-    assert_eq!(sim.stats().await["side_effects"], 60);
+    assert_each_item_once(&s.out_path(), 60);
+    assert_side_effects(&s.sim().stats().await, 60);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_stops_before_any_request_naming_file_and_line() {
-    let sim = Sim::start(&[]);
-    let dir = TempDir::new("badinput");
+    let s = Scenario::new("badinput").with_sim(&[]);
+    let dir = s.dir();
     let bad = dir.write("bad.jsonl", "{\"n\": 1}\n\n{\"n\": 2\n{\"n\": 3}\n");
-    let r = finish(run_cmd(&sim, &dir, &bad, &[]));
+    let r = s.run_for(&bad, &[]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("bad.jsonl:3:"), "{}", r.stderr);
 
     let ragged = dir.write("ragged.csv", "n,word\n1,one\n2\n");
-    let r = finish(run_cmd(&sim, &dir, &ragged, &[]));
+    let r = s.run_for(&ragged, &[]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("ragged.csv:3:"), "{}", r.stderr);
 
     // A field the URL needs but an item lacks is bad input too.
     let missing = dir.write("missing.jsonl", "{\"n\": 1}\n{\"m\": 2}\n");
-    let r = finish(run_cmd(&sim, &dir, &missing, &[]));
+    let r = s.run_for(&missing, &[]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("missing.jsonl:2:"), "{}", r.stderr);
     assert!(r.stderr.contains("\"n\""), "{}", r.stderr);
 
     // A URL that is not http(s) is caught in the same pass.
-    let good = numbers(&dir, "good.jsonl", 3);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &good,
-        &["--url", "localhost:8080/v1/x?n={n}"],
-    ));
+    let good = numbers(dir, "good.jsonl", 3);
+    let r = s.run_for(&good, &["--url", "localhost:8080/v1/x?n={n}"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("good.jsonl:1:"), "{}", r.stderr);
     assert!(r.stderr.contains("not http or https"), "{}", r.stderr);
 
-    let stats = sim.stats().await;
+    let stats = s.sim().stats().await;
     assert_eq!(stats["accepted"], 0, "no request was sent: {stats}");
-    assert_eq!(stats["side_effects"], 0);
+    assert_side_effects(&stats, 0);
 
     let empty = dir.write("empty.jsonl", "");
-    let r = finish(run_cmd(&sim, &dir, &empty, &[]));
+    let r = s.run_for(&empty, &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["total"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rejected_key_halts_with_exit_1_and_marks_nothing_failed() {
-    let sim = Sim::start(&[]);
-    let dir = TempDir::new("auth");
-    let input = numbers(&dir, "items.jsonl", 10);
+    let s = Scenario::new("auth").with_sim(&[]).numbers(10);
     // The key goes in a header the API does not read: it answers 401.
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--api-key-header", "x-wrong-header", "--limit", "100/1s"],
-    ));
+    let r = s.run(&["--api-key-header", "x-wrong-header", "--limit", "100/1s"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert_eq!(r.summary["state"], "failed");
     assert_eq!(r.summary["failed"], 0);
     assert_eq!(r.summary["done"], 0);
     assert!(r.stderr.contains("rejected the key"), "{}", r.stderr);
     assert!(r.stderr.contains("BATCHRUN_API_KEY"), "{}", r.stderr);
-    assert_key_absent_from_files(dir.path());
+    assert_key_absent_from_files(s.dir().path());
 
     // No key at all is a usage error before anything is sent.
     let out = bin()
-        .arg(&input)
-        .args(["--url", &format!("{}/v1/echo", sim.url)])
+        .arg(s.input_path())
+        .args(["--url", &format!("{}/v1/echo", s.sim().url)])
         .arg("--state-dir")
-        .arg(dir.path().join("state"))
+        .arg(s.state_dir())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -291,64 +248,39 @@ async fn a_rejected_key_halts_with_exit_1_and_marks_nothing_failed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn transient_failures_retry_and_permanent_ones_are_recorded() {
-    let sim = Sim::start(&["--limit", "500/1s", "--fail-rate", "0.3", "--seed", "7"]);
-    let dir = TempDir::new("faults");
-    let mut s = String::new();
+    let mut items = String::new();
     for i in 1..=40 {
         // /v9/... is not an API path: the sim answers 404.
         let ver = if i % 10 == 0 { "v9" } else { "v1" };
-        s.push_str(&format!("{{\"n\": {i}, \"ver\": \"{ver}\"}}\n"));
+        items.push_str(&format!("{{\"n\": {i}, \"ver\": \"{ver}\"}}\n"));
     }
-    let input = dir.write("items.jsonl", &s);
-    let url = format!("{}/{{ver}}/echo?n={{n}}", sim.url);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
-            "--url",
-            &url,
-            "--limit",
-            "500/1s",
-            "--concurrency",
-            "4",
-            "--max-attempts",
-            "12",
-        ],
-    ));
+    let s = Scenario::new("faults")
+        .with_sim(&["--limit", "500/1s", "--fail-rate", "0.3", "--seed", "7"])
+        .input("items.jsonl", &items);
+    let url = format!("{}/{{ver}}/echo?n={{n}}", s.sim().url);
+    let args = [
+        "--url",
+        &url,
+        "--limit",
+        "500/1s",
+        "--concurrency",
+        "4",
+        "--max-attempts",
+        "12",
+    ];
+    let r = s.run(&args);
     assert_eq!(r.code, 3, "some items failed: {}", r.stderr);
     assert_eq!(r.summary["state"], "done");
     assert_eq!(r.summary["done"], 36);
     assert_eq!(r.summary["failed"], 4);
     assert!(r.summary["retries"].as_u64().unwrap() >= 1, "{}", r.summary);
-    let failures = jsonl(&dir.path().join("items.failures.jsonl"));
-    assert_eq!(
-        failures
-            .iter()
-            .map(|f| f["line"].as_u64().unwrap())
-            .collect::<Vec<_>>(),
-        [10, 20, 30, 40]
-    );
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(lines_of(&s.failures_path()), [10, 20, 30, 40]);
     assert_eq!(failures[0]["status"], 404);
     assert!(failures[0]["reason"].as_str().unwrap().contains("404"));
 
     // --retry-failed sends only those again (they fail again: still exit 3).
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
-            "--url",
-            &url,
-            "--limit",
-            "500/1s",
-            "--concurrency",
-            "4",
-            "--retry-failed",
-            "--max-attempts",
-            "12",
-        ],
-    ));
+    let r = s.run(&[&args[..], &["--retry-failed"][..]].concat());
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert_eq!(
         r.summary["requests"], 4,
@@ -359,19 +291,14 @@ async fn transient_failures_retry_and_permanent_ones_are_recorded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dropped_connections_are_retried_without_repeating_side_effects() {
-    let sim = Sim::start(&["--limit", "500/1s", "--reset-rate", "0.2", "--seed", "3"]);
-    let dir = TempDir::new("reset");
-    let input = numbers(&dir, "items.jsonl", 40);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "500/1s", "--max-attempts", "12"],
-    ));
+    let s = Scenario::new("reset")
+        .with_sim(&["--limit", "500/1s", "--reset-rate", "0.2", "--seed", "3"])
+        .numbers(40);
+    let r = s.run(&["--limit", "500/1s", "--max-attempts", "12"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["done"], 40);
-    let stats = sim.stats().await;
-    assert_eq!(stats["side_effects"], 40, "{stats}");
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 40);
     assert!(
         stats["idempotent_replays"].as_u64().unwrap() >= 1,
         "{stats}"
@@ -380,13 +307,13 @@ async fn dropped_connections_are_retried_without_repeating_side_effects() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_input_is_refused_until_fresh() {
-    let sim = Sim::start(&["--limit", "500/1s"]);
-    let dir = TempDir::new("changed");
-    let input = numbers(&dir, "items.jsonl", 5);
+    let s = Scenario::new("changed")
+        .with_sim(&["--limit", "500/1s"])
+        .numbers(5);
     let args = ["--limit", "500/1s"];
-    assert_eq!(finish(run_cmd(&sim, &dir, &input, &args)).code, 0);
-    numbers(&dir, "items.jsonl", 6);
-    let r = finish(run_cmd(&sim, &dir, &input, &args));
+    assert_eq!(s.run(&args).code, 0);
+    numbers(s.dir(), "items.jsonl", 6);
+    let r = s.run(&args);
     assert_eq!(r.code, 1);
     assert!(
         r.stderr.contains("changed since its checkpoint"),
@@ -394,12 +321,7 @@ async fn a_changed_input_is_refused_until_fresh() {
         r.stderr
     );
     assert!(r.stderr.contains("--fresh"), "{}", r.stderr);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "500/1s", "--fresh"],
-    ));
+    let r = s.run(&["--limit", "500/1s", "--fresh"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["done"], 6);
     assert_eq!(r.summary["requests"], 6, "--fresh starts over");
@@ -407,18 +329,18 @@ async fn a_changed_input_is_refused_until_fresh() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_built_in_sim_runs_a_real_job_with_no_key() {
-    let dir = TempDir::new("demo");
     let src = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/numbers.jsonl"
     ))
     .unwrap();
-    let input = dir.write("numbers.jsonl", &src);
+    let s = Scenario::new("demo").input("numbers.jsonl", &src);
+    // Not `s.cmd`: this run has no key and no --url.
     let out = bin()
         .args(["--plan", "starter", "--limit", "600/1s", "--sim", "--json"])
-        .arg(&input)
+        .arg(s.input_path())
         .arg("--state-dir")
-        .arg(dir.path().join("state"))
+        .arg(s.state_dir())
         .output()
         .unwrap();
     assert_eq!(
@@ -429,7 +351,7 @@ async fn the_built_in_sim_runs_a_real_job_with_no_key() {
     );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["done"], 20);
-    let results = jsonl(&dir.path().join("numbers.results.jsonl"));
+    let results = jsonl(&s.out_path());
     assert_eq!(results.len(), 20);
     assert_eq!(results[2]["body"]["data"]["word"], "three");
 }
@@ -449,26 +371,21 @@ fn plans_prints_the_derived_bucket() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
-    let sim = Sim::start(&["--limit", "10/1s", "--concurrency", "1"]);
-    let dir = TempDir::new("sigterm");
-    let input = numbers(&dir, "items.jsonl", 40);
-    let r = signal_when(
-        run_cmd(
-            &sim,
-            &dir,
-            &input,
+    let s = Scenario::new("sigterm")
+        .with_sim(&["--limit", "10/1s", "--concurrency", "1"])
+        .numbers(40);
+    let r = s
+        .signal_when(
             &["--limit", "10/1s", "--concurrency", "1"],
-        ),
-        &sim,
-        |s| s["side_effects"].as_u64().unwrap_or(0) >= 2,
-        libc::SIGTERM,
-    )
-    .await;
+            |st| st["side_effects"].as_u64().unwrap_or(0) >= 2,
+            libc::SIGTERM,
+        )
+        .await;
     assert_eq!(r.code, 130, "{}", r.stderr);
     let summary = r.summary;
     assert_eq!(summary["state"], "interrupted");
     assert_eq!(
-        lines_of(&dir.path().join("items.results.jsonl")).len() as u64,
+        lines_of(&s.out_path()).len() as u64,
         summary["done"].as_u64().unwrap()
     );
 }
@@ -505,22 +422,15 @@ async fn a_redirect_to_another_host_never_carries_the_key() {
     let a_url = format!("http://{}/v1/x?n={{n}}", la.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(la, a).await });
 
-    let dir = TempDir::new("redirect");
-    let input = numbers(&dir, "items.jsonl", 3);
-    let mut cmd = bin();
-    cmd.arg(&input)
-        .args(["--url", &a_url, "--limit", "100/1s", "--json"])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .env("BATCHRUN_API_KEY", KEY);
-    let r = finish(cmd);
+    let s = Scenario::new("redirect").numbers(3);
+    let r = s.run(&["--url", &a_url, "--limit", "100/1s"]);
     assert_eq!(
         r.code, 3,
         "the redirect is recorded as a failure: {}",
         r.stderr
     );
     assert_eq!(r.summary["failed"], 3);
-    let failures = jsonl(&dir.path().join("items.failures.jsonl"));
+    let failures = jsonl(&s.failures_path());
     assert_eq!(failures[0]["status"], 307);
     assert!(seen.lock().unwrap().is_empty(), "the other host was called");
 }
@@ -528,9 +438,9 @@ async fn a_redirect_to_another_host_never_carries_the_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closed_stderr_does_not_crash_the_run() {
     use std::os::fd::FromRawFd;
-    let sim = Sim::start(&["--limit", "500/1s"]);
-    let dir = TempDir::new("nostderr");
-    let input = numbers(&dir, "items.jsonl", 10);
+    let s = Scenario::new("nostderr")
+        .with_sim(&["--limit", "500/1s"])
+        .numbers(10);
     let mut fds = [0; 2];
     // SAFETY: a fresh pipe whose read end we close at once, so every write to
     // the child's stderr fails with EPIPE, as under `2>&1 | head -1`.
@@ -539,57 +449,42 @@ async fn a_closed_stderr_does_not_crash_the_run() {
         libc::close(fds[0]);
         std::fs::File::from_raw_fd(fds[1])
     };
-    let out = run_cmd(&sim, &dir, &input, &["--limit", "500/1s"])
+    let out = s
+        .cmd(&["--limit", "500/1s"])
         .stderr(Stdio::from(write_end))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["done"], 10);
-    assert_eq!(lines_of(&dir.path().join("items.results.jsonl")).len(), 10);
+    assert_eq!(lines_of(&s.out_path()).len(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_capped_below_its_plan_slows_the_run_to_the_cap() {
-    let sim = Sim::start(&[
-        "--limit",
-        "60/4s",
-        "--key-cap",
-        &format!("{KEY}=20"),
-        "--cooldown",
-        "1s",
-    ]);
-    let dir = TempDir::new("keycap");
-    let input = numbers(&dir, "items.jsonl", 20);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "60/4s", "--concurrency", "5"],
-    ));
+    let cap = format!("{KEY}=20");
+    let s = Scenario::new("keycap")
+        .with_sim(&["--limit", "60/4s", "--key-cap", &cap, "--cooldown", "1s"])
+        .numbers(20);
+    let r = s.run(&["--limit", "60/4s", "--concurrency", "5"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stderr.contains("reports a limit of 20"), "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    let stats = sim.stats().await;
+    let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
-    assert_eq!(stats["side_effects"], 20);
+    assert_side_effects(&stats, 20);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_client_alone_keeps_every_window_under_its_limit() {
     // The sim allows far more than the client's limit, so the sim's
     // max_in_window measures the client's pacing, not the sim's refusals.
-    let sim = Sim::start(&["--limit", "1000/2s", "--concurrency", "10"]);
-    let dir = TempDir::new("pacing");
-    let input = numbers(&dir, "items.jsonl", 60);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &["--limit", "40/2s", "--concurrency", "10"],
-    ));
+    let s = Scenario::new("pacing")
+        .with_sim(&["--limit", "1000/2s", "--concurrency", "10"])
+        .numbers(60);
+    let r = s.run(&["--limit", "40/2s", "--concurrency", "10"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let stats = sim.stats().await;
+    let stats = s.sim().stats().await;
     let max = stats["max_in_window"].as_u64().unwrap();
     assert!(
         max <= 40,
@@ -600,29 +495,22 @@ async fn the_client_alone_keeps_every_window_under_its_limit() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_csv_input_with_a_body_template_and_a_custom_out_file() {
-    let sim = Sim::start(&["--limit", "500/1s"]);
-    let dir = TempDir::new("csv");
-    let input = dir.write(
+    let s = Scenario::new("csv").with_sim(&["--limit", "500/1s"]).input(
         "people.csv",
         "name,n\n\"Ada, Countess\",1\n\"say \"\"hi\"\"\",2\n",
     );
-    let out = dir.path().join("custom").join("out.jsonl");
-    let url = format!("{}/v1/greet", sim.url);
-    let r = finish(run_cmd(
-        &sim,
-        &dir,
-        &input,
-        &[
-            "--url",
-            &url,
-            "--limit",
-            "500/1s",
-            "--body",
-            r#"{{"name": "{name}", "n": {n}}}"#,
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    ));
+    let out = s.dir().path().join("custom").join("out.jsonl");
+    let url = format!("{}/v1/greet", s.sim().url);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--limit",
+        "500/1s",
+        "--body",
+        r#"{{"name": "{name}", "n": {n}}}"#,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let results = jsonl(&out);
     assert_eq!(results.len(), 2);
@@ -632,5 +520,5 @@ async fn a_csv_input_with_a_body_template_and_a_custom_out_file() {
     assert_eq!(results[0]["body"]["data"]["name"], "Ada, Countess");
     assert_eq!(results[0]["body"]["data"]["n"], 1);
     assert_eq!(results[1]["body"]["data"]["name"], "say \"hi\"");
-    assert_eq!(sim.stats().await["side_effects"], 2);
+    assert_side_effects(&s.sim().stats().await, 2);
 }
