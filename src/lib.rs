@@ -9,7 +9,6 @@
 //! [`report`] shows progress and the summary. [`sim`] is the built-in rehearsal
 //! server every test runs against.
 
-pub mod alert;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
@@ -20,6 +19,5 @@ pub mod rate;
 pub mod report;
 pub mod runner;
 pub mod sim;
-pub mod status;
 pub mod template;
 pub mod wire;

@@ -18,10 +18,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::alert::Alerter;
 use crate::checkpoint::{ItemRecord, ItemState, JobItems, JobMeta, Store};
 use crate::classify::{self, CallError};
 use crate::cli::RunArgs;
+use crate::credits::Alerter;
 use crate::credits::{self, Alert, AlertKind, CreditMeter, CreditSnapshot, MeterConfig};
 use crate::input::{self, Format, InputError, Item};
 use crate::pacer::{BucketPacer, Pacer, Unpaced};
