@@ -78,7 +78,7 @@ pub fn classify(
     match code {
         200..=299 => Ok(()),
         402 => Err(CallError::CreditsExhausted { status: code }),
-        429 if crate::credits::exhausted_by_headers(headers) => {
+        429 if crate::wire::exhausted_by_headers(headers) => {
             Err(CallError::CreditsExhausted { status: code })
         }
         429 if headers.contains_key("x-concurrency-limit") => {

@@ -91,7 +91,7 @@ fn parse_thresholds(s: &str) -> Result<Thresholds, String> {
 }
 
 fn parse_webhook(s: &str) -> Result<String, String> {
-    crate::alert::check_webhook_url(s).map(|()| s.to_string())
+    crate::credits::check_webhook_url(s).map(|()| s.to_string())
 }
 
 fn parse_at_least_one(s: &str) -> Result<u32, String> {

@@ -65,11 +65,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_end_state_has_its_code() {
+    fn exit_codes_follow_the_contract() {
         assert_eq!(for_state(RunState::Done, 0), 0);
         assert_eq!(for_state(RunState::Done, 2), 3);
         assert_eq!(for_state(RunState::Halted, 0), 75);
         assert_eq!(for_state(RunState::Interrupted, 0), 130);
+        assert_eq!(for_state(RunState::Interrupted, 5), 130);
         assert_eq!(for_state(RunState::Failed, 0), 1);
         assert_eq!(RunError::Usage("x".into()).exit_code(), 2);
         assert_eq!(RunError::Fatal(anyhow::anyhow!("x")).exit_code(), 1);

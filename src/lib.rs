@@ -11,7 +11,6 @@
 //! the API's header names. [`sim`] is the built-in rehearsal server every
 //! test runs against; the run knows nothing of it.
 
-pub mod alert;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
@@ -25,6 +24,5 @@ pub mod request;
 pub mod run;
 pub mod settings;
 pub mod sim;
-pub mod status;
 pub mod template;
 pub mod wire;

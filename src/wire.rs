@@ -68,6 +68,17 @@ pub fn limit_remaining(h: &HeaderMap) -> Option<u64> {
     whole(h, &RATE_LIMIT_REMAINING)
 }
 
+/// True when `x-api-remaining-credits` is present and reads zero or less.
+///
+/// The classifier uses this to tell a credit-exhaustion 429 from a rate-limit
+/// 429. Unlike `credits::snapshot_from_headers` it accepts any finite number, even a
+/// fractional one: "-0.5" left is still nothing left.
+pub fn exhausted_by_headers(h: &HeaderMap) -> bool {
+    text(h, &REMAINING_CREDITS)
+        .and_then(|s| s.parse::<f64>().ok())
+        .is_some_and(|v| v.is_finite() && v <= 0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +114,53 @@ mod tests {
             limit_remaining(&map(&[(&RATE_LIMIT_REMAINING, "0")])),
             Some(0)
         );
+    }
+
+    fn bytes(pairs: &[(HeaderName, &[u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.insert(n.clone(), HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn exhausted_by_headers_cases() {
+        assert!(exhausted_by_headers(&bytes(&[(REMAINING_CREDITS, b"0")])));
+        assert!(exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b" -3 "
+        )])));
+        assert!(exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"0.0"
+        )])));
+        assert!(exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"-0.5"
+        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"1"
+        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"0.5"
+        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"none"
+        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"-inf"
+        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(
+            REMAINING_CREDITS,
+            b"\xff"
+        )])));
+        assert!(!exhausted_by_headers(&HeaderMap::new()));
+        // Other credit headers alone do not mean exhaustion.
+        assert!(!exhausted_by_headers(&bytes(&[(MAX_CREDITS, b"0")])));
     }
 }

@@ -23,8 +23,8 @@ pub mod job;
 pub mod pool;
 pub mod recorder;
 
-use crate::alert::Alerter;
 use crate::checkpoint::{JobItems, JobMeta, Store};
+use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::RunError;
 use crate::input::{self, Item};

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::events::{Event, Stats};
 use super::job::unix_now;
-use crate::alert::Alerter;
 use crate::checkpoint::{ItemRecord, ItemState, JobItems, JobMeta, Store};
+use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
 use crate::pace::PaceNote;
 use crate::report::Reporter;

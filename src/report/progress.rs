@@ -1,82 +1,13 @@
-//! Progress while the run goes, and the summary when it ends.
-//!
-//! The reporter only consumes what the run tells it: it never decides
-//! anything. On a terminal it draws an indicatif bar on stderr; otherwise it
-//! writes a plain line every few seconds, which reads well in cron mail and CI logs.
+//! The live progress display. On a terminal it draws an indicatif bar on
+//! stderr; otherwise it writes a plain line every few seconds, which reads
+//! well in cron mail and CI logs.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
 
-use crate::credits::Alert;
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    /// Every item was attempted (some may have failed).
-    Done,
-    /// Stopped for credits (exhausted or reserve reached); resumable.
-    Halted,
-    /// Stopped by Ctrl-C; resumable.
-    Interrupted,
-    /// Stopped by a fatal error (the key was rejected, ...).
-    Failed,
-}
-
-/// The machine summary printed by `--json`, and the basis of the human one.
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    /// done, halted, interrupted or failed.
-    pub state: RunState,
-    /// Items in the input.
-    pub total: u64,
-    /// Items done (over every run of the job).
-    pub done: u64,
-    /// Items recorded as failed.
-    pub failed: u64,
-    /// Items neither done nor failed.
-    pub pending: u64,
-    /// Requests sent by this run.
-    pub requests: u64,
-    /// Rate-limit 429s this run received.
-    pub rate_limited: u64,
-    /// Retries of transient failures this run made.
-    pub retries: u64,
-    /// The last credit balance the API reported.
-    pub credits_remaining: Option<i64>,
-    /// Wall time of this run, in seconds.
-    pub elapsed_s: f64,
-    /// Items done by this run per minute.
-    pub achieved_per_min: f64,
-    /// The process exit code.
-    pub exit_code: i32,
-    /// Why the run halted or failed, if it did.
-    pub halt_reason: Option<String>,
-    /// When the credit allowance renews (unix seconds), if known.
-    pub renewal: Option<u64>,
-    /// Alerts raised during this run.
-    pub alerts: Vec<Alert>,
-    /// Where the results are.
-    pub out: String,
-    /// Where the failures are.
-    pub failures: String,
-}
-
-impl RunState {
-    /// The exit code for this end state (`failed_items` turns done into 3).
-    pub fn exit_code(self, failed_items: u64) -> i32 {
-        match self {
-            RunState::Done if failed_items > 0 => 3,
-            RunState::Done => 0,
-            RunState::Halted => 75,
-            RunState::Interrupted => 130,
-            RunState::Failed => 1,
-        }
-    }
-}
+use super::err_line;
 
 /// A snapshot of the run for the progress display.
 #[derive(Debug, Clone, Default)]
@@ -222,52 +153,9 @@ impl Reporter {
     }
 }
 
-/// Writes a line to stderr, ignoring a closed or broken stderr: losing a
-/// progress line must never take the run (and its checkpoint) down with it.
-pub fn err_line(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// The short human summary printed on stderr at the end.
-pub fn human_summary(s: &Summary) -> String {
-    let head = match s.state {
-        RunState::Done if s.failed == 0 => "done".to_string(),
-        RunState::Done => format!("done with {} failed item(s)", s.failed),
-        RunState::Halted => "halted (resumable: run the same command again)".to_string(),
-        RunState::Interrupted => {
-            "interrupted (checkpoint saved: run the same command to resume)".to_string()
-        }
-        RunState::Failed => "failed".to_string(),
-    };
-    let mut out = format!(
-        "batchrun: {head}\n  items: {} done, {} failed, {} pending of {}\n  this run: {} requests, {} rate-limited, {} retries in {:.1}s ({:.1} items/min)",
-        s.done, s.failed, s.pending, s.total, s.requests, s.rate_limited, s.retries, s.elapsed_s, s.achieved_per_min
-    );
-    if let Some(c) = s.credits_remaining {
-        out.push_str(&format!("\n  credits remaining: {c}"));
-    }
-    if let Some(r) = &s.halt_reason {
-        out.push_str(&format!("\n  reason: {r}"));
-    }
-    out.push_str(&format!("\n  results: {}", s.out));
-    if s.failed > 0 {
-        out.push_str(&format!("\n  failures: {}", s.failures));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exit_codes_follow_the_contract() {
-        assert_eq!(RunState::Done.exit_code(0), 0);
-        assert_eq!(RunState::Done.exit_code(2), 3);
-        assert_eq!(RunState::Halted.exit_code(0), 75);
-        assert_eq!(RunState::Interrupted.exit_code(5), 130);
-        assert_eq!(RunState::Failed.exit_code(0), 1);
-    }
 
     #[test]
     fn status_shows_pause_countdown_and_waiting() {

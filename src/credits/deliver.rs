@@ -15,7 +15,7 @@ use std::time::Duration;
 use reqwest::{StatusCode, Url};
 use tokio::sync::Notify;
 
-use crate::credits::Alert;
+use super::{format_line, Alert};
 
 /// How long one webhook attempt may take, connection included.
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,11 +26,6 @@ pub const WEBHOOK_TRIES: u32 = 3;
 const WEBHOOK_BACKOFF: Duration = Duration::from_millis(250);
 
 type Print = Arc<dyn Fn(&str) + Send + Sync>;
-
-/// The stderr line for an alert: `batchrun: ALERT [kind] message`.
-pub fn format_line(alert: &Alert) -> String {
-    format!("batchrun: ALERT [{}] {}", alert.kind, alert.message)
-}
 
 /// Checks an `--alert-webhook` value: an absolute http(s) URL with a host.
 /// Meant as the CLI's value parser so a typo fails at start, not at the
@@ -569,14 +564,5 @@ mod tests {
         assert_eq!(origin(&u), "https://hooks.example.com:8443");
         let u = Url::parse("https://hooks.example.com/t/s3cret").unwrap();
         assert_eq!(origin(&u), "https://hooks.example.com");
-    }
-
-    #[test]
-    fn line_format() {
-        let a = Alert::new(AlertKind::Threshold, "pct-0.8", "80% of credits used", None);
-        assert_eq!(
-            format_line(&a),
-            "batchrun: ALERT [threshold] 80% of credits used"
-        );
     }
 }
