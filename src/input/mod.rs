@@ -5,11 +5,13 @@
 //! pass a run needs before its first request: it proves every item parses and
 //! renders, counts them, and fingerprints the file so a resumed run can refuse a
 //! file that changed underneath its checkpoint. [`Reader`] then streams the
-//! items again for the real run.
+//! items again for the real run. Because the input is read more than once, a
+//! pipe must first be copied to a file by [`spool`].
 
 mod bytes;
 mod csv;
 mod jsonl;
+mod spool;
 #[cfg(test)]
 mod test_support;
 
@@ -23,6 +25,7 @@ use serde_json::Value;
 use self::bytes::{io_reason, open_file, HashingReader};
 use self::csv::CsvItems;
 use self::jsonl::JsonlItems;
+pub use self::spool::{spool, Spooled};
 
 /// The longest JSONL line accepted, in bytes. Without a cap, a file that is
 /// not line-oriented (say, one huge JSON array) would be read whole into memory
@@ -53,16 +56,16 @@ impl fmt::Display for Format {
 /// # Errors
 ///
 /// [`InputError::UnknownFormat`] when there is no override and the extension
-/// is not one we know.
+/// is not one we know; [`InputError::NoExtension`] when there is no override
+/// and no extension at all (standard input, `<(cmd)`).
 pub fn detect_format(path: &Path, overridden: Option<Format>) -> Result<Format, InputError> {
     if let Some(format) = overridden {
         return Ok(format);
     }
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
+    let Some(ext) = path.extension() else {
+        return Err(InputError::NoExtension { path: label(path) });
+    };
+    match ext.to_str().map(str::to_ascii_lowercase).as_deref() {
         Some("jsonl" | "ndjson" | "json-lines") => Ok(Format::Jsonl),
         Some("csv") => Ok(Format::Csv),
         _ => Err(InputError::UnknownFormat {
@@ -125,6 +128,16 @@ pub enum InputError {
         /// The input path, as given.
         path: String,
     },
+    /// No `--format` and no extension at all, as with standard input or a
+    /// process substitution (`/dev/fd/63`).
+    #[error(
+        "{path}: cannot tell the input format without a file extension \
+         (standard input, a pipe or <(...) has none); pass --format jsonl or --format csv"
+    )]
+    NoExtension {
+        /// The input path, as given (`standard input` for `-`).
+        path: String,
+    },
 }
 
 impl InputError {
@@ -132,13 +145,29 @@ impl InputError {
     pub fn line(&self) -> Option<u64> {
         match self {
             InputError::Content { line, .. } | InputError::Template { line, .. } => Some(*line),
-            InputError::Io { .. } | InputError::UnknownFormat { .. } => None,
+            InputError::Io { .. }
+            | InputError::UnknownFormat { .. }
+            | InputError::NoExtension { .. } => None,
         }
     }
 }
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+/// How messages name an input the user gave: `-` is standard input, not a
+/// file called "-".
+fn label(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".to_owned()
+    } else {
+        display(path)
+    }
+}
+
+fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-")
 }
 
 /// Streams the items of an input file, one line or record in memory at a
@@ -225,6 +254,26 @@ pub fn scan(
     })
 }
 
+/// The fingerprint [`scan`] would give `path`: the lowercase hex SHA-256 of
+/// its exact bytes. It reads the file once without parsing anything, so it is
+/// cheap enough for a later pass to check the input did not change under the
+/// run.
+///
+/// It takes no format because the fingerprint covers raw bytes whatever the
+/// format, BOM included; and it cannot fail on content.
+///
+/// # Errors
+///
+/// [`InputError::Io`] when the file cannot be opened or read.
+pub fn fingerprint(path: &Path) -> Result<String, InputError> {
+    let mut hashing = HashingReader::new(open_file(path)?);
+    io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
+        path: display(path),
+        reason: format!("read error: {}", io_reason(&e)),
+    })?;
+    Ok(hashing.finish())
+}
+
 /// The format-specific item stream over any reader; generic so [`scan`] can
 /// put a [`HashingReader`] underneath and take it back at the end.
 enum Items<R: Read> {
@@ -303,6 +352,23 @@ mod tests {
         assert!(msg.starts_with("data/items.json: "), "{msg}");
         assert!(msg.contains("--format"), "{msg}");
         assert!(detect_format(Path::new("noext"), None).is_err());
+    }
+
+    #[test]
+    fn missing_extension_asks_for_format_naming_the_input() {
+        let err = detect_format(Path::new("/dev/fd/63"), None).unwrap_err();
+        assert!(matches!(err, InputError::NoExtension { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.starts_with("/dev/fd/63: "), "{msg}");
+        assert!(msg.contains("without a file extension"), "{msg}");
+        assert!(msg.contains("pass --format jsonl or --format csv"), "{msg}");
+
+        let msg = detect_format(Path::new("-"), None).unwrap_err().to_string();
+        assert!(msg.starts_with("standard input: "), "{msg}");
+        assert_eq!(
+            detect_format(Path::new("-"), Some(Format::Jsonl)).ok(),
+            Some(Format::Jsonl)
+        );
     }
 
     #[test]
@@ -434,5 +500,31 @@ mod tests {
             .map(|r| r.unwrap().line)
             .collect();
         assert_eq!(got, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn fingerprint_matches_scan_and_sees_one_changed_byte() {
+        let bytes = b"\xEF\xBB\xBFid,name\n1,a\n2,b\n";
+        let a = TempFile::new("fa.csv", bytes);
+        let b = TempFile::new("fb.csv", bytes);
+        let mut changed = bytes.to_vec();
+        changed[12] = b'x';
+        let c = TempFile::new("fc.csv", &changed);
+
+        let fa = fingerprint(a.path()).unwrap();
+        assert_eq!(
+            fa,
+            scan(a.path(), Format::Csv, &mut no_check)
+                .unwrap()
+                .fingerprint
+        );
+        assert_eq!(fingerprint(b.path()).unwrap(), fa, "same content");
+        assert_ne!(fingerprint(c.path()).unwrap(), fa, "one byte changed");
+
+        let missing = std::env::temp_dir().join("batchrun-fingerprint-surely-missing.csv");
+        assert_eq!(
+            fingerprint(&missing).unwrap_err().to_string(),
+            format!("{}: no such file", missing.display())
+        );
     }
 }

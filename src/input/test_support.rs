@@ -34,6 +34,26 @@ impl Drop for TempFile {
     }
 }
 
+/// A directory path in the temp dir, unique to this test, not created here
+/// (so a test can see who creates it), removed with its content on drop.
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
+        TempDir(unique(name))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub(crate) fn read_all(path: &Path, format: Format) -> Result<Vec<Item>, InputError> {
     Reader::open(path, format)?.collect()
 }
