@@ -1,0 +1,313 @@
+//! CSV with a header row: each record becomes an object of strings, located
+//! at the physical line where it starts.
+
+use std::io::Read;
+
+use serde_json::{Map, Value};
+
+use super::bytes::{io_reason, RecentBytes, SkipBom};
+use super::{InputError, Item};
+
+/// csv's read buffer size, fixed here because [`RecentBytes`] must remember
+/// at least that much.
+const CSV_BUFFER: usize = 8 * 1024;
+
+pub(super) struct CsvItems<R: Read> {
+    reader: ::csv::Reader<RecentBytes<SkipBom<R>>>,
+    path: String,
+    /// Column names; `None` until the header row has been read.
+    headers: Option<Vec<String>>,
+    /// Reused for every row so memory stays at one record.
+    record: ::csv::ByteRecord,
+    done: bool,
+}
+
+impl<R: Read> CsvItems<R> {
+    pub(super) fn new(inner: R, path: String) -> Self {
+        let reader = ::csv::ReaderBuilder::new()
+            // The header row and ragged rows are handled here rather than by
+            // csv, so that their errors carry the right line.
+            .has_headers(false)
+            .flexible(true)
+            .buffer_capacity(CSV_BUFFER)
+            .from_reader(RecentBytes::new(SkipBom::new(inner), CSV_BUFFER + 1));
+        CsvItems {
+            reader,
+            path,
+            headers: None,
+            record: ::csv::ByteRecord::new(),
+            done: false,
+        }
+    }
+
+    pub(super) fn into_inner(self) -> R {
+        self.reader.into_inner().into_inner().into_inner()
+    }
+
+    fn content_error(&self, line: u64, reason: String) -> InputError {
+        InputError::Content {
+            path: self.path.clone(),
+            line,
+            reason,
+        }
+    }
+
+    /// The line where the record just read starts.
+    ///
+    /// csv's own record position is where it *started looking*, which is
+    /// before any blank lines it skipped and, in CRLF files, before the
+    /// previous row's '\n'; so it is often a line or more early. Counting back
+    /// from where the record ended is exact: the end line, less the newlines
+    /// inside quoted fields, less one if the row's own terminator was a '\n'
+    /// (a '\r' or the end of the file leaves the line count alone).
+    fn record_line(&self) -> u64 {
+        let end = self.reader.position();
+        let inside: u64 = self
+            .record
+            .iter()
+            .map(|f| f.iter().filter(|&&b| b == b'\n').count() as u64)
+            .sum();
+        let terminator = match end.byte().checked_sub(1) {
+            Some(last) => match self.reader.get_ref().byte_at(last) {
+                Some(b) => u64::from(b == b'\n'),
+                // Cannot happen while the window covers csv's buffer; fall
+                // back to csv's own, possibly early, idea of the line.
+                None => return self.record.position().map_or(1, ::csv::Position::line),
+            },
+            None => 0,
+        };
+        end.line().saturating_sub(inside + terminator).max(1)
+    }
+
+    /// Reads the next raw record; `Some(line)` where it starts, `None` at end.
+    fn read_raw(&mut self) -> Result<Option<u64>, InputError> {
+        match self.reader.read_byte_record(&mut self.record) {
+            Ok(true) => Ok(Some(self.record_line())),
+            Ok(false) => Ok(None),
+            Err(e) => Err(csv_error(&self.path, &e)),
+        }
+    }
+
+    fn fields(&self, line: u64) -> Result<Vec<&str>, InputError> {
+        self.record
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                std::str::from_utf8(f).map_err(|e| {
+                    self.content_error(
+                        line,
+                        format!(
+                            "not valid UTF-8 (field {}, byte {})",
+                            i + 1,
+                            e.valid_up_to() + 1
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Reads the header row; `false` when the file has none (it is empty).
+    fn read_headers(&mut self) -> Result<bool, InputError> {
+        let Some(line) = self.read_raw()? else {
+            return Ok(false);
+        };
+        let mut names: Vec<String> = Vec::with_capacity(self.record.len());
+        for name in self.fields(line)? {
+            // Two columns with one name would silently lose one of them in the
+            // item object.
+            if names.iter().any(|n| n == name) {
+                return Err(
+                    self.content_error(line, format!("the header names column \"{name}\" twice"))
+                );
+            }
+            names.push(name.to_owned());
+        }
+        self.headers = Some(names);
+        Ok(true)
+    }
+
+    fn next_item(&mut self) -> Result<Option<Item>, InputError> {
+        if self.headers.is_none() && !self.read_headers()? {
+            return Ok(None);
+        }
+        let Some(line) = self.read_raw()? else {
+            return Ok(None);
+        };
+        let headers = self.headers.as_deref().unwrap_or_default();
+        if self.record.len() != headers.len() {
+            let len = self.record.len();
+            return Err(self.content_error(
+                line,
+                format!(
+                    "row has {len} field{}, the header has {}",
+                    if len == 1 { "" } else { "s" },
+                    headers.len()
+                ),
+            ));
+        }
+        let object: Map<String, Value> = headers
+            .iter()
+            .zip(self.fields(line)?)
+            .map(|(k, v)| (k.clone(), Value::String(v.to_owned())))
+            .collect();
+        Ok(Some(Item {
+            line,
+            value: Value::Object(object),
+        }))
+    }
+}
+
+impl<R: Read> Iterator for CsvItems<R> {
+    type Item = Result<Item, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let res = self.next_item();
+        if !matches!(res, Ok(Some(_))) {
+            self.done = true;
+        }
+        res.transpose()
+    }
+}
+
+fn csv_error(path: &str, err: &::csv::Error) -> InputError {
+    match err.kind() {
+        ::csv::ErrorKind::Io(e) => InputError::Io {
+            path: path.to_owned(),
+            reason: format!("read error: {}", io_reason(e)),
+        },
+        // Neither UTF-8 nor field counts are checked by csv here, so nothing
+        // else is expected; keep whatever it says, with a line if it has one.
+        _ => match err.position() {
+            Some(pos) => InputError::Content {
+                path: path.to_owned(),
+                line: pos.line(),
+                reason: err.to_string(),
+            },
+            None => InputError::Io {
+                path: path.to_owned(),
+                reason: err.to_string(),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::test_support::{lines, read_all, TempFile, Trickle};
+    use crate::input::Format;
+    use std::io::Cursor;
+
+    #[test]
+    fn csv_rows_are_objects_of_strings_with_true_line_numbers() {
+        let f = TempFile::new(
+            "a.csv",
+            b"\xEF\xBB\xBFid,name,note\n1,\"Smith, J\",\"two\nlines\"\n\n2,Ann,\"say \"\"hi\"\"\"\n3,,x",
+        );
+        let items = read_all(f.path(), Format::Csv).unwrap();
+        assert_eq!(lines(&items), vec![2, 5, 6]);
+        assert_eq!(
+            items[0].value,
+            serde_json::json!({"id": "1", "name": "Smith, J", "note": "two\nlines"})
+        );
+        assert_eq!(
+            items[1].value,
+            serde_json::json!({"id": "2", "name": "Ann", "note": "say \"hi\""})
+        );
+        assert_eq!(
+            items[2].value,
+            serde_json::json!({"id": "3", "name": "", "note": "x"})
+        );
+    }
+
+    #[test]
+    fn csv_crlf_lines_are_not_off_by_one() {
+        let f = TempFile::new("crlf.csv", b"a,b\r\n1,2\r\n\r\n\"x\r\ny\",3\r\n4,5\r\n");
+        let items = read_all(f.path(), Format::Csv).unwrap();
+        assert_eq!(lines(&items), vec![2, 4, 6]);
+        assert_eq!(items[1].value, serde_json::json!({"a": "x\r\ny", "b": "3"}));
+    }
+
+    #[test]
+    fn csv_line_numbers_hold_across_buffer_refills() {
+        // Enough rows of mixed shapes to cross csv's buffer many times, read
+        // both in big chunks and a byte at a time.
+        let mut text = String::from("k,v\r\n");
+        let mut want = Vec::new();
+        let mut line = 2u64;
+        for i in 0..3000u64 {
+            match i % 4 {
+                0 => {
+                    text.push_str(&format!("{i},plain\n"));
+                    want.push(line);
+                    line += 1;
+                }
+                1 => {
+                    text.push_str(&format!("{i},\"multi\nline\r\nvalue\"\r\n"));
+                    want.push(line);
+                    line += 3;
+                }
+                2 => {
+                    text.push_str("\n\r\n");
+                    line += 2;
+                    text.push_str(&format!("{i},after blanks\r\n"));
+                    want.push(line);
+                    line += 1;
+                }
+                _ => {
+                    text.push_str(&format!("{i},{}\n", "w".repeat((i % 97) as usize * 50)));
+                    want.push(line);
+                    line += 1;
+                }
+            }
+        }
+        let got: Vec<u64> = CsvItems::new(Cursor::new(text.as_bytes()), "t".into())
+            .map(|r| r.unwrap().line)
+            .collect();
+        assert_eq!(got, want);
+        let got: Vec<u64> = CsvItems::new(Trickle(Cursor::new(text.as_bytes())), "t".into())
+            .map(|r| r.unwrap().line)
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn csv_ragged_row_names_file_line_and_counts() {
+        let f = TempFile::new("rag.csv", b"a,b,c\n1,2,3\n\"x\ny\",2\n");
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:3: row has 2 fields, the header has 3",
+                f.path().display()
+            )
+        );
+        let f = TempFile::new("rag2.csv", b"a,b\n1,2,3\n");
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with(":2: row has 3 fields, the header has 2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn csv_header_problems() {
+        let f = TempFile::new("dup.csv", b"a,b,a\n1,2,3\n");
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert_eq!(err.line(), Some(1));
+        assert!(err.to_string().contains("\"a\" twice"), "{err}");
+
+        let f = TempFile::new("bad.csv", b"a,b\n1,\xFF\n");
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert_eq!(err.line(), Some(2));
+        assert!(
+            err.to_string().contains("not valid UTF-8 (field 2"),
+            "{err}"
+        );
+    }
+}

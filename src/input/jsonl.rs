@@ -1,0 +1,219 @@
+//! JSON Lines: one JSON value per line, blank lines skipped.
+
+use std::io::{BufRead, BufReader, Read};
+
+use serde_json::Value;
+
+use super::bytes::{io_reason, SkipBom};
+use super::{InputError, Item};
+
+pub(super) struct JsonlItems<R: Read> {
+    reader: BufReader<SkipBom<R>>,
+    path: String,
+    /// Physical lines consumed so far, blank ones included.
+    line: u64,
+    /// Reused for every line so memory stays at one line.
+    buf: Vec<u8>,
+    max_line: usize,
+    done: bool,
+}
+
+impl<R: Read> JsonlItems<R> {
+    pub(super) fn new(inner: R, path: String, max_line: usize) -> Self {
+        JsonlItems {
+            reader: BufReader::new(SkipBom::new(inner)),
+            path,
+            line: 0,
+            buf: Vec::new(),
+            max_line,
+            done: false,
+        }
+    }
+
+    pub(super) fn into_inner(self) -> R {
+        self.reader.into_inner().into_inner()
+    }
+
+    fn content_error(&self, reason: String) -> InputError {
+        InputError::Content {
+            path: self.path.clone(),
+            line: self.line,
+            reason,
+        }
+    }
+
+    /// Reads the next physical line into `buf`; `false` at end of input.
+    fn read_line(&mut self) -> Result<bool, InputError> {
+        self.buf.clear();
+        // Room for the longest allowed content plus "\r\n"; anything that
+        // fills it without ending in '\n' is too long, and we stop reading it
+        // there rather than buffer the rest.
+        let limit = self.max_line.saturating_add(2);
+        let n = (&mut self.reader)
+            .take(limit as u64)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| InputError::Io {
+                path: self.path.clone(),
+                reason: format!("read error after line {}: {}", self.line, io_reason(&e)),
+            })?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.line += 1;
+        if n >= limit && self.buf.last() != Some(&b'\n') {
+            return Err(self.too_long());
+        }
+        Ok(true)
+    }
+
+    fn too_long(&self) -> InputError {
+        self.content_error(format!(
+            "line is longer than {} bytes; is this really one JSON value per line?",
+            self.max_line
+        ))
+    }
+
+    fn next_item(&mut self) -> Result<Option<Item>, InputError> {
+        loop {
+            if !self.read_line()? {
+                return Ok(None);
+            }
+            let mut content: &[u8] = &self.buf;
+            if let Some(rest) = content.strip_suffix(b"\n") {
+                content = rest;
+            }
+            if let Some(rest) = content.strip_suffix(b"\r") {
+                content = rest;
+            }
+            if content.len() > self.max_line {
+                return Err(self.too_long());
+            }
+            // Only JSON's own whitespace makes a line blank: anything else is
+            // content and must parse.
+            if content
+                .iter()
+                .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+            {
+                continue;
+            }
+            let text = std::str::from_utf8(content).map_err(|e| {
+                self.content_error(format!(
+                    "not valid UTF-8 (bad byte at column {})",
+                    e.valid_up_to() + 1
+                ))
+            })?;
+            let value: Value = serde_json::from_str(text)
+                .map_err(|e| self.content_error(format!("invalid JSON: {}", json_reason(&e))))?;
+            return Ok(Some(Item {
+                line: self.line,
+                value,
+            }));
+        }
+    }
+}
+
+/// serde_json's message without its "at line 1 column N" tail: the line it
+/// counts is within our single line, so only the column means anything.
+fn json_reason(err: &serde_json::Error) -> String {
+    let full = err.to_string();
+    let tail = format!(" at line {} column {}", err.line(), err.column());
+    match full.strip_suffix(&tail) {
+        Some(msg) => format!("{msg} at column {}", err.column()),
+        None => full,
+    }
+}
+
+impl<R: Read> Iterator for JsonlItems<R> {
+    type Item = Result<Item, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let res = self.next_item();
+        if !matches!(res, Ok(Some(_))) {
+            self.done = true;
+        }
+        res.transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::test_support::{lines, read_all, TempFile, Trickle};
+    use crate::input::{Format, Reader};
+    use std::io::Cursor;
+
+    #[test]
+    fn jsonl_skips_blanks_and_tolerates_crlf_and_bom() {
+        let f = TempFile::new(
+            "a.jsonl",
+            b"\xEF\xBB\xBF{\"a\":1}\r\n\r\n  \t \n[1,\"x\"]\n\"s\"\r\n\n42",
+        );
+        let items = read_all(f.path(), Format::Jsonl).unwrap();
+        assert_eq!(lines(&items), vec![1, 4, 5, 7]);
+        assert_eq!(items[0].value, serde_json::json!({"a": 1}));
+        assert_eq!(items[1].value, serde_json::json!([1, "x"]));
+        assert_eq!(items[2].value, serde_json::json!("s"));
+        assert_eq!(items[3].value, serde_json::json!(42));
+    }
+
+    #[test]
+    fn jsonl_malformed_line_names_file_and_line() {
+        let f = TempFile::new("bad.jsonl", b"{\"a\":1}\n\n{\"a\": }\n{\"a\":3}\n");
+        let mut reader = Reader::open(f.path(), Format::Jsonl).unwrap();
+        assert_eq!(reader.next().unwrap().unwrap().line, 1);
+        let err = reader.next().unwrap().unwrap_err();
+        assert_eq!(err.line(), Some(3));
+        let msg = err.to_string();
+        let want = format!(
+            "{}:3: invalid JSON: expected value at column 7",
+            f.path().display()
+        );
+        assert_eq!(msg, want);
+        // The iterator is fused after an error.
+        assert!(reader.next().is_none());
+    }
+
+    #[test]
+    fn jsonl_rejects_trailing_garbage_and_bad_utf8() {
+        let f = TempFile::new("two.jsonl", b"1 2\n");
+        let err = read_all(f.path(), Format::Jsonl).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(":1: invalid JSON: trailing characters"),
+            "{err}"
+        );
+
+        let f = TempFile::new("latin1.jsonl", b"\"ok\"\n\"caf\xE9\"\n");
+        let err = read_all(f.path(), Format::Jsonl).unwrap_err();
+        assert_eq!(err.line(), Some(2));
+        assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_over_long_line_is_an_error_not_a_buffer() {
+        let input = b"{}\n[1,2,3,4,5,6,7,8,9]\n{}\n";
+        let mut items = JsonlItems::new(Cursor::new(&input[..]), "x.jsonl".into(), 10);
+        assert_eq!(items.next().unwrap().unwrap().line, 1);
+        let err = items.next().unwrap().unwrap_err();
+        assert_eq!(err.line(), Some(2));
+        assert!(err.to_string().contains("longer than 10 bytes"), "{err}");
+        // Exactly at the limit, with CRLF, is fine.
+        let input = b"[1,2,3,44]\r\n";
+        let mut items = JsonlItems::new(Cursor::new(&input[..]), "x.jsonl".into(), 10);
+        assert!(items.next().unwrap().is_ok());
+    }
+
+    #[test]
+    fn bom_is_skipped_whatever_the_read_sizes() {
+        let input = b"\xEF\xBB\xBF[1]\n\xEF\xBB\xBF\n";
+        let items: Vec<_> =
+            JsonlItems::new(Trickle(Cursor::new(&input[..])), "t".into(), 100).collect();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0].as_ref().unwrap().value, serde_json::json!([1]));
+        // Only the first BOM is one; a later one is content and bad JSON.
+        assert_eq!(items[1].as_ref().unwrap_err().line(), Some(2));
+    }
+}

@@ -1,0 +1,530 @@
+//! Streaming the items of the input file.
+//!
+//! An input file may be far larger than memory, so everything here reads it
+//! one line (JSONL) or one record (CSV) at a time. [`scan`] makes the one full
+//! pass a run needs before its first request: it proves every item parses and
+//! renders, counts them, and fingerprints the file so a resumed run can refuse a
+//! file that changed underneath its checkpoint. [`Reader`] then streams the
+//! items again for the real run. Because the input is read more than once, a
+//! pipe must first be copied to a file by [`spool`].
+
+mod bytes;
+mod csv;
+mod jsonl;
+mod spool;
+#[cfg(test)]
+mod test_support;
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use serde_json::Value;
+
+use self::bytes::{io_reason, open_file, HashingReader};
+use self::csv::CsvItems;
+use self::jsonl::JsonlItems;
+pub use self::spool::{spool, Spooled};
+
+/// The longest JSONL line accepted, in bytes. Without a cap, a file that is
+/// not line-oriented (say, one huge JSON array) would be read whole into memory
+/// before failing; 64 MiB is far beyond any sane request body.
+const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The layout of an input file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One JSON value per line (`.jsonl`, `.ndjson`, `.json-lines`).
+    Jsonl,
+    /// Comma-separated values with a header row (`.csv`).
+    Csv,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Jsonl => "jsonl",
+            Format::Csv => "csv",
+        })
+    }
+}
+
+/// Picks the format of `path`: `overridden` (from `--format`) wins, otherwise
+/// the extension decides, ignoring case.
+///
+/// # Errors
+///
+/// [`InputError::UnknownFormat`] when there is no override and the extension
+/// is not one we know; [`InputError::NoExtension`] when there is no override
+/// and no extension at all (standard input, `<(cmd)`).
+pub fn detect_format(path: &Path, overridden: Option<Format>) -> Result<Format, InputError> {
+    if let Some(format) = overridden {
+        return Ok(format);
+    }
+    let Some(ext) = path.extension() else {
+        return Err(InputError::NoExtension { path: label(path) });
+    };
+    match ext.to_str().map(str::to_ascii_lowercase).as_deref() {
+        Some("jsonl" | "ndjson" | "json-lines") => Ok(Format::Jsonl),
+        Some("csv") => Ok(Format::Csv),
+        _ => Err(InputError::UnknownFormat {
+            path: display(path),
+        }),
+    }
+}
+
+/// One item of the input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    /// 1-based physical line of the file where the item starts. It is the
+    /// item's identity in the checkpoint and what `{index}` expands to.
+    pub line: u64,
+    /// The item: any JSON value for JSONL; for CSV an object mapping each
+    /// header to that row's field, always as a string.
+    pub value: Value,
+}
+
+/// Why the input could not be read. Every message starts with the path as the
+/// user gave it, and with the line when the problem is in the content.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// The file could not be opened or read.
+    #[error("{path}: {reason}")]
+    Io {
+        /// The input path, as given.
+        path: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
+    /// A line or record is malformed: bad JSON, a ragged CSV row, bytes that
+    /// are not UTF-8, an over-long line.
+    #[error("{path}:{line}: {reason}")]
+    Content {
+        /// The input path, as given.
+        path: String,
+        /// 1-based line where the bad item starts.
+        line: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An item parsed but cannot become a request (the `check` of [`scan`]
+    /// refused it, typically because a template names a field it lacks).
+    #[error("{path}:{line}: {reason}")]
+    Template {
+        /// The input path, as given.
+        path: String,
+        /// 1-based line where the item starts.
+        line: u64,
+        /// The reason `check` gave.
+        reason: String,
+    },
+    /// No `--format` and an extension that does not tell.
+    #[error(
+        "{path}: cannot tell the input format from the file name \
+         (expected .jsonl, .ndjson, .json-lines or .csv); pass --format jsonl or --format csv"
+    )]
+    UnknownFormat {
+        /// The input path, as given.
+        path: String,
+    },
+    /// No `--format` and no extension at all, as with standard input or a
+    /// process substitution (`/dev/fd/63`).
+    #[error(
+        "{path}: cannot tell the input format without a file extension \
+         (standard input, a pipe or <(...) has none); pass --format jsonl or --format csv"
+    )]
+    NoExtension {
+        /// The input path, as given (`standard input` for `-`).
+        path: String,
+    },
+}
+
+impl InputError {
+    /// The line the error points at, when it is about one item.
+    pub fn line(&self) -> Option<u64> {
+        match self {
+            InputError::Content { line, .. } | InputError::Template { line, .. } => Some(*line),
+            InputError::Io { .. }
+            | InputError::UnknownFormat { .. }
+            | InputError::NoExtension { .. } => None,
+        }
+    }
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// How messages name an input the user gave: `-` is standard input, not a
+/// file called "-".
+fn label(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".to_owned()
+    } else {
+        display(path)
+    }
+}
+
+fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// Streams the items of an input file, one line or record in memory at a
+/// time. After the first error it yields nothing more.
+pub struct Reader {
+    items: Items<File>,
+}
+
+impl Reader {
+    /// Opens `path` to be read as `format`.
+    ///
+    /// # Errors
+    ///
+    /// [`InputError::Io`] when the file cannot be opened. Content errors come
+    /// from the iterator, at the item they concern.
+    pub fn open(path: &Path, format: Format) -> Result<Reader, InputError> {
+        let file = open_file(path)?;
+        Ok(Reader {
+            items: Items::new(file, format, display(path)),
+        })
+    }
+}
+
+impl Iterator for Reader {
+    type Item = Result<Item, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.items.next()
+    }
+}
+
+/// What one full pass over the input found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scan {
+    /// Number of items.
+    pub total: u64,
+    /// Lowercase hex SHA-256 of the file's exact bytes.
+    pub fingerprint: String,
+    /// Line of the last item (0 when there are none).
+    pub last_line: u64,
+}
+
+/// Reads the whole input once: parses every item, hands each to `check`,
+/// counts them and fingerprints the file's bytes, all in the same streaming
+/// pass.
+///
+/// `check` is where the caller proves each item can become a request (by
+/// rendering its templates); an `Err(reason)` stops the scan with
+/// [`InputError::Template`] at that item's line.
+///
+/// # Errors
+///
+/// The first problem found: I/O, malformed content, or a refused item.
+pub fn scan(
+    path: &Path,
+    format: Format,
+    check: &mut dyn FnMut(&Item) -> Result<(), String>,
+) -> Result<Scan, InputError> {
+    let file = open_file(path)?;
+    let mut items = Items::new(HashingReader::new(file), format, display(path));
+    let mut total = 0u64;
+    let mut last_line = 0u64;
+    for item in &mut items {
+        let item = item?;
+        check(&item).map_err(|reason| InputError::Template {
+            path: display(path),
+            line: item.line,
+            reason,
+        })?;
+        total += 1;
+        last_line = item.line;
+    }
+    let mut hashing = items.into_inner();
+    // The parsers stop at end of input, so this normally reads nothing; it is
+    // here so the fingerprint covers every byte whatever a parser left unread.
+    io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
+        path: display(path),
+        reason: format!("read error: {}", io_reason(&e)),
+    })?;
+    Ok(Scan {
+        total,
+        fingerprint: hashing.finish(),
+        last_line,
+    })
+}
+
+/// The fingerprint [`scan`] would give `path`: the lowercase hex SHA-256 of
+/// its exact bytes. It reads the file once without parsing anything, so it is
+/// cheap enough for a later pass to check the input did not change under the
+/// run.
+///
+/// It takes no format because the fingerprint covers raw bytes whatever the
+/// format, BOM included; and it cannot fail on content.
+///
+/// # Errors
+///
+/// [`InputError::Io`] when the file cannot be opened or read.
+pub fn fingerprint(path: &Path) -> Result<String, InputError> {
+    let mut hashing = HashingReader::new(open_file(path)?);
+    io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
+        path: display(path),
+        reason: format!("read error: {}", io_reason(&e)),
+    })?;
+    Ok(hashing.finish())
+}
+
+/// The format-specific item stream over any reader; generic so [`scan`] can
+/// put a [`HashingReader`] underneath and take it back at the end.
+enum Items<R: Read> {
+    Jsonl(JsonlItems<R>),
+    Csv(CsvItems<R>),
+}
+
+impl<R: Read> Items<R> {
+    fn new(inner: R, format: Format, path: String) -> Self {
+        match format {
+            Format::Jsonl => Items::Jsonl(JsonlItems::new(inner, path, MAX_LINE_BYTES)),
+            Format::Csv => Items::Csv(CsvItems::new(inner, path)),
+        }
+    }
+
+    fn into_inner(self) -> R {
+        match self {
+            Items::Jsonl(j) => j.into_inner(),
+            Items::Csv(c) => c.into_inner(),
+        }
+    }
+}
+
+impl<R: Read> Iterator for Items<R> {
+    type Item = Result<Item, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Items::Jsonl(j) => j.next(),
+            Items::Csv(c) => c.next(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::test_support::{no_check, read_all, TempFile};
+    use sha2::{Digest, Sha256};
+    use std::io::Cursor;
+
+    /// An endless input: the header (if any), then the same row forever.
+    struct Endless {
+        head: Cursor<Vec<u8>>,
+        row: &'static [u8],
+        at: usize,
+    }
+
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.head.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            for b in buf.iter_mut() {
+                *b = self.row[self.at % self.row.len()];
+                self.at += 1;
+            }
+            Ok(buf.len())
+        }
+    }
+
+    #[test]
+    fn detects_format_from_extension_or_override() {
+        let d = |p: &str| detect_format(Path::new(p), None).ok();
+        assert_eq!(d("a.jsonl"), Some(Format::Jsonl));
+        assert_eq!(d("dir/a.NDJSON"), Some(Format::Jsonl));
+        assert_eq!(d("a.json-lines"), Some(Format::Jsonl));
+        assert_eq!(d("a.Csv"), Some(Format::Csv));
+        assert_eq!(
+            detect_format(Path::new("a.txt"), Some(Format::Csv)).ok(),
+            Some(Format::Csv)
+        );
+        let err = detect_format(Path::new("data/items.json"), None).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("data/items.json: "), "{msg}");
+        assert!(msg.contains("--format"), "{msg}");
+        assert!(detect_format(Path::new("noext"), None).is_err());
+    }
+
+    #[test]
+    fn missing_extension_asks_for_format_naming_the_input() {
+        let err = detect_format(Path::new("/dev/fd/63"), None).unwrap_err();
+        assert!(matches!(err, InputError::NoExtension { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.starts_with("/dev/fd/63: "), "{msg}");
+        assert!(msg.contains("without a file extension"), "{msg}");
+        assert!(msg.contains("pass --format jsonl or --format csv"), "{msg}");
+
+        let msg = detect_format(Path::new("-"), None).unwrap_err().to_string();
+        assert!(msg.starts_with("standard input: "), "{msg}");
+        assert_eq!(
+            detect_format(Path::new("-"), Some(Format::Jsonl)).ok(),
+            Some(Format::Jsonl)
+        );
+    }
+
+    #[test]
+    fn header_only_and_empty_files_have_no_items() {
+        for (name, bytes, format) in [
+            ("h.csv", &b"a,b\n"[..], Format::Csv),
+            ("h2.csv", b"a,b", Format::Csv),
+            ("e.csv", b"", Format::Csv),
+            ("e.jsonl", b"", Format::Jsonl),
+            ("blank.jsonl", b"\n  \r\n\n", Format::Jsonl),
+            ("bom.jsonl", b"\xEF\xBB\xBF", Format::Jsonl),
+        ] {
+            let f = TempFile::new(name, bytes);
+            assert_eq!(read_all(f.path(), format).unwrap(), vec![], "{name}");
+            let s = scan(f.path(), format, &mut no_check).unwrap();
+            assert_eq!((s.total, s.last_line), (0, 0), "{name}");
+        }
+    }
+
+    #[test]
+    fn io_errors_name_the_path() {
+        let missing = std::env::temp_dir().join("batchrun-input-surely-missing.jsonl");
+        let err = Reader::open(&missing, Format::Jsonl).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            format!("{}: no such file", missing.display())
+        );
+        assert_eq!(err.line(), None);
+        let err = scan(&std::env::temp_dir(), Format::Csv, &mut no_check).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+    }
+
+    #[test]
+    fn scan_counts_checks_and_fingerprints() {
+        let bytes = b"{\"id\":1}\n\n{\"id\":2}\n{\"id\":3}\n";
+        let f = TempFile::new("s.jsonl", bytes);
+        let mut seen = Vec::new();
+        let s = scan(f.path(), Format::Jsonl, &mut |item| {
+            seen.push(item.line);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![1, 3, 4]);
+        assert_eq!(s.total, 3);
+        assert_eq!(s.last_line, 4);
+        let want: String = Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(s.fingerprint, want);
+        assert_eq!(s.fingerprint.len(), 64);
+
+        // Stable across scans; one changed byte changes it.
+        let again = scan(f.path(), Format::Jsonl, &mut no_check).unwrap();
+        assert_eq!(again, s);
+        let mut changed = bytes.to_vec();
+        changed[6] = b'9';
+        let g = TempFile::new("s2.jsonl", &changed);
+        let other = scan(g.path(), Format::Jsonl, &mut no_check).unwrap();
+        assert_eq!(other.total, 3);
+        assert_ne!(other.fingerprint, s.fingerprint);
+    }
+
+    #[test]
+    fn fingerprint_covers_bom_and_csv_bytes() {
+        let plain = TempFile::new("p.csv", b"a\n1\n");
+        let bom = TempFile::new("b.csv", b"\xEF\xBB\xBFa\n1\n");
+        let p = scan(plain.path(), Format::Csv, &mut no_check).unwrap();
+        let b = scan(bom.path(), Format::Csv, &mut no_check).unwrap();
+        assert_eq!((p.total, b.total), (1, 1));
+        assert_ne!(p.fingerprint, b.fingerprint);
+        let want: String = Sha256::digest(b"\xEF\xBB\xBFa\n1\n")
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect();
+        assert_eq!(b.fingerprint, want);
+    }
+
+    #[test]
+    fn scan_turns_check_failures_into_located_errors() {
+        let f = TempFile::new("c.csv", b"id,name\n1,a\n2,b\n3,c\n");
+        let mut calls = 0;
+        let err = scan(f.path(), Format::Csv, &mut |item| {
+            calls += 1;
+            if item.value["id"] == "2" {
+                Err("item has no field \"user.id\"".to_owned())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+        assert!(matches!(err, InputError::Template { line: 3, .. }));
+        assert_eq!(
+            err.to_string(),
+            format!("{}:3: item has no field \"user.id\"", f.path().display())
+        );
+        assert_eq!(calls, 2, "the first error stops the scan");
+    }
+
+    #[test]
+    fn scan_stops_at_malformed_content() {
+        let f = TempFile::new("m.jsonl", b"{}\n{\n{}\n");
+        let err = scan(f.path(), Format::Jsonl, &mut no_check).unwrap_err();
+        assert!(matches!(err, InputError::Content { line: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn reading_is_streaming() {
+        // An endless input can only yield items if nothing reads to the end
+        // first.
+        let endless = Endless {
+            head: Cursor::new(Vec::new()),
+            row: b"{\"a\":1}\n",
+            at: 0,
+        };
+        let got: Vec<u64> = Items::new(endless, Format::Jsonl, "inf".into())
+            .take(3)
+            .map(|r| r.unwrap().line)
+            .collect();
+        assert_eq!(got, vec![1, 2, 3]);
+
+        let endless = Endless {
+            head: Cursor::new(b"a,b\n".to_vec()),
+            row: b"1,2\n",
+            at: 0,
+        };
+        let got: Vec<u64> = Items::new(endless, Format::Csv, "inf".into())
+            .take(3)
+            .map(|r| r.unwrap().line)
+            .collect();
+        assert_eq!(got, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn fingerprint_matches_scan_and_sees_one_changed_byte() {
+        let bytes = b"\xEF\xBB\xBFid,name\n1,a\n2,b\n";
+        let a = TempFile::new("fa.csv", bytes);
+        let b = TempFile::new("fb.csv", bytes);
+        let mut changed = bytes.to_vec();
+        changed[12] = b'x';
+        let c = TempFile::new("fc.csv", &changed);
+
+        let fa = fingerprint(a.path()).unwrap();
+        assert_eq!(
+            fa,
+            scan(a.path(), Format::Csv, &mut no_check)
+                .unwrap()
+                .fingerprint
+        );
+        assert_eq!(fingerprint(b.path()).unwrap(), fa, "same content");
+        assert_ne!(fingerprint(c.path()).unwrap(), fa, "one byte changed");
+
+        let missing = std::env::temp_dir().join("batchrun-fingerprint-surely-missing.csv");
+        assert_eq!(
+            fingerprint(&missing).unwrap_err().to_string(),
+            format!("{}: no such file", missing.display())
+        );
+    }
+}
