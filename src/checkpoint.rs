@@ -133,7 +133,29 @@ impl Store {
             source,
         };
         std::fs::create_dir_all(dir).map_err(|e| store_err(sled::Error::Io(e)))?;
-        let db = sled::Config::new()
+        // sled's flusher thread can hold the file lock a moment after the
+        // last handle is dropped: a store just closed (in this process or
+        // one that just exited) is worth a few short retries.
+        let mut tries = 0;
+        let db = loop {
+            match Self::open_db(dir) {
+                Err(CheckpointError::Locked(_)) if tries < 10 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                r => break r?,
+            }
+        };
+        let jobs = db.open_tree("jobs").map_err(store_err)?;
+        Ok(Store {
+            db,
+            jobs,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn open_db(dir: &Path) -> Result<sled::Db, CheckpointError> {
+        sled::Config::new()
             .path(dir.join("checkpoint"))
             .flush_every_ms(Some(500))
             // sled caches up to 1 GiB by default; a job's memory should not
@@ -147,14 +169,11 @@ impl Store {
                 sled::Error::Io(ref io) if io.to_string().contains("lock") => {
                     CheckpointError::Locked(dir.to_path_buf())
                 }
-                e => store_err(e),
-            })?;
-        let jobs = db.open_tree("jobs").map_err(store_err)?;
-        Ok(Store {
-            db,
-            jobs,
-            dir: dir.to_path_buf(),
-        })
+                e => CheckpointError::Store {
+                    dir: dir.to_path_buf(),
+                    source: e,
+                },
+            })
     }
 
     fn err(&self, source: sled::Error) -> CheckpointError {

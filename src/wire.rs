@@ -131,18 +131,12 @@ mod tests {
             REMAINING_CREDITS,
             b" -3 "
         )])));
-        assert!(exhausted_by_headers(&bytes(&[(
-            REMAINING_CREDITS,
-            b"0.0"
-        )])));
+        assert!(exhausted_by_headers(&bytes(&[(REMAINING_CREDITS, b"0.0")])));
         assert!(exhausted_by_headers(&bytes(&[(
             REMAINING_CREDITS,
             b"-0.5"
         )])));
-        assert!(!exhausted_by_headers(&bytes(&[(
-            REMAINING_CREDITS,
-            b"1"
-        )])));
+        assert!(!exhausted_by_headers(&bytes(&[(REMAINING_CREDITS, b"1")])));
         assert!(!exhausted_by_headers(&bytes(&[(
             REMAINING_CREDITS,
             b"0.5"

@@ -178,7 +178,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn an_out_of_order_response_is_older_news_only_within_a_cycle() {
         assert!(!snap(5, 100, Some(1)).is_older_than(None));

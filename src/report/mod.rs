@@ -68,7 +68,6 @@ pub struct Summary {
     pub failures: String,
 }
 
-
 /// Writes a line to stderr, ignoring a closed or broken stderr: losing a
 /// progress line must never take the run (and its checkpoint) down with it.
 pub fn err_line(line: &str) {
@@ -101,10 +100,4 @@ pub fn human_summary(s: &Summary) -> String {
         out.push_str(&format!("\n  failures: {}", s.failures));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
 }

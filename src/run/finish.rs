@@ -55,7 +55,7 @@ fn billing_alert(halt: &Option<Halt>, reserve: i64, last: Option<CreditSnapshot>
 }
 
 /// The end state and its reason.
-fn end_state(
+pub(crate) fn end_state(
     halt: &Option<Halt>,
     left: u64,
     feeder_ok: bool,

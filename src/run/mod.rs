@@ -22,6 +22,8 @@ pub mod gate;
 pub mod job;
 pub mod pool;
 pub mod recorder;
+#[cfg(test)]
+mod tests;
 
 use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;

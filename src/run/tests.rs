@@ -1,0 +1,199 @@
+//! The pool's per-call logic on a scripted transport and tokio's paused
+//! clock: no server, no binary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::events::Event;
+use super::gate::{Gate, Halt};
+use super::pool::{Pool, PoolConfig, Queue};
+use crate::credits::Ledger;
+use crate::input::Item;
+use crate::pace::{Pacer, Unpaced};
+use crate::rate::backoff::Backoff;
+use crate::report::RunState;
+use crate::request::fake::{FakeTransport, Step};
+use crate::request::{Body, Request, RequestSpec, Secret};
+use crate::template::Template;
+
+fn spec() -> Arc<RequestSpec> {
+    Arc::new(RequestSpec {
+        method: reqwest::Method::GET,
+        url: Template::parse("http://api.test/v1/echo?n={n}").unwrap(),
+        headers: Vec::new(),
+        body: Body::None,
+        key_header: crate::wire::API_KEY,
+        key: Some(Secret::new("k")),
+    })
+}
+
+/// A pool of `workers` over `n` items answered by `script`; returns what
+/// the transport saw, every event, and the halt.
+async fn run_pool(
+    n: u64,
+    workers: usize,
+    wait_for_credits: bool,
+    script: impl Fn(&Request, u64) -> Step + Send + Sync + 'static,
+) -> (Arc<FakeTransport>, Vec<Event>, Option<Halt>) {
+    let transport = Arc::new(FakeTransport::new(script));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let pacer: Arc<dyn Pacer> = Arc::new(Unpaced::default());
+    let pool = Arc::new(Pool {
+        spec: spec(),
+        transport: transport.clone(),
+        pacer,
+        gate: Gate::new(Duration::from_secs(60)),
+        ledger: Ledger::new(None, None, None),
+        events: tx,
+        cfg: PoolConfig {
+            idem_prefix: "batchrun-test".into(),
+            max_attempts: 5,
+            default_pause: Duration::from_secs(30),
+            backoff: Backoff::default(),
+            wait_for_credits,
+        },
+    });
+    let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
+    for line in 1..=n {
+        let value = serde_json::json!({ "n": line });
+        item_tx.send((Item { line, value }, 0)).await.unwrap();
+    }
+    drop(item_tx);
+    let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
+    let mut set = JoinSet::new();
+    for _ in 0..workers {
+        set.spawn(pool.clone().worker(queue.clone()));
+    }
+    let reporter = crate::report::Reporter::new(n);
+    super::supervise(&pool, &mut set, std::future::pending(), &reporter).await;
+    let halt = pool.gate.halt();
+    drop(pool);
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    (transport, events, halt)
+}
+
+fn done_lines(events: &[Event]) -> Vec<u64> {
+    let mut v: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Done { line, .. } => Some(*line),
+            _ => None,
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn failed(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Failed { .. }))
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_429_pauses_every_worker() {
+    let (t, events, halt) = run_pool(8, 4, false, |_, n| {
+        if n == 0 {
+            Step::status(429, &[("retry-after", "3")], "slow down").after(Duration::from_millis(10))
+        } else {
+            Step::ok("{}").after(Duration::from_millis(100))
+        }
+    })
+    .await;
+    assert_eq!(halt, None);
+    assert_eq!(done_lines(&events), (1..=8).collect::<Vec<_>>());
+    assert_eq!(failed(&events), 0);
+    let calls = t.calls();
+    assert_eq!(calls.len(), 9, "eight items and one requeue");
+    // The first wave went out at once; every call after the 429 waited
+    // out its Retry-After, whichever worker made it.
+    assert!(calls[..4].iter().all(|c| c.0 == Duration::ZERO));
+    for (at, url, _) in &calls[4..] {
+        assert!(*at >= Duration::from_millis(3010), "{url} went at {at:?}");
+    }
+    // The requeued item was sent again under the same Idempotency-Key.
+    let refused = &calls[0].2;
+    assert_eq!(calls.iter().filter(|c| &c.2 == refused).count(), 2);
+    let paused = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::RateLimited {
+                    concurrency: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(paused, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_error_is_retried_with_backoff() {
+    let (t, events, halt) = run_pool(1, 1, false, |_, n| match n {
+        0 => Step::status(503, &[("retry-after", "2")], "busy"),
+        1 => Step::fail(crate::request::FailureKind::Timeout),
+        _ => Step::ok("{\"ok\":true}"),
+    })
+    .await;
+    assert_eq!(halt, None);
+    let calls = t.calls();
+    assert_eq!(calls.len(), 3);
+    assert!(
+        calls.iter().all(|c| c.2 == calls[0].2),
+        "one key for every try"
+    );
+    // The server's Retry-After beats the formula; then full jitter within
+    // the second retry's ceiling.
+    assert_eq!(calls[1].0 - calls[0].0, Duration::from_secs(2));
+    assert!(calls[2].0 - calls[1].0 <= Backoff::default().ceiling(2));
+    let retries = events.iter().filter(|e| matches!(e, Event::Retry)).count();
+    assert_eq!(retries, 2);
+    match events.iter().find(|e| matches!(e, Event::Done { .. })) {
+        Some(Event::Done { attempts, .. }) => assert_eq!(*attempts, 3),
+        other => panic!("not done: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn exhaustion_halts_with_nothing_failed() {
+    let (t, events, halt) = run_pool(10, 2, false, |_, n| {
+        if n < 2 {
+            Step::ok("{}")
+        } else {
+            Step::status(429, &[("x-api-remaining-credits", "0")], "no credits")
+        }
+    })
+    .await;
+    assert_eq!(halt, Some(Halt::Exhausted));
+    assert_eq!(failed(&events), 0, "exhaustion fails nothing");
+    assert_eq!(done_lines(&events).len(), 2);
+    assert!(t.calls().len() <= 4, "the pool stopped: {:?}", t.calls());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_worker_is_not_reported_as_done() {
+    let (_, events, halt) = run_pool(3, 1, false, |_, n| {
+        if n == 1 {
+            panic!("a bug in a transport");
+        }
+        Step::ok("{}")
+    })
+    .await;
+    let Some(h @ Halt::Internal(_)) = halt else {
+        panic!("no internal halt: {halt:?}");
+    };
+    assert_eq!(h.state(), RunState::Failed);
+    let (state, why) = super::finish::end_state(&Some(h), 2, true, None, "KEY");
+    assert_eq!(state, RunState::Failed);
+    assert!(why.unwrap().contains("crashed"));
+    assert_eq!(done_lines(&events), vec![1]);
+}
