@@ -1,4 +1,4 @@
-//! Exponential backoff with full jitter (the first seed: "randomising the full
+//! Exponential backoff with full jitter (see docs/design.md: "randomising the full
 //! range beats adding a small random nudge to a fixed delay").
 
 use std::time::Duration;

@@ -1,6 +1,7 @@
-//! The client-side token bucket, sized to a sliding window (the seed's `forLimit`).
+//! The client-side token bucket, sized to a sliding window
+//! (`capacity + rate × W ≤ L`, see docs/design.md).
 //!
-//! Pure: every method takes `now`. The async waiting lives in [`crate::pacer`].
+//! Pure: every method takes `now`. The async waiting lives in [`crate::pace`].
 
 use std::time::{Duration, Instant};
 
@@ -223,14 +224,14 @@ mod tests {
     fn starter_bucket_is_six_at_about_point_nine_per_second() {
         let b = TokenBucket::for_limit(per_min(60), None, false, Instant::now()).unwrap();
         assert_eq!(b.capacity(), 6);
-        // The seed's (60 - 6) / 60 = 0.9, less the 200 ms skew allowance.
+        // The sizing rule's (60 - 6) / 60 = 0.9, less the 200 ms skew allowance.
         assert!((b.rate_per_sec() - 54.0 / 60.2).abs() < 1e-9);
         assert!(b.rate_per_sec() < 0.9);
     }
 
     #[test]
     fn check_yourself_capacity_ten_gives_at_most_five_sixths() {
-        // Seed: capacity 10 at 60/min → the highest safe rate is (60-10)/60.
+        // Capacity 10 at 60/min → the highest safe rate is (60-10)/60.
         let b = TokenBucket::for_limit(per_min(60), Some(10), false, Instant::now()).unwrap();
         assert!(b.rate_per_sec() <= 50.0 / 60.0);
         assert!(b.rate_per_sec() > 0.82);

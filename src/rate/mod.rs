@@ -32,7 +32,7 @@ impl Rate {
         self.count as f64 / self.period.as_secs_f64()
     }
 
-    /// The client bucket capacity the seeds recommend: a tenth of the limit, at least 1.
+    /// The client bucket capacity docs/design.md recommends: a tenth of the limit, at least 1.
     pub fn default_burst(&self) -> u64 {
         (self.count / 10).max(1)
     }
@@ -134,7 +134,7 @@ impl FromStr for Limit {
     }
 }
 
-/// A published plan: the seed's table of per-minute limits and concurrency ceilings.
+/// A published plan: the published table of per-minute limits and concurrency ceilings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Plan {

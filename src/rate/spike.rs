@@ -1,7 +1,7 @@
 //! The Apigee SpikeArrest model: a token bucket whose size is derived from the
 //! units of the rate, with no queue.
 //!
-//! From the seeds: one token drips in every `period / messagesPerPeriod`; the
+//! As docs/design.md describes it: one token drips in every `period / messagesPerPeriod`; the
 //! bucket holds 10% of messagesPerPeriod (at least 1); the level is
 //! `min(bucket, tokens + elapsed / interval)` whether or not anyone calls; a
 //! request that finds a whole token passes and takes it, otherwise it is
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn same_drip_different_bucket() {
-        // The seeds' table: 30ps and 1800pm both drip every 33.3 ms, but hold
+        // docs/design.md's table: 30ps and 1800pm both drip every 33.3 ms, but hold
         // 3 and 180.
         let t0 = Instant::now();
         let a = SpikeArrest::new(rate("30ps"), t0);
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(spike(&mut sa, t0, 240, Duration::ZERO), 180);
         assert_eq!(sa.available(t0), 0);
 
-        // Spread over the 120 ms of the seed's play-by-play: the bucket plus
+        // Spread over the 120 ms of the play-by-play in docs/design.md: the bucket plus
         // the ~3.6 tokens that dripped in meanwhile.
         let t1 = t0 + Duration::from_secs(3600);
         let mut sa = SpikeArrest::new(rate("1800pm"), t1);

@@ -1,8 +1,8 @@
 //! The sliding-window limiter: at most `limit` accepted requests whose arrival
 //! lies in the last `window`.
 //!
-//! This is the server-side model of an APIVerve-style per-minute limit (the
-//! seeds: "the limiter counts your requests in the last 60 seconds, not per
+//! This is the server-side model of an APIVerve-style per-minute limit (see
+//! docs/design.md: "the limiter counts your requests in the last 60 seconds, not per
 //! clock minute"), and it is exact: it keeps the arrival instant of every
 //! request still inside the window instead of approximating with buckets, so
 //! the same type can serve as an exact client-side pacer.
@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn sixty_in_the_first_second_lock_you_out_for_59() {
-        // The seeds: "Sixty calls fired in the first second of a minute lock
+        // docs/design.md: "Sixty calls fired in the first second of a minute lock
         // you out for the next 59".
         let t0 = Instant::now();
         let mut w = SlidingWindow::for_rate(Rate {
