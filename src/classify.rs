@@ -86,15 +86,11 @@ pub fn classify(
         }
         429 => Err(CallError::RateLimited { retry_after }),
         401 | 403 => Err(CallError::Auth { status: code }),
-        408 | 500..=599 => Err(CallError::Transient {
-            reason: format!(
-                "HTTP {code}{}",
-                short_reason(body)
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ),
-            retry_after,
-        }),
+        408 | 500..=599 => Err(transient(code, body, retry_after)),
+        // A 409 with Retry-After is the server saying the same
+        // Idempotency-Key is still executing: the outcome is coming, so ask
+        // again later under the same key. A bare 409 is a real conflict.
+        409 if retry_after.is_some() => Err(transient(code, body, retry_after)),
         _ => Err(CallError::Permanent {
             status: code,
             reason: short_reason(body).unwrap_or_else(|| {
@@ -104,6 +100,18 @@ pub fn classify(
                     .to_string()
             }),
         }),
+    }
+}
+
+fn transient(code: u16, body: &str, retry_after: Option<Duration>) -> CallError {
+    CallError::Transient {
+        reason: format!(
+            "HTTP {code}{}",
+            short_reason(body)
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        retry_after,
     }
 }
 
@@ -207,6 +215,21 @@ mod tests {
             c(429, &[("retry-after", "whenever")], ""),
             Err(CallError::RateLimited { retry_after: None })
         );
+    }
+
+    #[test]
+    fn a_409_for_a_key_in_flight_is_transient_a_bare_one_permanent() {
+        assert_eq!(
+            c(409, &[("retry-after", "2")], "{\"error\":\"in progress\"}"),
+            Err(CallError::Transient {
+                reason: "HTTP 409: in progress".into(),
+                retry_after: Some(Duration::from_secs(2)),
+            })
+        );
+        assert!(matches!(
+            c(409, &[], "conflict"),
+            Err(CallError::Permanent { status: 409, .. })
+        ));
     }
 
     #[test]

@@ -183,6 +183,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub timeout: Duration,
 
+    /// Halt resumably (exit 75) after this long of nothing but rate-limit 429s.
+    #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
+    pub max_wait: Duration,
+
     /// Discard the checkpoint and start over.
     #[arg(long)]
     pub fresh: bool,

@@ -24,5 +24,6 @@ pub mod request;
 pub mod run;
 pub mod settings;
 pub mod sim;
+pub mod sys;
 pub mod template;
 pub mod wire;

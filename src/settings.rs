@@ -71,6 +71,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// Calls per item for transient failures.
     pub max_attempts: u32,
+    /// How long a run may get nothing but rate-limit 429s before it halts.
+    pub max_wait: Duration,
     /// Discard the checkpoint first.
     pub fresh: bool,
     /// Re-open failed items.
@@ -90,6 +92,14 @@ pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
 }
 
 fn default_output(input: &Path, suffix: &str) -> PathBuf {
+    // Standard input and special files (`<(cmd)` is /dev/fd/N) have no
+    // folder of their own to write beside: their outputs go to the current one.
+    if input == Path::new("-") {
+        return PathBuf::from(format!("stdin.{suffix}.jsonl"));
+    }
+    if input.starts_with("/dev") || input.starts_with("/proc") {
+        return PathBuf::from(format!("batchrun.{suffix}.jsonl"));
+    }
     let stem = input
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -242,6 +252,7 @@ impl Settings {
             request: Arc::new(request),
             timeout: args.timeout,
             max_attempts: args.max_attempts,
+            max_wait: args.max_wait,
             fresh: args.fresh,
             retry_failed: args.retry_failed,
             api_key_env: args.api_key_env.clone(),
@@ -272,6 +283,14 @@ mod tests {
         assert_eq!(
             default_output(Path::new("items.csv"), "failures"),
             PathBuf::from("items.failures.jsonl")
+        );
+        assert_eq!(
+            default_output(Path::new("-"), "results"),
+            PathBuf::from("stdin.results.jsonl")
+        );
+        assert_eq!(
+            default_output(Path::new("/dev/fd/63"), "failures"),
+            PathBuf::from("batchrun.failures.jsonl")
         );
     }
 

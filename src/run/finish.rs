@@ -81,6 +81,10 @@ pub(crate) fn end_state(
             "the API rejected the key (HTTP {status}): check {api_key_env} holds a valid key for this API; nothing was marked failed"
         ),
         Halt::Interrupted => "interrupted by Ctrl-C".to_string(),
+        Halt::Stalled(for_) => format!(
+            "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
+            humantime::format_duration(*for_)
+        ),
         Halt::Internal(why) => why.clone(),
     };
     (h.state(), Some(reason))

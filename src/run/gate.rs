@@ -21,6 +21,8 @@ pub enum Halt {
     Auth(u16),
     /// Ctrl-C or SIGTERM.
     Interrupted,
+    /// The server answered nothing but rate-limit 429s for too long.
+    Stalled(Duration),
     /// A bug or an internal failure (the reason says which).
     Internal(String),
 }
@@ -29,7 +31,7 @@ impl Halt {
     /// The end state this halt leads to.
     pub fn state(&self) -> RunState {
         match self {
-            Halt::Exhausted | Halt::Reserve(_) => RunState::Halted,
+            Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) => RunState::Halted,
             Halt::Auth(_) | Halt::Internal(_) => RunState::Failed,
             Halt::Interrupted => RunState::Interrupted,
         }

@@ -45,11 +45,20 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 /// Runs a job to its end: done, halted, interrupted or failed. `shutdown`
 /// resolves on Ctrl-C or SIGTERM.
 pub async fn run(
-    settings: Settings,
+    mut settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
-    // 1. The whole input is checked before any request is sent.
+    crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
+    // 1. A pipe can be read only once: it is copied into the state dir
+    //    first (named by its content, so the same content resumes the same
+    //    job). Then the whole input is checked before any request is sent.
+    let spooled = tokio::task::block_in_place(|| {
+        input::spool(&settings.input, &settings.state_dir.join("spool"))
+    })?;
+    if spooled.spooled {
+        settings.input = spooled.path;
+    }
     let spec = settings.request.clone();
     let scan = tokio::task::block_in_place(|| {
         input::scan(&settings.input, settings.format, &mut |item| {
@@ -124,7 +133,9 @@ pub async fn run(
             default_pause,
             backoff: Backoff::default(),
             wait_for_credits: c.wait_for_credits,
+            max_wait: settings.max_wait,
         },
+        limited_since: std::sync::Mutex::new(None),
     });
     let stats = Arc::new(Stats::default());
     stats.done.store(counts.done, Ordering::Relaxed);

@@ -33,6 +33,8 @@ pub struct PoolConfig {
     pub backoff: Backoff,
     /// Wait and probe instead of halting when credits run out.
     pub wait_for_credits: bool,
+    /// How long nothing but rate-limit 429s may go on before the run halts.
+    pub max_wait: Duration,
 }
 
 /// Everything the workers share.
@@ -51,6 +53,8 @@ pub struct Pool {
     pub events: mpsc::UnboundedSender<Event>,
     /// The per-item policy.
     pub cfg: PoolConfig,
+    /// Since when every answer has been a rate-limit 429, if so.
+    pub limited_since: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The queue the feeder fills: items with their retry generation.
@@ -220,6 +224,9 @@ impl Pool {
             &body,
             SystemTime::now(),
         );
+        if !matches!(c, Err(CallError::RateLimited { .. })) {
+            *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
         let seen =
             self.ledger
@@ -281,6 +288,9 @@ impl Pool {
         match err {
             CallError::RateLimited { retry_after } => {
                 *attempts -= 1;
+                if self.stalled() {
+                    return Next::Finished;
+                }
                 // A zero Retry-After would turn the pause into a hot loop.
                 let pause = retry_after.unwrap_or(self.cfg.default_pause).max(MIN_PAUSE);
                 if let Err(e) = self.pacer.pause(pause).await {
@@ -324,6 +334,23 @@ impl Pool {
                 retry_after,
             } => self.transient(item, *attempts, reason, retry_after).await,
         }
+    }
+
+    /// A server that answers nothing but rate limits would keep the run
+    /// waiting forever: past `max_wait` of it, halt resumably.
+    fn stalled(&self) -> bool {
+        let now = Instant::now();
+        let since = *self
+            .limited_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(now);
+        let for_ = now - since;
+        if for_ >= self.cfg.max_wait {
+            self.gate.stop(Halt::Stalled(for_));
+            return true;
+        }
+        false
     }
 
     fn exhausted(&self, probing: bool) -> Next {

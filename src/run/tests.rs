@@ -54,7 +54,9 @@ async fn run_pool(
             default_pause: Duration::from_secs(30),
             backoff: Backoff::default(),
             wait_for_credits,
+            max_wait: Duration::from_secs(600),
         },
+        limited_since: std::sync::Mutex::new(None),
     });
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {
@@ -196,4 +198,21 @@ async fn a_panic_in_a_worker_is_not_reported_as_done() {
     assert_eq!(state, RunState::Failed);
     assert!(why.unwrap().contains("crashed"));
     assert_eq!(done_lines(&events), vec![1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_only_rate_limits_halts_after_max_wait() {
+    let (t, events, halt) = run_pool(3, 2, false, |_, _| {
+        Step::status(429, &[("retry-after", "60")], "slow down")
+    })
+    .await;
+    let Some(h @ Halt::Stalled(for_)) = halt else {
+        panic!("not stalled: {halt:?}");
+    };
+    assert!(for_ >= Duration::from_secs(600), "{for_:?}");
+    assert_eq!(h.state(), RunState::Halted, "resumable: exit 75");
+    assert_eq!(failed(&events), 0);
+    assert!(done_lines(&events).is_empty());
+    // One pause after another, each a Retry-After long: about ten minutes.
+    assert!(t.calls().len() <= 2 * 12, "{} calls", t.calls().len());
 }

@@ -1,0 +1,59 @@
+//! What the operating system allows: enough file handles for the pool.
+
+/// File handles the process needs beside one per worker: stdio, the
+/// checkpoint's files, the input, the outputs, the alert webhook, slack.
+pub const FIXED_HANDLES: u64 = 64;
+
+/// Raises the soft open-file limit toward the hard one so that `workers`
+/// connections fit, and refuses a pool that cannot fit at all. Returns the
+/// soft limit now in force.
+#[cfg(unix)]
+pub fn ensure_open_files(workers: u64) -> Result<u64, String> {
+    let need = workers.saturating_add(FIXED_HANDLES);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(u64::MAX); // Cannot tell: let the run find out.
+    }
+    let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    if soft >= need {
+        return Ok(soft);
+    }
+    if hard < need {
+        return Err(format!(
+            "--concurrency {workers} needs about {need} open files, but the hard limit is {hard} \
+             (ulimit -Hn); lower --concurrency or raise the limit"
+        ));
+    }
+    lim.rlim_cur = need as libc::rlim_t;
+    // SAFETY: setrlimit reads the struct we own; raising the soft limit up
+    // to the hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(format!(
+            "--concurrency {workers} needs about {need} open files, but the limit is {soft} \
+             and could not be raised (ulimit -n)"
+        ));
+    }
+    Ok(need)
+}
+
+/// Elsewhere the limit is left to the system.
+#[cfg(not(unix))]
+pub fn ensure_open_files(_workers: u64) -> Result<u64, String> {
+    Ok(u64::MAX)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_beyond_the_hard_limit_is_refused_and_a_small_one_fits() {
+        assert!(ensure_open_files(1).unwrap() >= 1 + FIXED_HANDLES);
+        let e = ensure_open_files(u64::MAX - FIXED_HANDLES).unwrap_err();
+        assert!(e.contains("hard limit"), "{e}");
+    }
+}
