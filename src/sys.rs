@@ -18,6 +18,7 @@ pub fn ensure_open_files(workers: u64) -> Result<u64, String> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Ok(u64::MAX); // Cannot tell: let the run find out.
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every unix.
     let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
     if soft >= need {
         return Ok(soft);
@@ -52,7 +53,7 @@ mod tests {
 
     #[test]
     fn a_pool_beyond_the_hard_limit_is_refused_and_a_small_one_fits() {
-        assert!(ensure_open_files(1).unwrap() >= 1 + FIXED_HANDLES);
+        assert!(ensure_open_files(1).unwrap() > FIXED_HANDLES);
         let e = ensure_open_files(u64::MAX - FIXED_HANDLES).unwrap_err();
         assert!(e.contains("hard limit"), "{e}");
     }
