@@ -64,7 +64,9 @@ pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
     let remaining = parse_int(h, &crate::wire::REMAINING_CREDITS)?;
     // Zero is what a missing timestamp often serializes to; it is never a real
     // renewal, and treating it as one would start a bogus "new cycle".
-    let renewal = parse_int(h, &crate::wire::RENEWAL).filter(|&r| r > 0).map(|r| r as u64);
+    let renewal = parse_int(h, &crate::wire::RENEWAL)
+        .filter(|&r| r > 0)
+        .map(|r| r as u64);
     Some(CreditSnapshot {
         remaining,
         used,

@@ -99,6 +99,9 @@ mod tests {
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "0")])), None);
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "x")])), None);
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, " 7")])), Some(7));
-        assert_eq!(limit_remaining(&map(&[(&RATE_LIMIT_REMAINING, "0")])), Some(0));
+        assert_eq!(
+            limit_remaining(&map(&[(&RATE_LIMIT_REMAINING, "0")])),
+            Some(0)
+        );
     }
 }
