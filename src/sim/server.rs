@@ -18,8 +18,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::connect_info::Connected;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -28,17 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::model::{Admission, Config, CreditView, Model, RateInfo, Rejection, Ticket};
-
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-const X_RATE_LIMIT_LIMIT: HeaderName = HeaderName::from_static("x-rate-limit-limit");
-const X_RATE_LIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rate-limit-remaining");
-const X_CONCURRENCY_LIMIT: HeaderName = HeaderName::from_static("x-concurrency-limit");
-const X_REMAINING: HeaderName = HeaderName::from_static("x-api-remaining-credits");
-const X_USED: HeaderName = HeaderName::from_static("x-api-credits-used");
-const X_MAX: HeaderName = HeaderName::from_static("x-api-max-credits");
-const X_RENEWAL: HeaderName = HeaderName::from_static("x-api-renewal");
+use crate::wire;
 
 /// Largest accepted request body; anything bigger is a 413 before parsing.
 const MAX_BODY: usize = 1 << 20;
@@ -246,13 +236,13 @@ fn error(status: StatusCode, message: &str) -> Response {
 
 fn metered_headers(h: &mut HeaderMap, rate: Option<RateInfo>, c: CreditView) {
     if let Some(r) = rate {
-        h.insert(X_RATE_LIMIT_LIMIT, HeaderValue::from(r.limit));
-        h.insert(X_RATE_LIMIT_REMAINING, HeaderValue::from(r.remaining));
+        h.insert(wire::RATE_LIMIT_LIMIT, HeaderValue::from(r.limit));
+        h.insert(wire::RATE_LIMIT_REMAINING, HeaderValue::from(r.remaining));
     }
-    h.insert(X_REMAINING, HeaderValue::from(c.remaining));
-    h.insert(X_USED, HeaderValue::from(c.used));
-    h.insert(X_MAX, HeaderValue::from(c.max));
-    h.insert(X_RENEWAL, HeaderValue::from(c.renewal));
+    h.insert(wire::REMAINING_CREDITS, HeaderValue::from(c.remaining));
+    h.insert(wire::CREDITS_USED, HeaderValue::from(c.used));
+    h.insert(wire::MAX_CREDITS, HeaderValue::from(c.max));
+    h.insert(wire::RENEWAL, HeaderValue::from(c.renewal));
 }
 
 fn rejected(why: Rejection, rate: Option<RateInfo>, credits: CreditView) -> Response {
@@ -292,10 +282,10 @@ fn rejected(why: Rejection, rate: Option<RateInfo>, credits: CreditView) -> Resp
     let h = r.headers_mut();
     metered_headers(h, rate, credits);
     if let Some(s) = retry_after {
-        h.insert(RETRY_AFTER, HeaderValue::from(s));
+        h.insert(wire::RETRY_AFTER, HeaderValue::from(s));
     }
     if let Rejection::Concurrency { limit } = why {
-        h.insert(X_CONCURRENCY_LIMIT, HeaderValue::from(limit));
+        h.insert(wire::CONCURRENCY_LIMIT, HeaderValue::from(limit));
     }
     r
 }
@@ -319,7 +309,7 @@ impl Drop for InFlight {
 
 fn api_key(headers: &HeaderMap) -> Option<&str> {
     headers
-        .get(X_API_KEY)
+        .get(wire::API_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|k| !k.is_empty())
@@ -404,7 +394,7 @@ async fn metered(
     let Some(key) = api_key(headers) else {
         return unauthorized(&app);
     };
-    let idem = match headers.get(IDEMPOTENCY_KEY).map(|v| v.to_str()) {
+    let idem = match headers.get(wire::IDEMPOTENCY_KEY).map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) if !k.trim().is_empty() => Some(k.trim()),
         Some(_) => {
@@ -430,7 +420,7 @@ async fn metered(
             let mut r = bytes_response(StatusCode::OK, body);
             metered_headers(r.headers_mut(), rate, credits);
             r.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                .insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             return r;
         }
         Admission::Admitted {
@@ -462,7 +452,8 @@ async fn metered(
         );
         metered_headers(r.headers_mut(), rate, credits);
         if let Some(s) = retry_after {
-            r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+            r.headers_mut()
+                .insert(wire::RETRY_AFTER, HeaderValue::from(s));
         }
         return r;
     }
