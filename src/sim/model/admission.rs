@@ -111,3 +111,15 @@ pub enum Admission {
         faults: Faults,
     },
 }
+
+impl Admission {
+    /// The same verdict without rate headers (`--secret-limit`).
+    pub(super) fn without_rate(mut self) -> Self {
+        match &mut self {
+            Admission::Rejected { rate, .. }
+            | Admission::Replay { rate, .. }
+            | Admission::Admitted { rate, .. } => *rate = None,
+        }
+        self
+    }
+}

@@ -51,6 +51,16 @@ pub struct Config {
     pub reset_rate: f64,
     /// Seed of the fault dice.
     pub seed: u64,
+    /// Transit-in latency, uniform in `[lo, hi]`: a request counts as arrived
+    /// (in the window, in flight) only after it.
+    pub latency_in: Option<(Duration, Duration)>,
+    /// Enforce the limit but never send the rate headers.
+    pub secret_limit: bool,
+    /// Answer every metered request with a rate-limit 429 and
+    /// `retry-after: 1`.
+    pub rate_limit_forever: bool,
+    /// Put the request's API key in every response body.
+    pub echo_key: bool,
 }
 
 impl Default for Config {
@@ -73,6 +83,10 @@ impl Default for Config {
             fail_rate: 0.0,
             reset_rate: 0.0,
             seed: 0,
+            latency_in: None,
+            secret_limit: false,
+            rate_limit_forever: false,
+            echo_key: false,
         }
     }
 }

@@ -146,6 +146,12 @@ impl KeyState {
         Err((why, self.limiter.info(0)))
     }
 
+    /// `--rate-limit-forever`: a rate-limit refusal that asks for a retry in
+    /// one second, without a cooldown, whatever the window holds.
+    pub(super) fn refuse_forever(&self) -> Refusal {
+        (Rejection::Rate { retry_after: 1 }, self.limiter.info(0))
+    }
+
     /// The concurrency ceiling: `ceiling` requests of this key in flight.
     pub(super) fn check_concurrency(&self, ceiling: usize, now: Instant) -> Result<(), Refusal> {
         if self.in_flight < ceiling {
@@ -432,5 +438,32 @@ mod tests {
             (s.accepted, s.rejected_cooldown, s.max_in_window),
             (5, 0, 5)
         );
+    }
+
+    #[test]
+    fn rate_limit_forever_refuses_everything_with_retry_after_one() {
+        let (mut m, t0) = model(Config {
+            rate_limit_forever: true,
+            ..cfg("60/1m")
+        });
+        for i in 0..100 {
+            let a = call(&mut m, "k", t0 + secs(i));
+            assert_eq!(rejection(&a), Some(&Rejection::Rate { retry_after: 1 }));
+            assert_eq!(
+                rate(&a),
+                Some(RateInfo {
+                    limit: 60,
+                    remaining: 0
+                })
+            );
+        }
+        // Not even an idempotent replay or an unlimited key gets through.
+        let a = call_idem(&mut m, "other", Some("i"), t0);
+        assert_eq!(rejection(&a), Some(&Rejection::Rate { retry_after: 1 }));
+        let s = m.stats(t0 + secs(100));
+        assert_eq!((s.requests, s.rejected_rate), (101, 101));
+        assert_eq!((s.accepted, s.side_effects, s.credits_used), (0, 0, 0));
+        assert_eq!((s.rejected_cooldown, s.max_in_window), (0, 0));
+        assert!(m.arrivals().is_empty());
     }
 }

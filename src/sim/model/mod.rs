@@ -12,6 +12,7 @@
 
 mod account;
 mod admission;
+mod arrivals;
 mod config;
 mod faults;
 mod idempotency;
@@ -27,6 +28,7 @@ use axum::body::Bytes;
 
 use account::Account;
 pub use admission::{Admission, CreditView, Faults, RateInfo, Rejection, Ticket};
+use arrivals::ArrivalLog;
 pub use config::{Config, ModelKind};
 use faults::Dice;
 use idempotency::{Found, IdemStore};
@@ -43,6 +45,7 @@ pub struct Model {
     account: Account,
     idem: IdemStore,
     dice: Dice,
+    arrivals: ArrivalLog,
     stats: Stats,
 }
 
@@ -54,6 +57,7 @@ impl Model {
             account: Account::new(cfg.credits, cfg.renewal_in, now, unix_now),
             idem: IdemStore::new(cfg.idempotency_ttl),
             dice: Dice::new(&cfg),
+            arrivals: ArrivalLog::new(now, arrivals::MAX_ARRIVALS),
             keys: Keys::default(),
             stats: Stats::default(),
             cfg,
@@ -87,7 +91,8 @@ impl Model {
     /// replay, credits. Only requests that pass them all are recorded in the
     /// key's window: a refused request never counts against the limit.
     /// (Authentication is the server's: a request without a key never gets
-    /// here.)
+    /// here.) `--rate-limit-forever` refuses before every check, and
+    /// `--secret-limit` strips the rate headers from the verdict.
     pub fn admit(
         &mut self,
         key: &str,
@@ -95,8 +100,12 @@ impl Model {
         idem: Option<&str>,
         now: Instant,
     ) -> Admission {
-        match self.decide(key, endpoint, idem, now) {
-            ControlFlow::Break(a) | ControlFlow::Continue(a) => a,
+        let (ControlFlow::Break(a) | ControlFlow::Continue(a)) =
+            self.decide(key, endpoint, idem, now);
+        if self.cfg.secret_limit {
+            a.without_rate()
+        } else {
+            a
         }
     }
 
@@ -128,6 +137,9 @@ impl Model {
     fn pace(&mut self, key: &str, now: Instant) -> Result<Option<RateInfo>, Refusal> {
         let (cooldown, ceiling) = (self.cfg.cooldown, self.cfg.concurrency);
         let st = self.keys.entry(&self.cfg, key, now, &mut self.stats.keys);
+        if self.cfg.rate_limit_forever {
+            return Err(st.refuse_forever());
+        }
         st.check_cooldown(cooldown, now)?;
         st.check_concurrency(ceiling, now)?;
         st.check_rate(cooldown, now)
@@ -226,6 +238,25 @@ impl Model {
         };
         let in_window = st.record(now);
         self.stats.max_in_window = self.stats.max_in_window.max(in_window);
+        self.arrivals.push(now);
+    }
+
+    /// Draws the `--latency-in` delay of a request about to be sent on, and
+    /// counts it in `in_transit` until [`Model::transit_end`].
+    pub fn transit_begin(&mut self) -> Duration {
+        self.stats.in_transit += 1;
+        self.dice.transit()
+    }
+
+    /// The request's transit-in delay is over (or its client went away).
+    pub fn transit_end(&mut self) {
+        self.stats.in_transit = self.stats.in_transit.saturating_sub(1);
+    }
+
+    /// When the requests that counted in a window arrived, oldest first, in
+    /// milliseconds since the model started (at most the last two million).
+    pub fn arrivals(&self) -> Vec<f64> {
+        self.arrivals.snapshot()
     }
 
     fn release(&mut self, t: &Ticket) {
@@ -395,5 +426,48 @@ mod tests {
             s.side_effects + s.idempotent_replays + s.injected_failures + s.abandoned + s.in_flight
         );
         assert_eq!(s.rejected_credits, 2, "{s:?}");
+    }
+
+    #[test]
+    fn a_secret_limit_is_enforced_without_rate_headers() {
+        let (mut m, t0) = model(Config {
+            secret_limit: true,
+            cooldown: secs(5),
+            ..cfg("2/10s")
+        });
+        let outs = [
+            call(&mut m, "k", t0),
+            call_idem(&mut m, "k", Some("i"), t0),
+            call(&mut m, "k", t0),
+            call(&mut m, "k", t0),
+        ];
+        assert!(executed(&outs[0]) && executed(&outs[1]));
+        assert_eq!(
+            rejection(&outs[2]),
+            Some(&Rejection::Rate { retry_after: 10 })
+        );
+        assert_eq!(
+            rejection(&outs[3]),
+            Some(&Rejection::Cooldown { retry_after: 5 })
+        );
+        assert!(outs.iter().all(|o| rate(o).is_none()), "{outs:?}");
+        // A replay, once the window has room, carries none either.
+        let a = call_idem(&mut m, "k", Some("i"), t0 + secs(10));
+        assert!(matches!(a, Out::Replayed { rate: None, .. }), "{a:?}");
+        let s = m.stats(t0 + secs(10));
+        assert_eq!((s.accepted, s.rejected_rate, s.max_in_window), (3, 1, 2));
+    }
+
+    #[test]
+    fn arrivals_are_the_requests_that_counted_in_a_window() {
+        let (mut m, t0) = model(Config {
+            cooldown: Duration::ZERO,
+            ..cfg("2/1s")
+        });
+        assert!(executed(&call_idem(&mut m, "k", Some("i"), t0 + ms(5))));
+        assert!(!executed(&call_idem(&mut m, "k", Some("i"), t0 + ms(250))));
+        assert!(rejection(&call(&mut m, "k", t0 + ms(500))).is_some());
+        assert!(executed(&call(&mut m, "k2", t0 + ms(1500))));
+        assert_eq!(m.arrivals(), [5.0, 250.0, 1500.0]);
     }
 }

@@ -48,6 +48,9 @@ pub struct Stats {
     pub in_flight: u64,
     /// The most requests of one key ever in flight at once.
     pub in_flight_max: u64,
+    /// Requests waiting out `--latency-in`: sent but not yet arrived, so not
+    /// yet in `requests` or any window.
+    pub in_transit: u64,
     /// Credits left this cycle.
     pub credits_remaining: u64,
     /// Credits spent this cycle.
