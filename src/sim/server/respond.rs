@@ -22,9 +22,11 @@ impl Echo {
     /// The raw `x-api-key` of `headers` when `on`, byte for byte (invalid
     /// UTF-8 replaced).
     pub(super) fn from_headers(on: bool, headers: &HeaderMap) -> Echo {
+        if !on {
+            return Echo(None);
+        }
         let key = headers
             .get(wire::API_KEY)
-            .filter(|_| on)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         Echo(key)
     }
