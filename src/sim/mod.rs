@@ -7,8 +7,9 @@
 //! per request and holds the model behind one short-lived mutex.
 //!
 //! Endpoints: `GET /v1/<name>?<query>` and `POST /v1/<name>` (JSON body) are
-//! metered and need `x-api-key`; `POST /admin/topup?credits=N`,
-//! `POST /admin/renew` and `GET /admin/stats` are not.
+//! metered and need `x-api-key`, and so is `/v1/big?bytes=N` (a streamed body
+//! of N bytes); `POST /admin/topup?credits=N`, `POST /admin/renew`,
+//! `GET /admin/stats` and `GET /admin/arrivals` are not.
 
 pub mod model;
 mod server;
@@ -92,6 +93,29 @@ pub struct SimArgs {
     /// Seed of the fault sequence, for reproducible runs (random if absent).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+
+    /// Transit-in latency per metered request, uniform in A..B (or exactly
+    /// A): the request counts as arrived (in the window, in flight) only
+    /// after it. --latency stays the delay before the response.
+    // Boxed: `SimArgs` sits unboxed in the CLI's subcommand enum, and a
+    // second inline `Latency` would make that enum lopsided.
+    #[arg(long = "latency-in", value_name = "A[..B]", value_parser = parse_latency_in)]
+    pub latency_in: Option<Box<Latency>>,
+
+    /// Enforce the limit as usual but never send x-rate-limit-limit or
+    /// x-rate-limit-remaining (retry-after still goes out on a 429).
+    #[arg(long = "secret-limit")]
+    pub secret_limit: bool,
+
+    /// Hostile: answer every metered request with a rate-limit 429 and
+    /// retry-after: 1, so nothing ever gets through.
+    #[arg(long = "rate-limit-forever")]
+    pub rate_limit_forever: bool,
+
+    /// Hostile: put the request's API key in every response body, success or
+    /// error.
+    #[arg(long = "echo-key")]
+    pub echo_key: bool,
 }
 
 impl Default for SimArgs {
@@ -111,6 +135,10 @@ impl Default for SimArgs {
             fail_rate: 0.0,
             reset_rate: 0.0,
             seed: None,
+            latency_in: None,
+            secret_limit: false,
+            rate_limit_forever: false,
+            echo_key: false,
         }
     }
 }
@@ -164,6 +192,10 @@ impl SimArgs {
             fail_rate: self.fail_rate,
             reset_rate: self.reset_rate,
             seed: self.seed.unwrap_or_else(|| fastrand::u64(..)),
+            latency_in: self.latency_in.as_deref().map(|l| (l.min, l.max)),
+            secret_limit: self.secret_limit,
+            rate_limit_forever: self.rate_limit_forever,
+            echo_key: self.echo_key,
         }
     }
 
@@ -177,12 +209,24 @@ impl SimArgs {
             ModelKind::Window => "window",
             ModelKind::SpikeArrest => "spike-arrest",
         };
-        format!(
+        let mut line = format!(
             "{model} model, {limit} per key, concurrency {}, cooldown {}, {} credits",
             self.concurrency_in_force(),
             humantime::format_duration(self.cooldown),
             self.credits
-        )
+        );
+        for (on, mode) in [
+            (self.latency_in.is_some(), "transit-in latency"),
+            (self.secret_limit, "secret limit"),
+            (self.rate_limit_forever, "rate-limited forever"),
+            (self.echo_key, "echoing the key"),
+        ] {
+            if on {
+                line.push_str(", ");
+                line.push_str(mode);
+            }
+        }
+        line
     }
 }
 
@@ -282,6 +326,10 @@ fn parse_latency(s: &str) -> Result<Latency, String> {
         return Err(format!("the range is backwards: {a} is longer than {b}"));
     }
     Ok(Latency { min, max })
+}
+
+fn parse_latency_in(s: &str) -> Result<Box<Latency>, String> {
+    parse_latency(s).map(Box::new)
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -459,5 +507,34 @@ mod tests {
             let msg = e.to_string();
             assert!(msg.contains(needle), "{args:?}: {msg}");
         }
+    }
+
+    #[test]
+    fn parses_the_hostile_and_transit_modes() {
+        let a = parse(&[]).unwrap();
+        let c = a.config();
+        assert_eq!(c.latency_in, None);
+        assert!(!c.secret_limit && !c.rate_limit_forever && !c.echo_key);
+        let a = parse(&[
+            "--latency-in",
+            "10ms..30ms",
+            "--secret-limit",
+            "--rate-limit-forever",
+            "--echo-key",
+        ])
+        .unwrap();
+        let c = a.config();
+        assert_eq!(
+            c.latency_in,
+            Some((Duration::from_millis(10), Duration::from_millis(30)))
+        );
+        assert!(c.secret_limit && c.rate_limit_forever && c.echo_key);
+        let line = a.describe();
+        for mode in ["transit-in", "secret limit", "forever", "echoing the key"] {
+            assert!(line.contains(mode), "{line}");
+        }
+        let e = parse(&["--latency-in", "3s..1s"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("backwards"), "{e}");
     }
 }

@@ -4,3 +4,4 @@ mod common;
 mod credits;
 mod run;
 mod sim;
+mod sim_modes;

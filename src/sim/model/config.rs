@@ -1,0 +1,92 @@
+//! What the model is told to simulate, already validated by `sim::SimArgs`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::rate::{Limit, Rate};
+
+/// Which server-side rate model limits each key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// APIVerve-style: at most L accepted requests in any sliding window W,
+    /// and an overrun starts a cooldown for the key.
+    #[default]
+    Window,
+    /// Apigee SpikeArrest: a token bucket of 10% of messagesPerPeriod,
+    /// dripping one token per period/messagesPerPeriod, no queue, no cooldown.
+    SpikeArrest,
+}
+
+/// Everything the model needs to know, already validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Rate model for every key.
+    pub kind: ModelKind,
+    /// The plan's limit for every key (before per-key caps).
+    pub limit: Limit,
+    /// Requests in flight per key before 429 with `x-concurrency-limit`.
+    pub concurrency: usize,
+    /// Cooldown after a window overrun; zero disables it.
+    pub cooldown: Duration,
+    /// Per-key caps below the plan's limit (`--key-cap KEY=N`).
+    pub key_caps: HashMap<String, u64>,
+    /// The cycle's base allowance (`--credits`).
+    pub credits: u64,
+    /// Credits per successful call unless the endpoint has its own cost.
+    pub default_cost: u64,
+    /// Per-endpoint costs (`--cost NAME=N`).
+    pub costs: HashMap<String, u64>,
+    /// Length of a billing cycle.
+    pub renewal_in: Duration,
+    /// How long an idempotency key's stored response is kept.
+    pub idempotency_ttl: Duration,
+    /// Injected latency, uniform in `[lo, hi]`.
+    pub latency: Option<(Duration, Duration)>,
+    /// Probability that an admitted request gets a 503 instead of executing.
+    pub fail_rate: f64,
+    /// Probability that the connection is dropped after executing.
+    pub reset_rate: f64,
+    /// Seed of the fault dice.
+    pub seed: u64,
+    /// Transit-in latency, uniform in `[lo, hi]`: a request counts as arrived
+    /// (in the window, in flight) only after it.
+    pub latency_in: Option<(Duration, Duration)>,
+    /// Enforce the limit but never send the rate headers.
+    pub secret_limit: bool,
+    /// Answer every metered request with a rate-limit 429 and
+    /// `retry-after: 1`.
+    pub rate_limit_forever: bool,
+    /// Put the request's API key in every response body.
+    pub echo_key: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kind: ModelKind::Window,
+            limit: Limit::Rate(Rate {
+                count: 60,
+                period: Duration::from_secs(60),
+            }),
+            concurrency: 5,
+            cooldown: Duration::from_secs(50),
+            key_caps: HashMap::new(),
+            credits: 100_000,
+            default_cost: 1,
+            costs: HashMap::new(),
+            renewal_in: Duration::from_secs(30 * 86_400),
+            idempotency_ttl: Duration::from_secs(86_400),
+            latency: None,
+            fail_rate: 0.0,
+            reset_rate: 0.0,
+            seed: 0,
+            latency_in: None,
+            secret_limit: false,
+            rate_limit_forever: false,
+            echo_key: false,
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Rendering: JSON bodies, the metered headers, and the refusals.
+//!
+//! With `--echo-key` every body goes through [`Echo`], which writes the
+//! request's API key into it: a hostile server for testing that a client
+//! never lets a key it gets back reach its logs or files.
+
+use axum::body::{Body, Bytes};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::super::model::{CreditView, RateInfo, Rejection};
+use crate::wire;
+
+/// The API key to write into response bodies, if `--echo-key` is on and the
+/// request had one.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Echo(Option<String>);
+
+impl Echo {
+    /// The raw `x-api-key` of `headers` when `on`, byte for byte (invalid
+    /// UTF-8 replaced).
+    pub(super) fn from_headers(on: bool, headers: &HeaderMap) -> Echo {
+        if !on {
+            return Echo(None);
+        }
+        let key = headers
+            .get(wire::API_KEY)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        Echo(key)
+    }
+
+    /// The key to echo, if any.
+    pub(super) fn key(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// Adds the key to a JSON object body: as `key`, and appended to its
+    /// `error` message.
+    fn stamp(&self, body: &mut Value) {
+        let (Some(key), Value::Object(o)) = (&self.0, body) else {
+            return;
+        };
+        if let Some(Value::String(e)) = o.get_mut("error") {
+            e.push_str(" for key ");
+            e.push_str(key);
+        }
+        o.insert("key".into(), Value::String(key.clone()));
+    }
+
+    /// A JSON response, stamped with the key.
+    pub(super) fn json(&self, status: StatusCode, mut body: Value) -> Response {
+        self.stamp(&mut body);
+        json_response(status, &body)
+    }
+
+    /// A `{"status":"error","error":message}` response, stamped with the key.
+    pub(super) fn error(&self, status: StatusCode, message: &str) -> Response {
+        self.json(status, json!({"status": "error", "error": message}))
+    }
+
+    /// The body of a successful echo call, stamped with the key.
+    pub(super) fn ok_body(&self, endpoint: &str, data: Value) -> Bytes {
+        let mut body = json!({"status": "ok", "endpoint": endpoint, "data": data});
+        self.stamp(&mut body);
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    }
+}
+
+/// A JSON response.
+pub(super) fn json_response(status: StatusCode, body: &Value) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    body_response(status, Body::from(bytes))
+}
+
+/// A response with a JSON body already rendered (or streamed).
+pub(super) fn body_response(status: StatusCode, body: Body) -> Response {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// The rate headers (when the key has a limit and it is not secret) and the
+/// four credit headers.
+pub(super) fn metered_headers(h: &mut HeaderMap, rate: Option<RateInfo>, c: CreditView) {
+    if let Some(r) = rate {
+        h.insert(wire::RATE_LIMIT_LIMIT, HeaderValue::from(r.limit));
+        h.insert(wire::RATE_LIMIT_REMAINING, HeaderValue::from(r.remaining));
+    }
+    h.insert(wire::REMAINING_CREDITS, HeaderValue::from(c.remaining));
+    h.insert(wire::CREDITS_USED, HeaderValue::from(c.used));
+    h.insert(wire::MAX_CREDITS, HeaderValue::from(c.max));
+    h.insert(wire::RENEWAL, HeaderValue::from(c.renewal));
+}
+
+/// A refusal's status, body and `retry-after`.
+fn refusal(why: &Rejection, credits: CreditView) -> (StatusCode, Value, Option<u64>) {
+    match why {
+        Rejection::Cooldown { retry_after } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({"status": "error", "error": "rate limit exceeded: key is cooling down",
+                   "retry_after": retry_after}),
+            Some(*retry_after),
+        ),
+        Rejection::Rate { retry_after } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({"status": "error", "error": "rate limit exceeded", "retry_after": retry_after}),
+            Some(*retry_after),
+        ),
+        Rejection::Concurrency { limit } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({"status": "error", "error": "too many concurrent requests",
+                   "concurrency_limit": limit, "retry_after": 1}),
+            Some(1),
+        ),
+        Rejection::Conflict => (
+            StatusCode::CONFLICT,
+            json!({"status": "error",
+                   "error": "a request with this idempotency key is still in progress",
+                   "retry_after": 1}),
+            Some(1),
+        ),
+        Rejection::Credits { cost, balance } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({"status": "error", "error": "credits exhausted", "code": "credits_exhausted",
+                   "cost": cost, "credits_remaining": balance, "renewal": credits.renewal}),
+            None,
+        ),
+    }
+}
+
+/// The response to a refused metered request.
+pub(super) fn rejected(
+    why: Rejection,
+    rate: Option<RateInfo>,
+    credits: CreditView,
+    echo: &Echo,
+) -> Response {
+    let (status, body, retry_after) = refusal(&why, credits);
+    let mut r = echo.json(status, body);
+    let h = r.headers_mut();
+    metered_headers(h, rate, credits);
+    if let Some(s) = retry_after {
+        h.insert(wire::RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Rejection::Concurrency { limit } = why {
+        h.insert(wire::CONCURRENCY_LIMIT, HeaderValue::from(limit));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CREDITS: CreditView = CreditView {
+        remaining: 7,
+        used: 3,
+        max: 10,
+        renewal: 1_800_000_000,
+    };
+
+    fn key(k: &str) -> Echo {
+        let mut h = HeaderMap::new();
+        h.insert(wire::API_KEY, HeaderValue::from_str(k).unwrap());
+        Echo::from_headers(true, &h)
+    }
+
+    async fn body(r: Response) -> Value {
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_conflict_asks_for_a_retry_in_a_second() {
+        let r = rejected(Rejection::Conflict, None, CREDITS, &Echo::default());
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[wire::RETRY_AFTER], "1");
+        assert_eq!(r.headers()[wire::REMAINING_CREDITS], "7");
+    }
+
+    #[tokio::test]
+    async fn echo_key_stamps_errors_and_successes() {
+        let echo = key("sk_live_ABC");
+        let why = Rejection::Rate { retry_after: 1 };
+        let r = rejected(why, None, CREDITS, &echo);
+        let b = body(r).await;
+        assert_eq!(b["error"], "rate limit exceeded for key sk_live_ABC");
+        assert_eq!(b["key"], "sk_live_ABC");
+
+        let ok: Value = serde_json::from_slice(&echo.ok_body("echo", json!({"n": 1}))).unwrap();
+        assert_eq!(
+            ok,
+            json!({"status": "ok", "endpoint": "echo", "data": {"n": 1},
+                              "key": "sk_live_ABC"})
+        );
+    }
+
+    #[tokio::test]
+    async fn without_echo_key_no_body_carries_the_key() {
+        let mut h = HeaderMap::new();
+        h.insert(wire::API_KEY, HeaderValue::from_static("sk_live_ABC"));
+        let echo = Echo::from_headers(false, &h);
+        let b = body(echo.error(StatusCode::BAD_REQUEST, "bad query")).await;
+        assert_eq!(b, json!({"status": "error", "error": "bad query"}));
+        assert!(!String::from_utf8_lossy(&echo.ok_body("e", Value::Null)).contains("ABC"));
+    }
+}
