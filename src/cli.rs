@@ -32,16 +32,74 @@ pub enum Command {
     Plans,
     /// Print a job's progress from its checkpoint, without calling the API.
     Status(StatusArgs),
+    /// Print a shell completion script: batchrun completions bash > /etc/bash_completion.d/batchrun
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): batchrun man > batchrun.1
+    Man,
 }
 
-const SUBCOMMANDS: [&str; 5] = ["run", "sim", "plans", "status", "help"];
+const SUBCOMMANDS: [&str; 7] = [
+    "run",
+    "sim",
+    "plans",
+    "status",
+    "completions",
+    "man",
+    "help",
+];
 
 impl Cli {
     /// Parses `args`, inserting the default `run` subcommand when the first
     /// argument is not a subcommand (nor a top-level --help/--version).
     pub fn parse_with_default<I: IntoIterator<Item = OsString>>(args: I) -> Cli {
-        Cli::parse_from(with_default_subcommand(args.into_iter().collect()))
+        let args: Vec<OsString> = args.into_iter().collect();
+        if let Some(sub) = mistyped_subcommand(&args) {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let msg = format!(
+                "unrecognized subcommand '{}'\n\n  tip: a similar subcommand exists: '{sub}'\n  (an input file must exist and end in .jsonl, .ndjson or .csv)",
+                args[1].to_string_lossy()
+            );
+            cmd.error(clap::error::ErrorKind::InvalidSubcommand, msg)
+                .exit();
+        }
+        Cli::parse_from(with_default_subcommand(args))
     }
+}
+
+/// A first argument that is no file and no flag but within two edits of a
+/// subcommand (`stauts`) is a typo, not an input file to run.
+fn mistyped_subcommand(args: &[OsString]) -> Option<&'static str> {
+    let first = args.get(1)?.to_str()?;
+    if first.starts_with('-')
+        || SUBCOMMANDS.contains(&first)
+        || first.contains(['.', '/'])
+        || std::path::Path::new(first).exists()
+    {
+        return None;
+    }
+    SUBCOMMANDS
+        .iter()
+        .find(|s| edit_distance(first, s) <= 2)
+        .copied()
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
@@ -252,6 +310,23 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod typo_tests {
+    use super::*;
+
+    #[test]
+    fn a_mistyped_subcommand_is_caught_but_a_file_is_not() {
+        let argv = |a: &str| vec![OsString::from("batchrun"), OsString::from(a)];
+        assert_eq!(mistyped_subcommand(&argv("stauts")), Some("status"));
+        assert_eq!(mistyped_subcommand(&argv("plan")), Some("plans"));
+        assert_eq!(mistyped_subcommand(&argv("status")), None);
+        assert_eq!(mistyped_subcommand(&argv("items.jsonl")), None);
+        assert_eq!(mistyped_subcommand(&argv("--plan")), None);
+        assert_eq!(mistyped_subcommand(&argv("zzzzzzzz")), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
 }
 
 #[cfg(test)]

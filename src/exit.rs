@@ -7,7 +7,8 @@
 //! | 2 | bad options or bad input (file, line and reason given); nothing sent |
 //! | 3 | finished, but some items failed (see the failures file) |
 //! | 75 | halted resumably: credits exhausted or reserve reached; run again to resume |
-//! | 130 | interrupted (Ctrl-C or SIGTERM); run again to resume |
+//! | 130 | interrupted by Ctrl-C (SIGINT); run again to resume |
+//! | 143 | stopped by SIGTERM (a scheduler); run again to resume |
 
 use crate::input::InputError;
 use crate::report::RunState;
@@ -24,6 +25,35 @@ pub const SOME_FAILED: i32 = 3;
 pub const HALTED: i32 = 75;
 /// Interrupted (128 + SIGINT).
 pub const INTERRUPTED: i32 = 130;
+/// Terminated (128 + SIGTERM).
+pub const TERMINATED: i32 = 143;
+
+/// The signal that stopped a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Ctrl-C at a terminal.
+    Interrupt,
+    /// A scheduler (cron, systemd, a container runtime) stopping the job.
+    Terminate,
+}
+
+impl Signal {
+    /// The exit code for a run this signal stopped.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Signal::Interrupt => INTERRUPTED,
+            Signal::Terminate => TERMINATED,
+        }
+    }
+
+    /// How the summary names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Signal::Interrupt => "interrupted by Ctrl-C (SIGINT)",
+            Signal::Terminate => "stopped by SIGTERM",
+        }
+    }
+}
 
 /// Errors that stop a run before or outside the pool, by exit code.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +102,8 @@ mod tests {
         assert_eq!(for_state(RunState::Interrupted, 0), 130);
         assert_eq!(for_state(RunState::Interrupted, 5), 130);
         assert_eq!(for_state(RunState::Failed, 0), 1);
+        assert_eq!(Signal::Interrupt.exit_code(), 130);
+        assert_eq!(Signal::Terminate.exit_code(), 143);
         assert_eq!(RunError::Usage("x".into()).exit_code(), 2);
         assert_eq!(RunError::Fatal(anyhow::anyhow!("x")).exit_code(), 1);
     }

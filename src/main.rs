@@ -27,6 +27,21 @@ fn main() -> ExitCode {
                     exit::FATAL
                 }
             },
+            Command::Completions { shell } => {
+                let mut cmd = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut cmd, "batchrun", &mut std::io::stdout());
+                exit::OK
+            }
+            Command::Man => {
+                let cmd = <Cli as clap::CommandFactory>::command();
+                match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+                    Ok(()) => exit::OK,
+                    Err(e) => {
+                        err_line(&format!("batchrun man: error: {e}"));
+                        exit::FATAL
+                    }
+                }
+            }
             Command::Plans => {
                 let _ = write!(
                     std::io::stdout(),
@@ -94,7 +109,17 @@ async fn run(args: RunArgs) -> i32 {
             summary.exit_code
         }
         Err(e) => {
-            err_line(&format!("batchrun: error: {e:#}"));
+            let message = format!("{e:#}");
+            err_line(&format!("batchrun: error: {message}"));
+            if json {
+                // A script reading --json gets an answer on every exit.
+                let v = serde_json::json!({
+                    "state": "error",
+                    "exit_code": e.exit_code(),
+                    "message": message,
+                });
+                let _ = writeln!(std::io::stdout(), "{v}");
+            }
             e.exit_code()
         }
     }
@@ -103,7 +128,7 @@ async fn run(args: RunArgs) -> i32 {
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: a scheduler stopping
 /// the job deserves the same clean stop as a person at the terminal. If no
 /// handler can be installed it never resolves, and the run ends by itself.
-async fn interrupted() {
+async fn interrupted() -> exit::Signal {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -121,7 +146,7 @@ async fn interrupted() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        _ = ctrl_c => exit::Signal::Interrupt,
+        _ = term => exit::Signal::Terminate,
     }
 }

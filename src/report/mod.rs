@@ -23,7 +23,7 @@ pub enum RunState {
     Done,
     /// Stopped for credits (exhausted or reserve reached); resumable.
     Halted,
-    /// Stopped by Ctrl-C; resumable.
+    /// Stopped by Ctrl-C or SIGTERM; resumable.
     Interrupted,
     /// Stopped by a fatal error (the key was rejected, ...).
     Failed,

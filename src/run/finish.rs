@@ -80,7 +80,7 @@ pub(crate) fn end_state(
         Halt::Auth(status) => format!(
             "the API rejected the key (HTTP {status}): check {api_key_env} holds a valid key for this API; nothing was marked failed"
         ),
-        Halt::Interrupted => "interrupted by Ctrl-C".to_string(),
+        Halt::Interrupted(sig) => sig.describe().to_string(),
         Halt::Stalled(for_) => format!(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
             humantime::format_duration(*for_)
@@ -129,7 +129,10 @@ pub async fn finish(
     meta.rate_limited += Stats::get(&e.stats.rate_limited);
     meta.retries += Stats::get(&e.stats.retries);
     meta.halt_reason = halt_reason.clone();
-    let exit_code = exit::for_state(state, counts.failed);
+    let exit_code = match &halt {
+        Some(Halt::Interrupted(sig)) => sig.exit_code(),
+        _ => exit::for_state(state, counts.failed),
+    };
     meta.last_state = serde_json::to_value(state)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string));

@@ -20,7 +20,7 @@ pub enum Halt {
     /// The key was rejected with this status.
     Auth(u16),
     /// Ctrl-C or SIGTERM.
-    Interrupted,
+    Interrupted(crate::exit::Signal),
     /// The server answered nothing but rate-limit 429s for too long.
     Stalled(Duration),
     /// A bug or an internal failure (the reason says which).
@@ -33,7 +33,7 @@ impl Halt {
         match self {
             Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) => RunState::Halted,
             Halt::Auth(_) | Halt::Internal(_) => RunState::Failed,
-            Halt::Interrupted => RunState::Interrupted,
+            Halt::Interrupted(_) => RunState::Interrupted,
         }
     }
 }
@@ -249,7 +249,7 @@ mod tests {
     async fn the_first_halt_is_the_one_kept() {
         let g = Gate::new(Duration::from_secs(1));
         g.stop(Halt::Exhausted);
-        g.stop(Halt::Interrupted);
+        g.stop(Halt::Interrupted(crate::exit::Signal::Interrupt));
         assert_eq!(g.halt(), Some(Halt::Exhausted));
         assert_eq!(g.pass().await, Pass::Stop);
         assert!(!g.sleep(Duration::from_secs(1)).await);

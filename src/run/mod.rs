@@ -28,7 +28,7 @@ mod tests;
 use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
-use crate::exit::RunError;
+use crate::exit::{RunError, Signal};
 use crate::input::{self, Item};
 use crate::pace;
 use crate::rate::backoff::Backoff;
@@ -43,10 +43,10 @@ use pool::{Pool, PoolConfig, Queue};
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs a job to its end: done, halted, interrupted or failed. `shutdown`
-/// resolves on Ctrl-C or SIGTERM.
+/// resolves with the signal on Ctrl-C or SIGTERM.
 pub async fn run(
     mut settings: Settings,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = Signal> + Send + 'static,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
     crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
@@ -268,11 +268,11 @@ fn spawn_ticker(
 async fn supervise(
     pool: &Pool,
     workers: &mut JoinSet<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Signal>,
     reporter: &Reporter,
 ) {
     tokio::pin!(shutdown);
-    loop {
+    let signal = loop {
         tokio::select! {
             r = workers.join_next() => match r {
                 None => return,
@@ -281,13 +281,14 @@ async fn supervise(
                 )),
                 Some(_) => {}
             },
-            _ = &mut shutdown => break,
+            sig = &mut shutdown => break sig,
         }
-    }
-    reporter.println(
-        "batchrun: interrupted: finishing the calls in flight, then saving the checkpoint...",
-    );
-    pool.gate.stop(Halt::Interrupted);
+    };
+    reporter.println(&format!(
+        "batchrun: {}: finishing the calls in flight, then saving the checkpoint...",
+        signal.describe()
+    ));
+    pool.gate.stop(Halt::Interrupted(signal));
     let grace = tokio::time::sleep(INTERRUPT_GRACE);
     tokio::pin!(grace);
     loop {

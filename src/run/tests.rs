@@ -70,7 +70,13 @@ async fn run_pool(
         set.spawn(pool.clone().worker(queue.clone()));
     }
     let reporter = crate::report::Reporter::new(n);
-    super::supervise(&pool, &mut set, std::future::pending(), &reporter).await;
+    super::supervise(
+        &pool,
+        &mut set,
+        std::future::pending::<crate::exit::Signal>(),
+        &reporter,
+    )
+    .await;
     let halt = pool.gate.halt();
     drop(pool);
     let mut events = Vec::new();

@@ -381,7 +381,9 @@ async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
             libc::SIGTERM,
         )
         .await;
-    assert_eq!(r.code, 130, "{}", r.stderr);
+    // 128 + SIGTERM, and named as such: a scheduler's log must not say Ctrl-C.
+    assert_eq!(r.code, 143, "{}", r.stderr);
+    assert!(r.stderr.contains("SIGTERM"), "{}", r.stderr);
     let summary = r.summary;
     assert_eq!(summary["state"], "interrupted");
     assert_eq!(
@@ -521,4 +523,39 @@ async fn a_csv_input_with_a_body_template_and_a_custom_out_file() {
     assert_eq!(results[0]["body"]["data"]["n"], 1);
     assert_eq!(results[1]["body"]["data"]["name"], "say \"hi\"");
     assert_side_effects(&s.sim().stats().await, 2);
+}
+
+#[test]
+fn json_answers_even_on_a_usage_error() {
+    let s = Scenario::new("json-error").input("items.jsonl", "{\"n\": 1}\n{oops\n");
+    let r = s.run(&["--url", "http://127.0.0.1:9/v1/echo?n={n}"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "error");
+    assert_eq!(r.summary["exit_code"], 2);
+    assert!(
+        r.summary["message"]
+            .as_str()
+            .unwrap()
+            .contains("items.jsonl:2"),
+        "{}",
+        r.summary
+    );
+}
+
+#[test]
+fn a_mistyped_subcommand_says_what_was_meant() {
+    let out = bin().arg("stauts").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'status'"), "{err}");
+}
+
+#[test]
+fn completions_and_a_man_page_are_generated() {
+    let out = bin().args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("batchrun"));
+    let man = bin().arg("man").output().unwrap();
+    assert!(man.status.success());
+    assert!(String::from_utf8_lossy(&man.stdout).contains(".TH batchrun"));
 }
