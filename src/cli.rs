@@ -241,6 +241,15 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub timeout: Duration,
 
+    /// Halt (exit 1, nothing marked failed) when the first N calls all fail
+    /// alike: refused, unknown host, TLS, 404 or 405 on every item. 0: off.
+    #[arg(long, default_value = "10", value_name = "N")]
+    pub fail_fast: u32,
+
+    /// Halt once this many items (N) or this share of them (P%) failed in this run.
+    #[arg(long, value_name = "N|P%")]
+    pub max_failures: Option<crate::run::watch::MaxFailures>,
+
     /// Halt resumably (exit 75) after this long of nothing but rate-limit 429s.
     #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
     pub max_wait: Duration,

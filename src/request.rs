@@ -27,6 +27,15 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// `text` with every occurrence of the key replaced by `***`: for a URL
+    /// the key was templated into, or a body a server echoed it in.
+    pub fn redact(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            return text.to_string();
+        }
+        text.replace(&self.0, "***")
+    }
 }
 
 impl std::fmt::Debug for Secret {

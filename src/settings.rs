@@ -73,6 +73,10 @@ pub struct Settings {
     pub max_attempts: u32,
     /// How long a run may get nothing but rate-limit 429s before it halts.
     pub max_wait: Duration,
+    /// Identical job-wide failures from the start that halt the run (0: off).
+    pub fail_fast: u32,
+    /// The failures a run may pile up.
+    pub max_failures: Option<crate::run::watch::MaxFailures>,
     /// Discard the checkpoint first.
     pub fresh: bool,
     /// Re-open failed items.
@@ -253,6 +257,15 @@ impl Settings {
             timeout: args.timeout,
             max_attempts: args.max_attempts,
             max_wait: args.max_wait,
+            // A slow plan must not spend minutes proving its URL wrong:
+            // never more than one window's worth of calls.
+            fail_fast: match limit.rate() {
+                Some(r) if r.count >= 3 => args
+                    .fail_fast
+                    .min(u32::try_from(r.count).unwrap_or(u32::MAX)),
+                _ => args.fail_fast,
+            },
+            max_failures: args.max_failures,
             fresh: args.fresh,
             retry_failed: args.retry_failed,
             api_key_env: args.api_key_env.clone(),

@@ -1,27 +1,38 @@
 //! The token-bucket pacer: one bucket shared by every worker, sized so that
 //! `capacity + rate × window ≤ limit` can never overrun a sliding window.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit};
+use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::rate::bucket::TokenBucket;
 use crate::rate::Rate;
 
 /// The token-bucket pacer.
 pub struct BucketPacer {
-    bucket: Mutex<TokenBucket>,
+    bucket: Arc<Mutex<TokenBucket>>,
     period: Duration,
+}
+
+/// A token that goes back to the bucket if its call is never sent.
+struct Token(Arc<Mutex<TokenBucket>>);
+
+impl Ticket for Token {
+    fn complete(self: Box<Self>, _arrived: Instant) {}
+
+    fn cancel(self: Box<Self>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).refund();
+    }
 }
 
 impl BucketPacer {
     /// Wraps a bucket; `period` is the window the limit is counted over.
     pub fn new(bucket: TokenBucket, period: Duration) -> BucketPacer {
         BucketPacer {
-            bucket: Mutex::new(bucket),
+            bucket: Arc::new(Mutex::new(bucket)),
             period,
         }
     }
@@ -39,7 +50,7 @@ impl Pacer for BucketPacer {
             loop {
                 let next = self.lock().try_take(now_std());
                 match next {
-                    Ok(()) => return Ok(Permit::untracked()),
+                    Ok(()) => return Ok(Permit::tracked(Box::new(Token(self.bucket.clone())))),
                     Err(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
                 }
             }
@@ -147,6 +158,21 @@ mod tests {
         let most = max_in_window(&s, Duration::from_secs(1));
         assert!(most <= 60, "{most} in one window");
         assert!(s.len() >= 500, "too slow: {}", s.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_never_sent_gives_its_token_back() {
+        let p = starter_scaled();
+        for _ in 0..6 {
+            drop(p.take().await.unwrap());
+        }
+        let t0 = Instant::now();
+        for _ in 0..6 {
+            call(&p).await;
+        }
+        assert_eq!(Instant::now(), t0, "the whole burst is still there");
+        call(&p).await;
+        assert!(Instant::now() > t0, "but no more than the burst");
     }
 
     #[tokio::test(start_paused = true)]

@@ -170,6 +170,14 @@ impl TokenBucket {
             .unwrap_or(now + Duration::from_secs(365 * 86_400)))
     }
 
+    /// Gives back a token taken for a call that was never sent (the run
+    /// stopped, or no connection was made): it consumed nothing at the
+    /// server, so it may go to the next call. Never above capacity.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.capacity);
+        self.released = self.released.saturating_sub(1);
+    }
+
     /// A rate-limit 429 slipped through: hold every caller until `until`, and
     /// empty the bucket so nobody bursts the moment the pause ends.
     pub fn pause_until(&mut self, until: Instant, now: Instant) {

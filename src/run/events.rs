@@ -8,7 +8,7 @@ use crate::credits::{Alert, CreditSnapshot};
 use crate::pace::PaceNote;
 
 /// One thing that happened in the pool.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Event {
     /// A call went out.
     Sent,

@@ -85,7 +85,7 @@ pub(crate) fn end_state(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
             humantime::format_duration(*for_)
         ),
-        Halt::Internal(why) => why.clone(),
+        Halt::Internal(why) | Halt::Systemic(why) => why.clone(),
     };
     (h.state(), Some(reason))
 }

@@ -25,6 +25,9 @@ pub enum Halt {
     Stalled(Duration),
     /// A bug or an internal failure (the reason says which).
     Internal(String),
+    /// The job itself is wrong (every call fails alike) or its failures
+    /// passed `--max-failures`; the reason says which.
+    Systemic(String),
 }
 
 impl Halt {
@@ -32,7 +35,7 @@ impl Halt {
     pub fn state(&self) -> RunState {
         match self {
             Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) => RunState::Halted,
-            Halt::Auth(_) | Halt::Internal(_) => RunState::Failed,
+            Halt::Auth(_) | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,
         }
     }

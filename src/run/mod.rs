@@ -24,6 +24,7 @@ pub mod pool;
 pub mod recorder;
 #[cfg(test)]
 mod tests;
+pub mod watch;
 
 use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;
@@ -136,6 +137,7 @@ pub async fn run(
             max_wait: settings.max_wait,
         },
         limited_since: std::sync::Mutex::new(None),
+        watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
     });
     let stats = Arc::new(Stats::default());
     stats.done.store(counts.done, Ordering::Relaxed);
@@ -167,6 +169,9 @@ pub async fn run(
 
     // 6. Wait for the pool, or Ctrl-C; then end the run.
     supervise(&pool, &mut workers, shutdown, &reporter).await;
+    if !pool.gate.is_stopped() {
+        pool.release_held();
+    }
     pool.gate.close();
     let halt = pool.gate.halt();
     drop(pool);

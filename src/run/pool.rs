@@ -10,12 +10,13 @@ use tokio::time::Instant;
 
 use super::events::Event;
 use super::gate::{Gate, Halt, Pass};
+use super::watch::{Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{Pacer, Permit};
 use crate::rate::backoff::Backoff;
-use crate::request::{Request, RequestSpec, Response, Transport, TransportError};
+use crate::request::{FailureKind, Request, RequestSpec, Response, Transport};
 
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
@@ -55,6 +56,8 @@ pub struct Pool {
     pub cfg: PoolConfig,
     /// Since when every answer has been a rate-limit 429, if so.
     pub limited_since: std::sync::Mutex<Option<Instant>>,
+    /// Fail fast on a wrong job; bound the failures.
+    pub watch: Watch,
 }
 
 /// The queue the feeder fills: items with their retry generation.
@@ -63,7 +66,8 @@ pub type Queue = Arc<Mutex<mpsc::Receiver<(Item, u32)>>>;
 /// What a response (or its absence) means for the item.
 enum Outcome {
     Done(u16, String),
-    Error(CallError),
+    /// A failure, and whether its cause is job-wide (a wrong URL).
+    Error(CallError, Option<Systemic>),
     /// The reserve refused the rest of the job; the call itself may be done.
     Refused {
         done: Option<(u16, String)>,
@@ -82,6 +86,13 @@ impl Pool {
         // The recording loop outlives every worker; a closed channel means
         // the run is being torn down, and there is nothing left to record.
         let _ = self.events.send(ev);
+    }
+
+    /// Records the outcomes the watch still holds: call once the pool is over.
+    pub fn release_held(&self) {
+        for e in self.watch.release() {
+            self.emit(e);
+        }
     }
 
     /// One worker: takes items until the queue closes or the run stops.
@@ -141,7 +152,10 @@ impl Pool {
             self.emit(Event::Sent);
             attempts += 1;
             let outcome = self.call(&req, permit, guard).await;
-            match self.react(outcome, &item, &mut attempts, probing).await {
+            match self
+                .react(outcome, &item, &req, &mut attempts, probing)
+                .await
+            {
                 Next::Again => continue,
                 Next::Finished => return,
             }
@@ -198,10 +212,21 @@ impl Pool {
     /// Sends one call and reads what its response means.
     async fn call(&self, req: &Request, permit: Permit, guard: InFlight) -> Outcome {
         let result = self.transport.send(req).await;
-        permit.complete(Instant::now());
         let outcome = match result {
-            Ok(resp) => self.read(resp).await,
-            Err(e) => Outcome::Error(transport_error(&e)),
+            Ok(resp) => {
+                permit.complete(Instant::now());
+                self.read(resp).await
+            }
+            // No connection, so the server never saw the call: its place in
+            // the window is free again, and a wrong host fails fast.
+            Err(e) if e.kind == FailureKind::Connect => {
+                drop(permit);
+                Outcome::Error(classify::transport(&e), Some(Systemic::Connect(e.reason)))
+            }
+            Err(e) => {
+                permit.complete(Instant::now());
+                Outcome::Error(classify::transport(&e), None)
+            }
         };
         // Only now is this call's charge visible in the balance the
         // reserve reads, so only now does it stop counting as in flight.
@@ -246,7 +271,10 @@ impl Pool {
                 why,
             },
             (Ok(()), None) => Outcome::Done(status, body),
-            (Err(e), None) => Outcome::Error(e),
+            (Err(e), None) => {
+                let systemic = matches!(status, 404 | 405).then_some(Systemic::Status(status));
+                Outcome::Error(e, systemic)
+            }
         }
     }
 
@@ -255,12 +283,14 @@ impl Pool {
         &self,
         outcome: Outcome,
         item: &Item,
+        req: &Request,
         attempts: &mut u32,
         probing: bool,
     ) -> Next {
-        let err = match outcome {
+        let (err, systemic) = match outcome {
             Outcome::Done(status, body) => {
-                self.record_done(item, status, &body, *attempts);
+                let done = self.done_event(item, status, &body, *attempts);
+                self.settle(None, Some(done), req);
                 if probing {
                     self.probe_succeeded();
                 }
@@ -268,12 +298,13 @@ impl Pool {
             }
             Outcome::Refused { done, why } => {
                 if let Some((status, body)) = done {
-                    self.record_done(item, status, &body, *attempts);
+                    let done = self.done_event(item, status, &body, *attempts);
+                    self.settle(None, Some(done), req);
                 }
                 self.gate.stop(Halt::Reserve(why));
                 return Next::Finished;
             }
-            Outcome::Error(e) => e,
+            Outcome::Error(e, systemic) => (e, systemic),
         };
         // Whatever went wrong, a probe that did not find credits gone must
         // not hold the probe: the next waiting worker takes it.
@@ -321,18 +352,36 @@ impl Pool {
                 Next::Finished
             }
             CallError::Permanent { status, reason } => {
-                self.emit(Event::Failed {
+                let failed = Event::Failed {
                     line: item.line,
                     status: Some(status),
                     reason: format!("HTTP {status}: {reason}"),
                     attempts: *attempts,
-                });
+                };
+                self.settle(systemic, Some(failed), req);
                 Next::Finished
             }
             CallError::Transient {
                 reason,
                 retry_after,
-            } => self.transient(item, *attempts, reason, retry_after).await,
+            } => {
+                let last = *attempts >= self.cfg.max_attempts;
+                let failed = last.then(|| Event::Failed {
+                    line: item.line,
+                    status: None,
+                    reason: format!("{reason} (gave up after {attempts} attempts)"),
+                    attempts: *attempts,
+                });
+                if !self.settle(systemic, failed, req) || last {
+                    return Next::Finished;
+                }
+                self.emit(Event::Retry);
+                let wait = self
+                    .cfg
+                    .backoff
+                    .wait(*attempts, retry_after, fastrand::f64());
+                self.again_after(wait).await
+            }
         }
     }
 
@@ -364,30 +413,6 @@ impl Pool {
             self.start_waiting("credits exhausted");
         }
         Next::Again
-    }
-
-    async fn transient(
-        &self,
-        item: &Item,
-        attempts: u32,
-        reason: String,
-        retry_after: Option<Duration>,
-    ) -> Next {
-        if attempts >= self.cfg.max_attempts {
-            self.emit(Event::Failed {
-                line: item.line,
-                status: None,
-                reason: format!("{reason} (gave up after {attempts} attempts)"),
-                attempts,
-            });
-            return Next::Finished;
-        }
-        self.emit(Event::Retry);
-        let wait = self
-            .cfg
-            .backoff
-            .wait(attempts, retry_after, fastrand::f64());
-        self.again_after(wait).await
     }
 
     async fn again_after(&self, d: Duration) -> Next {
@@ -433,20 +458,37 @@ impl Pool {
         }
     }
 
-    fn record_done(&self, item: &Item, status: u16, body: &str, attempts: u32) {
+    fn done_event(&self, item: &Item, status: u16, body: &str, attempts: u32) -> Event {
         let body = serde_json::from_str(body)
             .unwrap_or_else(|_| serde_json::Value::String(body.to_string()));
-        self.emit(Event::Done {
+        Event::Done {
             line: item.line,
             status,
             body,
             attempts,
-        });
+        }
     }
-}
 
-fn transport_error(e: &TransportError) -> CallError {
-    classify::transport(e)
+    /// Passes one call's outcome through the watch. False when the run
+    /// halted on it (nothing is recorded then: the item stays pending).
+    fn settle(&self, systemic: Option<Systemic>, event: Option<Event>, req: &Request) -> bool {
+        let url = match &self.spec.key {
+            Some(k) => k.redact(&req.url),
+            None => req.url.clone(),
+        };
+        match self.watch.outcome(systemic, event, &url) {
+            Verdict::Record(events) => {
+                for e in events {
+                    self.emit(e);
+                }
+                true
+            }
+            Verdict::Halt(why) => {
+                self.gate.stop(Halt::Systemic(why));
+                false
+            }
+        }
+    }
 }
 
 /// The Idempotency-Key of an item: stable across resumes (the job's

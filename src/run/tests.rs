@@ -57,6 +57,7 @@ async fn run_pool(
             max_wait: Duration::from_secs(600),
         },
         limited_since: std::sync::Mutex::new(None),
+        watch: super::watch::Watch::new(10, None),
     });
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {

@@ -559,3 +559,46 @@ fn completions_and_a_man_page_are_generated() {
     assert!(man.status.success());
     assert!(String::from_utf8_lossy(&man.stdout).contains(".TH batchrun"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_path_halts_after_a_handful_of_calls_with_nothing_failed() {
+    let s = Scenario::new("wrong-path")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(50);
+    let url = format!("{}/v2/echo?n={{n}}", s.sim().url);
+    let r = s.run(&["--url", &url, "--limit", "600/1s", "--concurrency", "2"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap().to_string();
+    assert!(why.contains("HTTP 404 on every item"), "{why}");
+    assert!(why.contains("/v2/echo?n="), "{why}");
+    assert!(why.contains("check the path"), "{why}");
+    assert_eq!(r.summary["failed"], 0, "nothing marked failed");
+    assert_eq!(r.summary["pending"], 50);
+    let sent = r.summary["requests"].as_u64().unwrap();
+    assert!((10..=12).contains(&sent), "{sent} calls");
+}
+
+#[test]
+fn a_wrong_host_halts_at_once_whatever_the_plan() {
+    // Nothing listens on port 9 (discard) here; the Free plan allows 5 a
+    // minute, which must not stretch the proof into minutes.
+    let s = Scenario::new("wrong-host").numbers(20);
+    let started = std::time::Instant::now();
+    let r = s.run(&[
+        "--url",
+        "http://127.0.0.1:9/v1/echo?n={n}",
+        "--plan",
+        "free",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap().to_string();
+    assert!(why.contains("could not connect"), "{why}");
+    assert!(why.contains("host and port"), "{why}");
+    assert_eq!(r.summary["failed"], 0);
+    assert_eq!(r.summary["pending"], 20);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
