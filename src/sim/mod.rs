@@ -90,6 +90,12 @@ pub struct SimArgs {
     #[arg(long = "reset-rate", value_name = "F", default_value_t = 0.0, value_parser = parse_fraction)]
     pub reset_rate: f64,
 
+    /// A call whose client went away (it timed out) still runs to its end and
+    /// stores its answer, as most real servers do; a retry under the same
+    /// Idempotency-Key then meets a 409 while it runs, and its answer after.
+    #[arg(long)]
+    pub keep_working: bool,
+
     /// Seed of the fault sequence, for reproducible runs (random if absent).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -139,6 +145,7 @@ impl Default for SimArgs {
             secret_limit: false,
             rate_limit_forever: false,
             echo_key: false,
+            keep_working: false,
         }
     }
 }
@@ -196,6 +203,7 @@ impl SimArgs {
             secret_limit: self.secret_limit,
             rate_limit_forever: self.rate_limit_forever,
             echo_key: self.echo_key,
+            keep_working: self.keep_working,
         }
     }
 

@@ -5,3 +5,4 @@ mod credits;
 mod run;
 mod sim;
 mod sim_modes;
+mod trust;

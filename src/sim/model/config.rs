@@ -56,6 +56,8 @@ pub struct Config {
     pub latency_in: Option<(Duration, Duration)>,
     /// Enforce the limit but never send the rate headers.
     pub secret_limit: bool,
+    /// Finish a call whose client went away.
+    pub keep_working: bool,
     /// Answer every metered request with a rate-limit 429 and
     /// `retry-after: 1`.
     pub rate_limit_forever: bool,
@@ -87,6 +89,7 @@ impl Default for Config {
             secret_limit: false,
             rate_limit_forever: false,
             echo_key: false,
+            keep_working: false,
         }
     }
 }

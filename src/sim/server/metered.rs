@@ -186,13 +186,24 @@ async fn metered(
         } => (ticket, rate, faults),
     };
     let run = Run {
-        endpoint,
+        endpoint: endpoint.to_string(),
         payload,
         rate,
         faults,
         echo,
         conn,
     };
+    if app.keep_working {
+        // Detached from the connection: the client leaving no longer drops it.
+        let done = tokio::spawn(run.finish(app.clone(), ticket));
+        return match done.await {
+            Ok(r) => r,
+            Err(_) => {
+                let status = StatusCode::INTERNAL_SERVER_ERROR;
+                Echo::from_headers(false, headers).error(status, "the call's task failed")
+            }
+        };
+    }
     run.finish(app, ticket).await
 }
 
@@ -220,8 +231,8 @@ fn replay(stored: Bytes, echo: &Echo) -> Response {
 }
 
 /// An admitted request on its way to an answer.
-struct Run<'a> {
-    endpoint: &'a str,
+struct Run {
+    endpoint: String,
     payload: Payload,
     rate: Option<RateInfo>,
     faults: Faults,
@@ -229,7 +240,7 @@ struct Run<'a> {
     conn: ConnCtl,
 }
 
-impl Run<'_> {
+impl Run {
     /// Latency, then an injected 503 or the execution (and maybe a reset).
     async fn finish(self, app: Shared, ticket: Ticket) -> Response {
         let mut guard = InFlight {
@@ -267,7 +278,7 @@ impl Run<'_> {
     fn execute(self, app: &App, ticket: Ticket) -> Response {
         let (stored, body) = match self.payload {
             Payload::Echo(data) => {
-                let b = self.echo.ok_body(self.endpoint, data);
+                let b = self.echo.ok_body(&self.endpoint, data);
                 (b.clone(), Body::from(b))
             }
             Payload::Big(n) => (big::marker(n), big::body(n, self.echo.key())),

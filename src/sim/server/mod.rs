@@ -39,6 +39,8 @@ struct App {
     echo_key: bool,
     /// Whether `--latency-in` is set, likewise.
     latency_in: bool,
+    /// `--keep-working`, likewise.
+    keep_working: bool,
 }
 
 impl App {
@@ -72,6 +74,7 @@ fn describe(cfg: &Config) -> Value {
         "cooldown_ms": cfg.cooldown.as_millis() as u64,
         "seed": cfg.seed,
         "latency_in_ms": cfg.latency_in.map(ms),
+        "keep_working": cfg.keep_working,
         "secret_limit": cfg.secret_limit,
         "rate_limit_forever": cfg.rate_limit_forever,
         "echo_key": cfg.echo_key,
@@ -91,6 +94,7 @@ pub(crate) async fn serve(
         describe: describe(&cfg),
         echo_key: cfg.echo_key,
         latency_in: cfg.latency_in.is_some(),
+        keep_working: cfg.keep_working,
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()

@@ -1,0 +1,77 @@
+//! Never run a call twice, never lose a record: the rarer faults.
+
+use std::io::Write;
+use std::process::Stdio;
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_call_is_retried_under_its_key_and_runs_once() {
+    // Every call takes 1.2 s at the server; the client gives up after 0.4 s,
+    // so each item's retry meets a 409 (its key still executing) with a
+    // Retry-After, then the stored response. Nothing runs twice.
+    let s = Scenario::new("timeout-409")
+        .with_sim(&["--limit", "none", "--latency", "1200ms", "--keep-working"])
+        .numbers(6);
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "--timeout",
+        "400ms",
+        "--max-attempts",
+        "10",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 6);
+    let st = s.sim().stats().await;
+    assert_side_effects(&st, 6);
+    assert!(r.summary["retries"].as_u64().unwrap() >= 6, "{}", r.summary);
+}
+
+#[test]
+fn a_server_that_only_rate_limits_halts_resumably_after_max_wait() {
+    let s = Scenario::new("max-wait")
+        .with_sim(&["--rate-limit-forever"])
+        .numbers(5);
+    let r = s.run(&["--limit", "100/1s", "--max-wait", "3s"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["state"], "halted");
+    let why = r.summary["halt_reason"].as_str().unwrap();
+    assert!(why.contains("nothing but rate limits"), "{why}");
+    assert_eq!(r.summary["failed"], 0);
+    assert_eq!(r.summary["pending"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipe_is_spooled_once_and_the_same_content_resumes_its_job() {
+    let s = Scenario::new("pipe").with_sim(&["--limit", "none"]);
+    let items: String = (1..=8).map(|n| format!("{{\"n\": {n}}}\n")).collect();
+    let out = s.dir().path().join("piped.results.jsonl");
+    let run = || {
+        let mut c = s.cmd_for(std::path::Path::new("-"), &["--limit", "none"]);
+        c.args(["--format", "jsonl", "--out"])
+            .arg(&out)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(items.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.code(),
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default(),
+        )
+    };
+    let (code, summary) = run();
+    assert_eq!(code, Some(0), "{summary}");
+    assert_each_item_once(&out, 8);
+    let (code, again) = run();
+    assert_eq!(code, Some(0));
+    assert_eq!(again["requests"], 0, "the same content resumes: {again}");
+    assert_side_effects(&s.sim().stats().await, 8);
+}
