@@ -262,9 +262,30 @@ pub struct RunArgs {
     #[arg(long)]
     pub retry_failed: bool,
 
-    /// Print a one-object JSON summary on stdout at exit.
+    /// Print a one-object JSON summary on stdout at exit (also on errors).
     #[arg(long)]
     pub json: bool,
+
+    /// Check the whole input and print the first N rendered requests (key
+    /// hidden); send nothing.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3")]
+    pub dry_run: Option<usize>,
+
+    /// Only the summary, alerts and errors on stderr.
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// One line per request (key hidden).
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    /// Colours in the progress bar: auto (a terminal without NO_COLOR), always, never.
+    #[arg(long, value_enum, default_value = "auto", value_name = "WHEN")]
+    pub color: crate::report::progress::ColorChoice,
+
+    /// How often a progress line is logged when stderr is not a terminal.
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub log_every: Duration,
 
     /// Start the built-in sim in-process on a free port and run against it
     /// (no key, no network). --url may then be a path on the sim, such as /v1/echo.

@@ -83,7 +83,7 @@ impl RunError {
 pub fn for_state(state: RunState, failed_items: u64) -> i32 {
     match state {
         RunState::Done if failed_items > 0 => SOME_FAILED,
-        RunState::Done => OK,
+        RunState::Done | RunState::Checked => OK,
         RunState::Halted => HALTED,
         RunState::Interrupted => INTERRUPTED,
         RunState::Failed => FATAL,

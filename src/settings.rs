@@ -85,6 +85,16 @@ pub struct Settings {
     pub api_key_env: String,
     /// Credit alerts, reserve and waiting.
     pub credits: CreditSettings,
+    /// Where the limit came from ("plan starter", "--limit"), for the start line.
+    pub limit_source: String,
+    /// `--dry-run N`: check and show N requests, send nothing.
+    pub dry_run: Option<usize>,
+    /// One line per request.
+    pub verbose: bool,
+    /// `--json`: stdout carries only the summary.
+    pub json: bool,
+    /// How the run talks on stderr.
+    pub style: crate::report::progress::Style,
 }
 
 /// The limit and concurrency the options ask for (the plan's, unless overridden).
@@ -229,6 +239,12 @@ impl Settings {
         let key = api_key(args, sim_base.is_some())?;
         let request = request_spec(args, &url_src, json_default, key)?;
         let format = input::detect_format(&args.input, args.format)?;
+        // A format other than the extension's is part of what the job is;
+        // the usual case keeps the identity it always had.
+        let format_note = match input::detect_format(&args.input, None) {
+            Ok(f) if f == format => None,
+            _ => Some(format),
+        };
         let origin = if sim_base.is_some() && identity_url.starts_with("sim:") {
             "sim".to_string()
         } else {
@@ -241,7 +257,10 @@ impl Settings {
             limit,
             concurrency,
             burst: args.burst,
-            identity: identity(args, &request, &identity_url),
+            identity: identity(args, &request, &identity_url)
+                + &format_note
+                    .map(|f| format!("\nformat: {f}"))
+                    .unwrap_or_default(),
             format,
             input: args.input.clone(),
             out: args
@@ -269,6 +288,14 @@ impl Settings {
             fresh: args.fresh,
             retry_failed: args.retry_failed,
             api_key_env: args.api_key_env.clone(),
+            limit_source: match args.limit {
+                Some(_) => "--limit".to_string(),
+                None => format!("plan {}", args.plan.name()),
+            },
+            dry_run: args.dry_run,
+            verbose: args.verbose,
+            json: args.json,
+            style: crate::report::progress::Style::detect(args.color, args.quiet, args.log_every),
             credits: CreditSettings {
                 alert_at: args.alert_at.0.clone(),
                 burn_window: args.burn_window,

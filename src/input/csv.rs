@@ -113,7 +113,19 @@ impl<R: Read> CsvItems<R> {
             return Ok(false);
         };
         let mut names: Vec<String> = Vec::with_capacity(self.record.len());
-        for name in self.fields(line)? {
+        let fields = self.fields(line)?;
+        // `--format csv` on a JSONL file would send each line's fragments
+        // as items; a header that opens like JSON is that mistake.
+        if fields
+            .first()
+            .is_some_and(|f| f.trim_start().starts_with(['{', '[']))
+        {
+            return Err(self.content_error(
+                line,
+                "the header row looks like JSON, not CSV column names; use --format jsonl".into(),
+            ));
+        }
+        for name in fields {
             // Two columns with one name would silently lose one of them in the
             // item object.
             if names.iter().any(|n| n == name) {
@@ -293,6 +305,17 @@ mod tests {
                 .ends_with(":2: row has 3 fields, the header has 2"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_jsonl_file_read_as_csv_is_refused() {
+        let f = TempFile::new(
+            "items.jsonl",
+            b"{\"n\": 1, \"m\": 2}\n{\"n\": 2, \"m\": 3}\n",
+        );
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert_eq!(err.line(), Some(1));
+        assert!(err.to_string().contains("looks like JSON"), "{err}");
     }
 
     #[test]

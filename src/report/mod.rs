@@ -27,6 +27,8 @@ pub enum RunState {
     Interrupted,
     /// Stopped by a fatal error (the key was rejected, ...).
     Failed,
+    /// `--dry-run`: the input was checked and nothing was sent.
+    Checked,
 }
 
 /// The machine summary printed by `--json`, and the basis of the human one.
@@ -84,6 +86,7 @@ pub fn human_summary(s: &Summary) -> String {
             "interrupted (checkpoint saved: run the same command to resume)".to_string()
         }
         RunState::Failed => "failed".to_string(),
+        RunState::Checked => "dry run: the input is valid; nothing was sent".to_string(),
     };
     let mut out = format!(
         "batchrun: {head}\n  items: {} done, {} failed, {} pending of {}\n  this run: {} requests, {} rate-limited, {} retries in {:.1}s ({:.1} items/min)",

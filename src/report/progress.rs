@@ -1,9 +1,12 @@
 //! The live progress display. On a terminal it draws an indicatif bar on
-//! stderr; otherwise it writes a plain line every few seconds, which reads
-//! well in cron mail and CI logs.
+//! stderr; otherwise (cron mail, systemd's journal, CI logs) it writes one
+//! line per event with an ISO-8601 timestamp, and a progress line every
+//! `--log-every`.
 
+use std::collections::VecDeque;
 use std::io::IsTerminal;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -28,6 +31,10 @@ pub struct View {
     pub paused_for: Option<Duration>,
     /// Waiting for credits: time to the next probe.
     pub waiting_probe_in: Option<Duration>,
+    /// The pace the limit allows, items per minute (None when unlimited).
+    pub steady_per_min: Option<f64>,
+    /// Items per minute over the last minute of this run, when measured.
+    pub recent_per_min: Option<f64>,
 }
 
 impl View {
@@ -41,11 +48,25 @@ impl View {
         }
     }
 
+    /// The rate the rest of the run will go at: the limit's steady pace,
+    /// unless the last minute was slower (a slow API, too few workers). The
+    /// opening burst never counts: it is not repeated.
+    pub fn expected_per_min(&self) -> f64 {
+        match (self.steady_per_min, self.recent_per_min) {
+            (Some(s), Some(r)) => s.min(r),
+            (Some(s), None) => s,
+            (None, Some(r)) => r,
+            (None, None) => self.per_min(),
+        }
+    }
+
     fn status(&self, total: u64) -> String {
-        let mut parts = vec![format!("{:.0}/min", self.per_min())];
+        let rate = self.expected_per_min();
+        let mut parts = vec![format!("{}/min", fmt_rate(rate))];
         let left = total.saturating_sub(self.done + self.failed);
-        if self.done_this_run > 0 && left > 0 {
-            let eta = Duration::from_secs_f64(left as f64 * 60.0 / self.per_min().max(1e-9));
+        if left > 0 && rate > 0.0 {
+            let eta =
+                Duration::try_from_secs_f64(left as f64 * 60.0 / rate).unwrap_or(Duration::MAX);
             parts.push(format!("ETA {}", fmt_secs(eta)));
         }
         if let Some(c) = self.credits {
@@ -58,7 +79,12 @@ impl View {
             parts.push(format!("429s {}", self.rate_limited));
         }
         if let Some(p) = self.paused_for {
-            parts.push(format!("PAUSED {}s", p.as_secs_f64().ceil() as u64));
+            let end = SystemTime::now() + p;
+            parts.push(format!(
+                "PAUSED {}s (until {} UTC)",
+                p.as_secs_f64().ceil() as u64,
+                &humantime::format_rfc3339_seconds(end).to_string()[11..19]
+            ));
         }
         if let Some(w) = self.waiting_probe_in {
             parts.push(format!(
@@ -70,9 +96,20 @@ impl View {
     }
 }
 
-fn fmt_secs(d: Duration) -> String {
+fn fmt_rate(per_min: f64) -> String {
+    if per_min >= 10.0 || per_min == 0.0 {
+        format!("{per_min:.0}")
+    } else {
+        format!("{per_min:.2}")
+    }
+}
+
+/// A duration as "1h05m", "3m07s" or "12s"; days past a day.
+pub fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
-    if s >= 3600 {
+    if s >= 86_400 {
+        format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600)
+    } else if s >= 3600 {
         format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
     } else if s >= 60 {
         format!("{}m{:02}s", s / 60, s % 60)
@@ -81,24 +118,105 @@ fn fmt_secs(d: Duration) -> String {
     }
 }
 
-/// Draws progress: a bar on a terminal, periodic lines otherwise.
+/// How the run talks on stderr.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Style {
+    /// Draw a bar (stderr is a terminal); otherwise timestamped lines.
+    pub bar: bool,
+    /// Colours in the bar.
+    pub color: bool,
+    /// Only the summary, alerts and errors (`-q`).
+    pub quiet: bool,
+    /// How often a plain progress line is written.
+    pub log_every: Duration,
+}
+
+impl Style {
+    /// The style for this process: a bar only on a terminal; colours per
+    /// `--color` (`auto` also honours NO_COLOR).
+    pub fn detect(color: ColorChoice, quiet: bool, log_every: Duration) -> Style {
+        let tty = std::io::stderr().is_terminal();
+        let color = match color {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                tty && !std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+            }
+        };
+        Style {
+            bar: tty && !quiet,
+            color,
+            quiet,
+            log_every,
+        }
+    }
+}
+
+impl Default for Style {
+    fn default() -> Self {
+        Style {
+            bar: false,
+            color: false,
+            quiet: false,
+            log_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `--color`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum ColorChoice {
+    /// On a terminal, unless NO_COLOR is set.
+    #[default]
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// A line as the logs carry it: an ISO-8601 UTC timestamp, then the text.
+pub fn stamped(line: &str) -> String {
+    format!(
+        "{} {line}",
+        humantime::format_rfc3339_seconds(SystemTime::now())
+    )
+}
+
+/// Draws progress: a bar on a terminal, timestamped lines otherwise.
 pub struct Reporter {
     bar: Option<ProgressBar>,
     total: u64,
+    style: Style,
+    /// (seconds into the run, done this run), one per tick, for the rate
+    /// over the last minute.
+    samples: Mutex<VecDeque<(f64, u64)>>,
+    last_line: Mutex<Option<Duration>>,
 }
 
 impl Reporter {
-    /// A reporter for `total` items; a bar only if stderr is a terminal.
-    pub fn new(total: u64) -> Reporter {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    /// A reporter for `total` items.
+    pub fn new(total: u64, style: Style) -> Reporter {
+        let bar = style.bar.then(|| {
             let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            let template = if style.color {
+                "{bar:30.cyan/blue} {pos}/{len} {msg}"
+            } else {
+                "{bar:30} {pos}/{len} {msg}"
+            };
             b.set_style(
-                ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg}")
+                ProgressStyle::with_template(template)
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             b
         });
-        Reporter { bar, total }
+        Reporter {
+            bar,
+            total,
+            style,
+            samples: Mutex::new(VecDeque::new()),
+            last_line: Mutex::new(None),
+        }
     }
 
     /// How often the caller should call [`Reporter::update`].
@@ -106,42 +224,76 @@ impl Reporter {
         if self.bar.is_some() {
             Duration::from_millis(250)
         } else {
-            Duration::from_secs(10)
+            Duration::from_secs(1)
         }
     }
 
-    /// Prints a line above the bar (or plainly) without garbling it.
+    /// Prints a note above the bar (or as a timestamped line). `-q` keeps
+    /// it to itself.
     pub fn println(&self, line: &str) {
+        if !self.style.quiet {
+            self.say(line);
+        }
+    }
+
+    /// Prints a line whatever `-q` says: alerts and errors.
+    pub fn say(&self, line: &str) {
         match &self.bar {
             Some(b) => b.println(line),
-            None => err_line(line),
+            None => err_line(&stamped(line)),
         }
     }
 
-    /// A closure that prints like [`Reporter::println`], for the alerter.
+    /// A closure that prints like [`Reporter::say`], for the alerter.
     pub fn printer(&self) -> Box<dyn Fn(&str) + Send + Sync> {
         match &self.bar {
             Some(b) => {
                 let b = b.clone();
                 Box::new(move |l: &str| b.println(l))
             }
-            None => Box::new(err_line),
+            None => Box::new(|l: &str| err_line(&stamped(l))),
         }
     }
 
-    /// Redraws the bar, or writes a plain progress line.
+    /// Adds the rate over the last minute to `v`.
+    fn measure(&self, v: &mut View) {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let now = v.elapsed.as_secs_f64();
+        s.push_back((now, v.done_this_run));
+        while s.len() > 2 && s.front().is_some_and(|&(t, _)| now - t > 60.0) {
+            s.pop_front();
+        }
+        if let Some(&(t0, d0)) = s.front() {
+            // Ten seconds of data at least; the very start is the burst.
+            if now - t0 >= 10.0 {
+                v.recent_per_min = Some((v.done_this_run - d0) as f64 * 60.0 / (now - t0));
+            }
+        }
+    }
+
+    /// Redraws the bar, or writes a progress line every `--log-every`.
     pub fn update(&self, v: &View) {
+        let mut v = v.clone();
+        self.measure(&mut v);
         let msg = v.status(self.total);
         match &self.bar {
             Some(b) => {
                 b.set_position(v.done + v.failed);
                 b.set_message(msg);
             }
-            None => err_line(&format!(
-                "batchrun: {}/{} done  {msg}",
-                v.done + v.failed,
-                self.total
-            )),
+            None if self.style.quiet => {}
+            None => {
+                let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_some_and(|l| v.elapsed < l + self.style.log_every) {
+                    return;
+                }
+                *last = Some(v.elapsed);
+                err_line(&stamped(&format!(
+                    "batchrun: {}/{} done  {msg}",
+                    v.done + v.failed,
+                    self.total
+                )));
+            }
         }
     }
 
@@ -170,7 +322,7 @@ mod tests {
         };
         let s = v.status(100);
         assert!(s.contains("10/min"), "{s}");
-        assert!(s.contains("PAUSED 12s"), "{s}");
+        assert!(s.contains("PAUSED 12s (until "), "{s}");
         assert!(s.contains("credits 42"), "{s}");
         assert!(s.contains("ETA 9m00s"), "{s}");
         let w = View {
@@ -178,5 +330,29 @@ mod tests {
             ..View::default()
         };
         assert!(w.status(1).contains("next probe in 4m50s"));
+    }
+
+    #[test]
+    fn the_eta_follows_the_steady_pace_not_the_opening_burst() {
+        // 60 done in the first 5 s (the burst) of a 1 per hour limit.
+        let v = View {
+            done: 60,
+            done_this_run: 60,
+            elapsed: Duration::from_secs(5),
+            steady_per_min: Some(1.0 / 60.0),
+            ..View::default()
+        };
+        let s = v.status(80);
+        assert!(s.contains("ETA 20h00m"), "{s}");
+        // A slow API below the limit: the last minute's rate wins.
+        let v = View {
+            done: 10,
+            done_this_run: 10,
+            elapsed: Duration::from_secs(120),
+            steady_per_min: Some(600.0),
+            recent_per_min: Some(5.0),
+            ..View::default()
+        };
+        assert!(v.status(20).contains("ETA 2m00s"), "{}", v.status(20));
     }
 }

@@ -155,7 +155,12 @@ pub async fn finish(
         Err(err) => return Err(RunError::Fatal(anyhow::anyhow!("reading the input: {err}"))),
     }
     let summary = summary(&e, state, counts, last, exit_code, halt_reason);
-    report::err_line(&report::human_summary(&summary));
+    let text = report::human_summary(&summary);
+    match e.settings.style.bar {
+        true => report::err_line(&text),
+        // In a log, the summary's first line carries the time like the rest.
+        false => report::err_line(&crate::report::progress::stamped(&text)),
+    }
     Ok(summary)
 }
 

@@ -67,6 +67,10 @@ pub async fn run(
         })
     })?;
 
+    if let Some(n) = settings.dry_run {
+        return dry_run(&settings, n, scan.total, started);
+    }
+
     // 2. The job and its checkpoint.
     let store =
         Store::open(&settings.state_dir).map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
@@ -82,7 +86,8 @@ pub async fn run(
     let pending = scan.total.saturating_sub(counts.done + counts.failed);
 
     // 3. Credits: the meter, the alerts, the balance and the reserve.
-    let reporter = Arc::new(Reporter::new(scan.total));
+    let reporter = Arc::new(Reporter::new(scan.total, settings.style));
+    reporter.println(&start_line(&settings, &meta.id, pending, scan.total));
     let alerter = Arc::new(Alerter::new(
         meta.id.clone(),
         settings.credits.webhook.clone(),
@@ -152,7 +157,14 @@ pub async fn run(
     for _ in 0..settings.concurrency {
         workers.spawn(pool.clone().worker(queue.clone()));
     }
-    let ticker = spawn_ticker(pool.clone(), stats.clone(), reporter.clone(), started);
+    let steady = steady_per_min(&settings);
+    let ticker = spawn_ticker(
+        pool.clone(),
+        stats.clone(),
+        reporter.clone(),
+        started,
+        steady,
+    );
     let recorder = tokio::spawn(
         recorder::Recorder {
             stats: stats.clone(),
@@ -192,6 +204,97 @@ pub async fn run(
         started,
     };
     finish::finish(ending, halt, recorded, feeder_result).await
+}
+
+/// The pace the limit allows, items per minute; None when unlimited.
+fn steady_per_min(settings: &Settings) -> Option<f64> {
+    settings.limit.rate().map(|r| r.per_second() * 60.0)
+}
+
+/// What the run is about to do, printed before the first call.
+fn start_line(settings: &Settings, job: &str, pending: u64, total: u64) -> String {
+    let projected = match steady_per_min(settings) {
+        Some(per_min) if pending > 0 => {
+            let d = Duration::try_from_secs_f64(pending as f64 * 60.0 / per_min)
+                .unwrap_or(Duration::MAX);
+            format!(
+                "; about {} at the limit's pace",
+                crate::report::progress::fmt_secs(d)
+            )
+        }
+        _ => String::new(),
+    };
+    format!(
+        "batchrun: job {job}: {} ({pending} of {total} items pending); limit {} ({}), concurrency {}; state in {}; results to {}, failures to {}{projected}",
+        settings.input.display(),
+        settings.limit,
+        settings.limit_source,
+        settings.concurrency,
+        settings.state_dir.display(),
+        settings.out.display(),
+        settings.failures.display(),
+    )
+}
+
+/// `--dry-run N`: the input is valid (the scan said so); show the first N
+/// requests as they would go, the key hidden, and send nothing.
+fn dry_run(
+    settings: &Settings,
+    n: usize,
+    total: u64,
+    started: Instant,
+) -> Result<Summary, RunError> {
+    use std::io::Write;
+    let spec = &settings.request;
+    // With --json, stdout is the summary's alone.
+    let mut out: Box<dyn Write> = if settings.json {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    };
+    let hide = |s: &str| match &spec.key {
+        Some(k) => k.redact(s),
+        None => s.to_string(),
+    };
+    for item in input::Reader::open(&settings.input, settings.format)?.take(n) {
+        let item = item?;
+        let req = spec.render(&item).map_err(RunError::Usage)?;
+        let mut text = format!("# line {}\n{} {}\n", item.line, req.method, hide(&req.url));
+        for (name, value) in &req.headers {
+            let v = if *name == spec.key_header {
+                "***".to_string()
+            } else {
+                hide(&String::from_utf8_lossy(value.as_bytes()))
+            };
+            text.push_str(&format!("{name}: {v}\n"));
+        }
+        if let Some(body) = &req.body {
+            text.push_str(&format!("\n{}\n", hide(&String::from_utf8_lossy(body))));
+        }
+        let _ = writeln!(out, "{text}");
+    }
+    crate::report::err_line(&format!(
+        "batchrun: dry run: {total} item(s) checked, nothing sent"
+    ));
+    Ok(Summary {
+        state: crate::report::RunState::Checked,
+        total,
+        done: 0,
+        failed: 0,
+        pending: total,
+        requests: 0,
+        rate_limited: 0,
+        retries: 0,
+        credits_remaining: None,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        achieved_per_min: 0.0,
+        exit_code: crate::exit::OK,
+        halt_reason: None,
+        renewal: None,
+        alerts: Vec::new(),
+        out: settings.out.display().to_string(),
+        failures: settings.failures.display().to_string(),
+    })
 }
 
 /// The reserve check before any call, from the checkpoint's last balance.
@@ -245,6 +348,7 @@ fn spawn_ticker(
     stats: Arc<Stats>,
     reporter: Arc<Reporter>,
     started: Instant,
+    steady_per_min: Option<f64>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(reporter.tick_every());
@@ -262,6 +366,8 @@ fn spawn_ticker(
                 credits: pool.ledger.last().map(|s| s.remaining),
                 paused_for: pool.pacer.paused_until().map(|u| u - now),
                 waiting_probe_in: pool.gate.waiting_probe_in(now),
+                steady_per_min,
+                recent_per_min: None,
             });
         }
     })

@@ -70,7 +70,7 @@ async fn run_pool(
     for _ in 0..workers {
         set.spawn(pool.clone().worker(queue.clone()));
     }
-    let reporter = crate::report::Reporter::new(n);
+    let reporter = crate::report::Reporter::new(n, crate::report::progress::Style::default());
     super::supervise(
         &pool,
         &mut set,

@@ -2,6 +2,7 @@
 
 mod common;
 mod credits;
+mod operator;
 mod run;
 mod sim;
 mod sim_modes;

@@ -1,0 +1,73 @@
+//! The operator's view: what the run says before, during and after.
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_shows_requests_with_the_key_hidden_and_sends_nothing() {
+    let s = Scenario::new("dry-run").with_sim(&[]).numbers(5);
+    let url = format!("{}/v1/echo?n={{n}}&k={KEY}", s.sim().url);
+    // The key is templated into the URL on purpose: it must still be hidden.
+    let f = finish(s.cmd(&["--url", &url, "--dry-run", "2"]));
+    assert_eq!(f.code, 0, "{}", f.stderr);
+    assert_eq!(f.summary["state"], "checked");
+    assert_eq!(f.summary["requests"], 0);
+    assert!(f.stderr.contains("GET "), "{}", f.stderr);
+    assert!(f.stderr.contains("?n=2&k=***"), "{}", f.stderr);
+    assert!(!f.stderr.contains("?n=3"), "only two shown");
+    let st = s.sim().stats().await;
+    assert_eq!(st["requests"], 0, "nothing sent: {st}");
+    assert!(
+        !s.state_dir().join("checkpoint").exists(),
+        "no job was opened"
+    );
+}
+
+#[test]
+fn a_jsonl_file_run_as_csv_is_refused_before_any_call() {
+    let s = Scenario::new("csv-json").numbers(3);
+    let r = s.run(&[
+        "--url",
+        "http://127.0.0.1:9/v1/echo?n={n}",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("looks like JSON"), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_on_a_pipe_start_with_what_the_run_will_do_and_carry_timestamps() {
+    let s = Scenario::new("logs")
+        .with_sim(&["--limit", "20/1s"])
+        .numbers(30);
+    let r = s.run(&["--limit", "20/1s", "--log-every", "1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    let start = lines[0];
+    assert!(start.contains("30 of 30 items pending"), "{start}");
+    assert!(start.contains("limit 20ps (--limit)"), "{start}");
+    assert!(start.contains("concurrency"), "{start}");
+    assert!(start.contains("about 1s at the limit's pace"), "{start}");
+    // Every line that starts a log entry carries an ISO-8601 UTC time.
+    let entries: Vec<&&str> = lines.iter().filter(|l| !l.starts_with(' ')).collect();
+    assert!(entries.len() >= 3, "{}", r.stderr);
+    for l in entries {
+        let ts = l.split(' ').next().unwrap();
+        assert!(
+            ts.len() == 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+            "no timestamp: {l}"
+        );
+    }
+    assert!(r.stderr.contains("done  "), "a progress line: {}", r.stderr);
+}
+
+#[test]
+fn quiet_prints_the_summary_alone() {
+    let s = Scenario::new("quiet")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    let r = s.run(&["--limit", "none", "-q"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("batchrun: done"), "{}", r.stderr);
+    assert!(!r.stderr.contains("items pending"), "{}", r.stderr);
+}
