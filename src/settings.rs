@@ -252,6 +252,15 @@ impl Settings {
                 .map(|u| u.origin().ascii_serialization())
                 .unwrap_or_else(|_| url_src.split('{').next().unwrap_or_default().to_string())
         };
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| default_output(&args.input, "results"));
+        let failures = args
+            .failures
+            .clone()
+            .unwrap_or_else(|| default_output(&args.input, "failures"));
+        check_outputs(&args.input, &out, &failures)?;
         Ok(Settings {
             origin,
             limit,
@@ -263,14 +272,8 @@ impl Settings {
                     .unwrap_or_default(),
             format,
             input: args.input.clone(),
-            out: args
-                .out
-                .clone()
-                .unwrap_or_else(|| default_output(&args.input, "results")),
-            failures: args
-                .failures
-                .clone()
-                .unwrap_or_else(|| default_output(&args.input, "failures")),
+            out,
+            failures,
             state_dir: args.state_dir.clone(),
             request: Arc::new(request),
             timeout: args.timeout,
@@ -310,6 +313,51 @@ impl Settings {
     }
 }
 
+/// A path made absolute and resolved as far as it exists, so two spellings
+/// of one file compare equal even before the file is created.
+fn resolved(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    match p.file_name() {
+        Some(name) => dir.join(name),
+        None => dir,
+    }
+}
+
+/// Refuses outputs that would destroy the input or each other, or that
+/// cannot be written, before anything is read or sent.
+fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunError> {
+    let (i, o, f) = (resolved(input), resolved(out), resolved(failures));
+    for (what, p, r) in [("--out", out, &o), ("--failures", failures, &f)] {
+        if *r == i && input != Path::new("-") {
+            return Err(usage(format!(
+                "{what} {} is the input file: it would be overwritten",
+                p.display()
+            )));
+        }
+        if r.is_dir() {
+            return Err(usage(format!("{what} {} is a directory", p.display())));
+        }
+        if r.exists() {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(r)
+                .map_err(|e| usage(format!("{what} {} cannot be written: {e}", p.display())))?;
+        }
+    }
+    if o == f {
+        return Err(usage(format!(
+            "--out and --failures are the same file ({}): results and failures would overwrite each other",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,6 +380,32 @@ mod tests {
             default_output(Path::new("/dev/fd/63"), "failures"),
             PathBuf::from("batchrun.failures.jsonl")
         );
+    }
+
+    #[test]
+    fn outputs_that_would_clobber_the_input_or_each_other_are_refused() {
+        let dir = std::env::temp_dir().join(format!("batchrun-outs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("items.jsonl");
+        std::fs::write(&input, "{}\n").unwrap();
+        let other = dir.join("out.jsonl");
+        let same = dir.join(".").join("items.jsonl");
+        let e = check_outputs(&input, &same, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is the input file"), "{e}");
+        let e = check_outputs(&input, &other, &input)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--failures"), "{e}");
+        let e = check_outputs(&input, &other, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("same file"), "{e}");
+        let e = check_outputs(&input, &dir, &other).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        assert!(check_outputs(&input, &other, &dir.join("f.jsonl")).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
