@@ -2,5 +2,6 @@
 
 mod common;
 mod credits;
+mod pacing;
 mod run;
 mod sim;
