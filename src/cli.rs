@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::input::Format;
+use crate::pace::PacerKind;
 use crate::rate::{Limit, Plan};
 
 /// Push a file of items through a metered, rate-limited API as fast as the
@@ -189,7 +190,14 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_concurrency)]
     pub concurrency: Option<usize>,
 
-    /// Token bucket capacity [default: max(1, limit/10)].
+    /// How to pace: window (exact sliding window, counting each call until W
+    /// after its response), bucket (token bucket sized to the window), or
+    /// spike (Apigee SpikeArrest gateways: --limit 30ps or 1800pm is the
+    /// policy's messagesPerPeriod).
+    #[arg(long, value_enum, default_value = "window")]
+    pub pacer: PacerKind,
+
+    /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
     #[arg(long)]
     pub burst: Option<u64>,
 

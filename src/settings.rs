@@ -13,6 +13,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::input::{self, Format};
+use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::Limit;
 use crate::request::{Body, RequestSpec, Secret};
@@ -51,7 +52,9 @@ pub struct Settings {
     pub limit: Limit,
     /// Workers.
     pub concurrency: usize,
-    /// Token bucket capacity, when given.
+    /// Which pacer paces a limited run.
+    pub pacer: PacerKind,
+    /// Token bucket capacity, when given (the bucket pacer only).
     pub burst: Option<u64>,
     /// What identifies the job besides the input (never the key).
     pub identity: String,
@@ -231,7 +234,7 @@ impl Settings {
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
         let (limit, concurrency) = plan_limits(args);
-        if let (Some(b), Limit::Rate(r)) = (args.burst, limit) {
+        if let (Some(b), Limit::Rate(r), PacerKind::Bucket) = (args.burst, limit, args.pacer) {
             TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
                 .map_err(|e| usage(e.to_string()))?;
         }
@@ -265,6 +268,7 @@ impl Settings {
             origin,
             limit,
             concurrency,
+            pacer: args.pacer,
             burst: args.burst,
             identity: identity(args, &request, &identity_url)
                 + &format_note

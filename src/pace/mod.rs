@@ -14,13 +14,33 @@ use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
 use crate::rate::bucket::{SizingError, TokenBucket};
+use crate::rate::exact::{ExactWindow, Learning};
+use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
 
 mod bucket;
+mod spike;
 mod unpaced;
+mod window;
 
 pub use bucket::BucketPacer;
+pub use spike::SpikePacer;
 pub use unpaced::Unpaced;
+pub use window::WindowPacer;
+
+/// Which pacer paces a limited run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PacerKind {
+    /// The exact sliding window: at most L calls in any window W, counting
+    /// each call from its send until W after its response.
+    #[default]
+    Window,
+    /// A token bucket sized so that burst + rate × W ≤ L.
+    Bucket,
+    /// A mirror of an Apigee SpikeArrest gateway: one call per interval,
+    /// a burst of a tenth of messagesPerPeriod.
+    Spike,
+}
 
 /// A boxed future, so `Pacer` can be used as a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -40,6 +60,22 @@ pub enum PaceError {
 pub enum PaceNote {
     /// The server reports a limit in force below the configured one.
     LimitInForce(u64),
+    /// A rate-limit 429 from a server that never reports its limit: the
+    /// pacer now paces to this many calls per window, and probes upward
+    /// slowly.
+    Learnt(u64),
+    /// A full window passed without a 429 since the limit was learnt: it
+    /// holds, and is worth keeping for a resumed run.
+    LearntSettled(u64),
+}
+
+impl From<Learning> for PaceNote {
+    fn from(l: Learning) -> PaceNote {
+        match l {
+            Learning::Lowered(n) => PaceNote::Learnt(n),
+            Learning::Settled(n) => PaceNote::LearntSettled(n),
+        }
+    }
 }
 
 /// Decides when each call may start. One pacer is shared by every worker of
@@ -54,7 +90,9 @@ pub trait Pacer: Send + Sync {
 
     /// A rate-limit 429 arrived: every worker waits `for_` before its next
     /// call, and nobody bursts when the pause ends. Async because a shared
-    /// pacer tells every process through its store.
+    /// pacer tells every process through its store. The refused call's
+    /// permit is completed first, and [`observe`](Self::observe) has seen
+    /// its headers: a pacer that learns the limit from 429s relies on both.
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>>;
 
     /// Sees every response's headers, so the pacer can follow the limit the
@@ -65,6 +103,12 @@ pub trait Pacer: Send + Sync {
     /// When the current pause ends, if one is in force: for the progress
     /// display only, so it may be approximate for a shared pacer.
     fn paused_until(&self) -> Option<Instant>;
+
+    /// The limit per window learnt from 429s of a server that does not
+    /// report its limit, if any: what a resumed run should start from.
+    fn learnt(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The bookkeeping a pacer attaches to one permit.
@@ -118,31 +162,57 @@ impl Drop for Permit {
     }
 }
 
-/// The pacer for `limit`, and the pause a rate-limit 429 without a usable
-/// Retry-After causes. A job resumed within one window of its last call
-/// (`last_active`, unix time; zero for never) starts with an empty bucket:
-/// the previous run may have spent the burst.
+/// The pacer of `kind` for `limit`, and the pause a rate-limit 429 without
+/// a usable Retry-After causes. With no limit, every kind is [`Unpaced`].
+///
+/// A job resumed within one window of its last call (`last_active`, unix
+/// time; zero for never) may have calls of the previous run still in the
+/// server's window: the bucket and the spike mirror start empty, and the
+/// exact window counts as full until that window has passed. `learnt` is
+/// the limit a previous run learnt from 429s (window pacer only). `burst`
+/// sizes the bucket only.
 pub fn for_limit(
+    kind: PacerKind,
     limit: Limit,
     burst: Option<u64>,
+    learnt: Option<u64>,
     last_active: Duration,
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
-    match limit {
-        Limit::Rate(r) => {
-            let since_last = now_unix.saturating_sub(last_active);
-            // The margin covers the pacing stamp a kill -9 may not have
-            // saved (saved every second, flushed within half a second more).
-            let start_empty =
-                !last_active.is_zero() && since_last < r.period + Duration::from_secs(3);
-            let bucket = TokenBucket::for_limit(r, burst, start_empty, now_std())?;
-            Ok((
-                Arc::new(BucketPacer::new(bucket, r.period)),
-                r.period.min(Duration::from_secs(60)),
-            ))
+    let Limit::Rate(r) = limit else {
+        return Ok((Arc::new(Unpaced::default()), Duration::from_secs(30)));
+    };
+    let since_last = now_unix.saturating_sub(last_active);
+    // The margin covers the pacing stamp a kill -9 may not have saved
+    // (saved every second, flushed within half a second more).
+    let busy_for = r
+        .period
+        .saturating_add(Duration::from_secs(3))
+        .saturating_sub(since_last);
+    let recent = !last_active.is_zero() && !busy_for.is_zero();
+    let now = now_std();
+    let pacer: Arc<dyn Pacer> = match kind {
+        PacerKind::Bucket => {
+            let bucket = TokenBucket::for_limit(r, burst, recent, now)?;
+            Arc::new(BucketPacer::new(bucket, r.period))
         }
-        Limit::Unlimited => Ok((Arc::new(Unpaced::default()), Duration::from_secs(30))),
-    }
+        PacerKind::Window => {
+            let mut w = ExactWindow::new(r.count, r.period, now).with_learnt(learnt);
+            if recent {
+                w.hold_until(crate::rate::exact::later(now, busy_for));
+            }
+            Arc::new(WindowPacer::new(w))
+        }
+        PacerKind::Spike => {
+            let p = if recent {
+                SpikePace::new_empty(r, now)
+            } else {
+                SpikePace::new(r, now)
+            };
+            Arc::new(SpikePacer::new(p))
+        }
+    };
+    Ok((pacer, r.period.min(Duration::from_secs(60))))
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic
@@ -184,5 +254,113 @@ pub(crate) mod testing {
     /// Takes a permit and completes it at once (a zero-latency call).
     pub async fn call(p: &dyn Pacer) {
         p.take().await.expect("permit").complete(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::call;
+    use super::*;
+    use crate::rate::Rate;
+
+    fn per_second(count: u64) -> Limit {
+        Limit::Rate(Rate {
+            count,
+            period: Duration::from_secs(1),
+        })
+    }
+
+    const NOW: Duration = Duration::from_secs(1_700_000_000);
+
+    /// Calls made at once (zero latency) before the first wait.
+    async fn at_once(p: &dyn Pacer) -> u64 {
+        let t0 = Instant::now();
+        let mut n = 0;
+        loop {
+            call(p).await;
+            if Instant::now() > t0 {
+                return n;
+            }
+            n += 1;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_kind_opens_as_it_should() {
+        let open = |kind, burst| for_limit(kind, per_second(20), burst, None, Duration::ZERO, NOW);
+        let (p, pause) = open(PacerKind::Window, None).unwrap();
+        assert_eq!(pause, Duration::from_secs(1));
+        assert_eq!(at_once(p.as_ref()).await, 20, "the whole window");
+        let (p, _) = open(PacerKind::Bucket, Some(5)).unwrap();
+        assert_eq!(at_once(p.as_ref()).await, 5, "the burst");
+        let (p, _) = open(PacerKind::Spike, Some(5)).unwrap();
+        assert_eq!(
+            at_once(p.as_ref()).await,
+            2,
+            "a tenth of 20, --burst ignored"
+        );
+        assert!(open(PacerKind::Bucket, Some(20)).is_err());
+        assert!(open(PacerKind::Window, Some(20)).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_limit_is_unpaced_whatever_the_kind() {
+        for kind in [PacerKind::Window, PacerKind::Bucket, PacerKind::Spike] {
+            let (p, pause) =
+                for_limit(kind, Limit::Unlimited, None, Some(3), Duration::ZERO, NOW).unwrap();
+            assert_eq!(pause, Duration::from_secs(30));
+            let t0 = Instant::now();
+            for _ in 0..500 {
+                call(p.as_ref()).await;
+            }
+            assert_eq!(Instant::now(), t0);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_resume_counts_the_previous_runs_window() {
+        // The last call 1 s ago on a 1 s window, with the 3 s stamp margin:
+        // the window pacer waits out the remaining 3 s.
+        let last = NOW - Duration::from_secs(1);
+        let (p, _) = for_limit(PacerKind::Window, per_second(20), None, None, last, NOW).unwrap();
+        let t0 = Instant::now();
+        call(p.as_ref()).await;
+        assert_eq!(Instant::now() - t0, Duration::from_secs(3));
+        assert!(p.paused_until().is_none(), "not shown as a pause");
+        // The spike mirror starts empty: one drip first.
+        let (p, _) = for_limit(PacerKind::Spike, per_second(20), None, None, last, NOW).unwrap();
+        let t0 = Instant::now();
+        call(p.as_ref()).await;
+        assert_eq!(Instant::now() - t0, Duration::from_millis(50));
+        // Long after, nothing is held.
+        let long_ago = NOW - Duration::from_secs(60);
+        let (p, _) =
+            for_limit(PacerKind::Window, per_second(20), None, None, long_ago, NOW).unwrap();
+        assert_eq!(at_once(p.as_ref()).await, 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learnt_limit_carries_over_to_the_window_pacer() {
+        let (p, _) = for_limit(
+            PacerKind::Window,
+            per_second(20),
+            None,
+            Some(7),
+            Duration::ZERO,
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(p.learnt(), Some(7));
+        assert_eq!(at_once(p.as_ref()).await, 7);
+        let (p, _) = for_limit(
+            PacerKind::Bucket,
+            per_second(20),
+            None,
+            Some(7),
+            Duration::ZERO,
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(p.learnt(), None, "the bucket does not learn");
     }
 }

@@ -1,13 +1,18 @@
-//! Pure rate logic: limits and plans, the client token bucket, the server-side
-//! sliding window and spike-arrest models, backoff and Retry-After parsing.
+//! Pure rate logic: limits and plans, the client pacers (token bucket, exact
+//! sliding window, spike-arrest mirror), the server-side sliding window and
+//! spike-arrest models, backoff and Retry-After parsing.
 //!
 //! Nothing in here sleeps or reads a clock: every function that depends on time
 //! takes `now` as an argument, so it is tested on a fake clock with no runtime.
 
 pub mod backoff;
 pub mod bucket;
+pub mod exact;
 pub mod retry_after;
 pub mod spike;
+pub mod spike_pace;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod window;
 
 use std::fmt;

@@ -117,8 +117,10 @@ pub async fn run(
 
     // 4. The pacer and the pool.
     let (pacer, default_pause) = pace::for_limit(
+        settings.pacer,
         settings.limit,
         settings.burst,
+        None,
         Duration::from_millis(meta.last_active_unix_ms),
         job::unix_now(),
     )

@@ -164,6 +164,12 @@ impl Recorder {
             Event::Pace(PaceNote::LimitInForce(l)) => self.reporter.println(&format!(
                 "batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"
             )),
+            Event::Pace(PaceNote::Learnt(l)) => self.reporter.println(&format!(
+                "batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"
+            )),
+            Event::Pace(PaceNote::LearntSettled(l)) => self.reporter.println(&format!(
+                "batchrun: learnt limit settled at {l} calls per window"
+            )),
             Event::Note(line) => self.reporter.println(&line),
             Event::Alert(a) => match a.kind {
                 AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),

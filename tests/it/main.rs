@@ -3,6 +3,7 @@
 mod common;
 mod credits;
 mod operator;
+mod pacing;
 mod run;
 mod sim;
 mod sim_modes;

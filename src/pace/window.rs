@@ -1,0 +1,299 @@
+//! The exact sliding-window pacer: the async face of
+//! [`ExactWindow`](crate::rate::exact::ExactWindow). Waiting is a sleep
+//! until the instant the state machine names, cut short when a call ends or
+//! gives its place back.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
+use crate::rate::exact::{ExactWindow, SlotId};
+
+/// The exact sliding-window pacer, shared by every worker.
+pub struct WindowPacer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<ExactWindow>,
+    /// Wakes waiters when a place may have come free sooner than they
+    /// were told.
+    changed: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, ExactWindow> {
+        // A panic while holding this lock leaves at worst a stale window,
+        // and a stale window only errs on the slow side.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl WindowPacer {
+    /// Paces to `window`.
+    pub fn new(window: ExactWindow) -> WindowPacer {
+        WindowPacer {
+            shared: Arc::new(Shared {
+                state: Mutex::new(window),
+                changed: Notify::new(),
+            }),
+        }
+    }
+}
+
+/// One call's place in the window.
+struct WindowTicket {
+    shared: Arc<Shared>,
+    slot: SlotId,
+}
+
+impl Ticket for WindowTicket {
+    fn complete(self: Box<Self>, arrived: Instant) {
+        self.shared.lock().complete(self.slot, arrived.into_std());
+        // The place now has a known end, possibly sooner than a waiter
+        // assumed for a call in flight.
+        self.shared.changed.notify_waiters();
+    }
+
+    fn cancel(self: Box<Self>) {
+        if self.shared.lock().cancel(self.slot) {
+            self.shared.changed.notify_waiters();
+        }
+    }
+}
+
+impl Pacer for WindowPacer {
+    fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        Box::pin(async move {
+            loop {
+                // Registered before looking, so a place freed in between
+                // still wakes this waiter.
+                let changed = self.shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let taken = self.shared.lock().try_take(now_std());
+                match taken {
+                    Ok(slot) => {
+                        return Ok(Permit::tracked(Box::new(WindowTicket {
+                            shared: self.shared.clone(),
+                            slot,
+                        })))
+                    }
+                    Err(at) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(Instant::from_std(at)) => {}
+                            _ = &mut changed => {}
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        let now = now_std();
+        let mut s = self.shared.lock();
+        // Learning first: it must see whether an earlier pause still holds.
+        s.rate_limited(now);
+        s.pause_until(now + for_);
+        ready(Ok(()))
+    }
+
+    fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
+        let now = now_std();
+        let mut s = self.shared.lock();
+        let before = s.limit();
+        let mut note = None;
+        if let Some(l) = crate::wire::limit_in_force(headers) {
+            if s.set_limit_in_force(l, now) {
+                note = Some(PaceNote::LimitInForce(l));
+            }
+        }
+        if crate::wire::limit_remaining(headers) == Some(0) {
+            s.remaining_zero(now);
+        }
+        // A report can replace a lower learnt limit; then waiters may go.
+        let grew = s.limit() > before;
+        let note = note.or_else(|| s.take_event(now).map(PaceNote::from));
+        drop(s);
+        if grew {
+            self.shared.changed.notify_waiters();
+        }
+        ready(note)
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.shared
+            .lock()
+            .paused_until(now_std())
+            .map(Instant::from_std)
+    }
+
+    fn learnt(&self) -> Option<u64> {
+        self.shared.lock().learnt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pace::testing::{call, limit_header, max_in_window};
+
+    fn pacer(limit: u64, window: Duration) -> Arc<WindowPacer> {
+        Arc::new(WindowPacer::new(ExactWindow::new(limit, window, now_std())))
+    }
+
+    /// Greedy workers whose calls take a random round trip and reach the
+    /// server at a random point of it, until `until`. Returns the arrivals,
+    /// sorted.
+    async fn greedy(
+        p: Arc<WindowPacer>,
+        workers: u64,
+        max_rtt_ms: u64,
+        until: Instant,
+    ) -> Vec<Instant> {
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for seed in 0..workers {
+            let (p, arrivals) = (p.clone(), arrivals.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                while Instant::now() < until {
+                    let permit = p.take().await.unwrap();
+                    let sent = Instant::now();
+                    if sent >= until {
+                        break; // the permit goes back unused
+                    }
+                    let rtt = Duration::from_millis(rng.u64(0..=max_rtt_ms));
+                    tokio::time::sleep(rtt).await;
+                    arrivals.lock().unwrap().push(sent + rtt.mul_f64(rng.f64()));
+                    permit.complete(Instant::now());
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut a = arrivals.lock().unwrap().clone();
+        a.sort();
+        a
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn greedy_workers_never_put_more_than_the_limit_in_a_server_window() {
+        let p = pacer(20, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let a = greedy(p, 6, 300, t0 + Duration::from_secs(10)).await;
+        let most = max_in_window(&a, Duration::from_secs(1));
+        assert!(most <= 20, "{most} arrivals in one window");
+        // Each call holds its place for W plus its round trip (150 ms on
+        // average): about 20 / 1.15 a second.
+        assert!(a.len() >= 160, "too slow: {}", a.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_short_round_trip_it_uses_the_whole_window() {
+        let p = pacer(60, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let a = greedy(p, 10, 2, t0 + Duration::from_secs(10)).await;
+        assert!(max_in_window(&a, Duration::from_secs(1)) <= 60);
+        assert!(a.len() >= 590, "{} calls in ten windows of 60", a.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_holds_every_worker() {
+        let p = pacer(60, Duration::from_secs(1));
+        let t0 = Instant::now();
+        p.pause(Duration::from_secs(3)).await.unwrap();
+        assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(3)));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                call(p.as_ref()).await;
+                Instant::now()
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), t0 + Duration::from_secs(3));
+        }
+        assert!(p.paused_until().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capped_key_shrinks_the_window_at_once() {
+        let p = pacer(60, Duration::from_secs(1));
+        assert_eq!(p.observe(&HeaderMap::new()).await, None);
+        assert_eq!(p.observe(&limit_header("garbage")).await, None);
+        assert_eq!(
+            p.observe(&limit_header("20")).await,
+            Some(PaceNote::LimitInForce(20))
+        );
+        assert_eq!(p.observe(&limit_header("60")).await, None, "never grows");
+        let t0 = Instant::now();
+        let a = greedy(p, 5, 0, t0 + Duration::from_secs(3)).await;
+        assert!(max_in_window(&a, Duration::from_secs(1)) <= 20);
+        assert!(a.len() >= 60, "{}", a.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_server_window_holds_calls_until_one_of_ours_ends() {
+        let p = pacer(60, Duration::from_secs(1));
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        call(p.as_ref()).await;
+        let mut h = HeaderMap::new();
+        h.insert(crate::wire::RATE_LIMIT_REMAINING, "0".parse().unwrap());
+        assert_eq!(p.observe(&h).await, None);
+        call(p.as_ref()).await;
+        assert_eq!(Instant::now(), t0 + Duration::from_millis(1100));
+        assert!(p.paused_until().is_none(), "a hold is not a pause");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_permit_lets_a_waiter_go_at_once() {
+        let p = pacer(1, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let held = p.take().await.unwrap();
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                call(p.as_ref()).await;
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), t0 + Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_secret_limit_is_learnt_announced_and_settled() {
+        let p = pacer(10, Duration::from_secs(1));
+        for _ in 0..4 {
+            call(p.as_ref()).await;
+        }
+        // The fourth was refused, and no response carried limit headers:
+        // three were accepted.
+        p.pause(Duration::from_secs(1)).await.unwrap();
+        assert_eq!(p.learnt(), Some(3));
+        assert_eq!(
+            p.observe(&HeaderMap::new()).await,
+            Some(PaceNote::Learnt(3))
+        );
+        assert_eq!(p.observe(&HeaderMap::new()).await, None);
+        // A window without 429 once the pause is over: it holds.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            p.observe(&HeaderMap::new()).await,
+            Some(PaceNote::LearntSettled(3))
+        );
+        let t0 = Instant::now();
+        let a = greedy(p.clone(), 4, 0, t0 + Duration::from_millis(900)).await;
+        assert_eq!(a.len(), 3, "paced to the learnt limit");
+    }
+}
