@@ -65,6 +65,10 @@ pub struct JobMeta {
     pub retries: u64,
     /// Observed credits per successful call, for projecting the remaining cost.
     pub cost_per_item: Option<f64>,
+    /// The limit learnt from a server that keeps its own secret, so a
+    /// resume starts from it instead of overrunning again.
+    #[serde(default)]
+    pub learnt_limit: Option<u64>,
 }
 
 /// An item's final state.

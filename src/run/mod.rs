@@ -87,7 +87,7 @@ pub async fn run(
 
     // 3. Credits: the meter, the alerts, the balance and the reserve.
     let reporter = Arc::new(Reporter::new(scan.total, settings.style));
-    reporter.println(&start_line(&settings, &meta.id, pending, scan.total));
+    reporter.println(&start_line(&settings, &meta, pending, scan.total));
     let alerter = Arc::new(Alerter::new(
         meta.id.clone(),
         settings.credits.webhook.clone(),
@@ -120,7 +120,7 @@ pub async fn run(
         settings.pacer,
         settings.limit,
         settings.burst,
-        None,
+        meta.learnt_limit,
         Duration::from_millis(meta.last_active_unix_ms),
         job::unix_now(),
     )
@@ -145,6 +145,7 @@ pub async fn run(
         },
         limited_since: std::sync::Mutex::new(None),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
+        slots: pool::Slots::new(settings.concurrency),
     });
     let stats = Arc::new(Stats::default());
     stats.done.store(counts.done, Ordering::Relaxed);
@@ -188,12 +189,14 @@ pub async fn run(
     }
     pool.gate.close();
     let halt = pool.gate.halt();
+    let learnt = pool.pacer.learnt();
     drop(pool);
     ticker.abort();
     // Closing the queue lets a feeder blocked on a full queue finish.
     drop(queue);
     let feeder_result = feeder.await;
-    let recorded = recorder.await.context("the recording loop failed")?;
+    let mut recorded = recorder.await.context("the recording loop failed")?;
+    recorded.meta.learnt_limit = learnt;
     let ending = finish::Ending {
         settings: &settings,
         store: &store,
@@ -214,7 +217,7 @@ fn steady_per_min(settings: &Settings) -> Option<f64> {
 }
 
 /// What the run is about to do, printed before the first call.
-fn start_line(settings: &Settings, job: &str, pending: u64, total: u64) -> String {
+fn start_line(settings: &Settings, meta: &JobMeta, pending: u64, total: u64) -> String {
     let projected = match steady_per_min(settings) {
         Some(per_min) if pending > 0 => {
             let d = Duration::try_from_secs_f64(pending as f64 * 60.0 / per_min)
@@ -226,8 +229,13 @@ fn start_line(settings: &Settings, job: &str, pending: u64, total: u64) -> Strin
         }
         _ => String::new(),
     };
+    let learnt = meta
+        .learnt_limit
+        .map(|l| format!(", learnt {l} per window from the server"))
+        .unwrap_or_default();
     format!(
-        "batchrun: job {job}: {} ({pending} of {total} items pending); limit {} ({}), concurrency {}; state in {}; results to {}, failures to {}{projected}",
+        "batchrun: job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), concurrency {}; state in {}; results to {}, failures to {}{projected}",
+        meta.id,
         settings.input.display(),
         settings.limit,
         settings.limit_source,

@@ -58,6 +58,76 @@ pub struct Pool {
     pub limited_since: std::sync::Mutex<Option<Instant>>,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
+    /// Calls in flight at once.
+    pub slots: Slots,
+}
+
+/// The calls in flight at once: the pool's size, lowered when the server
+/// says its concurrency ceiling is lower (a 429 with x-concurrency-limit).
+pub struct Slots {
+    sem: tokio::sync::Semaphore,
+    size: std::sync::atomic::AtomicUsize,
+    /// Slots to retire as soon as they are returned.
+    debt: std::sync::atomic::AtomicUsize,
+}
+
+/// One call's slot; returned (or retired) when dropped.
+struct Slot<'a> {
+    permit: Option<tokio::sync::SemaphorePermit<'a>>,
+    slots: &'a Slots,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let retire = self
+            .slots
+            .debt
+            .fetch_update(SeqCst, SeqCst, |d| d.checked_sub(1))
+            .is_ok();
+        if let (true, Some(p)) = (retire, self.permit.take()) {
+            p.forget();
+        }
+    }
+}
+
+impl Slots {
+    /// `n` calls in flight at most.
+    pub fn new(n: usize) -> Slots {
+        Slots {
+            sem: tokio::sync::Semaphore::new(n),
+            size: std::sync::atomic::AtomicUsize::new(n),
+            debt: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    async fn acquire(&self) -> Option<Slot<'_>> {
+        let permit = self.sem.acquire().await.ok()?;
+        Some(Slot {
+            permit: Some(permit),
+            slots: self,
+        })
+    }
+
+    /// The calls in flight allowed now.
+    pub fn size(&self) -> usize {
+        self.size.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// One fewer call in flight from now on (never below one). The new
+    /// size, if it changed.
+    fn lower(&self) -> Option<usize> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let lowered = self
+            .size
+            .fetch_update(SeqCst, SeqCst, |n| (n > 1).then(|| n - 1))
+            .ok()?;
+        // A slot in use now is forgotten when it is returned.
+        if self.sem.forget_permits(1) == 0 {
+            self.debt.fetch_add(1, SeqCst);
+        }
+        Some(lowered - 1)
+    }
 }
 
 /// The queue the feeder fills: items with their retry generation.
@@ -137,6 +207,16 @@ impl Pool {
                 Pass::Probe => true,
                 Pass::Stop => return,
             };
+            let slot = tokio::select! {
+                s = self.slots.acquire() => s,
+                _ = self.gate.until_stopped() => None,
+            };
+            let Some(slot) = slot else {
+                if probing {
+                    self.gate.release_probe();
+                }
+                return;
+            };
             let Some(permit) = self.pace(probing).await else {
                 return;
             };
@@ -152,6 +232,7 @@ impl Pool {
             self.emit(Event::Sent);
             attempts += 1;
             let outcome = self.call(&req, permit, guard).await;
+            drop(slot);
             match self
                 .react(outcome, &item, &req, &mut attempts, probing)
                 .await
@@ -336,6 +417,13 @@ impl Pool {
             }
             CallError::Concurrency { retry_after } => {
                 *attempts -= 1;
+                // The server allows fewer calls in flight than the pool
+                // has workers: fewer go from now on; the window is not paused.
+                if let Some(n) = self.slots.lower() {
+                    self.emit(Event::Note(format!(
+                        "batchrun: the server's concurrency ceiling was reached (429 with x-concurrency-limit): at most {n} calls in flight from now on"
+                    )));
+                }
                 let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
                 self.emit(Event::RateLimited {
                     pause,

@@ -161,15 +161,28 @@ impl Recorder {
                 }
                 return Ok(!alerts.is_empty());
             }
-            Event::Pace(PaceNote::LimitInForce(l)) => self.reporter.println(&format!(
+            Event::Pace(PaceNote::LimitInForce(l)) => {
+                self.meta.learnt_limit = None;
+                self.reporter.println(&format!(
                 "batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"
-            )),
-            Event::Pace(PaceNote::Learnt(l)) => self.reporter.println(&format!(
-                "batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"
-            )),
-            Event::Pace(PaceNote::LearntSettled(l)) => self.reporter.println(&format!(
-                "batchrun: learnt limit settled at {l} calls per window"
-            )),
+            ));
+                return Ok(false);
+            }
+            Event::Pace(PaceNote::Learnt(l)) => {
+                // On disk at once: a resume must not overrun again.
+                self.meta.learnt_limit = Some(l);
+                self.reporter.println(&format!(
+                    "batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"
+                ));
+                return Ok(true);
+            }
+            Event::Pace(PaceNote::LearntSettled(l)) => {
+                self.meta.learnt_limit = Some(l);
+                self.reporter.println(&format!(
+                    "batchrun: learnt limit settled at {l} calls per window"
+                ));
+                return Ok(true);
+            }
             Event::Note(line) => self.reporter.println(&line),
             Event::Alert(a) => match a.kind {
                 AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),

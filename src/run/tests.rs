@@ -58,6 +58,7 @@ async fn run_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         watch: super::watch::Watch::new(10, None),
+        slots: super::pool::Slots::new(workers),
     });
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {
@@ -222,4 +223,64 @@ async fn a_server_that_only_rate_limits_halts_after_max_wait() {
     assert!(done_lines(&events).is_empty());
     // One pause after another, each a Retry-After long: about ten minutes.
     assert!(t.calls().len() <= 2 * 12, "{} calls", t.calls().len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_concurrency_429_lowers_the_calls_in_flight_not_the_window() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A server that allows two calls in flight and answers 429 with
+    // x-concurrency-limit beyond that.
+    let now = Arc::new(AtomicUsize::new(0));
+    let peak_after = Arc::new(AtomicUsize::new(0));
+    let (n2, p2) = (now.clone(), peak_after.clone());
+    let (t, events, halt) = run_pool(12, 4, false, move |_, call| {
+        let inflight = n2.fetch_add(1, Ordering::SeqCst) + 1;
+        let n3 = n2.clone();
+        if call >= 8 {
+            p2.fetch_max(inflight, Ordering::SeqCst);
+        }
+        let step = if inflight > 2 {
+            Step::status(
+                429,
+                &[("x-concurrency-limit", "2"), ("retry-after", "1")],
+                "busy",
+            )
+        } else {
+            Step::ok("{}").after(Duration::from_millis(200))
+        };
+        // The fake cannot observe completion, so count it down on a timer
+        // matching the step's own duration.
+        let after = step.after;
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            n3.fetch_sub(1, Ordering::SeqCst);
+        });
+        step
+    })
+    .await;
+    assert_eq!(halt, None);
+    assert_eq!(done_lines(&events), (1..=12).collect::<Vec<_>>());
+    let lowered = events
+        .iter()
+        .filter(|e| matches!(e, Event::Note(n) if n.contains("at most")))
+        .count();
+    assert!(lowered >= 1, "never lowered");
+    assert!(
+        peak_after.load(Ordering::SeqCst) <= 2,
+        "still over the ceiling late in the run"
+    );
+    let paused = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::RateLimited {
+                    concurrency: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(paused, 0, "the window was never paused");
+    assert!(t.calls().len() >= 12);
 }

@@ -103,3 +103,68 @@ fn a_burst_too_large_for_the_limit_is_refused_before_any_call() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--burst 10"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capped_key_is_followed_with_at_most_one_429() {
+    // The plan says 60 a second; this key is capped at 20, and the server
+    // says so on every response.
+    let s = Scenario::new("pace-cap")
+        .with_sim(&[
+            "--limit",
+            "60/1s",
+            "--key-cap",
+            &format!("{KEY}=20"),
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(60);
+    let r = s.run(&["--limit", "60/1s", "--concurrency", "5"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.summary["rate_limited"].as_u64().unwrap() <= 1,
+        "{}",
+        r.summary
+    );
+    let stats = s.sim().stats().await;
+    assert!(stats["max_in_window"].as_u64().unwrap() <= 20, "{stats}");
+    assert_each_item_once(&s.out_path(), 60);
+    assert_side_effects(&stats, 60);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_limit_at_a_third_costs_at_most_three_429s_and_is_remembered() {
+    // Told 60 a second; the server allows 20, says nothing, and cools a key
+    // down for a second after an overrun. The overrun costs one 429 per call
+    // in flight when it happens, and probing upward past the limit at most
+    // one more: two workers, at most three.
+    let s = Scenario::new("pace-secret")
+        .with_sim(&[
+            "--limit",
+            "20/1s",
+            "--secret-limit",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "2ms..10ms",
+        ])
+        .numbers(60);
+    let r = s.run(&["--limit", "60/1s", "--concurrency", "2"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    assert!((1..=3).contains(&limited), "{limited} 429s: {}", r.stderr);
+    assert!(
+        r.stderr.contains("does not report its limit"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_each_item_once(&s.out_path(), 60);
+    assert_side_effects(&stats, 60);
+    // The learnt limit is in the checkpoint: the same command again says
+    // so before it would send anything.
+    let again = s.run(&["--limit", "60/1s", "--concurrency", "2"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["requests"], 0);
+    let first_line = again.stderr.lines().next().unwrap_or_default();
+    assert!(first_line.contains("learnt "), "{first_line}");
+}
