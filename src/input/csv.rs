@@ -19,6 +19,8 @@ pub(super) struct CsvItems<R: Read> {
     headers: Option<Vec<String>>,
     /// Reused for every row so memory stays at one record.
     record: ::csv::ByteRecord,
+    /// Line of the last record read, the header included; 0 before any.
+    last_line: u64,
     done: bool,
 }
 
@@ -36,6 +38,7 @@ impl<R: Read> CsvItems<R> {
             path,
             headers: None,
             record: ::csv::ByteRecord::new(),
+            last_line: 0,
             done: false,
         }
     }
@@ -80,9 +83,26 @@ impl<R: Read> CsvItems<R> {
     }
 
     /// Reads the next raw record; `Some(line)` where it starts, `None` at end.
+    ///
+    /// csv ends a record at a lone '\r' too, which starts no new line; two
+    /// records on one line would then share the line that identifies an item
+    /// in the checkpoint, and one of them would be skipped as done.
     fn read_raw(&mut self) -> Result<Option<u64>, InputError> {
         match self.reader.read_byte_record(&mut self.record) {
-            Ok(true) => Ok(Some(self.record_line())),
+            Ok(true) => {
+                let line = self.record_line();
+                if line <= self.last_line {
+                    return Err(self.content_error(
+                        line,
+                        "a second record starts on this line after a lone carriage return \
+                         (\\r); items are numbered by line, so save the file with \\n or \\r\\n \
+                         line endings"
+                            .to_owned(),
+                    ));
+                }
+                self.last_line = line;
+                Ok(Some(line))
+            }
             Ok(false) => Ok(None),
             Err(e) => Err(csv_error(&self.path, &e)),
         }
@@ -211,7 +231,7 @@ fn csv_error(path: &str, err: &::csv::Error) -> InputError {
 mod tests {
     use super::*;
     use crate::input::test_support::{lines, read_all, TempFile, Trickle};
-    use crate::input::Format;
+    use crate::input::{Format, Reader};
     use std::io::Cursor;
 
     #[test]
@@ -316,6 +336,33 @@ mod tests {
         let err = read_all(f.path(), Format::Csv).unwrap_err();
         assert_eq!(err.line(), Some(1));
         assert!(err.to_string().contains("looks like JSON"), "{err}");
+    }
+
+    #[test]
+    fn csv_two_records_on_one_line_are_refused() {
+        // A lone '\r' ends a record without starting a line: "3,4" would
+        // share line 3 with "1,2", and so its checkpoint entry.
+        let f = TempFile::new("cr.csv", b"a,b\n\n1,2\r3,4\n5,6\n");
+        let mut reader = Reader::open(f.path(), Format::Csv).unwrap();
+        assert_eq!(reader.next().unwrap().unwrap().line, 3);
+        let err = reader.next().unwrap().unwrap_err();
+        assert!(matches!(err, InputError::Content { line: 3, .. }), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with(":3: a second record starts on this line after a lone carriage return (\\r); items are numbered by line, so save the file with \\n or \\r\\n line endings"),
+            "{err}"
+        );
+        assert!(reader.next().is_none());
+
+        // A file with only '\r' line endings fails at its first row.
+        let f = TempFile::new("mac.csv", b"a,b\r1,2\r3,4\r");
+        let err = read_all(f.path(), Format::Csv).unwrap_err();
+        assert_eq!(err.line(), Some(1));
+        // A '\r' inside quotes is content, and '\r\n' one line ending.
+        let f = TempFile::new("ok.csv", b"a,b\r\n\"x\ry\",2\r\n");
+        let items = read_all(f.path(), Format::Csv).unwrap();
+        assert_eq!(lines(&items), vec![2]);
+        assert_eq!(items[0].value, serde_json::json!({"a": "x\ry", "b": "2"}));
     }
 
     #[test]

@@ -274,6 +274,24 @@ pub fn fingerprint(path: &Path) -> Result<String, InputError> {
     Ok(hashing.finish())
 }
 
+/// The item stream [`Reader`] yields, over any reader and with the JSONL line
+/// cap given, so the parsers can be driven from bytes without a file.
+///
+/// For the fuzz targets in `fuzz/` only: not a supported API, and hidden from
+/// the docs. Errors name the input `fuzz`.
+#[doc(hidden)]
+pub fn items_from_reader<R: Read>(
+    inner: R,
+    format: Format,
+    max_line: usize,
+) -> impl Iterator<Item = Result<Item, InputError>> {
+    let path = "fuzz".to_owned();
+    match format {
+        Format::Jsonl => Items::Jsonl(JsonlItems::new(inner, path, max_line)),
+        Format::Csv => Items::Csv(CsvItems::new(inner, path)),
+    }
+}
+
 /// The format-specific item stream over any reader; generic so [`scan`] can
 /// put a [`HashingReader`] underneath and take it back at the end.
 enum Items<R: Read> {
