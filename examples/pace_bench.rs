@@ -93,7 +93,12 @@ fn one(b: &Bench, pacer: &str, dir: &std::path::Path) -> anyhow::Result<Outcome>
         .arg(&input)
         .args(["--url", &format!("{url}/v1/echo?n={{n}}")])
         .args(["--limit", b.client_limit.as_deref().unwrap_or(&b.limit)])
-        .args(["--concurrency", &b.concurrency.to_string(), "--pacer", pacer])
+        .args([
+            "--concurrency",
+            &b.concurrency.to_string(),
+            "--pacer",
+            pacer,
+        ])
         .args(["--json", "-q", "--state-dir"])
         .arg(dir.join(format!("{pacer}.state")))
         .env("BATCHRUN_API_KEY", "bench-key")
@@ -154,7 +159,10 @@ mod reqwest {
         let rest = url.trim_start_matches("http://");
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         let mut s = std::net::TcpStream::connect(host)?;
-        write!(s, "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
+        write!(
+            s,
+            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )?;
         let mut all = Vec::new();
         s.read_to_end(&mut all)?;
         let split = all
@@ -199,7 +207,11 @@ fn main() -> anyhow::Result<()> {
         b.concurrency,
         b.latency_in,
         b.latency,
-        if b.sim_args.is_empty() { String::new() } else { format!(", sim {}", b.sim_args) }
+        if b.sim_args.is_empty() {
+            String::new()
+        } else {
+            format!(", sim {}", b.sim_args)
+        }
     );
     println!("| pacer | utilization (steady) | fullest window | 429s | time / ideal |");
     println!("|---|---|---|---|---|");

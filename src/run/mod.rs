@@ -142,6 +142,7 @@ pub async fn run(
             backoff: Backoff::default(),
             wait_for_credits: c.wait_for_credits,
             max_wait: settings.max_wait,
+            verbose: settings.verbose,
         },
         limited_since: std::sync::Mutex::new(None),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures),

@@ -36,6 +36,8 @@ pub struct PoolConfig {
     pub wait_for_credits: bool,
     /// How long nothing but rate-limit 429s may go on before the run halts.
     pub max_wait: Duration,
+    /// One line per call (`-v`).
+    pub verbose: bool,
 }
 
 /// Everything the workers share.
@@ -292,7 +294,23 @@ impl Pool {
 
     /// Sends one call and reads what its response means.
     async fn call(&self, req: &Request, permit: Permit, guard: InFlight) -> Outcome {
+        let sent = Instant::now();
         let result = self.transport.send(req).await;
+        if self.cfg.verbose {
+            let url = match &self.spec.key {
+                Some(k) => k.redact(&req.url),
+                None => req.url.clone(),
+            };
+            let what = match &result {
+                Ok(r) => format!("HTTP {}", r.status),
+                Err(e) => e.reason.clone(),
+            };
+            self.emit(Event::Note(format!(
+                "batchrun: {} {url} -> {what} in {} ms",
+                req.method,
+                sent.elapsed().as_millis()
+            )));
+        }
         let outcome = match result {
             Ok(resp) => {
                 permit.complete(Instant::now());

@@ -55,6 +55,7 @@ async fn run_pool(
             backoff: Backoff::default(),
             wait_for_credits,
             max_wait: Duration::from_secs(600),
+            verbose: false,
         },
         limited_since: std::sync::Mutex::new(None),
         watch: super::watch::Watch::new(10, None),

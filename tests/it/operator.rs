@@ -71,3 +71,20 @@ fn quiet_prints_the_summary_alone() {
     assert!(r.stderr.contains("batchrun: done"), "{}", r.stderr);
     assert!(!r.stderr.contains("items pending"), "{}", r.stderr);
 }
+
+#[test]
+fn verbose_prints_one_line_per_call_with_the_key_hidden() {
+    let s = Scenario::new("verbose")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    let url = format!("{}/v1/echo?n={{n}}&k={KEY}", s.sim().url);
+    let r = s.run(&["--url", &url, "--limit", "none", "-v"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let calls: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" -> HTTP 200 in "))
+        .collect();
+    assert_eq!(calls.len(), 3, "{}", r.stderr);
+    assert!(calls.iter().all(|l| l.contains("k=***")), "{}", r.stderr);
+}
