@@ -17,9 +17,11 @@ use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::Limit;
 
 mod bucket;
+pub mod shared;
 mod unpaced;
 
 pub use bucket::BucketPacer;
+pub use shared::{SharedConfig, SharedPacer};
 pub use unpaced::Unpaced;
 
 /// A boxed future, so `Pacer` can be used as a trait object.
@@ -65,6 +67,12 @@ pub trait Pacer: Send + Sync {
     /// When the current pause ends, if one is in force: for the progress
     /// display only, so it may be approximate for a shared pacer.
     fn paused_until(&self) -> Option<Instant>;
+
+    /// Hands back what the pacer still owes its shared store (completed
+    /// permits not yet recorded there) before the run ends. Bounded in time.
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        ready(())
+    }
 }
 
 /// The bookkeeping a pacer attaches to one permit.
@@ -143,6 +151,18 @@ pub fn for_limit(
         }
         Limit::Unlimited => Ok((Arc::new(Unpaced::default()), Duration::from_secs(30))),
     }
+}
+
+/// The pacer of a process in a fleet (`--redis`): the window, the
+/// concurrency ceiling, the pause and the learnt limit are shared with every
+/// process on the key. Returns the pause of a 429 without a usable
+/// Retry-After, as [`for_limit`] does.
+pub fn for_fleet(fleet: crate::fleet::Fleet, cfg: SharedConfig) -> (Arc<dyn Pacer>, Duration) {
+    let pause = match cfg.limit {
+        Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
+        Limit::Unlimited => Duration::from_secs(30),
+    };
+    (Arc::new(SharedPacer::new(fleet, cfg)), pause)
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic

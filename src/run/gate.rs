@@ -23,13 +23,16 @@ pub enum Halt {
     Interrupted,
     /// A bug or an internal failure (the reason says which).
     Internal(String),
+    /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
+    /// call may go out without a slot, so the run stops resumably.
+    PacerUnavailable(String),
 }
 
 impl Halt {
     /// The end state this halt leads to.
     pub fn state(&self) -> RunState {
         match self {
-            Halt::Exhausted | Halt::Reserve(_) => RunState::Halted,
+            Halt::Exhausted | Halt::Reserve(_) | Halt::PacerUnavailable(_) => RunState::Halted,
             Halt::Auth(_) | Halt::Internal(_) => RunState::Failed,
             Halt::Interrupted => RunState::Interrupted,
         }
@@ -251,5 +254,12 @@ mod tests {
         assert_eq!(g.halt(), Some(Halt::Exhausted));
         assert_eq!(g.pass().await, Pass::Stop);
         assert!(!g.sleep(Duration::from_secs(1)).await);
+    }
+
+    #[test]
+    fn a_lost_pacer_halts_resumably() {
+        let h = Halt::PacerUnavailable("lost Redis".into());
+        assert_eq!(h.state(), RunState::Halted);
+        assert_eq!(crate::exit::for_state(h.state(), 0), crate::exit::HALTED);
     }
 }

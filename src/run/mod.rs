@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 pub mod events;
 pub mod finish;
+mod fleet;
 pub mod gate;
 pub mod job;
 pub mod pool;
@@ -49,13 +50,19 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
-    // 1. The whole input is checked before any request is sent.
+    // 1. The whole input is checked before any request is sent (a shard
+    // checks every item too, and counts its own).
     let spec = settings.request.clone();
-    let scan = tokio::task::block_in_place(|| {
+    let mut in_shard = 0u64;
+    let mut scan = tokio::task::block_in_place(|| {
         input::scan(&settings.input, settings.format, &mut |item| {
+            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
             spec.render(item).map(|_| ())
         })
     })?;
+    scan.total = in_shard;
+    // A fleet's Redis must answer before anything else happens.
+    let fleet = fleet::join(&settings).await?;
 
     // 2. The job and its checkpoint.
     let store =
@@ -101,13 +108,19 @@ pub async fn run(
     );
 
     // 4. The pacer and the pool.
-    let (pacer, default_pause) = pace::for_limit(
-        settings.limit,
-        settings.burst,
-        Duration::from_millis(meta.last_active_unix_ms),
-        job::unix_now(),
-    )
-    .map_err(|e| RunError::Usage(e.to_string()))?;
+    let (pacer, default_pause) = match &fleet {
+        Some(f) => fleet::pacer(f, &settings),
+        None => pace::for_limit(
+            settings.limit,
+            settings.burst,
+            Duration::from_millis(meta.last_active_unix_ms),
+            job::unix_now(),
+        )
+        .map_err(|e| RunError::Usage(e.to_string()))?,
+    };
+    let fleet_alerts = fleet
+        .as_ref()
+        .map(|f| Arc::new(crate::fleet::FleetAlerts::for_fleet(f)));
     let transport = HttpTransport::new(settings.timeout, settings.concurrency)
         .context("building the HTTP client")?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -150,6 +163,7 @@ pub async fn run(
             meter,
             store: store.clone(),
             origin: settings.origin.clone(),
+            fleet_alerts: fleet_alerts.clone(),
         }
         .run(ev_rx),
     );
@@ -157,6 +171,7 @@ pub async fn run(
     // 6. Wait for the pool, or Ctrl-C; then end the run.
     supervise(&pool, &mut workers, shutdown, &reporter).await;
     pool.gate.close();
+    pool.pacer.flush().await;
     let halt = pool.gate.halt();
     drop(pool);
     ticker.abort();
@@ -174,6 +189,7 @@ pub async fn run(
         ledger: &ledger,
         total: scan.total,
         started,
+        fleet_alerts: fleet_alerts.as_deref(),
     };
     finish::finish(ending, halt, recorded, feeder_result).await
 }
@@ -208,9 +224,13 @@ fn spawn_feeder(
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
+    let shard = settings.shard;
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         for item in input::Reader::open(&path, format)? {
             let item = item?;
+            if shard.is_some_and(|s| !s.takes(item.line)) {
+                continue;
+            }
             if items.get(item.line)?.is_some() {
                 continue;
             }

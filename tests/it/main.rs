@@ -2,5 +2,6 @@
 
 mod common;
 mod credits;
+mod fleet;
 mod run;
 mod sim;

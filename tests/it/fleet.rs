@@ -1,0 +1,742 @@
+//! Fleets: many `batchrun` processes on one key sharing one limit through a
+//! real Redis. Each test starts its own `redis-server` on a free port when
+//! the binary is on PATH, or uses `BATCHRUN_TEST_REDIS_URL` (with keys of
+//! its own) otherwise.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
+use batchrun::pace::{Pacer, SharedConfig, SharedPacer};
+use batchrun::rate::Limit;
+
+use crate::common::*;
+
+/// A Redis for one test: its own `redis-server`, or the one
+/// `BATCHRUN_TEST_REDIS_URL` names.
+pub struct Redis {
+    child: Option<Child>,
+    /// `redis://127.0.0.1:PORT/0`.
+    pub url: String,
+}
+
+impl Redis {
+    /// Starts a `redis-server` without persistence on a free port (retrying
+    /// on a port taken in between), or uses `BATCHRUN_TEST_REDIS_URL`.
+    pub fn start() -> Redis {
+        if which("redis-server") {
+            for _ in 0..5 {
+                if let Some(r) = Redis::spawn() {
+                    return r;
+                }
+            }
+            panic!("redis-server would not start on a free port");
+        }
+        match std::env::var("BATCHRUN_TEST_REDIS_URL") {
+            Ok(url) if !url.is_empty() => Redis { child: None, url },
+            _ => panic!(
+                "the fleet tests need Redis: put redis-server on PATH, or set \
+                 BATCHRUN_TEST_REDIS_URL=redis://HOST:PORT/DB"
+            ),
+        }
+    }
+
+    fn spawn() -> Option<Redis> {
+        let port = free_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            if redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+            {
+                return Some(Redis {
+                    child: Some(child),
+                    url,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        None
+    }
+
+    /// A synchronous connection, to look at the keys.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_connection()
+            .expect("connect to the test Redis")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn which(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fleet name no other test (nor an earlier run on a shared Redis) uses.
+fn fleet_name(tag: &str) -> String {
+    format!(
+        "it-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// Every results file of the shards of `n_shards`, merged: each line of
+/// `1..=n` must appear exactly once.
+fn assert_shards_did_each_item_once(s: &Scenario, n_shards: u64, n: u64) {
+    let mut seen = BTreeMap::<u64, usize>::new();
+    for i in 1..=n_shards {
+        let out = s
+            .input_path()
+            .with_file_name(format!("items.shard-{i}-of-{n_shards}.results.jsonl"));
+        for line in lines_of(&out) {
+            assert_eq!(line % n_shards, i - 1, "shard {i} did line {line}");
+            *seen.entry(line).or_default() += 1;
+        }
+    }
+    let missing: Vec<u64> = (1..=n).filter(|l| !seen.contains_key(l)).collect();
+    let repeated: Vec<u64> = seen
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(l, _)| *l)
+        .collect();
+    assert!(
+        missing.is_empty() && repeated.is_empty() && seen.len() as u64 == n,
+        "missing {missing:?}, repeated {repeated:?}"
+    );
+}
+
+/// The sim's counters that must stay zero for a fleet that keeps the limit.
+fn assert_never_limited(stats: &serde_json::Value, limit: u64) {
+    for k in ["rejected_rate", "rejected_cooldown", "rejected_concurrency"] {
+        assert_eq!(stats[k], 0, "{k}: {stats}");
+    }
+    let most = stats["max_in_window"].as_u64().unwrap();
+    assert!(
+        most <= limit,
+        "{most} calls in one window, limit {limit}: {stats}"
+    );
+}
+
+/// Runs `cmds` at once; returns each outcome and the wall time from the
+/// first start to the last exit.
+fn run_all(cmds: Vec<Command>) -> (Vec<Finished>, Duration) {
+    let t0 = Instant::now();
+    let children: Vec<Child> = cmds
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn batchrun")
+        })
+        .collect();
+    let done = children
+        .into_iter()
+        .map(|c| finished_output(c.wait_with_output().expect("wait for batchrun")))
+        .collect();
+    (done, t0.elapsed())
+}
+
+fn finished_output(out: std::process::Output) -> Finished {
+    Finished {
+        code: out.status.code().unwrap_or(-1),
+        summary: serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Share of the limit a run used after its first window:
+/// `(n - L) calls / (L × T / W)`.
+fn utilization(n: u64, limit: u64, window: Duration, took: Duration) -> f64 {
+    (n - limit) as f64 / (limit as f64 * took.as_secs_f64() / window.as_secs_f64())
+}
+
+const LIMIT: &str = "40/1s";
+
+fn fleet_args<'a>(redis: &'a str, name: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--limit",
+        LIMIT,
+        "--concurrency",
+        "8",
+        "--redis",
+        redis,
+        "--fleet-key",
+        name,
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
+    let redis = Redis::start();
+    let sim_args = [
+        "--limit",
+        LIMIT,
+        "--concurrency",
+        "8",
+        "--cooldown",
+        "1s",
+        "--latency",
+        "1ms..10ms",
+    ];
+    let n = 200;
+
+    // One process alone on the same limit: the baseline.
+    let one = Scenario::new("fleet-one").with_sim(&sim_args).numbers(n);
+    let name = fleet_name("one");
+    let (r, took_one) = run_all(vec![one.cmd(&fleet_args(&redis.url, &name, &[]))]);
+    assert_eq!(r[0].code, 0, "{}", r[0].stderr);
+    assert_never_limited(&one.sim().stats().await, 40);
+
+    // Four processes, one shard each, on one key.
+    let s = Scenario::new("fleet-four").with_sim(&sim_args).numbers(n);
+    let name = fleet_name("four");
+    let cmds = (1..=4)
+        .map(|i| {
+            let shard = format!("{i}/4");
+            s.cmd(&fleet_args(&redis.url, &name, &["--shard", &shard]))
+        })
+        .collect();
+    let (runs, took_four) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+        assert_eq!(r.summary["done"], 50, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 40);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 4, n);
+
+    let w = Duration::from_secs(1);
+    let (u1, u4) = (
+        utilization(n, 40, w, took_one),
+        utilization(n, 40, w, took_four),
+    );
+    eprintln!("utilization: one process {u1:.3} ({took_one:?}), four {u4:.3} ({took_four:?})");
+    assert!(
+        u4 >= u1 - 0.03,
+        "four processes used {:.1}% of the limit, one process {:.1}% ({took_four:?} vs {took_one:?})",
+        u4 * 100.0,
+        u1 * 100.0
+    );
+
+    // Every shard shows in the job's status.
+    let out = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shards: Vec<(String, u64)> = v
+        .as_array()
+        .expect("one entry per shard")
+        .iter()
+        .map(|j| {
+            (
+                j["shard"].as_str().unwrap().to_string(),
+                j["done"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = (1..=4).map(|i| (format!("{i}/4"), 50)).collect();
+    assert_eq!(shards, want);
+
+    // Nothing in Redis names the key, and everything left expires.
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("batchrun:{{name:{name}}}:*"))
+        .query(&mut c)
+        .unwrap();
+    assert!(!keys.is_empty());
+    for k in keys {
+        assert!(!k.contains(KEY), "{k}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut c).unwrap();
+        assert!(ttl > 0, "{k} never expires");
+    }
+}
+
+/// The concurrency leases of the fleet `name` not yet expired by Redis's
+/// clock (an expired one is only removed by the next take).
+fn leases_of(c: &mut redis::Connection, name: &str) -> Vec<String> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(FleetKeys::named(name).leases())
+        .arg(format!("({}", secs * 1000 + micros / 1000))
+        .arg("+inf")
+        .query(c)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-kill")
+        .with_sim(&[
+            "--limit",
+            "30/1s",
+            "--concurrency",
+            "4",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "100ms..200ms",
+        ])
+        .numbers(90);
+    let name = fleet_name("kill");
+    let args = |shard: &str| -> Vec<String> {
+        ["--limit", "30/1s", "--concurrency", "4", "--timeout", "1s"]
+            .iter()
+            .map(|a| a.to_string())
+            .chain([
+                "--redis".into(),
+                redis.url.clone(),
+                "--fleet-key".into(),
+                name.clone(),
+            ])
+            .chain(["--shard".into(), shard.into()])
+            .collect()
+    };
+    let spawn = |shard: &str| {
+        let a = args(shard);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        s.cmd(&a)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let others = [spawn("1/3"), spawn("3/3")];
+    let mut victim = spawn("2/3");
+    // Kill it while it holds a concurrency lease, as a crash would.
+    let mut c = redis.conn();
+    let tag = format!("{}-", victim.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let mine: Vec<String> = leases_of(&mut c, &name)
+            .into_iter()
+            .filter(|m| m.starts_with(&tag))
+            .collect();
+        if !mine.is_empty() {
+            victim.kill().unwrap();
+            break mine;
+        }
+        assert!(Instant::now() < deadline, "the process never held a lease");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let killed_at = Instant::now();
+    victim.wait().unwrap();
+    // Its leases outlive it by at most the lease (3 x the 1 s timeout).
+    loop {
+        let left: Vec<String> = leases_of(&mut c, &name)
+            .into_iter()
+            .filter(|m| held.contains(m))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_millis(3500),
+            "leases {left:?} of the killed process outlived their lease"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for o in others {
+        let r = finished_output(o.wait_with_output().unwrap());
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    assert_never_limited(&s.sim().stats().await, 30);
+
+    // The killed shard resumes from its checkpoint and finishes.
+    let a = args("2/3");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let r = s.run(&a);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 30);
+    assert_side_effects(&stats, 90);
+    assert_shards_did_each_item_once(&s, 3, 90);
+}
+
+/// A TCP proxy in front of Redis that the test can cut and restore: to the
+/// processes behind it, Redis is down, then back.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: &str) -> Proxy {
+        let u = reqwest::Url::parse(upstream).unwrap();
+        let upstream = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(6379));
+        let mut p = Proxy {
+            port: free_port(),
+            upstream,
+            task: None,
+        };
+        p.resume().await;
+        p
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    async fn resume(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("bind the proxy");
+        let upstream = self.upstream.clone();
+        self.task = Some(tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else {
+                    return;
+                };
+                let upstream = upstream.clone();
+                conns.spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Closes the listener and every connection through it.
+    async fn cut(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_redis_mid_run_halts_resumably_and_the_resume_finishes() {
+    let redis = Redis::start();
+    let mut proxy = Proxy::start(&redis.url).await;
+    let s = Scenario::new("fleet-lost")
+        .with_sim(&[
+            "--limit",
+            LIMIT,
+            "--concurrency",
+            "8",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "1ms..5ms",
+        ])
+        .numbers(160);
+    let name = fleet_name("lost");
+    let url = proxy.url();
+    let cmd = |shard: &str| {
+        s.cmd(&fleet_args(
+            &url,
+            &name,
+            &["--shard", shard, "--redis-timeout", "2s"],
+        ))
+    };
+    let children: Vec<Child> = [cmd("1/2"), cmd("2/2")]
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    wait_for_stats(s.sim(), 20, |st| st["accepted"].as_u64().unwrap() >= 50).await;
+    proxy.cut().await;
+    // The calls in flight end; after that nothing goes out without a slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent_before = s.sim().stats().await["requests"].as_u64().unwrap();
+    let t0 = Instant::now();
+    for c in children {
+        let r = finished_output(c.wait_with_output().unwrap());
+        assert_eq!(r.code, 75, "{}", r.stderr);
+        assert_eq!(r.summary["state"], "halted", "{}", r.summary);
+        let why = r.summary["halt_reason"].as_str().unwrap();
+        assert!(why.contains("Redis") && why.contains("resume"), "{why}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let stats = s.sim().stats().await;
+    assert_eq!(
+        stats["requests"], sent_before,
+        "a call went out without a slot"
+    );
+    assert_never_limited(&stats, 40);
+    assert!(stats["side_effects"].as_u64().unwrap() < 160);
+
+    // Redis is back: the same commands finish every item once.
+    proxy.resume().await;
+    let (runs, _) = run_all(vec![cmd("1/2"), cmd("2/2")]);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 40);
+    assert_side_effects(&stats, 160);
+    assert_shards_did_each_item_once(&s, 2, 160);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_out_of_reach_at_start_is_a_clear_error_before_any_request() {
+    let s = Scenario::new("fleet-none")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(5);
+    let url = format!("redis://:s3cret@127.0.0.1:{}/0", free_port());
+    let r = s.run(&["--limit", LIMIT, "--redis", &url]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("cannot reach Redis at redis://127.0.0.1:"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_threshold_alert_fires_once_across_the_fleet() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-alert")
+        .with_sim(&["--limit", LIMIT, "--credits", "100", "--cooldown", "1s"])
+        .numbers(60);
+    let name = fleet_name("alert");
+    let cmds = (1..=3)
+        .map(|i| {
+            let shard = format!("{i}/3");
+            s.cmd(&fleet_args(
+                &redis.url,
+                &name,
+                &["--shard", &shard, "--alert-at", "0.5"],
+            ))
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    let mut sent = 0;
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        sent += r
+            .stderr
+            .matches("ALERT [threshold] 50% of credits used")
+            .count();
+    }
+    assert_eq!(
+        sent,
+        1,
+        "{:?}",
+        runs.iter().map(|r| &r.stderr).collect::<Vec<_>>()
+    );
+}
+
+// ---- The pacer itself, in-process, on a real Redis ----
+
+async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
+    Fleet::connect(&FleetSettings {
+        url: redis.url.clone(),
+        headroom: 1.0,
+        keys: FleetKeys::named(name),
+        redis_timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect")
+}
+
+fn pacer(fleet: Fleet, limit: &str) -> Arc<SharedPacer> {
+    Arc::new(SharedPacer::new(
+        fleet,
+        SharedConfig {
+            limit: limit.parse::<Limit>().unwrap(),
+            concurrency: 100,
+            timeout: Duration::from_secs(1),
+        },
+    ))
+}
+
+/// The most of `stamps` (sorted) inside any span shorter than `w`.
+fn most_in(stamps: &[Instant], w: Duration) -> usize {
+    (0..stamps.len())
+        .map(|i| {
+            stamps[i..]
+                .iter()
+                .take_while(|b| **b - stamps[i] < w)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_share_one_window_exactly() {
+    let redis = Redis::start();
+    let name = fleet_name("window");
+    let a = pacer(fleet_on(&redis, &name).await, "5/400ms");
+    let b = pacer(fleet_on(&redis, &name).await, "5/400ms");
+    let stamps = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for p in [a.clone(), b.clone(), a, b] {
+        let stamps = stamps.clone();
+        tasks.push(tokio::spawn(async move {
+            while t0.elapsed() < Duration::from_millis(1300) {
+                let permit = p.take().await.expect("permit");
+                stamps.lock().unwrap().push(Instant::now());
+                permit.complete(tokio::time::Instant::now());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut s = stamps.lock().unwrap().clone();
+    s.sort();
+    assert!(most_in(&s, Duration::from_millis(400)) <= 5, "{s:?}");
+    // Four windows' worth: the fleet is not starved either.
+    assert!(s.len() >= 15, "only {} calls", s.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_from_one_process_holds_every_process() {
+    let redis = Redis::start();
+    let name = fleet_name("pause");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
+    a.pause(Duration::from_millis(800)).await.unwrap();
+    let t0 = Instant::now();
+    b.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
+    let redis = Redis::start();
+    let name = fleet_name("learn");
+    let p = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let mut c = redis.conn();
+    let learnt = |c: &mut redis::Connection| -> Option<u64> {
+        redis::cmd("HGET")
+            .arg(FleetKeys::named(&name).limit())
+            .arg("learnt")
+            .query(c)
+            .unwrap()
+    };
+    for _ in 0..4 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    // A 429 without any x-rate-limit header: the limit is what occupied.
+    p.pause(Duration::from_millis(1)).await.unwrap();
+    assert_eq!(learnt(&mut c), Some(4));
+    // Within one window a fifth call waits for the oldest to age out.
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Each clean window lets one more through, up to the configured 10.
+    let mut seen = vec![4];
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while let Some(l) = learnt(&mut c) {
+        assert!(Instant::now() < deadline, "still probing: {seen:?}");
+        if seen.last() != Some(&l) {
+            seen.push(l);
+        }
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    assert_eq!(seen, vec![4, 5, 6, 7, 8, 9], "probed +1 per window");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fleet_alert_claims_go_to_one_process() {
+    let redis = Redis::start();
+    let name = fleet_name("claims");
+    let a = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
+    let b = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
+    let alert = |renewal| {
+        let mut x = batchrun::credits::Alert::new(
+            batchrun::credits::AlertKind::Threshold,
+            "pct-0.8",
+            "80% used",
+            None,
+        );
+        x.renewal = Some(renewal);
+        x
+    };
+    assert!(a.claim(&alert(1_900_000_000)).await);
+    assert!(!b.claim(&alert(1_900_000_000)).await);
+    assert!(
+        b.claim(&alert(1_900_086_400)).await,
+        "a new cycle alerts again"
+    );
+}
