@@ -113,6 +113,14 @@ struct Local {
     paused_until: Option<Instant>,
 }
 
+/// This process's share of the fleet's state, to put back after Redis lost
+/// it: the pause left (ms) and each call's (id, ms left occupying, in flight).
+#[derive(Default)]
+struct Restore {
+    paused: u64,
+    entries: Vec<(String, u64, bool)>,
+}
+
 /// Why a take must wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Why {
@@ -262,7 +270,7 @@ impl Inner {
 
     /// What this process puts back when Redis lost its data: its pause, its
     /// calls in flight and those still occupying the window.
-    fn restore_block(&self) -> Option<(u64, Vec<(String, u64, bool)>)> {
+    fn restore_block(&self) -> Option<Restore> {
         let now = Instant::now();
         let mut l = self.lock();
         if !l.lost {
@@ -287,7 +295,7 @@ impl Inner {
                 false,
             )
         }));
-        Some((paused, entries))
+        Some(Restore { paused, entries })
     }
 
     async fn try_take(&self, id: &str, cap: u64) -> Result<Took, PaceError> {
@@ -304,7 +312,7 @@ impl Inner {
                 // been Redis restarting empty.
                 let block = self.restore_block();
                 restored.store(block.is_some(), Ordering::SeqCst);
-                let (paused, entries) = block.unwrap_or_default();
+                let Restore { paused, entries } = block.unwrap_or_default();
                 inv.arg(paused).arg(entries.len());
                 for (rid, left, flying) in entries {
                     inv.arg(rid).arg(left).arg(u8::from(flying));

@@ -3,120 +3,17 @@
 //! the binary is on PATH, or uses `BATCHRUN_TEST_REDIS_URL` (with keys of
 //! its own) otherwise.
 
+mod pacer;
+mod support;
+
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
-use batchrun::pace::{Pacer, SharedConfig, SharedPacer};
-use batchrun::rate::Limit;
+use batchrun::fleet::FleetKeys;
 
 use crate::common::*;
-
-/// A Redis for one test: its own `redis-server`, or the one
-/// `BATCHRUN_TEST_REDIS_URL` names.
-pub struct Redis {
-    child: Option<Child>,
-    /// `redis://127.0.0.1:PORT/0`.
-    pub url: String,
-}
-
-impl Redis {
-    /// Starts a `redis-server` without persistence on a free port (retrying
-    /// on a port taken in between), or uses `BATCHRUN_TEST_REDIS_URL`.
-    pub fn start() -> Redis {
-        if which("redis-server") {
-            for _ in 0..5 {
-                if let Some(r) = Redis::spawn() {
-                    return r;
-                }
-            }
-            panic!("redis-server would not start on a free port");
-        }
-        match std::env::var("BATCHRUN_TEST_REDIS_URL") {
-            Ok(url) if !url.is_empty() => Redis { child: None, url },
-            _ => panic!(
-                "the fleet tests need Redis: put redis-server on PATH, or set \
-                 BATCHRUN_TEST_REDIS_URL=redis://HOST:PORT/DB"
-            ),
-        }
-    }
-
-    fn spawn() -> Option<Redis> {
-        let port = free_port();
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        let url = format!("redis://127.0.0.1:{port}/0");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return None;
-            }
-            if redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok()
-            {
-                return Some(Redis {
-                    child: Some(child),
-                    url,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        None
-    }
-
-    /// A synchronous connection, to look at the keys.
-    pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url.as_str())
-            .unwrap()
-            .get_connection()
-            .expect("connect to the test Redis")
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn which(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-        .unwrap_or(false)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A fleet name no other test (nor an earlier run on a shared Redis) uses.
-fn fleet_name(tag: &str) -> String {
-    format!(
-        "it-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
+use support::{fleet_name, free_port, Proxy, Redis};
 
 /// Every results file of the shards of `n_shards`, merged: each line of
 /// `1..=n` must appear exactly once.
@@ -204,6 +101,18 @@ fn fleet_args<'a>(redis: &'a str, name: &'a str, extra: &[&'a str]) -> Vec<&'a s
     ];
     v.extend_from_slice(extra);
     v
+}
+
+/// The concurrency leases of the fleet `name` not yet expired by Redis's
+/// clock (an expired one is only removed by the next take).
+fn leases_of(c: &mut redis::Connection, name: &str) -> Vec<String> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(FleetKeys::named(name).leases())
+        .arg(format!("({}", secs * 1000 + micros / 1000))
+        .arg("+inf")
+        .query(c)
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -304,18 +213,6 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
     }
 }
 
-/// The concurrency leases of the fleet `name` not yet expired by Redis's
-/// clock (an expired one is only removed by the next take).
-fn leases_of(c: &mut redis::Connection, name: &str) -> Vec<String> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
-    redis::cmd("ZRANGEBYSCORE")
-        .arg(FleetKeys::named(name).leases())
-        .arg(format!("({}", secs * 1000 + micros / 1000))
-        .arg("+inf")
-        .query(c)
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
     let redis = Redis::start();
@@ -404,61 +301,6 @@ async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
     assert_never_limited(&stats, 30);
     assert_side_effects(&stats, 90);
     assert_shards_did_each_item_once(&s, 3, 90);
-}
-
-/// A TCP proxy in front of Redis that the test can cut and restore: to the
-/// processes behind it, Redis is down, then back.
-struct Proxy {
-    port: u16,
-    upstream: String,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    async fn start(upstream: &str) -> Proxy {
-        let u = reqwest::Url::parse(upstream).unwrap();
-        let upstream = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap_or(6379));
-        let mut p = Proxy {
-            port: free_port(),
-            upstream,
-            task: None,
-        };
-        p.resume().await;
-        p
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    async fn resume(&mut self) {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
-            .await
-            .expect("bind the proxy");
-        let upstream = self.upstream.clone();
-        self.task = Some(tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut down, _)) = listener.accept().await else {
-                    return;
-                };
-                let upstream = upstream.clone();
-                conns.spawn(async move {
-                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
-                    }
-                });
-            }
-        }));
-    }
-
-    /// Closes the listener and every connection through it.
-    async fn cut(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-            let _ = t.await;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -581,162 +423,83 @@ async fn a_threshold_alert_fires_once_across_the_fleet() {
     );
 }
 
-// ---- The pacer itself, in-process, on a real Redis ----
-
-async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
-    Fleet::connect(&FleetSettings {
-        url: redis.url.clone(),
-        headroom: 1.0,
-        keys: FleetKeys::named(name),
-        redis_timeout: Duration::from_secs(5),
-    })
-    .await
-    .expect("connect")
-}
-
-fn pacer(fleet: Fleet, limit: &str) -> Arc<SharedPacer> {
-    Arc::new(SharedPacer::new(
-        fleet,
-        SharedConfig {
-            limit: limit.parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-        },
-    ))
-}
-
-/// The most of `stamps` (sorted) inside any span shorter than `w`.
-fn most_in(stamps: &[Instant], w: Duration) -> usize {
-    (0..stamps.len())
-        .map(|i| {
-            stamps[i..]
-                .iter()
-                .take_while(|b| **b - stamps[i] < w)
-                .count()
+/// Script runs Redis has served so far (EVALSHA and EVAL).
+fn script_calls(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
         })
-        .max()
-        .unwrap_or(0)
+        .sum()
 }
 
+/// The README's fleet figures: utilization for 1, 2, 4 and 8 processes on
+/// one key, and Redis round trips per call. Run with
+/// `cargo test --test it fleet_benchmark -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread")]
-async fn two_processes_share_one_window_exactly() {
-    let redis = Redis::start();
-    let name = fleet_name("window");
-    let a = pacer(fleet_on(&redis, &name).await, "5/400ms");
-    let b = pacer(fleet_on(&redis, &name).await, "5/400ms");
-    let stamps = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for p in [a.clone(), b.clone(), a, b] {
-        let stamps = stamps.clone();
-        tasks.push(tokio::spawn(async move {
-            while t0.elapsed() < Duration::from_millis(1300) {
-                let permit = p.take().await.expect("permit");
-                stamps.lock().unwrap().push(Instant::now());
-                permit.complete(tokio::time::Instant::now());
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let mut s = stamps.lock().unwrap().clone();
-    s.sort();
-    assert!(most_in(&s, Duration::from_millis(400)) <= 5, "{s:?}");
-    // Four windows' worth: the fleet is not starved either.
-    assert!(s.len() >= 15, "only {} calls", s.len());
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pause_from_one_process_holds_every_process() {
-    let redis = Redis::start();
-    let name = fleet_name("pause");
-    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
-    a.pause(Duration::from_millis(800)).await.unwrap();
-    let t0 = Instant::now();
-    b.take()
-        .await
-        .unwrap()
-        .complete(tokio::time::Instant::now());
-    assert!(
-        t0.elapsed() >= Duration::from_millis(700),
-        "{:?}",
-        t0.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
-    let redis = Redis::start();
-    let name = fleet_name("learn");
-    let p = pacer(fleet_on(&redis, &name).await, "10/300ms");
-    let mut c = redis.conn();
-    let learnt = |c: &mut redis::Connection| -> Option<u64> {
-        redis::cmd("HGET")
-            .arg(FleetKeys::named(&name).limit())
-            .arg("learnt")
-            .query(c)
-            .unwrap()
-    };
-    for _ in 0..4 {
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
-    // A 429 without any x-rate-limit header: the limit is what occupied.
-    p.pause(Duration::from_millis(1)).await.unwrap();
-    assert_eq!(learnt(&mut c), Some(4));
-    // Within one window a fifth call waits for the oldest to age out.
-    let t0 = Instant::now();
-    for _ in 0..5 {
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
-    assert!(
-        t0.elapsed() >= Duration::from_millis(250),
-        "{:?}",
-        t0.elapsed()
-    );
-    // Each clean window lets one more through, up to the configured 10.
-    let mut seen = vec![4];
-    let deadline = Instant::now() + Duration::from_secs(6);
-    while let Some(l) = learnt(&mut c) {
-        assert!(Instant::now() < deadline, "still probing: {seen:?}");
-        if seen.last() != Some(&l) {
-            seen.push(l);
+#[ignore = "a benchmark: about half a minute"]
+async fn fleet_benchmark() {
+    let (limit, n) = (100u64, 600u64);
+    let sim = [
+        "--limit",
+        "100/1s",
+        "--concurrency",
+        "16",
+        "--cooldown",
+        "1s",
+        "--latency",
+        "5ms..15ms",
+    ];
+    let base = ["--limit", "100/1s", "--concurrency", "16"];
+    let mut rows = Vec::new();
+    for procs in [1u64, 2, 4, 8] {
+        let redis = Redis::start();
+        let mut c = redis.conn();
+        let before = script_calls(&mut c);
+        let s = Scenario::new("bench-fleet").with_sim(&sim).numbers(n);
+        let name = fleet_name("bench");
+        let cmds = (1..=procs)
+            .map(|i| {
+                let shard = format!("{i}/{procs}");
+                let mut a: Vec<&str> = base.to_vec();
+                a.extend([
+                    "--redis",
+                    &redis.url,
+                    "--fleet-key",
+                    &name,
+                    "--shard",
+                    &shard,
+                ]);
+                s.cmd(&a)
+            })
+            .collect();
+        let (runs, took) = run_all(cmds);
+        for r in &runs {
+            assert_eq!(r.code, 0, "{}", r.stderr);
         }
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
+        let trips = (script_calls(&mut c) - before) as f64 / n as f64;
+        rows.push((procs, took, s.sim().stats().await, trips));
     }
-    assert_eq!(seen, vec![4, 5, 6, 7, 8, 9], "probed +1 per window");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn fleet_alert_claims_go_to_one_process() {
-    let redis = Redis::start();
-    let name = fleet_name("claims");
-    let a = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
-    let b = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
-    let alert = |renewal| {
-        let mut x = batchrun::credits::Alert::new(
-            batchrun::credits::AlertKind::Threshold,
-            "pct-0.8",
-            "80% used",
-            None,
-        );
-        x.renewal = Some(renewal);
-        x
-    };
-    assert!(a.claim(&alert(1_900_000_000)).await);
-    assert!(!b.claim(&alert(1_900_000_000)).await);
-    assert!(
-        b.claim(&alert(1_900_086_400)).await,
-        "a new cycle alerts again"
+    println!(
+        "| processes | wall time | utilization | max in window | 429s | round trips per call |"
     );
+    println!("|---|---|---|---|---|---|");
+    for (what, took, stats, trips) in rows {
+        let rejected = ["rejected_rate", "rejected_cooldown", "rejected_concurrency"]
+            .iter()
+            .map(|k| stats[k].as_u64().unwrap())
+            .sum::<u64>();
+        println!(
+            "| {what} | {:.2} s | {:.1}% | {} | {rejected} | {trips:.2} |",
+            took.as_secs_f64(),
+            utilization(n, limit, Duration::from_secs(1), took) * 100.0,
+            stats["max_in_window"],
+        );
+    }
 }
