@@ -88,9 +88,9 @@ struct Inner {
     tag: String,
     seq: AtomicU64,
     local: Mutex<Local>,
-    /// One worker of this process at a time queues at Redis: the others
+    /// One worker of this process at a time waits at Redis: the others
     /// wait here, so a full window costs one round trip per process, not
-    /// one per worker.
+    /// one per worker, whenever a slot frees up.
     front: tokio::sync::Mutex<()>,
     wake: Arc<Notify>,
     /// No `x-rate-limit-*` header seen yet: a 429 teaches the limit.
@@ -468,11 +468,13 @@ impl Pacer for SharedPacer {
         Box::pin(async move {
             let inner = &self.inner;
             let id = inner.next_id();
-            let _front = inner.front.lock().await;
             let mut abandon = Abandon {
                 inner,
                 id: Some(id.clone()),
             };
+            // While there is room every worker asks at once; once it must
+            // wait, it queues behind this process's one waiter at Redis.
+            let mut front = None;
             let mut poll = POLL_FIRST;
             loop {
                 match inner.try_take(&id, inner.cap).await? {
@@ -482,6 +484,10 @@ impl Pacer for SharedPacer {
                             inner: inner.clone(),
                             id,
                         })));
+                    }
+                    // Queued for a while: look again before sleeping.
+                    Took::Wait(..) if front.is_none() => {
+                        front = Some(inner.front.lock().await);
                     }
                     Took::Wait(d, Why::Ceiling) => {
                         tokio::time::sleep(d.min(poll)).await;
