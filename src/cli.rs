@@ -239,6 +239,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "BATCHRUN_REDIS_URL",
+        hide_env_values = true,
         value_name = "URL",
         help_heading = "Fleet"
     )]
