@@ -12,9 +12,12 @@
 -- KEYS[2] leases  ZSET  member = permit id, score = ms at which the lease
 --                       expires unless renewed (in flight only)
 -- KEYS[3] pause   STRING ms at which a rate-limit pause ends
--- KEYS[4] limit   HASH  in_force = limit the server reports,
+-- KEYS[4] limit   HASH  in_force = lowest limit the server reported;
 --                       learnt = limit learnt from a 429 without limit
---                       headers, learnt_at = ms of its last change
+--                       headers, refused_at = the limit that 429 refused,
+--                       learnt_at = start of the current clean window (ms),
+--                       settled / pressed = 1 once a clean window passed /
+--                       once the current one used the learnt limit in full
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce
 -- ARGV[2] W, the window, in ms
@@ -87,31 +90,37 @@ end
 
 -- The limit in force now: the configured cap (0: none), below it the
 -- server-reported limit scaled by the headroom, below that the learnt one.
--- A learnt limit probes up by one after each clean window (no 429 since
--- its last change) and is dropped once it reaches the cap.
+-- Returns it and whether a learnt limit is in play. As in-process, a
+-- learnt limit is first settled by one clean window (no 429 since it was
+-- learnt), then probes up by one per clean window that used it in full
+-- ("pressed"), never up to the limit the server refused, never above the cap.
 local function effective(cap, headroom)
   local lim = cap
-  local h = redis.call('HMGET', KEYS[4], 'in_force', 'learnt', 'learnt_at')
+  local h = redis.call('HMGET', KEYS[4], 'in_force', 'learnt', 'learnt_at',
+    'settled', 'pressed', 'refused_at')
   local in_force = tonumber(h[1] or '0')
   if in_force > 0 then
     local scaled = math.max(1, math.floor(in_force * headroom + 1e-9))
     if lim == 0 or scaled < lim then lim = scaled end
   end
   local learnt = tonumber(h[2] or '0')
-  if learnt > 0 and lim > 0 then
-    if now - tonumber(h[3] or '0') >= W then
+  if learnt == 0 or lim == 0 then return lim, false end
+  local paused = tonumber(redis.call('GET', KEYS[3]) or '0') > now
+  if not paused and now - tonumber(h[3] or '0') >= W then
+    local refused = tonumber(h[6] or '0')
+    local ceiling = cap
+    if refused > 0 and refused - 1 < ceiling then ceiling = refused - 1 end
+    if h[4] ~= '1' then
+      redis.call('HSET', KEYS[4], 'settled', 1)
+    elseif h[5] == '1' and learnt < ceiling then
       learnt = learnt + 1
-      if learnt >= lim then
-        redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at')
-        learnt = 0
-      else
-        redis.call('HSET', KEYS[4], 'learnt', learnt, 'learnt_at', now)
-        keep(KEYS[4], limit_ttl)
-      end
+      redis.call('HSET', KEYS[4], 'learnt', learnt)
     end
-    if learnt > 0 and learnt < lim then lim = learnt end
+    redis.call('HSET', KEYS[4], 'learnt_at', now, 'pressed', 0)
+    keep(KEYS[4], limit_ttl)
   end
-  return lim
+  if learnt < lim then lim = learnt end
+  return lim, true
 end
 
 -- take: ARGV[5] id, ARGV[6] cap (0: no window limit), ARGV[7] headroom,
@@ -125,8 +134,11 @@ if op == 'take' then
   local i = settle(9)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  local lim = effective(cap, headroom)
+  local lim, learning = effective(cap, headroom)
   local occ = redis.call('ZCARD', KEYS[1])
+  if learning and lim > 0 and occ + 1 >= lim then
+    redis.call('HSET', KEYS[4], 'pressed', 1)
+  end
   -- A retried take whose first answer was lost: it was granted.
   if redis.call('ZSCORE', KEYS[1], id) then return {1, lim, occ} end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -181,35 +193,53 @@ if op == 'beat' then
 end
 
 -- pause: ARGV[5] pause ms, ARGV[6] cap to learn under (0: the server
--- reports its limit, learn nothing). Every process waits until the pause
--- ends. Without limit headers the limit is lowered to the calls occupying
--- the window now. Returns {ms until the pause ends, learnt limit or 0}.
+-- reports its limit, learn nothing), then a settle list. Every process waits until the pause
+-- ends. Without limit headers, and unless a pause was already in force
+-- (the 429 may then be an older call's), the limit is lowered to the
+-- answered calls occupying the window less the refused one (the server
+-- counted neither it nor most calls still in flight), by at least one.
+-- Returns {ms until the pause ends, learnt limit or 0}.
 if op == 'pause' then
   local ms, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
+  -- The caller's completions first: the refused call is among them.
+  settle(7)
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
+  local learnt = 0
+  if cap > 0 and p <= now then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
+    local lim = effective(cap, 1)
+    if answered > 0 and lim > 1 then
+      learnt = math.max(1, math.min(lim - 1, answered - 1))
+      redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
+        'pressed', 0, 'refused_at', lim)
+    end
+  end
   if p > ends then ends = p end
   redis.call('SET', KEYS[3], ends, 'PX', math.max(1, ends - now))
-  local learnt = 0
-  if cap > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    local occ = redis.call('ZCARD', KEYS[1])
-    local cur = tonumber(redis.call('HGET', KEYS[4], 'learnt') or '0')
-    if cur == 0 or cur > cap then cur = cap end
-    learnt = math.max(1, math.min(cur, occ))
-    redis.call('HSET', KEYS[4], 'learnt', learnt, 'learnt_at', now)
+  -- The clean window starts when calls may go again.
+  if redis.call('HEXISTS', KEYS[4], 'learnt') == 1 then
+    redis.call('HSET', KEYS[4], 'learnt_at', ends, 'pressed', 0)
     keep(KEYS[4], limit_ttl)
   end
   return {ends - now, learnt}
 end
 
 -- inforce: ARGV[5] the limit the server reports (x-rate-limit-limit).
--- Returns 1 when it changed.
+-- The lowest report wins; a server that reports its limit needs no
+-- learning. Returns 1 when it lowered the limit in force.
 if op == 'inforce' then
-  local old = redis.call('HGET', KEYS[4], 'in_force')
-  redis.call('HSET', KEYS[4], 'in_force', ARGV[5])
+  local l = tonumber(ARGV[5])
+  local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
+  redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at')
+  if old > 0 and old <= l then
+    keep(KEYS[4], limit_ttl)
+    return 0
+  end
+  redis.call('HSET', KEYS[4], 'in_force', l)
   keep(KEYS[4], limit_ttl)
-  if old == ARGV[5] then return 0 end
   return 1
 end
 

@@ -507,11 +507,16 @@ impl Pacer for SharedPacer {
             } else {
                 0
             };
-            let v: Vec<i64> = inner
+            let settles = inner.take_settles();
+            let v: Result<Vec<i64>, PaceError> = inner
                 .run("pause", inner.fleet.redis_timeout(), |inv| {
-                    inv.arg(millis(for_)).arg(learn);
+                    inv.arg(millis(for_)).arg(learn).arg(settles.len());
+                    for (id, ago) in &settles {
+                        inv.arg(id).arg(*ago);
+                    }
                 })
-                .await?;
+                .await;
+            let v = v.inspect_err(|_| inner.requeue(settles))?;
             let left = v.first().copied().unwrap_or(0).max(0) as u64;
             inner.lock().paused_until = Some(Instant::now() + Duration::from_millis(left));
             Ok(())
