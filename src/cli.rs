@@ -332,6 +332,49 @@ pub struct RunArgs {
     /// How often to probe while waiting for credits.
     #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
     pub probe_every: Duration,
+
+    // --- Fleet: many processes on one key (see src/fleet/) ---
+    /// Share this key's limit, concurrency ceiling, pauses and alerts with
+    /// every batchrun process using the same Redis: redis://HOST:PORT/DB.
+    #[arg(
+        long,
+        env = "BATCHRUN_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        help_heading = "Fleet"
+    )]
+    pub redis: Option<String>,
+
+    /// Share of the limit the fleet uses: 1.0 when only batchrun processes
+    /// use the key, 0.9 when other traffic shares it.
+    #[arg(long, value_name = "F", default_value = "1.0", value_parser = parse_headroom, requires = "redis", help_heading = "Fleet")]
+    pub headroom: f64,
+
+    /// Name the fleet instead of deriving it from the API origin and key,
+    /// so jobs share (or separate) their pace on purpose.
+    #[arg(long, value_name = "NAME", value_parser = parse_fleet_key, requires = "redis", help_heading = "Fleet")]
+    pub fleet_key: Option<String>,
+
+    /// How long Redis may stay out of reach mid-run before the run halts
+    /// resumably (exit 75); no call goes out meanwhile.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_positive_duration, requires = "redis", help_heading = "Fleet")]
+    pub redis_timeout: Duration,
+
+    /// Take only the items whose line number modulo N is I-1, with a
+    /// checkpoint and outputs of this shard's own.
+    #[arg(long, value_name = "I/N", help_heading = "Fleet")]
+    pub shard: Option<crate::fleet::Shard>,
+}
+
+fn parse_headroom(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("{s:?} must be a fraction in (0, 1], such as 0.9")),
+    }
+}
+
+fn parse_fleet_key(s: &str) -> Result<String, String> {
+    crate::fleet::keys::check_name(s).map(|()| s.to_string())
 }
 
 /// Options of `batchrun status`.
@@ -415,6 +458,35 @@ mod tests {
         assert_eq!(a.headers, vec![("X-A".to_string(), "{id}".to_string())]);
         assert_eq!(a.timeout, Duration::from_secs(2));
         assert_eq!(a.alert_at, Thresholds(vec![0.25, 0.75]));
+        assert_eq!(a.redis, None);
+        assert_eq!(a.shard, None);
+    }
+
+    #[test]
+    fn fleet_options_parse() {
+        let Command::Run(a) = parse(&[
+            "batchrun",
+            "in.jsonl",
+            "--redis",
+            "redis://127.0.0.1:6379/0",
+            "--headroom",
+            "0.9",
+            "--fleet-key",
+            "nightly",
+            "--redis-timeout",
+            "5s",
+            "--shard",
+            "2/4",
+        ])
+        .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(a.redis.as_deref(), Some("redis://127.0.0.1:6379/0"));
+        assert_eq!(a.headroom, 0.9);
+        assert_eq!(a.fleet_key.as_deref(), Some("nightly"));
+        assert_eq!(a.redis_timeout, Duration::from_secs(5));
+        assert_eq!(a.shard.map(|s| s.to_string()).as_deref(), Some("2/4"));
     }
 
     #[test]
@@ -425,6 +497,24 @@ mod tests {
             vec!["batchrun", "in.jsonl", "--header", "nocolon"],
             vec!["batchrun", "in.jsonl", "--max-attempts", "0"],
             vec!["batchrun", "in.jsonl", "--body", "x", "--json-body"],
+            vec![
+                "batchrun",
+                "in.jsonl",
+                "--redis",
+                "redis://h/0",
+                "--headroom",
+                "1.5",
+            ],
+            vec![
+                "batchrun",
+                "in.jsonl",
+                "--redis",
+                "redis://h/0",
+                "--fleet-key",
+                "a b",
+            ],
+            vec!["batchrun", "in.jsonl", "--headroom", "0.9"],
+            vec!["batchrun", "in.jsonl", "--shard", "5/4"],
         ] {
             let e = Cli::try_parse_from(with_default_subcommand(
                 bad.iter().map(OsString::from).collect(),

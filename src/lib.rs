@@ -8,7 +8,8 @@
 //! [`classify`] reads each response, [`credits`] owns the balance and its
 //! alerts, [`checkpoint`] records every item in sled and [`report`] shows
 //! progress and the summary. [`exit`] is the exit-code contract; [`wire`]
-//! the API's header names. [`sim`] is the built-in rehearsal server every
+//! the API's header names. [`fleet`] shares one key's limit between
+//! processes through Redis. [`sim`] is the built-in rehearsal server every
 //! test runs against; the run knows nothing of it.
 
 pub mod checkpoint;
@@ -16,6 +17,7 @@ pub mod classify;
 pub mod cli;
 pub mod credits;
 pub mod exit;
+pub mod fleet;
 pub mod input;
 pub mod pace;
 pub mod rate;

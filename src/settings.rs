@@ -12,6 +12,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 
 use crate::cli::RunArgs;
 use crate::exit::RunError;
+use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
@@ -98,6 +99,10 @@ pub struct Settings {
     pub json: bool,
     /// How the run talks on stderr.
     pub style: crate::report::progress::Style,
+    /// The fleet this process paces with (`--redis`), if any.
+    pub fleet: Option<FleetSettings>,
+    /// The part of the input this process takes (`--shard`), if not all.
+    pub shard: Option<Shard>,
 }
 
 /// The limit and concurrency the options ask for (the plan's, unless overridden).
@@ -255,14 +260,21 @@ impl Settings {
                 .map(|u| u.origin().ascii_serialization())
                 .unwrap_or_else(|_| url_src.split('{').next().unwrap_or_default().to_string())
         };
+        let fleet = fleet_settings(args, &origin, &request)?;
+        // A shard keeps its own checkpoint and outputs: N processes on one
+        // machine cannot share one sled directory, nor one results file.
+        let (state_dir, out_suffix) = match args.shard {
+            Some(s) => (args.state_dir.join(s.tag()), format!("{}.", s.tag())),
+            None => (args.state_dir.clone(), String::new()),
+        };
         let out = args
             .out
             .clone()
-            .unwrap_or_else(|| default_output(&args.input, "results"));
+            .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}results")));
         let failures = args
             .failures
             .clone()
-            .unwrap_or_else(|| default_output(&args.input, "failures"));
+            .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
         check_outputs(&args.input, &out, &failures)?;
         Ok(Settings {
             origin,
@@ -278,7 +290,7 @@ impl Settings {
             input: args.input.clone(),
             out,
             failures,
-            state_dir: args.state_dir.clone(),
+            state_dir,
             request: Arc::new(request),
             timeout: args.timeout,
             max_attempts: args.max_attempts,
@@ -313,6 +325,8 @@ impl Settings {
                 wait_for_credits: args.wait_for_credits,
                 probe_every: args.probe_every,
             },
+            fleet,
+            shard: args.shard,
         })
     }
 }
@@ -360,6 +374,30 @@ fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunErr
         )));
     }
     Ok(())
+}
+
+/// The fleet settings: `--redis` checked, and the fleet's keys derived from
+/// `--fleet-key` or from the origin and the API key (hashed, never stored).
+fn fleet_settings(
+    args: &RunArgs,
+    origin: &str,
+    request: &RequestSpec,
+) -> Result<Option<FleetSettings>, RunError> {
+    let Some(url) = args.redis.as_ref().filter(|u| !u.trim().is_empty()) else {
+        return Ok(None);
+    };
+    crate::fleet::check_url(url).map_err(|e| usage(e.to_string()))?;
+    let keys = match (&args.fleet_key, &request.key) {
+        (Some(name), _) => FleetKeys::named(name),
+        (None, Some(k)) => FleetKeys::for_key(origin, k.expose()),
+        (None, None) => FleetKeys::for_key(origin, ""),
+    };
+    Ok(Some(FleetSettings {
+        url: url.clone(),
+        headroom: args.headroom,
+        keys,
+        redis_timeout: args.redis_timeout,
+    }))
 }
 
 #[cfg(test)]

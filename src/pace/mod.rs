@@ -19,11 +19,13 @@ use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
 
 mod bucket;
+pub mod shared;
 mod spike;
 mod unpaced;
 mod window;
 
 pub use bucket::BucketPacer;
+pub use shared::{SharedConfig, SharedPacer};
 pub use spike::SpikePacer;
 pub use unpaced::Unpaced;
 pub use window::WindowPacer;
@@ -108,6 +110,12 @@ pub trait Pacer: Send + Sync {
     /// report its limit, if any: what a resumed run should start from.
     fn learnt(&self) -> Option<u64> {
         None
+    }
+
+    /// Hands back what the pacer still owes its shared store (completed
+    /// permits not yet recorded there) before the run ends. Bounded in time.
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        ready(())
     }
 }
 
@@ -213,6 +221,18 @@ pub fn for_limit(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
+}
+
+/// The pacer of a process in a fleet (`--redis`): the window, the
+/// concurrency ceiling, the pause and the learnt limit are shared with every
+/// process on the key. Returns the pause of a 429 without a usable
+/// Retry-After, as [`for_limit`] does.
+pub fn for_fleet(fleet: crate::fleet::Fleet, cfg: SharedConfig) -> (Arc<dyn Pacer>, Duration) {
+    let pause = match cfg.limit {
+        Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
+        Limit::Unlimited => Duration::from_secs(30),
+    };
+    (Arc::new(SharedPacer::new(fleet, cfg)), pause)
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic

@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::checkpoint::Store;
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{CheckpointError, JobMeta, Store};
 use crate::cli::StatusArgs;
 use crate::credits::describe_renewal;
+use crate::fleet::Shard;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::{Limit, Plan};
 
@@ -52,90 +55,67 @@ pub fn plans_table() -> String {
     out
 }
 
-/// `batchrun status INPUT`: progress from the checkpoint; no API call.
+/// Every checkpoint under a state directory: its own, then one per shard
+/// (`shard-I-of-N/`), in shard order.
+fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
+    let mut out = Vec::new();
+    if dir.join("checkpoint").exists() {
+        out.push((None, dir.to_path_buf()));
+    }
+    let mut shards: Vec<(Shard, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let shard = Shard::from_tag(&e.file_name().to_string_lossy())?;
+            let p = e.path();
+            p.join("checkpoint").exists().then_some((shard, p))
+        })
+        .collect();
+    shards.sort_by_key(|(s, _)| (s.count, s.index));
+    out.extend(shards.into_iter().map(|(s, p)| (Some(s), p)));
+    out
+}
+
+/// `batchrun status INPUT`: progress from the checkpoint (and every shard's);
+/// no API call.
 pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     let abs = std::fs::canonicalize(&args.input)
         .with_context(|| format!("{}: cannot read", args.input.display()))?;
     let abs = abs.to_string_lossy().into_owned();
-    if !args.state_dir.join("checkpoint").exists() {
+    let found = checkpoints(&args.state_dir);
+    if found.is_empty() {
         anyhow::bail!(
             "no checkpoint in {} (was the job run with another --state-dir?)",
             args.state_dir.display()
         );
     }
-    let store = Store::open(&args.state_dir)?;
-    let jobs = store.jobs_for_input(&abs)?;
-    if jobs.is_empty() {
+    let mut out = String::new();
+    let mut json = Vec::new();
+    for (shard, dir) in found {
+        let store = match Store::open(&dir) {
+            Ok(s) => s,
+            // A shard running right now holds its checkpoint.
+            Err(CheckpointError::Locked(_)) if shard.is_some() => {
+                let shard = shard.map(|s| s.to_string());
+                if args.json {
+                    json.push(serde_json::json!({"shard": shard, "running": true}));
+                } else if let Some(s) = shard {
+                    let _ = writeln!(out, "shard {s}: running (its checkpoint is in use)");
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for meta in store.jobs_for_input(&abs)? {
+            describe_job(&store, &meta, shard, args.json, &mut out, &mut json)?;
+        }
+    }
+    if json.is_empty() && out.is_empty() {
         anyhow::bail!(
             "no job for {} in {}",
             args.input.display(),
             args.state_dir.display()
-        );
-    }
-    let mut out = String::new();
-    let mut json = Vec::new();
-    for meta in jobs {
-        let c = store.items(&meta.id)?.counts()?;
-        let pending = meta.total.saturating_sub(c.done + c.failed);
-        let last = meta.meter.last;
-        if args.json {
-            json.push(serde_json::json!({
-                "job": meta.id, "input": meta.input, "total": meta.total,
-                "done": c.done, "failed": c.failed, "pending": pending,
-                "credits_remaining": last.map(|s| s.remaining),
-                "renewal": last.and_then(|s| s.renewal),
-                "alerts_fired": meta.meter.fired,
-                "last_state": meta.last_state, "halt_reason": meta.halt_reason,
-                "requests": meta.requests, "rate_limited": meta.rate_limited,
-            }));
-            continue;
-        }
-        let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
-        let _ = writeln!(
-            out,
-            "  request:  {}",
-            meta.template.replace('\n', "\n            ")
-        );
-        let _ = writeln!(
-            out,
-            "  items:    {} done, {} failed, {} pending of {}",
-            c.done, c.failed, pending, meta.total
-        );
-        let _ = writeln!(
-            out,
-            "  last run: {}{}",
-            meta.last_state
-                .as_deref()
-                .unwrap_or("never finished (crashed or still running)"),
-            meta.halt_reason
-                .as_deref()
-                .map(|r| format!(" ({r})"))
-                .unwrap_or_default()
-        );
-        match last {
-            Some(s) => {
-                let _ = writeln!(
-                    out,
-                    "  credits:  {} remaining of {} (last seen), {}",
-                    s.remaining,
-                    s.max,
-                    describe_renewal(s.renewal)
-                );
-            }
-            None => {
-                let _ = writeln!(out, "  credits:  unknown (no metered response yet)");
-            }
-        }
-        let fired = if meta.meter.fired.is_empty() {
-            "none".to_string()
-        } else {
-            meta.meter.fired.join(", ")
-        };
-        let _ = writeln!(out, "  alerts fired this cycle: {fired}");
-        let _ = writeln!(
-            out,
-            "  totals:   {} requests, {} rate-limited, {} retries",
-            meta.requests, meta.rate_limited, meta.retries
         );
     }
     if args.json {
@@ -147,6 +127,87 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
         out = format!("{v}\n");
     }
     Ok(out)
+}
+
+/// One job's status, as text into `out` or as JSON into `json`.
+fn describe_job(
+    store: &Store,
+    meta: &JobMeta,
+    shard: Option<Shard>,
+    as_json: bool,
+    out: &mut String,
+    json: &mut Vec<serde_json::Value>,
+) -> anyhow::Result<()> {
+    let c = store.items(&meta.id)?.counts()?;
+    let pending = meta.total.saturating_sub(c.done + c.failed);
+    let last = meta.meter.last;
+    if as_json {
+        let mut v = serde_json::json!({
+            "job": meta.id, "input": meta.input, "total": meta.total,
+            "done": c.done, "failed": c.failed, "pending": pending,
+            "credits_remaining": last.map(|s| s.remaining),
+            "renewal": last.and_then(|s| s.renewal),
+            "alerts_fired": meta.meter.fired,
+            "last_state": meta.last_state, "halt_reason": meta.halt_reason,
+            "requests": meta.requests, "rate_limited": meta.rate_limited,
+        });
+        if let Some(s) = shard {
+            v["shard"] = serde_json::Value::String(s.to_string());
+        }
+        json.push(v);
+        return Ok(());
+    }
+    let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
+    if let Some(s) = shard {
+        let _ = writeln!(out, "  shard:    {s}");
+    }
+    let _ = writeln!(
+        out,
+        "  request:  {}",
+        meta.template.replace('\n', "\n            ")
+    );
+    let _ = writeln!(
+        out,
+        "  items:    {} done, {} failed, {} pending of {}",
+        c.done, c.failed, pending, meta.total
+    );
+    let _ = writeln!(
+        out,
+        "  last run: {}{}",
+        meta.last_state
+            .as_deref()
+            .unwrap_or("never finished (crashed or still running)"),
+        meta.halt_reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    match last {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "  credits:  {} remaining of {} (last seen), {}",
+                s.remaining,
+                s.max,
+                describe_renewal(s.renewal)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  credits:  unknown (no metered response yet)");
+        }
+    }
+    let fired = if meta.meter.fired.is_empty() {
+        "none".to_string()
+    } else {
+        meta.meter.fired.join(", ")
+    };
+    let _ = writeln!(out, "  alerts fired this cycle: {fired}");
+    let _ = writeln!(
+        out,
+        "  totals:   {} requests, {} rate-limited, {} retries",
+        meta.requests, meta.rate_limited, meta.retries
+    );
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::checkpoint::{JobItems, Store};
 use crate::credits::Alerter;
 use crate::credits::{Alert, CreditSnapshot, Ledger};
 use crate::exit::{self, RunError};
+use crate::fleet::FleetAlerts;
 use crate::report::{self, Reporter, RunState, Summary};
 use crate::settings::Settings;
 
@@ -36,6 +37,8 @@ pub struct Ending<'a> {
     pub total: u64,
     /// When the run started.
     pub started: Instant,
+    /// With `--redis`: the fleet decides which process sends an alert.
+    pub fleet_alerts: Option<&'a FleetAlerts>,
 }
 
 /// How the input feeder ended.
@@ -85,7 +88,7 @@ pub(crate) fn end_state(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
             humantime::format_duration(*for_)
         ),
-        Halt::Internal(why) | Halt::Systemic(why) => why.clone(),
+        Halt::Internal(why) | Halt::Systemic(why) | Halt::PacerUnavailable(why) => why.clone(),
     };
     (h.state(), Some(reason))
 }
@@ -106,7 +109,12 @@ pub async fn finish(
     let last = e.ledger.last();
     let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last);
     if let Some(a) = &billing {
-        if meter.mark_fired(&a.id) {
+        let ours = meter.mark_fired(&a.id)
+            && match e.fleet_alerts {
+                Some(f) => f.claim(a).await,
+                None => true,
+            };
+        if ours {
             e.alerter.send(a);
         } else {
             e.reporter.println(&format!("batchrun: {}", a.message));

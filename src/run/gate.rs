@@ -28,13 +28,18 @@ pub enum Halt {
     /// The job itself is wrong (every call fails alike) or its failures
     /// passed `--max-failures`; the reason says which.
     Systemic(String),
+    /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
+    /// call may go out without a slot, so the run stops resumably.
+    PacerUnavailable(String),
 }
 
 impl Halt {
     /// The end state this halt leads to.
     pub fn state(&self) -> RunState {
         match self {
-            Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) => RunState::Halted,
+            Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) | Halt::PacerUnavailable(_) => {
+                RunState::Halted
+            }
             Halt::Auth(_) | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,
         }
@@ -256,5 +261,12 @@ mod tests {
         assert_eq!(g.halt(), Some(Halt::Exhausted));
         assert_eq!(g.pass().await, Pass::Stop);
         assert!(!g.sleep(Duration::from_secs(1)).await);
+    }
+
+    #[test]
+    fn a_lost_pacer_halts_resumably() {
+        let h = Halt::PacerUnavailable("lost Redis".into());
+        assert_eq!(h.state(), RunState::Halted);
+        assert_eq!(crate::exit::for_state(h.state(), 0), crate::exit::HALTED);
     }
 }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 pub mod events;
 pub mod finish;
+mod fleet;
 pub mod gate;
 pub mod job;
 pub mod pool;
@@ -53,7 +54,8 @@ pub async fn run(
     crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
     // 1. A pipe can be read only once: it is copied into the state dir
     //    first (named by its content, so the same content resumes the same
-    //    job). Then the whole input is checked before any request is sent.
+    //    job). Then the whole input is checked before any request is sent
+    //    (a shard checks every item too, and counts its own).
     let spooled = tokio::task::block_in_place(|| {
         input::spool(&settings.input, &settings.state_dir.join("spool"))
     })?;
@@ -61,11 +63,16 @@ pub async fn run(
         settings.input = spooled.path;
     }
     let spec = settings.request.clone();
-    let scan = tokio::task::block_in_place(|| {
+    let mut in_shard = 0u64;
+    let mut scan = tokio::task::block_in_place(|| {
         input::scan(&settings.input, settings.format, &mut |item| {
+            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
             spec.render(item).map(|_| ())
         })
     })?;
+    scan.total = in_shard;
+    // A fleet's Redis must answer before anything else happens.
+    let fleet = fleet::join(&settings).await?;
 
     if let Some(n) = settings.dry_run {
         return dry_run(&settings, n, scan.total, started);
@@ -116,15 +123,21 @@ pub async fn run(
     );
 
     // 4. The pacer and the pool.
-    let (pacer, default_pause) = pace::for_limit(
-        settings.pacer,
-        settings.limit,
-        settings.burst,
-        meta.learnt_limit,
-        Duration::from_millis(meta.last_active_unix_ms),
-        job::unix_now(),
-    )
-    .map_err(|e| RunError::Usage(e.to_string()))?;
+    let (pacer, default_pause) = match &fleet {
+        Some(f) => fleet::pacer(f, &settings),
+        None => pace::for_limit(
+            settings.pacer,
+            settings.limit,
+            settings.burst,
+            meta.learnt_limit,
+            Duration::from_millis(meta.last_active_unix_ms),
+            job::unix_now(),
+        )
+        .map_err(|e| RunError::Usage(e.to_string()))?,
+    };
+    let fleet_alerts = fleet
+        .as_ref()
+        .map(|f| Arc::new(crate::fleet::FleetAlerts::for_fleet(f)));
     let transport = HttpTransport::new(settings.timeout, settings.concurrency)
         .context("building the HTTP client")?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -179,6 +192,7 @@ pub async fn run(
             meter,
             store: store.clone(),
             origin: settings.origin.clone(),
+            fleet_alerts: fleet_alerts.clone(),
         }
         .run(ev_rx),
     );
@@ -189,6 +203,7 @@ pub async fn run(
         pool.release_held();
     }
     pool.gate.close();
+    pool.pacer.flush().await;
     let halt = pool.gate.halt();
     let learnt = pool.pacer.learnt();
     drop(pool);
@@ -208,6 +223,7 @@ pub async fn run(
         ledger: &ledger,
         total: scan.total,
         started,
+        fleet_alerts: fleet_alerts.as_deref(),
     };
     finish::finish(ending, halt, recorded, feeder_result).await
 }
@@ -338,9 +354,13 @@ fn spawn_feeder(
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
+    let shard = settings.shard;
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         for item in input::Reader::open(&path, format)? {
             let item = item?;
+            if shard.is_some_and(|s| !s.takes(item.line)) {
+                continue;
+            }
             if items.get(item.line)?.is_some() {
                 continue;
             }

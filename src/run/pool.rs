@@ -14,7 +14,7 @@ use super::watch::{Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
-use crate::pace::{Pacer, Permit};
+use crate::pace::{PaceError, Pacer, Permit};
 use crate::rate::backoff::Backoff;
 use crate::request::{FailureKind, Request, RequestSpec, Response, Transport};
 
@@ -259,9 +259,7 @@ impl Pool {
             Ok(p) if !self.gate.is_stopped() => Some(p),
             Ok(_) => None,
             Err(e) => {
-                self.gate.stop(Halt::Internal(format!(
-                    "{e}; the checkpoint is saved: run the same command to resume"
-                )));
+                self.gate.stop(unavailable(&e));
                 None
             }
         }
@@ -424,7 +422,7 @@ impl Pool {
                 // A zero Retry-After would turn the pause into a hot loop.
                 let pause = retry_after.unwrap_or(self.cfg.default_pause).max(MIN_PAUSE);
                 if let Err(e) = self.pacer.pause(pause).await {
-                    self.gate.stop(Halt::Internal(e.to_string()));
+                    self.gate.stop(unavailable(&e));
                     return Next::Finished;
                 }
                 self.emit(Event::RateLimited {
@@ -595,6 +593,14 @@ impl Pool {
             }
         }
     }
+}
+
+/// The halt of a pacer that cannot hand out permits: resumable, since the
+/// items stay pending and nothing went out without a slot.
+fn unavailable(e: &PaceError) -> Halt {
+    Halt::PacerUnavailable(format!(
+        "{e}; the checkpoint is saved: run the same command to resume"
+    ))
 }
 
 /// The Idempotency-Key of an item: stable across resumes (the job's

@@ -13,6 +13,7 @@ use super::job::unix_now;
 use crate::checkpoint::{ItemRecord, ItemState, JobItems, JobMeta, Store};
 use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
+use crate::fleet::FleetAlerts;
 use crate::pace::PaceNote;
 use crate::report::Reporter;
 
@@ -37,6 +38,8 @@ pub struct Recorder {
     pub store: Store,
     /// Whose credits these are, for the per-origin alert state.
     pub origin: String,
+    /// With `--redis`: the fleet decides which process sends an alert.
+    pub fleet_alerts: Option<Arc<FleetAlerts>>,
 }
 
 /// What the loop hands back when the pool is over.
@@ -75,6 +78,9 @@ impl Recorder {
                 }
             }
         }
+        if let Some(f) = &self.fleet_alerts {
+            f.settle(Duration::from_secs(3)).await;
+        }
         self.meta.meter = self.meter.state();
         Recorded {
             meta: self.meta,
@@ -94,6 +100,15 @@ impl Recorder {
             self.store.flush()?;
         }
         Ok(())
+    }
+
+    /// Sends a billing alert: in a fleet, only if no other process sent it
+    /// this cycle.
+    fn raise(&self, a: &credits::Alert) {
+        match &self.fleet_alerts {
+            Some(f) => f.send(&self.alerter, a),
+            None => self.alerter.send(a),
+        }
     }
 
     /// Records one event. True when the fired-alert set changed.
@@ -124,7 +139,11 @@ impl Recorder {
                 Stats::bump(&stats.done_this_run);
                 // A call went through: any exhaustion is over, and the next
                 // one is a new outage with its own alert.
-                return Ok(self.meter.unmark_fired(credits::ID_EXHAUSTED));
+                let over = self.meter.unmark_fired(credits::ID_EXHAUSTED);
+                if let (true, Some(f)) = (over, &self.fleet_alerts) {
+                    f.release(self.meter.state().cycle_renewal, credits::ID_EXHAUSTED);
+                }
+                return Ok(over);
             }
             Event::Failed {
                 line,
@@ -157,7 +176,7 @@ impl Recorder {
             Event::Credits(s) => {
                 let alerts = self.meter.observe(s, SystemTime::now());
                 for a in &alerts {
-                    self.alerter.send(a);
+                    self.raise(a);
                 }
                 return Ok(!alerts.is_empty());
             }
@@ -187,7 +206,7 @@ impl Recorder {
             Event::Alert(a) => match a.kind {
                 AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),
                 _ if self.meter.mark_fired(&a.id) => {
-                    self.alerter.send(&a);
+                    self.raise(&a);
                     return Ok(true);
                 }
                 _ => {}

@@ -2,6 +2,7 @@
 
 mod common;
 mod credits;
+mod fleet;
 mod operator;
 mod pacing;
 mod run;

@@ -1,0 +1,149 @@
+//! Where a fleet's state lives in Redis.
+//!
+//! Every key of one fleet shares the prefix `batchrun:{ID}`, where `ID` is
+//! either the first 32 hex digits of
+//! `sha256("batchrun-fleet-v1" NUL origin NUL api_key NUL)` (the default: every
+//! process on the same API key of the same API shares one budget, and the key
+//! itself never reaches Redis) or `name:NAME` for `--fleet-key NAME`. The
+//! braces are a Redis Cluster hash tag, so one script can touch all of them.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `batchrun:{ID}:window` | sorted set | one member per call occupying the window; score = unix ms when it stops occupying |
+//! | `batchrun:{ID}:leases` | sorted set | one member per call in flight; score = unix ms when its concurrency lease expires |
+//! | `batchrun:{ID}:pause` | string | unix ms when the current rate-limit pause ends |
+//! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at` |
+//! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
+
+use crate::run::job::sha_hex;
+
+/// The longest `--fleet-key`.
+pub const MAX_NAME: usize = 64;
+
+/// The Redis keys of one fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetKeys {
+    prefix: String,
+}
+
+/// Checks a `--fleet-key` value: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} must be 1 to {MAX_NAME} letters, digits, '.', '_' or '-'"
+        ))
+    }
+}
+
+impl FleetKeys {
+    /// The fleet of every process calling `origin` with `api_key`.
+    pub fn for_key(origin: &str, api_key: &str) -> FleetKeys {
+        let id = sha_hex(&[b"batchrun-fleet-v1", origin.as_bytes(), api_key.as_bytes()]);
+        FleetKeys {
+            prefix: format!("batchrun:{{{}}}", &id[..32]),
+        }
+    }
+
+    /// The fleet named `name` (`--fleet-key`), already checked by [`check_name`].
+    pub fn named(name: &str) -> FleetKeys {
+        FleetKeys {
+            prefix: format!("batchrun:{{name:{name}}}"),
+        }
+    }
+
+    /// `batchrun:{ID}`, the prefix of every key of the fleet.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The occupancy sorted set.
+    pub fn window(&self) -> String {
+        format!("{}:window", self.prefix)
+    }
+
+    /// The concurrency leases sorted set.
+    pub fn leases(&self) -> String {
+        format!("{}:leases", self.prefix)
+    }
+
+    /// The pause end.
+    pub fn pause(&self) -> String {
+        format!("{}:pause", self.prefix)
+    }
+
+    /// The limit hash (in force, learnt).
+    pub fn limit(&self) -> String {
+        format!("{}:limit", self.prefix)
+    }
+
+    /// The marker of alert `id` in the billing cycle renewing at `cycle`
+    /// (`none` when the renewal is unknown).
+    pub fn alert(&self, cycle: Option<u64>, id: &str) -> String {
+        let cycle = cycle.map_or_else(|| "none".to_string(), |c| c.to_string());
+        format!("{}:alert:{cycle}:{id}", self.prefix)
+    }
+
+    /// The four keys of the pacer script, in its KEYS order.
+    pub fn pacer(&self) -> [String; 4] {
+        [self.window(), self.leases(), self.pause(), self.limit()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_key_never_shows_and_each_key_and_origin_get_their_own_fleet() {
+        let a = FleetKeys::for_key("https://api.example.com", "sk_live_123");
+        assert!(!a.prefix().contains("sk_live"));
+        assert_eq!(a.prefix().len(), "batchrun:{}".len() + 32);
+        assert_eq!(
+            a,
+            FleetKeys::for_key("https://api.example.com", "sk_live_123")
+        );
+        assert_ne!(
+            a,
+            FleetKeys::for_key("https://api.example.com", "sk_live_124")
+        );
+        assert_ne!(
+            a,
+            FleetKeys::for_key("https://api.example.org", "sk_live_123")
+        );
+        let w = a.window();
+        assert!(
+            w.starts_with("batchrun:{") && w.ends_with("}:window"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn named_fleets_and_alert_keys() {
+        let n = FleetKeys::named("nightly-backfill");
+        assert_eq!(n.limit(), "batchrun:{name:nightly-backfill}:limit");
+        assert_eq!(
+            n.alert(Some(1_796_860_800), "pct-0.8"),
+            "batchrun:{name:nightly-backfill}:alert:1796860800:pct-0.8"
+        );
+        assert_eq!(
+            n.alert(None, "exhausted"),
+            "batchrun:{name:nightly-backfill}:alert:none:exhausted"
+        );
+        assert_eq!(n.pacer()[2], "batchrun:{name:nightly-backfill}:pause");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("job_1.v2-a").is_ok());
+        for bad in ["", "a b", "x}y", "ü", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

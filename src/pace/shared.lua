@@ -1,0 +1,246 @@
+-- batchrun fleet pacer: the exact sliding-window rule and the concurrency
+-- ceiling of one API key, shared by every process through Redis.
+--
+-- Rule: a call occupies the window from its send until W after its
+-- response arrived; a call may start only when fewer than L calls occupy
+-- the window now, and fewer than C hold a concurrency lease.
+--
+-- Time is Redis's own clock (TIME), in unix milliseconds, never a client's.
+--
+-- KEYS[1] window  ZSET  member = permit id, score = ms at which the call
+--                       stops occupying (provisional while in flight)
+-- KEYS[2] leases  ZSET  member = permit id, score = ms at which the lease
+--                       expires unless renewed (in flight only)
+-- KEYS[3] pause   STRING ms at which a rate-limit pause ends
+-- KEYS[4] limit   HASH  in_force = lowest limit the server reported;
+--                       learnt = limit learnt from a 429 without limit
+--                       headers, refused_at = the limit that 429 refused,
+--                       learnt_at = start of the current clean window (ms),
+--                       settled / pressed = 1 once a clean window passed /
+--                       once the current one used the learnt limit in full
+--
+-- ARGV[1] op: take | settle | beat | pause | inforce
+-- ARGV[2] W, the window, in ms
+-- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
+-- ARGV[4] lease: ms a concurrency lease lasts unless renewed
+-- ARGV[5...] depend on the op; see each below.
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[1]
+local W = tonumber(ARGV[2])
+local hold = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
+local limit_ttl = math.max(W * 10, 3600000)
+
+local function keep(key, ms)
+  redis.call('PEXPIRE', key, ms)
+end
+
+-- Completed and cancelled permits, from ARGV[i]: a count, then pairs
+-- (id, ago). ago >= 0: the response arrived ago ms before now, so the call
+-- occupies until now - ago + W (+1 ms for rounding). ago < 0: the call was
+-- never sent and stops occupying at once. Either way its lease is released.
+local function settle(i)
+  local n = tonumber(ARGV[i])
+  i = i + 1
+  for _ = 1, n do
+    local id, ago = ARGV[i], tonumber(ARGV[i + 1])
+    i = i + 2
+    if ago < 0 then
+      redis.call('ZREM', KEYS[1], id)
+    else
+      redis.call('ZADD', KEYS[1], 'XX', now - ago + W + 1, id)
+    end
+    redis.call('ZREM', KEYS[2], id)
+  end
+  return i
+end
+
+-- After Redis lost its data (a restart), each process puts back what it
+-- knows of its own calls: ARGV[i] = pause ms left (0: none), a count, then
+-- triples (id, ms left occupying, 1 if still in flight). NX: never shortens
+-- what is there.
+local function restore(i)
+  local paused = tonumber(ARGV[i])
+  if paused > 0 then
+    local p = tonumber(redis.call('GET', KEYS[3]) or '0')
+    if p < now + paused then
+      redis.call('SET', KEYS[3], now + paused, 'PX', paused)
+    end
+  end
+  local n = tonumber(ARGV[i + 1])
+  i = i + 2
+  for _ = 1, n do
+    local id, left, flying = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+    i = i + 3
+    redis.call('ZADD', KEYS[1], 'NX', now + left, id)
+    if flying == '1' then
+      redis.call('ZADD', KEYS[2], 'NX', now + lease, id)
+    end
+  end
+  if n > 0 then
+    keep(KEYS[1], hold + 1000)
+    keep(KEYS[2], lease + 1000)
+  end
+  return i
+end
+
+-- The limit in force now: the configured cap (0: none), below it the
+-- server-reported limit scaled by the headroom, below that the learnt one.
+-- Returns it and whether a learnt limit is in play. As in-process, a
+-- learnt limit is first settled by one clean window (no 429 since it was
+-- learnt), then probes up by one per clean window that used it in full
+-- ("pressed"), never up to the limit the server refused, never above the cap.
+local function effective(cap, headroom)
+  local lim = cap
+  local h = redis.call('HMGET', KEYS[4], 'in_force', 'learnt', 'learnt_at',
+    'settled', 'pressed', 'refused_at')
+  local in_force = tonumber(h[1] or '0')
+  if in_force > 0 then
+    local scaled = math.max(1, math.floor(in_force * headroom + 1e-9))
+    if lim == 0 or scaled < lim then lim = scaled end
+  end
+  local learnt = tonumber(h[2] or '0')
+  if learnt == 0 or lim == 0 then return lim, false end
+  local paused = tonumber(redis.call('GET', KEYS[3]) or '0') > now
+  if not paused and now - tonumber(h[3] or '0') >= W then
+    local refused = tonumber(h[6] or '0')
+    local ceiling = cap
+    if refused > 0 and refused - 1 < ceiling then ceiling = refused - 1 end
+    if h[4] ~= '1' then
+      redis.call('HSET', KEYS[4], 'settled', 1)
+    elseif h[5] == '1' and learnt < ceiling then
+      learnt = learnt + 1
+      redis.call('HSET', KEYS[4], 'learnt', learnt)
+    end
+    redis.call('HSET', KEYS[4], 'learnt_at', now, 'pressed', 0)
+    keep(KEYS[4], limit_ttl)
+  end
+  if learnt < lim then lim = learnt end
+  return lim, true
+end
+
+-- take: ARGV[5] id, ARGV[6] cap (0: no window limit), ARGV[7] headroom,
+-- ARGV[8] concurrency ceiling (0: none), then a settle list, then a restore
+-- block. Returns {1, limit, occupancy} when the call may start (its entry
+-- and lease are added), or {0, ms to wait, why}: 1 paused, 2 window full,
+-- 3 concurrency ceiling reached.
+if op == 'take' then
+  local id = ARGV[5]
+  local cap, headroom, ceiling = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+  local i = settle(9)
+  restore(i)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local lim, learning = effective(cap, headroom)
+  local occ = redis.call('ZCARD', KEYS[1])
+  if learning and lim > 0 and occ + 1 >= lim then
+    redis.call('HSET', KEYS[4], 'pressed', 1)
+  end
+  -- A retried take whose first answer was lost: it was granted.
+  if redis.call('ZSCORE', KEYS[1], id) then return {1, lim, occ} end
+  local p = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if p > now then return {0, p - now, 1} end
+  if lim > 0 and occ >= lim then
+    local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
+    return {0, math.max(1, tonumber(e[2]) - now), 2}
+  end
+  if ceiling > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    if redis.call('ZCARD', KEYS[2]) >= ceiling then
+      local e = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      return {0, math.max(1, tonumber(e[2]) - now), 3}
+    end
+  end
+  redis.call('ZADD', KEYS[1], now + hold, id)
+  redis.call('ZADD', KEYS[2], now + lease, id)
+  keep(KEYS[1], hold + 1000)
+  keep(KEYS[2], lease + 1000)
+  return {1, lim, occ + 1}
+end
+
+-- settle: ARGV[5...] a settle list. Returns the number settled.
+if op == 'settle' then
+  settle(5)
+  return tonumber(ARGV[5])
+end
+
+-- beat: ARGV[5] count, then ids of calls still in flight. Renews their
+-- leases and keeps their occupancy at least hold ms ahead. A call whose
+-- lease is gone (settled, or expired) is left alone. Returns how many were
+-- renewed.
+if op == 'beat' then
+  local n = tonumber(ARGV[5])
+  local renewed = 0
+  for k = 1, n do
+    local id = ARGV[5 + k]
+    if redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('ZADD', KEYS[2], 'XX', now + lease, id)
+      local s = tonumber(redis.call('ZSCORE', KEYS[1], id) or '0')
+      if s < now + hold then
+        redis.call('ZADD', KEYS[1], now + hold, id)
+      end
+      renewed = renewed + 1
+    end
+  end
+  if renewed > 0 then
+    keep(KEYS[1], hold + 1000)
+    keep(KEYS[2], lease + 1000)
+  end
+  return renewed
+end
+
+-- pause: ARGV[5] pause ms, ARGV[6] cap to learn under (0: the server
+-- reports its limit, learn nothing), then a settle list. Every process waits until the pause
+-- ends. Without limit headers, and unless a pause was already in force
+-- (the 429 may then be an older call's), the limit is lowered to the
+-- answered calls occupying the window less the refused one (the server
+-- counted neither it nor most calls still in flight), by at least one.
+-- Returns {ms until the pause ends, learnt limit or 0}.
+if op == 'pause' then
+  local ms, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
+  -- The caller's completions first: the refused call is among them.
+  settle(7)
+  local ends = now + ms
+  local p = tonumber(redis.call('GET', KEYS[3]) or '0')
+  local learnt = 0
+  if cap > 0 and p <= now then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
+    local lim = effective(cap, 1)
+    if answered > 0 and lim > 1 then
+      learnt = math.max(1, math.min(lim - 1, answered - 1))
+      redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
+        'pressed', 0, 'refused_at', lim)
+    end
+  end
+  if p > ends then ends = p end
+  redis.call('SET', KEYS[3], ends, 'PX', math.max(1, ends - now))
+  -- The clean window starts when calls may go again.
+  if redis.call('HEXISTS', KEYS[4], 'learnt') == 1 then
+    redis.call('HSET', KEYS[4], 'learnt_at', ends, 'pressed', 0)
+    keep(KEYS[4], limit_ttl)
+  end
+  return {ends - now, learnt}
+end
+
+-- inforce: ARGV[5] the limit the server reports (x-rate-limit-limit).
+-- The lowest report wins; a server that reports its limit needs no
+-- learning. Returns 1 when it lowered the limit in force.
+if op == 'inforce' then
+  local l = tonumber(ARGV[5])
+  local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
+  redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at')
+  if old > 0 and old <= l then
+    keep(KEYS[4], limit_ttl)
+    return 0
+  end
+  redis.call('HSET', KEYS[4], 'in_force', l)
+  keep(KEYS[4], limit_ttl)
+  return 1
+end
+
+return redis.error_reply('batchrun fleet script: unknown op ' .. tostring(op))

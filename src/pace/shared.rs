@@ -1,0 +1,601 @@
+//! The fleet pacer: the exact window pacer's rule, kept in Redis so that
+//! every process on one API key shares one limit, one concurrency ceiling,
+//! one pause and one learnt limit.
+//!
+//! Each decision is one atomic run of `shared.lua` on Redis's own clock
+//! (`TIME`), never a client's. A permit is one member of the window sorted
+//! set (and one concurrency lease) from its send until W after its response
+//! arrived, exactly as in-process. The client keeps only what it needs to
+//! put its own calls back should Redis lose its data, and a heartbeat that
+//! renews the leases of its calls in flight: a process killed with -9 stops
+//! renewing, and its leases expire.
+//!
+//! Permit ids are `<process tag>:<sequence>`, the process tag being
+//! `<pid>-<random hex>`.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use reqwest::header::HeaderMap;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
+use crate::fleet::Fleet;
+use crate::rate::Limit;
+use crate::report::err_line;
+
+/// The script every fleet process runs; see the file for its contract.
+pub const SCRIPT: &str = include_str!("shared.lua");
+
+/// The window a limit reported for an unlimited plan is read against.
+const CAP_WINDOW: Duration = Duration::from_secs(60);
+/// Margin on an in-flight call's provisional occupancy, for the time between
+/// its permit and its send.
+const HOLD_SLACK: Duration = Duration::from_secs(1);
+/// While the concurrency ceiling is full, look again after this long at
+/// first, doubling up to [`POLL_MAX`]: leases are released by other
+/// processes, whom nobody can wait on.
+const POLL_FIRST: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(50);
+/// How long the end of a run waits to hand back what it owes.
+const FLUSH_WITHIN: Duration = Duration::from_secs(3);
+
+/// What the fleet pacer paces to.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedConfig {
+    /// The configured limit (before `--headroom`).
+    pub limit: Limit,
+    /// The concurrency ceiling the whole fleet shares.
+    pub concurrency: usize,
+    /// The per-call timeout: a call in flight occupies the window for at
+    /// most this long past its permit, plus W.
+    pub timeout: Duration,
+}
+
+/// How long a concurrency lease lasts without a heartbeat: three per-call
+/// timeouts, between 3 and 15 seconds. A killed process's slots come back
+/// after at most this long.
+pub fn lease_for(timeout: Duration) -> Duration {
+    (timeout * 3).clamp(Duration::from_secs(3), Duration::from_secs(15))
+}
+
+/// The limit after `--headroom`: at least one call.
+pub fn scaled(count: u64, headroom: f64) -> u64 {
+    ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
+}
+
+/// The fleet pacer. See the module docs.
+pub struct SharedPacer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    fleet: Fleet,
+    script: redis::Script,
+    keys: [String; 4],
+    window: Duration,
+    /// The configured limit scaled by the headroom; 0 for none.
+    cap: u64,
+    configured: u64,
+    headroom: f64,
+    ceiling: u64,
+    hold: Duration,
+    lease: Duration,
+    tag: String,
+    seq: AtomicU64,
+    local: Mutex<Local>,
+    /// One worker of this process at a time waits at Redis: the others
+    /// wait here, so a full window costs one round trip per process, not
+    /// one per worker, whenever a slot frees up.
+    front: tokio::sync::Mutex<()>,
+    wake: Arc<Notify>,
+    /// No `x-rate-limit-*` header seen yet: a 429 teaches the limit.
+    secret: AtomicBool,
+    /// The last `x-rate-limit-limit` this process told the fleet (0: none).
+    reported: AtomicU64,
+}
+
+/// What this process knows of its own calls.
+#[derive(Default)]
+struct Local {
+    /// Permits not yet completed: their leases are renewed.
+    in_flight: HashSet<String>,
+    /// Completed calls still occupying the window, with when they stop.
+    recent: VecDeque<(String, Instant)>,
+    /// Completions and cancellations not yet in Redis.
+    settles: Vec<(String, Option<Instant>)>,
+    /// Redis failed since the last take that put our calls back.
+    lost: bool,
+    paused_until: Option<Instant>,
+}
+
+/// This process's share of the fleet's state, to put back after Redis lost
+/// it: the pause left (ms) and each call's (id, ms left occupying, in flight).
+#[derive(Default)]
+struct Restore {
+    paused: u64,
+    entries: Vec<(String, u64, bool)>,
+}
+
+/// Why a take must wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Paused,
+    Window,
+    Ceiling,
+}
+
+enum Took {
+    Granted,
+    Wait(Duration, Why),
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl SharedPacer {
+    /// A pacer on `fleet` for `cfg`. Spawns its settler and heartbeat tasks,
+    /// which end when the pacer is dropped.
+    pub fn new(fleet: Fleet, cfg: SharedConfig) -> SharedPacer {
+        let (window, configured) = match cfg.limit {
+            Limit::Rate(r) => (r.period, r.count),
+            Limit::Unlimited => (CAP_WINDOW, 0),
+        };
+        let headroom = fleet.headroom();
+        let cap = if configured == 0 {
+            0
+        } else {
+            scaled(configured, headroom)
+        };
+        let inner = Arc::new(Inner {
+            script: redis::Script::new(SCRIPT),
+            keys: fleet.keys().pacer(),
+            fleet,
+            window,
+            cap,
+            configured,
+            headroom,
+            ceiling: cfg.concurrency as u64,
+            hold: cfg.timeout + window + HOLD_SLACK,
+            lease: lease_for(cfg.timeout),
+            tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            seq: AtomicU64::new(0),
+            local: Mutex::new(Local::default()),
+            front: tokio::sync::Mutex::new(()),
+            wake: Arc::new(Notify::new()),
+            secret: AtomicBool::new(true),
+            reported: AtomicU64::new(0),
+        });
+        tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
+        tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.lease / 3));
+        SharedPacer { inner }
+    }
+
+    /// This process's tag: the prefix of every permit id it adds.
+    pub fn tag(&self) -> &str {
+        &self.inner.tag
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The settler waits on this; it finds the pacer gone and ends.
+        self.wake.notify_one();
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Local> {
+        // Local bookkeeping stays usable after a panic elsewhere.
+        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One invocation of the script with the common arguments filled in.
+    fn invocation(&self, op: &str) -> redis::ScriptInvocation<'_> {
+        let mut inv = self.script.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.arg(op)
+            .arg(millis(self.window))
+            .arg(millis(self.hold))
+            .arg(millis(self.lease));
+        inv
+    }
+
+    /// Runs one script op, retried while Redis is away for at most `within`.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        op: &str,
+        within: Duration,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+    ) -> Result<T, PaceError> {
+        self.fleet
+            .retry(
+                within,
+                |mut c: ConnectionManager| {
+                    let mut inv = self.invocation(op);
+                    build(&mut inv);
+                    async move { inv.invoke_async::<T>(&mut c).await }
+                },
+                |e| self.lost_contact(e),
+            )
+            .await
+            .map_err(|e| PaceError::Unavailable(e.to_string()))
+    }
+
+    fn lost_contact(&self, e: &redis::RedisError) {
+        let first = {
+            let mut l = self.lock();
+            !std::mem::replace(&mut l.lost, true)
+        };
+        if first {
+            err_line(&format!(
+                "batchrun: fleet: Redis at {} is not answering ({e}); no call goes out until it does, for up to {}",
+                self.fleet.at(),
+                humantime::format_duration(self.fleet.redis_timeout())
+            ));
+        }
+    }
+
+    /// Pending completions as (id, ms since the response arrived; -1 for a
+    /// call never sent).
+    fn take_settles(&self) -> Vec<(String, i64)> {
+        let now = Instant::now();
+        std::mem::take(&mut self.lock().settles)
+            .into_iter()
+            .map(|(id, at)| {
+                let ago = at.map_or(-1, |a| millis(now.saturating_duration_since(a)) as i64);
+                (id, ago)
+            })
+            .collect()
+    }
+
+    /// Puts completions back after Redis could not take them. The ages are
+    /// lost; treating them as just arrived only makes them occupy longer.
+    fn requeue(&self, settles: Vec<(String, i64)>) {
+        let now = Instant::now();
+        let mut l = self.lock();
+        l.settles.extend(
+            settles
+                .into_iter()
+                .map(|(id, ago)| (id, (ago >= 0).then_some(now))),
+        );
+    }
+
+    /// What this process puts back when Redis lost its data: its pause, its
+    /// calls in flight and those still occupying the window.
+    fn restore_block(&self) -> Option<Restore> {
+        let now = Instant::now();
+        let mut l = self.lock();
+        if !l.lost {
+            return None;
+        }
+        while l.recent.front().is_some_and(|(_, end)| *end <= now) {
+            l.recent.pop_front();
+        }
+        let paused = l
+            .paused_until
+            .map_or(0, |u| millis(u.saturating_duration_since(now)));
+        let hold = millis(self.hold);
+        let mut entries: Vec<(String, u64, bool)> = l
+            .in_flight
+            .iter()
+            .map(|id| (id.clone(), hold, true))
+            .collect();
+        entries.extend(l.recent.iter().map(|(id, end)| {
+            (
+                id.clone(),
+                millis(end.saturating_duration_since(now)) + 1,
+                false,
+            )
+        }));
+        Some(Restore { paused, entries })
+    }
+
+    async fn try_take(&self, id: &str, cap: u64) -> Result<Took, PaceError> {
+        let settles = self.take_settles();
+        let restored = AtomicBool::new(false);
+        let result: Result<Vec<i64>, PaceError> = self
+            .run("take", self.fleet.redis_timeout(), |inv| {
+                inv.arg(id).arg(cap).arg(self.headroom).arg(self.ceiling);
+                inv.arg(settles.len());
+                for (sid, ago) in &settles {
+                    inv.arg(sid).arg(*ago);
+                }
+                // Built afresh for every attempt: a failed attempt may have
+                // been Redis restarting empty.
+                let block = self.restore_block();
+                restored.store(block.is_some(), Ordering::SeqCst);
+                let Restore { paused, entries } = block.unwrap_or_default();
+                inv.arg(paused).arg(entries.len());
+                for (rid, left, flying) in entries {
+                    inv.arg(rid).arg(left).arg(u8::from(flying));
+                }
+            })
+            .await;
+        let v = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.requeue(settles);
+                return Err(e);
+            }
+        };
+        if restored.load(Ordering::SeqCst) {
+            self.lock().lost = false;
+        }
+        match v.as_slice() {
+            [1, ..] => {
+                self.lock().in_flight.insert(id.to_string());
+                Ok(Took::Granted)
+            }
+            [0, ms, why, ..] => {
+                let wait = Duration::from_millis((*ms).max(1) as u64);
+                let why = match why {
+                    1 => Why::Paused,
+                    2 => Why::Window,
+                    _ => Why::Ceiling,
+                };
+                if why == Why::Paused {
+                    self.lock().paused_until = Some(Instant::now() + wait);
+                }
+                Ok(Took::Wait(wait, why))
+            }
+            other => Err(PaceError::Unavailable(format!(
+                "the fleet script answered {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends pending completions; true when there were none left to send.
+    async fn flush_settles(&self, within: Duration) -> bool {
+        let settles = self.take_settles();
+        if settles.is_empty() {
+            return true;
+        }
+        let sent: Result<i64, PaceError> = self
+            .run("settle", within, |inv| {
+                inv.arg(settles.len());
+                for (id, ago) in &settles {
+                    inv.arg(id).arg(*ago);
+                }
+            })
+            .await;
+        if sent.is_err() {
+            self.requeue(settles);
+            return false;
+        }
+        true
+    }
+
+    /// A permit was completed (`arrived`) or dropped unused (`None`).
+    fn settled(&self, id: String, arrived: Option<Instant>) {
+        {
+            let mut l = self.lock();
+            l.in_flight.remove(&id);
+            if let Some(a) = arrived {
+                let end = a + self.window + Duration::from_millis(1);
+                let now = Instant::now();
+                while l.recent.front().is_some_and(|(_, e)| *e <= now) {
+                    l.recent.pop_front();
+                }
+                l.recent.push_back((id.clone(), end));
+            }
+            l.settles.push((id, arrived));
+        }
+        self.wake.notify_one();
+    }
+
+    fn next_id(&self) -> String {
+        format!("{}:{}", self.tag, self.seq.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Sends completions as they come, so other processes see a slot free up
+/// (and a lease come back) without waiting for this one's next take.
+async fn settler(inner: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        wake.notified().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let within = inner.fleet.redis_timeout();
+        if !inner.flush_settles(within).await {
+            // Redis is away: the next completion or take tries again.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Renews the leases of this process's calls in flight.
+async fn heartbeat(inner: Weak<Inner>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let ids: Vec<String> = inner.lock().in_flight.iter().cloned().collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let _: Result<i64, PaceError> = inner
+            .run("beat", every, |inv| {
+                inv.arg(ids.len());
+                for id in &ids {
+                    inv.arg(id);
+                }
+            })
+            .await;
+    }
+}
+
+/// A permit's hold on the fleet's window and ceiling.
+struct SharedTicket {
+    inner: Arc<Inner>,
+    id: String,
+}
+
+impl Ticket for SharedTicket {
+    fn complete(self: Box<Self>, arrived: Instant) {
+        self.inner.settled(self.id, Some(arrived));
+    }
+
+    fn cancel(self: Box<Self>) {
+        self.inner.settled(self.id, None);
+    }
+}
+
+/// Hands a take that did not finish back: if Redis granted it just before
+/// the caller gave up, the slot is freed rather than held until it expires.
+struct Abandon<'a> {
+    inner: &'a Arc<Inner>,
+    id: Option<String>,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.inner.settled(id, None);
+        }
+    }
+}
+
+impl Pacer for SharedPacer {
+    fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let id = inner.next_id();
+            let mut abandon = Abandon {
+                inner,
+                id: Some(id.clone()),
+            };
+            // While there is room every worker asks at once; once it must
+            // wait, it queues behind this process's one waiter at Redis.
+            let mut front = None;
+            let mut poll = POLL_FIRST;
+            loop {
+                match inner.try_take(&id, inner.cap).await? {
+                    Took::Granted => {
+                        abandon.id = None;
+                        return Ok(Permit::tracked(Box::new(SharedTicket {
+                            inner: inner.clone(),
+                            id,
+                        })));
+                    }
+                    // Queued for a while: look again before sleeping.
+                    Took::Wait(..) if front.is_none() => {
+                        front = Some(inner.front.lock().await);
+                    }
+                    Took::Wait(d, Why::Ceiling) => {
+                        tokio::time::sleep(d.min(poll)).await;
+                        poll = (poll * 2).min(POLL_MAX);
+                    }
+                    Took::Wait(d, _) => tokio::time::sleep(d).await,
+                }
+            }
+        })
+    }
+
+    fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let learn = if inner.secret.load(Ordering::SeqCst) {
+                inner.cap
+            } else {
+                0
+            };
+            let settles = inner.take_settles();
+            let v: Result<Vec<i64>, PaceError> = inner
+                .run("pause", inner.fleet.redis_timeout(), |inv| {
+                    inv.arg(millis(for_)).arg(learn).arg(settles.len());
+                    for (id, ago) in &settles {
+                        inv.arg(id).arg(*ago);
+                    }
+                })
+                .await;
+            let v = v.inspect_err(|_| inner.requeue(settles))?;
+            let left = v.first().copied().unwrap_or(0).max(0) as u64;
+            inner.lock().paused_until = Some(Instant::now() + Duration::from_millis(left));
+            Ok(())
+        })
+    }
+
+    fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            if headers.contains_key(crate::wire::RATE_LIMIT_LIMIT)
+                || headers.contains_key(crate::wire::RATE_LIMIT_REMAINING)
+            {
+                inner.secret.store(false, Ordering::SeqCst);
+            }
+            let l = crate::wire::limit_in_force(headers)?;
+            // Only a change costs a round trip: most responses repeat it.
+            if inner.reported.swap(l, Ordering::SeqCst) == l {
+                return None;
+            }
+            let told: Result<i64, PaceError> = inner
+                .run("inforce", Duration::from_secs(2), |inv| {
+                    inv.arg(l);
+                })
+                .await;
+            if told.is_err() {
+                // Tell the fleet again with the next response.
+                inner.reported.store(0, Ordering::SeqCst);
+                return None;
+            }
+            let below = inner.configured == 0 || l < inner.configured;
+            below.then_some(PaceNote::LimitInForce(l))
+        })
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.inner.lock().paused_until.filter(|&u| u > now)
+    }
+
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // Redis already out of reach: one try, not a long wait.
+            let within = if self.inner.lock().lost {
+                Duration::ZERO
+            } else {
+                FLUSH_WITHIN
+            };
+            self.inner.flush_settles(within).await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_follow_the_timeout_within_bounds() {
+        assert_eq!(
+            lease_for(Duration::from_millis(200)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(lease_for(Duration::from_secs(2)), Duration::from_secs(6));
+        assert_eq!(lease_for(Duration::from_secs(30)), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn headroom_scales_down_and_never_to_zero() {
+        assert_eq!(scaled(60, 1.0), 60);
+        assert_eq!(scaled(60, 0.9), 54);
+        assert_eq!(scaled(10, 0.7), 7);
+        assert_eq!(scaled(5, 0.1), 1);
+    }
+
+    #[test]
+    fn the_script_names_every_op_the_pacer_sends() {
+        for op in ["'take'", "'settle'", "'beat'", "'pause'", "'inforce'"] {
+            assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
+        }
+        assert!(SCRIPT.contains("redis.call('TIME')"));
+    }
+}

@@ -1,0 +1,536 @@
+//! Fleets: many `batchrun` processes on one key sharing one limit through a
+//! real Redis. Each test starts its own `redis-server` on a free port when
+//! the binary is on PATH, or uses `BATCHRUN_TEST_REDIS_URL` (with keys of
+//! its own) otherwise.
+
+mod pacer;
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use batchrun::fleet::FleetKeys;
+
+use crate::common::*;
+use support::{fleet_name, free_port, Proxy, Redis};
+
+/// Every results file of the shards of `n_shards`, merged: each line of
+/// `1..=n` must appear exactly once.
+fn assert_shards_did_each_item_once(s: &Scenario, n_shards: u64, n: u64) {
+    let mut seen = BTreeMap::<u64, usize>::new();
+    for i in 1..=n_shards {
+        let out = s
+            .input_path()
+            .with_file_name(format!("items.shard-{i}-of-{n_shards}.results.jsonl"));
+        for line in lines_of(&out) {
+            assert_eq!(line % n_shards, i - 1, "shard {i} did line {line}");
+            *seen.entry(line).or_default() += 1;
+        }
+    }
+    let missing: Vec<u64> = (1..=n).filter(|l| !seen.contains_key(l)).collect();
+    let repeated: Vec<u64> = seen
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(l, _)| *l)
+        .collect();
+    assert!(
+        missing.is_empty() && repeated.is_empty() && seen.len() as u64 == n,
+        "missing {missing:?}, repeated {repeated:?}"
+    );
+}
+
+/// The sim's counters that must stay zero for a fleet that keeps the limit.
+fn assert_never_limited(stats: &serde_json::Value, limit: u64) {
+    for k in ["rejected_rate", "rejected_cooldown", "rejected_concurrency"] {
+        assert_eq!(stats[k], 0, "{k}: {stats}");
+    }
+    let most = stats["max_in_window"].as_u64().unwrap();
+    assert!(
+        most <= limit,
+        "{most} calls in one window, limit {limit}: {stats}"
+    );
+}
+
+/// Runs `cmds` at once; returns each outcome and the wall time from the
+/// first start to the last exit.
+fn run_all(cmds: Vec<Command>) -> (Vec<Finished>, Duration) {
+    let t0 = Instant::now();
+    let children: Vec<Child> = cmds
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn batchrun")
+        })
+        .collect();
+    let done = children
+        .into_iter()
+        .map(|c| finished_output(c.wait_with_output().expect("wait for batchrun")))
+        .collect();
+    (done, t0.elapsed())
+}
+
+fn finished_output(out: std::process::Output) -> Finished {
+    Finished {
+        code: out.status.code().unwrap_or(-1),
+        summary: serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `cmds` at once like [`run_all`], and measures at the sim the span
+/// from the first call it accepted to the `n`th: process start-up and exit
+/// are not pacing, and on a busy machine they would drown the difference
+/// being measured.
+async fn run_measured(sim: &Sim, cmds: Vec<Command>, n: u64) -> (Vec<Finished>, Duration) {
+    let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+    let mut first = None;
+    let span = loop {
+        let accepted = sim.stats().await["accepted"].as_u64().unwrap();
+        let now = Instant::now();
+        if accepted > 0 {
+            first.get_or_insert(now);
+        }
+        if accepted >= n {
+            break first.map(|f| now - f).unwrap_or_default();
+        }
+        if runner.is_finished() {
+            let (runs, _) = runner.await.unwrap();
+            let errs: Vec<&String> = runs.iter().map(|r| &r.stderr).collect();
+            panic!("the runs ended with {accepted} of {n} calls accepted: {errs:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    (runner.await.unwrap().0, span)
+}
+
+/// Share of the limit a run used after its first window, from the span
+/// between its first and last call: `(n - L) calls / (L × span / W)`.
+fn utilization(n: u64, limit: u64, window: Duration, took: Duration) -> f64 {
+    (n - limit) as f64 / (limit as f64 * took.as_secs_f64() / window.as_secs_f64())
+}
+
+const LIMIT: &str = "40/1s";
+
+fn fleet_args<'a>(redis: &'a str, name: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--limit",
+        LIMIT,
+        "--concurrency",
+        "8",
+        "--redis",
+        redis,
+        "--fleet-key",
+        name,
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// The concurrency leases of the fleet `name` not yet expired by Redis's
+/// clock (an expired one is only removed by the next take).
+fn leases_of(c: &mut redis::Connection, name: &str) -> Vec<String> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(FleetKeys::named(name).leases())
+        .arg(format!("({}", secs * 1000 + micros / 1000))
+        .arg("+inf")
+        .query(c)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
+    let redis = Redis::start();
+    let sim_args = [
+        "--limit",
+        LIMIT,
+        "--concurrency",
+        "8",
+        "--cooldown",
+        "1s",
+        "--latency",
+        "1ms..10ms",
+    ];
+    let n = 200;
+
+    // One process alone on the same limit: the baseline.
+    let one = Scenario::new("fleet-one").with_sim(&sim_args).numbers(n);
+    let name = fleet_name("one");
+    let (r, took_one) = run_measured(
+        one.sim(),
+        vec![one.cmd(&fleet_args(&redis.url, &name, &[]))],
+        n,
+    )
+    .await;
+    assert_eq!(r[0].code, 0, "{}", r[0].stderr);
+    assert_never_limited(&one.sim().stats().await, 40);
+
+    // Four processes, one shard each, on one key.
+    let s = Scenario::new("fleet-four").with_sim(&sim_args).numbers(n);
+    let name = fleet_name("four");
+    let cmds = (1..=4)
+        .map(|i| {
+            let shard = format!("{i}/4");
+            s.cmd(&fleet_args(&redis.url, &name, &["--shard", &shard]))
+        })
+        .collect();
+    let (runs, took_four) = run_measured(s.sim(), cmds, n).await;
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+        assert_eq!(r.summary["done"], 50, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 40);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 4, n);
+
+    let w = Duration::from_secs(1);
+    let (u1, u4) = (
+        utilization(n, 40, w, took_one),
+        utilization(n, 40, w, took_four),
+    );
+    eprintln!("utilization: one process {u1:.3} ({took_one:?}), four {u4:.3} ({took_four:?})");
+    assert!(
+        u4 >= u1 - 0.03,
+        "four processes used {:.1}% of the limit, one process {:.1}% ({took_four:?} vs {took_one:?})",
+        u4 * 100.0,
+        u1 * 100.0
+    );
+
+    // Every shard shows in the job's status.
+    let out = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shards: Vec<(String, u64)> = v
+        .as_array()
+        .expect("one entry per shard")
+        .iter()
+        .map(|j| {
+            (
+                j["shard"].as_str().unwrap().to_string(),
+                j["done"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = (1..=4).map(|i| (format!("{i}/4"), 50)).collect();
+    assert_eq!(shards, want);
+
+    // Nothing in Redis names the key, and everything left expires.
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("batchrun:{{name:{name}}}:*"))
+        .query(&mut c)
+        .unwrap();
+    assert!(!keys.is_empty());
+    for k in keys {
+        assert!(!k.contains(KEY), "{k}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut c).unwrap();
+        assert!(ttl > 0, "{k} never expires");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-kill")
+        .with_sim(&[
+            "--limit",
+            "30/1s",
+            "--concurrency",
+            "4",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "100ms..200ms",
+        ])
+        .numbers(90);
+    let name = fleet_name("kill");
+    let args = |shard: &str| -> Vec<String> {
+        ["--limit", "30/1s", "--concurrency", "4", "--timeout", "1s"]
+            .iter()
+            .map(|a| a.to_string())
+            .chain([
+                "--redis".into(),
+                redis.url.clone(),
+                "--fleet-key".into(),
+                name.clone(),
+            ])
+            .chain(["--shard".into(), shard.into()])
+            .collect()
+    };
+    let spawn = |shard: &str| {
+        let a = args(shard);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        s.cmd(&a)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let others = [spawn("1/3"), spawn("3/3")];
+    let mut victim = spawn("2/3");
+    // Kill it while it holds a concurrency lease, as a crash would.
+    let mut c = redis.conn();
+    let tag = format!("{}-", victim.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let mine: Vec<String> = leases_of(&mut c, &name)
+            .into_iter()
+            .filter(|m| m.starts_with(&tag))
+            .collect();
+        if !mine.is_empty() {
+            victim.kill().unwrap();
+            break mine;
+        }
+        assert!(Instant::now() < deadline, "the process never held a lease");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let killed_at = Instant::now();
+    victim.wait().unwrap();
+    // Its leases outlive it by at most the lease (3 x the 1 s timeout).
+    loop {
+        let left: Vec<String> = leases_of(&mut c, &name)
+            .into_iter()
+            .filter(|m| held.contains(m))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_millis(3500),
+            "leases {left:?} of the killed process outlived their lease"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for o in others {
+        let r = finished_output(o.wait_with_output().unwrap());
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    assert_never_limited(&s.sim().stats().await, 30);
+
+    // The killed shard resumes from its checkpoint and finishes.
+    let a = args("2/3");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let r = s.run(&a);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 30);
+    assert_side_effects(&stats, 90);
+    assert_shards_did_each_item_once(&s, 3, 90);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_redis_mid_run_halts_resumably_and_the_resume_finishes() {
+    let redis = Redis::start();
+    let mut proxy = Proxy::start(&redis.url).await;
+    let s = Scenario::new("fleet-lost")
+        .with_sim(&[
+            "--limit",
+            LIMIT,
+            "--concurrency",
+            "8",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "1ms..5ms",
+        ])
+        .numbers(160);
+    let name = fleet_name("lost");
+    let url = proxy.url();
+    let cmd = |shard: &str| {
+        s.cmd(&fleet_args(
+            &url,
+            &name,
+            &["--shard", shard, "--redis-timeout", "2s"],
+        ))
+    };
+    let children: Vec<Child> = [cmd("1/2"), cmd("2/2")]
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    wait_for_stats(s.sim(), 20, |st| st["accepted"].as_u64().unwrap() >= 50).await;
+    proxy.cut().await;
+    // The calls in flight end; after that nothing goes out without a slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent_before = s.sim().stats().await["requests"].as_u64().unwrap();
+    let t0 = Instant::now();
+    for c in children {
+        let r = finished_output(c.wait_with_output().unwrap());
+        assert_eq!(r.code, 75, "{}", r.stderr);
+        assert_eq!(r.summary["state"], "halted", "{}", r.summary);
+        let why = r.summary["halt_reason"].as_str().unwrap();
+        assert!(why.contains("Redis") && why.contains("resume"), "{why}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let stats = s.sim().stats().await;
+    assert_eq!(
+        stats["requests"], sent_before,
+        "a call went out without a slot"
+    );
+    assert_never_limited(&stats, 40);
+    assert!(stats["side_effects"].as_u64().unwrap() < 160);
+
+    // Redis is back: the same commands finish every item once.
+    proxy.resume().await;
+    let (runs, _) = run_all(vec![cmd("1/2"), cmd("2/2")]);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 40);
+    assert_side_effects(&stats, 160);
+    assert_shards_did_each_item_once(&s, 2, 160);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_out_of_reach_at_start_is_a_clear_error_before_any_request() {
+    let s = Scenario::new("fleet-none")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(5);
+    let url = format!("redis://:s3cret@127.0.0.1:{}/0", free_port());
+    let r = s.run(&["--limit", LIMIT, "--redis", &url]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("cannot reach Redis at redis://127.0.0.1:"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_threshold_alert_fires_once_across_the_fleet() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-alert")
+        .with_sim(&["--limit", LIMIT, "--credits", "100", "--cooldown", "1s"])
+        .numbers(60);
+    let name = fleet_name("alert");
+    let cmds = (1..=3)
+        .map(|i| {
+            let shard = format!("{i}/3");
+            s.cmd(&fleet_args(
+                &redis.url,
+                &name,
+                &["--shard", &shard, "--alert-at", "0.5"],
+            ))
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    let mut sent = 0;
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        sent += r
+            .stderr
+            .matches("ALERT [threshold] 50% of credits used")
+            .count();
+    }
+    assert_eq!(
+        sent,
+        1,
+        "{:?}",
+        runs.iter().map(|r| &r.stderr).collect::<Vec<_>>()
+    );
+}
+
+/// Script runs Redis has served so far (EVALSHA and EVAL).
+fn script_calls(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The README's fleet figures: utilization for 1, 2, 4 and 8 processes on
+/// one key, and Redis round trips per call. Run with
+/// `cargo test --test it fleet_benchmark -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: about half a minute"]
+async fn fleet_benchmark() {
+    let (limit, n) = (100u64, 600u64);
+    let sim = [
+        "--limit",
+        "100/1s",
+        "--concurrency",
+        "16",
+        "--cooldown",
+        "1s",
+        "--latency",
+        "5ms..15ms",
+    ];
+    let base = ["--limit", "100/1s", "--concurrency", "16"];
+    let mut rows = Vec::new();
+    for procs in [1u64, 2, 4, 8] {
+        let redis = Redis::start();
+        let mut c = redis.conn();
+        let before = script_calls(&mut c);
+        let s = Scenario::new("bench-fleet").with_sim(&sim).numbers(n);
+        let name = fleet_name("bench");
+        let cmds = (1..=procs)
+            .map(|i| {
+                let shard = format!("{i}/{procs}");
+                let mut a: Vec<&str> = base.to_vec();
+                a.extend([
+                    "--redis",
+                    &redis.url,
+                    "--fleet-key",
+                    &name,
+                    "--shard",
+                    &shard,
+                ]);
+                s.cmd(&a)
+            })
+            .collect();
+        let (runs, took) = run_measured(s.sim(), cmds, n).await;
+        for r in &runs {
+            assert_eq!(r.code, 0, "{}", r.stderr);
+        }
+        let trips = (script_calls(&mut c) - before) as f64 / n as f64;
+        rows.push((procs, took, s.sim().stats().await, trips));
+    }
+    println!(
+        "| processes | first to last call | utilization | max in window | 429s | round trips per call |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (what, took, stats, trips) in rows {
+        let rejected = ["rejected_rate", "rejected_cooldown", "rejected_concurrency"]
+            .iter()
+            .map(|k| stats[k].as_u64().unwrap())
+            .sum::<u64>();
+        println!(
+            "| {what} | {:.2} s | {:.1}% | {} | {rejected} | {trips:.2} |",
+            took.as_secs_f64(),
+            utilization(n, limit, Duration::from_secs(1), took) * 100.0,
+            stats["max_in_window"],
+        );
+    }
+}

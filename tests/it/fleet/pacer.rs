@@ -1,0 +1,222 @@
+//! The fleet pacer itself, in-process, on a real Redis: two pacers stand
+//! for two processes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
+use batchrun::pace::{Pacer, SharedConfig, SharedPacer};
+use batchrun::rate::Limit;
+
+use super::support::{fleet_name, Proxy, Redis};
+
+async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
+    Fleet::connect(&FleetSettings {
+        url: redis.url.clone(),
+        headroom: 1.0,
+        keys: FleetKeys::named(name),
+        redis_timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect")
+}
+
+fn pacer(fleet: Fleet, limit: &str) -> Arc<SharedPacer> {
+    Arc::new(SharedPacer::new(
+        fleet,
+        SharedConfig {
+            limit: limit.parse::<Limit>().unwrap(),
+            concurrency: 100,
+            timeout: Duration::from_secs(1),
+        },
+    ))
+}
+
+/// The most of `stamps` (sorted) inside any span shorter than `w`.
+fn most_in(stamps: &[Instant], w: Duration) -> usize {
+    (0..stamps.len())
+        .map(|i| {
+            stamps[i..]
+                .iter()
+                .take_while(|b| **b - stamps[i] < w)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_share_one_window_exactly() {
+    let redis = Redis::start();
+    let name = fleet_name("window");
+    let a = pacer(fleet_on(&redis, &name).await, "5/400ms");
+    let b = pacer(fleet_on(&redis, &name).await, "5/400ms");
+    let stamps = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for p in [a.clone(), b.clone(), a, b] {
+        let stamps = stamps.clone();
+        tasks.push(tokio::spawn(async move {
+            while t0.elapsed() < Duration::from_millis(1300) {
+                let permit = p.take().await.expect("permit");
+                stamps.lock().unwrap().push(Instant::now());
+                permit.complete(tokio::time::Instant::now());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut s = stamps.lock().unwrap().clone();
+    s.sort();
+    assert!(most_in(&s, Duration::from_millis(400)) <= 5, "{s:?}");
+    // Four windows' worth: the fleet is not starved either.
+    assert!(s.len() >= 15, "only {} calls", s.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_from_one_process_holds_every_process() {
+    let redis = Redis::start();
+    let name = fleet_name("pause");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
+    a.pause(Duration::from_millis(800)).await.unwrap();
+    let t0 = Instant::now();
+    b.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
+    let redis = Redis::start();
+    let name = fleet_name("learn");
+    let p = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let mut c = redis.conn();
+    let learnt = |c: &mut redis::Connection| -> Option<u64> {
+        redis::cmd("HGET")
+            .arg(FleetKeys::named(&name).limit())
+            .arg("learnt")
+            .query(c)
+            .unwrap()
+    };
+    for _ in 0..4 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    // A 429 without any x-rate-limit header: the limit is the answered
+    // calls occupying, less the refused one.
+    p.pause(Duration::from_millis(1)).await.unwrap();
+    assert_eq!(learnt(&mut c), Some(3));
+    // Within one window a fourth call waits for the oldest to age out.
+    let t0 = Instant::now();
+    for _ in 0..4 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t0.elapsed()
+    );
+    // A clean window settles it; then each clean window that used it in
+    // full lets one more through, up to one below the refused 10.
+    let mut seen = vec![3];
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while seen.last() != Some(&9) {
+        assert!(Instant::now() < deadline, "still probing: {seen:?}");
+        let l = learnt(&mut c).expect("a learnt limit");
+        if seen.last() != Some(&l) {
+            seen.push(l);
+        }
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    assert_eq!(seen, vec![3, 4, 5, 6, 7, 8, 9], "probed +1 per window");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fleet_alert_claims_go_to_one_process() {
+    let redis = Redis::start();
+    let name = fleet_name("claims");
+    let a = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
+    let b = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
+    let alert = |renewal| {
+        let mut x = batchrun::credits::Alert::new(
+            batchrun::credits::AlertKind::Threshold,
+            "pct-0.8",
+            "80% used",
+            None,
+        );
+        x.renewal = Some(renewal);
+        x
+    };
+    assert!(a.claim(&alert(1_900_000_000)).await);
+    assert!(!b.claim(&alert(1_900_000_000)).await);
+    assert!(
+        b.claim(&alert(1_900_086_400)).await,
+        "a new cycle alerts again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_in_the_window_are_put_back_when_redis_comes_back_empty() {
+    let redis = Redis::start();
+    let mut proxy = Proxy::start(&redis.url).await;
+    let name = fleet_name("restore");
+    let fleet = Fleet::connect(&FleetSettings {
+        url: proxy.url(),
+        headroom: 1.0,
+        keys: FleetKeys::named(&name),
+        redis_timeout: Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    let p = pacer(fleet, "3/2s");
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    p.flush().await;
+    // Redis restarts and forgets everything (as one without persistence does).
+    proxy.cut().await;
+    let mut c = redis.conn();
+    let keys = FleetKeys::named(&name);
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.window())
+        .arg(keys.leases())
+        .arg(keys.limit())
+        .query(&mut c)
+        .unwrap();
+    proxy.resume().await;
+    // The three calls still occupy the server's window: the fourth waits.
+    p.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        t0.elapsed()
+    );
+    let n: i64 = redis::cmd("ZCARD")
+        .arg(keys.window())
+        .query(&mut c)
+        .unwrap();
+    assert!(n >= 1, "the window was not rebuilt");
+}
