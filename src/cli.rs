@@ -15,7 +15,7 @@ use crate::rate::{Limit, Plan};
 /// plan allows, without tripping it; stop cleanly when credits run out and
 /// resume exactly where it stopped.
 #[derive(Parser, Debug)]
-#[command(name = "batchrun", version, about, long_about = None)]
+#[command(name = "batchrun", version, about, long_about = None, after_help = RUN_AFTER_HELP)]
 pub struct Cli {
     /// What to do (`run` when omitted).
     #[command(subcommand)]
@@ -167,176 +167,246 @@ fn parse_concurrency(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Examples and the exit codes, shown by `--help`.
+const RUN_AFTER_HELP: &str = "\
+Examples:
+  batchrun --sim --plan starter examples/numbers.jsonl      rehearse on the built-in sim, no key
+  batchrun -p starter items.jsonl -u 'https://api.example.com/v1/words?number={number}'
+  batchrun -p pro rows.csv -u https://api.example.com/v1/enrich --json-body -H 'X-Source: backfill'
+  batchrun items.jsonl -u ... --dry-run 3                    check the input, show 3 requests, send nothing
+  cmd | batchrun - --format jsonl -u ...                     read a pipe (spooled once, resumable)
+  batchrun status items.jsonl                                progress from the checkpoint
+
+Exit codes:
+  0    every item done
+  1    fatal: the key was rejected, the job fails the same way on every call, a bug
+  2    bad options or bad input (file, line and reason given); nothing sent
+  3    finished, but some items failed (see the failures file)
+  75   halted resumably: credits exhausted, reserve reached, nothing but 429s,
+       or the fleet's Redis out of reach; run the same command to resume
+  130  interrupted by Ctrl-C; run the same command to resume
+  143  stopped by SIGTERM; run the same command to resume";
+
 /// Options of `batchrun run`.
 #[derive(Args, Debug, Clone)]
+#[command(after_help = RUN_AFTER_HELP)]
 pub struct RunArgs {
     /// The items: .jsonl/.ndjson (one JSON value a line) or .csv (header row).
     #[arg(value_name = "INPUT")]
     pub input: PathBuf,
 
     /// Input format; by default taken from the file's extension.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, short = 'f', help_heading = "Input")]
     pub format: Option<Format>,
 
     /// Plan: sets the per-minute limit and the concurrency from the published table.
-    #[arg(long, value_enum, default_value = "free")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "free",
+        short = 'p',
+        help_heading = "Pace"
+    )]
     pub plan: Plan,
 
     /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
-    #[arg(long)]
+    #[arg(long, short = 'l', help_heading = "Pace")]
     pub limit: Option<Limit>,
 
     /// Workers (calls in flight at once), overriding the plan.
-    #[arg(long, value_parser = parse_concurrency)]
+    #[arg(long, value_parser = parse_concurrency, short = 'c', help_heading = "Pace")]
     pub concurrency: Option<usize>,
 
     /// How to pace: window (exact sliding window, counting each call until W
     /// after its response), bucket (token bucket sized to the window), or
     /// spike (Apigee SpikeArrest gateways: --limit 30ps or 1800pm is the
     /// policy's messagesPerPeriod).
-    #[arg(long, value_enum, default_value = "window")]
+    #[arg(long, value_enum, default_value = "window", help_heading = "Pace")]
     pub pacer: PacerKind,
 
     /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
-    #[arg(long)]
+    #[arg(long, help_heading = "Pace")]
     pub burst: Option<u64>,
 
     /// Request URL template: {field} from the item (percent-encoded), {index} the line number.
-    #[arg(long, env = "BATCHRUN_URL", value_name = "TEMPLATE")]
+    #[arg(
+        long,
+        env = "BATCHRUN_URL",
+        value_name = "TEMPLATE",
+        short = 'u',
+        help_heading = "Request"
+    )]
     pub url: Option<String>,
 
     /// HTTP method [default: GET, or POST with --body/--json-body].
-    #[arg(long)]
+    #[arg(long, short = 'X', help_heading = "Request")]
     pub method: Option<String>,
 
     /// Extra header 'Name: value' (templated); repeatable.
-    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header, short = 'H', help_heading = "Request")]
     pub headers: Vec<(String, String)>,
 
     /// Request body template ({field} values are JSON-escaped).
-    #[arg(long, value_name = "TEMPLATE", conflicts_with = "json_body")]
+    #[arg(
+        long,
+        value_name = "TEMPLATE",
+        conflicts_with = "json_body",
+        help_heading = "Request"
+    )]
     pub body: Option<String>,
 
     /// Send the item itself as the JSON body.
-    #[arg(long)]
+    #[arg(long, help_heading = "Request")]
     pub json_body: bool,
 
     /// Environment variable holding the API key.
-    #[arg(long, default_value = "BATCHRUN_API_KEY", value_name = "VAR")]
+    #[arg(
+        long,
+        default_value = "BATCHRUN_API_KEY",
+        value_name = "VAR",
+        help_heading = "Request"
+    )]
     pub api_key_env: String,
 
     /// Header the API key is sent in.
-    #[arg(long, default_value = "x-api-key", value_name = "NAME")]
+    #[arg(
+        long,
+        default_value = "x-api-key",
+        value_name = "NAME",
+        help_heading = "Request"
+    )]
     pub api_key_header: String,
 
     /// Where the checkpoint lives.
-    #[arg(long, default_value = ".batchrun", value_name = "DIR")]
+    #[arg(
+        long,
+        default_value = ".batchrun",
+        value_name = "DIR",
+        help_heading = "State and output"
+    )]
     pub state_dir: PathBuf,
 
     /// Results file [default: <input stem>.results.jsonl beside the input].
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        short = 'o',
+        help_heading = "State and output"
+    )]
     pub out: Option<PathBuf>,
 
     /// Failures file [default: <input stem>.failures.jsonl beside the input].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "State and output")]
     pub failures: Option<PathBuf>,
 
     /// Calls per item for transient failures (5xx, timeouts) before it is recorded as failed.
-    #[arg(long, default_value = "5", value_parser = parse_at_least_one)]
+    #[arg(long, default_value = "5", value_parser = parse_at_least_one, help_heading = "Request")]
     pub max_attempts: u32,
 
     /// Per-request timeout.
-    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration, help_heading = "Request")]
     pub timeout: Duration,
 
     /// Halt (exit 1, nothing marked failed) when the first N calls all fail
     /// alike: refused, unknown host, TLS, 404 or 405 on every item. 0: off.
-    #[arg(long, default_value = "10", value_name = "N")]
+    #[arg(
+        long,
+        default_value = "10",
+        value_name = "N",
+        help_heading = "Failures"
+    )]
     pub fail_fast: u32,
 
     /// Halt once this many items (N) or this share of them (P%) failed in this run.
-    #[arg(long, value_name = "N|P%")]
+    #[arg(long, value_name = "N|P%", help_heading = "Failures")]
     pub max_failures: Option<crate::run::watch::MaxFailures>,
 
     /// Halt resumably (exit 75) after this long of nothing but rate-limit 429s.
-    #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "30m", value_parser = parse_positive_duration, help_heading = "Failures")]
     pub max_wait: Duration,
 
     /// Discard the checkpoint and start over.
-    #[arg(long)]
+    #[arg(long, help_heading = "State and output")]
     pub fresh: bool,
 
     /// Retry the items recorded as failed.
-    #[arg(long)]
+    #[arg(long, help_heading = "State and output")]
     pub retry_failed: bool,
 
     /// Print a one-object JSON summary on stdout at exit (also on errors).
-    #[arg(long)]
+    #[arg(long, help_heading = "Logging")]
     pub json: bool,
 
     /// Check the whole input and print the first N rendered requests (key
     /// hidden); send nothing.
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3")]
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3", help_heading = "State and output")]
     pub dry_run: Option<usize>,
 
     /// Only the summary, alerts and errors on stderr.
-    #[arg(short, long, conflicts_with = "verbose")]
+    #[arg(short, long, conflicts_with = "verbose", help_heading = "Logging")]
     pub quiet: bool,
 
     /// One line per request (key hidden).
-    #[arg(short, long)]
+    #[arg(short, long, help_heading = "Logging")]
     pub verbose: bool,
 
     /// Colours in the progress bar: auto (a terminal without NO_COLOR), always, never.
-    #[arg(long, value_enum, default_value = "auto", value_name = "WHEN")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        value_name = "WHEN",
+        help_heading = "Logging"
+    )]
     pub color: crate::report::progress::ColorChoice,
 
     /// How often a progress line is logged when stderr is not a terminal.
-    #[arg(long, default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION", help_heading = "Logging")]
     pub log_every: Duration,
 
     /// Start the built-in sim in-process on a free port and run against it
     /// (no key, no network). --url may then be a path on the sim, such as /v1/echo.
-    #[arg(long)]
+    #[arg(long, help_heading = "State and output")]
     pub sim: bool,
 
     /// Credit thresholds (fractions used) that raise an alert once per billing cycle.
-    #[arg(long, default_value = "0.5,0.8,0.95", value_parser = parse_thresholds, value_name = "LIST")]
+    #[arg(long, default_value = "0.5,0.8,0.95", value_parser = parse_thresholds, value_name = "LIST", help_heading = "Credits")]
     pub alert_at: Thresholds,
 
     /// Trailing window for the burn-rate projection.
-    #[arg(long, default_value = "6h", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "6h", value_parser = parse_positive_duration, help_heading = "Credits")]
     pub burn_window: Duration,
 
     /// POST every alert as JSON to this URL.
-    #[arg(long, value_name = "URL", value_parser = parse_webhook)]
+    #[arg(long, value_name = "URL", value_parser = parse_webhook, help_heading = "Credits")]
     pub alert_webhook: Option<String>,
 
     /// Credits kept for production: halt before a call could take the balance below N.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Credits")]
     pub reserve: Option<i64>,
 
     /// Start even if the projected cost of the remaining items would cross the reserve.
-    #[arg(long)]
+    #[arg(long, help_heading = "Credits")]
     pub allow_partial: bool,
 
     /// With --reserve: spend one call to learn the balance even if the last
     /// known one says the reserve is reached (after a top-up).
-    #[arg(long)]
+    #[arg(long, help_heading = "Credits")]
     pub recheck_credits: bool,
 
     /// On exhaustion (or reserve reached), wait and probe instead of exiting.
-    #[arg(long)]
+    #[arg(long, help_heading = "Credits")]
     pub wait_for_credits: bool,
 
     /// How often to probe while waiting for credits.
-    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_positive_duration, help_heading = "Credits")]
     pub probe_every: Duration,
 
     // --- Fleet: many processes on one key (see src/fleet/) ---
     /// Share this key's limit, concurrency ceiling, pauses and alerts with
     /// every batchrun process using the same Redis: redis://HOST:PORT/DB.
     #[arg(
+        help_heading = "Fleet",
         long,
         env = "BATCHRUN_REDIS_URL",
         hide_env_values = true,
@@ -347,22 +417,27 @@ pub struct RunArgs {
 
     /// Share of the limit the fleet uses: 1.0 when only batchrun processes
     /// use the key, 0.9 when other traffic shares it.
-    #[arg(long, value_name = "F", default_value = "1.0", value_parser = parse_headroom, requires = "redis", help_heading = "Fleet")]
+    #[arg(long, value_name = "F", default_value = "1.0", value_parser = parse_headroom, requires = "redis", help_heading = "Fleet", help_heading = "Fleet")]
     pub headroom: f64,
 
     /// Name the fleet instead of deriving it from the API origin and key,
     /// so jobs share (or separate) their pace on purpose.
-    #[arg(long, value_name = "NAME", value_parser = parse_fleet_key, requires = "redis", help_heading = "Fleet")]
+    #[arg(long, value_name = "NAME", value_parser = parse_fleet_key, requires = "redis", help_heading = "Fleet", help_heading = "Fleet")]
     pub fleet_key: Option<String>,
 
     /// How long Redis may stay out of reach mid-run before the run halts
     /// resumably (exit 75); no call goes out meanwhile.
-    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_positive_duration, requires = "redis", help_heading = "Fleet")]
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_positive_duration, requires = "redis", help_heading = "Fleet", help_heading = "Fleet")]
     pub redis_timeout: Duration,
 
     /// Take only the items whose line number modulo N is I-1, with a
     /// checkpoint and outputs of this shard's own.
-    #[arg(long, value_name = "I/N", help_heading = "Fleet")]
+    #[arg(
+        long,
+        value_name = "I/N",
+        help_heading = "Fleet",
+        help_heading = "Fleet"
+    )]
     pub shard: Option<crate::fleet::Shard>,
 }
 
