@@ -337,6 +337,12 @@ impl Pool {
             headers,
             body,
         } = resp;
+        // A server may echo the key back (in an error, a debug field): it
+        // must never reach the checkpoint, the outputs or a failure reason.
+        let body = match &self.spec.key {
+            Some(k) if body.contains(k.expose()) => k.redact(&body),
+            _ => body,
+        };
         if let Some(note) = self.pacer.observe(&headers).await {
             self.emit(Event::Pace(note));
         }

@@ -75,3 +75,41 @@ async fn a_pipe_is_spooled_once_and_the_same_content_resumes_its_job() {
     assert_eq!(again["requests"], 0, "the same content resumes: {again}");
     assert_side_effects(&s.sim().stats().await, 8);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_echoes_the_key_never_gets_it_written() {
+    // Successes and failures both carry the key back; none of it may reach
+    // the checkpoint, the results or the failures.
+    let s = Scenario::new("echo-key")
+        .with_sim(&["--limit", "none", "--echo-key"])
+        .input("items.jsonl", "{\"n\": 1}\n{\"n\": 2}\n");
+    let ok = s.run(&["--limit", "none"]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    let bad_url = format!("{}/v2/missing?n={{n}}", s.sim().url);
+    let results = std::fs::read_to_string(s.out_path()).unwrap();
+    assert!(
+        results.contains("\"key\":\"***\""),
+        "the echo is kept, redacted: {results}"
+    );
+    // Another job (another URL) whose every call fails: the reasons too.
+    let fail_out = s.dir().path().join("bad.failures.jsonl");
+    let bad = s.run(&[
+        "--limit",
+        "none",
+        "--url",
+        &bad_url,
+        "--fail-fast",
+        "0",
+        "--out",
+        s.dir().path().join("bad.results.jsonl").to_str().unwrap(),
+        "--failures",
+        fail_out.to_str().unwrap(),
+    ]);
+    assert_eq!(bad.code, 3, "{}", bad.stderr);
+    let failures = std::fs::read_to_string(&fail_out).unwrap();
+    assert!(
+        failures.contains("***"),
+        "the reason is kept, redacted: {failures}"
+    );
+    assert_key_absent_from_files(s.dir().path());
+}
