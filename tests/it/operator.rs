@@ -88,3 +88,46 @@ fn verbose_prints_one_line_per_call_with_the_key_hidden() {
     assert_eq!(calls.len(), 3, "{}", r.stderr);
     assert!(calls.iter().all(|l| l.contains("k=***")), "{}", r.stderr);
 }
+
+/// Runs `batchrun ARGS` inside a pseudo-terminal (util-linux `script`), for
+/// at most `secs` seconds, and returns everything it drew.
+fn in_a_terminal(s: &Scenario, args: &[&str], secs: u64) -> String {
+    let cmd = s.cmd(args);
+    let mut line = format!("exec '{}'", cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        line.push_str(&format!(" '{}'", a.to_string_lossy()));
+    }
+    let out = std::process::Command::new("timeout")
+        .arg(secs.to_string())
+        .args(["script", "-qfec", &line, "/dev/null"])
+        .env("BATCHRUN_API_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script(1) from util-linux runs the pty tests");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_bar_on_a_terminal_shows_a_pause_and_its_end() {
+    let s = Scenario::new("bar-pause")
+        .with_sim(&["--rate-limit-forever"])
+        .numbers(5);
+    let screen = in_a_terminal(&s, &["--limit", "100/1s", "--max-wait", "3s"], 30);
+    assert!(screen.contains("0/5"), "no bar: {screen}");
+    assert!(
+        screen.contains("PAUSED 1s (until "),
+        "no pause shown: {screen}"
+    );
+    assert!(screen.contains("halted"), "{screen}");
+    assert!(!screen.contains(KEY));
+}
+
+#[test]
+fn the_bar_on_a_terminal_gives_a_long_wait_its_true_eta() {
+    // One call an hour: the first goes at once, and the bar must say the
+    // other four take four hours, not seconds.
+    let s = Scenario::new("bar-eta").with_sim(&[]).numbers(5);
+    let screen = in_a_terminal(&s, &["--limit", "1/1h"], 3);
+    assert!(screen.contains("1/5"), "no bar: {screen}");
+    assert!(screen.contains("ETA 4h00m"), "{screen}");
+}
