@@ -253,29 +253,9 @@ impl Settings {
             Ok(f) if f == format => None,
             _ => Some(format),
         };
-        let origin = if sim_base.is_some() && identity_url.starts_with("sim:") {
-            "sim".to_string()
-        } else {
-            reqwest::Url::parse(&url_src)
-                .map(|u| u.origin().ascii_serialization())
-                .unwrap_or_else(|_| url_src.split('{').next().unwrap_or_default().to_string())
-        };
+        let origin = origin(sim_base.is_some(), &identity_url, &url_src);
         let fleet = fleet_settings(args, &origin, &request)?;
-        // A shard keeps its own checkpoint and outputs: N processes on one
-        // machine cannot share one sled directory, nor one results file.
-        let (state_dir, out_suffix) = match args.shard {
-            Some(s) => (args.state_dir.join(s.tag()), format!("{}.", s.tag())),
-            None => (args.state_dir.clone(), String::new()),
-        };
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}results")));
-        let failures = args
-            .failures
-            .clone()
-            .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
-        check_outputs(&args.input, &out, &failures)?;
+        let (state_dir, out, failures) = places(args)?;
         Ok(Settings {
             origin,
             limit,
@@ -295,14 +275,7 @@ impl Settings {
             timeout: args.timeout,
             max_attempts: args.max_attempts,
             max_wait: args.max_wait,
-            // A slow plan must not spend minutes proving its URL wrong:
-            // never more than one window's worth of calls.
-            fail_fast: match limit.rate() {
-                Some(r) if r.count >= 3 => args
-                    .fail_fast
-                    .min(u32::try_from(r.count).unwrap_or(u32::MAX)),
-                _ => args.fail_fast,
-            },
+            fail_fast: fail_fast(args.fail_fast, limit),
             max_failures: args.max_failures,
             fresh: args.fresh,
             retry_failed: args.retry_failed,
@@ -315,19 +288,64 @@ impl Settings {
             verbose: args.verbose,
             json: args.json,
             style: crate::report::progress::Style::detect(args.color, args.quiet, args.log_every),
-            credits: CreditSettings {
-                alert_at: args.alert_at.0.clone(),
-                burn_window: args.burn_window,
-                webhook: args.alert_webhook.clone(),
-                reserve: args.reserve,
-                allow_partial: args.allow_partial,
-                recheck_credits: args.recheck_credits,
-                wait_for_credits: args.wait_for_credits,
-                probe_every: args.probe_every,
-            },
+            credits: CreditSettings::from_cli(args),
             fleet,
             shard: args.shard,
         })
+    }
+}
+
+/// Whose credits these are: the API's origin ("sim" for the built-in one).
+fn origin(sim: bool, identity_url: &str, url_src: &str) -> String {
+    if sim && identity_url.starts_with("sim:") {
+        return "sim".to_string();
+    }
+    reqwest::Url::parse(url_src)
+        .map(|u| u.origin().ascii_serialization())
+        .unwrap_or_else(|_| url_src.split('{').next().unwrap_or_default().to_string())
+}
+
+/// The state dir and the outputs. A shard keeps its own checkpoint and
+/// outputs: N processes on one machine cannot share one sled directory,
+/// nor one results file.
+fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunError> {
+    let (state_dir, out_suffix) = match args.shard {
+        Some(s) => (args.state_dir.join(s.tag()), format!("{}.", s.tag())),
+        None => (args.state_dir.clone(), String::new()),
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}results")));
+    let failures = args
+        .failures
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
+    check_outputs(&args.input, &out, &failures)?;
+    Ok((state_dir, out, failures))
+}
+
+/// A slow plan must not spend minutes proving its URL wrong: never more
+/// than one window's worth of calls.
+fn fail_fast(asked: u32, limit: Limit) -> u32 {
+    match limit.rate() {
+        Some(r) if r.count >= 3 => asked.min(u32::try_from(r.count).unwrap_or(u32::MAX)),
+        _ => asked,
+    }
+}
+
+impl CreditSettings {
+    fn from_cli(args: &RunArgs) -> CreditSettings {
+        CreditSettings {
+            alert_at: args.alert_at.0.clone(),
+            burn_window: args.burn_window,
+            webhook: args.alert_webhook.clone(),
+            reserve: args.reserve,
+            allow_partial: args.allow_partial,
+            recheck_credits: args.recheck_credits,
+            wait_for_credits: args.wait_for_credits,
+            probe_every: args.probe_every,
+        }
     }
 }
 

@@ -422,36 +422,11 @@ impl Pool {
         match err {
             CallError::RateLimited { retry_after } => {
                 *attempts -= 1;
-                if self.stalled() {
-                    return Next::Finished;
-                }
-                // A zero Retry-After would turn the pause into a hot loop.
-                let pause = retry_after.unwrap_or(self.cfg.default_pause).max(MIN_PAUSE);
-                if let Err(e) = self.pacer.pause(pause).await {
-                    self.gate.stop(unavailable(&e));
-                    return Next::Finished;
-                }
-                self.emit(Event::RateLimited {
-                    pause,
-                    concurrency: false,
-                });
-                Next::Again
+                self.rate_limited(retry_after).await
             }
             CallError::Concurrency { retry_after } => {
                 *attempts -= 1;
-                // The server allows fewer calls in flight than the pool
-                // has workers: fewer go from now on; the window is not paused.
-                if let Some(n) = self.slots.lower() {
-                    self.emit(Event::Note(format!(
-                        "batchrun: the server's concurrency ceiling was reached (429 with x-concurrency-limit): at most {n} calls in flight from now on"
-                    )));
-                }
-                let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
-                self.emit(Event::RateLimited {
-                    pause,
-                    concurrency: true,
-                });
-                self.again_after(pause).await
+                self.concurrency_limited(retry_after).await
             }
             CallError::CreditsExhausted { .. } => {
                 *attempts -= 1;
@@ -475,24 +450,71 @@ impl Pool {
                 reason,
                 retry_after,
             } => {
-                let last = *attempts >= self.cfg.max_attempts;
-                let failed = last.then(|| Event::Failed {
-                    line: item.line,
-                    status: None,
-                    reason: format!("{reason} (gave up after {attempts} attempts)"),
-                    attempts: *attempts,
-                });
-                if !self.settle(systemic, failed, req) || last {
-                    return Next::Finished;
-                }
-                self.emit(Event::Retry);
-                let wait = self
-                    .cfg
-                    .backoff
-                    .wait(*attempts, retry_after, fastrand::f64());
-                self.again_after(wait).await
+                self.transient(item, req, *attempts, (reason, retry_after), systemic)
+                    .await
             }
         }
+    }
+
+    /// A rate-limit 429: every worker pauses; the item goes again after.
+    async fn rate_limited(&self, retry_after: Option<Duration>) -> Next {
+        if self.stalled() {
+            return Next::Finished;
+        }
+        // A zero Retry-After would turn the pause into a hot loop.
+        let pause = retry_after.unwrap_or(self.cfg.default_pause).max(MIN_PAUSE);
+        if let Err(e) = self.pacer.pause(pause).await {
+            self.gate.stop(unavailable(&e));
+            return Next::Finished;
+        }
+        self.emit(Event::RateLimited {
+            pause,
+            concurrency: false,
+        });
+        Next::Again
+    }
+
+    /// The server allows fewer calls in flight than the pool has workers:
+    /// fewer go from now on; the window is not paused.
+    async fn concurrency_limited(&self, retry_after: Option<Duration>) -> Next {
+        if let Some(n) = self.slots.lower() {
+            self.emit(Event::Note(format!(
+                "batchrun: the server's concurrency ceiling was reached (429 with x-concurrency-limit): at most {n} calls in flight from now on"
+            )));
+        }
+        let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
+        self.emit(Event::RateLimited {
+            pause,
+            concurrency: true,
+        });
+        self.again_after(pause).await
+    }
+
+    /// A transient failure: retried with backoff until the attempts run out.
+    async fn transient(
+        &self,
+        item: &Item,
+        req: &Request,
+        attempts: u32,
+        (reason, retry_after): (String, Option<Duration>),
+        systemic: Option<Systemic>,
+    ) -> Next {
+        let last = attempts >= self.cfg.max_attempts;
+        let failed = last.then(|| Event::Failed {
+            line: item.line,
+            status: None,
+            reason: format!("{reason} (gave up after {attempts} attempts)"),
+            attempts,
+        });
+        if !self.settle(systemic, failed, req) || last {
+            return Next::Finished;
+        }
+        self.emit(Event::Retry);
+        let wait = self
+            .cfg
+            .backoff
+            .wait(attempts, retry_after, fastrand::f64());
+        self.again_after(wait).await
     }
 
     /// A server that answers nothing but rate limits would keep the run
