@@ -69,6 +69,14 @@ pub struct JobMeta {
     /// resume starts from it instead of overrunning again.
     #[serde(default)]
     pub learnt_limit: Option<u64>,
+    /// 0: Idempotency-Keys from the random nonce (jobs of earlier versions);
+    /// 1: derived from the job and the item alone, so a lost checkpoint
+    /// sends the same keys again.
+    #[serde(default)]
+    pub key_scheme: u8,
+    /// Advanced by `--fresh` only: part of every derived key.
+    #[serde(default)]
+    pub epoch: u32,
 }
 
 /// An item's final state.

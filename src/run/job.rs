@@ -30,12 +30,21 @@ pub fn unix_now() -> Duration {
         .unwrap_or_default()
 }
 
-/// The prefix of every Idempotency-Key of the job.
-pub fn idempotency_prefix(meta: &JobMeta) -> String {
-    format!(
-        "batchrun-{}",
-        &sha_hex(&[meta.id.as_bytes(), meta.nonce.as_bytes()])[..20]
-    )
+/// How the job's Idempotency-Keys are made: derived for every job this
+/// version starts, the nonce-based prefix for jobs started before.
+pub fn key_scheme(meta: &JobMeta) -> super::keys::KeyScheme {
+    if meta.key_scheme == 0 && !meta.nonce.is_empty() {
+        return super::keys::KeyScheme::Legacy {
+            prefix: format!(
+                "batchrun-{}",
+                &sha_hex(&[meta.id.as_bytes(), meta.nonce.as_bytes()])[..20]
+            ),
+        };
+    }
+    super::keys::KeyScheme::Derived {
+        job: meta.id.clone(),
+        epoch: meta.epoch,
+    }
 }
 
 /// Opens the job for this input and request, or creates it. A job whose
@@ -51,7 +60,14 @@ pub fn open(
         .with_context(|| format!("{}", settings.input.display()))?;
     let abs = abs.to_string_lossy().into_owned();
     let id = sha_hex(&[abs.as_bytes(), settings.identity.as_bytes()])[..16].to_string();
+    // --fresh means "run them again": a new epoch, so new keys. Read before
+    // the old job is discarded (a lost checkpoint starts again at 0, which
+    // re-sends the first epoch's keys and so runs nothing twice).
+    let mut epoch = 0;
     if fresh {
+        if let Ok(Some(old)) = store.job(&id) {
+            epoch = old.epoch.saturating_add(1);
+        }
         store
             .discard_job(&id)
             .context("discarding the checkpoint")?;
@@ -86,6 +102,8 @@ pub fn open(
         template: settings.identity.clone(),
         nonce,
         created_unix: unix_now().as_secs(),
+        key_scheme: 1,
+        epoch,
         ..JobMeta::default()
     };
     store.save_job(&meta).context("writing the checkpoint")?;
@@ -136,19 +154,4 @@ pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()
         std::fs::rename(tmp(p), p).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::run::pool::idempotency_key;
-
-    #[test]
-    fn idempotency_keys_are_stable_until_a_retry_reopens_the_item() {
-        assert_eq!(idempotency_key("batchrun-ab", 7, 0), "batchrun-ab-7");
-        assert_eq!(
-            idempotency_key("batchrun-ab", 7, 0),
-            idempotency_key("batchrun-ab", 7, 0)
-        );
-        assert_eq!(idempotency_key("batchrun-ab", 7, 2), "batchrun-ab-7-r2");
-    }
 }

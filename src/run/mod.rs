@@ -21,6 +21,7 @@ pub mod finish;
 mod fleet;
 pub mod gate;
 pub mod job;
+pub mod keys;
 pub mod pool;
 pub mod recorder;
 #[cfg(test)]
@@ -95,6 +96,9 @@ pub async fn run(
     // 3. Credits: the meter, the alerts, the balance and the reserve.
     let reporter = Arc::new(Reporter::new(scan.total, settings.style));
     reporter.println(&start_line(&settings, &meta, pending, scan.total));
+    if let Some(warning) = orphaned_results(&settings, &meta, counts.done + counts.failed) {
+        reporter.say(&warning);
+    }
     let alerter = Arc::new(Alerter::new(
         meta.id.clone(),
         settings.credits.webhook.clone(),
@@ -149,7 +153,7 @@ pub async fn run(
         ledger: ledger.clone(),
         events: ev_tx,
         cfg: PoolConfig {
-            idem_prefix: job::idempotency_prefix(&meta),
+            keys: job::key_scheme(&meta),
             max_attempts: settings.max_attempts,
             default_pause,
             backoff: Backoff::default(),
@@ -226,6 +230,24 @@ pub async fn run(
         fleet_alerts: fleet_alerts.as_deref(),
     };
     finish::finish(ending, halt, recorded, feeder_result).await
+}
+
+/// Results exist for this input but the checkpoint knows nothing of them
+/// (it was lost, damaged or moved): say so before sending anything.
+fn orphaned_results(settings: &Settings, meta: &JobMeta, recorded: u64) -> Option<String> {
+    if recorded > 0 || meta.requests > 0 {
+        return None;
+    }
+    let len = std::fs::metadata(&settings.out).ok()?.len();
+    (len > 0).then(|| {
+        format!(
+            "batchrun: WARNING: {} already holds results, but the checkpoint in {} knows nothing of this job \
+             (lost, damaged or another --state-dir?). Every item is sent again under its original \
+             Idempotency-Key, so an API that honours it replays the calls it already ran.",
+            settings.out.display(),
+            settings.state_dir.display()
+        )
+    })
 }
 
 /// The pace the limit allows, items per minute; None when unlimited.

@@ -24,8 +24,8 @@ pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 /// How the pool treats each item.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// The job's Idempotency-Key prefix.
-    pub idem_prefix: String,
+    /// How the job's Idempotency-Keys are made.
+    pub keys: super::keys::KeyScheme,
     /// Calls per item for transient failures.
     pub max_attempts: u32,
     /// The pause of a rate-limit 429 without a usable Retry-After.
@@ -189,9 +189,11 @@ impl Pool {
 
     /// Drives one item until it is done, failed, or left pending by a stop.
     pub async fn process(self: &Arc<Self>, item: Item, generation: u32) {
-        let idem = idempotency_key(&self.cfg.idem_prefix, item.line, generation);
         let req = match self.spec.render(&item) {
-            Ok(r) => r.with_idempotency_key(&idem),
+            Ok(r) => {
+                let idem = self.cfg.keys.key(item.line, generation, &r);
+                r.with_idempotency_key(&idem)
+            }
             Err(reason) => {
                 self.emit(Event::Failed {
                     line: item.line,
@@ -629,15 +631,4 @@ fn unavailable(e: &PaceError) -> Halt {
     Halt::PacerUnavailable(format!(
         "{e}; the checkpoint is saved: run the same command to resume"
     ))
-}
-
-/// The Idempotency-Key of an item: stable across resumes (the job's
-/// prefix and the line), new after `--retry-failed` re-opens it (the
-/// generation).
-pub fn idempotency_key(prefix: &str, line: u64, generation: u32) -> String {
-    if generation == 0 {
-        format!("{prefix}-{line}")
-    } else {
-        format!("{prefix}-{line}-r{generation}")
-    }
 }

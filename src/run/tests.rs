@@ -49,7 +49,10 @@ async fn run_pool(
         ledger: Ledger::new(None, None, None),
         events: tx,
         cfg: PoolConfig {
-            idem_prefix: "batchrun-test".into(),
+            keys: super::keys::KeyScheme::Derived {
+                job: "test".into(),
+                epoch: 0,
+            },
             max_attempts: 5,
             default_pause: Duration::from_secs(30),
             backoff: Backoff::default(),

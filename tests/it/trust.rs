@@ -113,3 +113,34 @@ async fn a_server_that_echoes_the_key_never_gets_it_written() {
     );
     assert_key_absent_from_files(s.dir().path());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_checkpoint_sends_the_same_keys_and_runs_nothing_twice() {
+    let s = Scenario::new("lost-ckpt")
+        .with_sim(&["--limit", "none"])
+        .numbers(20);
+    let first = s.run(&["--limit", "none"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    std::fs::remove_dir_all(s.state_dir()).unwrap();
+    let again = s.run(&["--limit", "none"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("knows nothing of this job"),
+        "said before sending: {}",
+        again.stderr
+    );
+    assert_each_item_once(&s.out_path(), 20);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 20);
+    assert_eq!(stats["idempotent_replays"], 20, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_really_runs_the_items_again() {
+    let s = Scenario::new("fresh-epoch")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    assert_eq!(s.run(&["--limit", "none", "--fresh"]).code, 0);
+    assert_side_effects(&s.sim().stats().await, 10);
+}

@@ -1,0 +1,103 @@
+//! Idempotency-Keys: the same key for the same call, whatever is lost.
+//!
+//! A key is derived only from what identifies the call: the job (its input
+//! and request templates), the job's epoch (which only `--fresh` advances),
+//! the item's line and retry generation (which only `--retry-failed`
+//! advances), and the request as rendered. A checkpoint that is lost or
+//! rebuilt therefore sends the same keys again, and the API replays the
+//! calls it already ran instead of running them twice.
+
+use sha2::{Digest, Sha256};
+
+use crate::request::Request;
+
+/// How a job's keys are made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyScheme {
+    /// Jobs started by earlier versions: a random nonce of the job and the
+    /// line, kept so that their calls in flight keep their keys.
+    Legacy {
+        /// `batchrun-<hash(job, nonce)>`.
+        prefix: String,
+    },
+    /// Derived from the job, the epoch, the item and the request alone.
+    Derived {
+        /// The job id.
+        job: String,
+        /// Advanced by `--fresh` only.
+        epoch: u32,
+    },
+}
+
+impl KeyScheme {
+    /// The Idempotency-Key of `req`, the call for the item at `line` in its
+    /// `generation`.
+    pub fn key(&self, line: u64, generation: u32, req: &Request) -> String {
+        match self {
+            KeyScheme::Legacy { prefix } if generation == 0 => format!("{prefix}-{line}"),
+            KeyScheme::Legacy { prefix } => format!("{prefix}-{line}-r{generation}"),
+            KeyScheme::Derived { job, epoch } => {
+                let mut h = Sha256::new();
+                for part in [
+                    job.as_bytes(),
+                    &epoch.to_le_bytes(),
+                    &line.to_le_bytes(),
+                    &generation.to_le_bytes(),
+                    req.method.as_str().as_bytes(),
+                    req.url.as_bytes(),
+                    req.body.as_deref().unwrap_or_default(),
+                ] {
+                    h.update((part.len() as u64).to_le_bytes());
+                    h.update(part);
+                }
+                let hex: String = h.finalize()[..16]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                format!("batchrun-{hex}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(url: &str) -> Request {
+        Request {
+            method: reqwest::Method::GET,
+            url: url.into(),
+            headers: Default::default(),
+            body: None,
+        }
+    }
+
+    #[test]
+    fn derived_keys_depend_only_on_what_identifies_the_call() {
+        let k = KeyScheme::Derived {
+            job: "j1".into(),
+            epoch: 0,
+        };
+        let a = k.key(7, 0, &req("http://x/?n=7"));
+        assert_eq!(a, k.key(7, 0, &req("http://x/?n=7")), "stable across runs");
+        assert!(a.starts_with("batchrun-") && a.len() == 9 + 32);
+        assert_ne!(a, k.key(8, 0, &req("http://x/?n=7")), "another line");
+        assert_ne!(a, k.key(7, 1, &req("http://x/?n=7")), "--retry-failed");
+        assert_ne!(a, k.key(7, 0, &req("http://x/?n=8")), "another item");
+        let fresh = KeyScheme::Derived {
+            job: "j1".into(),
+            epoch: 1,
+        };
+        assert_ne!(a, fresh.key(7, 0, &req("http://x/?n=7")), "--fresh");
+    }
+
+    #[test]
+    fn legacy_keys_are_kept_for_jobs_that_have_them() {
+        let k = KeyScheme::Legacy {
+            prefix: "batchrun-ab".into(),
+        };
+        assert_eq!(k.key(7, 0, &req("u")), "batchrun-ab-7");
+        assert_eq!(k.key(7, 2, &req("u")), "batchrun-ab-7-r2");
+    }
+}
