@@ -207,6 +207,15 @@ impl Store {
 
     /// Every job recorded for an input file (absolute path).
     pub fn jobs_for_input(&self, input: &str) -> Result<Vec<JobMeta>, CheckpointError> {
+        Ok(self
+            .jobs()?
+            .into_iter()
+            .filter(|m| m.input == input)
+            .collect())
+    }
+
+    /// Every job in the store.
+    pub fn jobs(&self) -> Result<Vec<JobMeta>, CheckpointError> {
         let mut out = Vec::new();
         for kv in self.jobs.iter() {
             let (k, v) = kv.map_err(|e| self.err(e))?;
@@ -215,9 +224,7 @@ impl Store {
             }
             let meta: JobMeta = serde_json::from_slice(&v)
                 .map_err(|e| CheckpointError::Corrupt(format!("job: {e}")))?;
-            if meta.input == input {
-                out.push(meta);
-            }
+            out.push(meta);
         }
         Ok(out)
     }

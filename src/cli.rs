@@ -455,9 +455,10 @@ fn parse_fleet_key(s: &str) -> Result<String, String> {
 /// Options of `batchrun status`.
 #[derive(Args, Debug, Clone)]
 pub struct StatusArgs {
-    /// The input file the job was started with.
+    /// The input file the job was started with; every job in the state
+    /// directory when omitted.
     #[arg(value_name = "INPUT")]
-    pub input: PathBuf,
+    pub input: Option<PathBuf>,
 
     /// Where the checkpoint lives.
     #[arg(long, default_value = ".batchrun", value_name = "DIR")]

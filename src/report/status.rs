@@ -77,12 +77,108 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
     out
 }
 
+/// What a running job publishes for `batchrun status`, which cannot open
+/// the checkpoint while the run holds it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The job id.
+    pub job: String,
+    /// The input, as an absolute path.
+    pub input: String,
+    /// Items in the input.
+    pub total: u64,
+    /// Items done (all runs).
+    pub done: u64,
+    /// Items failed (all runs).
+    pub failed: u64,
+    /// Calls this run.
+    pub requests: u64,
+    /// Rate-limit 429s this run.
+    pub rate_limited: u64,
+    /// The last credit balance seen.
+    pub credits_remaining: Option<i64>,
+    /// The running process.
+    pub pid: u32,
+    /// When this was written (unix seconds).
+    pub updated_unix: u64,
+}
+
+/// Where job `job` of a run in `state_dir` publishes its progress.
+pub fn progress_path(state_dir: &Path, job: &str) -> std::path::PathBuf {
+    state_dir.join(format!("running-{job}.json"))
+}
+
+impl Progress {
+    /// Writes it atomically (a temporary file renamed into place), so a
+    /// reader never sees half of it.
+    pub fn publish(&self, state_dir: &Path) -> std::io::Result<()> {
+        let path = progress_path(state_dir, &self.job);
+        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(self)?)?;
+        std::fs::rename(tmp, path)
+    }
+
+    fn running_in(dir: &Path, input: Option<&str>) -> Vec<Progress> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with("running-") && n.ends_with(".json")
+            })
+            .filter_map(|e| serde_json::from_slice::<Progress>(&std::fs::read(e.path()).ok()?).ok())
+            .filter(|p| input.map_or(true, |i| p.input == i))
+            .collect()
+    }
+
+    fn describe(
+        &self,
+        shard: Option<Shard>,
+        as_json: bool,
+        out: &mut String,
+        json: &mut Vec<serde_json::Value>,
+    ) {
+        let age = crate::run::job::unix_now()
+            .as_secs()
+            .saturating_sub(self.updated_unix);
+        let pending = self.total.saturating_sub(self.done + self.failed);
+        if as_json {
+            let mut v = serde_json::to_value(self).unwrap_or_default();
+            v["running"] = serde_json::Value::Bool(true);
+            v["pending"] = pending.into();
+            v["shard"] = shard.map(|s| s.to_string()).into();
+            json.push(v);
+            return;
+        }
+        let who = shard.map(|s| format!("shard {s}, ")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "job {} ({who}running, pid {}; as of {age}s ago): {} done, {} failed, {pending} pending of {}; {} requests, {} rate-limited{}",
+            self.job,
+            self.pid,
+            self.done,
+            self.failed,
+            self.total,
+            self.requests,
+            self.rate_limited,
+            self.credits_remaining.map(|c| format!("; credits {c}")).unwrap_or_default(),
+        );
+    }
+}
+
 /// `batchrun status INPUT`: progress from the checkpoint (and every shard's);
 /// no API call.
 pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
-    let abs = std::fs::canonicalize(&args.input)
-        .with_context(|| format!("{}: cannot read", args.input.display()))?;
-    let abs = abs.to_string_lossy().into_owned();
+    let abs = match &args.input {
+        Some(i) => Some(
+            std::fs::canonicalize(i)
+                .with_context(|| format!("{}: cannot read", i.display()))?
+                .to_string_lossy()
+                .into_owned(),
+        ),
+        None => None,
+    };
     let found = checkpoints(&args.state_dir);
     if found.is_empty() {
         anyhow::bail!(
@@ -96,35 +192,42 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
         let store = match Store::open(&dir) {
             Ok(s) => s,
             // A shard running right now holds its checkpoint.
-            Err(CheckpointError::Locked(_)) if shard.is_some() => {
-                let shard = shard.map(|s| s.to_string());
-                if args.json {
-                    json.push(serde_json::json!({"shard": shard, "running": true}));
-                } else if let Some(s) = shard {
-                    let _ = writeln!(out, "shard {s}: running (its checkpoint is in use)");
+            // A run in progress holds its checkpoint: show what it publishes.
+            Err(CheckpointError::Locked(_)) => {
+                let running = Progress::running_in(&dir, abs.as_deref());
+                for p in &running {
+                    p.describe(shard, args.json, &mut out, &mut json);
+                }
+                if running.is_empty() {
+                    let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
+                    if args.json {
+                        json.push(serde_json::json!({"shard": shard.map(|s| s.to_string()), "running": true}));
+                    } else {
+                        let _ = writeln!(out, "{who}running (its checkpoint is in use)");
+                    }
                 }
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        for meta in store.jobs_for_input(&abs)? {
+        let jobs = match &abs {
+            Some(a) => store.jobs_for_input(a)?,
+            None => store.jobs()?,
+        };
+        for meta in jobs {
             describe_job(&store, &meta, shard, args.json, &mut out, &mut json)?;
         }
     }
     if json.is_empty() && out.is_empty() {
-        anyhow::bail!(
-            "no job for {} in {}",
-            args.input.display(),
-            args.state_dir.display()
-        );
+        let what = args
+            .input
+            .as_ref()
+            .map_or("any input".to_string(), |i| i.display().to_string());
+        anyhow::bail!("no job for {what} in {}", args.state_dir.display());
     }
     if args.json {
-        let v = if json.len() == 1 {
-            json.remove(0)
-        } else {
-            serde_json::Value::Array(json)
-        };
-        out = format!("{v}\n");
+        // Always an array, whatever the number of jobs: a script reads one shape.
+        out = format!("{}\n", serde_json::Value::Array(json));
     }
     Ok(out)
 }

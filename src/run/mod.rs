@@ -179,12 +179,19 @@ pub async fn run(
         workers.spawn(pool.clone().worker(queue.clone()));
     }
     let steady = steady_per_min(&settings);
+    let published = crate::report::status::progress_path(&settings.state_dir, &meta.id);
+    let publish = Publish {
+        state_dir: settings.state_dir.clone(),
+        job: meta.id.clone(),
+        input: meta.input.clone(),
+        total: scan.total,
+    };
     let ticker = spawn_ticker(
         pool.clone(),
         stats.clone(),
         reporter.clone(),
-        started,
-        steady,
+        (started, steady),
+        publish,
     );
     let recorder = tokio::spawn(
         recorder::Recorder {
@@ -212,6 +219,7 @@ pub async fn run(
     let learnt = pool.pacer.learnt();
     drop(pool);
     ticker.abort();
+    let _ = std::fs::remove_file(&published);
     // Closing the queue lets a feeder blocked on a full queue finish.
     drop(queue);
     let feeder_result = feeder.await;
@@ -396,20 +404,57 @@ fn spawn_feeder(
 }
 
 /// Redraws the progress display every tick.
+/// What the ticker publishes for `batchrun status` while the run holds the
+/// checkpoint.
+struct Publish {
+    state_dir: std::path::PathBuf,
+    job: String,
+    input: String,
+    total: u64,
+}
+
+impl Publish {
+    fn write(&self, stats: &Stats, pool: &Pool) {
+        let p = crate::report::status::Progress {
+            job: self.job.clone(),
+            input: self.input.clone(),
+            total: self.total,
+            done: Stats::get(&stats.done),
+            failed: Stats::get(&stats.failed),
+            requests: Stats::get(&stats.requests),
+            rate_limited: Stats::get(&stats.rate_limited),
+            credits_remaining: pool.ledger.last().map(|s| s.remaining),
+            pid: std::process::id(),
+            updated_unix: job::unix_now().as_secs(),
+        };
+        // Best effort: a full disk must not stop the run over a status file.
+        let _ = p.publish(&self.state_dir);
+    }
+}
+
+/// How often the progress for `batchrun status` is rewritten.
+const PUBLISH_EVERY: Duration = Duration::from_secs(2);
+
 fn spawn_ticker(
     pool: Arc<Pool>,
     stats: Arc<Stats>,
     reporter: Arc<Reporter>,
-    started: Instant,
-    steady_per_min: Option<f64>,
+    (started, steady_per_min): (Instant, Option<f64>),
+    publish: Publish,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(reporter.tick_every());
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        publish.write(&stats, &pool);
+        let mut published = Instant::now();
         every.tick().await;
         loop {
             every.tick().await;
             let now = Instant::now();
+            if now - published >= PUBLISH_EVERY {
+                publish.write(&stats, &pool);
+                published = now;
+            }
             reporter.update(&View {
                 done: Stats::get(&stats.done),
                 failed: Stats::get(&stats.failed),

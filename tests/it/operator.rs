@@ -131,3 +131,55 @@ fn the_bar_on_a_terminal_gives_a_long_wait_its_true_eta() {
     assert!(screen.contains("1/5"), "no bar: {screen}");
     assert!(screen.contains("ETA 4h00m"), "{screen}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_works_while_the_job_runs_and_always_prints_an_array() {
+    let s = Scenario::new("status-live")
+        .with_sim(&["--limit", "4/1s"])
+        .numbers(24);
+    let mut child = s
+        .cmd(&["--limit", "4/1s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = || {
+        let out = bin()
+            .arg("status")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .arg("--json")
+            .output()
+            .unwrap();
+        // Until the run has made its checkpoint there is nothing to show.
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let live = loop {
+        let v = status().unwrap_or_default();
+        if let Some(job) = v.as_array().and_then(|a| a.first()) {
+            if job["running"] == true && job["done"].as_u64().unwrap_or(0) >= 1 {
+                break job.clone();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never seen running: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(live["total"], 24);
+    assert!(live["pid"].as_u64().is_some());
+    assert!(child.wait().unwrap().success());
+    let after = status().expect("status after the run");
+    assert_eq!(
+        after.as_array().unwrap().len(),
+        1,
+        "one job, still an array: {after}"
+    );
+    assert_eq!(after[0]["done"], 24);
+    assert!(after[0].get("running").is_none(), "{after}");
+}
