@@ -80,8 +80,7 @@ pub async fn run(
     }
 
     // 2. The job and its checkpoint.
-    let store =
-        Store::open(&settings.state_dir).map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+    let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
     let mut meta = job::open(&store, &settings, &scan, settings.fresh)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
@@ -238,6 +237,21 @@ pub async fn run(
         fleet_alerts: fleet_alerts.as_deref(),
     };
     finish::finish(ending, halt, recorded, feeder_result).await
+}
+
+/// A checkpoint that cannot be opened: say what it means and the way forward.
+fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointError) -> RunError {
+    use crate::checkpoint::CheckpointError;
+    if matches!(e, CheckpointError::Locked(_)) {
+        return RunError::Fatal(anyhow::Error::new(e));
+    }
+    RunError::Fatal(anyhow::anyhow!(
+        "the checkpoint in {} is damaged ({e}). Nothing was sent. Move it aside \
+         (mv {0} {0}.damaged) and run the same command: every item goes again \
+         under its original Idempotency-Key, so an API that honours it replays \
+         what already ran instead of running it twice",
+        dir.display()
+    ))
 }
 
 /// Results exist for this input but the checkpoint knows nothing of them
