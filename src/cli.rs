@@ -130,6 +130,33 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: usize = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 1MiB"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit (B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    match n.checked_mul(mult) {
+        Some(v) if v >= 1 => Ok(v),
+        _ => Err(format!("{s:?} must be at least 1 byte and fit in memory")),
+    }
+}
+
 fn parse_header(s: &str) -> Result<(String, String), String> {
     let (name, value) = s
         .split_once(':')
@@ -320,6 +347,11 @@ pub struct RunArgs {
     /// Halt once this many items (N) or this share of them (P%) failed in this run.
     #[arg(long, value_name = "N|P%", help_heading = "Failures")]
     pub max_failures: Option<crate::run::watch::MaxFailures>,
+
+    /// The most of a response body kept per item (e.g. 1MiB, 64KiB, 500000):
+    /// a larger one is recorded cut, and marked so.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size, value_name = "SIZE", help_heading = "Request")]
+    pub max_body: usize,
 
     /// Halt resumably (exit 75) after this long of nothing but rate-limit 429s.
     #[arg(long, default_value = "30m", value_parser = parse_positive_duration, help_heading = "Failures")]

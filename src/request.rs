@@ -166,8 +166,10 @@ pub struct Response {
     pub status: u16,
     /// The headers.
     pub headers: HeaderMap,
-    /// The body as text (lossy for non-UTF-8).
+    /// The body as text (lossy for non-UTF-8), at most `--max-body` of it.
     pub body: String,
+    /// Whether the body was cut at `--max-body` (the rest was never read).
+    pub truncated: bool,
 }
 
 /// What kind of transport failure happened; the pool retries all of them.
@@ -202,12 +204,18 @@ pub trait Transport: Send + Sync {
 /// The real transport: one reqwest client reused for every call.
 pub struct HttpTransport {
     client: reqwest::Client,
+    max_body: usize,
 }
 
 impl HttpTransport {
     /// A client with `timeout` per call, keeping up to `idle` connections,
-    /// that follows redirects only within the request's origin.
-    pub fn new(timeout: std::time::Duration, idle: usize) -> anyhow::Result<HttpTransport> {
+    /// that follows redirects only within the request's origin and reads at
+    /// most `max_body` bytes of a body.
+    pub fn new(
+        timeout: std::time::Duration,
+        idle: usize,
+        max_body: usize,
+    ) -> anyhow::Result<HttpTransport> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(idle)
@@ -226,7 +234,7 @@ impl HttpTransport {
                 }
             }))
             .build()?;
-        Ok(HttpTransport { client })
+        Ok(HttpTransport { client, max_body })
     }
 }
 
@@ -240,14 +248,28 @@ impl Transport for HttpTransport {
             if let Some(bytes) = &req.body {
                 b = b.body(bytes.clone());
             }
-            let resp = b.send().await.map_err(|e| failure(&e))?;
+            let mut resp = b.send().await.map_err(|e| failure(&e))?;
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
-            let body = resp.text().await.map_err(|e| failure(&e))?;
+            // A body is read chunk by chunk up to the cap, never held whole:
+            // a hostile or broken server cannot fill the memory or the
+            // checkpoint.
+            let mut bytes = Vec::new();
+            let mut truncated = false;
+            while let Some(chunk) = resp.chunk().await.map_err(|e| failure(&e))? {
+                let room = self.max_body.saturating_sub(bytes.len());
+                if chunk.len() > room {
+                    bytes.extend_from_slice(&chunk[..room]);
+                    truncated = true;
+                    break;
+                }
+                bytes.extend_from_slice(&chunk);
+            }
             Ok(Response {
                 status,
                 headers,
-                body,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+                truncated,
             })
         })
     }
@@ -320,6 +342,7 @@ pub mod fake {
                     status,
                     headers: h,
                     body: body.to_string(),
+                    truncated: false,
                 }),
             }
         }

@@ -77,6 +77,8 @@ pub struct Settings {
     pub max_attempts: u32,
     /// How long a run may get nothing but rate-limit 429s before it halts.
     pub max_wait: Duration,
+    /// The most of a response body kept.
+    pub max_body: usize,
     /// Identical job-wide failures from the start that halt the run (0: off).
     pub fail_fast: u32,
     /// The failures a run may pile up.
@@ -275,6 +277,7 @@ impl Settings {
             timeout: args.timeout,
             max_attempts: args.max_attempts,
             max_wait: args.max_wait,
+            max_body: args.max_body,
             fail_fast: fail_fast(args.fail_fast, limit),
             max_failures: args.max_failures,
             fresh: args.fresh,

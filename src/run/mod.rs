@@ -141,7 +141,7 @@ pub async fn run(
     let fleet_alerts = fleet
         .as_ref()
         .map(|f| Arc::new(crate::fleet::FleetAlerts::for_fleet(f)));
-    let transport = HttpTransport::new(settings.timeout, settings.concurrency)
+    let transport = HttpTransport::new(settings.timeout, settings.concurrency, settings.max_body)
         .context("building the HTTP client")?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let pool = Arc::new(Pool {

@@ -338,7 +338,13 @@ impl Pool {
             status,
             headers,
             body,
+            truncated,
         } = resp;
+        let body = if truncated {
+            truncated_body(&body)
+        } else {
+            body
+        };
         // A server may echo the key back (in an error, a debug field): it
         // must never reach the checkpoint, the outputs or a failure reason.
         let body = match &self.spec.key {
@@ -623,6 +629,17 @@ impl Pool {
             }
         }
     }
+}
+
+/// What is kept of a body cut at `--max-body`: its beginning, and a mark
+/// that says so, as one JSON object in place of the body.
+fn truncated_body(kept: &str) -> String {
+    serde_json::json!({
+        "batchrun_truncated": true,
+        "bytes_kept": kept.len(),
+        "head": kept,
+    })
+    .to_string()
 }
 
 /// The halt of a pacer that cannot hand out permits: resumable, since the

@@ -144,3 +144,30 @@ async fn fresh_really_runs_the_items_again() {
     assert_eq!(s.run(&["--limit", "none", "--fresh"]).code, 0);
     assert_side_effects(&s.sim().stats().await, 10);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_body_is_kept_cut_and_marked() {
+    let s = Scenario::new("big-body")
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", "{\"n\": 1}\n{\"n\": 2}\n");
+    let url = format!("{}/v1/big?bytes=5000000&n={{n}}", s.sim().url);
+    let r = s.run(&["--limit", "none", "--url", &url, "--max-body", "64KiB"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = jsonl(&s.out_path());
+    assert_eq!(out.len(), 2);
+    for line in &out {
+        assert_eq!(
+            line["body"]["batchrun_truncated"], true,
+            "{}",
+            line["status"]
+        );
+        assert_eq!(line["body"]["bytes_kept"], 65536);
+    }
+    let disk: u64 = std::fs::read_dir(s.state_dir().join("checkpoint"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(disk < 2_000_000, "the checkpoint holds {disk} bytes");
+}
