@@ -304,14 +304,10 @@ pub struct RunArgs {
     )]
     pub api_key_header: String,
 
-    /// Where the checkpoint lives.
-    #[arg(
-        long,
-        default_value = ".batchrun",
-        value_name = "DIR",
-        help_heading = "State and output"
-    )]
-    pub state_dir: PathBuf,
+    /// Where the checkpoint lives [default: .batchrun/<input file name>
+    /// beside the input, so the same input resumes the same job from anywhere].
+    #[arg(long, value_name = "DIR", help_heading = "State and output")]
+    pub state_dir: Option<PathBuf>,
 
     /// Results file [default: <input stem>.results.jsonl beside the input].
     #[arg(
@@ -492,9 +488,10 @@ pub struct StatusArgs {
     #[arg(value_name = "INPUT")]
     pub input: Option<PathBuf>,
 
-    /// Where the checkpoint lives.
-    #[arg(long, default_value = ".batchrun", value_name = "DIR")]
-    pub state_dir: PathBuf,
+    /// Where the checkpoint lives [default: the input's, as for run; with
+    /// no input, every job under ./.batchrun].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// Print JSON instead of text.
     #[arg(long)]

@@ -312,9 +312,10 @@ fn origin(sim: bool, identity_url: &str, url_src: &str) -> String {
 /// outputs: N processes on one machine cannot share one sled directory,
 /// nor one results file.
 fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunError> {
+    let base = state_dir_for(&args.input, args.state_dir.as_deref());
     let (state_dir, out_suffix) = match args.shard {
-        Some(s) => (args.state_dir.join(s.tag()), format!("{}.", s.tag())),
-        None => (args.state_dir.clone(), String::new()),
+        Some(s) => (base.join(s.tag()), format!("{}.", s.tag())),
+        None => (base, String::new()),
     };
     let out = args
         .out
@@ -326,6 +327,38 @@ fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunError> {
         .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
     check_outputs(&args.input, &out, &failures)?;
     Ok((state_dir, out, failures))
+}
+
+/// The state dir of a job on `input`: the one given, else
+/// `.batchrun/<file name>` beside the input, so the same input resumes the
+/// same job whatever the current directory, and two inputs in one folder
+/// never share (and lock) one checkpoint. A `./.batchrun` made by earlier
+/// versions, whose default it was, is still used while the new place does
+/// not exist: its jobs must resume, not start again.
+pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
+    if let Some(d) = given {
+        return d.to_path_buf();
+    }
+    let (dir, name) = if input == Path::new("-") {
+        (PathBuf::from("."), "stdin".to_string())
+    } else {
+        let dir = input
+            .parent()
+            .filter(|d| {
+                !d.as_os_str().is_empty() && !d.starts_with("/dev") && !d.starts_with("/proc")
+            })
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let name = input
+            .file_name()
+            .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned());
+        (dir, name)
+    };
+    let new = dir.join(".batchrun").join(name);
+    let legacy = Path::new(".batchrun");
+    if !new.exists() && legacy.join("checkpoint").exists() {
+        return legacy.to_path_buf();
+    }
+    new
 }
 
 /// A slow plan must not spend minutes proving its URL wrong: never more

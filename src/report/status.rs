@@ -74,6 +74,20 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
         .collect();
     shards.sort_by_key(|(s, _)| (s.count, s.index));
     out.extend(shards.into_iter().map(|(s, p)| (Some(s), p)));
+    // The default state dirs of several inputs sit side by side under
+    // .batchrun/: with no input named, show them all.
+    let mut others: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.join("checkpoint").exists()
+                && Shard::from_tag(&p.file_name().unwrap_or_default().to_string_lossy()).is_none()
+        })
+        .collect();
+    others.sort();
+    out.extend(others.into_iter().map(|p| (None, p)));
     out
 }
 
@@ -179,11 +193,16 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
         ),
         None => None,
     };
-    let found = checkpoints(&args.state_dir);
+    let state_dir = match (&args.input, &args.state_dir) {
+        (Some(i), given) => crate::settings::state_dir_for(i, given.as_deref()),
+        (None, Some(d)) => d.clone(),
+        (None, None) => std::path::PathBuf::from(".batchrun"),
+    };
+    let found = checkpoints(&state_dir);
     if found.is_empty() {
         anyhow::bail!(
             "no checkpoint in {} (was the job run with another --state-dir?)",
-            args.state_dir.display()
+            state_dir.display()
         );
     }
     let mut out = String::new();
@@ -223,7 +242,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             .input
             .as_ref()
             .map_or("any input".to_string(), |i| i.display().to_string());
-        anyhow::bail!("no job for {what} in {}", args.state_dir.display());
+        anyhow::bail!("no job for {what} in {}", state_dir.display());
     }
     if args.json {
         // Always an array, whatever the number of jobs: a script reads one shape.

@@ -183,3 +183,43 @@ async fn status_works_while_the_job_runs_and_always_prints_an_array() {
     assert_eq!(after[0]["done"], 24);
     assert!(after[0].get("running").is_none(), "{after}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_state_belongs_to_the_input_not_the_current_directory() {
+    let s = Scenario::new("state-beside")
+        .with_sim(&["--limit", "none"])
+        .numbers(4);
+    let other = s.dir().write("other.jsonl", "{\"n\": 9}\n");
+    let elsewhere = s.dir().path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let url = format!("{}/v1/echo?n={{n}}", s.sim().url);
+    let run = |input: &std::path::Path, cwd: &std::path::Path| {
+        let mut c = bin();
+        c.arg(input)
+            .args(["--url", &url, "--limit", "none", "--json"])
+            .env("BATCHRUN_API_KEY", KEY)
+            .current_dir(cwd);
+        finish(c)
+    };
+    let items = s.dir().path().join("items.jsonl");
+    let first = run(&items, s.dir().path());
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(
+        first.stderr.contains(".batchrun/items.jsonl"),
+        "{}",
+        first.stderr
+    );
+    // From another directory, the same input resumes the same job.
+    let again = run(&items, &elsewhere);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["requests"], 0, "{}", again.stderr);
+    // Another input in the same folder has its own checkpoint.
+    let second = run(&other, &elsewhere);
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert!(s
+        .dir()
+        .path()
+        .join(".batchrun/other.jsonl/checkpoint")
+        .exists());
+    assert_side_effects(&s.sim().stats().await, 5);
+}
