@@ -14,7 +14,7 @@ use crate::fleet::Shard;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::{Limit, Plan};
 
-/// `batchrun plans`: the seed's table with the bucket batchrun derives from it.
+/// `batchrun plans`: the published plans with the bucket batchrun derives from them.
 pub fn plans_table() -> String {
     let mut out = String::new();
     let _ = writeln!(

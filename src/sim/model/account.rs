@@ -111,7 +111,7 @@ impl Account {
 
     /// The credit headers of a credits-exhausted 429 for a call of `cost`.
     ///
-    /// The seeds' CreditsExhausted signal is a 429 whose remaining header
+    /// The credit-exhaustion signal (docs/design.md) is a 429 whose remaining header
     /// reads zero or below: an empty account says 0, one that merely cannot
     /// afford this endpoint says the shortfall.
     pub(super) fn shortfall_view(&self, cost: u64) -> CreditView {

@@ -89,7 +89,7 @@ fn key_limit(cfg: &Config, key: &str) -> Option<Rate> {
             period: r.period,
         }),
         // A capped key on a plan without a per-minute limit gets a
-        // per-minute limit of its cap: the seeds' "lowest cap wins".
+        // per-minute limit of its cap: the lowest applicable cap wins (docs/design.md).
         (Limit::Unlimited, Some(c)) => Some(Rate {
             count: c,
             period: Duration::from_secs(60),

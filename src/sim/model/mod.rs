@@ -4,7 +4,7 @@
 //! behind `/admin/stats` ([`stats`]), composed here by [`Model`].
 //!
 //! Every method takes `now` and nothing here sleeps or reads a clock, so the
-//! seeds' behaviour is unit-tested on fake time. The HTTP layer
+//! behaviour docs/design.md describes is unit-tested on fake time. The HTTP layer
 //! (`sim::server`) calls [`Model::admit`] once per metered request, and then
 //! exactly one of [`Model::complete`], [`Model::fail`] or [`Model::abandon`]
 //! with the [`Ticket`] it got, so a slot, a credit reservation or an
