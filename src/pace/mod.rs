@@ -112,6 +112,13 @@ pub trait Pacer: Send + Sync {
         None
     }
 
+    /// Calls per minute the pacer allows now (the limit in force, or the one
+    /// learnt), when it knows better than the configured limit: the
+    /// progress display's ETA follows it.
+    fn steady_per_min(&self) -> Option<f64> {
+        None
+    }
+
     /// Hands back what the pacer still owes its shared store (completed
     /// permits not yet recorded there) before the run ends. Bounded in time.
     fn flush(&self) -> BoxFuture<'_, ()> {

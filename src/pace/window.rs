@@ -136,6 +136,12 @@ impl Pacer for WindowPacer {
     fn learnt(&self) -> Option<u64> {
         self.shared.lock().learnt()
     }
+
+    fn steady_per_min(&self) -> Option<f64> {
+        let s = self.shared.lock();
+        let w = s.window().as_secs_f64();
+        (w > 0.0).then(|| s.limit() as f64 * 60.0 / w)
+    }
 }
 
 #[cfg(test)]

@@ -279,7 +279,11 @@ fn steady_per_min(settings: &Settings) -> Option<f64> {
 
 /// What the run is about to do, printed before the first call.
 fn start_line(settings: &Settings, meta: &JobMeta, pending: u64, total: u64) -> String {
-    let projected = match steady_per_min(settings) {
+    let learnt = meta
+        .learnt_limit
+        .zip(settings.limit.rate())
+        .map(|(l, r)| l as f64 * 60.0 / r.period.as_secs_f64());
+    let projected = match learnt.or(steady_per_min(settings)) {
         Some(per_min) if pending > 0 => {
             let d = Duration::try_from_secs_f64(pending as f64 * 60.0 / per_min)
                 .unwrap_or(Duration::MAX);
@@ -478,7 +482,7 @@ fn spawn_ticker(
                 credits: pool.ledger.last().map(|s| s.remaining),
                 paused_for: pool.pacer.paused_until().map(|u| u - now),
                 waiting_probe_in: pool.gate.waiting_probe_in(now),
-                steady_per_min,
+                steady_per_min: pool.pacer.steady_per_min().or(steady_per_min),
                 recent_per_min: None,
             });
         }
