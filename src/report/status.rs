@@ -75,7 +75,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut out = String::new();
     let mut json = Vec::new();
     for meta in jobs {
-        let c = store.items(&meta.id)?.counts()?;
+        let c = store.counts(&meta)?;
         let pending = meta.total.saturating_sub(c.done + c.failed);
         let last = meta.meter.last;
         if args.json {

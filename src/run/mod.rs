@@ -25,7 +25,7 @@ pub mod recorder;
 #[cfg(test)]
 mod tests;
 
-use crate::checkpoint::{JobItems, JobMeta, Store};
+use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Store};
 use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::RunError;
@@ -49,26 +49,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
-    // 1. The whole input is checked before any request is sent.
-    let spec = settings.request.clone();
-    let scan = tokio::task::block_in_place(|| {
-        input::scan(&settings.input, settings.format, &mut |item| {
-            spec.render(item).map(|_| ())
-        })
-    })?;
-
-    // 2. The job and its checkpoint.
-    let store =
-        Store::open(&settings.state_dir).map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
-    let mut meta = job::open(&store, &settings, &scan, settings.fresh)?;
-    // Until this run ends, a reader of the checkpoint sees it unfinished.
-    meta.last_state = None;
-    meta.halt_reason = None;
-    let items = store.items(&meta.id).context("opening the checkpoint")?;
-    if settings.retry_failed {
-        items.clear_failed().context("clearing failed items")?;
-    }
-    let counts = items.counts().context("reading the checkpoint")?;
+    // 1-2. The checkpoint, then the whole input checked before any request.
+    let Opened {
+        store,
+        items,
+        meta,
+        scan,
+    } = open_job(&settings)?;
+    let counts = meta.counts();
     let pending = scan.total.saturating_sub(counts.done + counts.failed);
 
     // 3. Credits: the meter, the alerts, the balance and the reserve.
@@ -112,7 +100,7 @@ pub async fn run(
         .context("building the HTTP client")?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let pool = Arc::new(Pool {
-        spec,
+        spec: settings.request.clone(),
         transport: Arc::new(transport),
         pacer,
         gate: Gate::new(c.probe_every),
@@ -132,7 +120,7 @@ pub async fn run(
 
     // 5. Feed the pool, unless the reserve refuses before any call.
     let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
-    let feeder = spawn_feeder(&settings, items.clone(), item_tx);
+    let feeder = spawn_feeder(&settings, items.clone(), pending, item_tx);
     precheck(&settings, &pool, &meta, pending, &reporter);
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
@@ -140,15 +128,17 @@ pub async fn run(
         workers.spawn(pool.clone().worker(queue.clone()));
     }
     let ticker = spawn_ticker(pool.clone(), stats.clone(), reporter.clone(), started);
+    let committer = items
+        .committer(meta.clone(), GroupCommit::default())
+        .context("opening the results log")?;
     let recorder = tokio::spawn(
         recorder::Recorder {
             stats: stats.clone(),
-            items: items.clone(),
+            committer,
             reporter: reporter.clone(),
             alerter: alerter.clone(),
             meta: meta.clone(),
             meter,
-            store: store.clone(),
             origin: settings.origin.clone(),
         }
         .run(ev_rx),
@@ -178,6 +168,60 @@ pub async fn run(
     finish::finish(ending, halt, recorded, feeder_result).await
 }
 
+/// The job's checkpoint and its input, checked.
+struct Opened {
+    store: Store,
+    items: JobItems,
+    meta: JobMeta,
+    scan: input::Scan,
+}
+
+/// Opens the checkpoint, checks the whole input before any request is sent,
+/// and opens (or creates) the job. The checkpoint comes first: a line that
+/// will not be sent again is parsed but not rendered.
+fn open_job(settings: &Settings) -> Result<Opened, RunError> {
+    let store =
+        Store::open(&settings.state_dir).map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+    let id = job::job_id(settings)?;
+    if settings.fresh {
+        store
+            .discard_job(&id)
+            .context("discarding the checkpoint")?;
+    }
+    let mut items = store.items(&id).context("opening the checkpoint")?;
+    let spec = &settings.request;
+    let states = items.states();
+    let retry_failed = settings.retry_failed;
+    let scan = tokio::task::block_in_place(|| {
+        input::scan(
+            &settings.input,
+            settings.format,
+            &mut |item| match states.state(item.line) {
+                Some(ItemState::Done) => Ok(()),
+                Some(ItemState::Failed) if !retry_failed => Ok(()),
+                _ => spec.render(item).map(|_| ()),
+            },
+        )
+    })?;
+    drop(states);
+    items.reserve_lines(scan.last_line);
+    let mut meta = job::open(&store, settings, &scan, &id)?;
+    // Until this run ends, a reader of the checkpoint sees it unfinished.
+    meta.last_state = None;
+    meta.halt_reason = None;
+    if settings.retry_failed {
+        items
+            .clear_failed(&mut meta)
+            .context("clearing failed items")?;
+    }
+    Ok(Opened {
+        store,
+        items,
+        meta,
+        scan,
+    })
+}
+
 /// The reserve check before any call, from the checkpoint's last balance.
 fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
     let c = &settings.credits;
@@ -200,22 +244,54 @@ fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, repo
 }
 
 /// Streams pending items into a small queue: memory does not grow with
-/// the input.
+/// the input. Finished lines are skipped from the in-memory bitsets, and
+/// reading stops once every pending item has been queued. Room in the queue
+/// is reserved half a queue at a time, so the feeder is woken once per
+/// batch rather than once per item.
 fn spawn_feeder(
     settings: &Settings,
     items: JobItems,
+    pending: u64,
     tx: mpsc::Sender<(Item, u32)>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
+    let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        if pending == 0 {
+            return Ok(());
+        }
+        let states = items.states();
+        let reopened = items.any_reopened();
+        let batch = (tx.max_capacity() / 2).max(1) as u64;
+        let mut left = pending;
+        let Ok(mut room) = rt.block_on(tx.reserve_many(batch.min(left) as usize)) else {
+            return Ok(());
+        };
         for item in input::Reader::open(&path, format)? {
             let item = item?;
-            if items.get(item.line)?.is_some() {
+            if states.is_finished(item.line) {
                 continue;
             }
-            let generation = items.generation(item.line)?;
-            if tx.blocking_send((item, generation)).is_err() {
+            let generation = if reopened {
+                items.generation(item.line)?
+            } else {
+                0
+            };
+            let permit = match room.next() {
+                Some(p) => p,
+                None => {
+                    let Ok(more) = rt.block_on(tx.reserve_many(batch.min(left) as usize)) else {
+                        break;
+                    };
+                    room = more;
+                    let Some(p) = room.next() else { break };
+                    p
+                }
+            };
+            permit.send((item, generation));
+            left -= 1;
+            if left == 0 {
                 break;
             }
         }

@@ -407,12 +407,10 @@ impl Pool {
     }
 
     fn record_done(&self, item: &Item, status: u16, body: &str, attempts: u32) {
-        let body = serde_json::from_str(body)
-            .unwrap_or_else(|_| serde_json::Value::String(body.to_string()));
         self.emit(Event::Done {
             line: item.line,
             status,
-            body,
+            body: body.as_bytes().to_vec(),
             attempts,
         });
     }

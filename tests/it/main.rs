@@ -3,4 +3,5 @@
 mod common;
 mod credits;
 mod run;
+mod scale;
 mod sim;

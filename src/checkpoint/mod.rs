@@ -1,0 +1,385 @@
+//! The checkpoint: every job's identity and every item's outcome.
+//!
+//! sled keeps the job records and, per job, an 8-byte slot per line (64
+//! lines to a record, [`chunks`]); response bodies and failure reasons go
+//! to an append-only results log beside it ([`log`]). The done/failed lines
+//! are also held in memory as two bitsets ([`LineStates`]); the job record
+//! carries their counts, committed in the same sled transaction as the slots.
+//! `docs/checkpoint.md` describes the layout.
+//!
+//! An item is *pending* until its slot says otherwise; only a finished call
+//! fills one. Finished calls are committed in groups ([`Committer`]): the
+//! group's log entries are written and fsynced first, then one sled
+//! transaction points the slots at them and updates the counts, then sled is
+//! flushed. That order is what makes a crash safe: a crash between the two
+//! steps leaves entries nothing points at and the items pending, and a
+//! pending item is simply sent again under the same Idempotency-Key, which
+//! the server answers from its stored response instead of repeating the
+//! call. The other order could leave an item "done" whose body never reached
+//! the disk: it would never be sent again, and its result would be lost.
+//! A `kill -9` loses at most the group being gathered and the one being
+//! written. The outputs are produced from the log through the slots, never
+//! appended as calls return, so they can never hold a duplicate.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::credits::MeterState;
+
+mod chunks;
+mod commit;
+mod index;
+mod items;
+mod log;
+mod migrate;
+mod states;
+
+pub use chunks::LINES_PER_CHUNK;
+pub use commit::{Committed, Committer, GroupCommit, Record};
+pub use items::{JobItems, Results};
+pub use log::Entry;
+pub use states::LineStates;
+
+/// The layout of the item records this version writes (see the module docs).
+/// Jobs of layout 0 kept a JSON record per item and are upgraded on open.
+pub const LAYOUT: u32 = 2;
+
+/// Checkpoint failures the caller branches on.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Another process holds the state directory.
+    #[error("the state directory {0} is in use by another batchrun process (or a stale lock); wait for it to finish or use another --state-dir")]
+    Locked(PathBuf),
+    /// sled failed.
+    #[error("checkpoint store in {dir}: {source}")]
+    Store {
+        /// The state directory.
+        dir: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// A record could not be decoded (written by an incompatible version?).
+    #[error("checkpoint record is unreadable: {0}")]
+    Corrupt(String),
+    /// The results log could not be read or written.
+    #[error("results log {path}: {source}")]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// What a job is: which input, which requests, and how far it got.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct JobMeta {
+    /// Stable id: a hash of the input's path and the request template.
+    pub id: String,
+    /// The input file, as an absolute path.
+    pub input: String,
+    /// sha256 of the input when the job was created.
+    pub fingerprint: String,
+    /// Items in the input.
+    pub total: u64,
+    /// The request template, described (never includes the API key).
+    pub template: String,
+    /// Random per job; part of every Idempotency-Key so `--fresh` gets new keys.
+    pub nonce: String,
+    /// When the job was created (unix seconds).
+    pub created_unix: u64,
+    /// The last time a call was sent (unix ms), to pace a quick resume.
+    pub last_active_unix_ms: u64,
+    /// Credit meter state: last balance and alerts fired this cycle.
+    pub meter: MeterState,
+    /// Why the last run stopped, if it halted.
+    pub halt_reason: Option<String>,
+    /// How the last run ended: done, halted, interrupted, failed.
+    pub last_state: Option<String>,
+    /// Requests sent over every run of this job.
+    pub requests: u64,
+    /// Rate-limit 429s over every run.
+    pub rate_limited: u64,
+    /// Retries of transient failures over every run.
+    pub retries: u64,
+    /// Observed credits per successful call, for projecting the remaining cost.
+    pub cost_per_item: Option<f64>,
+    /// The layout of this job's item records ([`LAYOUT`]; 0 before it existed).
+    #[serde(default)]
+    pub layout: u32,
+    /// Items done. Committed in the same sled transaction as the line slots,
+    /// so it always equals the done lines of the bitset loaded from them.
+    #[serde(default)]
+    pub done: u64,
+    /// Items failed, kept like `done`.
+    #[serde(default)]
+    pub failed: u64,
+    /// Bumped by every commit that changes a line's state: outputs written
+    /// at one revision need no rewrite at the same revision.
+    #[serde(default)]
+    pub revision: u64,
+    /// What `--out` and `--failures` were last written from.
+    #[serde(default)]
+    pub outputs: Option<OutputStamp>,
+}
+
+impl JobMeta {
+    /// Done and failed counts, as committed.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            done: self.done,
+            failed: self.failed,
+        }
+    }
+
+    /// Takes from `committed` the fields only the committer keeps: the
+    /// layout, the counts, the revision and the outputs stamp.
+    pub fn adopt_committed(&mut self, committed: &JobMeta) {
+        self.layout = committed.layout;
+        self.done = committed.done;
+        self.failed = committed.failed;
+        self.revision = committed.revision;
+        self.outputs = committed.outputs.clone();
+    }
+}
+
+/// The outputs as last written: where, at which revision, and what the
+/// files looked like then. When all of it still holds, nothing changed and
+/// the outputs are not written again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputStamp {
+    /// `--out`, as given.
+    pub out: String,
+    /// `--failures`, as given.
+    pub failures: String,
+    /// The job's revision they were written at.
+    pub revision: u64,
+    /// Length and modification time (ns since the epoch) of `--out`.
+    pub out_file: (u64, u64),
+    /// Length and modification time of `--failures`.
+    pub failures_file: (u64, u64),
+}
+
+/// An item's final state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ItemState {
+    /// The call succeeded.
+    Done,
+    /// The call failed for good (permanent error or attempts used up).
+    Failed,
+}
+
+/// Done and failed counts for a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Items done.
+    pub done: u64,
+    /// Items failed.
+    pub failed: u64,
+}
+
+/// The sled database under a state directory.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    jobs: sled::Tree,
+    dir: PathBuf,
+}
+
+/// sled's page cache. The output pass reads chunks once, in order, so a
+/// larger cache would only hold records that are not read again.
+const CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The jobs-tree key of an API origin's credit meter state.
+fn meter_key(origin: &str) -> String {
+    format!("meter:{origin}")
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, CheckpointError> {
+    serde_json::to_vec(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Store, CheckpointError> {
+        let store_err = |source| CheckpointError::Store {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| store_err(sled::Error::Io(e)))?;
+        // sled's flusher thread can hold the file lock a moment after the
+        // last handle is dropped: a store just closed (in this process or
+        // one that just exited) is worth a few short retries.
+        let mut tries = 0;
+        let db = loop {
+            match Self::open_db(dir) {
+                Err(CheckpointError::Locked(_)) if tries < 10 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                r => break r?,
+            }
+        };
+        let jobs = db.open_tree("jobs").map_err(store_err)?;
+        Ok(Store {
+            db,
+            jobs,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn open_db(dir: &Path) -> Result<sled::Db, CheckpointError> {
+        sled::Config::new()
+            .path(dir.join("checkpoint"))
+            .flush_every_ms(Some(500))
+            // sled caches up to 1 GiB by default; a job's memory should not
+            // grow with its length. The hot records are the few chunks at
+            // the commit frontier and the job record.
+            .cache_capacity(CACHE_BYTES)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(ref io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    CheckpointError::Locked(dir.to_path_buf())
+                }
+                sled::Error::Io(ref io) if io.to_string().contains("lock") => {
+                    CheckpointError::Locked(dir.to_path_buf())
+                }
+                e => CheckpointError::Store {
+                    dir: dir.to_path_buf(),
+                    source: e,
+                },
+            })
+    }
+
+    fn err(&self, source: sled::Error) -> CheckpointError {
+        CheckpointError::Store {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// A job's metadata, if the job exists.
+    pub fn job(&self, id: &str) -> Result<Option<JobMeta>, CheckpointError> {
+        match self.jobs.get(id).map_err(|e| self.err(e))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| CheckpointError::Corrupt(format!("job {id}: {e}"))),
+        }
+    }
+
+    /// Every job recorded for an input file (absolute path).
+    pub fn jobs_for_input(&self, input: &str) -> Result<Vec<JobMeta>, CheckpointError> {
+        let mut out = Vec::new();
+        for kv in self.jobs.iter() {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            if k.starts_with(b"meter:") {
+                continue;
+            }
+            let meta: JobMeta = serde_json::from_slice(&v)
+                .map_err(|e| CheckpointError::Corrupt(format!("job: {e}")))?;
+            if meta.input == input {
+                out.push(meta);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a job's metadata.
+    pub fn save_job(&self, meta: &JobMeta) -> Result<(), CheckpointError> {
+        let v = to_json(meta)?;
+        self.jobs
+            .insert(meta.id.as_bytes(), v)
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The credit meter's state for an API origin (scheme, host and port).
+    ///
+    /// Credits belong to the account, not to one job: a nightly backfill that
+    /// starts a new job every night must not re-announce "50% used" every
+    /// night, so what was fired is kept per origin, beside the jobs.
+    pub fn meter_state(&self, origin: &str) -> Result<Option<MeterState>, CheckpointError> {
+        match self.jobs.get(meter_key(origin)).map_err(|e| self.err(e))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| CheckpointError::Corrupt(format!("meter state: {e}"))),
+        }
+    }
+
+    /// Saves the credit meter's state for an API origin.
+    pub fn save_meter_state(
+        &self,
+        origin: &str,
+        state: &MeterState,
+    ) -> Result<(), CheckpointError> {
+        let v = to_json(state)?;
+        self.jobs
+            .insert(meter_key(origin), v)
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Removes a job, its records and its results log (`--fresh`).
+    pub fn discard_job(&self, id: &str) -> Result<(), CheckpointError> {
+        self.jobs.remove(id).map_err(|e| self.err(e))?;
+        for tree in [
+            format!("lines:{id}"),
+            format!("items:{id}"),
+            format!("retries:{id}"),
+        ] {
+            self.db.drop_tree(tree).map_err(|e| self.err(e))?;
+        }
+        let log = self.log_path(id);
+        for path in [log.with_extension("idx"), log] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CheckpointError::Log { path, source: e });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A job's items: their states loaded into memory, upgrading a job
+    /// written in an older layout first.
+    pub fn items(&self, id: &str) -> Result<JobItems, CheckpointError> {
+        if let Some(meta) = self.job(id)? {
+            if meta.layout < LAYOUT {
+                migrate::upgrade(self, meta)?;
+            }
+        }
+        JobItems::open(self, id)
+    }
+
+    /// Where a job's results log lives: beside the sled directory.
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.dir.join("results").join(format!("{id}.log"))
+    }
+
+    /// A job's done and failed counts: from its record, or for a job still
+    /// in layout 0 by reading its old records (without upgrading it).
+    pub fn counts(&self, meta: &JobMeta) -> Result<Counts, CheckpointError> {
+        if meta.layout < LAYOUT {
+            return migrate::legacy_counts(self, &meta.id);
+        }
+        Ok(meta.counts())
+    }
+
+    fn tree(&self, name: &str) -> Result<sled::Tree, CheckpointError> {
+        self.db.open_tree(name).map_err(|e| self.err(e))
+    }
+
+    /// Makes everything written so far durable. Called at every halt and exit.
+    pub fn flush(&self) -> Result<(), CheckpointError> {
+        self.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
