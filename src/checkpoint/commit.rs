@@ -86,11 +86,22 @@ struct Inbox {
     idle: bool,
     /// The thread is gone (it crashed): nothing queued would be written.
     dead: bool,
+    /// Records of the group being written.
+    committing: usize,
+}
+
+impl Inbox {
+    /// Finished calls not yet recorded: queued, or being written.
+    fn backlog(&self) -> usize {
+        self.records.len() + self.committing
+    }
 }
 
 struct Shared {
     inbox: Mutex<Inbox>,
     wake: Condvar,
+    /// Signalled after every commit, for [`Backlog::wait`].
+    drained: Condvar,
     max_records: usize,
 }
 
@@ -108,6 +119,28 @@ impl Drop for DeathNotice {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.lock().dead = true;
+            self.0.drained.notify_all();
+        }
+    }
+}
+
+/// Lets the feeder hold new items back while the committer is behind, so
+/// that a `kill -9` finds about one group of finished calls unrecorded, not
+/// however many piled up while the disk stalled.
+#[derive(Clone)]
+pub struct Backlog(Arc<Shared>);
+
+impl Backlog {
+    /// Returns once fewer than a group's worth of finished calls wait to be
+    /// recorded (or the committer has stopped).
+    pub fn wait(&self) {
+        let shared = &self.0;
+        let mut inbox = shared.lock();
+        while inbox.backlog() >= shared.max_records && !inbox.dead && !inbox.closed {
+            inbox = shared
+                .drained
+                .wait(inbox)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -146,6 +179,7 @@ impl Committer {
         let shared = Arc::new(Shared {
             inbox: Mutex::new(Inbox::default()),
             wake: Condvar::new(),
+            drained: Condvar::new(),
             max_records: policy.max_records.max(1),
         });
         let writer = Writer {
@@ -175,6 +209,11 @@ impl Committer {
             thread,
             items,
         })
+    }
+
+    /// The handle the feeder waits on while the committer is behind.
+    pub fn backlog(&self) -> Backlog {
+        Backlog(self.shared.clone())
     }
 
     /// Queues a finished call for the next group.
@@ -222,6 +261,7 @@ impl Committer {
     pub fn finish(self) -> Committed {
         self.shared.lock().closed = true;
         self.shared.wake.notify_one();
+        self.shared.drained.notify_all();
         let items = self.items;
         self.thread.join().unwrap_or_else(|_| Committed {
             // What the disk holds is what was committed.
@@ -268,6 +308,8 @@ impl Writer {
             }
             self.commit(group.flush || group.last);
             records.shrink_to(KEEP_RECORDS);
+            shared.lock().committing = 0;
+            shared.drained.notify_all();
             if group.last {
                 break;
             }
@@ -300,6 +342,7 @@ impl Writer {
                 .0;
         }
         std::mem::swap(records, &mut inbox.records);
+        inbox.committing = records.len();
         Group {
             job: inbox.job.take(),
             flush: std::mem::take(&mut inbox.flush),

@@ -48,7 +48,7 @@ pub fn upgrade(store: &Store, mut meta: JobMeta) -> Result<(), CheckpointError> 
     meta.layout = LAYOUT;
     meta.done = 0;
     meta.failed = 0;
-    let committer = items.committer(meta, GroupCommit::default())?;
+    let committer = items.committer(meta.clone(), GroupCommit::default())?;
     for kv in old.iter() {
         let (k, v) = kv.map_err(|e| store.err(e))?;
         let (line, rec) = decode(&k, &v)?;
@@ -75,6 +75,8 @@ pub fn upgrade(store: &Store, mut meta: JobMeta) -> Result<(), CheckpointError> 
             payload,
         })?;
     }
+    // The job record goes out in the new layout even with no record to move.
+    committer.save_job(&meta, None, true)?;
     let done = committer.finish();
     if let Some(e) = done.err {
         return Err(e);

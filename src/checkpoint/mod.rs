@@ -36,7 +36,7 @@ mod migrate;
 mod states;
 
 pub use chunks::LINES_PER_CHUNK;
-pub use commit::{Committed, Committer, GroupCommit, Record};
+pub use commit::{Backlog, Committed, Committer, GroupCommit, Record};
 pub use items::{JobItems, Results};
 pub use log::Entry;
 pub use states::LineStates;

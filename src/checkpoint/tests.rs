@@ -164,23 +164,18 @@ fn a_group_is_committed_when_full_without_waiting_for_its_deadline() {
         max_wait: std::time::Duration::from_secs(3600),
     };
     let c = items.committer(meta, policy).unwrap();
+    let backlog = c.backlog();
     for line in 1..=3 {
         c.record(done(line, "{}")).unwrap();
     }
-    // The group of three is full: committed long before its hour is up.
-    let states = items.states();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while states.counts().done < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the full group was not committed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    // A full group holds the feeder back until it is committed, which does
+    // not wait for its hour to be up.
+    backlog.wait();
+    assert_eq!(items.states().counts().done, 3);
     assert_eq!(
         items.counts().unwrap().done,
         3,
-        "counts committed with the slots"
+        "counts committed with the states"
     );
     c.record(done(4, "{}")).unwrap();
     let committed = c.finish();
@@ -247,6 +242,14 @@ fn a_job_in_the_old_layout_is_upgraded_in_place() {
         Some((ItemState::Failed, Some(404), 1, "HTTP 404".into()))
     );
     assert!(!s.db.tree_names().iter().any(|n| n.as_ref() == b"items:old"));
+    // A job of the old layout with no record yet is upgraded too.
+    s.save_job(&JobMeta {
+        id: "empty".into(),
+        ..JobMeta::default()
+    })
+    .unwrap();
+    s.items("empty").unwrap();
+    assert_eq!(s.job("empty").unwrap().unwrap().layout, LAYOUT);
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -25,7 +25,7 @@ pub mod recorder;
 #[cfg(test)]
 mod tests;
 
-use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Store};
+use crate::checkpoint::{Backlog, GroupCommit, ItemState, JobItems, JobMeta, Store};
 use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::RunError;
@@ -119,8 +119,17 @@ pub async fn run(
     stats.failed.store(counts.failed, Ordering::Relaxed);
 
     // 5. Feed the pool, unless the reserve refuses before any call.
+    let committer = items
+        .committer(meta.clone(), GroupCommit::default())
+        .context("opening the results log")?;
     let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
-    let feeder = spawn_feeder(&settings, items.clone(), pending, item_tx);
+    let feeder = spawn_feeder(
+        &settings,
+        items.clone(),
+        scan.total,
+        committer.backlog(),
+        item_tx,
+    );
     precheck(&settings, &pool, &meta, pending, &reporter);
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
@@ -128,9 +137,6 @@ pub async fn run(
         workers.spawn(pool.clone().worker(queue.clone()));
     }
     let ticker = spawn_ticker(pool.clone(), stats.clone(), reporter.clone(), started);
-    let committer = items
-        .committer(meta.clone(), GroupCommit::default())
-        .context("opening the results log")?;
     let recorder = tokio::spawn(
         recorder::Recorder {
             stats: stats.clone(),
@@ -245,27 +251,36 @@ fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, repo
 
 /// Streams pending items into a small queue: memory does not grow with
 /// the input. Finished lines are skipped from the in-memory bitsets, and
-/// reading stops once every pending item has been queued. Room in the queue
-/// is reserved half a queue at a time, so the feeder is woken once per
-/// batch rather than once per item.
+/// reading stops once every pending item (by the same bits) has been
+/// queued. Room in the queue is reserved half a queue at a time, so the
+/// feeder is woken once per batch rather than once per item; and no room is
+/// asked for while the committer is a group behind, which bounds what a
+/// `kill -9` can find finished but unrecorded.
 fn spawn_feeder(
     settings: &Settings,
     items: JobItems,
-    pending: u64,
+    total: u64,
+    backlog: Backlog,
     tx: mpsc::Sender<(Item, u32)>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let states = items.states();
+        let finished = states.counts();
+        let pending = total.saturating_sub(finished.done + finished.failed);
         if pending == 0 {
             return Ok(());
         }
-        let states = items.states();
         let reopened = items.any_reopened();
         let batch = (tx.max_capacity() / 2).max(1) as u64;
         let mut left = pending;
-        let Ok(mut room) = rt.block_on(tx.reserve_many(batch.min(left) as usize)) else {
+        let reserve = |left: u64| {
+            backlog.wait();
+            rt.block_on(tx.reserve_many(batch.min(left) as usize))
+        };
+        let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
         for item in input::Reader::open(&path, format)? {
@@ -281,7 +296,7 @@ fn spawn_feeder(
             let permit = match room.next() {
                 Some(p) => p,
                 None => {
-                    let Ok(more) = rt.block_on(tx.reserve_many(batch.min(left) as usize)) else {
+                    let Ok(more) = reserve(left) else {
                         break;
                     };
                     room = more;
