@@ -208,9 +208,10 @@ pub struct HttpTransport {
 }
 
 impl HttpTransport {
-    /// A client with `timeout` per call, keeping up to `idle` connections,
-    /// that follows redirects only within the request's origin and reads at
-    /// most `max_body` bytes of a body.
+    /// A client with `timeout` per call, keeping up to `idle` keep-alive
+    /// connections (one per worker), that follows redirects only within the
+    /// request's origin and reads at most `max_body` bytes of a body. Built
+    /// once per run and shared by every worker.
     pub fn new(
         timeout: std::time::Duration,
         idle: usize,
@@ -219,6 +220,13 @@ impl HttpTransport {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(idle)
+            // Requests are small: none should wait for Nagle's algorithm.
+            .tcp_nodelay(true)
+            // reqwest's default retry policy copies every request (headers
+            // included) to replay HTTP/2 refusals. This client speaks
+            // HTTP/1.1 only, and the pool retries under the Idempotency-Key
+            // itself: the copy is pure cost.
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .user_agent(concat!("batchrun/", env!("CARGO_PKG_VERSION")))
             // The key travels in a custom header that reqwest would carry
             // across a redirect to another host.

@@ -260,7 +260,7 @@ fn describe_job(
     out: &mut String,
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let c = store.items(&meta.id)?.counts()?;
+    let c = store.counts(meta)?;
     let pending = meta.total.saturating_sub(c.done + c.failed);
     let last = meta.meter.last;
     if as_json {

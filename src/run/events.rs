@@ -18,8 +18,9 @@ pub enum Event {
         line: u64,
         /// The response's status.
         status: u16,
-        /// The response's body (JSON, or a string when it is not JSON).
-        body: serde_json::Value,
+        /// The response's body, as received: it is stored as is, and only
+        /// the outputs look at whether it is JSON.
+        body: Vec<u8>,
         /// Calls it took.
         attempts: u32,
     },

@@ -1,15 +1,17 @@
 //! The job: its identity, its record in the checkpoint, and the output files
 //! written from that checkpoint.
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::{ItemState, JobItems, JobMeta, Store};
+use crate::checkpoint::{Entry, ItemState, JobItems, JobMeta, OutputStamp, Store, LAYOUT};
 use crate::exit::RunError;
-use crate::input;
+use crate::input::{self, Item};
 use crate::settings::Settings;
 
 /// sha256 of `parts`, each followed by a NUL so that parts cannot run
@@ -47,56 +49,56 @@ pub fn key_scheme(meta: &JobMeta) -> super::keys::KeyScheme {
     }
 }
 
-/// Opens the job for this input and request, or creates it. A job whose
-/// input changed since its checkpoint was made is refused: mixing results
-/// of two files would be silent corruption.
+/// The job's id: a hash of the input's absolute path and the request.
+pub fn job_id(settings: &Settings) -> Result<String, RunError> {
+    let abs = match std::fs::canonicalize(&settings.input) {
+        Ok(abs) => abs,
+        Err(e) => {
+            // An unreadable input is the user's to fix: the reader's own
+            // error says so, with the usage exit code.
+            input::Reader::open(&settings.input, settings.format)?;
+            return Err(RunError::Fatal(
+                anyhow::Error::new(e).context(settings.input.display().to_string()),
+            ));
+        }
+    };
+    let abs = abs.to_string_lossy();
+    Ok(sha_hex(&[abs.as_bytes(), settings.identity.as_bytes()])[..16].to_string())
+}
+
+/// Opens the job `id` for this input and request, or creates it. A job
+/// whose input changed since its checkpoint was made is refused: mixing
+/// results of two files would be silent corruption.
 pub fn open(
     store: &Store,
     settings: &Settings,
     scan: &input::Scan,
-    fresh: bool,
+    id: &str,
+    epoch: u32,
 ) -> Result<JobMeta, RunError> {
-    let abs = std::fs::canonicalize(&settings.input)
-        .with_context(|| format!("{}", settings.input.display()))?;
-    let abs = abs.to_string_lossy().into_owned();
-    let id = sha_hex(&[abs.as_bytes(), settings.identity.as_bytes()])[..16].to_string();
-    // --fresh means "run them again": a new epoch, so new keys. Read before
-    // the old job is discarded (a lost checkpoint starts again at 0, which
-    // re-sends the first epoch's keys and so runs nothing twice).
-    let mut epoch = 0;
-    if fresh {
-        if let Ok(Some(old)) = store.job(&id) {
-            epoch = old.epoch.saturating_add(1);
-        }
-        store
-            .discard_job(&id)
-            .context("discarding the checkpoint")?;
-    }
-    if let Some(meta) = store.job(&id).context("reading the checkpoint")? {
+    if let Some(meta) = store.job(id).context("reading the checkpoint")? {
         if meta.fingerprint != scan.fingerprint {
-            let done = store
-                .items(&id)
-                .and_then(|i| i.counts())
-                .map(|c| c.done)
-                .unwrap_or(0);
             return Err(RunError::Fatal(anyhow::anyhow!(
-                "{} changed since its checkpoint was made ({done} of {} items done then); \
+                "{} changed since its checkpoint was made ({} of {} items done then); \
                  refusing to mix results of two different files. Use --fresh to start over \
                  (the old results are discarded), or restore the original file to resume.",
                 settings.input.display(),
+                meta.done,
                 meta.total
             )));
         }
         return Ok(meta);
     }
+    let abs = std::fs::canonicalize(&settings.input)
+        .with_context(|| format!("{}", settings.input.display()))?;
     let nonce = sha_hex(&[
         &unix_now().as_nanos().to_le_bytes(),
         &fastrand::u64(..).to_le_bytes(),
         &std::process::id().to_le_bytes(),
     ]);
     let meta = JobMeta {
-        id,
-        input: abs,
+        id: id.to_string(),
+        input: abs.to_string_lossy().into_owned(),
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),
@@ -104,6 +106,7 @@ pub fn open(
         created_unix: unix_now().as_secs(),
         key_scheme: 1,
         epoch,
+        layout: LAYOUT,
         ..JobMeta::default()
     };
     store.save_job(&meta).context("writing the checkpoint")?;
@@ -111,47 +114,95 @@ pub fn open(
     Ok(meta)
 }
 
-/// Writes `--out` and `--failures` from the checkpoint, in input order,
-/// through temporary files renamed into place.
+/// Length and modification time (ns since the epoch) of a file, if it exists.
+fn file_stamp(p: &Path) -> Option<(u64, u64)> {
+    let m = std::fs::metadata(p).ok()?;
+    let mtime = m.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
+    Some((m.len(), u64::try_from(mtime.as_nanos()).unwrap_or(u64::MAX)))
+}
+
+/// The stamp the outputs would carry now, if both files exist.
+fn current_stamp(settings: &Settings, revision: u64) -> Option<OutputStamp> {
+    Some(OutputStamp {
+        out: settings.out.display().to_string(),
+        failures: settings.failures.display().to_string(),
+        revision,
+        out_file: file_stamp(&settings.out)?,
+        failures_file: file_stamp(&settings.failures)?,
+    })
+}
+
+/// Writes `--out` and `--failures` in input order, through temporary files
+/// renamed into place: one pass over the input, reading each finished
+/// item's result from the results log. When nothing changed since they were
+/// last written (same files, untouched, same revision of the checkpoint),
+/// they are left as they are.
 pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()> {
-    use std::io::Write;
+    let Some(meta) = items.job()? else {
+        return Ok(());
+    };
+    if meta.outputs.is_some() && meta.outputs == current_stamp(settings, meta.revision) {
+        return Ok(());
+    }
     let tmp = |p: &Path| p.with_extension("jsonl.tmp");
-    let create = |p: &Path| -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    let create = |p: &Path| -> anyhow::Result<BufWriter<File>> {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        Ok(std::io::BufWriter::new(
-            std::fs::File::create(tmp(p)).with_context(|| format!("writing {}", p.display()))?,
+        Ok(BufWriter::with_capacity(
+            64 * 1024,
+            File::create(tmp(p)).with_context(|| format!("writing {}", p.display()))?,
         ))
     };
     let mut out = create(&settings.out)?;
     let mut fail = create(&settings.failures)?;
+    let mut results = items.results();
     for item in input::Reader::open(&settings.input, settings.format)? {
         let item = item?;
-        let Some(rec) = items.get(item.line)? else {
+        let Some(e) = results.get(item.line)? else {
             continue;
         };
-        let line = match rec.state {
-            ItemState::Done => serde_json::json!({
-                "line": item.line, "input": item.value, "status": rec.status, "body": rec.body,
-            }),
-            ItemState::Failed => serde_json::json!({
-                "line": item.line, "input": item.value, "status": rec.status,
-                "reason": rec.reason, "attempts": rec.attempts,
-            }),
-        };
-        let w = if rec.state == ItemState::Done {
-            &mut out
-        } else {
-            &mut fail
-        };
-        serde_json::to_writer(&mut *w, &line)?;
-        w.write_all(b"\n")?;
+        match e.state {
+            ItemState::Done => done_line(&mut out, &item, &e)?,
+            ItemState::Failed => failed_line(&mut fail, &item, &e)?,
+        }
     }
     for (w, p) in [(out, &settings.out), (fail, &settings.failures)] {
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(tmp(p), p).with_context(|| format!("writing {}", p.display()))?;
     }
+    if let Some(stamp) = current_stamp(settings, meta.revision) {
+        items.save_outputs(stamp)?;
+    }
     Ok(())
+}
+
+/// One `--out` line: `{"line","input","status","body"}`. The body is the
+/// response's JSON when it parses, else its text as a JSON string; this is
+/// the one place a body is parsed, once per output, not as calls return.
+fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{},\"input\":", item.line)?;
+    serde_json::to_writer(&mut *w, &item.value)?;
+    write!(w, ",\"status\":{},\"body\":", status(e.status))?;
+    match serde_json::from_slice::<serde_json::Value>(e.payload) {
+        Ok(body) => serde_json::to_writer(&mut *w, &body)?,
+        Err(_) => serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?,
+    }
+    w.write_all(b"}\n")?;
+    Ok(())
+}
+
+/// One `--failures` line: `{"line","input","status","reason","attempts"}`.
+fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{},\"input\":", item.line)?;
+    serde_json::to_writer(&mut *w, &item.value)?;
+    write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
+    serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?;
+    writeln!(w, ",\"attempts\":{}}}", e.attempts)?;
+    Ok(())
+}
+
+fn status(s: Option<u16>) -> String {
+    s.map_or_else(|| "null".to_string(), |s| s.to_string())
 }

@@ -28,7 +28,7 @@ pub mod recorder;
 mod tests;
 pub mod watch;
 
-use crate::checkpoint::{JobItems, JobMeta, Store};
+use crate::checkpoint::{Backlog, GroupCommit, ItemState, JobItems, JobMeta, Store};
 use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::{RunError, Signal};
@@ -55,41 +55,34 @@ pub async fn run(
     crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
     // 1. A pipe can be read only once: it is copied into the state dir
     //    first (named by its content, so the same content resumes the same
-    //    job). Then the whole input is checked before any request is sent
-    //    (a shard checks every item too, and counts its own).
+    //    job).
     let spooled = tokio::task::block_in_place(|| {
         input::spool(&settings.input, &settings.state_dir.join("spool"))
     })?;
     if spooled.spooled {
         settings.input = spooled.path;
     }
-    let spec = settings.request.clone();
-    let mut in_shard = 0u64;
-    let mut scan = tokio::task::block_in_place(|| {
-        input::scan(&settings.input, settings.format, &mut |item| {
-            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
-            spec.render(item).map(|_| ())
-        })
-    })?;
-    scan.total = in_shard;
+    if let Some(n) = settings.dry_run {
+        let spec = settings.request.clone();
+        let scan = tokio::task::block_in_place(|| {
+            input::scan(&settings.input, settings.format, &mut |item| {
+                spec.render(item).map(|_| ())
+            })
+        })?;
+        return dry_run(&settings, n, scan.total, started);
+    }
     // A fleet's Redis must answer before anything else happens.
     let fleet = fleet::join(&settings).await?;
 
-    if let Some(n) = settings.dry_run {
-        return dry_run(&settings, n, scan.total, started);
-    }
-
-    // 2. The job and its checkpoint.
-    let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
-    let mut meta = job::open(&store, &settings, &scan, settings.fresh)?;
-    // Until this run ends, a reader of the checkpoint sees it unfinished.
-    meta.last_state = None;
-    meta.halt_reason = None;
-    let items = store.items(&meta.id).context("opening the checkpoint")?;
-    if settings.retry_failed {
-        items.clear_failed().context("clearing failed items")?;
-    }
-    let counts = items.counts().context("reading the checkpoint")?;
+    // 2. The checkpoint, then the whole input checked before any request
+    //    (a shard checks every item too, and counts its own).
+    let Opened {
+        store,
+        items,
+        meta,
+        scan,
+    } = open_job(&settings)?;
+    let counts = meta.counts();
     let pending = scan.total.saturating_sub(counts.done + counts.failed);
 
     // 3. Credits: the meter, the alerts, the balance and the reserve.
@@ -145,7 +138,7 @@ pub async fn run(
         .context("building the HTTP client")?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let pool = Arc::new(Pool {
-        spec,
+        spec: settings.request.clone(),
         transport: Arc::new(transport),
         pacer,
         gate: Gate::new(c.probe_every),
@@ -169,8 +162,17 @@ pub async fn run(
     stats.failed.store(counts.failed, Ordering::Relaxed);
 
     // 5. Feed the pool, unless the reserve refuses before any call.
+    let committer = items
+        .committer(meta.clone(), GroupCommit::default())
+        .context("opening the results log")?;
     let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
-    let feeder = spawn_feeder(&settings, items.clone(), item_tx);
+    let feeder = spawn_feeder(
+        &settings,
+        items.clone(),
+        scan.total,
+        committer.backlog(),
+        item_tx,
+    );
     precheck(&settings, &pool, &meta, pending, &reporter);
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
@@ -195,12 +197,11 @@ pub async fn run(
     let recorder = tokio::spawn(
         recorder::Recorder {
             stats: stats.clone(),
-            items: items.clone(),
+            committer,
             reporter: reporter.clone(),
             alerter: alerter.clone(),
             meta: meta.clone(),
             meter,
-            store: store.clone(),
             origin: settings.origin.clone(),
             fleet_alerts: fleet_alerts.clone(),
         }
@@ -372,6 +373,67 @@ fn dry_run(
     })
 }
 
+/// The job's checkpoint and its input, checked.
+struct Opened {
+    store: Store,
+    items: JobItems,
+    meta: JobMeta,
+    scan: input::Scan,
+}
+
+/// Opens the checkpoint, checks the whole input before any request is sent,
+/// and opens (or creates) the job. The checkpoint comes first: a line that
+/// will not be sent again is parsed but not rendered.
+fn open_job(settings: &Settings) -> Result<Opened, RunError> {
+    let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
+    let id = job::job_id(settings)?;
+    // --fresh means "run them again": a new epoch, so new keys. Read before
+    // the old job is discarded (a lost checkpoint starts again at 0, which
+    // re-sends the first epoch's keys and so runs nothing twice).
+    let mut epoch = 0;
+    if settings.fresh {
+        if let Ok(Some(old)) = store.job(&id) {
+            epoch = old.epoch.saturating_add(1);
+        }
+        store
+            .discard_job(&id)
+            .context("discarding the checkpoint")?;
+    }
+    let mut items = store.items(&id).context("opening the checkpoint")?;
+    let spec = &settings.request;
+    let states = items.states();
+    let retry_failed = settings.retry_failed;
+    let mut in_shard = 0u64;
+    let mut scan = tokio::task::block_in_place(|| {
+        input::scan(&settings.input, settings.format, &mut |item| {
+            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
+            match states.state(item.line) {
+                Some(ItemState::Done) => Ok(()),
+                Some(ItemState::Failed) if !retry_failed => Ok(()),
+                _ => spec.render(item).map(|_| ()),
+            }
+        })
+    })?;
+    scan.total = in_shard;
+    drop(states);
+    items.reserve_lines(scan.last_line);
+    let mut meta = job::open(&store, settings, &scan, &id, epoch)?;
+    // Until this run ends, a reader of the checkpoint sees it unfinished.
+    meta.last_state = None;
+    meta.halt_reason = None;
+    if settings.retry_failed {
+        items
+            .clear_failed(&mut meta)
+            .context("clearing failed items")?;
+    }
+    Ok(Opened {
+        store,
+        items,
+        meta,
+        scan,
+    })
+}
+
 /// The reserve check before any call, from the checkpoint's last balance.
 fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
     let c = &settings.credits;
@@ -394,26 +456,67 @@ fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, repo
 }
 
 /// Streams pending items into a small queue: memory does not grow with
-/// the input.
+/// the input. Finished lines are skipped from the in-memory bitsets, and
+/// reading stops once every pending item (by the same bits) has been
+/// queued. Room in the queue is reserved half a queue at a time, so the
+/// feeder is woken once per batch rather than once per item; and no room is
+/// asked for while the committer is a group behind, which bounds what a
+/// `kill -9` can find finished but unrecorded.
 fn spawn_feeder(
     settings: &Settings,
     items: JobItems,
+    total: u64,
+    backlog: Backlog,
     tx: mpsc::Sender<(Item, u32)>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
     let shard = settings.shard;
+    let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let states = items.states();
+        let finished = states.counts();
+        let pending = total.saturating_sub(finished.done + finished.failed);
+        if pending == 0 {
+            return Ok(());
+        }
+        let reopened = items.any_reopened();
+        let batch = (tx.max_capacity() / 2).max(1) as u64;
+        let mut left = pending;
+        let reserve = |left: u64| {
+            backlog.wait();
+            rt.block_on(tx.reserve_many(batch.min(left) as usize))
+        };
+        let Ok(mut room) = reserve(left) else {
+            return Ok(());
+        };
         for item in input::Reader::open(&path, format)? {
             let item = item?;
             if shard.is_some_and(|s| !s.takes(item.line)) {
                 continue;
             }
-            if items.get(item.line)?.is_some() {
+            if states.is_finished(item.line) {
                 continue;
             }
-            let generation = items.generation(item.line)?;
-            if tx.blocking_send((item, generation)).is_err() {
+            let generation = if reopened {
+                items.generation(item.line)?
+            } else {
+                0
+            };
+            let permit = match room.next() {
+                Some(p) => p,
+                None => {
+                    let Ok(more) = reserve(left) else {
+                        break;
+                    };
+                    room = more;
+                    let Some(p) = room.next() else { break };
+                    p
+                }
+            };
+            permit.send((item, generation));
+            left -= 1;
+            if left == 0 {
                 break;
             }
         }

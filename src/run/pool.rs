@@ -599,12 +599,10 @@ impl Pool {
     }
 
     fn done_event(&self, item: &Item, status: u16, body: &str, attempts: u32) -> Event {
-        let body = serde_json::from_str(body)
-            .unwrap_or_else(|_| serde_json::Value::String(body.to_string()));
         Event::Done {
             line: item.line,
             status,
-            body,
+            body: body.as_bytes().to_vec(),
             attempts,
         }
     }

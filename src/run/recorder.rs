@@ -1,6 +1,7 @@
 //! The one loop that records what the workers report: every item in the
-//! checkpoint, the counters, the credit meter and its alerts. The reporter
-//! and the alerter only consume what this loop tells them.
+//! checkpoint (through the group committer), the counters, the credit meter
+//! and its alerts. The reporter and the alerter only consume what this loop
+//! tells them.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,7 +11,7 @@ use tokio::time::Instant;
 
 use super::events::{Event, Stats};
 use super::job::unix_now;
-use crate::checkpoint::{ItemRecord, ItemState, JobItems, JobMeta, Store};
+use crate::checkpoint::{Committer, ItemState, JobMeta, Record};
 use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
 use crate::fleet::FleetAlerts;
@@ -24,8 +25,8 @@ const SAVE_EVERY: Duration = Duration::from_secs(1);
 pub struct Recorder {
     /// Counters it keeps.
     pub stats: Arc<Stats>,
-    /// The job's items in the checkpoint.
-    pub items: JobItems,
+    /// Writes the job's items and record to the checkpoint, in groups.
+    pub committer: Committer,
     /// Progress and notes.
     pub reporter: Arc<Reporter>,
     /// Billing alerts.
@@ -34,8 +35,6 @@ pub struct Recorder {
     pub meta: JobMeta,
     /// The credit meter: the one place that knows which alerts fired.
     pub meter: CreditMeter,
-    /// The checkpoint.
-    pub store: Store,
     /// Whose credits these are, for the per-origin alert state.
     pub origin: String,
     /// With `--redis`: the fleet decides which process sends an alert.
@@ -44,7 +43,7 @@ pub struct Recorder {
 
 /// What the loop hands back when the pool is over.
 pub struct Recorded {
-    /// The job record as last recorded.
+    /// The job record as last recorded, with the committed counts.
     pub meta: JobMeta,
     /// The meter, with every alert fired.
     pub meter: CreditMeter,
@@ -81,24 +80,38 @@ impl Recorder {
         if let Some(f) = &self.fleet_alerts {
             f.settle(Duration::from_secs(3)).await;
         }
-        self.meta.meter = self.meter.state();
-        Recorded {
-            meta: self.meta,
-            meter: self.meter,
-            err,
+        if let Err(e) = self.persist(false) {
+            err.get_or_insert(e);
         }
+        let Recorder {
+            committer,
+            mut meta,
+            meter,
+            ..
+        } = self;
+        // The last group is written off the async threads.
+        match tokio::task::spawn_blocking(move || committer.finish()).await {
+            Ok(done) => {
+                if let Some(committed) = &done.meta {
+                    meta.adopt_committed(committed);
+                }
+                if let Some(e) = done.err {
+                    err.get_or_insert(e.into());
+                }
+            }
+            Err(e) => {
+                err.get_or_insert(anyhow::anyhow!("the checkpoint writer failed: {e}"));
+            }
+        }
+        Recorded { meta, meter, err }
     }
 
     /// Keeps the job's pacing time and the alerts fired current on disk, so
     /// a kill -9 neither bursts into the window on resume nor repeats an alert.
     fn persist(&mut self, flush: bool) -> anyhow::Result<()> {
         self.meta.meter = self.meter.state();
-        self.store.save_job(&self.meta)?;
-        self.store
-            .save_meter_state(&self.origin, &self.meta.meter)?;
-        if flush {
-            self.store.flush()?;
-        }
+        self.committer
+            .save_job(&self.meta, Some((&self.origin, &self.meta.meter)), flush)?;
         Ok(())
     }
 
@@ -125,16 +138,13 @@ impl Recorder {
                 body,
                 attempts,
             } => {
-                self.items.record(
+                self.committer.record(Record {
                     line,
-                    &ItemRecord {
-                        state: ItemState::Done,
-                        status: Some(status),
-                        body: Some(body),
-                        reason: None,
-                        attempts,
-                    },
-                )?;
+                    state: ItemState::Done,
+                    status: Some(status),
+                    attempts,
+                    payload: body,
+                })?;
                 Stats::bump(&stats.done);
                 Stats::bump(&stats.done_this_run);
                 // A call went through: any exhaustion is over, and the next
@@ -151,16 +161,13 @@ impl Recorder {
                 reason,
                 attempts,
             } => {
-                self.items.record(
+                self.committer.record(Record {
                     line,
-                    &ItemRecord {
-                        state: ItemState::Failed,
-                        status,
-                        body: None,
-                        reason: Some(reason),
-                        attempts,
-                    },
-                )?;
+                    state: ItemState::Failed,
+                    status,
+                    attempts,
+                    payload: reason.into_bytes(),
+                })?;
                 Stats::bump(&stats.failed);
             }
             Event::RateLimited { pause, concurrency } => {

@@ -229,7 +229,7 @@ mod tests {
         Some(Event::Done {
             line,
             status: 200,
-            body: serde_json::Value::Null,
+            body: b"{}".to_vec(),
             attempts: 1,
         })
     }

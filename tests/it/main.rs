@@ -7,6 +7,7 @@ mod fleet;
 mod operator;
 mod pacing;
 mod run;
+mod scale;
 mod sim;
 mod sim_modes;
 mod trust;

@@ -1,17 +1,49 @@
-//! The checkpoint: every job's identity and every item's outcome, in sled.
+//! The checkpoint: every job's identity and every item's outcome.
 //!
-//! An item is *pending* until it has a record; only a finished call writes
-//! one. sled flushes in the background, so a `kill -9` can lose the last
-//! moments of records: those items are simply pending again, and resending
-//! them with the same Idempotency-Key makes the server replay rather than
-//! repeat them. The outputs are produced from these records, never appended
-//! as calls return, so they can never hold a duplicate.
+//! sled keeps the job records and, per job, an 8-byte slot per line (64
+//! lines to a record, [`chunks`]); response bodies and failure reasons go
+//! to an append-only results log beside it ([`log`]). The done/failed lines
+//! are also held in memory as two bitsets ([`LineStates`]); the job record
+//! carries their counts, committed in the same sled transaction as the slots.
+//! `docs/checkpoint.md` describes the layout.
+//!
+//! An item is *pending* until its slot says otherwise; only a finished call
+//! fills one. Finished calls are committed in groups ([`Committer`]): the
+//! group's log entries are written and fsynced first, then one sled
+//! transaction points the slots at them and updates the counts, then sled is
+//! flushed. That order is what makes a crash safe: a crash between the two
+//! steps leaves entries nothing points at and the items pending, and a
+//! pending item is simply sent again under the same Idempotency-Key, which
+//! the server answers from its stored response instead of repeating the
+//! call. The other order could leave an item "done" whose body never reached
+//! the disk: it would never be sent again, and its result would be lost.
+//! A `kill -9` loses at most the group being gathered and the one being
+//! written. The outputs are produced from the log through the slots, never
+//! appended as calls return, so they can never hold a duplicate.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::credits::MeterState;
+
+mod chunks;
+mod commit;
+mod index;
+mod items;
+mod log;
+mod migrate;
+mod states;
+
+pub use chunks::LINES_PER_CHUNK;
+pub use commit::{Backlog, Committed, Committer, GroupCommit, Record};
+pub use items::{JobItems, Results};
+pub use log::Entry;
+pub use states::LineStates;
+
+/// The layout of the item records this version writes (see the module docs).
+/// Jobs of layout 0 kept a JSON record per item and are upgraded on open.
+pub const LAYOUT: u32 = 2;
 
 /// Checkpoint failures the caller branches on.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +62,14 @@ pub enum CheckpointError {
     /// A record could not be decoded (written by an incompatible version?).
     #[error("checkpoint record is unreadable: {0}")]
     Corrupt(String),
+    /// The results log could not be read or written.
+    #[error("results log {path}: {source}")]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 }
 
 /// What a job is: which input, which requests, and how far it got.
@@ -77,6 +117,60 @@ pub struct JobMeta {
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,
+    /// The layout of this job's item records ([`LAYOUT`]; 0 before it existed).
+    #[serde(default)]
+    pub layout: u32,
+    /// Items done. Committed in the same sled transaction as the line slots,
+    /// so it always equals the done lines of the bitset loaded from them.
+    #[serde(default)]
+    pub done: u64,
+    /// Items failed, kept like `done`.
+    #[serde(default)]
+    pub failed: u64,
+    /// Bumped by every commit that changes a line's state: outputs written
+    /// at one revision need no rewrite at the same revision.
+    #[serde(default)]
+    pub revision: u64,
+    /// What `--out` and `--failures` were last written from.
+    #[serde(default)]
+    pub outputs: Option<OutputStamp>,
+}
+
+impl JobMeta {
+    /// Done and failed counts, as committed.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            done: self.done,
+            failed: self.failed,
+        }
+    }
+
+    /// Takes from `committed` the fields only the committer keeps: the
+    /// layout, the counts, the revision and the outputs stamp.
+    pub fn adopt_committed(&mut self, committed: &JobMeta) {
+        self.layout = committed.layout;
+        self.done = committed.done;
+        self.failed = committed.failed;
+        self.revision = committed.revision;
+        self.outputs = committed.outputs.clone();
+    }
+}
+
+/// The outputs as last written: where, at which revision, and what the
+/// files looked like then. When all of it still holds, nothing changed and
+/// the outputs are not written again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputStamp {
+    /// `--out`, as given.
+    pub out: String,
+    /// `--failures`, as given.
+    pub failures: String,
+    /// The job's revision they were written at.
+    pub revision: u64,
+    /// Length and modification time (ns since the epoch) of `--out`.
+    pub out_file: (u64, u64),
+    /// Length and modification time of `--failures`.
+    pub failures_file: (u64, u64),
 }
 
 /// An item's final state.
@@ -87,23 +181,6 @@ pub enum ItemState {
     Done,
     /// The call failed for good (permanent error or attempts used up).
     Failed,
-}
-
-/// One item's outcome.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ItemRecord {
-    /// Done or failed.
-    pub state: ItemState,
-    /// The final HTTP status, when there was a response.
-    pub status: Option<u16>,
-    /// The response body (JSON when it parsed, a string otherwise), for done items.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub body: Option<serde_json::Value>,
-    /// Why it failed, for failed items.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Calls made for it (not counting rate-limit requeues).
-    pub attempts: u32,
 }
 
 /// Done and failed counts for a job.
@@ -123,18 +200,17 @@ pub struct Store {
     dir: PathBuf,
 }
 
-/// One job's item records.
-#[derive(Clone)]
-pub struct JobItems {
-    tree: sled::Tree,
-    /// How many times `--retry-failed` re-opened each item: part of its
-    /// Idempotency-Key, because an API that stored the failed response
-    /// would otherwise replay the failure instead of trying again.
-    retries: sled::Tree,
+/// sled's page cache. The output pass reads chunks once, in order, so a
+/// larger cache would only hold records that are not read again.
+const CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The jobs-tree key of an API origin's credit meter state.
+fn meter_key(origin: &str) -> String {
+    format!("meter:{origin}")
 }
 
-fn key(line: u64) -> [u8; 8] {
-    line.to_be_bytes()
+fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, CheckpointError> {
+    serde_json::to_vec(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
 
 impl Store {
@@ -171,8 +247,9 @@ impl Store {
             .path(dir.join("checkpoint"))
             .flush_every_ms(Some(500))
             // sled caches up to 1 GiB by default; a job's memory should not
-            // grow with its length.
-            .cache_capacity(64 * 1024 * 1024)
+            // grow with its length. The hot records are the few chunks at
+            // the commit frontier and the job record.
+            .cache_capacity(CACHE_BYTES)
             .open()
             .map_err(|e| match e {
                 sled::Error::Io(ref io) if io.kind() == std::io::ErrorKind::WouldBlock => {
@@ -231,7 +308,7 @@ impl Store {
 
     /// Writes a job's metadata.
     pub fn save_job(&self, meta: &JobMeta) -> Result<(), CheckpointError> {
-        let v = serde_json::to_vec(meta).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
+        let v = to_json(meta)?;
         self.jobs
             .insert(meta.id.as_bytes(), v)
             .map_err(|e| self.err(e))?;
@@ -244,11 +321,7 @@ impl Store {
     /// starts a new job every night must not re-announce "50% used" every
     /// night, so what was fired is kept per origin, beside the jobs.
     pub fn meter_state(&self, origin: &str) -> Result<Option<MeterState>, CheckpointError> {
-        match self
-            .jobs
-            .get(format!("meter:{origin}"))
-            .map_err(|e| self.err(e))?
-        {
+        match self.jobs.get(meter_key(origin)).map_err(|e| self.err(e))? {
             None => Ok(None),
             Some(v) => serde_json::from_slice(&v)
                 .map(Some)
@@ -262,33 +335,62 @@ impl Store {
         origin: &str,
         state: &MeterState,
     ) -> Result<(), CheckpointError> {
-        let v = serde_json::to_vec(state).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
+        let v = to_json(state)?;
         self.jobs
-            .insert(format!("meter:{origin}"), v)
+            .insert(meter_key(origin), v)
             .map_err(|e| self.err(e))?;
         Ok(())
     }
 
-    /// Removes a job and all its records (`--fresh`).
+    /// Removes a job, its records and its results log (`--fresh`).
     pub fn discard_job(&self, id: &str) -> Result<(), CheckpointError> {
         self.jobs.remove(id).map_err(|e| self.err(e))?;
-        for tree in [format!("items:{id}"), format!("retries:{id}")] {
+        for tree in [
+            format!("lines:{id}"),
+            format!("items:{id}"),
+            format!("retries:{id}"),
+        ] {
             self.db.drop_tree(tree).map_err(|e| self.err(e))?;
+        }
+        let log = self.log_path(id);
+        for path in [log.with_extension("idx"), log] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CheckpointError::Log { path, source: e });
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
 
-    /// A job's item records.
+    /// A job's items: their states loaded into memory, upgrading a job
+    /// written in an older layout first.
     pub fn items(&self, id: &str) -> Result<JobItems, CheckpointError> {
-        let tree = self
-            .db
-            .open_tree(format!("items:{id}"))
-            .map_err(|e| self.err(e))?;
-        let retries = self
-            .db
-            .open_tree(format!("retries:{id}"))
-            .map_err(|e| self.err(e))?;
-        Ok(JobItems { tree, retries })
+        if let Some(meta) = self.job(id)? {
+            if meta.layout < LAYOUT {
+                migrate::upgrade(self, meta)?;
+            }
+        }
+        JobItems::open(self, id)
+    }
+
+    /// Where a job's results log lives: beside the sled directory.
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.dir.join("results").join(format!("{id}.log"))
+    }
+
+    /// A job's done and failed counts: from its record, or for a job still
+    /// in layout 0 by reading its old records (without upgrading it).
+    pub fn counts(&self, meta: &JobMeta) -> Result<Counts, CheckpointError> {
+        if meta.layout < LAYOUT {
+            return migrate::legacy_counts(self, &meta.id);
+        }
+        Ok(meta.counts())
+    }
+
+    fn tree(&self, name: &str) -> Result<sled::Tree, CheckpointError> {
+        self.db.open_tree(name).map_err(|e| self.err(e))
     }
 
     /// Makes everything written so far durable. Called at every halt and exit.
@@ -298,145 +400,5 @@ impl Store {
     }
 }
 
-impl JobItems {
-    /// Records an item's outcome.
-    pub fn record(&self, line: u64, rec: &ItemRecord) -> Result<(), CheckpointError> {
-        let v = serde_json::to_vec(rec).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-        self.tree
-            .insert(key(line), v)
-            .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-        Ok(())
-    }
-
-    /// An item's outcome, if it has one.
-    pub fn get(&self, line: u64) -> Result<Option<ItemRecord>, CheckpointError> {
-        match self
-            .tree
-            .get(key(line))
-            .map_err(|e| CheckpointError::Corrupt(e.to_string()))?
-        {
-            None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| CheckpointError::Corrupt(format!("item at line {line}: {e}"))),
-        }
-    }
-
-    /// Forgets every failed record so those items are pending again (`--retry-failed`).
-    pub fn clear_failed(&self) -> Result<u64, CheckpointError> {
-        let mut n = 0;
-        for kv in self.tree.iter() {
-            let (k, v) = kv.map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-            let rec: ItemRecord =
-                serde_json::from_slice(&v).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-            if rec.state == ItemState::Failed {
-                let generation = self.generation_of(&k)? + 1;
-                self.retries
-                    .insert(&k, &generation.to_be_bytes())
-                    .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-                self.tree
-                    .remove(k)
-                    .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
-    /// How many times `--retry-failed` re-opened the item (0 for most).
-    pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {
-        self.generation_of(&key(line))
-    }
-
-    fn generation_of(&self, k: &[u8]) -> Result<u32, CheckpointError> {
-        let v = self
-            .retries
-            .get(k)
-            .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-        Ok(v.and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
-            .map_or(0, u32::from_be_bytes))
-    }
-
-    /// Done and failed counts.
-    pub fn counts(&self) -> Result<Counts, CheckpointError> {
-        let mut c = Counts::default();
-        for kv in self.tree.iter() {
-            let (_, v) = kv.map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-            let rec: ItemRecord =
-                serde_json::from_slice(&v).map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
-            match rec.state {
-                ItemState::Done => c.done += 1,
-                ItemState::Failed => c.failed += 1,
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tmp(tag: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("batchrun-ckpt-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        p
-    }
-
-    #[test]
-    fn records_survive_reopen_and_count() {
-        let dir = tmp("reopen");
-        {
-            let s = Store::open(&dir).unwrap();
-            let meta = JobMeta {
-                id: "j1".into(),
-                input: "/x/in.jsonl".into(),
-                total: 3,
-                ..JobMeta::default()
-            };
-            s.save_job(&meta).unwrap();
-            let items = s.items("j1").unwrap();
-            let done = ItemRecord {
-                state: ItemState::Done,
-                status: Some(200),
-                body: Some(serde_json::json!({"ok": true})),
-                reason: None,
-                attempts: 1,
-            };
-            items.record(1, &done).unwrap();
-            items
-                .record(
-                    3,
-                    &ItemRecord {
-                        state: ItemState::Failed,
-                        status: Some(422),
-                        body: None,
-                        reason: Some("bad".into()),
-                        attempts: 1,
-                    },
-                )
-                .unwrap();
-            s.flush().unwrap();
-        }
-        let s = Store::open(&dir).unwrap();
-        assert_eq!(s.job("j1").unwrap().unwrap().total, 3);
-        assert_eq!(s.jobs_for_input("/x/in.jsonl").unwrap().len(), 1);
-        let items = s.items("j1").unwrap();
-        assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 1 });
-        assert_eq!(items.get(2).unwrap(), None);
-        assert_eq!(items.generation(3).unwrap(), 0);
-        assert_eq!(items.clear_failed().unwrap(), 1);
-        assert_eq!(
-            items.generation(3).unwrap(),
-            1,
-            "a retried item gets a new key"
-        );
-        assert_eq!(items.generation(1).unwrap(), 0, "a done item keeps its key");
-        assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 0 });
-        s.discard_job("j1").unwrap();
-        assert!(s.job("j1").unwrap().is_none());
-        assert_eq!(s.items("j1").unwrap().counts().unwrap(), Counts::default());
-        drop(s);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

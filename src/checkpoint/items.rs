@@ -1,0 +1,257 @@
+//! One job's items: the line slots in sled, the done/failed bitsets loaded
+//! from them, the retry generations, and the way back to each result.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sled::transaction::{TransactionError, Transactional};
+
+use super::chunks::Chunk;
+use super::commit::{Committer, GroupCommit};
+use super::index::IndexReader;
+use super::log::{Entry, LogReader};
+use super::{to_json, CheckpointError, Counts, ItemState, JobMeta, LineStates, OutputStamp, Store};
+
+/// Chunks rewritten per transaction by `--retry-failed`, so that reopening
+/// a million failures does not build one enormous transaction.
+const CLEAR_BATCH: usize = 1024;
+
+/// One job's items.
+#[derive(Clone)]
+pub struct JobItems {
+    pub(super) id: String,
+    pub(super) dir: PathBuf,
+    pub(super) db: sled::Db,
+    pub(super) lines: sled::Tree,
+    pub(super) retries: sled::Tree,
+    pub(super) jobs: sled::Tree,
+    pub(super) log_path: PathBuf,
+    pub(super) index_path: PathBuf,
+    pub(super) states: Arc<LineStates>,
+}
+
+impl JobItems {
+    /// Opens the job's trees and loads the state of every line.
+    pub(super) fn open(store: &Store, id: &str) -> Result<JobItems, CheckpointError> {
+        let lines = store.tree(&format!("lines:{id}"))?;
+        let mut states = LineStates::default();
+        if let Some(Ok((k, _))) = lines.last().transpose() {
+            let last = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
+            states.grow((last + 1) * super::LINES_PER_CHUNK - 1);
+        }
+        for kv in lines.iter() {
+            let (k, v) = kv.map_err(|e| store.err(e))?;
+            let chunk = Chunk::decode(&k, &v)?;
+            for (line, state) in chunk.finished() {
+                states.set(line, Some(state));
+            }
+        }
+        Ok(JobItems {
+            id: id.to_string(),
+            dir: store.dir.clone(),
+            db: store.db.clone(),
+            lines,
+            retries: store.tree(&format!("retries:{id}"))?,
+            jobs: store.jobs.clone(),
+            log_path: store.log_path(id),
+            index_path: store.log_path(id).with_extension("idx"),
+            states: Arc::new(states),
+        })
+    }
+
+    pub(super) fn err(&self, source: sled::Error) -> CheckpointError {
+        CheckpointError::Store {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// The done/failed bitsets, shared with whoever reads them.
+    pub fn states(&self) -> Arc<LineStates> {
+        self.states.clone()
+    }
+
+    /// Makes room in the bitsets for every line up to `last_line`. Call it
+    /// before the states are shared: a shared copy would not see the room.
+    pub fn reserve_lines(&mut self, last_line: u64) {
+        Arc::make_mut(&mut self.states).grow(last_line);
+    }
+
+    /// The job record as it is on disk.
+    pub fn job(&self) -> Result<Option<JobMeta>, CheckpointError> {
+        match self.jobs.get(&self.id).map_err(|e| self.err(e))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| CheckpointError::Corrupt(format!("job {}: {e}", self.id))),
+        }
+    }
+
+    /// Done and failed counts, as the job record holds them (no counting).
+    pub fn counts(&self) -> Result<Counts, CheckpointError> {
+        Ok(self.job()?.map(|m| m.counts()).unwrap_or_default())
+    }
+
+    /// Records what the outputs were just written from.
+    pub fn save_outputs(&self, stamp: OutputStamp) -> Result<(), CheckpointError> {
+        let Some(mut meta) = self.job()? else {
+            return Ok(());
+        };
+        meta.outputs = Some(stamp);
+        self.jobs
+            .insert(self.id.as_bytes(), to_json(&meta)?)
+            .map_err(|e| self.err(e))?;
+        self.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Starts the group committer that records this run's results.
+    pub fn committer(
+        &self,
+        meta: JobMeta,
+        policy: GroupCommit,
+    ) -> Result<Committer, CheckpointError> {
+        Committer::start(self.clone(), meta, policy)
+    }
+
+    /// The chunk record holding `index`'s lines (empty when none is stored).
+    pub(super) fn chunk(&self, index: u64) -> Result<Chunk, CheckpointError> {
+        let key = index.to_be_bytes();
+        match self.lines.get(key).map_err(|e| self.err(e))? {
+            Some(v) => Chunk::decode(&key, &v),
+            None => Ok(Chunk::empty(index)),
+        }
+    }
+
+    /// Makes every failed item pending again (`--retry-failed`), with a new
+    /// retry generation for its Idempotency-Key. `meta` is the job record:
+    /// its counts change in the same transactions as the slots.
+    pub fn clear_failed(&self, meta: &mut JobMeta) -> Result<u64, CheckpointError> {
+        let mut n = 0;
+        let mut group = Vec::new();
+        for kv in self.lines.iter() {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let mut chunk = Chunk::decode(&k, &v)?;
+            let failed: Vec<u64> = chunk
+                .finished()
+                .filter(|&(_, state)| state == ItemState::Failed)
+                .map(|(line, _)| line)
+                .collect();
+            if failed.is_empty() {
+                continue;
+            }
+            let mut reopened = Vec::with_capacity(failed.len());
+            for line in failed {
+                chunk.set(line, None);
+                reopened.push((line, self.generation(line)? + 1));
+            }
+            group.push((chunk, reopened));
+            if group.len() == CLEAR_BATCH {
+                n += self.reopen(meta, std::mem::take(&mut group))?;
+            }
+        }
+        if !group.is_empty() {
+            n += self.reopen(meta, group)?;
+        }
+        Ok(n)
+    }
+
+    fn reopen(
+        &self,
+        meta: &mut JobMeta,
+        group: Vec<(Chunk, Vec<(u64, u32)>)>,
+    ) -> Result<u64, CheckpointError> {
+        let n: u64 = group.iter().map(|(_, r)| r.len() as u64).sum();
+        let mut next = meta.clone();
+        next.failed = next.failed.saturating_sub(n);
+        next.revision += 1;
+        let record = to_json(&next)?;
+        let writes: Vec<_> = group.iter().map(|(c, _)| (c.key(), c.encode())).collect();
+        (&self.lines, &self.retries, &self.jobs)
+            .transaction(|(lines, retries, jobs)| {
+                for (k, v) in &writes {
+                    lines.insert(&k[..], v.as_slice())?;
+                }
+                for (line, generation) in group.iter().flat_map(|(_, r)| r) {
+                    retries.insert(&line.to_be_bytes()[..], &generation.to_be_bytes()[..])?;
+                }
+                jobs.insert(self.id.as_bytes(), record.as_slice())?;
+                Ok::<_, sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e))?;
+        self.db.flush().map_err(|e| self.err(e))?;
+        for (line, _) in group.iter().flat_map(|(_, r)| r) {
+            self.states.set(*line, None);
+        }
+        *meta = next;
+        Ok(n)
+    }
+
+    pub(super) fn tx_err(&self, e: TransactionError<()>) -> CheckpointError {
+        match e {
+            TransactionError::Storage(e) => self.err(e),
+            TransactionError::Abort(()) => {
+                CheckpointError::Corrupt("a checkpoint transaction was aborted".into())
+            }
+        }
+    }
+
+    /// How many times `--retry-failed` re-opened the item (0 for most).
+    pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {
+        let v = self
+            .retries
+            .get(line.to_be_bytes())
+            .map_err(|e| self.err(e))?;
+        Ok(v.and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
+            .map_or(0, u32::from_be_bytes))
+    }
+
+    /// True when `--retry-failed` ever re-opened an item: only then is a
+    /// generation worth looking up.
+    pub fn any_reopened(&self) -> bool {
+        !self.retries.is_empty()
+    }
+
+    /// Reads results back in line order, for the outputs.
+    pub fn results(&self) -> Results {
+        Results {
+            states: self.states.clone(),
+            files: None,
+            log_path: self.log_path.clone(),
+            index_path: self.index_path.clone(),
+        }
+    }
+}
+
+/// Finished items' results, looked up by line in increasing line order.
+pub struct Results {
+    states: Arc<LineStates>,
+    files: Option<(IndexReader, LogReader)>,
+    log_path: PathBuf,
+    index_path: PathBuf,
+}
+
+impl Results {
+    /// The line's result; None while it is pending.
+    pub fn get(&mut self, line: u64) -> Result<Option<Entry<'_>>, CheckpointError> {
+        let Some(state) = self.states.state(line) else {
+            return Ok(None);
+        };
+        let (index, log) = match &mut self.files {
+            Some(files) => files,
+            none => none.insert((
+                IndexReader::open(&self.index_path)?,
+                LogReader::open(&self.log_path)?,
+            )),
+        };
+        let offset = index.offset(line)?;
+        let entry = log.entry(offset)?;
+        if entry.line != line || entry.state != state {
+            return Err(CheckpointError::Corrupt(format!(
+                "line {line} points at the results log entry of line {} at offset {offset}",
+                entry.line
+            )));
+        }
+        Ok(Some(entry))
+    }
+}

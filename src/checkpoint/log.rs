@@ -1,0 +1,322 @@
+//! The results log: an append-only file of finished calls, beside the
+//! checkpoint. The response body is stored as the raw bytes that came back
+//! (a failure's reason likewise); nothing on the hot path parses it.
+//!
+//! The file starts with an 8-byte header, then entries, each a 20-byte
+//! little-endian header and its payload:
+//!
+//! ```text
+//! magic u8 (0xE5) | state u8 (1 done, 2 failed) | status u16 (0: none)
+//! attempts u32 | line u64 | payload length u32 | payload
+//! ```
+//!
+//! Only entries the checkpoint points at count. Anything else (an entry
+//! written but never committed, a torn tail after a crash) is never read,
+//! and new entries go after it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write as _};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+
+use super::{CheckpointError, ItemState};
+
+/// The first bytes of every results log.
+pub const FILE_HEADER: &[u8; 8] = b"BRLOG\0\0\x01";
+const MAGIC: u8 = 0xE5;
+/// Bytes of an entry's header.
+pub const ENTRY_HEADER: usize = 20;
+/// How much of the log a reader holds at a time.
+const WINDOW: usize = 64 * 1024;
+
+/// One finished call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// The item's line.
+    pub line: u64,
+    /// Done or failed.
+    pub state: ItemState,
+    /// The final HTTP status, when there was a response.
+    pub status: Option<u16>,
+    /// Calls made for it.
+    pub attempts: u32,
+    /// The response body (done) or the reason (failed).
+    pub payload: &'a [u8],
+}
+
+impl Entry<'_> {
+    /// Appends the entry's bytes to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(MAGIC);
+        out.push(match self.state {
+            ItemState::Done => 1,
+            ItemState::Failed => 2,
+        });
+        out.extend_from_slice(&self.status.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&self.attempts.to_le_bytes());
+        out.extend_from_slice(&self.line.to_le_bytes());
+        // A payload beyond 4 GiB cannot come from an HTTP body reqwest
+        // buffered; it is cut rather than mis-framed.
+        let len = u32::try_from(self.payload.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&self.payload[..len as usize]);
+    }
+}
+
+pub(super) fn io_err(path: &Path, e: io::Error) -> CheckpointError {
+    CheckpointError::Log {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// Appends entries; every append is written and fsynced before it returns.
+pub struct LogWriter {
+    file: File,
+    path: PathBuf,
+    end: u64,
+}
+
+impl LogWriter {
+    /// Opens the log for appending, creating it (and its directory) if needed.
+    pub fn open(path: &Path) -> Result<LogWriter, CheckpointError> {
+        let e = |e| io_err(path, e);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(e)?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(e)?;
+        let mut end = file.metadata().map_err(e)?.len();
+        if end < FILE_HEADER.len() as u64 {
+            // Created (or torn while being created) with no entry yet:
+            // nothing can point into it.
+            file.set_len(0).map_err(e)?;
+            file.write_all(FILE_HEADER).map_err(e)?;
+            file.sync_all().map_err(e)?;
+            end = FILE_HEADER.len() as u64;
+        } else {
+            check_header(&file, path)?;
+        }
+        Ok(LogWriter {
+            file,
+            path: path.to_path_buf(),
+            end,
+        })
+    }
+
+    /// Where the next entry will start.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Writes `bytes` (whole entries) at the end and fsyncs them.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let e = |e| io_err(&self.path, e);
+        self.file.write_all(bytes).map_err(e)?;
+        self.file.sync_data().map_err(e)?;
+        self.end += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+fn check_header(file: &File, path: &Path) -> Result<(), CheckpointError> {
+    let mut head = [0u8; 8];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| io_err(path, e))?;
+    if &head != FILE_HEADER {
+        return Err(CheckpointError::Corrupt(format!(
+            "{} is not a batchrun results log",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads entries by offset through a window of the file: entries written in
+/// about line order are read in about one sequential pass.
+pub struct LogReader {
+    window: Window,
+}
+
+impl LogReader {
+    /// Opens a log for reading.
+    pub fn open(path: &Path) -> Result<LogReader, CheckpointError> {
+        let file = File::open(path).map_err(|e| io_err(path, e))?;
+        check_header(&file, path)?;
+        Ok(LogReader {
+            window: Window::new(file, path, WINDOW),
+        })
+    }
+
+    /// The entry starting at `offset`.
+    pub fn entry(&mut self, offset: u64) -> Result<Entry<'_>, CheckpointError> {
+        let head = self.window.bytes(offset, ENTRY_HEADER)?;
+        let u32_at =
+            |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let state = match (head[0], head[1]) {
+            (MAGIC, 1) => ItemState::Done,
+            (MAGIC, 2) => ItemState::Failed,
+            _ => {
+                return Err(CheckpointError::Corrupt(format!(
+                    "no results log entry at offset {offset} of {}",
+                    self.window.path.display()
+                )))
+            }
+        };
+        let status = u16::from_le_bytes([head[2], head[3]]);
+        let attempts = u32_at(4);
+        let mut line = [0u8; 8];
+        line.copy_from_slice(&head[8..16]);
+        let len = u32_at(16) as usize;
+        let whole = self.window.bytes(offset, ENTRY_HEADER + len)?;
+        Ok(Entry {
+            line: u64::from_le_bytes(line),
+            state,
+            status: (status != 0).then_some(status),
+            attempts,
+            payload: &whole[ENTRY_HEADER..],
+        })
+    }
+}
+
+/// A window over a file read with `pread`: reads that move forward through
+/// the file are served from memory most of the time, and memory stays at
+/// the window's size however large the file.
+pub(super) struct Window {
+    file: File,
+    pub(super) path: PathBuf,
+    size: usize,
+    buf: Vec<u8>,
+    start: u64,
+}
+
+impl Window {
+    pub(super) fn new(file: File, path: &Path, size: usize) -> Window {
+        Window {
+            file,
+            path: path.to_path_buf(),
+            size,
+            buf: Vec::new(),
+            start: 0,
+        }
+    }
+
+    /// `len` bytes at `offset`, from the window or after moving it there.
+    pub(super) fn bytes(&mut self, offset: u64, len: usize) -> Result<&[u8], CheckpointError> {
+        let in_window =
+            offset >= self.start && offset + len as u64 <= self.start + self.buf.len() as u64;
+        if !in_window {
+            self.buf.resize(len.max(self.size), 0);
+            let n = read_at_most(&self.file, &mut self.buf, offset)
+                .map_err(|e| io_err(&self.path, e))?;
+            self.buf.truncate(n);
+            self.start = offset;
+            if n < len {
+                return Err(CheckpointError::Corrupt(format!(
+                    "{} ends before offset {}",
+                    self.path.display(),
+                    offset + len as u64
+                )));
+            }
+        }
+        let at = (offset - self.start) as usize;
+        Ok(&self.buf[at..at + len])
+    }
+}
+
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("batchrun-log-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        p.join("results").join("job.log")
+    }
+
+    #[test]
+    fn entries_are_read_back_by_offset_across_reopens() {
+        let path = tmp("rw");
+        let mut w = LogWriter::open(&path).unwrap();
+        assert_eq!(w.end(), 8);
+        let big = vec![b'x'; WINDOW * 3 + 10];
+        let entries = [
+            Entry {
+                line: 3,
+                state: ItemState::Done,
+                status: Some(200),
+                attempts: 1,
+                payload: br#"{"ok":true}"#,
+            },
+            Entry {
+                line: 1,
+                state: ItemState::Failed,
+                status: None,
+                attempts: 5,
+                payload: b"timed out",
+            },
+            Entry {
+                line: 9,
+                state: ItemState::Done,
+                status: Some(201),
+                attempts: 2,
+                payload: &big,
+            },
+        ];
+        let mut offsets = Vec::new();
+        let mut bytes = Vec::new();
+        for e in &entries {
+            offsets.push(w.end() + bytes.len() as u64);
+            e.encode(&mut bytes);
+        }
+        w.append(&bytes).unwrap();
+        drop(w);
+        // A torn tail from a crash: never pointed at, and appended after.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(&[MAGIC, 1, 0])
+            .unwrap();
+        let mut w = LogWriter::open(&path).unwrap();
+        let later = w.end();
+        let mut more = Vec::new();
+        entries[0].encode(&mut more);
+        w.append(&more).unwrap();
+
+        let mut r = LogReader::open(&path).unwrap();
+        for (e, off) in entries.iter().zip(&offsets).rev() {
+            assert_eq!(&r.entry(*off).unwrap(), e);
+        }
+        assert_eq!(r.entry(later).unwrap(), entries[0]);
+        assert!(r.entry(later + 1).is_err(), "not an entry's start");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_log_is_refused() {
+        let path = tmp("bad");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"something else entirely").unwrap();
+        assert!(LogWriter::open(&path).is_err());
+        assert!(LogReader::open(&path).is_err());
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+}

@@ -1,0 +1,255 @@
+//! The checkpoint through its public API: records committed in groups,
+//! read back after a reopen, retried, discarded, and upgraded from the old
+//! layout.
+
+use super::*;
+use crate::checkpoint::log::LogWriter;
+
+fn tmp(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("batchrun-ckpt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn new_job(s: &Store, id: &str, total: u64) -> JobMeta {
+    let meta = JobMeta {
+        id: id.into(),
+        input: "/x/in.jsonl".into(),
+        total,
+        layout: LAYOUT,
+        ..JobMeta::default()
+    };
+    s.save_job(&meta).unwrap();
+    meta
+}
+
+fn done(line: u64, body: &str) -> Record {
+    Record {
+        line,
+        state: ItemState::Done,
+        status: Some(200),
+        attempts: 1,
+        payload: body.as_bytes().to_vec(),
+    }
+}
+
+fn payload(items: &JobItems, line: u64) -> Option<(ItemState, Option<u16>, u32, String)> {
+    let mut r = items.results();
+    let e = r.get(line).unwrap()?;
+    let text = String::from_utf8(e.payload.to_vec()).unwrap();
+    Some((e.state, e.status, e.attempts, text))
+}
+
+#[test]
+fn records_survive_reopen_and_count() {
+    let dir = tmp("reopen");
+    {
+        let s = Store::open(&dir).unwrap();
+        let meta = new_job(&s, "j1", 3);
+        let mut items = s.items("j1").unwrap();
+        items.reserve_lines(3);
+        let c = items.committer(meta, GroupCommit::default()).unwrap();
+        c.record(done(1, r#"{"ok": true}"#)).unwrap();
+        c.record(Record {
+            line: 3,
+            state: ItemState::Failed,
+            status: Some(422),
+            attempts: 1,
+            payload: b"bad".to_vec(),
+        })
+        .unwrap();
+        let committed = c.finish();
+        assert!(committed.err.is_none(), "{:?}", committed.err);
+        let meta = committed.meta.unwrap();
+        assert_eq!(meta.counts(), Counts { done: 1, failed: 1 });
+        s.flush().unwrap();
+    }
+    let s = Store::open(&dir).unwrap();
+    assert_eq!(s.job("j1").unwrap().unwrap().total, 3);
+    assert_eq!(s.jobs_for_input("/x/in.jsonl").unwrap().len(), 1);
+    let items = s.items("j1").unwrap();
+    assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 1 });
+    assert_eq!(
+        items.states().counts(),
+        items.counts().unwrap(),
+        "record and bits agree"
+    );
+    assert_eq!(payload(&items, 2), None);
+    assert_eq!(
+        payload(&items, 1),
+        Some((ItemState::Done, Some(200), 1, r#"{"ok": true}"#.into())),
+        "the body as it came, unparsed"
+    );
+    assert_eq!(
+        payload(&items, 3),
+        Some((ItemState::Failed, Some(422), 1, "bad".into()))
+    );
+    assert_eq!(items.generation(3).unwrap(), 0);
+    assert!(!items.any_reopened());
+    let mut meta = s.job("j1").unwrap().unwrap();
+    assert_eq!(items.clear_failed(&mut meta).unwrap(), 1);
+    assert_eq!(
+        items.generation(3).unwrap(),
+        1,
+        "a retried item gets a new key"
+    );
+    assert!(items.any_reopened());
+    assert_eq!(items.generation(1).unwrap(), 0, "a done item keeps its key");
+    assert_eq!(items.counts().unwrap(), Counts { done: 1, failed: 0 });
+    assert_eq!(meta.counts(), Counts { done: 1, failed: 0 });
+    assert_eq!(items.states().state(3), None);
+    assert_eq!(payload(&items, 3), None);
+    let log = s.log_path("j1");
+    assert!(log.exists());
+    s.discard_job("j1").unwrap();
+    assert!(s.job("j1").unwrap().is_none());
+    assert!(!log.exists(), "--fresh removes the results log");
+    let items = s.items("j1").unwrap();
+    assert_eq!(items.counts().unwrap(), Counts::default());
+    assert_eq!(items.states().counts(), Counts::default());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_result_in_the_log_but_not_committed_leaves_the_item_pending() {
+    let dir = tmp("order");
+    let s = Store::open(&dir).unwrap();
+    let meta = new_job(&s, "j2", 4);
+    // A crash after the log write and before the sled commit: the entry is
+    // on disk, nothing points at it.
+    let mut w = LogWriter::open(&s.log_path("j2")).unwrap();
+    let mut bytes = Vec::new();
+    Entry {
+        line: 2,
+        state: ItemState::Done,
+        status: Some(200),
+        attempts: 1,
+        payload: b"{\"lost\":1}",
+    }
+    .encode(&mut bytes);
+    w.append(&bytes).unwrap();
+    drop(w);
+    let mut items = s.items("j2").unwrap();
+    items.reserve_lines(4);
+    assert_eq!(
+        items.states().state(2),
+        None,
+        "still pending: it is sent again"
+    );
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    c.record(done(2, "{\"again\":1}")).unwrap();
+    c.record(done(4, "plain text")).unwrap();
+    let committed = c.finish();
+    assert_eq!(
+        committed.meta.unwrap().counts(),
+        Counts { done: 2, failed: 0 }
+    );
+    assert_eq!(items.states().counts(), Counts { done: 2, failed: 0 });
+    assert_eq!(payload(&items, 2).unwrap().3, "{\"again\":1}");
+    assert_eq!(payload(&items, 4).unwrap().3, "plain text");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_group_is_committed_when_full_without_waiting_for_its_deadline() {
+    let dir = tmp("group");
+    let s = Store::open(&dir).unwrap();
+    let meta = new_job(&s, "j3", 10);
+    let mut items = s.items("j3").unwrap();
+    items.reserve_lines(10);
+    let policy = GroupCommit {
+        max_records: 3,
+        max_wait: std::time::Duration::from_secs(3600),
+    };
+    let c = items.committer(meta, policy).unwrap();
+    let backlog = c.backlog();
+    for line in 1..=3 {
+        c.record(done(line, "{}")).unwrap();
+    }
+    // A full group holds the feeder back until it is committed, which does
+    // not wait for its hour to be up.
+    backlog.wait();
+    assert_eq!(items.states().counts().done, 3);
+    assert_eq!(
+        items.counts().unwrap().done,
+        3,
+        "counts committed with the states"
+    );
+    c.record(done(4, "{}")).unwrap();
+    let committed = c.finish();
+    assert_eq!(committed.meta.unwrap().done, 4, "the last group at the end");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_job_in_the_old_layout_is_upgraded_in_place() {
+    let dir = tmp("upgrade");
+    {
+        let s = Store::open(&dir).unwrap();
+        let meta = JobMeta {
+            id: "old".into(),
+            input: "/x/in.jsonl".into(),
+            total: 4,
+            ..JobMeta::default()
+        };
+        s.save_job(&meta).unwrap();
+        let old = s.db.open_tree("items:old").unwrap();
+        let recs = [
+            (
+                1u64,
+                serde_json::json!({"state":"done","status":200,"body":{"a":1},"attempts":1}),
+            ),
+            (
+                2,
+                serde_json::json!({"state":"done","status":200,"body":"not json","attempts":2}),
+            ),
+            (
+                3,
+                serde_json::json!({"state":"done","status":200,"body":"123","attempts":1}),
+            ),
+            (
+                4,
+                serde_json::json!({"state":"failed","status":404,"reason":"HTTP 404","attempts":1}),
+            ),
+        ];
+        for (line, rec) in recs {
+            old.insert(line.to_be_bytes(), serde_json::to_vec(&rec).unwrap())
+                .unwrap();
+        }
+        let meta = s.job("old").unwrap().unwrap();
+        assert_eq!(s.counts(&meta).unwrap(), Counts { done: 3, failed: 1 });
+        s.flush().unwrap();
+    }
+    let s = Store::open(&dir).unwrap();
+    let items = s.items("old").unwrap();
+    let meta = s.job("old").unwrap().unwrap();
+    assert_eq!(meta.layout, LAYOUT);
+    assert_eq!(meta.counts(), Counts { done: 3, failed: 1 });
+    assert_eq!(items.states().counts(), meta.counts());
+    assert_eq!(payload(&items, 1).unwrap().3, r#"{"a":1}"#);
+    assert_eq!(payload(&items, 2).unwrap().3, "not json");
+    assert_eq!(payload(&items, 2).unwrap().2, 2);
+    assert_eq!(
+        payload(&items, 3).unwrap().3,
+        r#""123""#,
+        "a JSON string stays a string"
+    );
+    assert_eq!(
+        payload(&items, 4),
+        Some((ItemState::Failed, Some(404), 1, "HTTP 404".into()))
+    );
+    assert!(!s.db.tree_names().iter().any(|n| n.as_ref() == b"items:old"));
+    // A job of the old layout with no record yet is upgraded too.
+    s.save_job(&JobMeta {
+        id: "empty".into(),
+        ..JobMeta::default()
+    })
+    .unwrap();
+    s.items("empty").unwrap();
+    assert_eq!(s.job("empty").unwrap().unwrap().layout, LAYOUT);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
