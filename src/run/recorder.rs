@@ -187,28 +187,7 @@ impl Recorder {
                 }
                 return Ok(!alerts.is_empty());
             }
-            Event::Pace(PaceNote::LimitInForce(l)) => {
-                self.meta.learnt_limit = None;
-                self.reporter.println(&format!(
-                "batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"
-            ));
-                return Ok(false);
-            }
-            Event::Pace(PaceNote::Learnt(l)) => {
-                // On disk at once: a resume must not overrun again.
-                self.meta.learnt_limit = Some(l);
-                self.reporter.println(&format!(
-                    "batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"
-                ));
-                return Ok(true);
-            }
-            Event::Pace(PaceNote::LearntSettled(l)) => {
-                self.meta.learnt_limit = Some(l);
-                self.reporter.println(&format!(
-                    "batchrun: learnt limit settled at {l} calls per window"
-                ));
-                return Ok(true);
-            }
+            Event::Pace(note) => return Ok(self.pace_note(note)),
             Event::Note(line) => self.reporter.println(&line),
             Event::Alert(a) => match a.kind {
                 AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),
@@ -220,5 +199,31 @@ impl Recorder {
             },
         }
         Ok(false)
+    }
+
+    /// What the pacer learnt: said once, and kept in the job record (on
+    /// disk at once when it is a learnt limit: a resume must not overrun
+    /// again). True when it must be flushed now.
+    fn pace_note(&mut self, note: PaceNote) -> bool {
+        let (line, learnt, flush) = match note {
+            PaceNote::LimitInForce(l) => (
+                format!("batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"),
+                None,
+                false,
+            ),
+            PaceNote::Learnt(l) => (
+                format!("batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"),
+                Some(l),
+                true,
+            ),
+            PaceNote::LearntSettled(l) => (
+                format!("batchrun: learnt limit settled at {l} calls per window"),
+                Some(l),
+                true,
+            ),
+        };
+        self.meta.learnt_limit = learnt;
+        self.reporter.println(&line);
+        flush
     }
 }
