@@ -144,7 +144,15 @@ pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()
     if meta.outputs.is_some() && meta.outputs == current_stamp(settings, meta.revision) {
         return Ok(());
     }
-    let tmp = |p: &Path| p.with_extension("jsonl.tmp");
+    // Unique per file and per process: two jobs writing one --out, or
+    // --out X.a --failures X.b, never share a temporary file.
+    let tmp = |p: &Path| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        p.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    };
     let create = |p: &Path| -> anyhow::Result<BufWriter<File>> {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

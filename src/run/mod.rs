@@ -204,6 +204,7 @@ pub async fn run(
             meter,
             origin: settings.origin.clone(),
             fleet_alerts: fleet_alerts.clone(),
+            announced_until: None,
         }
         .run(ev_rx),
     );

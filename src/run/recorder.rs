@@ -39,6 +39,9 @@ pub struct Recorder {
     pub origin: String,
     /// With `--redis`: the fleet decides which process sends an alert.
     pub fleet_alerts: Option<Arc<FleetAlerts>>,
+    /// When the last pause announced ends: later 429s of the same overrun
+    /// are counted, not announced again.
+    pub announced_until: Option<Instant>,
 }
 
 /// What the loop hands back when the pool is over.
@@ -172,7 +175,14 @@ impl Recorder {
             }
             Event::RateLimited { pause, concurrency } => {
                 Stats::bump(&stats.rate_limited);
-                if !concurrency {
+                // Workers hit by one overrun each report it: one line per
+                // pause, not one per worker.
+                let until = Instant::now() + pause;
+                let news = self
+                    .announced_until
+                    .map_or(true, |a| until > a + Duration::from_millis(500));
+                if !concurrency && news {
+                    self.announced_until = Some(until);
                     self.reporter.println(&format!(
                         "batchrun: rate limited (429): pausing every worker for {:.1}s",
                         pause.as_secs_f64()

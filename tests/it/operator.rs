@@ -223,3 +223,30 @@ async fn the_default_state_belongs_to_the_input_not_the_current_directory() {
         .exists());
     assert_side_effects(&s.sim().stats().await, 5);
 }
+
+#[test]
+fn one_overrun_hitting_many_workers_is_announced_once_not_per_worker() {
+    let s = Scenario::new("pause-once")
+        .with_sim(&["--limit", "10/1s", "--cooldown", "1s", "--secret-limit"])
+        .numbers(30);
+    // A burst far over the server's limit: many workers meet the same pause.
+    let r = s.run(&[
+        "--limit",
+        "100/1s",
+        "--pacer",
+        "bucket",
+        "--burst",
+        "50",
+        "--concurrency",
+        "8",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    let lines = r.stderr.matches("pausing every worker").count() as u64;
+    assert!(limited >= 3, "{}", r.summary);
+    assert!(
+        lines < limited,
+        "{lines} lines for {limited} 429s: {}",
+        r.stderr
+    );
+}

@@ -171,3 +171,53 @@ async fn a_huge_body_is_kept_cut_and_marked() {
         .sum();
     assert!(disk < 2_000_000, "the checkpoint holds {disk} bytes");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outputs_that_differ_only_by_extension_do_not_collide() {
+    let s = Scenario::new("tmp-names")
+        .with_sim(&["--limit", "none"])
+        .numbers(6);
+    let (a, b) = (s.dir().path().join("x.a"), s.dir().path().join("x.b"));
+    let bad = format!("{}/v2/missing?n={{n}}", s.sim().url);
+    // Items 1-3 succeed, 4-6 fail: both files get lines.
+    let items = "{\"n\": 1}\n{\"n\": 2}\n{\"n\": 3}\n";
+    let input = s.dir().write("mixed.jsonl", items);
+    let ok = s.run_for(
+        &input,
+        &[
+            "--limit",
+            "none",
+            "--out",
+            a.to_str().unwrap(),
+            "--failures",
+            b.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    let fail = s.run_for(
+        &input,
+        &[
+            "--limit",
+            "none",
+            "--url",
+            &bad,
+            "--fail-fast",
+            "0",
+            "--out",
+            s.dir().path().join("y.a").to_str().unwrap(),
+            "--failures",
+            s.dir().path().join("y.b").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(fail.code, 3, "{}", fail.stderr);
+    assert_eq!(jsonl(&a).len(), 3);
+    assert!(jsonl(&b).is_empty());
+    assert!(jsonl(&s.dir().path().join("y.a")).is_empty());
+    assert_eq!(jsonl(&s.dir().path().join("y.b")).len(), 3);
+    let leftovers: Vec<_> = std::fs::read_dir(s.dir().path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
