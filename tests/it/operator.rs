@@ -227,7 +227,15 @@ async fn the_default_state_belongs_to_the_input_not_the_current_directory() {
 #[test]
 fn one_overrun_hitting_many_workers_is_announced_once_not_per_worker() {
     let s = Scenario::new("pause-once")
-        .with_sim(&["--limit", "10/1s", "--cooldown", "1s", "--secret-limit"])
+        .with_sim(&[
+            "--limit",
+            "10/1s",
+            "--cooldown",
+            "1s",
+            "--secret-limit",
+            "--latency",
+            "50ms",
+        ])
         .numbers(30);
     // A burst far over the server's limit: many workers meet the same pause.
     let r = s.run(&[
