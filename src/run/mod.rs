@@ -285,16 +285,33 @@ fn start_line(settings: &Settings, meta: &JobMeta, pending: u64, total: u64) -> 
         .learnt_limit
         .zip(settings.limit.rate())
         .map(|(l, r)| l as f64 * 60.0 / r.period.as_secs_f64());
+    let mut all_at_once = false;
     let projected = match learnt.or(steady_per_min(settings)) {
         Some(per_min) if pending > 0 => {
-            let d = Duration::try_from_secs_f64(pending as f64 * 60.0 / per_min)
-                .unwrap_or(Duration::MAX);
+            // The window pacer sends a whole window at once, then a window's
+            // worth per window: only the items past the first window wait.
+            let waiting = match (settings.pacer, settings.limit.rate()) {
+                (crate::pace::PacerKind::Window, Some(r)) => {
+                    let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);
+                    ((pending as f64 / per_window).ceil() - 1.0).max(0.0) * per_window
+                }
+                _ => pending as f64,
+            };
+            if waiting == 0.0 {
+                all_at_once = true;
+            }
+            let d = Duration::try_from_secs_f64(waiting * 60.0 / per_min).unwrap_or(Duration::MAX);
             format!(
                 "; about {} at the limit's pace",
                 crate::report::progress::fmt_secs(d)
             )
         }
         _ => String::new(),
+    };
+    let projected = if all_at_once {
+        "; all within the first window".to_string()
+    } else {
+        projected
     };
     let learnt = meta
         .learnt_limit
