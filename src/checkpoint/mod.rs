@@ -117,6 +117,10 @@ pub struct JobMeta {
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,
+    /// The input's length in bytes when `fingerprint` was taken: a file that
+    /// only grew past it (a nightly file appended to) keeps its job.
+    #[serde(default)]
+    pub input_len: Option<u64>,
     /// The layout of this job's item records ([`LAYOUT`]; 0 before it existed).
     #[serde(default)]
     pub layout: u32,

@@ -274,6 +274,30 @@ pub fn fingerprint(path: &Path) -> Result<String, InputError> {
     Ok(hashing.finish())
 }
 
+/// The fingerprint of the first `len` bytes of `path`, and whether they end
+/// with a line break; `None` when the file is not longer than `len`.
+pub fn prefix_fingerprint(path: &Path, len: u64) -> Result<Option<(String, bool)>, InputError> {
+    let file = open_file(path)?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size <= len {
+        return Ok(None);
+    }
+    let mut hashing = HashingReader::new(io::Read::take(file, len));
+    let mut last = [0u8; 1];
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        let n = io::Read::read(&mut hashing, &mut buf).map_err(|e| InputError::Io {
+            path: display(path),
+            reason: format!("read error: {}", io_reason(&e)),
+        })?;
+        if n == 0 {
+            break;
+        }
+        last[0] = buf[n - 1];
+    }
+    Ok(Some((hashing.finish(), last[0] == b'\n')))
+}
+
 /// The item stream [`Reader`] yields, over any reader and with the JSONL line
 /// cap given, so the parsers can be driven from bytes without a file.
 ///

@@ -66,6 +66,23 @@ pub fn job_id(settings: &Settings) -> Result<String, RunError> {
     Ok(sha_hex(&[abs.as_bytes(), settings.identity.as_bytes()])[..16].to_string())
 }
 
+fn file_len(p: &Path) -> Option<u64> {
+    std::fs::metadata(p).ok().map(|m| m.len())
+}
+
+/// Whether the input only grew since the job was made: the bytes the
+/// fingerprint covered are still the file's first bytes, byte for byte,
+/// and they ended a line (so no old item was extended).
+fn grew(settings: &Settings, meta: &JobMeta) -> bool {
+    let Some(len) = meta.input_len else {
+        return false;
+    };
+    match input::prefix_fingerprint(&settings.input, len) {
+        Ok(Some((fp, ends_line))) => fp == meta.fingerprint && (len == 0 || ends_line),
+        _ => false,
+    }
+}
+
 /// Opens the job `id` for this input and request, or creates it. A job
 /// whose input changed since its checkpoint was made is refused: mixing
 /// results of two files would be silent corruption.
@@ -76,7 +93,21 @@ pub fn open(
     id: &str,
     epoch: u32,
 ) -> Result<JobMeta, RunError> {
-    if let Some(meta) = store.job(id).context("reading the checkpoint")? {
+    if let Some(mut meta) = store.job(id).context("reading the checkpoint")? {
+        if meta.fingerprint != scan.fingerprint && grew(settings, &meta) {
+            // The old content is an unchanged prefix of the new: the same
+            // lines are the same items, and the appended ones are pending.
+            crate::report::err_line(&format!(
+                "batchrun: {} grew by {} item(s) since its checkpoint was made: they are added to the job",
+                settings.input.display(),
+                scan.total.saturating_sub(meta.total)
+            ));
+            meta.fingerprint = scan.fingerprint.clone();
+            meta.total = scan.total;
+            meta.input_len = file_len(&settings.input);
+            store.save_job(&meta).context("writing the checkpoint")?;
+            return Ok(meta);
+        }
         if meta.fingerprint != scan.fingerprint {
             return Err(RunError::Fatal(anyhow::anyhow!(
                 "{} changed since its checkpoint was made ({} of {} items done then); \
@@ -106,6 +137,7 @@ pub fn open(
         created_unix: unix_now().as_secs(),
         key_scheme: 1,
         epoch,
+        input_len: file_len(&settings.input),
         layout: LAYOUT,
         ..JobMeta::default()
     };

@@ -258,3 +258,34 @@ fn one_overrun_hitting_many_workers_is_announced_once_not_per_worker() {
         r.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grown_input_resumes_and_sends_only_the_appended_lines() {
+    let s = Scenario::new("grown")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.input_path())
+        .unwrap();
+    use std::io::Write;
+    f.write_all(b"{\"n\": 6}\n{\"n\": 7}\n{\"n\": 8}\n")
+        .unwrap();
+    drop(f);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("grew by 3 item(s)"), "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 3, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 8);
+    assert_side_effects(&s.sim().stats().await, 8);
+    // An edit of the old lines is still refused.
+    std::fs::write(s.input_path(), "{\"n\": 100}\n").unwrap();
+    let edited = s.run(&["--limit", "none"]);
+    assert_eq!(edited.code, 1, "{}", edited.stderr);
+    assert!(
+        edited.stderr.contains("changed since its checkpoint"),
+        "{}",
+        edited.stderr
+    );
+}

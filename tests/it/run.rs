@@ -312,7 +312,11 @@ async fn a_changed_input_is_refused_until_fresh() {
         .numbers(5);
     let args = ["--limit", "500/1s"];
     assert_eq!(s.run(&args).code, 0);
-    numbers(s.dir(), "items.jsonl", 6);
+    // An old line edited (a file that only grew would keep its job).
+    let edited: String = (1..=6)
+        .map(|i| format!("{{\"n\": {}}}\n", if i == 1 { 100 } else { i }))
+        .collect();
+    s.dir().write("items.jsonl", &edited);
     let r = s.run(&args);
     assert_eq!(r.code, 1);
     assert!(
