@@ -248,6 +248,60 @@ pub(crate) fn now_std() -> std::time::Instant {
     Instant::now().into_std()
 }
 
+/// A pure pacing state shared by every worker, with a wake-up for waiters:
+/// the thin async layer the window and SpikeArrest pacers have in common.
+pub(crate) struct Shared<T> {
+    state: std::sync::Mutex<T>,
+    /// Wakes waiters when a place may have come free sooner than they were
+    /// told (a call ended, gave its place back, or the limit grew).
+    changed: tokio::sync::Notify,
+}
+
+impl<T> Shared<T> {
+    pub(crate) fn new(state: T) -> Arc<Shared<T>> {
+        Arc::new(Shared {
+            state: std::sync::Mutex::new(state),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        // A panic while holding this lock leaves at worst a stale state,
+        // which only errs on the slow side.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes every waiter to look again.
+    pub(crate) fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until `try_take` grants a place: it answers the place, or the
+    /// earliest instant time alone could make one.
+    pub(crate) async fn take<R>(
+        &self,
+        mut try_take: impl FnMut(&mut T, std::time::Instant) -> Result<R, std::time::Instant>,
+    ) -> R {
+        loop {
+            // Registered before looking, so a place freed in between still
+            // wakes this waiter.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let taken = try_take(&mut self.lock(), now_std());
+            match taken {
+                Ok(r) => return r,
+                Err(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(Instant::from_std(at)) => {}
+                        _ = &mut changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Ready-made future for pacers whose answer needs no waiting.
 fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
     Box::pin(std::future::ready(v))

@@ -2,86 +2,52 @@
 //! [`SpikePace`](crate::rate::spike_pace::SpikePace), for Apigee gateways
 //! where `--limit 30ps` or `1800pm` is the policy's messagesPerPeriod.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
+use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Shared, Ticket};
 use crate::rate::spike_pace::SpikePace;
 
 /// The SpikeArrest pacer, shared by every worker.
 pub struct SpikePacer {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    state: Mutex<SpikePace>,
-    /// Wakes waiters when a call ends or gives its token back: the drip
-    /// may resume sooner than they were told.
-    changed: Notify,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, SpikePace> {
-        // A panic while holding this lock leaves at worst a stale mirror,
-        // which only errs on the slow side.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
+    shared: Arc<Shared<SpikePace>>,
 }
 
 impl SpikePacer {
     /// Paces to `mirror`.
     pub fn new(mirror: SpikePace) -> SpikePacer {
         SpikePacer {
-            shared: Arc::new(Shared {
-                state: Mutex::new(mirror),
-                changed: Notify::new(),
-            }),
+            shared: Shared::new(mirror),
         }
     }
 }
 
 struct SpikeTicket {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<SpikePace>>,
 }
 
 impl Ticket for SpikeTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
         self.shared.lock().complete(arrived.into_std());
-        self.shared.changed.notify_waiters();
+        self.shared.notify();
     }
 
     fn cancel(self: Box<Self>) {
         self.shared.lock().cancel();
-        self.shared.changed.notify_waiters();
+        self.shared.notify();
     }
 }
 
 impl Pacer for SpikePacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            loop {
-                let changed = self.shared.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                let taken = self.shared.lock().try_take(now_std());
-                match taken {
-                    Ok(()) => {
-                        return Ok(Permit::tracked(Box::new(SpikeTicket {
-                            shared: self.shared.clone(),
-                        })))
-                    }
-                    Err(at) => {
-                        tokio::select! {
-                            _ = tokio::time::sleep_until(Instant::from_std(at)) => {}
-                            _ = &mut changed => {}
-                        }
-                    }
-                }
-            }
+            self.shared.take(|s, now| s.try_take(now)).await;
+            Ok(Permit::tracked(Box::new(SpikeTicket {
+                shared: self.shared.clone(),
+            })))
         })
     }
 
@@ -117,6 +83,7 @@ mod tests {
     use crate::pace::testing::call;
     use crate::rate::spike::SpikeArrest;
     use crate::rate::{Limit, Rate};
+    use std::sync::Mutex;
 
     fn rate(s: &str) -> Rate {
         s.parse::<Limit>().unwrap().rate().unwrap()

@@ -3,51 +3,32 @@
 //! until the instant the state machine names, cut short when a call ends or
 //! gives its place back.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
+use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Shared, Ticket};
 use crate::rate::exact::{ExactWindow, SlotId};
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    state: Mutex<ExactWindow>,
-    /// Wakes waiters when a place may have come free sooner than they
-    /// were told.
-    changed: Notify,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, ExactWindow> {
-        // A panic while holding this lock leaves at worst a stale window,
-        // and a stale window only errs on the slow side.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
+    shared: Arc<Shared<ExactWindow>>,
 }
 
 impl WindowPacer {
     /// Paces to `window`.
     pub fn new(window: ExactWindow) -> WindowPacer {
         WindowPacer {
-            shared: Arc::new(Shared {
-                state: Mutex::new(window),
-                changed: Notify::new(),
-            }),
+            shared: Shared::new(window),
         }
     }
 }
 
 /// One call's place in the window.
 struct WindowTicket {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<ExactWindow>>,
     slot: SlotId,
 }
 
@@ -56,12 +37,12 @@ impl Ticket for WindowTicket {
         self.shared.lock().complete(self.slot, arrived.into_std());
         // The place now has a known end, possibly sooner than a waiter
         // assumed for a call in flight.
-        self.shared.changed.notify_waiters();
+        self.shared.notify();
     }
 
     fn cancel(self: Box<Self>) {
         if self.shared.lock().cancel(self.slot) {
-            self.shared.changed.notify_waiters();
+            self.shared.notify();
         }
     }
 }
@@ -69,28 +50,11 @@ impl Ticket for WindowTicket {
 impl Pacer for WindowPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            loop {
-                // Registered before looking, so a place freed in between
-                // still wakes this waiter.
-                let changed = self.shared.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                let taken = self.shared.lock().try_take(now_std());
-                match taken {
-                    Ok(slot) => {
-                        return Ok(Permit::tracked(Box::new(WindowTicket {
-                            shared: self.shared.clone(),
-                            slot,
-                        })))
-                    }
-                    Err(at) => {
-                        tokio::select! {
-                            _ = tokio::time::sleep_until(Instant::from_std(at)) => {}
-                            _ = &mut changed => {}
-                        }
-                    }
-                }
-            }
+            let slot = self.shared.take(|w, now| w.try_take(now)).await;
+            Ok(Permit::tracked(Box::new(WindowTicket {
+                shared: self.shared.clone(),
+                slot,
+            })))
         })
     }
 
@@ -121,7 +85,7 @@ impl Pacer for WindowPacer {
         let note = note.or_else(|| s.take_event(now).map(PaceNote::from));
         drop(s);
         if grew {
-            self.shared.changed.notify_waiters();
+            self.shared.notify();
         }
         ready(note)
     }
@@ -148,6 +112,7 @@ impl Pacer for WindowPacer {
 mod tests {
     use super::*;
     use crate::pace::testing::{call, limit_header, max_in_window};
+    use std::sync::Mutex;
 
     fn pacer(limit: u64, window: Duration) -> Arc<WindowPacer> {
         Arc::new(WindowPacer::new(ExactWindow::new(limit, window, now_std())))
