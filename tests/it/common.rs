@@ -224,6 +224,23 @@ impl Scenario {
         self.dir.path().join("state")
     }
 
+    /// `batchrun status INPUT --state-dir ... --json`: the array of jobs, or
+    /// `Err(stderr)` when status fails (before the run made its checkpoint).
+    pub fn status_json(&self) -> Result<serde_json::Value, String> {
+        let out = bin()
+            .arg("status")
+            .arg(self.input_path())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--json")
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(serde_json::from_slice(&out.stdout).expect("status --json is JSON"))
+    }
+
     fn beside_input(&self, kind: &str) -> PathBuf {
         let input = self.input_path();
         let stem = input.file_stem().unwrap().to_string_lossy();

@@ -143,20 +143,8 @@ async fn status_works_while_the_job_runs_and_always_prints_an_array() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let status = || {
-        let out = bin()
-            .arg("status")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .arg("--json")
-            .output()
-            .unwrap();
-        // Until the run has made its checkpoint there is nothing to show.
-        out.status
-            .success()
-            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
-    };
+    // Until the run has made its checkpoint there is nothing to show.
+    let status = || s.status_json().ok();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let live = loop {
         let v = status().unwrap_or_default();

@@ -20,25 +20,9 @@ use crate::common::*;
 /// lands mid-run, few enough for a debug build in a few seconds.
 const ITEMS: u64 = 60_000;
 
-/// `batchrun status --json` for the scenario's job.
+/// `batchrun status --json` for the scenario's job (the array has one).
 fn status(s: &Scenario) -> serde_json::Value {
-    let out = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // `status --json` is an array of jobs; this input has one.
-    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    all[0].clone()
+    s.status_json().unwrap_or_else(|e| panic!("{e}"))[0].clone()
 }
 
 #[tokio::test(flavor = "multi_thread")]

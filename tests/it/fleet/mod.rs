@@ -202,20 +202,7 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
     );
 
     // Every shard shows in the job's status.
-    let out = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = s.status_json().unwrap_or_else(|e| panic!("{e}"));
     let shards: Vec<(String, u64)> = v
         .as_array()
         .expect("one entry per shard")
