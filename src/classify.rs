@@ -45,6 +45,11 @@ pub enum CallError {
         reason: String,
         /// The server's `Retry-After`, if it sent one.
         retry_after: Option<Duration>,
+        /// The call may have run: it went out and no verdict came back (a
+        /// timeout, a connection lost after sending, a gateway timeout, the
+        /// key still executing). Its retries, and `--retry-failed`, keep its
+        /// Idempotency-Key so the server can answer with what it did.
+        unknown: bool,
     },
     /// Retrying cannot help: any other 4xx.
     #[error("HTTP {status}: {reason}")]
@@ -105,6 +110,9 @@ pub fn classify(
 
 fn transient(code: u16, body: &str, retry_after: Option<Duration>) -> CallError {
     CallError::Transient {
+        // A gateway gave up waiting for the API, or the key is still
+        // executing: either way the call may have run.
+        unknown: matches!(code, 409 | 504),
         reason: format!(
             "HTTP {code}{}",
             short_reason(body)
@@ -117,9 +125,12 @@ fn transient(code: u16, body: &str, retry_after: Option<Duration>) -> CallError 
 
 /// A transport failure (timeout, refused, reset) is always worth a retry.
 pub fn transport(err: &crate::request::TransportError) -> CallError {
+    use crate::request::FailureKind;
     CallError::Transient {
         reason: err.reason.clone(),
         retry_after: None,
+        // Only a call that never reached the server is known not to have run.
+        unknown: !matches!(err.kind, FailureKind::Connect | FailureKind::Resources),
     }
 }
 
@@ -224,12 +235,38 @@ mod tests {
             Err(CallError::Transient {
                 reason: "HTTP 409: in progress".into(),
                 retry_after: Some(Duration::from_secs(2)),
+                unknown: true,
             })
         );
         assert!(matches!(
             c(409, &[], "conflict"),
             Err(CallError::Permanent { status: 409, .. })
         ));
+    }
+
+    #[test]
+    fn only_calls_that_may_have_run_are_of_unknown_outcome() {
+        use crate::request::{FailureKind, TransportError};
+        let unknown = |c: Result<(), CallError>| match c {
+            Err(CallError::Transient { unknown, .. }) => unknown,
+            other => panic!("not transient: {other:?}"),
+        };
+        assert!(unknown(c(504, &[], "")), "the gateway gave up waiting");
+        assert!(!unknown(c(503, &[], "")), "the server answered: not run");
+        assert!(!unknown(c(408, &[], "")));
+        for (kind, may_have_run) in [
+            (FailureKind::Timeout, true),
+            (FailureKind::Body, true),
+            (FailureKind::Other, true),
+            (FailureKind::Connect, false),
+            (FailureKind::Resources, false),
+        ] {
+            let e = TransportError {
+                kind,
+                reason: "x".into(),
+            };
+            assert_eq!(unknown(Err(transport(&e))), may_have_run, "{kind:?}");
+        }
     }
 
     #[test]

@@ -181,6 +181,9 @@ pub enum FailureKind {
     Connect,
     /// The connection dropped while the response was read.
     Body,
+    /// This process ran out of file handles (EMFILE, ENFILE): the call
+    /// never left, and it is nobody's fault but the machine's.
+    Resources,
     /// Anything else.
     Other,
 }
@@ -287,7 +290,9 @@ impl Transport for HttpTransport {
 /// the URL, which may carry item data; the reason keeps only the category
 /// and the innermost cause.
 fn failure(err: &reqwest::Error) -> TransportError {
-    let (kind, what) = if err.is_timeout() {
+    let (kind, what) = if out_of_handles(err) {
+        (FailureKind::Resources, "out of file handles")
+    } else if err.is_timeout() {
         (FailureKind::Timeout, "timed out")
     } else if err.is_connect() {
         (FailureKind::Connect, "could not connect")
@@ -308,8 +313,53 @@ fn failure(err: &reqwest::Error) -> TransportError {
     TransportError { kind, reason }
 }
 
+/// Whether an error, or one of its causes, is the process or the system
+/// running out of file handles.
+fn out_of_handles(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                return true;
+            }
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// A shareable transport.
 pub type SharedTransport = Arc<dyn Transport>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("tcp connect error")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn running_out_of_file_handles_is_found_among_the_causes() {
+        let emfile = Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(out_of_handles(&emfile));
+        let enfile = std::io::Error::from_raw_os_error(libc::ENFILE);
+        assert!(out_of_handles(&enfile));
+        let refused = Wrapped(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert!(!out_of_handles(&refused));
+    }
+}
 
 #[cfg(test)]
 pub mod fake {

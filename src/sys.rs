@@ -41,6 +41,22 @@ pub fn ensure_open_files(workers: u64) -> Result<u64, String> {
     Ok(need)
 }
 
+/// Makes a file size limit (`ulimit -f`) fail the write that passes it,
+/// instead of killing the process with SIGXFSZ: the checkpoint writer then
+/// sees an error and the run halts resumably with the reason.
+#[cfg(unix)]
+pub fn file_size_limit_is_an_error() {
+    // SAFETY: setting a signal's disposition to "ignore" installs no
+    // handler and touches no memory of ours.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
+/// Elsewhere there is no such signal.
+#[cfg(not(unix))]
+pub fn file_size_limit_is_an_error() {}
+
 /// Elsewhere the limit is left to the system.
 #[cfg(not(unix))]
 pub fn ensure_open_files(_workers: u64) -> Result<u64, String> {

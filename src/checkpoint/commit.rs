@@ -67,6 +67,8 @@ pub struct Record {
     pub attempts: u32,
     /// The raw response body (done) or the reason (failed).
     pub payload: Vec<u8>,
+    /// Failed with its outcome unknown: the call may have run.
+    pub unknown: bool,
 }
 
 /// The job record's fields from the recording loop, with the meter state
@@ -88,7 +90,12 @@ struct Inbox {
     dead: bool,
     /// Records of the group being written.
     committing: usize,
+    /// Told once, from the committing thread, when a write fails.
+    on_failure: Option<FailureHook>,
 }
+
+/// Called with the error when the checkpoint cannot be written.
+pub type FailureHook = Box<dyn FnOnce(&CheckpointError) + Send>;
 
 impl Inbox {
     /// Finished calls not yet recorded: queued, or being written.
@@ -216,6 +223,13 @@ impl Committer {
         Backlog(self.shared.clone())
     }
 
+    /// Calls `hook` from the committing thread as soon as a write fails, so
+    /// the run can stop sending calls it could not record. After a failure
+    /// nothing more is written; what is queued stays pending.
+    pub fn on_failure(&self, hook: impl FnOnce(&CheckpointError) + Send + 'static) {
+        self.shared.lock().on_failure = Some(Box::new(hook));
+    }
+
     /// Queues a finished call for the next group.
     pub fn record(&self, r: Record) -> Result<(), CheckpointError> {
         let mut inbox = self.shared.lock();
@@ -306,7 +320,14 @@ impl Writer {
             if let Some((meta, meter)) = group.job {
                 self.adopt(*meta, meter);
             }
+            let failed_before = self.err.is_some();
             self.commit(group.flush || group.last);
+            if let (false, Some(e)) = (failed_before, &self.err) {
+                let hook = shared.lock().on_failure.take();
+                if let Some(hook) = hook {
+                    hook(e);
+                }
+            }
             records.shrink_to(KEEP_RECORDS);
             shared.lock().committing = 0;
             shared.drained.notify_all();
@@ -359,6 +380,7 @@ impl Writer {
             status: r.status,
             attempts: r.attempts,
             payload: &r.payload,
+            unknown: r.unknown,
         }
         .encode(&mut self.buf);
         self.batch.push((r.line, r.state, offset));

@@ -92,6 +92,21 @@ impl JobItems {
         Ok(self.job()?.map(|m| m.counts()).unwrap_or_default())
     }
 
+    /// Checks the job record against the line states it counts: they are
+    /// written in one transaction, so any difference is damage (a record
+    /// lost or restored apart from its lines), and resuming from it would
+    /// skip or repeat items.
+    pub fn check_counts(&self, meta: &JobMeta) -> Result<(), CheckpointError> {
+        let bits = self.states.counts();
+        if bits == meta.counts() {
+            return Ok(());
+        }
+        Err(CheckpointError::Corrupt(format!(
+            "job {} records {} done and {} failed, but its line states hold {} done and {} failed",
+            self.id, meta.done, meta.failed, bits.done, bits.failed
+        )))
+    }
+
     /// Records what the outputs were just written from.
     pub fn save_outputs(&self, stamp: OutputStamp) -> Result<(), CheckpointError> {
         let Some(mut meta) = self.job()? else {
@@ -124,11 +139,15 @@ impl JobItems {
     }
 
     /// Makes every failed item pending again (`--retry-failed`), with a new
-    /// retry generation for its Idempotency-Key. `meta` is the job record:
-    /// its counts change in the same transactions as the slots.
+    /// retry generation for its Idempotency-Key, except where the failure's
+    /// outcome is unknown: that call may have run, and only its old key lets
+    /// the server answer with what it did instead of running it again.
+    /// `meta` is the job record: its counts change in the same transactions
+    /// as the slots.
     pub fn clear_failed(&self, meta: &mut JobMeta) -> Result<u64, CheckpointError> {
         let mut n = 0;
         let mut group = Vec::new();
+        let mut results = self.results();
         for kv in self.lines.iter() {
             let (k, v) = kv.map_err(|e| self.err(e))?;
             let mut chunk = Chunk::decode(&k, &v)?;
@@ -142,8 +161,9 @@ impl JobItems {
             }
             let mut reopened = Vec::with_capacity(failed.len());
             for line in failed {
+                let unknown = results.get(line)?.is_some_and(|e| e.unknown);
                 chunk.set(line, None);
-                reopened.push((line, self.generation(line)? + 1));
+                reopened.push((line, self.generation(line)? + u32::from(!unknown)));
             }
             group.push((chunk, reopened));
             if group.len() == CLEAR_BATCH {

@@ -6,7 +6,8 @@
 //! little-endian header and its payload:
 //!
 //! ```text
-//! magic u8 (0xE5) | state u8 (1 done, 2 failed) | status u16 (0: none)
+//! magic u8 (0xE5) | state u8 (1 done, 2 failed, 3 failed with its outcome
+//! unknown) | status u16 (0: none)
 //! attempts u32 | line u64 | payload length u32 | payload
 //! ```
 //!
@@ -42,6 +43,8 @@ pub struct Entry<'a> {
     pub attempts: u32,
     /// The response body (done) or the reason (failed).
     pub payload: &'a [u8],
+    /// Failed, but the call may have run: no verdict came back for it.
+    pub unknown: bool,
 }
 
 impl Entry<'_> {
@@ -50,6 +53,7 @@ impl Entry<'_> {
         out.push(MAGIC);
         out.push(match self.state {
             ItemState::Done => 1,
+            ItemState::Failed if self.unknown => 3,
             ItemState::Failed => 2,
         });
         out.extend_from_slice(&self.status.unwrap_or(0).to_le_bytes());
@@ -159,7 +163,7 @@ impl LogReader {
             |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let state = match (head[0], head[1]) {
             (MAGIC, 1) => ItemState::Done,
-            (MAGIC, 2) => ItemState::Failed,
+            (MAGIC, 2 | 3) => ItemState::Failed,
             _ => {
                 return Err(CheckpointError::Corrupt(format!(
                     "no results log entry at offset {offset} of {}",
@@ -167,6 +171,7 @@ impl LogReader {
                 )))
             }
         };
+        let unknown = head[1] == 3;
         let status = u16::from_le_bytes([head[2], head[3]]);
         let attempts = u32_at(4);
         let mut line = [0u8; 8];
@@ -179,6 +184,7 @@ impl LogReader {
             status: (status != 0).then_some(status),
             attempts,
             payload: &whole[ENTRY_HEADER..],
+            unknown,
         })
     }
 }
@@ -264,6 +270,7 @@ mod tests {
                 status: Some(200),
                 attempts: 1,
                 payload: br#"{"ok":true}"#,
+                unknown: false,
             },
             Entry {
                 line: 1,
@@ -271,6 +278,15 @@ mod tests {
                 status: None,
                 attempts: 5,
                 payload: b"timed out",
+                unknown: true,
+            },
+            Entry {
+                line: 2,
+                state: ItemState::Failed,
+                status: Some(400),
+                attempts: 1,
+                payload: b"bad request",
+                unknown: false,
             },
             Entry {
                 line: 9,
@@ -278,6 +294,7 @@ mod tests {
                 status: Some(201),
                 attempts: 2,
                 payload: &big,
+                unknown: false,
             },
         ];
         let mut offsets = Vec::new();

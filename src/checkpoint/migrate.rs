@@ -73,6 +73,7 @@ pub fn upgrade(store: &Store, mut meta: JobMeta) -> Result<(), CheckpointError> 
             status: rec.status,
             attempts: rec.attempts,
             payload,
+            unknown: false,
         })?;
     }
     // The job record goes out in the new layout even with no record to move.

@@ -30,6 +30,7 @@ fn done(line: u64, body: &str) -> Record {
         status: Some(200),
         attempts: 1,
         payload: body.as_bytes().to_vec(),
+        unknown: false,
     }
 }
 
@@ -56,6 +57,7 @@ fn records_survive_reopen_and_count() {
             status: Some(422),
             attempts: 1,
             payload: b"bad".to_vec(),
+            unknown: false,
         })
         .unwrap();
         let committed = c.finish();
@@ -112,6 +114,83 @@ fn records_survive_reopen_and_count() {
 }
 
 #[test]
+fn a_job_record_that_disagrees_with_its_line_states_is_damage() {
+    let dir = tmp("counts");
+    let s = Store::open(&dir).unwrap();
+    let meta = new_job(&s, "j4", 3);
+    let mut items = s.items("j4").unwrap();
+    items.reserve_lines(3);
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    c.record(done(1, "{}")).unwrap();
+    c.record(done(2, "{}")).unwrap();
+    assert!(c.finish().err.is_none());
+    let meta = s.job("j4").unwrap().unwrap();
+    items.check_counts(&meta).unwrap();
+    // The record restored from an older copy, apart from its lines.
+    let mut old = meta.clone();
+    old.done = 1;
+    s.save_job(&old).unwrap();
+    let items = s.items("j4").unwrap();
+    let e = items.check_counts(&old).unwrap_err().to_string();
+    assert!(e.contains("1 done") && e.contains("2 done"), "{e}");
+    // A record lost (and made anew) while the lines stayed.
+    let blank = JobMeta {
+        id: "j4".into(),
+        ..JobMeta::default()
+    };
+    assert!(items.check_counts(&blank).is_err());
+    drop((items, s));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
+    let dir = tmp("unknown");
+    let s = Store::open(&dir).unwrap();
+    let meta = new_job(&s, "j3", 2);
+    let mut items = s.items("j3").unwrap();
+    items.reserve_lines(2);
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    for (line, unknown) in [(1, true), (2, false)] {
+        c.record(Record {
+            line,
+            state: ItemState::Failed,
+            status: None,
+            attempts: 5,
+            payload: b"timed out".to_vec(),
+            unknown,
+        })
+        .unwrap();
+    }
+    assert!(c.finish().err.is_none());
+    let mut meta = s.job("j3").unwrap().unwrap();
+    assert_eq!(items.clear_failed(&mut meta).unwrap(), 2);
+    assert_eq!(
+        items.generation(1).unwrap(),
+        0,
+        "the call may have run: same key, so the server replays it"
+    );
+    assert_eq!(items.generation(2).unwrap(), 1, "a known failure: new key");
+    // Failed again, unknown again: still the same key.
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    c.record(Record {
+        line: 1,
+        state: ItemState::Failed,
+        status: Some(504),
+        attempts: 5,
+        payload: b"gateway timeout".to_vec(),
+        unknown: true,
+    })
+    .unwrap();
+    assert!(c.finish().err.is_none());
+    let mut meta = s.job("j3").unwrap().unwrap();
+    assert_eq!(items.clear_failed(&mut meta).unwrap(), 1);
+    assert_eq!(items.generation(1).unwrap(), 0);
+    drop((items, s));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_result_in_the_log_but_not_committed_leaves_the_item_pending() {
     let dir = tmp("order");
     let s = Store::open(&dir).unwrap();
@@ -126,6 +205,7 @@ fn a_result_in_the_log_but_not_committed_leaves_the_item_pending() {
         status: Some(200),
         attempts: 1,
         payload: b"{\"lost\":1}",
+        unknown: false,
     }
     .encode(&mut bytes);
     w.append(&bytes).unwrap();

@@ -199,6 +199,53 @@ impl Iterator for Reader {
     }
 }
 
+/// Streams the items like [`Reader`] and fingerprints the bytes as it
+/// reads them. The output pass pairs each line with its result through it,
+/// so that an input edited while the job ran is seen, not silently paired
+/// with another file's results.
+pub struct CheckedReader {
+    items: Items<HashingReader<File>>,
+    path: String,
+}
+
+impl CheckedReader {
+    /// Opens `path` to be read as `format`.
+    ///
+    /// # Errors
+    ///
+    /// [`InputError::Io`] when the file cannot be opened.
+    pub fn open(path: &Path, format: Format) -> Result<CheckedReader, InputError> {
+        let file = open_file(path)?;
+        Ok(CheckedReader {
+            items: Items::new(HashingReader::new(file), format, display(path)),
+            path: display(path),
+        })
+    }
+
+    /// The fingerprint of the whole file as read (what [`scan`] gives an
+    /// unchanged file), reading whatever the parser left.
+    ///
+    /// # Errors
+    ///
+    /// [`InputError::Io`] on a read error.
+    pub fn finish(self) -> Result<String, InputError> {
+        let mut hashing = self.items.into_inner();
+        io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
+            path: self.path,
+            reason: format!("read error: {}", io_reason(&e)),
+        })?;
+        Ok(hashing.finish())
+    }
+}
+
+impl Iterator for CheckedReader {
+    type Item = Result<Item, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.items.next()
+    }
+}
+
 /// What one full pass over the input found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scan {

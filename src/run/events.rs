@@ -34,6 +34,9 @@ pub enum Event {
         reason: String,
         /// Calls it took.
         attempts: u32,
+        /// The last call may have run (no verdict came back): the item
+        /// keeps its Idempotency-Key through `--retry-failed`.
+        unknown: bool,
     },
     /// A 429: for the window (everyone paused) or for concurrency.
     RateLimited {

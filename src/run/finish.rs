@@ -88,7 +88,10 @@ pub(crate) fn end_state(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
             humantime::format_duration(*for_)
         ),
-        Halt::Internal(why) | Halt::Systemic(why) | Halt::PacerUnavailable(why) => why.clone(),
+        Halt::Internal(why)
+        | Halt::Systemic(why)
+        | Halt::PacerUnavailable(why)
+        | Halt::Checkpoint(why) => why.clone(),
     };
     (h.state(), Some(reason))
 }
@@ -105,6 +108,16 @@ pub async fn finish(
         mut meter,
         err: record_err,
     } = recorded;
+    // A write that failed in the last group, after the pool was over, still
+    // means a resumable halt, not a fatal error.
+    let halt = match (&record_err, halt) {
+        (Some(err), None) => Some(Halt::Checkpoint(super::checkpoint_failed(
+            &e.settings.state_dir,
+            &format!("{err:#}"),
+        ))),
+        (_, h) => h,
+    };
+    let storage_failed = matches!(halt, Some(Halt::Checkpoint(_)));
     let counts = e.items.counts().context("reading the checkpoint")?;
     let last = e.ledger.last();
     let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last);
@@ -144,15 +157,20 @@ pub async fn finish(
     meta.last_state = serde_json::to_value(state)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string));
-    e.store.save_job(&meta).context("saving the checkpoint")?;
-    e.store
-        .save_meter_state(&e.settings.origin, &meta.meter)
-        .context("saving the checkpoint")?;
-    e.store.flush().context("flushing the checkpoint")?;
-    super::job::write_outputs(e.settings, e.items)?;
+    let saved = save(&e, &meta)
+        .and_then(|()| super::job::write_outputs(e.settings, e.items).map_err(RunError::Fatal));
+    match saved {
+        Ok(()) => {}
+        // The storage already failed: what is on disk is what was
+        // committed, and the halt says so; this is only more of the same.
+        Err(err) if storage_failed => e.reporter.println(&format!(
+            "batchrun: the outputs were not brought up to date: {err}"
+        )),
+        Err(err) => return Err(err),
+    }
     e.reporter.finish();
     e.alerter.flush(std::time::Duration::from_secs(5)).await;
-    if let Some(err) = record_err {
+    if let (Some(err), false) = (record_err, storage_failed) {
         return Err(RunError::Fatal(
             err.context("recording results in the checkpoint"),
         ));
@@ -170,6 +188,16 @@ pub async fn finish(
         false => report::err_line(&crate::report::progress::stamped(&text)),
     }
     Ok(summary)
+}
+
+/// The job record and the meter state, on disk.
+fn save(e: &Ending<'_>, meta: &crate::checkpoint::JobMeta) -> Result<(), RunError> {
+    e.store.save_job(meta).context("saving the checkpoint")?;
+    e.store
+        .save_meter_state(&e.settings.origin, &meta.meter)
+        .context("saving the checkpoint")?;
+    e.store.flush().context("flushing the checkpoint")?;
+    Ok(())
 }
 
 fn summary(

@@ -31,15 +31,21 @@ pub enum Halt {
     /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
     /// call may go out without a slot, so the run stops resumably.
     PacerUnavailable(String),
+    /// The checkpoint could not be written (a full disk, a file size limit):
+    /// no call may go out that cannot be recorded, so the run stops
+    /// resumably. The reason is the storage error.
+    Checkpoint(String),
 }
 
 impl Halt {
     /// The end state this halt leads to.
     pub fn state(&self) -> RunState {
         match self {
-            Halt::Exhausted | Halt::Reserve(_) | Halt::Stalled(_) | Halt::PacerUnavailable(_) => {
-                RunState::Halted
-            }
+            Halt::Exhausted
+            | Halt::Reserve(_)
+            | Halt::Stalled(_)
+            | Halt::PacerUnavailable(_)
+            | Halt::Checkpoint(_) => RunState::Halted,
             Halt::Auth(_) | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,
         }

@@ -197,7 +197,8 @@ pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()
     let mut out = create(&settings.out)?;
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
-    for item in input::Reader::open(&settings.input, settings.format)? {
+    let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    for item in &mut reader {
         let item = item?;
         let Some(e) = results.get(item.line)? else {
             continue;
@@ -206,6 +207,24 @@ pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()
             ItemState::Done => done_line(&mut out, &item, &e)?,
             ItemState::Failed => failed_line(&mut fail, &item, &e)?,
         }
+    }
+    // A file edited under the run would pair its lines with the results of
+    // other lines: such outputs are never put in place. Lines appended
+    // under it are fine: they are pending, and the old ones are unchanged.
+    let read = reader.finish()?;
+    if read != meta.fingerprint && !grew(settings, &meta) {
+        drop((out, fail));
+        let _ = std::fs::remove_file(tmp(&settings.out));
+        let _ = std::fs::remove_file(tmp(&settings.failures));
+        anyhow::bail!(
+            "{} changed while the job ran: {} and {} were not written, so that no line is \
+             paired with another line's result. Every result is safe in the checkpoint: \
+             restore the file and run the same command to write them (nothing is sent \
+             again), or use --fresh to start over with the new content",
+            settings.input.display(),
+            settings.out.display(),
+            settings.failures.display()
+        );
     }
     for (w, p) in [(out, &settings.out), (fail, &settings.failures)] {
         let f = w.into_inner().map_err(|e| e.into_error())?;
@@ -233,13 +252,18 @@ fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<(
     Ok(())
 }
 
-/// One `--failures` line: `{"line","input","status","reason","attempts"}`.
+/// One `--failures` line: `{"line","input","status","reason","attempts"}`,
+/// and `"outcome_unknown":true` when the call may have run.
 fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
     write!(w, "{{\"line\":{},\"input\":", item.line)?;
     serde_json::to_writer(&mut *w, &item.value)?;
     write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
     serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?;
-    writeln!(w, ",\"attempts\":{}}}", e.attempts)?;
+    write!(w, ",\"attempts\":{}", e.attempts)?;
+    if e.unknown {
+        w.write_all(b",\"outcome_unknown\":true")?;
+    }
+    w.write_all(b"}\n")?;
     Ok(())
 }
 

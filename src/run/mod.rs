@@ -53,6 +53,7 @@ pub async fn run(
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
     crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
+    crate::sys::file_size_limit_is_an_error();
     // 1. A pipe can be read only once: it is copied into the state dir
     //    first (named by its content, so the same content resumes the same
     //    job).
@@ -141,7 +142,7 @@ pub async fn run(
         spec: settings.request.clone(),
         transport: Arc::new(transport),
         pacer,
-        gate: Gate::new(c.probe_every),
+        gate: Arc::new(Gate::new(c.probe_every)),
         ledger: ledger.clone(),
         events: ev_tx,
         cfg: PoolConfig {
@@ -165,6 +166,13 @@ pub async fn run(
     let committer = items
         .committer(meta.clone(), GroupCommit::default())
         .context("opening the results log")?;
+    // No call may go out that cannot be recorded: a failed write (a full
+    // disk) stops the pool at once, not at the end of the input.
+    committer.on_failure({
+        let gate = pool.gate.clone();
+        let dir = settings.state_dir.clone();
+        move |e| gate.stop(Halt::Checkpoint(checkpoint_failed(&dir, e)))
+    });
     let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
     let feeder = spawn_feeder(
         &settings,
@@ -254,6 +262,17 @@ fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointError) -> RunE
          what already ran instead of running it twice",
         dir.display()
     ))
+}
+
+/// Why a run stopped when its checkpoint could not be written, and the way on.
+pub(crate) fn checkpoint_failed(dir: &std::path::Path, e: &dyn std::fmt::Display) -> String {
+    format!(
+        "the checkpoint in {} could not be written ({e}); no more calls were sent. \
+         Calls that finished but were not recorded (about one group) go again under \
+         the same Idempotency-Keys, so an API that honours them replays them. Free \
+         space there (or fix the file) and run the same command to resume",
+        dir.display()
+    )
 }
 
 /// Results exist for this input but the checkpoint knows nothing of them
@@ -436,6 +455,9 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     drop(states);
     items.reserve_lines(scan.last_line);
     let mut meta = job::open(&store, settings, &scan, &id, epoch)?;
+    items
+        .check_counts(&meta)
+        .map_err(|e| damaged(&settings.state_dir, e))?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;

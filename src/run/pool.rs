@@ -49,7 +49,7 @@ pub struct Pool {
     /// When it may go.
     pub pacer: Arc<dyn Pacer>,
     /// Whether it may go at all.
-    pub gate: Gate,
+    pub gate: Arc<Gate>,
     /// The balance and the reserve.
     pub ledger: Arc<Ledger>,
     /// Where the workers report.
@@ -71,6 +71,8 @@ pub struct Slots {
     size: std::sync::atomic::AtomicUsize,
     /// Slots to retire as soon as they are returned.
     debt: std::sync::atomic::AtomicUsize,
+    /// Running out of file handles was said once already.
+    noted_handles: std::sync::atomic::AtomicBool,
 }
 
 /// One call's slot; returned (or retired) when dropped.
@@ -100,6 +102,7 @@ impl Slots {
             sem: tokio::sync::Semaphore::new(n),
             size: std::sync::atomic::AtomicUsize::new(n),
             debt: std::sync::atomic::AtomicUsize::new(0),
+            noted_handles: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -145,6 +148,16 @@ enum Outcome {
         done: Option<(u16, String)>,
         why: String,
     },
+    /// This process ran out of file handles: the call never left.
+    OutOfHandles,
+}
+
+/// Why a call is worth another try.
+struct Why {
+    reason: String,
+    retry_after: Option<Duration>,
+    /// The call may have run.
+    unknown: bool,
 }
 
 /// What the worker does next with its item.
@@ -200,6 +213,7 @@ impl Pool {
                     status: None,
                     reason,
                     attempts: 0,
+                    unknown: false,
                 });
                 return;
             }
@@ -316,6 +330,10 @@ impl Pool {
                 permit.complete(Instant::now());
                 self.read(resp).await
             }
+            Err(e) if e.kind == FailureKind::Resources => {
+                drop(permit);
+                Outcome::OutOfHandles
+            }
             // No connection, so the server never saw the call: its place in
             // the window is free again, and a wrong host fails fast.
             Err(e) if e.kind == FailureKind::Connect => {
@@ -416,6 +434,13 @@ impl Pool {
                 return Next::Finished;
             }
             Outcome::Error(e, systemic) => (e, systemic),
+            Outcome::OutOfHandles => {
+                if probing {
+                    self.gate.release_probe();
+                }
+                *attempts -= 1;
+                return self.out_of_handles().await;
+            }
         };
         // Whatever went wrong, a probe that did not find credits gone must
         // not hold the probe: the next waiting worker takes it.
@@ -450,6 +475,7 @@ impl Pool {
                     status: Some(status),
                     reason: format!("HTTP {status}: {reason}"),
                     attempts: *attempts,
+                    unknown: false,
                 };
                 self.settle(systemic, Some(failed), req);
                 Next::Finished
@@ -457,9 +483,14 @@ impl Pool {
             CallError::Transient {
                 reason,
                 retry_after,
+                unknown,
             } => {
-                self.transient(item, req, *attempts, (reason, retry_after), systemic)
-                    .await
+                let why = Why {
+                    reason,
+                    retry_after,
+                    unknown,
+                };
+                self.transient(item, req, *attempts, why, systemic).await
             }
         }
     }
@@ -498,21 +529,54 @@ impl Pool {
         self.again_after(pause).await
     }
 
-    /// A transient failure: retried with backoff until the attempts run out.
+    /// Too many connections for this process's file handles: fewer calls in
+    /// flight from now on, and the item goes again. Neither the item nor the
+    /// job is at fault, so no attempt is spent and nothing is failed.
+    async fn out_of_handles(&self) -> Next {
+        if let Some(n) = self.slots.lower() {
+            if !self
+                .slots
+                .noted_handles
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                self.emit(Event::Note(format!(
+                    "batchrun: out of file handles (EMFILE): lowering the calls in flight \
+                     (now {n}); raise `ulimit -n` or lower --concurrency"
+                )));
+            }
+        }
+        let wait = Duration::from_millis(fastrand::u64(50..=250));
+        self.again_after(wait).await
+    }
+
+    /// A transient failure: retried with backoff (under the same key) until
+    /// the attempts run out.
     async fn transient(
         &self,
         item: &Item,
         req: &Request,
         attempts: u32,
-        (reason, retry_after): (String, Option<Duration>),
+        why: Why,
         systemic: Option<Systemic>,
     ) -> Next {
+        let Why {
+            reason,
+            retry_after,
+            unknown,
+        } = why;
         let last = attempts >= self.cfg.max_attempts;
         let failed = last.then(|| Event::Failed {
             line: item.line,
             status: None,
-            reason: format!("{reason} (gave up after {attempts} attempts)"),
+            reason: match unknown {
+                true => format!(
+                    "outcome unknown: {reason} (gave up after {attempts} attempts; the call may \
+                     have run, so --retry-failed sends it again under the same Idempotency-Key)"
+                ),
+                false => format!("{reason} (gave up after {attempts} attempts)"),
+            },
             attempts,
+            unknown,
         });
         if !self.settle(systemic, failed, req) || last {
             return Next::Finished;

@@ -147,6 +147,7 @@ impl Recorder {
                     status: Some(status),
                     attempts,
                     payload: body,
+                    unknown: false,
                 })?;
                 Stats::bump(&stats.done);
                 Stats::bump(&stats.done_this_run);
@@ -163,6 +164,7 @@ impl Recorder {
                 status,
                 reason,
                 attempts,
+                unknown,
             } => {
                 self.committer.record(Record {
                     line,
@@ -170,6 +172,7 @@ impl Recorder {
                     status,
                     attempts,
                     payload: reason.into_bytes(),
+                    unknown,
                 })?;
                 Stats::bump(&stats.failed);
             }

@@ -45,7 +45,7 @@ async fn run_pool(
         spec: spec(),
         transport: transport.clone(),
         pacer,
-        gate: Gate::new(Duration::from_secs(60)),
+        gate: Arc::new(Gate::new(Duration::from_secs(60))),
         ledger: Ledger::new(None, None, None),
         events: tx,
         cfg: PoolConfig {
@@ -287,4 +287,72 @@ async fn a_concurrency_429_lowers_the_calls_in_flight_not_the_window() {
         .count();
     assert_eq!(paused, 0, "the window was never paused");
     assert!(t.calls().len() >= 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_without_a_verdict_fails_as_unknown_under_one_key() {
+    use crate::request::FailureKind;
+    // Item 1 always times out; item 2 is refused with a 400.
+    let (t, events, halt) = run_pool(2, 1, false, |req, _| {
+        if req.url.ends_with("n=1") {
+            Step::fail(FailureKind::Timeout)
+        } else {
+            Step::status(400, &[], "{\"error\":\"bad\"}")
+        }
+    })
+    .await;
+    assert_eq!(halt, None);
+    let calls = t.calls();
+    let first: Vec<_> = calls.iter().filter(|c| c.1.ends_with("n=1")).collect();
+    assert_eq!(first.len(), 5, "every attempt spent");
+    assert!(
+        first.iter().all(|c| c.2 == first[0].2),
+        "one key throughout"
+    );
+    let mut unknowns = events.iter().filter_map(|e| match e {
+        Event::Failed {
+            line,
+            unknown,
+            reason,
+            ..
+        } => Some((*line, *unknown, reason.clone())),
+        _ => None,
+    });
+    let (a, b) = (unknowns.next().unwrap(), unknowns.next().unwrap());
+    let (timed_out, refused) = if a.0 == 1 { (a, b) } else { (b, a) };
+    assert!(timed_out.1, "a timeout may have run: {timed_out:?}");
+    assert!(
+        timed_out.2.starts_with("outcome unknown"),
+        "{}",
+        timed_out.2
+    );
+    assert!(!refused.1, "a 400 is a verdict: {refused:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn running_out_of_file_handles_fails_nothing_and_spends_no_attempt() {
+    use crate::request::FailureKind;
+    // The first twelve calls find no file handle free; the rest go through.
+    let (t, events, halt) = run_pool(4, 4, false, |_, n| {
+        if n < 12 {
+            Step::fail(FailureKind::Resources)
+        } else {
+            Step::ok("{}")
+        }
+    })
+    .await;
+    assert_eq!(halt, None, "not a systemic failure of the job");
+    assert_eq!(failed(&events), 0);
+    assert_eq!(done_lines(&events), vec![1, 2, 3, 4]);
+    for e in &events {
+        if let Event::Done { attempts, .. } = e {
+            assert_eq!(*attempts, 1, "an unsent call is no attempt");
+        }
+    }
+    let notes = events
+        .iter()
+        .filter(|e| matches!(e, Event::Note(n) if n.contains("EMFILE")))
+        .count();
+    assert_eq!(notes, 1, "said once");
+    assert_eq!(t.calls().len(), 16);
 }

@@ -222,6 +222,7 @@ mod tests {
             status: Some(404),
             reason: "HTTP 404".into(),
             attempts: 1,
+            unknown: false,
         })
     }
 

@@ -360,10 +360,27 @@ pub fn finish(mut c: Command) -> Finished {
 /// Starts `c`, waits until the sim's stats satisfy `cond`, sends `signal`
 /// (SIGINT, SIGTERM) as a person or a scheduler would, and waits for the end.
 pub async fn signal_when(
-    mut c: Command,
+    c: Command,
     sim: &Sim,
     cond: impl Fn(&serde_json::Value) -> bool,
     signal: i32,
+) -> Finished {
+    act_when(c, sim, cond, |pid| {
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(pid as i32, signal);
+        }
+    })
+    .await
+}
+
+/// Starts `c`, waits until the sim's stats satisfy `cond`, does `act` with
+/// the child's pid while it runs, and waits for the end.
+pub async fn act_when(
+    mut c: Command,
+    sim: &Sim,
+    cond: impl Fn(&serde_json::Value) -> bool,
+    act: impl FnOnce(u32),
 ) -> Finished {
     let child = c
         .stdout(Stdio::piped())
@@ -371,10 +388,7 @@ pub async fn signal_when(
         .spawn()
         .expect("spawn batchrun");
     wait_for_stats(sim, 30, cond).await;
-    // SAFETY: sending a signal to our own child process.
-    unsafe {
-        libc::kill(child.id() as i32, signal);
-    }
+    act(child.id());
     finished(child.wait_with_output().expect("wait for batchrun"))
 }
 

@@ -221,3 +221,124 @@ async fn outputs_that_differ_only_by_extension_do_not_collide() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
+    use std::os::unix::process::CommandExt as _;
+    const N: u64 = 600;
+    const WORKERS: u64 = 8;
+    let s = Scenario::new("disk-full")
+        .with_sim(&["--limit", "none", "--latency", "20ms"])
+        .numbers(N);
+    let workers = WORKERS.to_string();
+    let mut c = s.cmd(&["--limit", "none", "--concurrency", &workers]);
+    // A file size limit stands in for a full disk: past 30 kB, every write
+    // of the checkpoint fails, as it would with no space left.
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 30_000,
+                rlim_max: 30_000,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let r = finish(c);
+    assert_eq!(r.code, 75, "halted resumably: {}", r.stderr);
+    assert_eq!(r.summary["state"], "halted");
+    let why = r.summary["halt_reason"].as_str().unwrap();
+    assert!(why.contains("could not be written"), "{why}");
+    assert_eq!(r.summary["failed"], 0);
+    let recorded = r.summary["done"].as_u64().unwrap();
+    let st = s.sim().stats().await;
+    let ran = st["side_effects"].as_u64().unwrap();
+    assert!(ran < N, "the pool kept sending: {st}");
+    // What ran but was not recorded: the calls in flight and about one
+    // group, not the rest of the input.
+    assert!(
+        ran <= recorded + 3 * WORKERS,
+        "{ran} calls ran, {recorded} recorded"
+    );
+    // Room again: the same command finishes, and nothing ran twice.
+    let again = s.run(&["--limit", "none", "--concurrency", &workers]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_each_item_once(&s.out_path(), N);
+    assert_side_effects(&s.sim().stats().await, N);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_failed_keeps_the_key_of_a_call_whose_outcome_is_unknown() {
+    // Every call takes 1 s at the server, which keeps working after the
+    // client gives up at 0.3 s: each item runs, and fails here as unknown.
+    let s = Scenario::new("unknown-outcome")
+        .with_sim(&["--limit", "none", "--latency", "1s", "--keep-working"])
+        .numbers(4);
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "--timeout",
+        "300ms",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures.len(), 4);
+    for f in &failures {
+        assert_eq!(f["outcome_unknown"], true, "{f}");
+        assert!(f["reason"].as_str().unwrap().starts_with("outcome unknown"));
+    }
+    wait_for_stats(s.sim(), 10, |st| st["side_effects"] == 4).await;
+    let again = s.run(&["--limit", "none", "--timeout", "5s", "--retry-failed"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_each_item_once(&s.out_path(), 4);
+    let st = s.sim().stats().await;
+    assert_side_effects(&st, 4);
+    assert_eq!(
+        st["idempotent_replays"], 4,
+        "the server answered from its record: {st}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_input_edited_during_the_run_is_never_paired_with_its_results() {
+    const N: u64 = 12;
+    let s = Scenario::new("edited-under")
+        .with_sim(&["--limit", "none", "--latency", "150ms"])
+        .numbers(N);
+    let input = s.input_path().to_path_buf();
+    let original = std::fs::read_to_string(&input).unwrap();
+    let c = s.cmd(&["--limit", "none", "--concurrency", "2"]);
+    let r = act_when(
+        c,
+        s.sim(),
+        |st| st["requests"].as_u64() >= Some(2),
+        |_| {
+            // As an editor saves: a new file renamed over the old one, its
+            // first line changed.
+            let edited = original.replacen("{\"n\": 1}", "{\"n\": 100}", 1);
+            let tmp = input.with_extension("swp");
+            std::fs::write(&tmp, edited).unwrap();
+            std::fs::rename(&tmp, &input).unwrap();
+        },
+    )
+    .await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("changed while the job ran"),
+        "{}",
+        r.stderr
+    );
+    assert!(!s.out_path().exists(), "no output pairs lines and results");
+    // Restored, the same command writes the outputs and sends nothing.
+    std::fs::write(&input, &original).unwrap();
+    let again = s.run(&["--limit", "none"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["requests"], 0, "{}", again.summary);
+    assert_each_item_once(&s.out_path(), N);
+    assert_side_effects(&s.sim().stats().await, N);
+}
