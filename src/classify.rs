@@ -19,6 +19,9 @@ pub enum CallError {
     RateLimited {
         /// The server's `Retry-After`, if it sent a usable one.
         retry_after: Option<Duration>,
+        /// What the server said, for the pause line (short, one line,
+        /// without control characters).
+        message: Option<String>,
     },
     /// A 429 for the concurrency ceiling: this worker waits, nobody else does.
     #[error("concurrency ceiling reached (HTTP 429, x-concurrency-limit)")]
@@ -89,7 +92,10 @@ pub fn classify(
         429 if headers.contains_key("x-concurrency-limit") => {
             Err(CallError::Concurrency { retry_after })
         }
-        429 => Err(CallError::RateLimited { retry_after }),
+        429 => Err(CallError::RateLimited {
+            retry_after,
+            message: short_reason(body),
+        }),
         401 | 403 => Err(CallError::Auth { status: code }),
         408 | 500..=599 => Err(transient(code, body, retry_after)),
         // A 409 with Retry-After is the server saying the same
@@ -145,11 +151,15 @@ fn short_reason(body: &str) -> Option<String> {
                 .find_map(|k| v.get(k).and_then(|m| m.as_str()).map(str::to_string))
         });
     let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
-    }
-    Some(text.chars().take(200).collect())
+    // A server's words go into logs and terminals: no escape sequences, no
+    // line breaks of their own.
+    let text: String = text
+        .trim()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    (!text.is_empty()).then_some(text)
 }
 
 #[cfg(test)]
@@ -192,7 +202,8 @@ mod tests {
                 ""
             ),
             Err(CallError::RateLimited {
-                retry_after: Some(Duration::from_secs(7))
+                retry_after: Some(Duration::from_secs(7)),
+                message: None,
             })
         );
         assert_eq!(
@@ -224,7 +235,10 @@ mod tests {
         // No usable Retry-After: the pool falls back to its own default.
         assert_eq!(
             c(429, &[("retry-after", "whenever")], ""),
-            Err(CallError::RateLimited { retry_after: None })
+            Err(CallError::RateLimited {
+                retry_after: None,
+                message: None,
+            })
         );
     }
 
@@ -267,6 +281,23 @@ mod tests {
             };
             assert_eq!(unknown(Err(transport(&e))), may_have_run, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_rate_limit_carries_the_servers_words_cleaned() {
+        let said = |body: &str| match c(429, &[], body) {
+            Err(CallError::RateLimited { message, .. }) => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            said("{\"error\":\"Rate limit exceeded: 600 per minute\"}").as_deref(),
+            Some("Rate limit exceeded: 600 per minute")
+        );
+        assert_eq!(
+            said("slow down\x1b[2J\x07 please\nsecond line").as_deref(),
+            Some("slow down[2J please")
+        );
+        assert_eq!(said(""), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::credits::Alert;
 
+pub mod calls;
 pub mod progress;
 pub mod status;
 
@@ -68,6 +69,14 @@ pub struct Summary {
     pub out: String,
     /// Where the failures are.
     pub failures: String,
+    /// This run's calls by what they got back: the HTTP status, or
+    /// `timeout`, `connect`, `connection_lost`, `out_of_handles`,
+    /// `transport_error`.
+    pub status_counts: std::collections::BTreeMap<String, u64>,
+    /// Median latency of this run's calls, in milliseconds.
+    pub latency_p50_ms: Option<f64>,
+    /// 99th-percentile latency of this run's calls, in milliseconds.
+    pub latency_p99_ms: Option<f64>,
 }
 
 /// Writes a line to stderr, ignoring a closed or broken stderr: losing a
@@ -92,6 +101,17 @@ pub fn human_summary(s: &Summary) -> String {
         "batchrun: {head}\n  items: {} done, {} failed, {} pending of {}\n  this run: {} requests, {} rate-limited, {} retries in {:.1}s ({:.1} items/min)",
         s.done, s.failed, s.pending, s.total, s.requests, s.rate_limited, s.retries, s.elapsed_s, s.achieved_per_min
     );
+    if !s.status_counts.is_empty() {
+        let counts: Vec<String> = s
+            .status_counts
+            .iter()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
+        out.push_str(&format!("\n  responses: {}", counts.join(", ")));
+        if let (Some(p50), Some(p99)) = (s.latency_p50_ms, s.latency_p99_ms) {
+            out.push_str(&format!("; latency p50 {p50} ms, p99 {p99} ms"));
+        }
+    }
     if let Some(c) = s.credits_remaining {
         out.push_str(&format!("\n  credits remaining: {c}"));
     }

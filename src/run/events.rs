@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::credits::{Alert, CreditSnapshot};
 use crate::pace::PaceNote;
+use crate::report::calls::Answer;
 
 /// One thing that happened in the pool.
 #[derive(Debug, PartialEq)]
@@ -44,7 +45,12 @@ pub enum Event {
         pause: Duration,
         /// True for a concurrency 429, which delays only its worker.
         concurrency: bool,
+        /// What the server said about it, if anything.
+        message: Option<String>,
     },
+    /// A call came back (or failed to), after this long; no latency for a
+    /// call that never left.
+    Answered(Answer, Option<Duration>),
     /// A transient failure will be retried.
     Retry,
     /// A newer credit balance.

@@ -107,6 +107,7 @@ pub async fn finish(
         mut meta,
         mut meter,
         err: record_err,
+        calls,
     } = recorded;
     // A write that failed in the last group, after the pool was over, still
     // means a resumable halt, not a fatal error.
@@ -180,7 +181,7 @@ pub async fn finish(
         Ok(Err(err)) => return Err(RunError::Fatal(err.context("reading the input"))),
         Err(err) => return Err(RunError::Fatal(anyhow::anyhow!("reading the input: {err}"))),
     }
-    let summary = summary(&e, state, counts, last, exit_code, halt_reason);
+    let summary = summary(&e, state, counts, last, exit_code, halt_reason, &calls);
     let text = report::human_summary(&summary);
     match e.settings.style.bar {
         true => report::err_line(&text),
@@ -207,6 +208,7 @@ fn summary(
     last: Option<CreditSnapshot>,
     exit_code: i32,
     halt_reason: Option<String>,
+    calls: &crate::report::calls::CallStats,
 ) -> Summary {
     let elapsed = e.started.elapsed().as_secs_f64();
     let done_this_run = Stats::get(&e.stats.done_this_run);
@@ -232,5 +234,8 @@ fn summary(
         alerts: e.alerter.fired(),
         out: e.settings.out.display().to_string(),
         failures: e.settings.failures.display().to_string(),
+        status_counts: calls.status_counts(),
+        latency_p50_ms: calls.percentile_ms(0.5),
+        latency_p99_ms: calls.percentile_ms(0.99),
     }
 }

@@ -213,6 +213,7 @@ pub async fn run(
             origin: settings.origin.clone(),
             fleet_alerts: fleet_alerts.clone(),
             announced_until: None,
+            calls: Default::default(),
         }
         .run(ev_rx),
     );
@@ -407,6 +408,9 @@ fn dry_run(
         alerts: Vec::new(),
         out: settings.out.display().to_string(),
         failures: settings.failures.display().to_string(),
+        status_counts: Default::default(),
+        latency_p50_ms: None,
+        latency_p99_ms: None,
     })
 }
 

@@ -16,6 +16,7 @@ use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{PaceError, Pacer, Permit};
 use crate::rate::backoff::Backoff;
+use crate::report::calls::Answer;
 use crate::request::{FailureKind, Request, RequestSpec, Response, Transport};
 
 /// The shortest pause a 429 causes, whatever its Retry-After says.
@@ -310,6 +311,17 @@ impl Pool {
     async fn call(&self, req: &Request, permit: Permit, guard: InFlight) -> Outcome {
         let sent = Instant::now();
         let result = self.transport.send(req).await;
+        let latency = match &result {
+            Err(e) if matches!(e.kind, FailureKind::Connect | FailureKind::Resources) => None,
+            _ => Some(sent.elapsed()),
+        };
+        self.emit(Event::Answered(
+            match &result {
+                Ok(r) => Answer::Status(r.status),
+                Err(e) => Answer::Failure(e.kind),
+            },
+            latency,
+        ));
         if self.cfg.verbose {
             let url = match &self.spec.key {
                 Some(k) => k.redact(&req.url),
@@ -453,9 +465,12 @@ impl Pool {
             self.gate.release_probe();
         }
         match err {
-            CallError::RateLimited { retry_after } => {
+            CallError::RateLimited {
+                retry_after,
+                message,
+            } => {
                 *attempts -= 1;
-                self.rate_limited(retry_after).await
+                self.rate_limited(retry_after, message).await
             }
             CallError::Concurrency { retry_after } => {
                 *attempts -= 1;
@@ -496,7 +511,7 @@ impl Pool {
     }
 
     /// A rate-limit 429: every worker pauses; the item goes again after.
-    async fn rate_limited(&self, retry_after: Option<Duration>) -> Next {
+    async fn rate_limited(&self, retry_after: Option<Duration>, message: Option<String>) -> Next {
         if self.stalled() {
             return Next::Finished;
         }
@@ -509,6 +524,7 @@ impl Pool {
         self.emit(Event::RateLimited {
             pause,
             concurrency: false,
+            message,
         });
         Next::Again
     }
@@ -525,6 +541,7 @@ impl Pool {
         self.emit(Event::RateLimited {
             pause,
             concurrency: true,
+            message: None,
         });
         self.again_after(pause).await
     }

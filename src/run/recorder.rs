@@ -16,6 +16,7 @@ use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
 use crate::fleet::FleetAlerts;
 use crate::pace::PaceNote;
+use crate::report::calls::CallStats;
 use crate::report::Reporter;
 
 /// How often the job's pacing stamp and fired alerts reach disk at most.
@@ -42,6 +43,8 @@ pub struct Recorder {
     /// When the last pause announced ends: later 429s of the same overrun
     /// are counted, not announced again.
     pub announced_until: Option<Instant>,
+    /// What the calls got back, and their latencies.
+    pub calls: CallStats,
 }
 
 /// What the loop hands back when the pool is over.
@@ -52,6 +55,8 @@ pub struct Recorded {
     pub meter: CreditMeter,
     /// The first error met while recording, if any.
     pub err: Option<anyhow::Error>,
+    /// What the calls got back, and their latencies.
+    pub calls: CallStats,
 }
 
 impl Recorder {
@@ -90,6 +95,7 @@ impl Recorder {
             committer,
             mut meta,
             meter,
+            calls,
             ..
         } = self;
         // The last group is written off the async threads.
@@ -106,7 +112,12 @@ impl Recorder {
                 err.get_or_insert(anyhow::anyhow!("the checkpoint writer failed: {e}"));
             }
         }
-        Recorded { meta, meter, err }
+        Recorded {
+            meta,
+            meter,
+            err,
+            calls,
+        }
     }
 
     /// Keeps the job's pacing time and the alerts fired current on disk, so
@@ -176,7 +187,11 @@ impl Recorder {
                 })?;
                 Stats::bump(&stats.failed);
             }
-            Event::RateLimited { pause, concurrency } => {
+            Event::RateLimited {
+                pause,
+                concurrency,
+                message,
+            } => {
                 Stats::bump(&stats.rate_limited);
                 // Workers hit by one overrun each report it: one line per
                 // pause, not one per worker.
@@ -186,12 +201,16 @@ impl Recorder {
                     .map_or(true, |a| until > a + Duration::from_millis(500));
                 if !concurrency && news {
                     self.announced_until = Some(until);
+                    let said = message
+                        .map(|m| format!(" (the server said: {m})"))
+                        .unwrap_or_default();
                     self.reporter.println(&format!(
-                        "batchrun: rate limited (429): pausing every worker for {:.1}s",
+                        "batchrun: rate limited (429): pausing every worker for {:.1}s{said}",
                         pause.as_secs_f64()
                     ));
                 }
             }
+            Event::Answered(answer, latency) => self.calls.add(answer, latency),
             Event::Retry => Stats::bump(&stats.retries),
             Event::Credits(s) => {
                 let alerts = self.meter.observe(s, SystemTime::now());

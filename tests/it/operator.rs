@@ -245,6 +245,56 @@ fn one_overrun_hitting_many_workers_is_announced_once_not_per_worker() {
         "{lines} lines for {limited} 429s: {}",
         r.stderr
     );
+    // Each pause line carries what the server said about it.
+    for line in r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("pausing every worker"))
+    {
+        assert!(
+            line.contains("(the server said: rate limit exceeded"),
+            "{line}"
+        );
+    }
+    // The 429s are in the summary's counts too, beside the 200s.
+    let counts = &r.summary["status_counts"];
+    assert_eq!(counts["200"], 30, "{}", r.summary);
+    assert_eq!(counts["429"].as_u64(), Some(limited), "{}", r.summary);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_summary_counts_every_call_by_status_with_its_latency() {
+    let s = Scenario::new("status-counts")
+        .with_sim(&["--limit", "none", "--latency", "20ms"])
+        // Items 1-2 go to the echo endpoint, 3-4 to one that does not exist.
+        .input(
+            "mixed.jsonl",
+            "{\"n\": 1, \"v\": 1}\n{\"n\": 2, \"v\": 1}\n{\"n\": 3, \"v\": 9}\n{\"n\": 4, \"v\": 9}\n",
+        );
+    let url = format!("{}/v{{v}}/echo?n={{n}}", s.sim().url);
+    let r = s.run(&["--limit", "none", "--url", &url, "--fail-fast", "0"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let counts = r.summary["status_counts"].as_object().unwrap();
+    assert_eq!(counts["200"], 2, "{}", r.summary);
+    assert_eq!(counts["404"], 2, "{}", r.summary);
+    let calls: u64 = counts.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(
+        Some(calls),
+        r.summary["requests"].as_u64(),
+        "every call counted once"
+    );
+    let p50 = r.summary["latency_p50_ms"].as_f64().unwrap();
+    let p99 = r.summary["latency_p99_ms"].as_f64().unwrap();
+    // The sim holds each echo call 20 ms: the slowest cannot be below that.
+    assert!(
+        p50 > 0.0 && p99 >= 19.0 && p99 >= p50,
+        "p50 {p50} p99 {p99}"
+    );
+    assert!(
+        r.stderr.contains("responses: 200 x2, 404 x2; latency p50"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
