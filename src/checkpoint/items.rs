@@ -92,19 +92,30 @@ impl JobItems {
         Ok(self.job()?.map(|m| m.counts()).unwrap_or_default())
     }
 
-    /// Checks the job record against the line states it counts: they are
-    /// written in one transaction, so any difference is damage (a record
-    /// lost or restored apart from its lines), and resuming from it would
-    /// skip or repeat items.
-    pub fn check_counts(&self, meta: &JobMeta) -> Result<(), CheckpointError> {
+    /// Checks the job record against the line states it counts, and those
+    /// against the input (whose last item is on `last_line`): the record and
+    /// the states are written in one transaction, so any difference is
+    /// damage (a record lost or restored apart from its lines), and resuming
+    /// from it would skip or repeat items.
+    pub fn check_counts(&self, meta: &JobMeta, last_line: u64) -> Result<(), CheckpointError> {
         let bits = self.states.counts();
-        if bits == meta.counts() {
-            return Ok(());
+        if bits != meta.counts() {
+            return Err(CheckpointError::Corrupt(format!(
+                "job {} records {} done and {} failed, but its line states hold {} done and {} failed",
+                self.id, meta.done, meta.failed, bits.done, bits.failed
+            )));
         }
-        Err(CheckpointError::Corrupt(format!(
-            "job {} records {} done and {} failed, but its line states hold {} done and {} failed",
-            self.id, meta.done, meta.failed, bits.done, bits.failed
-        )))
+        // The bitsets end at the end of the last chunk: at most a chunk's
+        // worth of lines to look at.
+        if let Some(line) =
+            (last_line + 1..=self.states.capacity()).find(|&l| self.states.is_finished(l))
+        {
+            return Err(CheckpointError::Corrupt(format!(
+                "job {} has a result for line {line}, past the input's last item (line {last_line})",
+                self.id
+            )));
+        }
+        Ok(())
     }
 
     /// Records what the outputs were just written from.

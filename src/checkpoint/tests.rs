@@ -125,20 +125,23 @@ fn a_job_record_that_disagrees_with_its_line_states_is_damage() {
     c.record(done(2, "{}")).unwrap();
     assert!(c.finish().err.is_none());
     let meta = s.job("j4").unwrap().unwrap();
-    items.check_counts(&meta).unwrap();
+    items.check_counts(&meta, 3).unwrap();
+    // The input ends before a line the checkpoint has a result for.
+    let e = items.check_counts(&meta, 1).unwrap_err().to_string();
+    assert!(e.contains("line 2, past"), "{e}");
     // The record restored from an older copy, apart from its lines.
     let mut old = meta.clone();
     old.done = 1;
     s.save_job(&old).unwrap();
     let items = s.items("j4").unwrap();
-    let e = items.check_counts(&old).unwrap_err().to_string();
+    let e = items.check_counts(&old, 3).unwrap_err().to_string();
     assert!(e.contains("1 done") && e.contains("2 done"), "{e}");
     // A record lost (and made anew) while the lines stayed.
     let blank = JobMeta {
         id: "j4".into(),
         ..JobMeta::default()
     };
-    assert!(items.check_counts(&blank).is_err());
+    assert!(items.check_counts(&blank, 3).is_err());
     drop((items, s));
     let _ = std::fs::remove_dir_all(&dir);
 }

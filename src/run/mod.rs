@@ -460,7 +460,7 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     items.reserve_lines(scan.last_line);
     let mut meta = job::open(&store, settings, &scan, &id, epoch)?;
     items
-        .check_counts(&meta)
+        .check_counts(&meta, scan.last_line)
         .map_err(|e| damaged(&settings.state_dir, e))?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
