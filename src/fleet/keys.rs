@@ -83,6 +83,11 @@ impl FleetKeys {
         format!("{}:limit", self.prefix)
     }
 
+    /// When each call in flight was granted.
+    pub fn sent(&self) -> String {
+        format!("{}:sent", self.prefix)
+    }
+
     /// The marker of alert `id` in the billing cycle renewing at `cycle`
     /// (`none` when the renewal is unknown).
     pub fn alert(&self, cycle: Option<u64>, id: &str) -> String {
@@ -90,9 +95,15 @@ impl FleetKeys {
         format!("{}:alert:{cycle}:{id}", self.prefix)
     }
 
-    /// The four keys of the pacer script, in its KEYS order.
-    pub fn pacer(&self) -> [String; 4] {
-        [self.window(), self.leases(), self.pause(), self.limit()]
+    /// The keys of the pacer script, in its KEYS order.
+    pub fn pacer(&self) -> [String; 5] {
+        [
+            self.window(),
+            self.leases(),
+            self.pause(),
+            self.limit(),
+            self.sent(),
+        ]
     }
 }
 

@@ -17,9 +17,15 @@
 --                       headers, refused_at = the limit that 429 refused,
 --                       learnt_at = start of the current clean window (ms),
 --                       settled / pressed = 1 once a clean window passed /
---                       once the current one used the learnt limit in full
+--                       once the current one used the learnt limit in full,
+--                       lowered_at = when it was last lowered (ms),
+--                       stale_done = when a call granted before that last
+--                       came back (ms), held_until = no call starts before
+--                       (ms), after a response said remaining: 0
+-- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
+--                       flight only)
 --
--- ARGV[1] op: take | settle | beat | pause | inforce
+-- ARGV[1] op: take | settle | beat | pause | inforce | full
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
 -- ARGV[4] lease: ms a concurrency lease lasts unless renewed
@@ -43,12 +49,25 @@ end
 -- (id, ago). ago >= 0: the response arrived ago ms before now, so the call
 -- occupies until now - ago + W (+1 ms for rounding). ago < 0: the call was
 -- never sent and stops occupying at once. Either way its lease is released.
+-- A call granted before the last lowering that comes back is noted: a 429
+-- just after it may be its own, from the old pace, and teaches nothing.
 local function settle(i)
   local n = tonumber(ARGV[i])
   i = i + 1
+  local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   for _ = 1, n do
     local id, ago = ARGV[i], tonumber(ARGV[i + 1])
     i = i + 2
+    local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
+    redis.call('HDEL', KEYS[5], id)
+    -- <=: a lowering starts a pause, so nothing is granted in its
+    -- millisecond after it.
+    if ago >= 0 and sent >= 0 and sent <= lowered then
+      local back = now - ago
+      if back > tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0') then
+        redis.call('HSET', KEYS[4], 'stale_done', back)
+      end
+    end
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
     else
@@ -90,7 +109,8 @@ end
 
 -- The limit in force now: the configured cap (0: none), below it the
 -- server-reported limit scaled by the headroom, below that the learnt one.
--- Returns it and whether a learnt limit is in play. As in-process, a
+-- Returns it, whether a learnt limit is in play, the learnt limit (0: none)
+-- and whether it settled. As in-process, a
 -- learnt limit is first settled by one clean window (no 429 since it was
 -- learnt), then probes up by one per clean window that used it in full
 -- ("pressed"), never up to the limit the server refused, never above the cap.
@@ -104,14 +124,16 @@ local function effective(cap, headroom)
     if lim == 0 or scaled < lim then lim = scaled end
   end
   local learnt = tonumber(h[2] or '0')
-  if learnt == 0 or lim == 0 then return lim, false end
+  if learnt == 0 or lim == 0 then return lim, false, 0, false end
+  local settled = h[4] == '1'
   local paused = tonumber(redis.call('GET', KEYS[3]) or '0') > now
   if not paused and now - tonumber(h[3] or '0') >= W then
     local refused = tonumber(h[6] or '0')
     local ceiling = cap
     if refused > 0 and refused - 1 < ceiling then ceiling = refused - 1 end
-    if h[4] ~= '1' then
+    if not settled then
       redis.call('HSET', KEYS[4], 'settled', 1)
+      settled = true
     elseif h[5] == '1' and learnt < ceiling then
       learnt = learnt + 1
       redis.call('HSET', KEYS[4], 'learnt', learnt)
@@ -120,13 +142,28 @@ local function effective(cap, headroom)
     keep(KEYS[4], limit_ttl)
   end
   if learnt < lim then lim = learnt end
-  return lim, true
+  return lim, true, learnt, settled
+end
+
+-- Whether a 429 now may belong to a call from before the last lowering:
+-- one still in flight, or one back within the grace (a tenth of W, at most
+-- 100 ms). Counting it would lower the limit again for the same overrun.
+local function stale()
+  local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
+  if lowered == 0 then return false end
+  local back = tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0')
+  if back > 0 and now - back < math.min(math.floor(W / 10), 100) then return true end
+  for _, v in ipairs(redis.call('HVALS', KEYS[5])) do
+    if tonumber(v) <= lowered then return true end
+  end
+  return false
 end
 
 -- take: ARGV[5] id, ARGV[6] cap (0: no window limit), ARGV[7] headroom,
 -- ARGV[8] concurrency ceiling (0: none), then a settle list, then a restore
--- block. Returns {1, limit, occupancy} when the call may start (its entry
--- and lease are added), or {0, ms to wait, why}: 1 paused, 2 window full,
+-- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
+-- when the call may start (its entry and lease are added), or {0, ms to
+-- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached.
 if op == 'take' then
   local id = ARGV[5]
@@ -134,15 +171,19 @@ if op == 'take' then
   local i = settle(9)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  local lim, learning = effective(cap, headroom)
+  local lim, learning, learnt, settled = effective(cap, headroom)
   local occ = redis.call('ZCARD', KEYS[1])
   if learning and lim > 0 and occ + 1 >= lim then
     redis.call('HSET', KEYS[4], 'pressed', 1)
   end
+  local s = 0
+  if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  if redis.call('ZSCORE', KEYS[1], id) then return {1, lim, occ} end
+  if redis.call('ZSCORE', KEYS[1], id) then return {1, lim, occ, learnt, s} end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   if p > now then return {0, p - now, 1} end
+  local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
+  if held > now then return {0, held - now, 2} end
   if lim > 0 and occ >= lim then
     local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
     return {0, math.max(1, tonumber(e[2]) - now), 2}
@@ -156,9 +197,11 @@ if op == 'take' then
   end
   redis.call('ZADD', KEYS[1], now + hold, id)
   redis.call('ZADD', KEYS[2], now + lease, id)
+  redis.call('HSET', KEYS[5], id, now)
   keep(KEYS[1], hold + 1000)
   keep(KEYS[2], lease + 1000)
-  return {1, lim, occ + 1}
+  keep(KEYS[5], hold + 1000)
+  return {1, lim, occ + 1, learnt, s}
 end
 
 -- settle: ARGV[5...] a settle list. Returns the number settled.
@@ -194,10 +237,11 @@ end
 
 -- pause: ARGV[5] pause ms, ARGV[6] cap to learn under (0: the server
 -- reports its limit, learn nothing), then a settle list. Every process waits until the pause
--- ends. Without limit headers, and unless a pause was already in force
--- (the 429 may then be an older call's), the limit is lowered to the
--- answered calls occupying the window less the refused one (the server
--- counted neither it nor most calls still in flight), by at least one.
+-- ends. Without limit headers, and unless a pause was already in force or
+-- a call from before the last lowering is in flight or just back (the 429
+-- may then be an older call's), the limit is lowered to the answered calls
+-- occupying the window less the refused one (the server counted neither it
+-- nor most calls still in flight), by at least one.
 -- Returns {ms until the pause ends, learnt limit or 0}.
 if op == 'pause' then
   local ms, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -206,7 +250,7 @@ if op == 'pause' then
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local learnt = 0
-  if cap > 0 and p <= now then
+  if cap > 0 and p <= now and not stale() then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
@@ -214,7 +258,7 @@ if op == 'pause' then
     if answered > 0 and lim > 1 then
       learnt = math.max(1, math.min(lim - 1, answered - 1))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
-        'pressed', 0, 'refused_at', lim)
+        'pressed', 0, 'refused_at', lim, 'lowered_at', now, 'stale_done', 0)
     end
   end
   if p > ends then ends = p end
@@ -233,7 +277,8 @@ end
 if op == 'inforce' then
   local l = tonumber(ARGV[5])
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
-  redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at')
+  redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
+    'lowered_at', 'stale_done')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0
@@ -241,6 +286,22 @@ if op == 'inforce' then
   redis.call('HSET', KEYS[4], 'in_force', l)
   keep(KEYS[4], limit_ttl)
   return 1
+end
+
+-- full: a response said x-rate-limit-remaining: 0. The key's window is
+-- full, perhaps with calls of clients outside the fleet: no call starts
+-- until the earliest occupancy ends, and never later than W from now (the
+-- call that carried the header arrived by now). Returns ms held.
+if op == 'full' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local untl = now + W
+  if e[2] and tonumber(e[2]) < untl then untl = tonumber(e[2]) end
+  if untl > tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
+    redis.call('HSET', KEYS[4], 'held_until', untl)
+    keep(KEYS[4], limit_ttl)
+  end
+  return untl - now
 end
 
 return redis.error_reply('batchrun fleet script: unknown op ' .. tostring(op))

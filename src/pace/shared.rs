@@ -76,7 +76,7 @@ pub struct SharedPacer {
 struct Inner {
     fleet: Fleet,
     script: redis::Script,
-    keys: [String; 4],
+    keys: [String; 5],
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
     cap: u64,
@@ -111,6 +111,41 @@ struct Local {
     /// Redis failed since the last take that put our calls back.
     lost: bool,
     paused_until: Option<Instant>,
+    /// The fleet's learnt limit as last heard (0: none), whether its
+    /// settling was announced, and what the operator is still to hear.
+    learnt: u64,
+    settled_told: bool,
+    notes: VecDeque<PaceNote>,
+    /// The fleet holds new calls until then (a response said remaining: 0).
+    held_until: Option<Instant>,
+}
+
+impl Local {
+    /// What a granted take said of the fleet's learnt limit: a lowering
+    /// (by any process) and its settling are each announced once here.
+    fn heard(&mut self, learnt: u64, settled: bool) {
+        if learnt == 0 {
+            self.learnt = 0;
+            return;
+        }
+        if self.learnt == 0 || learnt < self.learnt {
+            self.settled_told = false;
+            self.push(PaceNote::Learnt(learnt));
+        }
+        self.learnt = learnt;
+        if settled && !self.settled_told {
+            self.settled_told = true;
+            self.push(PaceNote::LearntSettled(learnt));
+        }
+    }
+
+    fn push(&mut self, note: PaceNote) {
+        // A few at most matter: newer news supersedes older.
+        if self.notes.len() >= 8 {
+            self.notes.pop_front();
+        }
+        self.notes.push_back(note);
+    }
 }
 
 /// This process's share of the fleet's state, to put back after Redis lost
@@ -330,8 +365,12 @@ impl Inner {
             self.lock().lost = false;
         }
         match v.as_slice() {
-            [1, ..] => {
-                self.lock().in_flight.insert(id.to_string());
+            [1, rest @ ..] => {
+                let mut l = self.lock();
+                l.in_flight.insert(id.to_string());
+                if let [_, _, learnt, settled, ..] = rest {
+                    l.heard((*learnt).max(0) as u64, *settled == 1);
+                }
                 Ok(Took::Granted)
             }
             [0, ms, why, ..] => {
@@ -389,6 +428,25 @@ impl Inner {
             l.settles.push((id, arrived));
         }
         self.wake.notify_one();
+    }
+
+    /// A response said `x-rate-limit-remaining: 0`: the fleet holds new
+    /// calls until its earliest occupancy ends. Workers that see it at once
+    /// tell Redis once: the hold is known here until it ends.
+    async fn hold(&self) {
+        let now = Instant::now();
+        {
+            let mut l = self.lock();
+            if l.held_until.is_some_and(|h| h > now) {
+                return;
+            }
+            // Claimed before the round trip, so concurrent responses skip.
+            l.held_until = Some(now + Duration::from_millis(50));
+        }
+        let held: Result<i64, PaceError> = self.run("full", Duration::from_secs(2), |_| {}).await;
+        if let Ok(ms) = held {
+            self.lock().held_until = Some(now + Duration::from_millis(ms.max(0) as u64));
+        }
     }
 
     fn next_id(&self) -> String {
@@ -518,7 +576,12 @@ impl Pacer for SharedPacer {
                 .await;
             let v = v.inspect_err(|_| inner.requeue(settles))?;
             let left = v.first().copied().unwrap_or(0).max(0) as u64;
-            inner.lock().paused_until = Some(Instant::now() + Duration::from_millis(left));
+            let mut l = inner.lock();
+            l.paused_until = Some(Instant::now() + Duration::from_millis(left));
+            // This process's 429 taught the fleet a limit.
+            if let Some(&learnt) = v.get(1).filter(|&&n| n > 0) {
+                l.heard(learnt as u64, false);
+            }
             Ok(())
         })
     }
@@ -531,10 +594,16 @@ impl Pacer for SharedPacer {
             {
                 inner.secret.store(false, Ordering::SeqCst);
             }
-            let l = crate::wire::limit_in_force(headers)?;
+            if crate::wire::limit_remaining(headers) == Some(0) {
+                inner.hold().await;
+            }
+            let queued = inner.lock().notes.pop_front();
+            let Some(l) = crate::wire::limit_in_force(headers) else {
+                return queued;
+            };
             // Only a change costs a round trip: most responses repeat it.
             if inner.reported.swap(l, Ordering::SeqCst) == l {
-                return None;
+                return queued;
             }
             let told: Result<i64, PaceError> = inner
                 .run("inforce", Duration::from_secs(2), |inv| {
@@ -544,16 +613,20 @@ impl Pacer for SharedPacer {
             if told.is_err() {
                 // Tell the fleet again with the next response.
                 inner.reported.store(0, Ordering::SeqCst);
-                return None;
+                return queued;
             }
             let below = inner.configured == 0 || l < inner.configured;
-            below.then_some(PaceNote::LimitInForce(l))
+            below.then_some(PaceNote::LimitInForce(l)).or(queued)
         })
     }
 
     fn paused_until(&self) -> Option<Instant> {
         let now = Instant::now();
         self.inner.lock().paused_until.filter(|&u| u > now)
+    }
+
+    fn learnt(&self) -> Option<u64> {
+        Some(self.inner.lock().learnt).filter(|&l| l > 0)
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {
@@ -593,7 +666,14 @@ mod tests {
 
     #[test]
     fn the_script_names_every_op_the_pacer_sends() {
-        for op in ["'take'", "'settle'", "'beat'", "'pause'", "'inforce'"] {
+        for op in [
+            "'take'",
+            "'settle'",
+            "'beat'",
+            "'pause'",
+            "'inforce'",
+            "'full'",
+        ] {
             assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
         }
         assert!(SCRIPT.contains("redis.call('TIME')"));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
-use batchrun::pace::{Pacer, SharedConfig, SharedPacer};
+use batchrun::pace::{PaceNote, Pacer, SharedConfig, SharedPacer};
 use batchrun::rate::Limit;
 
 use super::support::{fleet_name, Proxy, Redis};
@@ -219,4 +219,111 @@ async fn calls_in_the_window_are_put_back_when_redis_comes_back_empty() {
         .query(&mut c)
         .unwrap();
     assert!(n >= 1, "the window was not rebuilt");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_process_hears_a_learnt_limit_once_and_its_settling() {
+    use reqwest::header::HeaderMap;
+    let redis = Redis::start();
+    let name = fleet_name("notes");
+    let a = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let b = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let none = HeaderMap::new();
+    for _ in 0..4 {
+        a.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    a.pause(Duration::from_millis(1)).await.unwrap();
+    assert_eq!(a.observe(&none).await, Some(PaceNote::Learnt(3)));
+    assert_eq!(a.observe(&none).await, None, "said once");
+    assert_eq!(a.learnt(), Some(3), "kept for the checkpoint");
+    // The other process learns it from its next take.
+    b.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert_eq!(b.observe(&none).await, Some(PaceNote::Learnt(3)));
+    // A clean window later, each process hears that it held.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut settled = (false, false);
+    while settled != (true, true) {
+        assert!(Instant::now() < deadline, "never settled: {settled:?}");
+        for (p, flag) in [(&a, &mut settled.0), (&b, &mut settled.1)] {
+            p.take()
+                .await
+                .unwrap()
+                .complete(tokio::time::Instant::now());
+            if let Some(PaceNote::LearntSettled(n)) = p.observe(&none).await {
+                assert!(n >= 3, "{n}");
+                *flag = true;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_429_from_before_a_lowering_teaches_nothing_more() {
+    let redis = Redis::start();
+    let name = fleet_name("stale");
+    let p = pacer(fleet_on(&redis, &name).await, "10/400ms");
+    let mut c = redis.conn();
+    let learnt = |c: &mut redis::Connection| -> Option<u64> {
+        redis::cmd("HGET")
+            .arg(FleetKeys::named(&name).limit())
+            .arg("learnt")
+            .query(c)
+            .unwrap()
+    };
+    for _ in 0..4 {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+    // Two calls of the old pace still in flight when the 429 comes.
+    let late = [p.take().await.unwrap(), p.take().await.unwrap()];
+    p.pause(Duration::from_millis(20)).await.unwrap();
+    assert_eq!(learnt(&mut c), Some(3));
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    // After the pause, one of them comes back refused too: it was sent at
+    // the old pace, so it says nothing new about the limit.
+    for permit in late {
+        permit.complete(tokio::time::Instant::now());
+    }
+    p.pause(Duration::from_millis(1)).await.unwrap();
+    assert_eq!(
+        learnt(&mut c),
+        Some(3),
+        "lowered again for the same overrun"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remaining_zero_holds_every_process_until_a_place_frees() {
+    use reqwest::header::{HeaderMap, HeaderValue};
+    let redis = Redis::start();
+    let name = fleet_name("full");
+    let a = pacer(fleet_on(&redis, &name).await, "100/600ms");
+    let b = pacer(fleet_on(&redis, &name).await, "100/600ms");
+    let t0 = Instant::now();
+    a.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    // The key's window is full (of calls from outside the fleet, say),
+    // though the fleet itself has used one place of 100.
+    let mut full = HeaderMap::new();
+    full.insert("x-rate-limit-remaining", HeaderValue::from_static("0"));
+    assert_eq!(a.observe(&full).await, None);
+    b.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(550),
+        "the other process went at {:?}",
+        t0.elapsed()
+    );
 }
