@@ -24,6 +24,7 @@ pub mod job;
 pub mod keys;
 pub mod pool;
 pub mod recorder;
+mod slots;
 #[cfg(test)]
 mod tests;
 pub mod watch;
