@@ -161,6 +161,8 @@ fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
     let key = match std::env::var(&args.api_key_env) {
         Ok(k) if !k.is_empty() => Secret::new(k),
         _ if sim => Secret::new("sim-demo-key"),
+        // Nothing is sent, and the key is shown hidden anyway.
+        _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
         _ => {
             return Err(usage(format!(
                 "no API key: set the environment variable {} (or name another with --api-key-env)",

@@ -1,16 +1,17 @@
 //! The checkpoint: every job's identity and every item's outcome.
 //!
-//! sled keeps the job records and, per job, an 8-byte slot per line (64
+//! sled keeps the job records and, per job, a 2-bit state per line (4096
 //! lines to a record, [`chunks`]); response bodies and failure reasons go
-//! to an append-only results log beside it ([`log`]). The done/failed lines
+//! to an append-only results log beside it ([`log`]), found through an index
+//! of offsets ([`index`]). The done/failed lines
 //! are also held in memory as two bitsets ([`LineStates`]); the job record
-//! carries their counts, committed in the same sled transaction as the slots.
+//! carries their counts, committed in the same sled transaction as the states.
 //! `docs/checkpoint.md` describes the layout.
 //!
-//! An item is *pending* until its slot says otherwise; only a finished call
-//! fills one. Finished calls are committed in groups ([`Committer`]): the
+//! An item is *pending* until its state says otherwise; only a finished call
+//! changes it. Finished calls are committed in groups ([`Committer`]): the
 //! group's log entries are written and fsynced first, then one sled
-//! transaction points the slots at them and updates the counts, then sled is
+//! transaction marks their lines finished and updates the counts, then sled is
 //! flushed. That order is what makes a crash safe: a crash between the two
 //! steps leaves entries nothing points at and the items pending, and a
 //! pending item is simply sent again under the same Idempotency-Key, which
@@ -18,7 +19,7 @@
 //! call. The other order could leave an item "done" whose body never reached
 //! the disk: it would never be sent again, and its result would be lost.
 //! A `kill -9` loses at most the group being gathered and the one being
-//! written. The outputs are produced from the log through the slots, never
+//! written. The outputs are produced from the log through the line states, never
 //! appended as calls return, so they can never hold a duplicate.
 
 use std::path::{Path, PathBuf};
@@ -124,7 +125,7 @@ pub struct JobMeta {
     /// The layout of this job's item records ([`LAYOUT`]; 0 before it existed).
     #[serde(default)]
     pub layout: u32,
-    /// Items done. Committed in the same sled transaction as the line slots,
+    /// Items done. Committed in the same sled transaction as the line states,
     /// so it always equals the done lines of the bitset loaded from them.
     #[serde(default)]
     pub done: u64,

@@ -22,7 +22,9 @@ pub use progress::{Reporter, View};
 pub enum RunState {
     /// Every item was attempted (some may have failed).
     Done,
-    /// Stopped for credits (exhausted or reserve reached); resumable.
+    /// Stopped early but resumable: credits exhausted or the reserve
+    /// reached, nothing but 429s, the fleet's Redis out of reach, or the
+    /// checkpoint could not be written.
     Halted,
     /// Stopped by Ctrl-C or SIGTERM; resumable.
     Interrupted,

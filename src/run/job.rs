@@ -218,9 +218,10 @@ pub fn write_outputs(settings: &Settings, items: &JobItems) -> anyhow::Result<()
         let _ = std::fs::remove_file(tmp(&settings.failures));
         anyhow::bail!(
             "{} changed while the job ran: {} and {} were not written, so that no line is \
-             paired with another line's result. Every result is safe in the checkpoint: \
-             restore the file and run the same command to write them (nothing is sent \
-             again), or use --fresh to start over with the new content",
+             paired with another line's result. The results are kept in the checkpoint \
+             (a line edited in place before it was sent went out as edited): restore the \
+             file and run the same command to write them (nothing is sent again), or use \
+             --fresh to start over with the new content",
             settings.input.display(),
             settings.out.display(),
             settings.failures.display()

@@ -90,6 +90,15 @@ pub async fn run(
     // 3. Credits: the meter, the alerts, the balance and the reserve.
     let reporter = Arc::new(Reporter::new(scan.total, settings.style));
     reporter.println(&start_line(&settings, &meta, pending, scan.total));
+    if settings.burst.is_some() && settings.pacer != pace::PacerKind::Bucket {
+        reporter.println(&format!(
+            "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",
+            match settings.pacer {
+                pace::PacerKind::Spike => "spike",
+                _ => "window",
+            }
+        ));
+    }
     if let Some(warning) = orphaned_results(&settings, &meta, counts.done + counts.failed) {
         reporter.say(&warning);
     }

@@ -78,6 +78,11 @@ async fn overdriven_run_sees_429s_pauses_and_still_does_every_item_once() {
         r.summary
     );
     assert!(r.stderr.contains("pausing every worker"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--burst applies to --pacer bucket only"),
+        "the window pacer says it ignores --burst: {}",
+        r.stderr
+    );
     assert_eq!(r.summary["done"], 60);
     assert_eq!(r.summary["failed"], 0);
     assert_each_item_once(&s.out_path(), 60);
