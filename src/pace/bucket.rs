@@ -79,6 +79,12 @@ impl Pacer for BucketPacer {
     fn paused_until(&self) -> Option<Instant> {
         self.lock().paused_until(now_std()).map(Instant::from_std)
     }
+
+    /// The refill rate: after its burst, the bucket goes no faster, and a
+    /// burst set near the limit leaves it far below the limit's pace.
+    fn steady_per_min(&self) -> Option<f64> {
+        Some(self.lock().rate_per_sec() * 60.0)
+    }
 }
 
 #[cfg(test)]

@@ -255,9 +255,15 @@ impl Reporter {
         }
     }
 
-    /// Adds the rate over the last minute to `v`.
+    /// Adds the rate over the last minute to `v`. A pause starts the
+    /// measurement afresh: it is shown with its end, and counting it again
+    /// in the rate would promise a run slower than the one that follows.
     fn measure(&self, v: &mut View) {
         let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if v.paused_for.is_some() || v.waiting_probe_in.is_some() {
+            s.clear();
+            return;
+        }
         let now = v.elapsed.as_secs_f64();
         s.push_back((now, v.done_this_run));
         while s.len() > 2 && s.front().is_some_and(|&(t, _)| now - t > 60.0) {
@@ -354,5 +360,31 @@ mod tests {
             ..View::default()
         };
         assert!(v.status(20).contains("ETA 2m00s"), "{}", v.status(20));
+    }
+
+    #[test]
+    fn a_long_pause_does_not_slow_the_eta_that_follows_it() {
+        let r = Reporter::new(100, Style::default());
+        let at = |secs: u64, done: u64, paused: bool| View {
+            done,
+            done_this_run: done,
+            elapsed: Duration::from_secs(secs),
+            steady_per_min: Some(600.0),
+            paused_for: paused.then_some(Duration::from_secs(1)),
+            ..View::default()
+        };
+        // Ten done, then a 49 s pause, then going again at the limit's pace.
+        let mut v = at(0, 0, false);
+        r.measure(&mut v);
+        r.measure(&mut at(1, 10, true));
+        r.measure(&mut at(49, 10, true));
+        let mut v = at(51, 30, false);
+        r.measure(&mut v);
+        assert_eq!(v.recent_per_min, None, "too little since the pause");
+        assert_eq!(v.expected_per_min(), 600.0);
+        let mut v = at(61, 130, false);
+        r.measure(&mut v);
+        let recent = v.recent_per_min.expect("measured since the pause");
+        assert!((recent - 600.0).abs() < 1.0, "{recent}");
     }
 }

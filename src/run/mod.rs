@@ -89,19 +89,6 @@ pub async fn run(
 
     // 3. Credits: the meter, the alerts, the balance and the reserve.
     let reporter = Arc::new(Reporter::new(scan.total, settings.style));
-    reporter.println(&start_line(&settings, &meta, pending, scan.total));
-    if settings.burst.is_some() && settings.pacer != pace::PacerKind::Bucket {
-        reporter.println(&format!(
-            "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",
-            match settings.pacer {
-                pace::PacerKind::Spike => "spike",
-                _ => "window",
-            }
-        ));
-    }
-    if let Some(warning) = orphaned_results(&settings, &meta, counts.done + counts.failed) {
-        reporter.say(&warning);
-    }
     let alerter = Arc::new(Alerter::new(
         meta.id.clone(),
         settings.credits.webhook.clone(),
@@ -142,6 +129,23 @@ pub async fn run(
         )
         .map_err(|e| RunError::Usage(e.to_string()))?,
     };
+    // Said once the pacer is built: a bucket's pace is its refill rate.
+    let pace = (settings.pacer == pace::PacerKind::Bucket)
+        .then(|| pacer.steady_per_min())
+        .flatten();
+    reporter.println(&start_line(&settings, &meta, (pending, scan.total), pace));
+    if settings.burst.is_some() && settings.pacer != pace::PacerKind::Bucket {
+        reporter.println(&format!(
+            "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",
+            match settings.pacer {
+                pace::PacerKind::Spike => "spike",
+                _ => "window",
+            }
+        ));
+    }
+    if let Some(warning) = orphaned_results(&settings, &meta, counts.done + counts.failed) {
+        reporter.say(&warning);
+    }
     let fleet_alerts = fleet
         .as_ref()
         .map(|f| Arc::new(crate::fleet::FleetAlerts::for_fleet(f)));
@@ -309,14 +313,20 @@ fn steady_per_min(settings: &Settings) -> Option<f64> {
     settings.limit.rate().map(|r| r.per_second() * 60.0)
 }
 
-/// What the run is about to do, printed before the first call.
-fn start_line(settings: &Settings, meta: &JobMeta, pending: u64, total: u64) -> String {
+/// What the run is about to do, printed before the first call. `pace` is
+/// the pacer's own pace (items per minute) when it differs from the limit's.
+fn start_line(
+    settings: &Settings,
+    meta: &JobMeta,
+    (pending, total): (u64, u64),
+    pace: Option<f64>,
+) -> String {
     let learnt = meta
         .learnt_limit
         .zip(settings.limit.rate())
         .map(|(l, r)| l as f64 * 60.0 / r.period.as_secs_f64());
     let mut all_at_once = false;
-    let projected = match learnt.or(steady_per_min(settings)) {
+    let projected = match learnt.or(pace).or(steady_per_min(settings)) {
         Some(per_min) if pending > 0 => {
             // The window pacer sends a whole window at once, then a window's
             // worth per window: only the items past the first window wait.
