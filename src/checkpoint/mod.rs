@@ -53,7 +53,7 @@ pub enum CheckpointError {
     #[error("the state directory {0} is in use by another batchrun process (or a stale lock); wait for it to finish or use another --state-dir")]
     Locked(PathBuf),
     /// sled failed.
-    #[error("checkpoint store in {dir}: {source}")]
+    #[error("checkpoint store in {}: {}", dir.display(), sled_reason(source))]
     Store {
         /// The state directory.
         dir: PathBuf,
@@ -71,6 +71,18 @@ pub enum CheckpointError {
         /// The I/O error.
         source: std::io::Error,
     },
+}
+
+/// sled's own words, except for an I/O error, which sled may carry as a
+/// debug dump (`Os { code: 27, .. }`): its kind reads better.
+fn sled_reason(e: &sled::Error) -> String {
+    match e {
+        sled::Error::Io(io) if io.to_string().starts_with("Os {") => {
+            format!("I/O error: {}", io.kind())
+        }
+        sled::Error::Io(io) => format!("I/O error: {io}"),
+        other => other.to_string(),
+    }
 }
 
 /// What a job is: which input, which requests, and how far it got.

@@ -252,6 +252,10 @@ async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
     assert_eq!(r.summary["state"], "halted");
     let why = r.summary["halt_reason"].as_str().unwrap();
     assert!(why.contains("could not be written"), "{why}");
+    assert!(
+        !why.contains("Os {"),
+        "the system's words, not a dump: {why}"
+    );
     assert_eq!(r.summary["failed"], 0);
     let recorded = r.summary["done"].as_u64().unwrap();
     let st = s.sim().stats().await;
