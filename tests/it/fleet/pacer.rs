@@ -45,6 +45,25 @@ fn most_in(stamps: &[Instant], w: Duration) -> usize {
         .unwrap_or(0)
 }
 
+/// The fleet's learnt limit, as Redis holds it.
+fn learnt_in(c: &mut redis::Connection, name: &str) -> Option<u64> {
+    redis::cmd("HGET")
+        .arg(FleetKeys::named(name).limit())
+        .arg("learnt")
+        .query(c)
+        .unwrap()
+}
+
+/// Takes `n` permits one after another, each completed at once.
+async fn calls(p: &SharedPacer, n: usize) {
+    for _ in 0..n {
+        p.take()
+            .await
+            .unwrap()
+            .complete(tokio::time::Instant::now());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_processes_share_one_window_exactly() {
     let redis = Redis::start();
@@ -99,31 +118,14 @@ async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
     let name = fleet_name("learn");
     let p = pacer(fleet_on(&redis, &name).await, "10/300ms");
     let mut c = redis.conn();
-    let learnt = |c: &mut redis::Connection| -> Option<u64> {
-        redis::cmd("HGET")
-            .arg(FleetKeys::named(&name).limit())
-            .arg("learnt")
-            .query(c)
-            .unwrap()
-    };
-    for _ in 0..4 {
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
+    calls(&p, 4).await;
     // A 429 without any x-rate-limit header: the limit is the answered
     // calls occupying, less the refused one.
     p.pause(Duration::from_millis(1)).await.unwrap();
-    assert_eq!(learnt(&mut c), Some(3));
+    assert_eq!(learnt_in(&mut c, &name), Some(3));
     // Within one window a fourth call waits for the oldest to age out.
     let t0 = Instant::now();
-    for _ in 0..4 {
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
+    calls(&p, 4).await;
     assert!(
         t0.elapsed() >= Duration::from_millis(250),
         "{:?}",
@@ -135,7 +137,7 @@ async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
     let deadline = Instant::now() + Duration::from_secs(6);
     while seen.last() != Some(&9) {
         assert!(Instant::now() < deadline, "still probing: {seen:?}");
-        let l = learnt(&mut c).expect("a learnt limit");
+        let l = learnt_in(&mut c, &name).expect("a learnt limit");
         if seen.last() != Some(&l) {
             seen.push(l);
         }
@@ -229,12 +231,7 @@ async fn every_process_hears_a_learnt_limit_once_and_its_settling() {
     let a = pacer(fleet_on(&redis, &name).await, "10/300ms");
     let b = pacer(fleet_on(&redis, &name).await, "10/300ms");
     let none = HeaderMap::new();
-    for _ in 0..4 {
-        a.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
+    calls(&a, 4).await;
     a.pause(Duration::from_millis(1)).await.unwrap();
     assert_eq!(a.observe(&none).await, Some(PaceNote::Learnt(3)));
     assert_eq!(a.observe(&none).await, None, "said once");
@@ -269,23 +266,11 @@ async fn a_late_429_from_before_a_lowering_teaches_nothing_more() {
     let name = fleet_name("stale");
     let p = pacer(fleet_on(&redis, &name).await, "10/400ms");
     let mut c = redis.conn();
-    let learnt = |c: &mut redis::Connection| -> Option<u64> {
-        redis::cmd("HGET")
-            .arg(FleetKeys::named(&name).limit())
-            .arg("learnt")
-            .query(c)
-            .unwrap()
-    };
-    for _ in 0..4 {
-        p.take()
-            .await
-            .unwrap()
-            .complete(tokio::time::Instant::now());
-    }
+    calls(&p, 4).await;
     // Two calls of the old pace still in flight when the 429 comes.
     let late = [p.take().await.unwrap(), p.take().await.unwrap()];
     p.pause(Duration::from_millis(20)).await.unwrap();
-    assert_eq!(learnt(&mut c), Some(3));
+    assert_eq!(learnt_in(&mut c, &name), Some(3));
     tokio::time::sleep(Duration::from_millis(40)).await;
     // After the pause, one of them comes back refused too: it was sent at
     // the old pace, so it says nothing new about the limit.
@@ -294,7 +279,7 @@ async fn a_late_429_from_before_a_lowering_teaches_nothing_more() {
     }
     p.pause(Duration::from_millis(1)).await.unwrap();
     assert_eq!(
-        learnt(&mut c),
+        learnt_in(&mut c, &name),
         Some(3),
         "lowered again for the same overrun"
     );
