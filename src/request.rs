@@ -36,6 +36,69 @@ impl Secret {
         }
         text.replace(&self.0, "***")
     }
+
+    /// A response body with the key taken out however the server wrote it
+    /// back: as is, inside JSON strings in escaped form (`\u0073k...`), or,
+    /// for a body cut at `--max-body`, as the key's beginning at the very
+    /// end. None when there was nothing to take out, so the common case
+    /// costs a search or two and no copy.
+    pub fn scrub(&self, body: &str, cut: bool) -> Option<String> {
+        let key = self.0.as_str();
+        if key.is_empty() {
+            return None;
+        }
+        let mut out: Option<String> = None;
+        if body.contains(key) {
+            out = Some(self.redact(body));
+        }
+        let text = out.as_deref().unwrap_or(body);
+        if text.contains('\\') {
+            if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
+                if scrub_strings(&mut v, key) {
+                    out = Some(v.to_string());
+                }
+            }
+        }
+        if cut {
+            let text = out.as_deref().unwrap_or(body);
+            // The key's first characters, cut off by the size cap. Fewer
+            // than four would match ordinary text too often to mean it.
+            let shortest = key.len().min(4);
+            let tail = (shortest..key.len())
+                .rev()
+                .filter(|&n| key.is_char_boundary(n))
+                .find(|&n| text.ends_with(&key[..n]));
+            if let Some(n) = tail {
+                out = Some(format!("{}***", &text[..text.len() - n]));
+            }
+        }
+        out
+    }
+}
+
+/// Replaces the key in every string (and object key) of a JSON value; true
+/// when it found one.
+fn scrub_strings(v: &mut serde_json::Value, key: &str) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) if s.contains(key) => {
+            *s = s.replace(key, "***");
+            true
+        }
+        Value::Array(a) => a.iter_mut().fold(false, |f, x| scrub_strings(x, key) | f),
+        Value::Object(o) => {
+            let mut found = false;
+            if o.keys().any(|k| k.contains(key)) {
+                let old = std::mem::take(o);
+                for (k, x) in old {
+                    found = true;
+                    o.insert(k.replace(key, "***"), x);
+                }
+            }
+            o.values_mut().fold(found, |f, x| scrub_strings(x, key) | f)
+        }
+        _ => false,
+    }
 }
 
 impl std::fmt::Debug for Secret {
@@ -348,6 +411,32 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    #[test]
+    fn the_key_is_scrubbed_however_a_server_writes_it_back() {
+        let k = Secret::new("sk_test_SECRET_abc123");
+        assert_eq!(k.scrub("{\"ok\":true}", false), None, "no copy when clean");
+        assert_eq!(
+            k.scrub("bad key sk_test_SECRET_abc123!", false).as_deref(),
+            Some("bad key ***!")
+        );
+        // JSON-escaped, in a value and in an object key.
+        let escaped = r#"{"error":"k=\u0073k_test_SECRET_abc123","\u0073k_test_SECRET_abc123":1}"#;
+        let clean = k.scrub(escaped, false).unwrap();
+        assert!(!clean.contains("SECRET"), "{clean}");
+        let v: serde_json::Value = serde_json::from_str(&clean).unwrap();
+        assert_eq!(v["error"], "k=***");
+        assert_eq!(v["***"], 1);
+        // Other escapes alone change nothing.
+        assert_eq!(k.scrub(r#"{"name":"caf\u00e9"}"#, false), None);
+        // Cut by the size cap in the middle of the key.
+        assert_eq!(
+            k.scrub("not found for key sk_test_SECRET_ab", true)
+                .as_deref(),
+            Some("not found for key ***")
+        );
+        assert_eq!(k.scrub("ends with sk", true), None, "too short to mean it");
     }
 
     #[test]

@@ -83,6 +83,15 @@ enum Outcome {
     OutOfHandles,
 }
 
+/// One item's calls so far.
+#[derive(Default)]
+struct Tries {
+    /// Calls that count against `--max-attempts`.
+    n: u32,
+    /// A call for it went out and got no verdict: it may have run.
+    maybe_ran: bool,
+}
+
 /// Why a call is worth another try.
 struct Why {
     reason: String,
@@ -149,7 +158,7 @@ impl Pool {
                 return;
             }
         };
-        let mut attempts: u32 = 0;
+        let mut tries = Tries::default();
         loop {
             let probing = match self.gate.pass().await {
                 Pass::Run => false,
@@ -179,13 +188,10 @@ impl Pool {
                 continue;
             };
             self.emit(Event::Sent);
-            attempts += 1;
+            tries.n += 1;
             let outcome = self.call(&req, permit, guard).await;
             drop(slot);
-            match self
-                .react(outcome, &item, &req, &mut attempts, probing)
-                .await
-            {
+            match self.react(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
                 Next::Finished => return,
             }
@@ -300,16 +306,22 @@ impl Pool {
             body,
             truncated,
         } = resp;
+        // A server may echo the key back (in an error, a debug field), even
+        // JSON-escaped or cut by --max-body: it must never reach the
+        // checkpoint, the outputs, a failure reason or the pause line.
+        let body = match self
+            .spec
+            .key
+            .as_ref()
+            .and_then(|k| k.scrub(&body, truncated))
+        {
+            Some(clean) => clean,
+            None => body,
+        };
         let body = if truncated {
             truncated_body(&body)
         } else {
             body
-        };
-        // A server may echo the key back (in an error, a debug field): it
-        // must never reach the checkpoint, the outputs or a failure reason.
-        let body = match &self.spec.key {
-            Some(k) if body.contains(k.expose()) => k.redact(&body),
-            _ => body,
         };
         if let Some(note) = self.pacer.observe(&headers).await {
             self.emit(Event::Pace(note));
@@ -355,12 +367,12 @@ impl Pool {
         outcome: Outcome,
         item: &Item,
         req: &Request,
-        attempts: &mut u32,
+        tries: &mut Tries,
         probing: bool,
     ) -> Next {
         let (err, systemic) = match outcome {
             Outcome::Done(status, body) => {
-                let done = self.done_event(item, status, &body, *attempts);
+                let done = self.done_event(item, status, &body, tries.n);
                 self.settle(None, Some(done), req);
                 if probing {
                     self.probe_succeeded();
@@ -369,7 +381,7 @@ impl Pool {
             }
             Outcome::Refused { done, why } => {
                 if let Some((status, body)) = done {
-                    let done = self.done_event(item, status, &body, *attempts);
+                    let done = self.done_event(item, status, &body, tries.n);
                     self.settle(None, Some(done), req);
                 }
                 self.gate.stop(Halt::Reserve(why));
@@ -380,7 +392,7 @@ impl Pool {
                 if probing {
                     self.gate.release_probe();
                 }
-                *attempts -= 1;
+                tries.n -= 1;
                 return self.out_of_handles().await;
             }
         };
@@ -399,15 +411,15 @@ impl Pool {
                 retry_after,
                 message,
             } => {
-                *attempts -= 1;
+                tries.n -= 1;
                 self.rate_limited(retry_after, message).await
             }
             CallError::Concurrency { retry_after } => {
-                *attempts -= 1;
+                tries.n -= 1;
                 self.concurrency_limited(retry_after).await
             }
             CallError::CreditsExhausted { .. } => {
-                *attempts -= 1;
+                tries.n -= 1;
                 self.exhausted(probing)
             }
             CallError::Auth { status } => {
@@ -419,7 +431,7 @@ impl Pool {
                     line: item.line,
                     status: Some(status),
                     reason: format!("HTTP {status}: {reason}"),
-                    attempts: *attempts,
+                    attempts: tries.n,
                     unknown: false,
                 };
                 self.settle(systemic, Some(failed), req);
@@ -435,7 +447,7 @@ impl Pool {
                     retry_after,
                     unknown,
                 };
-                self.transient(item, req, *attempts, why, systemic).await
+                self.transient(item, req, tries, why, systemic).await
             }
         }
     }
@@ -502,7 +514,7 @@ impl Pool {
         &self,
         item: &Item,
         req: &Request,
-        attempts: u32,
+        tries: &mut Tries,
         why: Why,
         systemic: Option<Systemic>,
     ) -> Next {
@@ -511,6 +523,10 @@ impl Pool {
             retry_after,
             unknown,
         } = why;
+        // Once any call for the item may have run, the item's outcome stays
+        // unknown: a later 503 does not prove the earlier call did not run.
+        tries.maybe_ran |= unknown;
+        let (attempts, unknown) = (tries.n, tries.maybe_ran);
         let last = attempts >= self.cfg.max_attempts;
         let failed = last.then(|| Event::Failed {
             line: item.line,

@@ -356,3 +356,19 @@ async fn running_out_of_file_handles_fails_nothing_and_spends_no_attempt() {
     assert_eq!(notes, 1, "said once");
     assert_eq!(t.calls().len(), 16);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_may_have_run_keeps_the_item_unknown_whatever_follows() {
+    use crate::request::FailureKind;
+    // The first call times out (it may have run); every retry gets a 503.
+    let (_, events, _) = run_pool(1, 1, false, |_, n| match n {
+        0 => Step::fail(FailureKind::Timeout),
+        _ => Step::status(503, &[], "busy"),
+    })
+    .await;
+    let unknown = events.iter().find_map(|e| match e {
+        Event::Failed { unknown, .. } => Some(*unknown),
+        _ => None,
+    });
+    assert_eq!(unknown, Some(true), "a later 503 proves nothing");
+}

@@ -441,16 +441,23 @@ pub async fn wait_for_stats(sim: &Sim, secs: u64, cond: impl Fn(&serde_json::Val
 
 /// Asserts that no file under `dir` contains the API key.
 pub fn assert_key_absent_from_files(dir: &Path) {
+    // As is, and as a JSON string may carry it (`\u0073\u006b...`).
+    let escaped: String = KEY
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
     for entry in std::fs::read_dir(dir).unwrap() {
         let p = entry.unwrap().path();
         if p.is_dir() {
             assert_key_absent_from_files(&p);
         } else if let Ok(bytes) = std::fs::read(&p) {
-            assert!(
-                !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
-                "the API key was written to {}",
-                p.display()
-            );
+            for form in [KEY, escaped.as_str()] {
+                assert!(
+                    !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
+                    "the API key was written to {} ({form})",
+                    p.display()
+                );
+            }
         }
     }
 }

@@ -18,6 +18,9 @@ use crate::wire;
 #[derive(Debug, Clone, Default)]
 pub(super) struct Echo(Option<String>);
 
+/// Stands for the escaped key until the body is rendered.
+const ESCAPED: &str = "\u{e000}batchrun-sim-escaped-key\u{e000}";
+
 impl Echo {
     /// The raw `x-api-key` of `headers` when `on`, byte for byte (invalid
     /// UTF-8 replaced).
@@ -36,8 +39,9 @@ impl Echo {
         self.0.as_deref()
     }
 
-    /// Adds the key to a JSON object body: as `key`, and appended to its
-    /// `error` message.
+    /// Adds the key to a JSON object body: as `key`, as `key_escaped` (the
+    /// same, written with `\uXXXX` escapes, as some servers do), and
+    /// appended to its `error` message.
     fn stamp(&self, body: &mut Value) {
         let (Some(key), Value::Object(o)) = (&self.0, body) else {
             return;
@@ -47,12 +51,25 @@ impl Echo {
             e.push_str(key);
         }
         o.insert("key".into(), Value::String(key.clone()));
+        o.insert("key_escaped".into(), Value::String(ESCAPED.into()));
+    }
+
+    /// `body` stamped with the key and rendered.
+    fn render(&self, mut body: Value) -> String {
+        self.stamp(&mut body);
+        let text = serde_json::to_string(&body).unwrap_or_default();
+        let Some(key) = &self.0 else {
+            return text;
+        };
+        // serde_json never escapes plain ASCII: the escaped copy is put in
+        // by hand, in place of a marker.
+        let escaped: String = key.encode_utf16().map(|u| format!("\\u{u:04x}")).collect();
+        text.replace(ESCAPED, &escaped)
     }
 
     /// A JSON response, stamped with the key.
-    pub(super) fn json(&self, status: StatusCode, mut body: Value) -> Response {
-        self.stamp(&mut body);
-        json_response(status, &body)
+    pub(super) fn json(&self, status: StatusCode, body: Value) -> Response {
+        body_response(status, Body::from(self.render(body)))
     }
 
     /// A `{"status":"error","error":message}` response, stamped with the key.
@@ -62,9 +79,8 @@ impl Echo {
 
     /// The body of a successful echo call, stamped with the key.
     pub(super) fn ok_body(&self, endpoint: &str, data: Value) -> Bytes {
-        let mut body = json!({"status": "ok", "endpoint": endpoint, "data": data});
-        self.stamp(&mut body);
-        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+        let body = json!({"status": "ok", "endpoint": endpoint, "data": data});
+        Bytes::from(self.render(body))
     }
 }
 
@@ -192,12 +208,16 @@ mod tests {
         let b = body(r).await;
         assert_eq!(b["error"], "rate limit exceeded for key sk_live_ABC");
         assert_eq!(b["key"], "sk_live_ABC");
+        assert_eq!(b["key_escaped"], "sk_live_ABC");
 
-        let ok: Value = serde_json::from_slice(&echo.ok_body("echo", json!({"n": 1}))).unwrap();
+        let raw = echo.ok_body("echo", json!({"n": 1}));
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.contains(r#""key_escaped":"\u0073\u006b"#), "{text}");
+        let ok: Value = serde_json::from_slice(&raw).unwrap();
         assert_eq!(
             ok,
             json!({"status": "ok", "endpoint": "echo", "data": {"n": 1},
-                              "key": "sk_live_ABC"})
+                              "key": "sk_live_ABC", "key_escaped": "sk_live_ABC"})
         );
     }
 
