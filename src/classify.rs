@@ -140,6 +140,12 @@ pub fn transport(err: &crate::request::TransportError) -> CallError {
     }
 }
 
+/// Format characters a terminal acts on without showing: bidirectional
+/// overrides and isolates, zero-width marks, line and paragraph separators.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
 /// The `error` or `message` field of a JSON error body, or the first line of
 /// a text body, trimmed to something a failures file can hold.
 fn short_reason(body: &str) -> Option<String> {
@@ -152,11 +158,11 @@ fn short_reason(body: &str) -> Option<String> {
         });
     let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
     // A server's words go into logs and terminals: no escape sequences, no
-    // line breaks of their own.
+    // line breaks of their own, nothing that reorders what follows.
     let text: String = text
         .trim()
         .chars()
-        .filter(|c| !c.is_control())
+        .filter(|&c| !c.is_control() && !invisible(c))
         .take(200)
         .collect();
     (!text.is_empty()).then_some(text)
@@ -298,6 +304,11 @@ mod tests {
             Some("slow down[2J please")
         );
         assert_eq!(said(""), None);
+        assert_eq!(
+            said("abc\u{202E}def\u{2066}\u{2028}!").as_deref(),
+            Some("abcdef!"),
+            "no reordering of the log line"
+        );
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct Record {
     pub payload: Vec<u8>,
     /// Failed with its outcome unknown: the call may have run.
     pub unknown: bool,
+    /// The item's digest ([`crate::input::Item::digest`]); 0 when unknown.
+    pub digest: u64,
 }
 
 /// The job record's fields from the recording loop, with the meter state
@@ -381,8 +383,9 @@ impl Writer {
             attempts: r.attempts,
             payload: &r.payload,
             unknown: r.unknown,
+            digest: Some(r.digest),
         }
-        .encode(&mut self.buf);
+        .encode(&mut self.buf, self.log.version());
         self.batch.push((r.line, r.state, offset));
     }
 

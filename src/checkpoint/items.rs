@@ -16,6 +16,10 @@ use super::{to_json, CheckpointError, Counts, ItemState, JobMeta, LineStates, Ou
 /// a million failures does not build one enormous transaction.
 const CLEAR_BATCH: usize = 1024;
 
+/// A chunk with lines made pending, and each line's retry generation and
+/// former state.
+type Reopened = (Chunk, Vec<(u64, u32, ItemState)>);
+
 /// One job's items.
 #[derive(Clone)]
 pub struct JobItems {
@@ -118,6 +122,30 @@ impl JobItems {
         Ok(())
     }
 
+    /// Checks that the results of the first and the last finished line can
+    /// be read back: a results log or index deleted or cut short is found
+    /// before any call, not when the outputs are written.
+    pub fn check_results(&self) -> Result<(), CheckpointError> {
+        let last = self.states.capacity();
+        let first = (1..=last).find(|&l| self.states.is_finished(l));
+        let Some(first) = first else {
+            return Ok(());
+        };
+        let end = (first..=last)
+            .rev()
+            .find(|&l| self.states.is_finished(l))
+            .unwrap_or(first);
+        let mut results = self.results();
+        for line in [first, end] {
+            if results.get(line)?.is_none() {
+                return Err(CheckpointError::Corrupt(format!(
+                    "the result of line {line} is missing"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Records what the outputs were just written from.
     pub fn save_outputs(&self, stamp: OutputStamp) -> Result<(), CheckpointError> {
         let Some(mut meta) = self.job()? else {
@@ -174,7 +202,8 @@ impl JobItems {
             for line in failed {
                 let unknown = results.get(line)?.is_some_and(|e| e.unknown);
                 chunk.set(line, None);
-                reopened.push((line, self.generation(line)? + u32::from(!unknown)));
+                let generation = self.generation(line)? + u32::from(!unknown);
+                reopened.push((line, generation, ItemState::Failed));
             }
             group.push((chunk, reopened));
             if group.len() == CLEAR_BATCH {
@@ -187,14 +216,45 @@ impl JobItems {
         Ok(n)
     }
 
-    fn reopen(
-        &self,
-        meta: &mut JobMeta,
-        group: Vec<(Chunk, Vec<(u64, u32)>)>,
-    ) -> Result<u64, CheckpointError> {
+    /// Makes `lines` (in increasing order) pending again, each under the
+    /// retry generation it has: the outputs found that they no longer hold
+    /// the item their result was for. Sent again as they are now, a line
+    /// whose content is what was sent before gets its old key (the API
+    /// replays it), and one whose content changed gets a new one.
+    pub fn reopen_lines(&self, meta: &mut JobMeta, lines: &[u64]) -> Result<u64, CheckpointError> {
+        let mut n = 0;
+        let mut group: Vec<Reopened> = Vec::new();
+        for &line in lines {
+            let Some(was) = self.states.state(line) else {
+                continue;
+            };
+            let index = line / super::LINES_PER_CHUNK;
+            if group.last().map_or(true, |(c, _)| c.index != index) {
+                if group.len() == CLEAR_BATCH {
+                    n += self.reopen(meta, std::mem::take(&mut group))?;
+                }
+                group.push((self.chunk(index)?, Vec::new()));
+            }
+            if let Some((chunk, reopened)) = group.last_mut() {
+                chunk.set(line, None);
+                reopened.push((line, self.generation(line)?, was));
+            }
+        }
+        if !group.is_empty() {
+            n += self.reopen(meta, group)?;
+        }
+        Ok(n)
+    }
+
+    fn reopen(&self, meta: &mut JobMeta, group: Vec<Reopened>) -> Result<u64, CheckpointError> {
         let n: u64 = group.iter().map(|(_, r)| r.len() as u64).sum();
         let mut next = meta.clone();
-        next.failed = next.failed.saturating_sub(n);
+        for (_, _, was) in group.iter().flat_map(|(_, r)| r) {
+            match was {
+                ItemState::Done => next.done = next.done.saturating_sub(1),
+                ItemState::Failed => next.failed = next.failed.saturating_sub(1),
+            }
+        }
         next.revision += 1;
         let record = to_json(&next)?;
         let writes: Vec<_> = group.iter().map(|(c, _)| (c.key(), c.encode())).collect();
@@ -203,7 +263,7 @@ impl JobItems {
                 for (k, v) in &writes {
                     lines.insert(&k[..], v.as_slice())?;
                 }
-                for (line, generation) in group.iter().flat_map(|(_, r)| r) {
+                for (line, generation, _) in group.iter().flat_map(|(_, r)| r) {
                     retries.insert(&line.to_be_bytes()[..], &generation.to_be_bytes()[..])?;
                 }
                 jobs.insert(self.id.as_bytes(), record.as_slice())?;
@@ -211,7 +271,7 @@ impl JobItems {
             })
             .map_err(|e| self.tx_err(e))?;
         self.db.flush().map_err(|e| self.err(e))?;
-        for (line, _) in group.iter().flat_map(|(_, r)| r) {
+        for (line, ..) in group.iter().flat_map(|(_, r)| r) {
             self.states.set(*line, None);
         }
         *meta = next;

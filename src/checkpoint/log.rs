@@ -2,14 +2,20 @@
 //! checkpoint. The response body is stored as the raw bytes that came back
 //! (a failure's reason likewise); nothing on the hot path parses it.
 //!
-//! The file starts with an 8-byte header, then entries, each a 20-byte
+//! The file starts with an 8-byte header, then entries, each a 28-byte
 //! little-endian header and its payload:
 //!
 //! ```text
 //! magic u8 (0xE5) | state u8 (1 done, 2 failed, 3 failed with its outcome
 //! unknown) | status u16 (0: none)
-//! attempts u32 | line u64 | payload length u32 | payload
+//! attempts u32 | line u64 | item digest u64 | payload length u32 | payload
 //! ```
+//!
+//! The item digest ([`crate::input::Item::digest`]) is what the line held
+//! when its call was made: the outputs pair a result with a line only while
+//! the line still holds that item. Logs of version 1 (written before the
+//! digest existed) have 20-byte entry headers without it, and keep that
+//! layout when appended to.
 //!
 //! Only entries the checkpoint points at count. Anything else (an entry
 //! written but never committed, a torn tail after a crash) is never read,
@@ -22,11 +28,23 @@ use std::path::{Path, PathBuf};
 
 use super::{CheckpointError, ItemState};
 
-/// The first bytes of every results log.
-pub const FILE_HEADER: &[u8; 8] = b"BRLOG\0\0\x01";
+/// The first bytes of every new results log (version 2).
+pub const FILE_HEADER: &[u8; 8] = b"BRLOG\0\0\x02";
+/// The first seven bytes of a log of any version; the eighth is it.
+const FILE_MAGIC: &[u8; 7] = b"BRLOG\0\0";
 const MAGIC: u8 = 0xE5;
-/// Bytes of an entry's header.
-pub const ENTRY_HEADER: usize = 20;
+/// Bytes of an entry's header in a version 2 log.
+pub const ENTRY_HEADER: usize = 28;
+/// Bytes of an entry's header in a version 1 log (no digest).
+const ENTRY_HEADER_V1: usize = 20;
+
+fn header_len(version: u8) -> usize {
+    if version == 1 {
+        ENTRY_HEADER_V1
+    } else {
+        ENTRY_HEADER
+    }
+}
 /// How much of the log a reader holds at a time.
 const WINDOW: usize = 64 * 1024;
 
@@ -45,11 +63,14 @@ pub struct Entry<'a> {
     pub payload: &'a [u8],
     /// Failed, but the call may have run: no verdict came back for it.
     pub unknown: bool,
+    /// The item's digest when its call was made (None in a version 1 log,
+    /// or for a record moved from an older layout).
+    pub digest: Option<u64>,
 }
 
 impl Entry<'_> {
-    /// Appends the entry's bytes to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// Appends the entry's bytes to `out`, as a log of `version` holds them.
+    pub fn encode(&self, out: &mut Vec<u8>, version: u8) {
         out.push(MAGIC);
         out.push(match self.state {
             ItemState::Done => 1,
@@ -59,6 +80,9 @@ impl Entry<'_> {
         out.extend_from_slice(&self.status.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(&self.attempts.to_le_bytes());
         out.extend_from_slice(&self.line.to_le_bytes());
+        if version != 1 {
+            out.extend_from_slice(&self.digest.unwrap_or(0).to_le_bytes());
+        }
         // A payload beyond 4 GiB cannot come from an HTTP body reqwest
         // buffered; it is cut rather than mis-framed.
         let len = u32::try_from(self.payload.len()).unwrap_or(u32::MAX);
@@ -79,6 +103,7 @@ pub struct LogWriter {
     file: File,
     path: PathBuf,
     end: u64,
+    version: u8,
 }
 
 impl LogWriter {
@@ -95,21 +120,28 @@ impl LogWriter {
             .open(path)
             .map_err(e)?;
         let mut end = file.metadata().map_err(e)?.len();
-        if end < FILE_HEADER.len() as u64 {
+        let version = if end < FILE_HEADER.len() as u64 {
             // Created (or torn while being created) with no entry yet:
             // nothing can point into it.
             file.set_len(0).map_err(e)?;
             file.write_all(FILE_HEADER).map_err(e)?;
             file.sync_all().map_err(e)?;
             end = FILE_HEADER.len() as u64;
+            FILE_HEADER[7]
         } else {
-            check_header(&file, path)?;
-        }
+            check_header(&file, path)?
+        };
         Ok(LogWriter {
             file,
             path: path.to_path_buf(),
             end,
+            version,
         })
+    }
+
+    /// The log's version: how its entries are laid out.
+    pub fn version(&self) -> u8 {
+        self.version
     }
 
     /// Where the next entry will start.
@@ -127,38 +159,42 @@ impl LogWriter {
     }
 }
 
-fn check_header(file: &File, path: &Path) -> Result<(), CheckpointError> {
+/// The log's version, from its header.
+fn check_header(file: &File, path: &Path) -> Result<u8, CheckpointError> {
     let mut head = [0u8; 8];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| io_err(path, e))?;
-    if &head != FILE_HEADER {
-        return Err(CheckpointError::Corrupt(format!(
+    match (&head[..7] == FILE_MAGIC, head[7]) {
+        (true, v @ (1 | 2)) => Ok(v),
+        _ => Err(CheckpointError::Corrupt(format!(
             "{} is not a batchrun results log",
             path.display()
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// Reads entries by offset through a window of the file: entries written in
 /// about line order are read in about one sequential pass.
 pub struct LogReader {
     window: Window,
+    version: u8,
 }
 
 impl LogReader {
     /// Opens a log for reading.
     pub fn open(path: &Path) -> Result<LogReader, CheckpointError> {
         let file = File::open(path).map_err(|e| io_err(path, e))?;
-        check_header(&file, path)?;
+        let version = check_header(&file, path)?;
         Ok(LogReader {
             window: Window::new(file, path, WINDOW),
+            version,
         })
     }
 
     /// The entry starting at `offset`.
     pub fn entry(&mut self, offset: u64) -> Result<Entry<'_>, CheckpointError> {
-        let head = self.window.bytes(offset, ENTRY_HEADER)?;
+        let hlen = header_len(self.version);
+        let head = self.window.bytes(offset, hlen)?;
         let u32_at =
             |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let state = match (head[0], head[1]) {
@@ -174,17 +210,27 @@ impl LogReader {
         let unknown = head[1] == 3;
         let status = u16::from_le_bytes([head[2], head[3]]);
         let attempts = u32_at(4);
-        let mut line = [0u8; 8];
-        line.copy_from_slice(&head[8..16]);
-        let len = u32_at(16) as usize;
-        let whole = self.window.bytes(offset, ENTRY_HEADER + len)?;
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let line = u64_at(8);
+        // 0: the item was not known when the entry was written (a record
+        // moved from an older layout).
+        let digest = (hlen == ENTRY_HEADER)
+            .then(|| u64_at(16))
+            .filter(|&d| d != 0);
+        let len = u32_at(hlen - 4) as usize;
+        let whole = self.window.bytes(offset, hlen + len)?;
         Ok(Entry {
-            line: u64::from_le_bytes(line),
+            line,
             state,
             status: (status != 0).then_some(status),
             attempts,
-            payload: &whole[ENTRY_HEADER..],
+            payload: &whole[hlen..],
             unknown,
+            digest,
         })
     }
 }
@@ -271,6 +317,7 @@ mod tests {
                 attempts: 1,
                 payload: br#"{"ok":true}"#,
                 unknown: false,
+                digest: Some(7),
             },
             Entry {
                 line: 1,
@@ -279,6 +326,7 @@ mod tests {
                 attempts: 5,
                 payload: b"timed out",
                 unknown: true,
+                digest: Some(u64::MAX),
             },
             Entry {
                 line: 2,
@@ -287,6 +335,7 @@ mod tests {
                 attempts: 1,
                 payload: b"bad request",
                 unknown: false,
+                digest: None,
             },
             Entry {
                 line: 9,
@@ -295,13 +344,14 @@ mod tests {
                 attempts: 2,
                 payload: &big,
                 unknown: false,
+                digest: Some(42),
             },
         ];
         let mut offsets = Vec::new();
         let mut bytes = Vec::new();
         for e in &entries {
             offsets.push(w.end() + bytes.len() as u64);
-            e.encode(&mut bytes);
+            e.encode(&mut bytes, w.version());
         }
         w.append(&bytes).unwrap();
         drop(w);
@@ -315,7 +365,7 @@ mod tests {
         let mut w = LogWriter::open(&path).unwrap();
         let later = w.end();
         let mut more = Vec::new();
-        entries[0].encode(&mut more);
+        entries[0].encode(&mut more, w.version());
         w.append(&more).unwrap();
 
         let mut r = LogReader::open(&path).unwrap();

@@ -74,6 +74,8 @@ pub fn upgrade(store: &Store, mut meta: JobMeta) -> Result<(), CheckpointError> 
             attempts: rec.attempts,
             payload,
             unknown: false,
+            // What the line held then is not known.
+            digest: 0,
         })?;
     }
     // The job record goes out in the new layout even with no record to move.

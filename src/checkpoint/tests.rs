@@ -31,6 +31,7 @@ fn done(line: u64, body: &str) -> Record {
         attempts: 1,
         payload: body.as_bytes().to_vec(),
         unknown: false,
+        digest: 1,
     }
 }
 
@@ -58,6 +59,7 @@ fn records_survive_reopen_and_count() {
             attempts: 1,
             payload: b"bad".to_vec(),
             unknown: false,
+            digest: 1,
         })
         .unwrap();
         let committed = c.finish();
@@ -162,6 +164,7 @@ fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
             attempts: 5,
             payload: b"timed out".to_vec(),
             unknown,
+            digest: 1,
         })
         .unwrap();
     }
@@ -183,6 +186,7 @@ fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
         attempts: 5,
         payload: b"gateway timeout".to_vec(),
         unknown: true,
+        digest: 1,
     })
     .unwrap();
     assert!(c.finish().err.is_none());
@@ -209,8 +213,9 @@ fn a_result_in_the_log_but_not_committed_leaves_the_item_pending() {
         attempts: 1,
         payload: b"{\"lost\":1}",
         unknown: false,
+        digest: Some(9),
     }
-    .encode(&mut bytes);
+    .encode(&mut bytes, w.version());
     w.append(&bytes).unwrap();
     drop(w);
     let mut items = s.items("j2").unwrap();

@@ -85,6 +85,31 @@ pub struct Item {
     pub value: Value,
 }
 
+impl Item {
+    /// A fingerprint of the item's content (its JSON, fields in file
+    /// order): recorded with each result, so the outputs can tell whether
+    /// the line they pair a result with is still the item that was sent.
+    pub fn digest(&self) -> u64 {
+        use sha2::{Digest, Sha256};
+        struct Feed(Sha256);
+        impl io::Write for Feed {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.update(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut feed = Feed(Sha256::new());
+        // Writing a Value to a sink that cannot fail cannot fail.
+        let _ = serde_json::to_writer(&mut feed, &self.value);
+        let h = feed.0.finalize();
+        // Never 0: the results log reads 0 as "not recorded".
+        u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]).max(1)
+    }
+}
+
 /// Why the input could not be read. Every message starts with the path as the
 /// user gave it, and with the line when the problem is in the content.
 #[derive(Debug, thiserror::Error)]

@@ -24,6 +24,8 @@ pub enum Event {
         body: Vec<u8>,
         /// Calls it took.
         attempts: u32,
+        /// The item's digest, recorded with its result.
+        digest: u64,
     },
     /// An item failed for good.
     Failed {
@@ -38,6 +40,8 @@ pub enum Event {
         /// The last call may have run (no verdict came back): the item
         /// keeps its Idempotency-Key through `--retry-failed`.
         unknown: bool,
+        /// The item's digest, recorded with its result.
+        digest: u64,
     },
     /// A 429: for the window (everyone paused) or for concurrency.
     RateLimited {

@@ -86,7 +86,7 @@ pub(crate) fn end_state(
         Halt::Interrupted(sig) => sig.describe().to_string(),
         Halt::Stalled(for_) => format!(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
-            humantime::format_duration(*for_)
+            humantime::format_duration(std::time::Duration::from_secs(for_.as_secs_f64().round() as u64))
         ),
         Halt::Internal(why)
         | Halt::Systemic(why)
@@ -137,7 +137,7 @@ pub async fn finish(
     }
     let left = e.total.saturating_sub(counts.done + counts.failed);
     let feeder_ok = matches!(feeder, Ok(Ok(())));
-    let (state, halt_reason) = end_state(
+    let (mut state, mut halt_reason) = end_state(
         &halt,
         left,
         feeder_ok,
@@ -151,23 +151,31 @@ pub async fn finish(
     meta.rate_limited += Stats::get(&e.stats.rate_limited);
     meta.retries += Stats::get(&e.stats.retries);
     meta.halt_reason = halt_reason.clone();
-    let exit_code = match &halt {
+    let mut exit_code = match &halt {
         Some(Halt::Interrupted(sig)) => sig.exit_code(),
         _ => exit::for_state(state, counts.failed),
     };
     meta.last_state = serde_json::to_value(state)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string));
-    let saved = save(&e, &meta)
-        .and_then(|()| super::job::write_outputs(e.settings, e.items).map_err(RunError::Fatal));
-    match saved {
+    let written = save(&e, &meta).and_then(|()| {
+        super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(&e, err))
+    });
+    match written {
         Ok(()) => {}
         // The storage already failed: what is on disk is what was
         // committed, and the halt says so; this is only more of the same.
         Err(err) if storage_failed => e.reporter.println(&format!(
             "batchrun: the outputs were not brought up to date: {err}"
         )),
-        Err(err) => return Err(err),
+        // A full disk at the very end: every result is in the checkpoint,
+        // and the same command writes the outputs without sending anything.
+        Err(Ended::Resumable(why)) => {
+            (state, exit_code) = (RunState::Halted, exit::HALTED);
+            record_halt(&e, &why);
+            halt_reason = Some(why);
+        }
+        Err(Ended::Error(err)) => return Err(err),
     }
     e.reporter.finish();
     e.alerter.flush(std::time::Duration::from_secs(5)).await;
@@ -191,8 +199,55 @@ pub async fn finish(
     Ok(summary)
 }
 
+/// How writing the outputs went wrong.
+enum Ended {
+    /// The run halts, resumably, for this reason.
+    Resumable(String),
+    /// The run fails with this error.
+    Error(RunError),
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::Resumable(why) => f.write_str(why),
+            Ended::Error(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Ended {
+    fn from(e: anyhow::Error) -> Ended {
+        Ended::Error(RunError::Fatal(e))
+    }
+}
+
+/// What an output failure means for the run.
+fn output_failed(e: &Ending<'_>, err: super::outputs::OutputError) -> Ended {
+    use super::outputs::OutputError;
+    match err {
+        OutputError::Write(err) => Ended::Resumable(format!(
+            "the outputs could not be written ({err:#}); every result is in the checkpoint: \
+             free space and run the same command to write them (nothing is sent again)"
+        )),
+        OutputError::Changed(why) => Ended::Error(RunError::Fatal(anyhow::anyhow!(why))),
+        OutputError::Checkpoint(err) => Ended::Error(super::damaged(&e.settings.state_dir, err)),
+        OutputError::Input(err) => Ended::Error(RunError::Input(err)),
+    }
+}
+
+/// The job record says how the run ended (re-read: writing the outputs may
+/// have changed it).
+fn record_halt(e: &Ending<'_>, why: &str) {
+    if let Ok(Some(mut meta)) = e.items.job() {
+        meta.last_state = Some("halted".into());
+        meta.halt_reason = Some(why.to_string());
+        let _ = e.store.save_job(&meta).and_then(|()| e.store.flush());
+    }
+}
+
 /// The job record and the meter state, on disk.
-fn save(e: &Ending<'_>, meta: &crate::checkpoint::JobMeta) -> Result<(), RunError> {
+fn save(e: &Ending<'_>, meta: &crate::checkpoint::JobMeta) -> Result<(), Ended> {
     e.store.save_job(meta).context("saving the checkpoint")?;
     e.store
         .save_meter_state(&e.settings.origin, &meta.meter)
@@ -234,7 +289,17 @@ fn summary(
         alerts: e.alerter.fired(),
         out: e.settings.out.display().to_string(),
         failures: e.settings.failures.display().to_string(),
-        status_counts: calls.status_counts(),
+        status_counts: {
+            // Calls still out when the run stopped (Ctrl-C, a halt) got
+            // nothing back: counted as such, so the counts add up.
+            let mut counts = calls.status_counts();
+            let requests = Stats::get(&e.stats.requests);
+            let answered: u64 = counts.values().sum();
+            if requests > answered {
+                counts.insert("no_answer".into(), requests - answered);
+            }
+            counts
+        },
         latency_p50_ms: calls.percentile_ms(0.5),
         latency_p99_ms: calls.percentile_ms(0.99),
     }

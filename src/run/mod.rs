@@ -22,6 +22,7 @@ mod fleet;
 pub mod gate;
 pub mod job;
 pub mod keys;
+pub mod outputs;
 pub mod pool;
 pub mod recorder;
 mod slots;
@@ -265,7 +266,7 @@ pub async fn run(
 }
 
 /// A checkpoint that cannot be opened: say what it means and the way forward.
-fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointError) -> RunError {
+pub(crate) fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointError) -> RunError {
     use crate::checkpoint::CheckpointError;
     if matches!(e, CheckpointError::Locked(_)) {
         return RunError::Fatal(anyhow::Error::new(e));
@@ -481,6 +482,7 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let mut meta = job::open(&store, settings, &scan, &id, epoch)?;
     items
         .check_counts(&meta, scan.last_line)
+        .and_then(|()| items.check_results())
         .map_err(|e| damaged(&settings.state_dir, e))?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
@@ -570,21 +572,30 @@ fn spawn_feeder(
             let permit = match room.next() {
                 Some(p) => p,
                 None => {
+                    // The queue closed: the run stopped.
                     let Ok(more) = reserve(left) else {
-                        break;
+                        return Ok(());
                     };
                     room = more;
-                    let Some(p) = room.next() else { break };
+                    let Some(p) = room.next() else {
+                        return Ok(());
+                    };
                     p
                 }
             };
             permit.send((item, generation));
             left -= 1;
             if left == 0 {
-                break;
+                return Ok(());
             }
         }
-        Ok(())
+        // The scan counted more pending items than the file holds now.
+        anyhow::bail!(
+            "{} changed while the job ran: it ended with {left} pending item(s) not yet read \
+             (lines removed or rewritten). Restore it and run the same command, or use --fresh \
+             to start over with the new content",
+            path.display()
+        )
     })
 }
 

@@ -154,6 +154,7 @@ impl Pool {
                     reason,
                     attempts: 0,
                     unknown: false,
+                    digest: item.digest(),
                 });
                 return;
             }
@@ -433,6 +434,7 @@ impl Pool {
                     reason: format!("HTTP {status}: {reason}"),
                     attempts: tries.n,
                     unknown: false,
+                    digest: item.digest(),
                 };
                 self.settle(systemic, Some(failed), req);
                 Next::Finished
@@ -540,6 +542,7 @@ impl Pool {
             },
             attempts,
             unknown,
+            digest: item.digest(),
         });
         if !self.settle(systemic, failed, req) || last {
             return Next::Finished;
@@ -631,6 +634,7 @@ impl Pool {
             status,
             body: body.as_bytes().to_vec(),
             attempts,
+            digest: item.digest(),
         }
     }
 

@@ -151,6 +151,7 @@ impl Recorder {
                 status,
                 body,
                 attempts,
+                digest,
             } => {
                 self.committer.record(Record {
                     line,
@@ -159,6 +160,7 @@ impl Recorder {
                     attempts,
                     payload: body,
                     unknown: false,
+                    digest,
                 })?;
                 Stats::bump(&stats.done);
                 Stats::bump(&stats.done_this_run);
@@ -176,6 +178,7 @@ impl Recorder {
                 reason,
                 attempts,
                 unknown,
+                digest,
             } => {
                 self.committer.record(Record {
                     line,
@@ -184,6 +187,7 @@ impl Recorder {
                     attempts,
                     payload: reason.into_bytes(),
                     unknown,
+                    digest,
                 })?;
                 Stats::bump(&stats.failed);
             }

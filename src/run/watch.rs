@@ -223,6 +223,7 @@ mod tests {
             reason: "HTTP 404".into(),
             attempts: 1,
             unknown: false,
+            digest: 1,
         })
     }
 
@@ -232,6 +233,7 @@ mod tests {
             status: 200,
             body: b"{}".to_vec(),
             attempts: 1,
+            digest: 1,
         })
     }
 

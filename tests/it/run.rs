@@ -402,6 +402,26 @@ async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn calls_abandoned_at_a_stop_are_counted_as_unanswered() {
+    // Calls that take longer than the grace after SIGTERM are abandoned:
+    // they got nothing back, and the counts still add up to the requests.
+    let s = Scenario::new("abandoned")
+        .with_sim(&["--limit", "none", "--latency", "20s"])
+        .numbers(2);
+    let r = s
+        .signal_when(
+            &["--limit", "none", "--concurrency", "2"],
+            |st| st["requests"].as_u64() >= Some(2),
+            libc::SIGTERM,
+        )
+        .await;
+    assert_eq!(r.code, 143, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    assert_eq!(r.summary["status_counts"]["no_answer"], 2, "{}", r.summary);
+    assert_eq!(r.summary["pending"], 2, "abandoned calls stay pending");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_redirect_to_another_host_never_carries_the_key() {
     use std::sync::{Arc, Mutex};
     // B records every request it gets; A redirects everything to B under

@@ -332,17 +332,159 @@ async fn an_input_edited_during_the_run_is_never_paired_with_its_results() {
     )
     .await;
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("changed while the job ran"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("while the job ran"), "{}", r.stderr);
     assert!(!s.out_path().exists(), "no output pairs lines and results");
-    // Restored, the same command writes the outputs and sends nothing.
+    // Restored, the same command writes the outputs. The edited line was
+    // set pending again (it no longer held its item); sent again with the
+    // content it was first sent with, it is replayed, not run again.
     std::fs::write(&input, &original).unwrap();
+    let again = s.run(&["--limit", "none"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        again.summary["requests"].as_u64() <= Some(1),
+        "{}",
+        again.summary
+    );
+    assert_each_item_once(&s.out_path(), N);
+    assert_side_effects(&s.sim().stats().await, N);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lines_edited_in_place_under_the_run_are_never_paired_with_others_results() {
+    // Lines of about 1 KB, so the feeder reads most of the file after the
+    // edit; every line keeps its length, as an in-place rewrite would.
+    const N: usize = 200;
+    let pad = "x".repeat(1000);
+    let text = |first: char| -> String {
+        (1..=N)
+            .map(|n| format!("{{\"n\":\"{first}{:03}\",\"pad\":\"{pad}\"}}\n", n))
+            .collect()
+    };
+    let original = text('0');
+    let s = Scenario::new("edited-in-place")
+        .with_sim(&["--limit", "none", "--latency", "20ms"])
+        .input("items.jsonl", &original);
+    let input = s.input_path().to_path_buf();
+    let args = ["--limit", "none", "--concurrency", "4"];
+    let first = act_when(
+        s.cmd(&args),
+        s.sim(),
+        |st| st["requests"].as_u64() >= Some(20),
+        |_| {
+            // Rewritten in place: the same file, other content.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&input)
+                .unwrap();
+            f.write_all(text('9').as_bytes()).unwrap();
+        },
+    )
+    .await;
+    assert_eq!(first.code, 1, "{}", first.stderr);
+    assert!(
+        first.stderr.contains("while the job ran"),
+        "{}",
+        first.stderr
+    );
+    assert!(!s.out_path().exists(), "no outputs from a changed file");
+    // Put back: the same command, as often as it asks, ends with every
+    // line paired with the result of its own content.
+    std::fs::write(&input, &original).unwrap();
+    let mut last = s.run(&args);
+    for _ in 0..3 {
+        if last.code == 0 {
+            break;
+        }
+        assert!(last.stderr.contains("pending again"), "{}", last.stderr);
+        last = s.run(&args);
+    }
+    assert_eq!(last.code, 0, "{}", last.stderr);
+    let out = jsonl(&s.out_path());
+    assert_eq!(out.len(), N);
+    for (i, line) in out.iter().enumerate() {
+        assert_eq!(line["line"], i as u64 + 1);
+        assert_eq!(
+            line["body"]["data"]["n"],
+            line["input"]["n"],
+            "line {} paired with another item's result",
+            i + 1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outputs_that_cannot_be_written_halt_resumably_and_leave_nothing_behind() {
+    use std::os::unix::process::CommandExt as _;
+    // Each output line carries its 1 KB input: the outputs outgrow a 64 kB
+    // file size limit long before the checkpoint does.
+    const N: u64 = 100;
+    let pad = "x".repeat(1000);
+    let items: String = (1..=N)
+        .map(|n| format!("{{\"n\": {n}, \"pad\": \"{pad}\"}}\n"))
+        .collect();
+    let s = Scenario::new("outputs-full")
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", &items);
+    let mut c = s.cmd(&["--limit", "none"]);
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64_000,
+                rlim_max: 64_000,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let r = finish(c);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("outputs could not be written"),
+        "{}",
+        r.summary
+    );
+    assert_eq!(r.summary["done"], N, "every call is recorded");
+    let leftovers: Vec<_> = std::fs::read_dir(s.dir().path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    // Room again: the outputs are written and nothing is sent.
     let again = s.run(&["--limit", "none"]);
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert_eq!(again.summary["requests"], 0, "{}", again.summary);
     assert_each_item_once(&s.out_path(), N);
-    assert_side_effects(&s.sim().stats().await, N);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_results_log_is_found_before_any_call() {
+    let s = Scenario::new("lost-log")
+        .with_sim(&["--limit", "none"])
+        .numbers(10);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    for e in std::fs::read_dir(s.state_dir().join("results")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "log") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    // Ten more lines, so the run has something to send.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.input_path())
+        .unwrap();
+    for n in 11..=20 {
+        writeln!(f, "{{\"n\": {n}}}").unwrap();
+    }
+    let before = s.sim().stats().await["requests"].as_u64().unwrap();
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("is damaged"), "{}", r.stderr);
+    assert!(r.stderr.contains("Nothing was sent"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
 }

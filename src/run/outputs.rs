@@ -1,0 +1,249 @@
+//! `--out` and `--failures`, written from the checkpoint in input order.
+//!
+//! The outputs are the one place a line meets its result again, so they
+//! check that it is still the same line: every result carries the digest
+//! of the item that was sent, and a line that no longer holds that item is
+//! set pending again instead of being paired with a result that is not its
+//! own. The whole file is fingerprinted again in the same pass.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use super::job::{current_stamp, grew};
+use crate::checkpoint::{CheckpointError, Entry, ItemState, JobItems, JobMeta};
+use crate::input::{self, InputError, Item};
+use crate::settings::Settings;
+
+/// Why the outputs were not written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// The input no longer holds what the results are for; the message
+    /// says what was done and the way on.
+    #[error("{0}")]
+    Changed(String),
+    /// The checkpoint could not be read back.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The input could not be read.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The files could not be written (a full disk): the results are safe
+    /// in the checkpoint, and the next run writes them.
+    #[error("{0:#}")]
+    Write(anyhow::Error),
+}
+
+/// The temporary file an output is written to before it is renamed into
+/// place: unique per process, so two jobs writing one `--out`, or `--out
+/// X.a --failures X.b`, never share one.
+fn tmp_for(p: &Path, pid: u32) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!(".{name}.{pid}.tmp"))
+}
+
+/// Removes what earlier processes left of their temporary files for `p`
+/// (killed, or stopped by a full disk), never those of a process alive.
+fn clear_leftovers(p: &Path) {
+    let Some(name) = p.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let dir = match p.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    let prefix = format!(".{name}.");
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let pid = file
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !alive(pid)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether a process with this id exists (this one included).
+fn alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only asks whether the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Writes `--out` and `--failures` in input order, through temporary files
+/// renamed into place: one pass over the input, reading each finished
+/// item's result from the results log. When nothing changed since they were
+/// last written (same files, untouched, same revision of the checkpoint),
+/// they are left as they are. Nothing is left behind when it fails.
+pub fn write_outputs(settings: &Settings, items: &JobItems) -> Result<(), OutputError> {
+    let Some(mut meta) = items.job()? else {
+        return Ok(());
+    };
+    if meta.outputs.is_some() && meta.outputs == current_stamp(settings, meta.revision) {
+        return Ok(());
+    }
+    let paths = [&settings.out, &settings.failures];
+    for p in paths {
+        clear_leftovers(p);
+    }
+    let r = write_both(settings, items, &mut meta);
+    if r.is_err() {
+        for p in paths {
+            let _ = std::fs::remove_file(tmp_for(p, std::process::id()));
+        }
+    }
+    r
+}
+
+fn create(p: &Path) -> Result<BufWriter<File>, OutputError> {
+    let w = || -> anyhow::Result<BufWriter<File>> {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let tmp = tmp_for(p, std::process::id());
+        let f = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        Ok(BufWriter::with_capacity(64 * 1024, f))
+    };
+    w().map_err(OutputError::Write)
+}
+
+fn write_both(
+    settings: &Settings,
+    items: &JobItems,
+    meta: &mut JobMeta,
+) -> Result<(), OutputError> {
+    let mut out = create(&settings.out)?;
+    let mut fail = create(&settings.failures)?;
+    let mut results = items.results();
+    let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    // Lines whose result is for another item than the one they hold now.
+    let mut stale = Vec::new();
+    for item in &mut reader {
+        let item = item?;
+        let Some(e) = results.get(item.line)? else {
+            continue;
+        };
+        if e.digest.is_some_and(|d| d != item.digest()) {
+            stale.push(item.line);
+            continue;
+        }
+        let written = match e.state {
+            ItemState::Done => done_line(&mut out, &item, &e),
+            ItemState::Failed => failed_line(&mut fail, &item, &e),
+        };
+        written
+            .with_context(|| format!("writing {}", settings.out.display()))
+            .map_err(OutputError::Write)?;
+    }
+    let read = reader.finish()?;
+    let same_file = read == meta.fingerprint || grew(settings, meta);
+    if !stale.is_empty() {
+        drop(results);
+        items.reopen_lines(meta, &stale)?;
+        return Err(OutputError::Changed(edited(settings, &stale, same_file)));
+    }
+    // A file edited under the run would pair its lines with the results of
+    // other lines: such outputs are never put in place. Lines appended
+    // under it are fine: they are pending, and the old ones are unchanged.
+    if !same_file {
+        return Err(OutputError::Changed(format!(
+            "{} changed while the job ran: {} and {} were not written, so that no line is \
+             paired with another line's result. Every result is kept in the checkpoint: \
+             restore the file and run the same command to write them (nothing is sent \
+             again), or use --fresh to start over with the new content",
+            settings.input.display(),
+            settings.out.display(),
+            settings.failures.display()
+        )));
+    }
+    for (w, p) in [(out, &settings.out), (fail, &settings.failures)] {
+        let put = || -> anyhow::Result<()> {
+            let f = w.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            std::fs::rename(tmp_for(p, std::process::id()), p)?;
+            Ok(())
+        };
+        put()
+            .with_context(|| format!("writing {}", p.display()))
+            .map_err(OutputError::Write)?;
+    }
+    if let Some(stamp) = current_stamp(settings, meta.revision) {
+        items.save_outputs(stamp)?;
+    }
+    Ok(())
+}
+
+/// What the outputs say when lines no longer hold the item their result
+/// was for.
+fn edited(settings: &Settings, stale: &[u64], same_file: bool) -> String {
+    let way_on = if same_file {
+        "run the same command to send them as they are now"
+    } else {
+        "the file also differs from the one the job started with: restore it and run \
+         the same command (a line sent before with the content it has then is replayed by \
+         the API under the same Idempotency-Key, not run again), or use --fresh to start \
+         over with the new content"
+    };
+    format!(
+        "{} line(s) of {} (the first: line {}) no longer hold the item their result was \
+         for: the file was edited while the job ran. Those lines are pending again, and {} \
+         and {} were not written; {way_on}",
+        stale.len(),
+        settings.input.display(),
+        stale[0],
+        settings.out.display(),
+        settings.failures.display()
+    )
+}
+
+/// One `--out` line: `{"line","input","status","body"}`. The body is the
+/// response's JSON when it parses, else its text as a JSON string; this is
+/// the one place a body is parsed, once per output, not as calls return.
+fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{},\"input\":", item.line)?;
+    serde_json::to_writer(&mut *w, &item.value)?;
+    write!(w, ",\"status\":{},\"body\":", status(e.status))?;
+    // The key was scrubbed from the body, escaped forms included, before
+    // it was stored.
+    match serde_json::from_slice::<serde_json::Value>(e.payload) {
+        Ok(body) => serde_json::to_writer(&mut *w, &body)?,
+        Err(_) => serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?,
+    }
+    w.write_all(b"}\n")?;
+    Ok(())
+}
+
+/// One `--failures` line: `{"line","input","status","reason","attempts"}`,
+/// and `"outcome_unknown":true` when the call may have run.
+fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{},\"input\":", item.line)?;
+    serde_json::to_writer(&mut *w, &item.value)?;
+    write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
+    serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?;
+    write!(w, ",\"attempts\":{}", e.attempts)?;
+    if e.unknown {
+        w.write_all(b",\"outcome_unknown\":true")?;
+    }
+    w.write_all(b"}\n")?;
+    Ok(())
+}
+
+fn status(s: Option<u16>) -> String {
+    s.map_or_else(|| "null".to_string(), |s| s.to_string())
+}
