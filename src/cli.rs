@@ -211,8 +211,8 @@ Exit codes:
   2    bad options or bad input (file, line and reason given); nothing sent
   3    finished, but some items failed (see the failures file)
   75   halted resumably: credits exhausted, reserve reached, nothing but 429s,
-       the fleet's Redis out of reach, or the checkpoint could not be written;
-       run the same command to resume
+       the fleet's Redis out of reach, or the checkpoint or the outputs could
+       not be written; run the same command to resume
   130  interrupted by Ctrl-C; run the same command to resume
   143  stopped by SIGTERM; run the same command to resume";
 
