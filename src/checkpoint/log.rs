@@ -2,20 +2,21 @@
 //! checkpoint. The response body is stored as the raw bytes that came back
 //! (a failure's reason likewise); nothing on the hot path parses it.
 //!
-//! The file starts with an 8-byte header, then entries, each a 28-byte
+//! The file starts with an 8-byte header, then entries, each a 32-byte
 //! little-endian header and its payload:
 //!
 //! ```text
 //! magic u8 (0xE5) | state u8 (1 done, 2 failed, 3 failed with its outcome
 //! unknown) | status u16 (0: none)
-//! attempts u32 | line u64 | item digest u64 | payload length u32 | payload
+//! attempts u32 | line u64 | item digest u64 | payload length u32
+//! crc32 u32 (of the 28 bytes before it and the payload) | payload
 //! ```
 //!
 //! The item digest ([`crate::input::Item::digest`]) is what the line held
 //! when its call was made: the outputs pair a result with a line only while
 //! the line still holds that item. Logs of version 1 (written before the
-//! digest existed) have 20-byte entry headers without it, and keep that
-//! layout when appended to.
+//! digest existed) have 20-byte entry headers without it or the checksum,
+//! and keep that layout when appended to.
 //!
 //! Only entries the checkpoint points at count. Anything else (an entry
 //! written but never committed, a torn tail after a crash) is never read,
@@ -34,7 +35,9 @@ pub const FILE_HEADER: &[u8; 8] = b"BRLOG\0\0\x02";
 const FILE_MAGIC: &[u8; 7] = b"BRLOG\0\0";
 const MAGIC: u8 = 0xE5;
 /// Bytes of an entry's header in a version 2 log.
-pub const ENTRY_HEADER: usize = 28;
+pub const ENTRY_HEADER: usize = 32;
+/// Bytes of a version 2 header the checksum covers (all before it).
+const SUMMED: usize = 28;
 /// Bytes of an entry's header in a version 1 log (no digest).
 const ENTRY_HEADER_V1: usize = 20;
 
@@ -71,6 +74,7 @@ pub struct Entry<'a> {
 impl Entry<'_> {
     /// Appends the entry's bytes to `out`, as a log of `version` holds them.
     pub fn encode(&self, out: &mut Vec<u8>, version: u8) {
+        let start = out.len();
         out.push(MAGIC);
         out.push(match self.state {
             ItemState::Done => 1,
@@ -87,7 +91,14 @@ impl Entry<'_> {
         // buffered; it is cut rather than mis-framed.
         let len = u32::try_from(self.payload.len()).unwrap_or(u32::MAX);
         out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&self.payload[..len as usize]);
+        let payload = &self.payload[..len as usize];
+        if version != 1 {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&out[start..]);
+            crc.update(payload);
+            out.extend_from_slice(&crc.finalize().to_le_bytes());
+        }
+        out.extend_from_slice(payload);
     }
 }
 
@@ -218,10 +229,25 @@ impl LogReader {
         let line = u64_at(8);
         // 0: the item was not known when the entry was written (a record
         // moved from an older layout).
-        let digest = (hlen == ENTRY_HEADER)
-            .then(|| u64_at(16))
-            .filter(|&d| d != 0);
-        let len = u32_at(hlen - 4) as usize;
+        let v2 = hlen == ENTRY_HEADER;
+        let digest = v2.then(|| u64_at(16)).filter(|&d| d != 0);
+        let (len, sum) = match v2 {
+            true => (u32_at(24) as usize, Some(u32_at(SUMMED))),
+            false => (u32_at(16) as usize, None),
+        };
+        if let Some(sum) = sum {
+            let whole = self.window.bytes(offset, hlen + len)?;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&whole[..SUMMED]);
+            crc.update(&whole[hlen..]);
+            if crc.finalize() != sum {
+                return Err(CheckpointError::Corrupt(format!(
+                    "the results log entry of line {line} at offset {offset} of {} fails its checksum",
+                    self.window.path.display()
+                )));
+            }
+        }
+        // Served from the window the check just filled.
         let whole = self.window.bytes(offset, hlen + len)?;
         Ok(Entry {
             line,
@@ -374,6 +400,38 @@ mod tests {
         }
         assert_eq!(r.entry(later).unwrap(), entries[0]);
         assert!(r.entry(later + 1).is_err(), "not an entry's start");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn a_flipped_bit_fails_the_entrys_checksum() {
+        let path = tmp("flip");
+        let mut w = LogWriter::open(&path).unwrap();
+        let mut bytes = Vec::new();
+        Entry {
+            line: 5,
+            state: ItemState::Done,
+            status: Some(200),
+            attempts: 1,
+            payload: b"{\"ok\":true}",
+            unknown: false,
+            digest: Some(3),
+        }
+        .encode(&mut bytes, w.version());
+        let at = w.end();
+        w.append(&bytes).unwrap();
+        drop(w);
+        assert!(LogReader::open(&path).unwrap().entry(at).is_ok());
+        // One bit of the payload, then one of the line number.
+        for (i, bit) in [(bytes.len() - 3, 0x01u8), (9, 0x40)] {
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let mut b = [bytes[i] ^ bit];
+            f.write_all_at(&b, at + i as u64).unwrap();
+            let e = LogReader::open(&path).unwrap().entry(at).unwrap_err();
+            assert!(e.to_string().contains("checksum"), "{e}");
+            b[0] = bytes[i];
+            f.write_all_at(&b, at + i as u64).unwrap();
+        }
         let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
     }
 
