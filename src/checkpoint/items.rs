@@ -122,6 +122,20 @@ impl JobItems {
         Ok(())
     }
 
+    /// Failed items whose outcome is unknown (their calls may have run).
+    pub fn unknown_failures(&self) -> Result<u64, CheckpointError> {
+        let mut results = self.results();
+        let mut n = 0;
+        for line in 1..=self.states.capacity() {
+            if self.states.state(line) == Some(ItemState::Failed)
+                && results.get(line)?.is_some_and(|e| e.unknown)
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Checks that the results of the first and the last finished line can
     /// be read back: a results log or index deleted or cut short is found
     /// before any call, not when the outputs are written.

@@ -456,6 +456,7 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     if settings.fresh {
         if let Ok(Some(old)) = store.job(&id) {
             epoch = old.epoch.saturating_add(1);
+            warn_unknown(&store, &old);
         }
         store
             .discard_job(&id)
@@ -498,6 +499,25 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
+}
+
+/// `--fresh` sends every item again under new keys: say so first when some
+/// of them failed with their outcome unknown, since those may run twice.
+fn warn_unknown(store: &Store, old: &JobMeta) {
+    if old.failed == 0 {
+        return;
+    }
+    let unknown = store
+        .items(&old.id)
+        .and_then(|items| items.unknown_failures())
+        .unwrap_or(0);
+    if unknown > 0 {
+        crate::report::err_line(&format!(
+            "batchrun: WARNING: --fresh: {unknown} item(s) failed with their outcome unknown \
+             (their calls may have run); they are sent again under new Idempotency-Keys and \
+             may run twice. --retry-failed would send them under their old keys instead"
+        ));
+    }
 }
 
 /// The reserve check before any call, from the checkpoint's last balance.

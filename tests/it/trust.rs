@@ -488,3 +488,28 @@ async fn a_lost_results_log_is_found_before_any_call() {
     assert!(r.stderr.contains("Nothing was sent"), "{}", r.stderr);
     assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_warns_before_resending_calls_that_may_have_run() {
+    let s = Scenario::new("fresh-unknown")
+        .with_sim(&["--limit", "none", "--latency", "1s", "--keep-working"])
+        .numbers(2);
+    let first = s.run(&[
+        "--limit",
+        "none",
+        "--timeout",
+        "300ms",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(first.code, 3, "{}", first.stderr);
+    let fresh = s.run(&["--limit", "none", "--timeout", "5s", "--fresh"]);
+    assert_eq!(fresh.code, 0, "{}", fresh.stderr);
+    assert!(
+        fresh
+            .stderr
+            .contains("2 item(s) failed with their outcome unknown"),
+        "{}",
+        fresh.stderr
+    );
+}
