@@ -26,6 +26,7 @@ pub mod outputs;
 pub mod pool;
 pub mod recorder;
 mod slots;
+mod start;
 #[cfg(test)]
 mod tests;
 pub mod watch;
@@ -43,6 +44,7 @@ use crate::settings::Settings;
 use events::Stats;
 use gate::{Gate, Halt};
 use pool::{Pool, PoolConfig, Queue};
+use start::{dry_run, orphaned_results, start_line, steady_per_min, warn_unknown};
 
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
@@ -291,150 +293,6 @@ pub(crate) fn checkpoint_failed(dir: &std::path::Path, e: &dyn std::fmt::Display
     )
 }
 
-/// Results exist for this input but the checkpoint knows nothing of them
-/// (it was lost, damaged or moved): say so before sending anything.
-fn orphaned_results(settings: &Settings, meta: &JobMeta, recorded: u64) -> Option<String> {
-    if recorded > 0 || meta.requests > 0 {
-        return None;
-    }
-    let len = std::fs::metadata(&settings.out).ok()?.len();
-    (len > 0).then(|| {
-        format!(
-            "batchrun: WARNING: {} already holds results, but the checkpoint in {} knows nothing of this job \
-             (lost, damaged or another --state-dir?). Every item is sent again under its original \
-             Idempotency-Key, so an API that honours it replays the calls it already ran.",
-            settings.out.display(),
-            settings.state_dir.display()
-        )
-    })
-}
-
-/// The pace the limit allows, items per minute; None when unlimited.
-fn steady_per_min(settings: &Settings) -> Option<f64> {
-    settings.limit.rate().map(|r| r.per_second() * 60.0)
-}
-
-/// What the run is about to do, printed before the first call. `pace` is
-/// the pacer's own pace (items per minute) when it differs from the limit's.
-fn start_line(
-    settings: &Settings,
-    meta: &JobMeta,
-    (pending, total): (u64, u64),
-    pace: Option<f64>,
-) -> String {
-    let learnt = meta
-        .learnt_limit
-        .zip(settings.limit.rate())
-        .map(|(l, r)| l as f64 * 60.0 / r.period.as_secs_f64());
-    let mut all_at_once = false;
-    let projected = match learnt.or(pace).or(steady_per_min(settings)) {
-        Some(per_min) if pending > 0 => {
-            // The window pacer sends a whole window at once, then a window's
-            // worth per window: only the items past the first window wait.
-            let waiting = match (settings.pacer, settings.limit.rate()) {
-                (crate::pace::PacerKind::Window, Some(r)) => {
-                    let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);
-                    ((pending as f64 / per_window).ceil() - 1.0).max(0.0) * per_window
-                }
-                _ => pending as f64,
-            };
-            if waiting == 0.0 {
-                all_at_once = true;
-            }
-            let d = Duration::try_from_secs_f64(waiting * 60.0 / per_min).unwrap_or(Duration::MAX);
-            format!(
-                "; about {} at the limit's pace",
-                crate::report::progress::fmt_secs(d)
-            )
-        }
-        _ => String::new(),
-    };
-    let projected = if all_at_once {
-        "; all within the first window".to_string()
-    } else {
-        projected
-    };
-    let learnt = meta
-        .learnt_limit
-        .map(|l| format!(", learnt {l} per window from the server"))
-        .unwrap_or_default();
-    format!(
-        "batchrun: job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), concurrency {}; state in {}; results to {}, failures to {}{projected}",
-        meta.id,
-        settings.input.display(),
-        settings.limit,
-        settings.limit_source,
-        settings.concurrency,
-        settings.state_dir.display(),
-        settings.out.display(),
-        settings.failures.display(),
-    )
-}
-
-/// `--dry-run N`: the input is valid (the scan said so); show the first N
-/// requests as they would go, the key hidden, and send nothing.
-fn dry_run(
-    settings: &Settings,
-    n: usize,
-    total: u64,
-    started: Instant,
-) -> Result<Summary, RunError> {
-    use std::io::Write;
-    let spec = &settings.request;
-    // With --json, stdout is the summary's alone.
-    let mut out: Box<dyn Write> = if settings.json {
-        Box::new(std::io::stderr().lock())
-    } else {
-        Box::new(std::io::stdout().lock())
-    };
-    let hide = |s: &str| match &spec.key {
-        Some(k) => k.redact(s),
-        None => s.to_string(),
-    };
-    for item in input::Reader::open(&settings.input, settings.format)?.take(n) {
-        let item = item?;
-        let req = spec.render(&item).map_err(RunError::Usage)?;
-        let mut text = format!("# line {}\n{} {}\n", item.line, req.method, hide(&req.url));
-        for (name, value) in &req.headers {
-            let v = if *name == spec.key_header {
-                "***".to_string()
-            } else {
-                hide(&String::from_utf8_lossy(value.as_bytes()))
-            };
-            text.push_str(&format!("{name}: {v}\n"));
-        }
-        if let Some(body) = &req.body {
-            text.push_str(&format!("\n{}\n", hide(&String::from_utf8_lossy(body))));
-        }
-        let _ = writeln!(out, "{text}");
-    }
-    crate::report::err_line(&format!(
-        "batchrun: dry run: {total} item(s) checked, nothing sent"
-    ));
-    Ok(Summary {
-        state: crate::report::RunState::Checked,
-        total,
-        done: 0,
-        failed: 0,
-        pending: total,
-        requests: 0,
-        rate_limited: 0,
-        retries: 0,
-        credits_remaining: None,
-        elapsed_s: started.elapsed().as_secs_f64(),
-        achieved_per_min: 0.0,
-        exit_code: crate::exit::OK,
-        halt_reason: None,
-        renewal: None,
-        alerts: Vec::new(),
-        out: settings.out.display().to_string(),
-        failures: settings.failures.display().to_string(),
-        status_counts: Default::default(),
-        latency_p50_ms: None,
-        latency_p99_ms: None,
-    })
-}
-
 /// The job's checkpoint and its input, checked.
 struct Opened {
     store: Store,
@@ -499,25 +357,6 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
-}
-
-/// `--fresh` sends every item again under new keys: say so first when some
-/// of them failed with their outcome unknown, since those may run twice.
-fn warn_unknown(store: &Store, old: &JobMeta) {
-    if old.failed == 0 {
-        return;
-    }
-    let unknown = store
-        .items(&old.id)
-        .and_then(|items| items.unknown_failures())
-        .unwrap_or(0);
-    if unknown > 0 {
-        crate::report::err_line(&format!(
-            "batchrun: WARNING: --fresh: {unknown} item(s) failed with their outcome unknown \
-             (their calls may have run); they are sent again under new Idempotency-Keys and \
-             may run twice. --retry-failed would send them under their old keys instead"
-        ));
-    }
 }
 
 /// The reserve check before any call, from the checkpoint's last balance.
