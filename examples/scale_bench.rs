@@ -302,6 +302,12 @@ async fn kill(a: &Args, big: &Path, f: &mut Figures) -> anyhow::Result<()> {
         .arg("--json")
         .output()?;
     let status: serde_json::Value = serde_json::from_slice(&status.stdout)?;
+    // `status --json` lists the input's jobs (older versions printed one).
+    let status = match status {
+        serde_json::Value::Array(mut jobs) if jobs.len() == 1 => jobs.remove(0),
+        serde_json::Value::Array(jobs) => bail!("expected one job, status lists {}", jobs.len()),
+        one => one,
+    };
     let recorded = status["done"].as_u64().unwrap_or(0) + status["failed"].as_u64().unwrap_or(0);
     note(
         f,

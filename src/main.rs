@@ -10,7 +10,7 @@ use batchrun::settings::{self, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_default(std::env::args_os());
-    let rt = match tokio::runtime::Runtime::new() {
+    let rt = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
             err_line(&format!("batchrun: cannot start the async runtime: {e}"));
@@ -63,6 +63,23 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The async runtime. A run's per-call work is small next to what the
+/// kernel spends moving its bytes, so it gets half the cores (at least one):
+/// the others are left to the checkpoint's writer thread, sled's flusher,
+/// the network stack and, often on the same machine, the API or the sim. On
+/// two cores one worker thread needs less CPU per call than two (no tasks
+/// passed between threads) and sends as fast. Everything else keeps tokio's
+/// default of one worker per core.
+fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all();
+    if matches!(command, Command::Run(_)) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        b.worker_threads((cores / 2).max(1));
+    }
+    b.build()
 }
 
 /// `batchrun run`: with `--sim`, the built-in sim is started here and the

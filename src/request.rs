@@ -155,15 +155,13 @@ impl RequestSpec {
             .url
             .render(item, Escape::Url)
             .map_err(|e| format!("--url: {e}"))?;
-        match reqwest::Url::parse(&url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-            Ok(u) => {
-                return Err(format!(
-                    "--url: {url:?} is not http or https (scheme {:?})",
-                    u.scheme()
-                ))
-            }
-            Err(e) => return Err(format!("--url: {url:?} is not a valid URL: {e}")),
+        // A template whose literal start is a valid http(s) origin needs no
+        // parse per item (see `Template::fixed_http_origin`); the length
+        // bound is the parser's own limit.
+        let valid_by_template =
+            self.url.fixed_http_origin().is_some() && url.len() < u32::MAX as usize;
+        if !valid_by_template {
+            check_url(&url)?;
         }
         let mut headers = HeaderMap::new();
         for (name, t) in &self.headers {
@@ -211,14 +209,26 @@ impl RequestSpec {
     }
 }
 
+/// A rendered URL that the template could not vouch for: it must parse,
+/// as http or https.
+fn check_url(url: &str) -> Result<(), String> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => Ok(()),
+        Ok(u) => Err(format!(
+            "--url: {url:?} is not http or https (scheme {:?})",
+            u.scheme()
+        )),
+        Err(e) => Err(format!("--url: {url:?} is not a valid URL: {e}")),
+    }
+}
+
 impl Request {
-    /// The same request carrying `key` as its Idempotency-Key.
-    pub fn with_idempotency_key(&self, key: &str) -> Request {
-        let mut r = self.clone();
+    /// This request carrying `key` as its Idempotency-Key.
+    pub fn with_idempotency_key(mut self, key: &str) -> Request {
         if let Ok(v) = HeaderValue::from_str(key) {
-            r.headers.insert(crate::wire::IDEMPOTENCY_KEY, v);
+            self.headers.insert(crate::wire::IDEMPOTENCY_KEY, v);
         }
-        r
+        self
     }
 }
 
@@ -315,16 +325,20 @@ impl HttpTransport {
 impl Transport for HttpTransport {
     fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>> {
         Box::pin(async move {
-            let mut b = self
-                .client
-                .request(req.method.clone(), &req.url)
-                .headers(req.headers.clone());
+            // Built directly rather than through a RequestBuilder, which
+            // would insert the headers one by one into an empty map.
+            let url = reqwest::Url::parse(&req.url).map_err(|e| TransportError {
+                kind: FailureKind::Other,
+                reason: format!("invalid URL: {e}"),
+            })?;
+            let mut r = reqwest::Request::new(req.method.clone(), url);
+            *r.headers_mut() = req.headers.clone();
             if let Some(bytes) = &req.body {
-                b = b.body(bytes.clone());
+                *r.body_mut() = Some(bytes.clone().into());
             }
-            let mut resp = b.send().await.map_err(|e| failure(&e))?;
+            let mut resp = self.client.execute(r).await.map_err(|e| failure(&e))?;
             let status = resp.status().as_u16();
-            let headers = resp.headers().clone();
+            let headers = std::mem::take(resp.headers_mut());
             // A body is read chunk by chunk up to the cap, never held whole:
             // a hostile or broken server cannot fill the memory or the
             // checkpoint.
@@ -339,10 +353,13 @@ impl Transport for HttpTransport {
                 }
                 bytes.extend_from_slice(&chunk);
             }
+            // Valid UTF-8 (the usual case) becomes the String without a copy.
+            let body = String::from_utf8(bytes)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
             Ok(Response {
                 status,
                 headers,
-                body: String::from_utf8_lossy(&bytes).into_owned(),
+                body,
                 truncated,
             })
         })
@@ -397,6 +414,7 @@ pub type SharedTransport = Arc<dyn Transport>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[derive(Debug)]
     struct Wrapped(std::io::Error);
@@ -411,6 +429,54 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    fn spec(url: &str) -> RequestSpec {
+        RequestSpec {
+            method: reqwest::Method::GET,
+            url: Template::parse(url).unwrap(),
+            headers: Vec::new(),
+            body: Body::None,
+            key_header: HeaderName::from_static("x-api-key"),
+            key: Some(Secret::new("k")),
+        }
+    }
+
+    fn render(url: &str, value: serde_json::Value) -> Result<Request, String> {
+        spec(url).render(&Item { line: 3, value })
+    }
+
+    #[test]
+    fn a_fixed_origin_takes_any_value_after_it() {
+        // No parse per item here: every value lands after the authority,
+        // percent-encoded, where no URL is invalid.
+        for v in ["a b", "../x", "@evil.com", "#frag", "ü/?#[]", "\\host"] {
+            let r = render("http://127.0.0.1:9/v1/{n}?x={n}", json!({ "n": v })).unwrap();
+            let parsed = reqwest::Url::parse(&r.url).unwrap();
+            assert_eq!(parsed.host_str(), Some("127.0.0.1"), "{v}");
+            assert_eq!(parsed.port(), Some(9), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_url_the_template_cannot_vouch_for_is_checked_per_item() {
+        let err = render("{base}/v1", json!({ "base": "https://api.example.com" })).unwrap_err();
+        assert!(err.contains("is not a valid URL"), "{err}");
+        let err = render("http://127.0.0.1:{port}/v1", json!({ "port": "x" })).unwrap_err();
+        assert!(err.contains("is not a valid URL"), "{err}");
+        let err = render("ftp://example.com/{n}", json!({ "n": 1 })).unwrap_err();
+        assert!(err.contains("is not http or https"), "{err}");
+        let err = render("http://exa mple.com/{n}", json!({ "n": 1 })).unwrap_err();
+        assert!(err.contains("is not a valid URL"), "{err}");
+    }
+
+    #[test]
+    fn the_idempotency_key_is_added_and_the_key_stays_sensitive() {
+        let r = render("http://h/{n}", json!({ "n": 1 }))
+            .unwrap()
+            .with_idempotency_key("batchrun-abc");
+        assert_eq!(r.headers[crate::wire::IDEMPOTENCY_KEY], "batchrun-abc");
+        assert!(r.headers["x-api-key"].is_sensitive());
     }
 
     #[test]

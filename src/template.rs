@@ -41,6 +41,8 @@ const INDEX: &str = "index";
 pub struct Template {
     source: String,
     parts: Vec<Part>,
+    /// See [`Template::fixed_http_origin`]; worked out once, at parse time.
+    http_origin: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,10 +195,28 @@ impl Template {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
+        let http_origin = match parts.first() {
+            Some(Part::Literal(text)) => http_origin_len(text),
+            _ => None,
+        };
         Ok(Template {
             source: s.to_owned(),
             parts,
+            http_origin,
         })
+    }
+
+    /// When the template starts with literal text that spells a valid http or
+    /// https URL up to and including the character that ends its authority
+    /// (`https://host:port/`, `http://host?`), the length of that text.
+    ///
+    /// Every rendering then starts with that same text, and a URL parser
+    /// never fails on what follows an authority (path, query and fragment are
+    /// percent-encoded as needed, never refused), so each rendered URL is
+    /// valid without being parsed again. None when a placeholder comes first
+    /// or the prefix is not such a URL: then each rendering must be checked.
+    pub fn fixed_http_origin(&self) -> Option<usize> {
+        self.http_origin
     }
 
     /// The text the template was parsed from.
@@ -259,6 +279,17 @@ impl std::str::FromStr for Template {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Template::parse(s)
     }
+}
+
+/// The length of `text`'s beginning up to the character that ends the
+/// authority after `://`, if that beginning parses as an http(s) URL.
+fn http_origin_len(text: &str) -> Option<usize> {
+    let after_slashes = text.find("://")? + 3;
+    // For http(s), a backslash ends the authority as a slash does.
+    let end = after_slashes + text[after_slashes..].find(['/', '\\', '?', '#'])?;
+    let prefix = &text[..=end];
+    let url = reqwest::Url::parse(prefix).ok()?;
+    matches!(url.scheme(), "http" | "https").then_some(prefix.len())
 }
 
 fn lookup<'v>(root: &'v Value, name: &str, path: &[String]) -> Option<&'v Value> {
@@ -456,6 +487,30 @@ mod tests {
         assert!(err("{\"a\":1}")
             .to_string()
             .contains("invalid character '\"'"));
+    }
+
+    #[test]
+    fn fixed_http_origin_only_for_a_literal_valid_http_origin() {
+        let origin = |t: &str| Template::parse(t).unwrap().fixed_http_origin();
+        assert_eq!(origin("http://127.0.0.1:8080/v1/echo?n={n}"), Some(22));
+        assert_eq!(origin("https://api.example.com?q={q}"), Some(24));
+        assert_eq!(
+            origin("https://api.example.com"),
+            None,
+            "no end of authority"
+        );
+        assert_eq!(origin("https://{host}/v1"), None, "placeholder in the host");
+        assert_eq!(
+            origin("http://127.0.0.1:{port}/v1"),
+            None,
+            "placeholder in the port"
+        );
+        assert_eq!(origin("{base}/v1/echo"), None);
+        assert_eq!(origin("ftp://example.com/{f}"), None, "not http");
+        assert_eq!(origin("http://exa mple.com/{n}"), None, "invalid host");
+        assert_eq!(origin("http://example.com:99999/{n}"), None, "invalid port");
+        assert_eq!(origin("http:///{n}"), None, "empty host");
+        assert_eq!(origin("/v1/{n}"), None);
     }
 
     #[test]
