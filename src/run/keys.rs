@@ -50,11 +50,15 @@ impl KeyScheme {
                     h.update((part.len() as u64).to_le_bytes());
                     h.update(part);
                 }
-                let hex: String = h.finalize()[..16]
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                format!("batchrun-{hex}")
+                // One small allocation per call, not one per byte.
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut key = String::with_capacity(9 + 32);
+                key.push_str("batchrun-");
+                for b in &h.finalize()[..16] {
+                    key.push(char::from(HEX[usize::from(b >> 4)]));
+                    key.push(char::from(HEX[usize::from(b & 0xf)]));
+                }
+                key
             }
         }
     }
@@ -90,6 +94,40 @@ mod tests {
             epoch: 1,
         };
         assert_ne!(a, fresh.key(7, 0, &req("http://x/?n=7")), "--fresh");
+    }
+
+    #[test]
+    fn derived_keys_are_those_earlier_versions_made() {
+        // The formula as it was first written: a job resumed by a newer
+        // version must send the keys the older one sent.
+        let reference = |job: &str, epoch: u32, line: u64, generation: u32, r: &Request| {
+            let mut h = Sha256::new();
+            for part in [
+                job.as_bytes(),
+                &epoch.to_le_bytes(),
+                &line.to_le_bytes(),
+                &generation.to_le_bytes(),
+                r.method.as_str().as_bytes(),
+                r.url.as_bytes(),
+                r.body.as_deref().unwrap_or_default(),
+            ] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+            let hex: String = h.finalize()[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("batchrun-{hex}")
+        };
+        let k = KeyScheme::Derived {
+            job: "0123abcd".into(),
+            epoch: 2,
+        };
+        for (line, url) in [(1, "http://x/?n=1"), (77, "https://api/v1/a b"), (9, "")] {
+            let r = req(url);
+            assert_eq!(k.key(line, 3, &r), reference("0123abcd", 2, line, 3, &r));
+        }
     }
 
     #[test]

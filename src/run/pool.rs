@@ -373,7 +373,7 @@ impl Pool {
     ) -> Next {
         let (err, systemic) = match outcome {
             Outcome::Done(status, body) => {
-                let done = self.done_event(item, status, &body, tries.n);
+                let done = self.done_event(item, status, body, tries.n);
                 self.settle(None, Some(done), req);
                 if probing {
                     self.probe_succeeded();
@@ -382,7 +382,7 @@ impl Pool {
             }
             Outcome::Refused { done, why } => {
                 if let Some((status, body)) = done {
-                    let done = self.done_event(item, status, &body, tries.n);
+                    let done = self.done_event(item, status, body, tries.n);
                     self.settle(None, Some(done), req);
                 }
                 self.gate.stop(Halt::Reserve(why));
@@ -628,11 +628,11 @@ impl Pool {
         }
     }
 
-    fn done_event(&self, item: &Item, status: u16, body: &str, attempts: u32) -> Event {
+    fn done_event(&self, item: &Item, status: u16, body: String, attempts: u32) -> Event {
         Event::Done {
             line: item.line,
             status,
-            body: body.as_bytes().to_vec(),
+            body: body.into_bytes(),
             attempts,
             digest: item.digest(),
         }
@@ -641,11 +641,12 @@ impl Pool {
     /// Passes one call's outcome through the watch. False when the run
     /// halted on it (nothing is recorded then: the item stays pending).
     fn settle(&self, systemic: Option<Systemic>, event: Option<Event>, req: &Request) -> bool {
-        let url = match &self.spec.key {
+        // Only a halt names the URL: no copy of it for every call.
+        let url = || match &self.spec.key {
             Some(k) => k.redact(&req.url),
             None => req.url.clone(),
         };
-        match self.watch.outcome(systemic, event, &url) {
+        match self.watch.outcome(systemic, event, url) {
             Verdict::Record(events) => {
                 for e in events {
                     self.emit(e);

@@ -143,7 +143,12 @@ impl Watch {
     /// One call ended. `systemic` is its cause when it is one of the
     /// job-wide kind; `event` is what it would record (a done or failed
     /// item), if anything; `url` the call's URL with the key hidden.
-    pub fn outcome(&self, systemic: Option<Systemic>, event: Option<Event>, url: &str) -> Verdict {
+    pub fn outcome(
+        &self,
+        systemic: Option<Systemic>,
+        event: Option<Event>,
+        url: impl FnOnce() -> String,
+    ) -> Verdict {
         let mut s = self.lock();
         if let Probation::Armed { first, calls, held } = &mut s.probation {
             match (&systemic, first.as_ref()) {
@@ -165,7 +170,7 @@ impl Watch {
                 return Verdict::Halt(format!(
                     "the first {calls} calls all failed the same way: {what} (URL {}); {hint}. \
                      Nothing was marked failed: fix the job and run the same command",
-                    url
+                    url()
                 ));
             }
             return Verdict::Record(Vec::new());
@@ -242,14 +247,14 @@ mod tests {
         let w = Watch::new(3, None);
         let u = "http://api.test/v1/ehco?n=1";
         assert_eq!(
-            w.outcome(Some(Systemic::Status(404)), failed(1), u),
+            w.outcome(Some(Systemic::Status(404)), failed(1), || u.into()),
             Verdict::Record(vec![])
         );
         assert_eq!(
-            w.outcome(Some(Systemic::Status(404)), failed(2), u),
+            w.outcome(Some(Systemic::Status(404)), failed(2), || u.into()),
             Verdict::Record(vec![])
         );
-        match w.outcome(Some(Systemic::Status(404)), failed(3), u) {
+        match w.outcome(Some(Systemic::Status(404)), failed(3), || u.into()) {
             Verdict::Halt(why) => {
                 assert!(why.contains("HTTP 404 on every item"), "{why}");
                 assert!(why.contains("/v1/ehco"), "{why}");
@@ -262,8 +267,8 @@ mod tests {
     #[test]
     fn a_success_ends_probation_and_releases_the_held_failures() {
         let w = Watch::new(3, None);
-        w.outcome(Some(Systemic::Status(404)), failed(1), "u");
-        match w.outcome(None, done(2), "u") {
+        w.outcome(Some(Systemic::Status(404)), failed(1), || "u".into());
+        match w.outcome(None, done(2), || "u".into()) {
             Verdict::Record(ev) => assert_eq!(ev.len(), 2, "{ev:?}"),
             v => panic!("{v:?}"),
         }
@@ -271,7 +276,7 @@ mod tests {
         // Past probation, 404s are just failed items.
         for line in 3..10 {
             assert!(matches!(
-                w.outcome(Some(Systemic::Status(404)), failed(line), "u"),
+                w.outcome(Some(Systemic::Status(404)), failed(line), || "u".into()),
                 Verdict::Record(ev) if ev.len() == 1
             ));
         }
@@ -280,8 +285,8 @@ mod tests {
     #[test]
     fn a_short_job_that_fails_alike_still_records_its_failures() {
         let w = Watch::new(10, None);
-        w.outcome(Some(Systemic::Status(404)), failed(1), "u");
-        w.outcome(Some(Systemic::Status(404)), failed(2), "u");
+        w.outcome(Some(Systemic::Status(404)), failed(1), || "u".into());
+        w.outcome(Some(Systemic::Status(404)), failed(2), || "u".into());
         assert_eq!(w.release().len(), 2);
     }
 
@@ -289,8 +294,8 @@ mod tests {
     fn refused_connections_count_whatever_the_detail() {
         let w = Watch::new(2, None);
         let c = |r: &str| Some(Systemic::Connect(format!("could not connect: {r}")));
-        w.outcome(c("127.0.0.1:9 refused"), None, "u");
-        match w.outcome(c("[::1]:9 refused"), None, "u") {
+        w.outcome(c("127.0.0.1:9 refused"), None, || "u".into());
+        match w.outcome(c("[::1]:9 refused"), None, || "u".into()) {
             Verdict::Halt(why) => assert!(why.contains("host and port"), "{why}"),
             v => panic!("{v:?}"),
         }
@@ -300,31 +305,40 @@ mod tests {
     fn max_failures_by_count_and_by_share() {
         let w = Watch::new(0, Some(MaxFailures::Count(2)));
         assert!(matches!(
-            w.outcome(None, failed(1), "u"),
+            w.outcome(None, failed(1), || "u".into()),
             Verdict::Record(_)
         ));
         assert!(matches!(
-            w.outcome(None, failed(2), "u"),
+            w.outcome(None, failed(2), || "u".into()),
             Verdict::Record(_)
         ));
-        assert!(matches!(w.outcome(None, failed(3), "u"), Verdict::Halt(_)));
+        assert!(matches!(
+            w.outcome(None, failed(3), || "u".into()),
+            Verdict::Halt(_)
+        ));
         let w = Watch::new(0, Some("10%".parse().unwrap()));
         for line in 0..18 {
             assert!(matches!(
-                w.outcome(None, done(line), "u"),
+                w.outcome(None, done(line), || "u".into()),
                 Verdict::Record(_)
             ));
         }
         assert!(
-            matches!(w.outcome(None, failed(18), "u"), Verdict::Record(_)),
+            matches!(
+                w.outcome(None, failed(18), || "u".into()),
+                Verdict::Record(_)
+            ),
             "19 finished"
         );
         assert!(
-            matches!(w.outcome(None, failed(19), "u"), Verdict::Record(_)),
+            matches!(
+                w.outcome(None, failed(19), || "u".into()),
+                Verdict::Record(_)
+            ),
             "10% is allowed"
         );
         assert!(
-            matches!(w.outcome(None, failed(20), "u"), Verdict::Halt(_)),
+            matches!(w.outcome(None, failed(20), || "u".into()), Verdict::Halt(_)),
             "3 of 21"
         );
         assert!("x".parse::<MaxFailures>().is_err());
