@@ -513,3 +513,53 @@ async fn fresh_warns_before_resending_calls_that_may_have_run() {
         fresh.stderr
     );
 }
+
+/// `c` with its open-file limit set to `soft` (and `hard`) before it runs.
+fn with_nofile(c: &mut std::process::Command, soft: u64, hard: u64) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
+    const N: u64 = 400;
+    let s = Scenario::new("nofile")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--latency",
+            "50ms",
+            "--concurrency",
+            "1000",
+        ])
+        .numbers(N);
+    let args = ["--limit", "none", "--concurrency", "200"];
+    // A soft limit of 64 under a roomy hard one: raised, and every item
+    // done (200 connections would not fit in 64 handles).
+    let mut c = s.cmd(&args);
+    with_nofile(&mut c, 64, 4096);
+    let r = finish(c);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), N);
+    // A hard limit the pool cannot fit in: refused before any call.
+    let before = s.sim().stats().await["requests"].as_u64().unwrap();
+    let mut c = s.cmd(&["--limit", "none", "--concurrency", "200", "--fresh"]);
+    with_nofile(&mut c, 100, 100);
+    let r = finish(c);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("hard limit"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
+}
