@@ -64,6 +64,41 @@ pub enum CallError {
     },
 }
 
+impl CallError {
+    /// The error with the key taken out of what the server said. Its words
+    /// are cleaned of control and format characters after the body was
+    /// scrubbed, which can join a key the server had split with them.
+    pub fn redacted(self, key: &crate::request::Secret) -> CallError {
+        let clean = |s: String| match s.contains(key.expose()) {
+            true => key.redact(&s),
+            false => s,
+        };
+        match self {
+            CallError::RateLimited {
+                retry_after,
+                message,
+            } => CallError::RateLimited {
+                retry_after,
+                message: message.map(clean),
+            },
+            CallError::Transient {
+                reason,
+                retry_after,
+                unknown,
+            } => CallError::Transient {
+                reason: clean(reason),
+                retry_after,
+                unknown,
+            },
+            CallError::Permanent { status, reason } => CallError::Permanent {
+                status,
+                reason: clean(reason),
+            },
+            other => other,
+        }
+    }
+}
+
 fn fmt_after(d: &Option<Duration>) -> String {
     d.map(|d| format!(", retry after {}s", d.as_secs_f64()))
         .unwrap_or_default()
@@ -309,6 +344,20 @@ mod tests {
             Some("abcdef!"),
             "no reordering of the log line"
         );
+    }
+
+    #[test]
+    fn a_key_joined_by_cleaning_the_servers_words_is_redacted() {
+        let k = crate::request::Secret::new("sk_abc123");
+        // Split by a zero-width space and a bidi override: not the key as
+        // sent, but the key once the message is cleaned.
+        let body = r#"{"error":"bad key s\u200bk_abc\u202e123"}"#;
+        for status in [400, 429, 503] {
+            let e = c(status, &[], body).unwrap_err().redacted(&k);
+            let text = format!("{e:?}");
+            assert!(!text.contains("sk_abc123"), "{text}");
+            assert!(text.contains("***"), "{text}");
+        }
     }
 
     #[test]

@@ -61,13 +61,28 @@ impl Secret {
         }
         if cut {
             let text = out.as_deref().unwrap_or(body);
-            // The key's first characters, cut off by the size cap. Fewer
-            // than four would match ordinary text too often to mean it.
-            let shortest = key.len().min(4);
-            let tail = (shortest..key.len())
-                .rev()
-                .filter(|&n| key.is_char_boundary(n))
-                .find(|&n| text.ends_with(&key[..n]));
+            // The key's first characters, as is or JSON-escaped, cut off
+            // by the size cap. Fewer than four characters (or one escape)
+            // would match ordinary text too often to mean it.
+            let escaped = |upper: bool| -> String {
+                key.encode_utf16()
+                    .map(|u| match upper {
+                        true => format!("\\u{u:04X}"),
+                        false => format!("\\u{u:04x}"),
+                    })
+                    .collect()
+            };
+            let forms = [
+                (key.to_string(), 4),
+                (escaped(false), 6),
+                (escaped(true), 6),
+            ];
+            let tail = forms.iter().find_map(|(form, least)| {
+                (*least.min(&form.len())..form.len())
+                    .rev()
+                    .filter(|&n| form.is_char_boundary(n))
+                    .find(|&n| text.ends_with(&form[..n]))
+            });
             if let Some(n) = tail {
                 out = Some(format!("{}***", &text[..text.len() - n]));
             }
@@ -503,6 +518,10 @@ mod tests {
             Some("not found for key ***")
         );
         assert_eq!(k.scrub("ends with sk", true), None, "too short to mean it");
+        // Cut in the middle of the escaped key, even inside one escape.
+        let cut = r#"{"head":"x","key":"\u0073\u006b\u005f\u0074\u0"#;
+        let clean = k.scrub(cut, true).unwrap();
+        assert!(clean.ends_with(r#""key":"***"#), "{clean}");
     }
 
     #[test]

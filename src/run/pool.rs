@@ -333,6 +333,10 @@ impl Pool {
             &body,
             SystemTime::now(),
         );
+        let c = match (c, &self.spec.key) {
+            (Err(e), Some(k)) => Err(e.redacted(k)),
+            (c, _) => c,
+        };
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }

@@ -19,7 +19,9 @@ pub(super) fn orphaned_results(
     meta: &JobMeta,
     recorded: u64,
 ) -> Option<String> {
-    if recorded > 0 || meta.requests > 0 {
+    // With --fresh the checkpoint was emptied on purpose, and the items go
+    // again under new keys: nothing to warn about here.
+    if recorded > 0 || meta.requests > 0 || settings.fresh {
         return None;
     }
     let len = std::fs::metadata(&settings.out).ok()?.len();
