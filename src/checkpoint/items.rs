@@ -16,9 +16,9 @@ use super::{to_json, CheckpointError, Counts, ItemState, JobMeta, LineStates, Ou
 /// a million failures does not build one enormous transaction.
 const CLEAR_BATCH: usize = 1024;
 
-/// A chunk with lines made pending, and each line's retry generation and
-/// former state.
-type Reopened = (Chunk, Vec<(u64, u32, ItemState)>);
+/// A chunk with lines made pending, and for each line its retry generation,
+/// whether a call under that key may have run, and its former state.
+type Reopened = (Chunk, Vec<(u64, (u32, bool), ItemState)>);
 
 /// One job's items.
 #[derive(Clone)]
@@ -217,7 +217,7 @@ impl JobItems {
                 let unknown = results.get(line)?.is_some_and(|e| e.unknown);
                 chunk.set(line, None);
                 let generation = self.generation(line)? + u32::from(!unknown);
-                reopened.push((line, generation, ItemState::Failed));
+                reopened.push((line, (generation, unknown), ItemState::Failed));
             }
             group.push((chunk, reopened));
             if group.len() == CLEAR_BATCH {
@@ -251,7 +251,7 @@ impl JobItems {
             }
             if let Some((chunk, reopened)) = group.last_mut() {
                 chunk.set(line, None);
-                reopened.push((line, self.generation(line)?, was));
+                reopened.push((line, self.carried(line)?, was));
             }
         }
         if !group.is_empty() {
@@ -277,8 +277,10 @@ impl JobItems {
                 for (k, v) in &writes {
                     lines.insert(&k[..], v.as_slice())?;
                 }
-                for (line, generation, _) in group.iter().flat_map(|(_, r)| r) {
-                    retries.insert(&line.to_be_bytes()[..], &generation.to_be_bytes()[..])?;
+                for (line, (generation, maybe_ran), _) in group.iter().flat_map(|(_, r)| r) {
+                    let mut v = generation.to_be_bytes().to_vec();
+                    v.push(u8::from(*maybe_ran));
+                    retries.insert(&line.to_be_bytes()[..], v)?;
                 }
                 jobs.insert(self.id.as_bytes(), record.as_slice())?;
                 Ok::<_, sled::transaction::ConflictableTransactionError<()>>(())
@@ -301,14 +303,29 @@ impl JobItems {
         }
     }
 
-    /// How many times `--retry-failed` re-opened the item (0 for most).
+    /// How many times `--retry-failed` re-opened the item with a new key
+    /// (0 for most).
     pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {
+        Ok(self.carried(line)?.0)
+    }
+
+    /// The item's retry generation, and whether a call under that key in an
+    /// earlier run may have run (it failed with its outcome unknown): then
+    /// its outcome stays unknown until a call gets a verdict, so that a
+    /// later `--retry-failed` still keeps the key.
+    pub fn carried(&self, line: u64) -> Result<(u32, bool), CheckpointError> {
         let v = self
             .retries
             .get(line.to_be_bytes())
             .map_err(|e| self.err(e))?;
-        Ok(v.and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
-            .map_or(0, u32::from_be_bytes))
+        let Some(v) = v else {
+            return Ok((0, false));
+        };
+        let generation = v
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, u32::from_be_bytes);
+        Ok((generation, v.get(4) == Some(&1)))
     }
 
     /// True when `--retry-failed` ever re-opened an item: only then is a

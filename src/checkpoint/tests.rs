@@ -177,6 +177,12 @@ fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
         "the call may have run: same key, so the server replays it"
     );
     assert_eq!(items.generation(2).unwrap(), 1, "a known failure: new key");
+    assert_eq!(
+        items.carried(1).unwrap(),
+        (0, true),
+        "may have run: remembered"
+    );
+    assert_eq!(items.carried(2).unwrap(), (1, false));
     // Failed again, unknown again: still the same key.
     let c = items.committer(meta, GroupCommit::default()).unwrap();
     c.record(Record {

@@ -35,7 +35,7 @@ use crate::checkpoint::{Backlog, GroupCommit, ItemState, JobItems, JobMeta, Stor
 use crate::credits::Alerter;
 use crate::credits::{self, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::{RunError, Signal};
-use crate::input::{self, Item};
+use crate::input;
 use crate::pace;
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary, View};
@@ -43,7 +43,7 @@ use crate::request::HttpTransport;
 use crate::settings::Settings;
 use events::Stats;
 use gate::{Gate, Halt};
-use pool::{Pool, PoolConfig, Queue};
+use pool::{Pool, PoolConfig, Queue, Queued};
 use start::{dry_run, orphaned_results, start_line, steady_per_min, warn_unknown};
 
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
@@ -190,7 +190,7 @@ pub async fn run(
         let dir = settings.state_dir.clone();
         move |e| gate.stop(Halt::Checkpoint(checkpoint_failed(&dir, e)))
     });
-    let (item_tx, item_rx) = mpsc::channel::<(Item, u32)>(settings.concurrency * 2);
+    let (item_tx, item_rx) = mpsc::channel::<Queued>(settings.concurrency * 2);
     let feeder = spawn_feeder(
         &settings,
         items.clone(),
@@ -392,7 +392,7 @@ fn spawn_feeder(
     items: JobItems,
     total: u64,
     backlog: Backlog,
-    tx: mpsc::Sender<(Item, u32)>,
+    tx: mpsc::Sender<Queued>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let path = settings.input.clone();
     let format = settings.format;
@@ -423,10 +423,10 @@ fn spawn_feeder(
             if states.is_finished(item.line) {
                 continue;
             }
-            let generation = if reopened {
-                items.generation(item.line)?
+            let (generation, maybe_ran) = if reopened {
+                items.carried(item.line)?
             } else {
-                0
+                (0, false)
             };
             let permit = match room.next() {
                 Some(p) => p,
@@ -442,7 +442,11 @@ fn spawn_feeder(
                     p
                 }
             };
-            permit.send((item, generation));
+            permit.send(Queued {
+                item,
+                generation,
+                maybe_ran,
+            });
             left -= 1;
             if left == 0 {
                 return Ok(());

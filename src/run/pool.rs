@@ -67,7 +67,19 @@ pub struct Pool {
 }
 
 /// The queue the feeder fills: items with their retry generation.
-pub type Queue = Arc<Mutex<mpsc::Receiver<(Item, u32)>>>;
+pub type Queue = Arc<Mutex<mpsc::Receiver<Queued>>>;
+
+/// An item as the feeder queues it.
+#[derive(Debug)]
+pub struct Queued {
+    /// The item.
+    pub item: Item,
+    /// Its retry generation: part of its Idempotency-Key.
+    pub generation: u32,
+    /// A call under this key, in an earlier run, may have run: the item's
+    /// outcome stays unknown unless a call of this run gets a verdict.
+    pub maybe_ran: bool,
+}
 
 /// What a response (or its absence) means for the item.
 enum Outcome {
@@ -133,15 +145,20 @@ impl Pool {
                     _ = self.gate.until_stopped() => None,
                 }
             };
-            let Some((item, generation)) = item else {
+            let Some(queued) = item else {
                 return;
             };
-            self.process(item, generation).await;
+            self.process(queued).await;
         }
     }
 
     /// Drives one item until it is done, failed, or left pending by a stop.
-    pub async fn process(self: &Arc<Self>, item: Item, generation: u32) {
+    pub async fn process(self: &Arc<Self>, queued: Queued) {
+        let Queued {
+            item,
+            generation,
+            maybe_ran,
+        } = queued;
         let req = match self.spec.render(&item) {
             Ok(r) => {
                 let idem = self.cfg.keys.key(item.line, generation, &r);
@@ -159,7 +176,7 @@ impl Pool {
                 return;
             }
         };
-        let mut tries = Tries::default();
+        let mut tries = Tries { n: 0, maybe_ran };
         loop {
             let probing = match self.gate.pass().await {
                 Pass::Run => false,

@@ -67,7 +67,13 @@ async fn run_pool(
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {
         let value = serde_json::json!({ "n": line });
-        item_tx.send((Item { line, value }, 0)).await.unwrap();
+        let item = Item { line, value };
+        let queued = super::pool::Queued {
+            item,
+            generation: 0,
+            maybe_ran: false,
+        };
+        item_tx.send(queued).await.unwrap();
     }
     drop(item_tx);
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));

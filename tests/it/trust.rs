@@ -563,3 +563,61 @@ async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
     assert!(r.stderr.contains("hard limit"), "{}", r.stderr);
     assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    // A server whose first call under a key runs (slowly) and whose every
+    // later call under that key answers 503: each key it saw, with how
+    // often it ran.
+    let runs = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
+    let seen = runs.clone();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let seen = seen.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let first = {
+                let mut m = seen.lock().unwrap();
+                let n = m.entry(key).or_insert(0);
+                *n += 1;
+                *n == 1
+            };
+            if first {
+                tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+                (axum::http::StatusCode::OK, "{\"ran\":true}")
+            } else {
+                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy")
+            }
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x?n={{n}}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+
+    let s = Scenario::new("unknown-sticky").numbers(2);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--url", url.as_str(), "--limit", "none", "--fail-fast", "0"];
+        args.extend_from_slice(extra);
+        s.run(&args)
+    };
+    // 1. The call times out here but runs there: unknown.
+    let first = run(&["--timeout", "300ms", "--max-attempts", "1"]);
+    assert_eq!(first.code, 3, "{}", first.stderr);
+    // 2. Sent again under its key, it meets only 503s: still unknown.
+    let second = run(&["--retry-failed", "--max-attempts", "2"]);
+    assert_eq!(second.code, 3, "{}", second.stderr);
+    for f in jsonl(&s.failures_path()) {
+        assert_eq!(f["outcome_unknown"], true, "{f}");
+    }
+    // 3. So a third try keeps the key too: each item ran once, under one key.
+    let third = run(&["--retry-failed", "--max-attempts", "1"]);
+    assert_eq!(third.code, 3, "{}", third.stderr);
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 2, "one key per item: {runs:?}");
+}
