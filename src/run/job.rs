@@ -32,7 +32,7 @@ pub fn unix_now() -> Duration {
 
 /// How the job's Idempotency-Keys are made: derived for every job this
 /// version starts, the nonce-based prefix for jobs started before.
-pub fn key_scheme(meta: &JobMeta) -> super::keys::KeyScheme {
+pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::keys::KeyScheme {
     if meta.key_scheme == 0 && !meta.nonce.is_empty() {
         return super::keys::KeyScheme::Legacy {
             prefix: format!(
@@ -41,9 +41,20 @@ pub fn key_scheme(meta: &JobMeta) -> super::keys::KeyScheme {
             ),
         };
     }
+    // Jobs made before scheme 2 keep the keys they were sending.
+    let varying = match meta.key_scheme >= 2 {
+        true => spec
+            .headers
+            .iter()
+            .filter(|(name, t)| !t.is_static() && *name != spec.key_header)
+            .map(|(name, _)| name.clone())
+            .collect(),
+        false => Vec::new(),
+    };
     super::keys::KeyScheme::Derived {
         job: meta.id.clone(),
         epoch: meta.epoch,
+        varying,
     }
 }
 
@@ -133,7 +144,7 @@ pub fn open(
         template: settings.identity.clone(),
         nonce,
         created_unix: unix_now().as_secs(),
-        key_scheme: 1,
+        key_scheme: 2,
         epoch,
         input_len: file_len(&settings.input),
         layout: LAYOUT,

@@ -3,7 +3,10 @@
 //! A key is derived only from what identifies the call: the job (its input
 //! and request templates), the job's epoch (which only `--fresh` advances),
 //! the item's line and retry generation (which only `--retry-failed`
-//! advances), and the request as rendered. A checkpoint that is lost or
+//! advances), and the request as rendered: method, URL, body, and the
+//! headers whose templates take values from the item (for jobs made since
+//! those were included; a job without such headers gets the same keys
+//! either way). A checkpoint that is lost or
 //! rebuilt therefore sends the same keys again, and the API replays the
 //! calls it already ran instead of running them twice.
 
@@ -26,6 +29,9 @@ pub enum KeyScheme {
         job: String,
         /// Advanced by `--fresh` only.
         epoch: u32,
+        /// Headers whose values come from the item: part of the key, so
+        /// that an item that differs only there is another call.
+        varying: Vec<reqwest::header::HeaderName>,
     },
 }
 
@@ -36,7 +42,11 @@ impl KeyScheme {
         match self {
             KeyScheme::Legacy { prefix } if generation == 0 => format!("{prefix}-{line}"),
             KeyScheme::Legacy { prefix } => format!("{prefix}-{line}-r{generation}"),
-            KeyScheme::Derived { job, epoch } => {
+            KeyScheme::Derived {
+                job,
+                epoch,
+                varying,
+            } => {
                 let mut h = Sha256::new();
                 for part in [
                     job.as_bytes(),
@@ -49,6 +59,13 @@ impl KeyScheme {
                 ] {
                     h.update((part.len() as u64).to_le_bytes());
                     h.update(part);
+                }
+                for name in varying {
+                    let value = req.headers.get(name).map_or(&[][..], |v| v.as_bytes());
+                    for part in [name.as_str().as_bytes(), value] {
+                        h.update((part.len() as u64).to_le_bytes());
+                        h.update(part);
+                    }
                 }
                 // One small allocation per call, not one per byte.
                 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -82,6 +99,7 @@ mod tests {
         let k = KeyScheme::Derived {
             job: "j1".into(),
             epoch: 0,
+            varying: Vec::new(),
         };
         let a = k.key(7, 0, &req("http://x/?n=7"));
         assert_eq!(a, k.key(7, 0, &req("http://x/?n=7")), "stable across runs");
@@ -92,6 +110,7 @@ mod tests {
         let fresh = KeyScheme::Derived {
             job: "j1".into(),
             epoch: 1,
+            varying: Vec::new(),
         };
         assert_ne!(a, fresh.key(7, 0, &req("http://x/?n=7")), "--fresh");
     }
@@ -123,11 +142,38 @@ mod tests {
         let k = KeyScheme::Derived {
             job: "0123abcd".into(),
             epoch: 2,
+            varying: Vec::new(),
         };
         for (line, url) in [(1, "http://x/?n=1"), (77, "https://api/v1/a b"), (9, "")] {
             let r = req(url);
             assert_eq!(k.key(line, 3, &r), reference("0123abcd", 2, line, 3, &r));
         }
+    }
+
+    #[test]
+    fn a_header_taken_from_the_item_is_part_of_the_key() {
+        use reqwest::header::{HeaderName, HeaderValue};
+        let tenant = HeaderName::from_static("x-tenant");
+        let with = |t: &'static str| {
+            let mut r = req("http://x/?n=1");
+            r.headers
+                .insert(tenant.clone(), HeaderValue::from_static(t));
+            r
+        };
+        let k = KeyScheme::Derived {
+            job: "j".into(),
+            epoch: 0,
+            varying: vec![tenant.clone()],
+        };
+        assert_ne!(k.key(1, 0, &with("a")), k.key(1, 0, &with("b")));
+        assert_eq!(k.key(1, 0, &with("a")), k.key(1, 0, &with("a")));
+        // A header that is not among them changes nothing.
+        let fixed = KeyScheme::Derived {
+            job: "j".into(),
+            epoch: 0,
+            varying: Vec::new(),
+        };
+        assert_eq!(fixed.key(1, 0, &with("a")), fixed.key(1, 0, &with("b")));
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub async fn run(
         ledger: ledger.clone(),
         events: ev_tx,
         cfg: PoolConfig {
-            keys: job::key_scheme(&meta),
+            keys: job::key_scheme(&meta, &settings.request),
             max_attempts: settings.max_attempts,
             default_pause,
             backoff: Backoff::default(),

@@ -52,6 +52,7 @@ async fn run_pool(
             keys: super::keys::KeyScheme::Derived {
                 job: "test".into(),
                 epoch: 0,
+                varying: Vec::new(),
             },
             max_attempts: 5,
             default_pause: Duration::from_secs(30),

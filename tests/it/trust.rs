@@ -621,3 +621,102 @@ async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len(), 2, "one key per item: {runs:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_that_differs_only_in_a_header_is_another_call() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    // An idempotent API that answers with the x-n header it was sent, and
+    // replays that answer for a key it has seen.
+    let stored = Arc::new(Mutex::new(HashMap::<String, String>::new()));
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let stored = stored.clone();
+        let h = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (n, key) = (h("x-n"), h("idempotency-key"));
+        let body = stored
+            .lock()
+            .unwrap()
+            .entry(key)
+            .or_insert_with(|| format!("{{\"n\":\"{n}\"}}"))
+            .clone();
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            body
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+
+    // Lines of about 1 KB, so most of the file is read after the edit.
+    const N: usize = 200;
+    let pad = "x".repeat(1000);
+    let text = |first: char| -> String {
+        (1..=N)
+            .map(|n| format!("{{\"n\":\"{first}{n:03}\",\"pad\":\"{pad}\"}}\n"))
+            .collect()
+    };
+    let original = text('0');
+    let s = Scenario::new("header-only").input("items.jsonl", &original);
+    let input = s.input_path().to_path_buf();
+    let args = [
+        "--url",
+        url.as_str(),
+        "--header",
+        "X-N: {n}",
+        "--limit",
+        "none",
+        "--concurrency",
+        "2",
+    ];
+    let child = s
+        .cmd(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once about a tenth is done, rewrite the file in place, then put it
+    // back: the lines read in between went out with the other content.
+    let out = s.out_path();
+    let state = s.state_dir();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !state.join("results").exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let rewrite = |t: &str| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&input)
+            .unwrap();
+        f.write_all(t.as_bytes()).unwrap();
+    };
+    rewrite(&text('9'));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    rewrite(&original);
+    let first = child.wait_with_output().unwrap();
+    assert_ne!(first.status.code(), Some(0), "some lines went out edited");
+    let mut last = s.run(&args);
+    for _ in 0..3 {
+        if last.code == 0 {
+            break;
+        }
+        last = s.run(&args);
+    }
+    assert_eq!(last.code, 0, "{}", last.stderr);
+    let lines = jsonl(&out);
+    assert_eq!(lines.len(), N);
+    for line in &lines {
+        assert_eq!(
+            line["body"]["n"], line["input"]["n"],
+            "line {} paired with another content's result",
+            line["line"]
+        );
+    }
+}
