@@ -303,6 +303,24 @@ impl JobItems {
         }
     }
 
+    /// Puts back retry generations read from earlier outputs, for a job
+    /// whose checkpoint was lost: its lines are then sent under the keys
+    /// they were last sent under.
+    pub fn restore_generations(&self, gens: &[(u64, u32)]) -> Result<(), CheckpointError> {
+        if gens.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (line, generation) in gens {
+            let mut v = generation.to_be_bytes().to_vec();
+            v.push(0);
+            batch.insert(&line.to_be_bytes()[..], v);
+        }
+        self.retries.apply_batch(batch).map_err(|e| self.err(e))?;
+        self.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     /// How many times `--retry-failed` re-opened the item with a new key
     /// (0 for most).
     pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {

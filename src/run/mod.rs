@@ -307,14 +307,21 @@ struct Opened {
 fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
     let id = job::job_id(settings)?;
-    // --fresh means "run them again": a new epoch, so new keys. Read before
-    // the old job is discarded (a lost checkpoint starts again at 0, which
-    // re-sends the first epoch's keys and so runs nothing twice).
-    let mut epoch = 0;
+    // A job the checkpoint does not know (lost, or moved aside as damaged)
+    // takes back from its earlier outputs the epoch and generations its keys
+    // were last made with, so that it sends those keys again and the API
+    // replays what already ran.
+    let old = store.job(&id).ok().flatten();
+    let recovered = match &old {
+        None => outputs::recover([&settings.out, &settings.failures]),
+        Some(_) => outputs::Recovered::default(),
+    };
+    let mut epoch = old.as_ref().map_or(recovered.epoch, |o| o.epoch);
+    // --fresh means "run them again": a new epoch, so new keys.
     if settings.fresh {
-        if let Ok(Some(old)) = store.job(&id) {
-            epoch = old.epoch.saturating_add(1);
-            warn_unknown(&store, &old);
+        epoch = epoch.saturating_add(1);
+        if let Some(old) = &old {
+            warn_unknown(&store, old);
         }
         store
             .discard_job(&id)
@@ -339,6 +346,11 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     drop(states);
     items.reserve_lines(scan.last_line);
     let mut meta = job::open(&store, settings, &scan, &id, epoch)?;
+    if old.is_none() && !settings.fresh {
+        items
+            .restore_generations(&recovered.generations)
+            .context("writing the checkpoint")?;
+    }
     items
         .check_counts(&meta, scan.last_line)
         .and_then(|()| items.check_results())

@@ -132,6 +132,7 @@ fn write_both(
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
     let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    let reopened = items.any_reopened();
     // Lines whose result is for another item than the one they hold now.
     let mut stale = Vec::new();
     for item in &mut reader {
@@ -143,9 +144,19 @@ fn write_both(
             stale.push(item.line);
             continue;
         }
+        // What the item's key was made of, beside its result: a checkpoint
+        // rebuilt after a loss takes it back from here (see `recover`).
+        let generation = match reopened {
+            true => items.generation(item.line)?,
+            false => 0,
+        };
+        let keyed = Keyed {
+            epoch: meta.epoch,
+            generation,
+        };
         let written = match e.state {
-            ItemState::Done => done_line(&mut out, &item, &e),
-            ItemState::Failed => failed_line(&mut fail, &item, &e),
+            ItemState::Done => done_line(&mut out, &item, &e, keyed),
+            ItemState::Failed => failed_line(&mut fail, &item, &e, keyed),
         };
         written
             .with_context(|| format!("writing {}", settings.out.display()))
@@ -215,7 +226,63 @@ fn edited(settings: &Settings, stale: &[u64], same_file: bool) -> String {
 /// One `--out` line: `{"line","input","status","body"}`. The body is the
 /// response's JSON when it parses, else its text as a JSON string; this is
 /// the one place a body is parsed, once per output, not as calls return.
-fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+/// The parts of an item's Idempotency-Key that `--fresh` and
+/// `--retry-failed` advance: written beside its result when not 0.
+#[derive(Debug, Clone, Copy)]
+struct Keyed {
+    epoch: u32,
+    generation: u32,
+}
+
+impl Keyed {
+    fn write(self, w: &mut impl Write) -> std::io::Result<()> {
+        if self.epoch > 0 {
+            write!(w, ",\"epoch\":{}", self.epoch)?;
+        }
+        if self.generation > 0 {
+            write!(w, ",\"generation\":{}", self.generation)?;
+        }
+        Ok(())
+    }
+}
+
+/// What earlier outputs say of the keys a job used, for a job whose
+/// checkpoint is gone: the highest epoch, and each line's generation.
+#[derive(Debug, Default, PartialEq)]
+pub struct Recovered {
+    /// The epoch the outputs were last written in.
+    pub epoch: u32,
+    /// Lines whose generation is not 0.
+    pub generations: Vec<(u64, u32)>,
+}
+
+/// Reads the epoch and generations back from the outputs (`--out` and
+/// `--failures`), so that a job rebuilt after its checkpoint was lost sends
+/// the keys it sent last, not those of its first epoch. Unreadable lines
+/// are skipped: this only ever makes keys match more calls already made.
+pub fn recover(outputs: [&Path; 2]) -> Recovered {
+    use std::io::BufRead;
+    let mut r = Recovered::default();
+    for p in outputs {
+        let Ok(f) = File::open(p) else { continue };
+        for line in std::io::BufReader::new(f).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let num = |k: &str| v.get(k).and_then(|x| x.as_u64());
+            let epoch = num("epoch").unwrap_or(0);
+            r.epoch = r.epoch.max(u32::try_from(epoch).unwrap_or(u32::MAX));
+            if let (Some(line), Some(g)) = (num("line"), num("generation")) {
+                r.generations
+                    .push((line, u32::try_from(g).unwrap_or(u32::MAX)));
+            }
+        }
+    }
+    r
+}
+
+fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> anyhow::Result<()> {
     write!(w, "{{\"line\":{},\"input\":", item.line)?;
     serde_json::to_writer(&mut *w, &item.value)?;
     write!(w, ",\"status\":{},\"body\":", status(e.status))?;
@@ -225,13 +292,14 @@ fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<(
         Ok(body) => serde_json::to_writer(&mut *w, &body)?,
         Err(_) => serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?,
     }
+    keyed.write(w)?;
     w.write_all(b"}\n")?;
     Ok(())
 }
 
 /// One `--failures` line: `{"line","input","status","reason","attempts"}`,
 /// and `"outcome_unknown":true` when the call may have run.
-fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result<()> {
+fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> anyhow::Result<()> {
     write!(w, "{{\"line\":{},\"input\":", item.line)?;
     serde_json::to_writer(&mut *w, &item.value)?;
     write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
@@ -240,10 +308,46 @@ fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>) -> anyhow::Result
     if e.unknown {
         w.write_all(b",\"outcome_unknown\":true")?;
     }
+    keyed.write(w)?;
     w.write_all(b"}\n")?;
     Ok(())
 }
 
 fn status(s: Option<u16>) -> String {
     s.map_or_else(|| "null".to_string(), |s| s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_and_generations_come_back_from_the_outputs() {
+        let dir = std::env::temp_dir().join(format!("batchrun-recover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (out, fail) = (dir.join("out.jsonl"), dir.join("fail.jsonl"));
+        std::fs::write(
+            &out,
+            "{\"line\":1,\"input\":{},\"status\":200,\"body\":{},\"epoch\":2}\n\
+             {\"line\":2,\"input\":{},\"status\":200,\"body\":{},\"epoch\":2,\"generation\":3}\n\
+             not json\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &fail,
+            "{\"line\":5,\"input\":{},\"status\":500,\"reason\":\"x\",\"attempts\":5,\"epoch\":2,\"generation\":1}\n",
+        )
+        .unwrap();
+        let r = recover([&out, &fail]);
+        assert_eq!(
+            r,
+            Recovered {
+                epoch: 2,
+                generations: vec![(2, 3), (5, 1)],
+            }
+        );
+        let none = recover([&dir.join("missing"), &dir.join("missing2")]);
+        assert_eq!(none, Recovered::default());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

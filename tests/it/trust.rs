@@ -720,3 +720,37 @@ async fn an_item_that_differs_only_in_a_header_is_another_call() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_checkpoint_after_fresh_resends_the_keys_of_the_fresh_epoch() {
+    let s = Scenario::new("lost-after-fresh")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    let args = ["--limit", "none"];
+    assert_eq!(s.run(&args).code, 0);
+    // Eight more lines, and then everything again under new keys.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.input_path())
+        .unwrap();
+    for n in 13..=20 {
+        writeln!(f, "{{\"n\": {n}}}").unwrap();
+    }
+    let fresh = s.run(&["--limit", "none", "--fresh"]);
+    assert_eq!(fresh.code, 0, "{}", fresh.stderr);
+    assert_side_effects(&s.sim().stats().await, 32);
+    for line in jsonl(&s.out_path()) {
+        assert_eq!(
+            line["epoch"], 1,
+            "the key's epoch beside the result: {line}"
+        );
+    }
+    // The checkpoint is lost: the keys come back from the results, and the
+    // API replays all twenty instead of running the eight new lines again
+    // under their first epoch's keys.
+    std::fs::remove_dir_all(s.state_dir()).unwrap();
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    assert_side_effects(&s.sim().stats().await, 32);
+}
