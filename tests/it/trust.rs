@@ -224,7 +224,6 @@ async fn outputs_that_differ_only_by_extension_do_not_collide() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
-    use std::os::unix::process::CommandExt as _;
     const N: u64 = 600;
     const WORKERS: u64 = 8;
     let s = Scenario::new("disk-full")
@@ -234,19 +233,7 @@ async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
     let mut c = s.cmd(&["--limit", "none", "--concurrency", &workers]);
     // A file size limit stands in for a full disk: past 30 kB, every write
     // of the checkpoint fails, as it would with no space left.
-    // SAFETY: setrlimit is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 30_000,
-                rlim_max: 30_000,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    with_limit(&mut c, libc::RLIMIT_FSIZE, 30_000, 30_000);
     let r = finish(c);
     assert_eq!(r.code, 75, "halted resumably: {}", r.stderr);
     assert_eq!(r.summary["state"], "halted");
@@ -414,7 +401,6 @@ async fn lines_edited_in_place_under_the_run_are_never_paired_with_others_result
 
 #[tokio::test(flavor = "multi_thread")]
 async fn outputs_that_cannot_be_written_halt_resumably_and_leave_nothing_behind() {
-    use std::os::unix::process::CommandExt as _;
     // Each output line carries its 1 KB input: the outputs outgrow a 64 kB
     // file size limit long before the checkpoint does.
     const N: u64 = 100;
@@ -426,19 +412,7 @@ async fn outputs_that_cannot_be_written_halt_resumably_and_leave_nothing_behind(
         .with_sim(&["--limit", "none"])
         .input("items.jsonl", &items);
     let mut c = s.cmd(&["--limit", "none"]);
-    // SAFETY: setrlimit is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 64_000,
-                rlim_max: 64_000,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    with_limit(&mut c, libc::RLIMIT_FSIZE, 64_000, 64_000);
     let r = finish(c);
     assert_eq!(r.code, 75, "{}", r.stderr);
     let why = r.summary["halt_reason"].as_str().unwrap_or_default();
@@ -514,24 +488,6 @@ async fn fresh_warns_before_resending_calls_that_may_have_run() {
     );
 }
 
-/// `c` with its open-file limit set to `soft` (and `hard`) before it runs.
-fn with_nofile(c: &mut std::process::Command, soft: u64, hard: u64) {
-    use std::os::unix::process::CommandExt as _;
-    // SAFETY: setrlimit is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(move || {
-            let lim = libc::rlimit {
-                rlim_cur: soft as libc::rlim_t,
-                rlim_max: hard as libc::rlim_t,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
     const N: u64 = 400;
@@ -549,7 +505,7 @@ async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
     // A soft limit of 64 under a roomy hard one: raised, and every item
     // done (200 connections would not fit in 64 handles).
     let mut c = s.cmd(&args);
-    with_nofile(&mut c, 64, 4096);
+    with_limit(&mut c, libc::RLIMIT_NOFILE, 64, 4096);
     let r = finish(c);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["failed"], 0, "{}", r.summary);
@@ -557,7 +513,7 @@ async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
     // A hard limit the pool cannot fit in: refused before any call.
     let before = s.sim().stats().await["requests"].as_u64().unwrap();
     let mut c = s.cmd(&["--limit", "none", "--concurrency", "200", "--fresh"]);
-    with_nofile(&mut c, 100, 100);
+    with_limit(&mut c, libc::RLIMIT_NOFILE, 100, 100);
     let r = finish(c);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("hard limit"), "{}", r.stderr);
@@ -753,4 +709,29 @@ async fn a_lost_checkpoint_after_fresh_resends_the_keys_of_the_fresh_epoch() {
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert_each_item_once(&s.out_path(), 20);
     assert_side_effects(&s.sim().stats().await, 32);
+}
+
+/// `c` with one of its resource limits set to `soft` (and `hard`) before it
+/// runs: a file size limit stands in for a full disk, an open-file limit
+/// for a crowded machine.
+fn with_limit(
+    c: &mut std::process::Command,
+    resource: libc::__rlimit_resource_t,
+    soft: u64,
+    hard: u64,
+) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
+            };
+            if libc::setrlimit(resource, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
