@@ -175,10 +175,56 @@ pub fn transport(err: &crate::request::TransportError) -> CallError {
     }
 }
 
-/// Format characters a terminal acts on without showing: bidirectional
-/// overrides and isolates, zero-width marks, line and paragraph separators.
+/// Format characters a terminal acts on without showing: soft hyphens,
+/// bidirectional marks, overrides and isolates, zero-width marks, line and
+/// paragraph separators, interlinear annotations.
 fn invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+    )
+}
+
+/// `text` without terminal escape sequences (CSI `ESC [ ... final`, OSC
+/// `ESC ] ... BEL|ESC \`, and two-character `ESC x`), control characters
+/// and invisible format characters: what is left is what a reader sees.
+fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            match chars.next() {
+                Some('[') => {
+                    // Parameters and intermediates, then one final byte.
+                    for c in chars.by_ref() {
+                        if ('\u{40}'..='\u{7e}').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                Some(']') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' || (c == '\u{1b}' && chars.next_if_eq(&'\\').is_some()) {
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if !c.is_control() && !invisible(c) {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The `error` or `message` field of a JSON error body, or the first line of
@@ -194,12 +240,7 @@ fn short_reason(body: &str) -> Option<String> {
     let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
     // A server's words go into logs and terminals: no escape sequences, no
     // line breaks of their own, nothing that reorders what follows.
-    let text: String = text
-        .trim()
-        .chars()
-        .filter(|&c| !c.is_control() && !invisible(c))
-        .take(200)
-        .collect();
+    let text: String = visible(text.trim()).trim().chars().take(200).collect();
     (!text.is_empty()).then_some(text)
 }
 
@@ -336,13 +377,18 @@ mod tests {
         );
         assert_eq!(
             said("slow down\x1b[2J\x07 please\nsecond line").as_deref(),
-            Some("slow down[2J please")
+            Some("slow down please")
         );
         assert_eq!(said(""), None);
         assert_eq!(
             said("abc\u{202E}def\u{2066}\u{2028}!").as_deref(),
             Some("abcdef!"),
             "no reordering of the log line"
+        );
+        assert_eq!(
+            said("a\x1b[0;31mb\x1b]0;title\x07c\x1b]8;;x\x1b\\d\u{00AD}e").as_deref(),
+            Some("abcde"),
+            "whole escape sequences go, not just their ESC"
         );
     }
 

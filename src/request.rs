@@ -83,6 +83,18 @@ impl Secret {
                     .filter(|&n| form.is_char_boundary(n))
                     .find(|&n| text.ends_with(&form[..n]))
             });
+            // A key escaped only in part and cut could hide anywhere in the
+            // last few characters' worth of escapes: with an escape there,
+            // that whole stretch goes (the body is cut anyway).
+            let stretch = escaped(false).len();
+            let from = text.len().saturating_sub(stretch);
+            let from = (from..=text.len())
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(text.len());
+            let tail = match tail {
+                None if text[from..].contains('\\') => Some(text.len() - from),
+                t => t,
+            };
             if let Some(n) = tail {
                 out = Some(format!("{}***", &text[..text.len() - n]));
             }
@@ -522,6 +534,11 @@ mod tests {
         let cut = r#"{"head":"x","key":"\u0073\u006b\u005f\u0074\u0"#;
         let clean = k.scrub(cut, true).unwrap();
         assert!(clean.ends_with(r#""key":"***"#), "{clean}");
+        // Escaped in part, then cut.
+        let cut = r#"{"head":"x","key":"sk\u005ftest\u005fSECRET\u005fabc1"#;
+        let clean = k.scrub(cut, true).unwrap();
+        assert!(!clean.contains("SECRET"), "{clean}");
+        assert!(clean.ends_with("***"), "{clean}");
     }
 
     #[test]

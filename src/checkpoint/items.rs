@@ -305,15 +305,16 @@ impl JobItems {
 
     /// Puts back retry generations read from earlier outputs, for a job
     /// whose checkpoint was lost: its lines are then sent under the keys
-    /// they were last sent under.
-    pub fn restore_generations(&self, gens: &[(u64, u32)]) -> Result<(), CheckpointError> {
+    /// they were last sent under, and those whose call may have run stay of
+    /// unknown outcome.
+    pub fn restore_generations(&self, gens: &[(u64, u32, bool)]) -> Result<(), CheckpointError> {
         if gens.is_empty() {
             return Ok(());
         }
         let mut batch = sled::Batch::default();
-        for (line, generation) in gens {
+        for (line, generation, maybe_ran) in gens {
             let mut v = generation.to_be_bytes().to_vec();
-            v.push(0);
+            v.push(u8::from(*maybe_ran));
             batch.insert(&line.to_be_bytes()[..], v);
         }
         self.retries.apply_batch(batch).map_err(|e| self.err(e))?;

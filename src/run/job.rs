@@ -48,7 +48,12 @@ pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::
             .iter()
             .filter(|(name, t)| !t.is_static() && *name != spec.key_header)
             .map(|(name, _)| name.clone())
-            .collect(),
+            .fold(Vec::new(), |mut v, name| {
+                if !v.contains(&name) {
+                    v.push(name);
+                }
+                v
+            }),
         false => Vec::new(),
     };
     super::keys::KeyScheme::Derived {

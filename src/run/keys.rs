@@ -61,10 +61,12 @@ impl KeyScheme {
                     h.update(part);
                 }
                 for name in varying {
-                    let value = req.headers.get(name).map_or(&[][..], |v| v.as_bytes());
-                    for part in [name.as_str().as_bytes(), value] {
-                        h.update((part.len() as u64).to_le_bytes());
-                        h.update(part);
+                    // Every value of a header given more than once, in order.
+                    for value in req.headers.get_all(name) {
+                        for part in [name.as_str().as_bytes(), value.as_bytes()] {
+                            h.update((part.len() as u64).to_le_bytes());
+                            h.update(part);
+                        }
                     }
                 }
                 // One small allocation per call, not one per byte.
@@ -166,6 +168,14 @@ mod tests {
             varying: vec![tenant.clone()],
         };
         assert_ne!(k.key(1, 0, &with("a")), k.key(1, 0, &with("b")));
+        // Given twice: both values count.
+        let twice = |second: &'static str| {
+            let mut r = with("a");
+            r.headers
+                .append(tenant.clone(), HeaderValue::from_static(second));
+            r
+        };
+        assert_ne!(k.key(1, 0, &twice("b")), k.key(1, 0, &twice("c")));
         assert_eq!(k.key(1, 0, &with("a")), k.key(1, 0, &with("a")));
         // A header that is not among them changes nothing.
         let fixed = KeyScheme::Derived {

@@ -276,8 +276,9 @@ pub(crate) fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointErr
     RunError::Fatal(anyhow::anyhow!(
         "the checkpoint in {} is damaged ({e}). Nothing was sent. Move it aside \
          (mv {0} {0}.damaged) and run the same command: every item goes again \
-         under its original Idempotency-Key, so an API that honours it replays \
-         what already ran instead of running it twice",
+         under the Idempotency-Key it was last sent with (read back from the \
+         outputs), so an API that honours it replays what already ran instead \
+         of running it twice",
         dir.display()
     ))
 }

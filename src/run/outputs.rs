@@ -252,8 +252,9 @@ impl Keyed {
 pub struct Recovered {
     /// The epoch the outputs were last written in.
     pub epoch: u32,
-    /// Lines whose generation is not 0.
-    pub generations: Vec<(u64, u32)>,
+    /// Lines whose generation is not 0, or whose last call may have run
+    /// (they failed with their outcome unknown): the generation, and that.
+    pub generations: Vec<(u64, u32, bool)>,
 }
 
 /// Reads the epoch and generations back from the outputs (`--out` and
@@ -273,9 +274,10 @@ pub fn recover(outputs: [&Path; 2]) -> Recovered {
             let num = |k: &str| v.get(k).and_then(|x| x.as_u64());
             let epoch = num("epoch").unwrap_or(0);
             r.epoch = r.epoch.max(u32::try_from(epoch).unwrap_or(u32::MAX));
-            if let (Some(line), Some(g)) = (num("line"), num("generation")) {
-                r.generations
-                    .push((line, u32::try_from(g).unwrap_or(u32::MAX)));
+            let generation = u32::try_from(num("generation").unwrap_or(0)).unwrap_or(u32::MAX);
+            let unknown = v.get("outcome_unknown") == Some(&serde_json::Value::Bool(true));
+            if let (Some(line), true) = (num("line"), generation > 0 || unknown) {
+                r.generations.push((line, generation, unknown));
             }
         }
     }
@@ -335,7 +337,8 @@ mod tests {
         .unwrap();
         std::fs::write(
             &fail,
-            "{\"line\":5,\"input\":{},\"status\":500,\"reason\":\"x\",\"attempts\":5,\"epoch\":2,\"generation\":1}\n",
+            "{\"line\":5,\"input\":{},\"status\":500,\"reason\":\"x\",\"attempts\":5,\"epoch\":2,\"generation\":1}\n\
+             {\"line\":6,\"input\":{},\"status\":null,\"reason\":\"y\",\"attempts\":1,\"outcome_unknown\":true}\n",
         )
         .unwrap();
         let r = recover([&out, &fail]);
@@ -343,7 +346,7 @@ mod tests {
             r,
             Recovered {
                 epoch: 2,
-                generations: vec![(2, 3), (5, 1)],
+                generations: vec![(2, 3, false), (5, 1, false), (6, 0, true)],
             }
         );
         let none = recover([&dir.join("missing"), &dir.join("missing2")]);

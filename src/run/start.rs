@@ -28,8 +28,9 @@ pub(super) fn orphaned_results(
     (len > 0).then(|| {
         format!(
             "batchrun: WARNING: {} already holds results, but the checkpoint in {} knows nothing of this job \
-             (lost, damaged or another --state-dir?). Every item is sent again under its original \
-             Idempotency-Key, so an API that honours it replays the calls it already ran.",
+             (lost, damaged or another --state-dir?). Every item is sent again under the \
+             Idempotency-Key it was last sent with (read back from the outputs), so an API that \
+             honours it replays the calls it already ran.",
             settings.out.display(),
             settings.state_dir.display()
         )

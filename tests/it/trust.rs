@@ -520,13 +520,15 @@ async fn a_pool_larger_than_the_open_file_limit_is_raised_to_fit_or_refused() {
     assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
+/// A server whose first call under a key runs (slowly) and whose every
+/// later call under that key answers 503: its URL template, and each key
+/// it saw with how often.
+async fn slow_then_busy() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+) {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
-    // A server whose first call under a key runs (slowly) and whose every
-    // later call under that key answers 503: each key it saw, with how
-    // often it ran.
     let runs = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
     let seen = runs.clone();
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
@@ -555,7 +557,12 @@ async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1/x?n={{n}}", l.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(l, app).await });
+    (url, runs)
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
+    let (url, runs) = slow_then_busy().await;
     let s = Scenario::new("unknown-sticky").numbers(2);
     let run = |extra: &[&str]| {
         let mut args = vec!["--url", url.as_str(), "--limit", "none", "--fail-fast", "0"];
@@ -574,8 +581,18 @@ async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
     // 3. So a third try keeps the key too: each item ran once, under one key.
     let third = run(&["--retry-failed", "--max-attempts", "1"]);
     assert_eq!(third.code, 3, "{}", third.stderr);
+    // 4. Even with the checkpoint lost: the failures file says so.
+    std::fs::remove_dir_all(s.state_dir()).unwrap();
+    let fourth = run(&["--max-attempts", "1"]);
+    assert_eq!(fourth.code, 3, "{}", fourth.stderr);
+    for f in jsonl(&s.failures_path()) {
+        assert_eq!(f["outcome_unknown"], true, "{f}");
+    }
+    let fifth = run(&["--retry-failed", "--max-attempts", "1"]);
+    assert_eq!(fifth.code, 3, "{}", fifth.stderr);
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len(), 2, "one key per item: {runs:?}");
+    assert!(runs.values().all(|&n| n >= 4), "{runs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
