@@ -322,6 +322,21 @@ impl JobItems {
         Ok(())
     }
 
+    /// Every line `--retry-failed` reopened: its generation, and whether a
+    /// call under that key may have run.
+    pub fn carried_all(&self) -> Result<Vec<(u64, u32, bool)>, CheckpointError> {
+        let mut out = Vec::new();
+        for kv in self.retries.iter() {
+            let (k, _) = kv.map_err(|e| self.err(e))?;
+            let Ok(line) = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes) else {
+                continue;
+            };
+            let (generation, maybe_ran) = self.carried(line)?;
+            out.push((line, generation, maybe_ran));
+        }
+        Ok(out)
+    }
+
     /// How many times `--retry-failed` re-opened the item with a new key
     /// (0 for most).
     pub fn generation(&self, line: u64) -> Result<u32, CheckpointError> {

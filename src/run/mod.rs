@@ -314,7 +314,7 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     // replays what already ran.
     let old = store.job(&id).ok().flatten();
     let recovered = match &old {
-        None => outputs::recover([&settings.out, &settings.failures]),
+        None => outputs::recover([&settings.out, &settings.failures], &id),
         Some(_) => outputs::Recovered::default(),
     };
     let mut epoch = old.as_ref().map_or(recovered.epoch, |o| o.epoch);
@@ -363,6 +363,12 @@ fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         items
             .clear_failed(&mut meta)
             .context("clearing failed items")?;
+    }
+    // New keys from here on: saved beside the outputs before any call, so
+    // that a checkpoint lost later still leads back to them.
+    if settings.retry_failed || settings.fresh {
+        let carried = items.carried_all().context("reading the checkpoint")?;
+        outputs::save_keys(&settings.out, &meta.id, meta.epoch, &carried)?;
     }
     Ok(Opened {
         store,

@@ -257,13 +257,78 @@ pub struct Recovered {
     pub generations: Vec<(u64, u32, bool)>,
 }
 
+/// Where the job's key state is kept beside `--out`: `.NAME.keys`.
+pub fn keys_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!(".{name}.keys"))
+}
+
+/// Writes the job's key state beside `--out` before any call of a run that
+/// advanced it (`--fresh`, `--retry-failed`): the outputs only carry it once
+/// they are written at the end, and a run killed before that would leave a
+/// lost checkpoint to recover older keys. First line `{"job","epoch"}`, then
+/// `[line, generation, maybe_ran]` per reopened line.
+pub fn save_keys(
+    out: &Path,
+    job: &str,
+    epoch: u32,
+    carried: &[(u64, u32, bool)],
+) -> anyhow::Result<()> {
+    let path = keys_path(out);
+    let tmp = tmp_for(&path, std::process::id());
+    let write = || -> anyhow::Result<()> {
+        let mut w = BufWriter::new(File::create(&tmp)?);
+        writeln!(w, "{}", serde_json::json!({ "job": job, "epoch": epoch }))?;
+        for (line, generation, maybe_ran) in carried {
+            writeln!(w, "[{line},{generation},{}]", u8::from(*maybe_ran))?;
+        }
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    };
+    write().with_context(|| format!("writing {}", path.display()))
+}
+
+/// What [`save_keys`] left for `job`, if anything.
+fn saved_keys(out: &Path, job: &str) -> Recovered {
+    use std::io::BufRead;
+    let mut r = Recovered::default();
+    let Ok(f) = File::open(keys_path(out)) else {
+        return r;
+    };
+    let mut lines = std::io::BufReader::new(f).lines();
+    let head = lines.next().and_then(Result::ok).unwrap_or_default();
+    let Ok(head) = serde_json::from_str::<serde_json::Value>(&head) else {
+        return r;
+    };
+    if head["job"] != job {
+        return r;
+    }
+    r.epoch = head["epoch"]
+        .as_u64()
+        .and_then(|e| u32::try_from(e).ok())
+        .unwrap_or(0);
+    for line in lines.map_while(Result::ok) {
+        if let Ok((l, g, m)) = serde_json::from_str::<(u64, u32, u8)>(&line) {
+            r.generations.push((l, g, m == 1));
+        }
+    }
+    r
+}
+
 /// Reads the epoch and generations back from the outputs (`--out` and
 /// `--failures`), so that a job rebuilt after its checkpoint was lost sends
 /// the keys it sent last, not those of its first epoch. Unreadable lines
 /// are skipped: this only ever makes keys match more calls already made.
-pub fn recover(outputs: [&Path; 2]) -> Recovered {
+pub fn recover(outputs: [&Path; 2], job: &str) -> Recovered {
     use std::io::BufRead;
-    let mut r = Recovered::default();
+    // What the last run that advanced the keys saved before its calls: the
+    // outputs may be older than that run.
+    let mut r = saved_keys(outputs[0], job);
     for p in outputs {
         let Ok(f) = File::open(p) else { continue };
         for line in std::io::BufReader::new(f).lines() {
@@ -281,6 +346,19 @@ pub fn recover(outputs: [&Path; 2]) -> Recovered {
             }
         }
     }
+    // A line known from both: its latest generation, and "may have run" if
+    // either says so of that generation.
+    r.generations
+        .sort_unstable_by_key(|&(line, generation, _)| (line, generation));
+    let mut merged: Vec<(u64, u32, bool)> = Vec::with_capacity(r.generations.len());
+    for (line, generation, unknown) in r.generations.drain(..) {
+        match merged.last_mut() {
+            Some(last) if last.0 == line && last.1 == generation => last.2 |= unknown,
+            Some(last) if last.0 == line => *last = (line, generation, unknown),
+            _ => merged.push((line, generation, unknown)),
+        }
+    }
+    r.generations = merged;
     r
 }
 
@@ -341,7 +419,7 @@ mod tests {
              {\"line\":6,\"input\":{},\"status\":null,\"reason\":\"y\",\"attempts\":1,\"outcome_unknown\":true}\n",
         )
         .unwrap();
-        let r = recover([&out, &fail]);
+        let r = recover([&out, &fail], "job");
         assert_eq!(
             r,
             Recovered {
@@ -349,8 +427,19 @@ mod tests {
                 generations: vec![(2, 3, false), (5, 1, false), (6, 0, true)],
             }
         );
-        let none = recover([&dir.join("missing"), &dir.join("missing2")]);
+        let none = recover([&dir.join("missing"), &dir.join("missing2")], "job");
         assert_eq!(none, Recovered::default());
+        // Saved before a run's calls, newer than the outputs: it wins, and
+        // another job's is ignored.
+        save_keys(&out, "job", 3, &[(2, 4, false), (9, 1, true)]).unwrap();
+        let r = recover([&out, &fail], "job");
+        assert_eq!(r.epoch, 3);
+        assert_eq!(
+            r.generations,
+            vec![(2, 4, false), (5, 1, false), (6, 0, true), (9, 1, true)]
+        );
+        let other = recover([&out, &fail], "another");
+        assert_eq!(other.epoch, 2, "the outputs alone");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

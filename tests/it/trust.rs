@@ -752,3 +752,41 @@ fn with_limit(
         });
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_during_fresh_then_a_lost_checkpoint_runs_nothing_twice() {
+    let s = Scenario::new("kill-in-fresh")
+        .with_sim(&["--limit", "none", "--latency", "100ms"])
+        .numbers(12);
+    let args = ["--limit", "none", "--concurrency", "2"];
+    assert_eq!(s.run(&args).code, 0);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.input_path())
+        .unwrap();
+    for n in 13..=20 {
+        writeln!(f, "{{\"n\": {n}}}").unwrap();
+    }
+    // --fresh, killed part way: its outputs were never written, so only
+    // what it saved before its first call knows its epoch.
+    let fresh = ["--limit", "none", "--concurrency", "2", "--fresh"];
+    act_when(
+        s.cmd(&fresh),
+        s.sim(),
+        |st| st["side_effects"].as_u64() >= Some(18),
+        |pid| {
+            // SAFETY: killing our own child process.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        },
+    )
+    .await;
+    std::fs::remove_dir_all(s.state_dir()).unwrap();
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    // Twelve in the first epoch, then each of the twenty once in the
+    // second: the calls made before the kill were replayed, not rerun.
+    assert_side_effects(&s.sim().stats().await, 32);
+}
