@@ -69,9 +69,16 @@ impl CallError {
     /// are cleaned of control and format characters after the body was
     /// scrubbed, which can join a key the server had split with them.
     pub fn redacted(self, key: &crate::request::Secret) -> CallError {
-        let clean = |s: String| match s.contains(key.expose()) {
-            true => key.redact(&s),
-            false => s,
+        let clean = |s: String| {
+            let s = match s.contains(key.expose()) {
+                true => key.redact(&s),
+                false => s,
+            };
+            // Still spelled out, with other characters woven in: withheld.
+            match key.woven_into(&s) {
+                true => "(the server's message held the API key; not shown)".to_string(),
+                false => s,
+            }
         };
         match self {
             CallError::RateLimited {
@@ -182,46 +189,71 @@ fn invisible(c: char) -> bool {
     matches!(
         c,
         '\u{00AD}'
+            | '\u{0300}'..='\u{036F}'
             | '\u{061C}'
-            | '\u{180E}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{180B}'..='\u{180F}'
             | '\u{200B}'..='\u{200F}'
             | '\u{2028}'..='\u{202E}'
             | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
             | '\u{FEFF}'
+            | '\u{FFA0}'
             | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
     )
 }
 
-/// `text` without terminal escape sequences (CSI `ESC [ ... final`, OSC
-/// `ESC ] ... BEL|ESC \`, and two-character `ESC x`), control characters
-/// and invisible format characters: what is left is what a reader sees.
+/// `text` without terminal escape sequences (7- and 8-bit: CSI up to its
+/// final byte; OSC, DCS, SOS, PM and APC up to their terminator; SS2 and
+/// SS3 with the character they shift; any other `ESC x`), control
+/// characters and invisible format characters: what is left is what a
+/// reader sees.
 fn visible(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            match chars.next() {
-                Some('[') => {
-                    // Parameters and intermediates, then one final byte.
-                    for c in chars.by_ref() {
-                        if ('\u{40}'..='\u{7e}').contains(&c) {
-                            break;
-                        }
-                    }
+        // The 7-bit form `ESC x` of each 8-bit introducer.
+        let intro = match c {
+            '\u{1b}' => match chars.next() {
+                Some(x @ '\u{40}'..='\u{5f}') => {
+                    char::from_u32(u32::from(x) + 0x40).unwrap_or('\u{80}')
                 }
-                Some(']') => {
-                    while let Some(c) = chars.next() {
-                        if c == '\u{7}' || (c == '\u{1b}' && chars.next_if_eq(&'\\').is_some()) {
-                            break;
-                        }
-                    }
+                _ => continue,
+            },
+            '\u{80}'..='\u{9f}' => c,
+            _ => {
+                if !c.is_control() && !invisible(c) {
+                    out.push(c);
                 }
-                _ => {}
+                continue;
             }
-            continue;
-        }
-        if !c.is_control() && !invisible(c) {
-            out.push(c);
+        };
+        match intro {
+            // CSI: parameters and intermediates, then one final byte.
+            '\u{9b}' => {
+                for c in chars.by_ref() {
+                    if ('\u{40}'..='\u{7e}').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            // DCS, SOS, OSC, PM, APC: a string up to BEL or ST.
+            '\u{90}' | '\u{98}' | '\u{9d}' | '\u{9e}' | '\u{9f}' => {
+                while let Some(c) = chars.next() {
+                    let st = c == '\u{9c}' || (c == '\u{1b}' && chars.next_if_eq(&'\\').is_some());
+                    if c == '\u{7}' || st {
+                        break;
+                    }
+                }
+            }
+            // SS2, SS3: the next character is drawn from another set.
+            '\u{8e}' | '\u{8f}' => {
+                chars.next();
+            }
+            _ => {}
         }
     }
     out
@@ -389,6 +421,11 @@ mod tests {
             said("a\x1b[0;31mb\x1b]0;title\x07c\x1b]8;;x\x1b\\d\u{00AD}e").as_deref(),
             Some("abcde"),
             "whole escape sequences go, not just their ESC"
+        );
+        assert_eq!(
+            said("a\u{9b}31mb\x1bPq#0\x1b\\c\x1bOAd\u{E0061}e\u{FE0F}f\u{0301}g").as_deref(),
+            Some("abcdefg"),
+            "8-bit CSI, DCS, SS3, tags, variation selectors, combining marks"
         );
     }
 

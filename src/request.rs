@@ -37,6 +37,20 @@ impl Secret {
         text.replace(&self.0, "***")
     }
 
+    /// Whether `text` spells out the key with other characters woven between
+    /// its own (`s.k._t...`): the key's characters, in order, with nothing
+    /// but characters foreign to the key in between. Keys shorter than 12
+    /// characters are left to plain redaction, which this would only
+    /// second-guess on ordinary text.
+    pub fn woven_into(&self, text: &str) -> bool {
+        let key = self.0.as_str();
+        if key.chars().count() < 12 {
+            return false;
+        }
+        let skeleton: String = text.chars().filter(|&c| key.contains(c)).collect();
+        skeleton.contains(key)
+    }
+
     /// A response body with the key taken out however the server wrote it
     /// back: as is, inside JSON strings in escaped form (`\u0073k...`), or,
     /// for a body cut at `--max-body`, as the key's beginning at the very
@@ -539,6 +553,30 @@ mod tests {
         let clean = k.scrub(cut, true).unwrap();
         assert!(!clean.contains("SECRET"), "{clean}");
         assert!(clean.ends_with("***"), "{clean}");
+    }
+
+    #[test]
+    fn a_key_with_other_characters_woven_in_is_still_the_key() {
+        let k = Secret::new("sk_test_SECRET_abcdef123");
+        let woven: String = "sk_test_SECRET_abcdef123"
+            .chars()
+            .flat_map(|c| [c, '\u{00B7}'])
+            .collect();
+        assert!(k.woven_into(&format!("bad key {woven}!")));
+        assert!(!k.woven_into("the secret key is kept safe: rate limit exceeded"));
+        assert!(
+            !Secret::new("short").woven_into("s-h-o-r-t"),
+            "short keys: no"
+        );
+        let e = crate::classify::CallError::Permanent {
+            status: 400,
+            reason: format!("bad key {woven}"),
+        }
+        .redacted(&k);
+        assert!(
+            format!("{e}").ends_with("held the API key; not shown)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -329,6 +329,8 @@ pub fn recover(outputs: [&Path; 2], job: &str) -> Recovered {
     // What the last run that advanced the keys saved before its calls: the
     // outputs may be older than that run.
     let mut r = saved_keys(outputs[0], job);
+    let saved_epoch = r.epoch;
+    let mut found: Vec<(u64, u32, bool, u32)> = Vec::new();
     for p in outputs {
         let Ok(f) = File::open(p) else { continue };
         for line in std::io::BufReader::new(f).lines() {
@@ -337,15 +339,26 @@ pub fn recover(outputs: [&Path; 2], job: &str) -> Recovered {
                 continue;
             };
             let num = |k: &str| v.get(k).and_then(|x| x.as_u64());
-            let epoch = num("epoch").unwrap_or(0);
-            r.epoch = r.epoch.max(u32::try_from(epoch).unwrap_or(u32::MAX));
+            let epoch = u32::try_from(num("epoch").unwrap_or(0)).unwrap_or(u32::MAX);
+            r.epoch = r.epoch.max(epoch);
             let generation = u32::try_from(num("generation").unwrap_or(0)).unwrap_or(u32::MAX);
             let unknown = v.get("outcome_unknown") == Some(&serde_json::Value::Bool(true));
             if let (Some(line), true) = (num("line"), generation > 0 || unknown) {
-                r.generations.push((line, generation, unknown));
+                found.push((line, generation, unknown, epoch));
             }
         }
     }
+    // Generations belong to their epoch: `--fresh` started them all again
+    // at 0, so those of an older epoch than the last say nothing of its keys.
+    if saved_epoch < r.epoch {
+        r.generations.clear();
+    }
+    r.generations.extend(
+        found
+            .into_iter()
+            .filter(|&(.., epoch)| epoch == r.epoch)
+            .map(|(line, generation, unknown, _)| (line, generation, unknown)),
+    );
     // A line known from both: its latest generation, and "may have run" if
     // either says so of that generation.
     r.generations
@@ -416,7 +429,7 @@ mod tests {
         std::fs::write(
             &fail,
             "{\"line\":5,\"input\":{},\"status\":500,\"reason\":\"x\",\"attempts\":5,\"epoch\":2,\"generation\":1}\n\
-             {\"line\":6,\"input\":{},\"status\":null,\"reason\":\"y\",\"attempts\":1,\"outcome_unknown\":true}\n",
+             {\"line\":6,\"input\":{},\"status\":null,\"reason\":\"y\",\"attempts\":1,\"outcome_unknown\":true,\"epoch\":2}\n",
         )
         .unwrap();
         let r = recover([&out, &fail], "job");
@@ -429,17 +442,34 @@ mod tests {
         );
         let none = recover([&dir.join("missing"), &dir.join("missing2")], "job");
         assert_eq!(none, Recovered::default());
-        // Saved before a run's calls, newer than the outputs: it wins, and
-        // another job's is ignored.
-        save_keys(&out, "job", 3, &[(2, 4, false), (9, 1, true)]).unwrap();
+        // Saved by a --retry-failed of the same epoch, killed before its
+        // outputs: both count, the saved ones winning for a line.
+        save_keys(&out, "job", 2, &[(2, 4, false), (9, 1, true)]).unwrap();
         let r = recover([&out, &fail], "job");
-        assert_eq!(r.epoch, 3);
+        assert_eq!(r.epoch, 2);
         assert_eq!(
             r.generations,
             vec![(2, 4, false), (5, 1, false), (6, 0, true), (9, 1, true)]
         );
+        // Saved by a later epoch: the outputs' generations are of an older
+        // one, and another job's saved keys are ignored.
+        save_keys(&out, "job", 3, &[(9, 1, true)]).unwrap();
+        let r = recover([&out, &fail], "job");
+        assert_eq!(r.epoch, 3);
+        assert_eq!(r.generations, vec![(9, 1, true)]);
         let other = recover([&out, &fail], "another");
         assert_eq!(other.epoch, 2, "the outputs alone");
+        // A later --fresh (epoch 4), killed before its outputs: the older
+        // epoch's generations no longer apply.
+        save_keys(&out, "job", 4, &[]).unwrap();
+        let r = recover([&out, &fail], "job");
+        assert_eq!(
+            r,
+            Recovered {
+                epoch: 4,
+                generations: Vec::new()
+            }
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
