@@ -263,20 +263,7 @@ async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn retry_failed_keeps_the_key_of_a_call_whose_outcome_is_unknown() {
-    // Every call takes 1 s at the server, which keeps working after the
-    // client gives up at 0.3 s: each item runs, and fails here as unknown.
-    let s = Scenario::new("unknown-outcome")
-        .with_sim(&["--limit", "none", "--latency", "1s", "--keep-working"])
-        .numbers(4);
-    let r = s.run(&[
-        "--limit",
-        "none",
-        "--timeout",
-        "300ms",
-        "--max-attempts",
-        "1",
-    ]);
-    assert_eq!(r.code, 3, "{}", r.stderr);
+    let (s, _) = failed_unknown("unknown-outcome", 4);
     let failures = jsonl(&s.failures_path());
     assert_eq!(failures.len(), 4);
     for f in &failures {
@@ -448,13 +435,7 @@ async fn a_lost_results_log_is_found_before_any_call() {
         }
     }
     // Ten more lines, so the run has something to send.
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(s.input_path())
-        .unwrap();
-    for n in 11..=20 {
-        writeln!(f, "{{\"n\": {n}}}").unwrap();
-    }
+    append_numbers(&s, 11..=20);
     let before = s.sim().stats().await["requests"].as_u64().unwrap();
     let r = s.run(&["--limit", "none"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
@@ -465,18 +446,7 @@ async fn a_lost_results_log_is_found_before_any_call() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_warns_before_resending_calls_that_may_have_run() {
-    let s = Scenario::new("fresh-unknown")
-        .with_sim(&["--limit", "none", "--latency", "1s", "--keep-working"])
-        .numbers(2);
-    let first = s.run(&[
-        "--limit",
-        "none",
-        "--timeout",
-        "300ms",
-        "--max-attempts",
-        "1",
-    ]);
-    assert_eq!(first.code, 3, "{}", first.stderr);
+    let (s, _) = failed_unknown("fresh-unknown", 2);
     let fresh = s.run(&["--limit", "none", "--timeout", "5s", "--fresh"]);
     assert_eq!(fresh.code, 0, "{}", fresh.stderr);
     assert!(
@@ -702,13 +672,7 @@ async fn a_lost_checkpoint_after_fresh_resends_the_keys_of_the_fresh_epoch() {
     let args = ["--limit", "none"];
     assert_eq!(s.run(&args).code, 0);
     // Eight more lines, and then everything again under new keys.
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(s.input_path())
-        .unwrap();
-    for n in 13..=20 {
-        writeln!(f, "{{\"n\": {n}}}").unwrap();
-    }
+    append_numbers(&s, 13..=20);
     let fresh = s.run(&["--limit", "none", "--fresh"]);
     assert_eq!(fresh.code, 0, "{}", fresh.stderr);
     assert_side_effects(&s.sim().stats().await, 32);
@@ -760,13 +724,7 @@ async fn a_kill_during_fresh_then_a_lost_checkpoint_runs_nothing_twice() {
         .numbers(12);
     let args = ["--limit", "none", "--concurrency", "2"];
     assert_eq!(s.run(&args).code, 0);
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(s.input_path())
-        .unwrap();
-    for n in 13..=20 {
-        writeln!(f, "{{\"n\": {n}}}").unwrap();
-    }
+    append_numbers(&s, 13..=20);
     // --fresh, killed part way: its outputs were never written, so only
     // what it saved before its first call knows its epoch.
     let fresh = ["--limit", "none", "--concurrency", "2", "--fresh"];
@@ -789,4 +747,34 @@ async fn a_kill_during_fresh_then_a_lost_checkpoint_runs_nothing_twice() {
     // Twelve in the first epoch, then each of the twenty once in the
     // second: the calls made before the kill were replayed, not rerun.
     assert_side_effects(&s.sim().stats().await, 32);
+}
+
+/// `n` items whose calls all run at the server but fail here as of unknown
+/// outcome: every call takes 1 s there, the sim keeps working after the
+/// client gives up at 0.3 s, and one attempt is allowed.
+fn failed_unknown(tag: &str, n: u64) -> (Scenario, Finished) {
+    let s = Scenario::new(tag)
+        .with_sim(&["--limit", "none", "--latency", "1s", "--keep-working"])
+        .numbers(n);
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "--timeout",
+        "300ms",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    (s, r)
+}
+
+/// Appends the lines `{"n": N}` for `ns` to the scenario's input.
+fn append_numbers(s: &Scenario, ns: std::ops::RangeInclusive<u64>) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.input_path())
+        .unwrap();
+    for n in ns {
+        writeln!(f, "{{\"n\": {n}}}").unwrap();
+    }
 }
