@@ -65,44 +65,57 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// The error with the key taken out of what the server said. Its words
-    /// are cleaned of control and format characters after the body was
-    /// scrubbed, which can join a key the server had split with them.
-    pub fn redacted(self, key: &crate::request::Secret) -> CallError {
-        let clean = |s: String| {
-            let s = match s.contains(key.expose()) {
-                true => key.redact(&s),
-                false => s,
-            };
-            // Still spelled out, with other characters woven in: withheld.
-            match key.woven_into(&s) {
-                true => "(the server's message held the API key; not shown)".to_string(),
-                false => s,
-            }
-        };
+    /// The error with what the server said cut to its final length: for a
+    /// run with no key to look for (see [`CallError::redacted`]).
+    pub fn kept_short(self) -> CallError {
+        self.map_words(cut)
+    }
+
+    /// The error with `f` applied to what the server said.
+    fn map_words(self, f: impl Fn(String) -> String) -> CallError {
         match self {
             CallError::RateLimited {
                 retry_after,
                 message,
             } => CallError::RateLimited {
                 retry_after,
-                message: message.map(clean),
+                message: message.map(&f),
             },
             CallError::Transient {
                 reason,
                 retry_after,
                 unknown,
             } => CallError::Transient {
-                reason: clean(reason),
+                reason: f(reason),
                 retry_after,
                 unknown,
             },
             CallError::Permanent { status, reason } => CallError::Permanent {
                 status,
-                reason: clean(reason),
+                reason: f(reason),
             },
             other => other,
         }
+    }
+
+    /// The error with the key taken out of what the server said. Its words
+    /// are cleaned of control and format characters after the body was
+    /// scrubbed, which can join a key the server had split with them.
+    pub fn redacted(self, key: &crate::request::Secret) -> CallError {
+        self.map_words(|s| {
+            let s = match s.contains(key.expose()) {
+                true => key.redact(&s),
+                false => s,
+            };
+            // Still spelled out with other characters woven in, or its
+            // beginning left where the words were cut: withheld.
+            let was_cut = s.chars().nth(SHORT).is_some();
+            let s = cut(s);
+            match key.woven_into(&s) || (was_cut && key.begun_at_end_of(&s)) {
+                true => "(the server's message held the API key; not shown)".to_string(),
+                false => s,
+            }
+        })
     }
 }
 
@@ -179,6 +192,17 @@ pub fn transport(err: &crate::request::TransportError) -> CallError {
         retry_after: None,
         // Only a call that never reached the server is known not to have run.
         unknown: !matches!(err.kind, FailureKind::Connect | FailureKind::Resources),
+    }
+}
+
+/// How much of a server's words a failure reason or pause line keeps.
+const SHORT: usize = 200;
+
+/// `s` cut to [`SHORT`] characters.
+fn cut(s: String) -> String {
+    match s.char_indices().nth(SHORT) {
+        Some((at, _)) => s[..at].to_string(),
+        None => s,
     }
 }
 
@@ -272,7 +296,13 @@ fn short_reason(body: &str) -> Option<String> {
     let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
     // A server's words go into logs and terminals: no escape sequences, no
     // line breaks of their own, nothing that reorders what follows.
-    let text: String = visible(text.trim()).trim().chars().take(200).collect();
+    // Cut generously here; the key is looked for in what is kept, and only
+    // then is it cut to its final length (`CallError::kept_short`).
+    let text: String = visible(text.trim())
+        .trim()
+        .chars()
+        .take(4 * SHORT)
+        .collect();
     (!text.is_empty()).then_some(text)
 }
 
@@ -440,6 +470,41 @@ mod tests {
             let text = format!("{e:?}");
             assert!(!text.contains("sk_abc123"), "{text}");
             assert!(text.contains("***"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_key_cut_where_the_words_are_cut_is_withheld() {
+        let k = crate::request::Secret::new("sk_test_SECRET_abcdef123");
+        let split: String = "sk_test_SECRET_abcdef123"
+            .chars()
+            .flat_map(|c| [c, '\u{200B}'])
+            .collect();
+        // Interleaved with a visible character the cleaning keeps.
+        let dotted: String = "sk_test_SECRET_abcdef123"
+            .chars()
+            .flat_map(|c| [c, '\u{00B7}'])
+            .collect();
+        // Each straddles the 200th character, where the words are cut: the
+        // split one is whole again once cleaned, the dotted one is not.
+        for (key, shown) in [(&split, "***"), (&dotted, "not shown")] {
+            let body = format!("{{\"error\":\"key {}{key} end\"}}", "x".repeat(170));
+            for status in [400, 429, 503] {
+                let e = c(status, &[], &body).unwrap_err().redacted(&k);
+                let text = format!("{e:?}");
+                assert!(!text.contains("sk_test_SECRET"), "{text}");
+                assert!(text.contains(shown), "{text}");
+            }
+        }
+        // Words merely cut keep their first 200 characters.
+        let long = format!("{{\"error\":\"{}\"}}", "y".repeat(500));
+        match c(400, &[], &long).unwrap_err().redacted(&k) {
+            CallError::Permanent { reason, .. } => assert_eq!(reason.chars().count(), 200),
+            other => panic!("{other:?}"),
+        }
+        match c(400, &[], &long).unwrap_err().kept_short() {
+            CallError::Permanent { reason, .. } => assert_eq!(reason.chars().count(), 200),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -51,6 +51,17 @@ impl Secret {
         skeleton.contains(key)
     }
 
+    /// Whether `text` ends with the key's first four characters or more,
+    /// with characters foreign to the key woven in or not: what is left of
+    /// a key where the text was cut.
+    pub fn begun_at_end_of(&self, text: &str) -> bool {
+        let key = self.0.as_str();
+        let skeleton: String = text.chars().filter(|&c| key.contains(c)).collect();
+        (4..key.len())
+            .filter(|&n| key.is_char_boundary(n))
+            .any(|n| skeleton.ends_with(&key[..n]))
+    }
+
     /// A response body with the key taken out however the server wrote it
     /// back: as is, inside JSON strings in escaped form (`\u0073k...`), or,
     /// for a body cut at `--max-body`, as the key's beginning at the very

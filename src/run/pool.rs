@@ -352,6 +352,7 @@ impl Pool {
         );
         let c = match (c, &self.spec.key) {
             (Err(e), Some(k)) => Err(e.redacted(k)),
+            (Err(e), None) => Err(e.kept_short()),
             (c, _) => c,
         };
         if !matches!(c, Err(CallError::RateLimited { .. })) {
