@@ -24,6 +24,7 @@ pub mod job;
 pub mod keys;
 pub mod outputs;
 pub mod pool;
+mod react;
 pub mod recorder;
 mod slots;
 mod start;
