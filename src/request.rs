@@ -44,11 +44,33 @@ impl Secret {
     /// second-guess on ordinary text.
     pub fn woven_into(&self, text: &str) -> bool {
         let key = self.0.as_str();
-        if key.chars().count() < 12 {
-            return false;
-        }
-        let skeleton: String = text.chars().filter(|&c| key.contains(c)).collect();
-        skeleton.contains(key)
+        key.chars().count() >= 12 && self.skeleton(text).contains(key)
+    }
+
+    /// The characters of `text` that occur in the key, in order: the key
+    /// itself, where other characters were woven into it.
+    fn skeleton(&self, text: &str) -> String {
+        text.chars().filter(|&c| self.0.contains(c)).collect()
+    }
+
+    /// Whether `text` holds a JSON escape standing for one of the key's
+    /// characters: only then can the key be in it escaped, and only then is
+    /// a body worth parsing to look (most bodies with escapes have none of
+    /// the key's).
+    fn escapes_a_key_char(&self, text: &str) -> bool {
+        let key = self.0.as_str();
+        text.match_indices('\\').any(|(at, _)| {
+            let rest = &text.as_bytes()[at + 1..];
+            match rest.first() {
+                Some(b'u') => std::str::from_utf8(rest.get(1..5).unwrap_or_default())
+                    .ok()
+                    .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+                    .and_then(char::from_u32)
+                    .is_some_and(|c| key.contains(c)),
+                Some(&b) => matches!(b, b'"' | b'\\' | b'/') && key.contains(char::from(b)),
+                None => false,
+            }
+        })
     }
 
     /// Whether `text` ends with the key's first four characters or more,
@@ -56,7 +78,7 @@ impl Secret {
     /// a key where the text was cut.
     pub fn begun_at_end_of(&self, text: &str) -> bool {
         let key = self.0.as_str();
-        let skeleton: String = text.chars().filter(|&c| key.contains(c)).collect();
+        let skeleton = self.skeleton(text);
         (4..key.len())
             .filter(|&n| key.is_char_boundary(n))
             .any(|n| skeleton.ends_with(&key[..n]))
@@ -77,7 +99,7 @@ impl Secret {
             out = Some(self.redact(body));
         }
         let text = out.as_deref().unwrap_or(body);
-        if text.contains('\\') {
+        if self.escapes_a_key_char(text) {
             if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
                 if scrub_strings(&mut v, key) {
                     out = Some(v.to_string());
@@ -546,8 +568,11 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&clean).unwrap();
         assert_eq!(v["error"], "k=***");
         assert_eq!(v["***"], 1);
-        // Other escapes alone change nothing.
+        // Other escapes alone change nothing, and are not even parsed for.
         assert_eq!(k.scrub(r#"{"name":"caf\u00e9"}"#, false), None);
+        assert!(!k.escapes_a_key_char(r#"{"name":"caf\u00e9 \"q\" \n"}"#));
+        assert!(k.escapes_a_key_char(r#"{"k":"\u0053ECRET"}"#));
+        assert!(k.escapes_a_key_char(r#"{"k":"sk\u005Ftest"}"#));
         // Cut by the size cap in the middle of the key.
         assert_eq!(
             k.scrub("not found for key sk_test_SECRET_ab", true)

@@ -1,6 +1,6 @@
 //! The worker pool: a fixed number of workers take items from one queue,
 //! and for each call pass the gate, wait for the pacer, pass the reserve,
-//! send, and read what the response means; [`super::react`] acts on it.
+//! send, and read what the response means; `run/react.rs` acts on it.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
