@@ -439,6 +439,19 @@ pub async fn wait_for_stats(sim: &Sim, secs: u64, cond: impl Fn(&serde_json::Val
     }
 }
 
+/// Waits (on tokio's timer, never blocking a runtime thread) until `cond`
+/// holds, failing after `secs` seconds.
+pub async fn wait_until(secs: u64, what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not reached in {secs}s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Asserts that no file under `dir` contains the API key.
 pub fn assert_key_absent_from_files(dir: &Path) {
     // As is, and as a JSON string may carry it (`\u0073\u006b...`).

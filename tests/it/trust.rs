@@ -568,10 +568,15 @@ async fn an_unknown_outcome_survives_a_later_run_that_gets_only_errors() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_item_that_differs_only_in_a_header_is_another_call() {
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
     // An idempotent API that answers with the x-n header it was sent, and
-    // replays that answer for a key it has seen.
+    // replays that answer for a key it has seen; it counts the calls, and
+    // notes one carrying edited content.
     let stored = Arc::new(Mutex::new(HashMap::<String, String>::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let edited = Arc::new(AtomicBool::new(false));
+    let (seen_calls, seen_edited) = (calls.clone(), edited.clone());
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let stored = stored.clone();
         let h = |name: &str| {
@@ -582,6 +587,10 @@ async fn an_item_that_differs_only_in_a_header_is_another_call() {
                 .to_string()
         };
         let (n, key) = (h("x-n"), h("idempotency-key"));
+        seen_calls.fetch_add(1, Ordering::SeqCst);
+        if n.starts_with('9') {
+            seen_edited.store(true, Ordering::SeqCst);
+        }
         let body = stored
             .lock()
             .unwrap()
@@ -624,15 +633,10 @@ async fn an_item_that_differs_only_in_a_header_is_another_call() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Once about a tenth is done, rewrite the file in place, then put it
-    // back: the lines read in between went out with the other content.
+    // Once a tenth has been called, rewrite the file in place; once a line
+    // has gone out with the other content, put it back.
     let out = s.out_path();
-    let state = s.state_dir();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !state.join("results").exists() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    wait_until(20, "a tenth called", || calls.load(Ordering::SeqCst) >= 20).await;
     let rewrite = |t: &str| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -641,7 +645,7 @@ async fn an_item_that_differs_only_in_a_header_is_another_call() {
         f.write_all(t.as_bytes()).unwrap();
     };
     rewrite(&text('9'));
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    wait_until(20, "an edited line sent", || edited.load(Ordering::SeqCst)).await;
     rewrite(&original);
     let first = child.wait_with_output().unwrap();
     assert_ne!(first.status.code(), Some(0), "some lines went out edited");
