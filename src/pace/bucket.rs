@@ -90,7 +90,7 @@ impl Pacer for BucketPacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pace::testing::{call, limit_header, max_in_window};
+    use crate::pace::testing::{call, limit_header, max_in_window, released};
     use std::sync::Arc;
 
     fn starter_scaled() -> BucketPacer {
@@ -127,16 +127,7 @@ mod tests {
         let p = Arc::new(starter_scaled());
         let t0 = Instant::now();
         p.pause(Duration::from_secs(3)).await.unwrap();
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let p = p.clone();
-            tasks.push(tokio::spawn(async move {
-                call(p.as_ref()).await;
-                Instant::now()
-            }));
-        }
-        for t in tasks {
-            let at = t.await.unwrap();
+        for at in released(&p, 4).await {
             assert!(at >= t0 + Duration::from_secs(3), "{:?}", at - t0);
         }
         assert!(p.paused_until().is_none());

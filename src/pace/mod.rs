@@ -336,6 +336,25 @@ pub(crate) mod testing {
     pub async fn call(p: &dyn Pacer) {
         p.take().await.expect("permit").complete(Instant::now());
     }
+
+    /// `n` workers that each make one call at once: when each was let
+    /// through, in the workers' order.
+    pub async fn released<P: Pacer + 'static>(p: &std::sync::Arc<P>, n: usize) -> Vec<Instant> {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let p = p.clone();
+                tokio::spawn(async move {
+                    call(p.as_ref()).await;
+                    Instant::now()
+                })
+            })
+            .collect();
+        let mut at = Vec::with_capacity(n);
+        for t in tasks {
+            at.push(t.await.expect("worker"));
+        }
+        at
+    }
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ impl Pacer for SpikePacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pace::testing::call;
+    use crate::pace::testing::{call, released};
     use crate::rate::spike::SpikeArrest;
     use crate::rate::{Limit, Rate};
     use std::sync::Mutex;
@@ -167,18 +167,7 @@ mod tests {
         let t0 = Instant::now();
         p.pause(Duration::from_secs(2)).await.unwrap();
         assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(2)));
-        let mut tasks = Vec::new();
-        for _ in 0..3 {
-            let p = p.clone();
-            tasks.push(tokio::spawn(async move {
-                call(p.as_ref()).await;
-                Instant::now()
-            }));
-        }
-        let mut at: Vec<_> = Vec::new();
-        for t in tasks {
-            at.push(t.await.unwrap() - t0);
-        }
+        let mut at: Vec<_> = released(&p, 3).await.iter().map(|&t| t - t0).collect();
         at.sort();
         let drip = Duration::from_nanos(33_333_334);
         let start = Duration::from_secs(2);

@@ -111,7 +111,7 @@ impl Pacer for WindowPacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pace::testing::{call, limit_header, max_in_window};
+    use crate::pace::testing::{call, limit_header, max_in_window, released};
     use std::sync::Mutex;
 
     fn pacer(limit: u64, window: Duration) -> Arc<WindowPacer> {
@@ -181,16 +181,8 @@ mod tests {
         let t0 = Instant::now();
         p.pause(Duration::from_secs(3)).await.unwrap();
         assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(3)));
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let p = p.clone();
-            tasks.push(tokio::spawn(async move {
-                call(p.as_ref()).await;
-                Instant::now()
-            }));
-        }
-        for t in tasks {
-            assert_eq!(t.await.unwrap(), t0 + Duration::from_secs(3));
+        for at in released(&p, 4).await {
+            assert_eq!(at, t0 + Duration::from_secs(3));
         }
         assert!(p.paused_until().is_none());
     }
