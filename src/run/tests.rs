@@ -111,6 +111,22 @@ fn done_lines(events: &[Event]) -> Vec<u64> {
     v
 }
 
+/// Rate-limit 429s that paused the window (not concurrency 429s).
+fn window_pauses(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::RateLimited {
+                    concurrency: false,
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
 fn failed(events: &[Event]) -> usize {
     events
         .iter()
@@ -142,18 +158,7 @@ async fn a_rate_limit_429_pauses_every_worker() {
     // The requeued item was sent again under the same Idempotency-Key.
     let refused = &calls[0].2;
     assert_eq!(calls.iter().filter(|c| &c.2 == refused).count(), 2);
-    let paused = events
-        .iter()
-        .filter(|e| {
-            matches!(
-                e,
-                Event::RateLimited {
-                    concurrency: false,
-                    ..
-                }
-            )
-        })
-        .count();
+    let paused = window_pauses(&events);
     assert_eq!(paused, 1);
 }
 
@@ -280,18 +285,7 @@ async fn a_concurrency_429_lowers_the_calls_in_flight_not_the_window() {
         peak_after.load(Ordering::SeqCst) <= 2,
         "still over the ceiling late in the run"
     );
-    let paused = events
-        .iter()
-        .filter(|e| {
-            matches!(
-                e,
-                Event::RateLimited {
-                    concurrency: false,
-                    ..
-                }
-            )
-        })
-        .count();
+    let paused = window_pauses(&events);
     assert_eq!(paused, 0, "the window was never paused");
     assert!(t.calls().len() >= 12);
 }
