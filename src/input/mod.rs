@@ -254,12 +254,7 @@ impl CheckedReader {
     ///
     /// [`InputError::Io`] on a read error.
     pub fn finish(self) -> Result<String, InputError> {
-        let mut hashing = self.items.into_inner();
-        io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
-            path: self.path,
-            reason: format!("read error: {}", io_reason(&e)),
-        })?;
-        Ok(hashing.finish())
+        hash_rest(self.items.into_inner(), self.path)
     }
 }
 
@@ -298,8 +293,7 @@ pub fn scan(
     format: Format,
     check: &mut dyn FnMut(&Item) -> Result<(), String>,
 ) -> Result<Scan, InputError> {
-    let file = open_file(path)?;
-    let mut items = Items::new(HashingReader::new(file), format, display(path));
+    let mut items = CheckedReader::open(path, format)?;
     let mut total = 0u64;
     let mut last_line = 0u64;
     for item in &mut items {
@@ -312,16 +306,9 @@ pub fn scan(
         total += 1;
         last_line = item.line;
     }
-    let mut hashing = items.into_inner();
-    // The parsers stop at end of input, so this normally reads nothing; it is
-    // here so the fingerprint covers every byte whatever a parser left unread.
-    io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
-        path: display(path),
-        reason: format!("read error: {}", io_reason(&e)),
-    })?;
     Ok(Scan {
         total,
-        fingerprint: hashing.finish(),
+        fingerprint: items.finish()?,
         last_line,
     })
 }
@@ -338,9 +325,16 @@ pub fn scan(
 ///
 /// [`InputError::Io`] when the file cannot be opened or read.
 pub fn fingerprint(path: &Path) -> Result<String, InputError> {
-    let mut hashing = HashingReader::new(open_file(path)?);
+    hash_rest(HashingReader::new(open_file(path)?), display(path))
+}
+
+/// Reads what is left of `hashing` and returns the fingerprint of all it
+/// read. The parsers stop at the end of the input, so after them this
+/// normally reads nothing; it is there so the fingerprint covers every byte
+/// whatever a parser left unread.
+fn hash_rest(mut hashing: HashingReader<File>, path: String) -> Result<String, InputError> {
     io::copy(&mut hashing, &mut io::sink()).map_err(|e| InputError::Io {
-        path: display(path),
+        path,
         reason: format!("read error: {}", io_reason(&e)),
     })?;
     Ok(hashing.finish())
