@@ -10,6 +10,7 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 
 use crate::rate::retry_after;
+use crate::request::Secret;
 
 /// Why a call did not succeed, in the terms the pool acts on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -64,61 +65,6 @@ pub enum CallError {
     },
 }
 
-impl CallError {
-    /// The error with what the server said cut to its final length: for a
-    /// run with no key to look for (see [`CallError::redacted`]).
-    pub fn kept_short(self) -> CallError {
-        self.map_words(cut)
-    }
-
-    /// The error with `f` applied to what the server said.
-    fn map_words(self, f: impl Fn(String) -> String) -> CallError {
-        match self {
-            CallError::RateLimited {
-                retry_after,
-                message,
-            } => CallError::RateLimited {
-                retry_after,
-                message: message.map(&f),
-            },
-            CallError::Transient {
-                reason,
-                retry_after,
-                unknown,
-            } => CallError::Transient {
-                reason: f(reason),
-                retry_after,
-                unknown,
-            },
-            CallError::Permanent { status, reason } => CallError::Permanent {
-                status,
-                reason: f(reason),
-            },
-            other => other,
-        }
-    }
-
-    /// The error with the key taken out of what the server said. Its words
-    /// are cleaned of control and format characters after the body was
-    /// scrubbed, which can join a key the server had split with them.
-    pub fn redacted(self, key: &crate::request::Secret) -> CallError {
-        self.map_words(|s| {
-            let s = match s.contains(key.expose()) {
-                true => key.redact(&s),
-                false => s,
-            };
-            // Still spelled out with other characters woven in, or its
-            // beginning left where the words were cut: withheld.
-            let was_cut = s.chars().nth(SHORT).is_some();
-            let s = cut(s);
-            match key.woven_into(&s) || (was_cut && key.begun_at_end_of(&s)) {
-                true => "(the server's message held the API key; not shown)".to_string(),
-                false => s,
-            }
-        })
-    }
-}
-
 fn fmt_after(d: &Option<Duration>) -> String {
     d.map(|d| format!(", retry after {}s", d.as_secs_f64()))
         .unwrap_or_default()
@@ -129,12 +75,13 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Classifies a response by status and headers. `body` is used only to give
-/// a permanent failure a readable reason.
+/// a failure a readable reason, from which `key` is kept out.
 pub fn classify(
     status: StatusCode,
     headers: &HeaderMap,
     body: &str,
     now: SystemTime,
+    key: Option<&Secret>,
 ) -> Result<(), CallError> {
     let retry_after = header_str(headers, "retry-after").and_then(|v| retry_after::parse(v, now));
     let code = status.as_u16();
@@ -149,17 +96,17 @@ pub fn classify(
         }
         429 => Err(CallError::RateLimited {
             retry_after,
-            message: short_reason(body),
+            message: short_reason(body, key, SHORT),
         }),
         401 | 403 => Err(CallError::Auth { status: code }),
-        408 | 500..=599 => Err(transient(code, body, retry_after)),
+        408 | 500..=599 => Err(transient(code, body, retry_after, key)),
         // A 409 with Retry-After is the server saying the same
         // Idempotency-Key is still executing: the outcome is coming, so ask
         // again later under the same key. A bare 409 is a real conflict.
-        409 if retry_after.is_some() => Err(transient(code, body, retry_after)),
+        409 if retry_after.is_some() => Err(transient(code, body, retry_after, key)),
         _ => Err(CallError::Permanent {
             status: code,
-            reason: short_reason(body).unwrap_or_else(|| {
+            reason: short_reason(body, key, SHORT).unwrap_or_else(|| {
                 status
                     .canonical_reason()
                     .unwrap_or("unexpected status")
@@ -169,17 +116,23 @@ pub fn classify(
     }
 }
 
-fn transient(code: u16, body: &str, retry_after: Option<Duration>) -> CallError {
+fn transient(
+    code: u16,
+    body: &str,
+    retry_after: Option<Duration>,
+    key: Option<&Secret>,
+) -> CallError {
+    let head = format!("HTTP {code}");
+    // The whole reason, "HTTP 503: " included, keeps to SHORT.
+    let room = SHORT.saturating_sub(head.len() + 2);
     CallError::Transient {
         // A gateway gave up waiting for the API, or the key is still
         // executing: either way the call may have run.
         unknown: matches!(code, 409 | 504),
-        reason: format!(
-            "HTTP {code}{}",
-            short_reason(body)
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default()
-        ),
+        reason: match short_reason(body, key, room) {
+            Some(r) => format!("{head}: {r}"),
+            None => head,
+        },
         retry_after,
     }
 }
@@ -198,11 +151,32 @@ pub fn transport(err: &crate::request::TransportError) -> CallError {
 /// How much of a server's words a failure reason or pause line keeps.
 const SHORT: usize = 200;
 
-/// `s` cut to [`SHORT`] characters.
-fn cut(s: String) -> String {
-    match s.char_indices().nth(SHORT) {
+/// `s` cut to `room` characters.
+fn cut(s: String, room: usize) -> String {
+    match s.char_indices().nth(room) {
         Some((at, _)) => s[..at].to_string(),
         None => s,
+    }
+}
+
+/// A server's cleaned words in at most `room` characters, with `key` kept
+/// out: redacted where it stands whole (cleaning can join a key the
+/// server split with invisible characters), and the whole message withheld
+/// where the key is still spelled out with other characters woven in, or
+/// its beginning is left where the words are cut.
+fn keep_out(s: String, key: Option<&Secret>, room: usize) -> String {
+    let Some(key) = key else {
+        return cut(s, room);
+    };
+    let s = match s.contains(key.expose()) {
+        true => key.redact(&s),
+        false => s,
+    };
+    let was_cut = s.chars().nth(room).is_some();
+    let s = cut(s, room);
+    match key.woven_into(&s) || (was_cut && key.begun_at_end_of(&s)) {
+        true => "(the server's message held the API key; not shown)".to_string(),
+        false => s,
     }
 }
 
@@ -285,7 +259,7 @@ fn visible(text: &str) -> String {
 
 /// The `error` or `message` field of a JSON error body, or the first line of
 /// a text body, trimmed to something a failures file can hold.
-fn short_reason(body: &str) -> Option<String> {
+fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String> {
     let from_json = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| {
@@ -297,13 +271,13 @@ fn short_reason(body: &str) -> Option<String> {
     // A server's words go into logs and terminals: no escape sequences, no
     // line breaks of their own, nothing that reorders what follows.
     // Cut generously here; the key is looked for in what is kept, and only
-    // then is it cut to its final length (`CallError::kept_short`).
+    // then is it cut to `room`.
     let text: String = visible(text.trim())
         .trim()
         .chars()
         .take(4 * SHORT)
         .collect();
-    (!text.is_empty()).then_some(text)
+    (!text.is_empty()).then(|| keep_out(text, key, room))
 }
 
 #[cfg(test)]
@@ -328,7 +302,20 @@ mod tests {
             &h(pairs),
             body,
             SystemTime::now(),
+            None,
         )
+    }
+
+    /// As [`c`], for a run whose key is `key`.
+    fn ck(code: u16, body: &str, key: &Secret) -> CallError {
+        classify(
+            StatusCode::from_u16(code).unwrap(),
+            &h(&[]),
+            body,
+            SystemTime::now(),
+            Some(key),
+        )
+        .unwrap_err()
     }
 
     #[test]
@@ -461,12 +448,12 @@ mod tests {
 
     #[test]
     fn a_key_joined_by_cleaning_the_servers_words_is_redacted() {
-        let k = crate::request::Secret::new("sk_abc123");
+        let k = Secret::new("sk_abc123");
         // Split by a zero-width space and a bidi override: not the key as
         // sent, but the key once the message is cleaned.
         let body = r#"{"error":"bad key s\u200bk_abc\u202e123"}"#;
         for status in [400, 429, 503] {
-            let e = c(status, &[], body).unwrap_err().redacted(&k);
+            let e = ck(status, body, &k);
             let text = format!("{e:?}");
             assert!(!text.contains("sk_abc123"), "{text}");
             assert!(text.contains("***"), "{text}");
@@ -475,7 +462,7 @@ mod tests {
 
     #[test]
     fn a_key_cut_where_the_words_are_cut_is_withheld() {
-        let k = crate::request::Secret::new("sk_test_SECRET_abcdef123");
+        let k = Secret::new("sk_test_SECRET_abcdef123");
         let split: String = "sk_test_SECRET_abcdef123"
             .chars()
             .flat_map(|c| [c, '\u{200B}'])
@@ -490,7 +477,7 @@ mod tests {
         for (key, shown) in [(&split, "***"), (&dotted, "not shown")] {
             let body = format!("{{\"error\":\"key {}{key} end\"}}", "x".repeat(170));
             for status in [400, 429, 503] {
-                let e = c(status, &[], &body).unwrap_err().redacted(&k);
+                let e = ck(status, &body, &k);
                 let text = format!("{e:?}");
                 assert!(!text.contains("sk_test_SECRET"), "{text}");
                 assert!(text.contains(shown), "{text}");
@@ -498,11 +485,11 @@ mod tests {
         }
         // Words merely cut keep their first 200 characters.
         let long = format!("{{\"error\":\"{}\"}}", "y".repeat(500));
-        match c(400, &[], &long).unwrap_err().redacted(&k) {
+        match ck(400, &long, &k) {
             CallError::Permanent { reason, .. } => assert_eq!(reason.chars().count(), 200),
             other => panic!("{other:?}"),
         }
-        match c(400, &[], &long).unwrap_err().kept_short() {
+        match c(400, &[], &long).unwrap_err() {
             CallError::Permanent { reason, .. } => assert_eq!(reason.chars().count(), 200),
             other => panic!("{other:?}"),
         }

@@ -604,11 +604,15 @@ mod tests {
             !Secret::new("short").woven_into("s-h-o-r-t"),
             "short keys: no"
         );
-        let e = crate::classify::CallError::Permanent {
-            status: 400,
-            reason: format!("bad key {woven}"),
-        }
-        .redacted(&k);
+        let body = serde_json::json!({ "error": format!("bad key {woven}") }).to_string();
+        let e = crate::classify::classify(
+            reqwest::StatusCode::BAD_REQUEST,
+            &HeaderMap::new(),
+            &body,
+            std::time::SystemTime::now(),
+            Some(&k),
+        )
+        .unwrap_err();
         assert!(
             format!("{e}").ends_with("held the API key; not shown)"),
             "{e}"

@@ -313,12 +313,8 @@ impl Pool {
             &headers,
             &body,
             SystemTime::now(),
+            self.spec.key.as_ref(),
         );
-        let c = match (c, &self.spec.key) {
-            (Err(e), Some(k)) => Err(e.redacted(k)),
-            (Err(e), None) => Err(e.kept_short()),
-            (c, _) => c,
-        };
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
