@@ -28,4 +28,5 @@ pub mod settings;
 pub mod sim;
 pub mod sys;
 pub mod template;
+pub mod transport;
 pub mod wire;

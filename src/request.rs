@@ -1,16 +1,17 @@
 //! What is sent for each item, and the seam through which it is sent.
 //!
 //! [`RequestSpec`] renders an item into a [`Request`]; a [`Transport`] sends
-//! it. The run uses [`HttpTransport`] (reqwest); the pool's unit tests use a
-//! scripted fake, so the per-call logic is tested without a server.
-
-use std::sync::Arc;
+//! it. The run uses [`HttpTransport`] (in [`crate::transport`]); the pool's
+//! unit tests use a scripted fake, so the per-call logic is tested without a
+//! server.
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::input::Item;
-use crate::pace::BoxFuture;
 use crate::template::{Escape, Template};
+pub use crate::transport::{
+    FailureKind, HttpTransport, Response, SharedTransport, Transport, TransportError,
+};
 
 /// The API key. Its `Debug` never shows it, and it only ever leaves the
 /// process as a sensitive header value.
@@ -306,204 +307,10 @@ impl Request {
     }
 }
 
-/// A response as the pool reads it.
-#[derive(Debug, Clone)]
-pub struct Response {
-    /// The status code.
-    pub status: u16,
-    /// The headers.
-    pub headers: HeaderMap,
-    /// The body as text (lossy for non-UTF-8), at most `--max-body` of it.
-    pub body: String,
-    /// Whether the body was cut at `--max-body` (the rest was never read).
-    pub truncated: bool,
-}
-
-/// What kind of transport failure happened; the pool retries all of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// No answer within the timeout: the server may have run the call.
-    Timeout,
-    /// No connection was made: the server never saw the call.
-    Connect,
-    /// The connection dropped while the response was read.
-    Body,
-    /// This process ran out of file handles (EMFILE, ENFILE): the call
-    /// never left, and it is nobody's fault but the machine's.
-    Resources,
-    /// Anything else.
-    Other,
-}
-
-/// A call that got no response.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{reason}")]
-pub struct TransportError {
-    /// What happened.
-    pub kind: FailureKind,
-    /// A short reason for the failures file (never the key).
-    pub reason: String,
-}
-
-/// Sends one request. Implemented by [`HttpTransport`] and by test fakes.
-pub trait Transport: Send + Sync {
-    /// Sends `req` and reads the whole response.
-    fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>>;
-}
-
-/// The real transport: one reqwest client reused for every call.
-pub struct HttpTransport {
-    client: reqwest::Client,
-    max_body: usize,
-}
-
-impl HttpTransport {
-    /// A client with `timeout` per call, keeping up to `idle` keep-alive
-    /// connections (one per worker), that follows redirects only within the
-    /// request's origin and reads at most `max_body` bytes of a body. Built
-    /// once per run and shared by every worker.
-    pub fn new(
-        timeout: std::time::Duration,
-        idle: usize,
-        max_body: usize,
-    ) -> anyhow::Result<HttpTransport> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .pool_max_idle_per_host(idle)
-            // Requests are small: none should wait for Nagle's algorithm.
-            .tcp_nodelay(true)
-            // reqwest's default retry policy copies every request (headers
-            // included) to replay HTTP/2 refusals. This client speaks
-            // HTTP/1.1 only, and the pool retries under the Idempotency-Key
-            // itself: the copy is pure cost.
-            .retry(reqwest::retry::never().max_retries_per_request(0))
-            .user_agent(concat!("batchrun/", env!("CARGO_PKG_VERSION")))
-            // The key travels in a custom header that reqwest would carry
-            // across a redirect to another host.
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let same_origin = attempt
-                    .previous()
-                    .first()
-                    .is_some_and(|first| first.origin() == attempt.url().origin());
-                if same_origin && attempt.previous().len() < 10 {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }))
-            .build()?;
-        Ok(HttpTransport { client, max_body })
-    }
-}
-
-impl Transport for HttpTransport {
-    fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>> {
-        Box::pin(async move {
-            // Built directly rather than through a RequestBuilder, which
-            // would insert the headers one by one into an empty map.
-            let url = reqwest::Url::parse(&req.url).map_err(|e| TransportError {
-                kind: FailureKind::Other,
-                reason: format!("invalid URL: {e}"),
-            })?;
-            let mut r = reqwest::Request::new(req.method.clone(), url);
-            *r.headers_mut() = req.headers.clone();
-            if let Some(bytes) = &req.body {
-                *r.body_mut() = Some(bytes.clone().into());
-            }
-            let mut resp = self.client.execute(r).await.map_err(|e| failure(&e))?;
-            let status = resp.status().as_u16();
-            let headers = std::mem::take(resp.headers_mut());
-            // A body is read chunk by chunk up to the cap, never held whole:
-            // a hostile or broken server cannot fill the memory or the
-            // checkpoint.
-            let mut bytes = Vec::new();
-            let mut truncated = false;
-            while let Some(chunk) = resp.chunk().await.map_err(|e| failure(&e))? {
-                let room = self.max_body.saturating_sub(bytes.len());
-                if chunk.len() > room {
-                    bytes.extend_from_slice(&chunk[..room]);
-                    truncated = true;
-                    break;
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            // Valid UTF-8 (the usual case) becomes the String without a copy.
-            let body = String::from_utf8(bytes)
-                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-            Ok(Response {
-                status,
-                headers,
-                body,
-                truncated,
-            })
-        })
-    }
-}
-
-/// A reqwest error as a [`TransportError`]. reqwest's own Display includes
-/// the URL, which may carry item data; the reason keeps only the category
-/// and the innermost cause.
-fn failure(err: &reqwest::Error) -> TransportError {
-    let (kind, what) = if out_of_handles(err) {
-        (FailureKind::Resources, "out of file handles")
-    } else if err.is_timeout() {
-        (FailureKind::Timeout, "timed out")
-    } else if err.is_connect() {
-        (FailureKind::Connect, "could not connect")
-    } else if err.is_body() || err.is_decode() {
-        (
-            FailureKind::Body,
-            "connection dropped while reading the response",
-        )
-    } else {
-        (FailureKind::Other, "connection failed")
-    };
-    let mut reason = what.to_string();
-    let mut src = std::error::Error::source(err);
-    while let Some(s) = src {
-        reason = format!("{what}: {s}");
-        src = s.source();
-    }
-    TransportError { kind, reason }
-}
-
-/// Whether an error, or one of its causes, is the process or the system
-/// running out of file handles.
-fn out_of_handles(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                return true;
-            }
-        }
-        cur = e.source();
-    }
-    false
-}
-
-/// A shareable transport.
-pub type SharedTransport = Arc<dyn Transport>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[derive(Debug)]
-    struct Wrapped(std::io::Error);
-
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("tcp connect error")
-        }
-    }
-
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
 
     fn spec(url: &str) -> RequestSpec {
         RequestSpec {
@@ -618,22 +425,13 @@ mod tests {
             "{e}"
         );
     }
-
-    #[test]
-    fn running_out_of_file_handles_is_found_among_the_causes() {
-        let emfile = Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE));
-        assert!(out_of_handles(&emfile));
-        let enfile = std::io::Error::from_raw_os_error(libc::ENFILE);
-        assert!(out_of_handles(&enfile));
-        let refused = Wrapped(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
-        assert!(!out_of_handles(&refused));
-    }
 }
 
 #[cfg(test)]
 pub mod fake {
     //! A scripted transport for the pool's unit tests.
     use super::*;
+    use crate::pace::BoxFuture;
     use std::sync::Mutex;
     use std::time::Duration;
 

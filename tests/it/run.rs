@@ -466,6 +466,105 @@ async fn a_redirect_to_another_host_never_carries_the_key() {
     assert!(seen.lock().unwrap().is_empty(), "the other host was called");
 }
 
+/// A server whose `/v1/x` redirects with `status` to `/v1/y` in the same
+/// origin, `/v1/loop` redirects to itself, and `/v1/y` answers the method and
+/// body it got. Returns its base URL and the number of requests it got.
+async fn redirecting_server(status: u16) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use axum::http::{Method, StatusCode};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let hits = Arc::new(AtomicU64::new(0));
+    let counter = hits.clone();
+    let app =
+        axum::Router::new().fallback(move |method: Method, uri: axum::http::Uri, body: String| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let redirect = |to: &str| {
+                    let status = StatusCode::from_u16(status).unwrap();
+                    (status, [("location", to.to_string())], String::new())
+                };
+                match uri.path() {
+                    "/v1/x" => redirect("/v1/y?via=x"),
+                    "/v1/loop" => redirect("/v1/loop"),
+                    _ => {
+                        let answer = serde_json::json!({
+                            "method": method.as_str(),
+                            "body": body,
+                            "query": uri.query(),
+                        });
+                        (
+                            StatusCode::OK,
+                            [("x-seen", String::new())],
+                            answer.to_string(),
+                        )
+                    }
+                }
+            }
+        });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (base, hits)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_within_the_origin_is_followed_as_reqwest_did() {
+    // 307 and 308 resend the method and the body.
+    for status in [307, 308] {
+        let (base, _) = redirecting_server(status).await;
+        let s = Scenario::new("redirect-same").numbers(2);
+        let url = format!("{base}/v1/x");
+        let r = s.run(&["--url", &url, "--json-body", "--limit", "100/1s"]);
+        assert_eq!(r.code, 0, "{status}: {}", r.stderr);
+        let out = jsonl(&s.out_path());
+        assert_eq!(out[0]["body"]["method"], "POST", "{status}");
+        assert_eq!(out[0]["body"]["query"], "via=x", "{status}");
+        let sent: serde_json::Value =
+            serde_json::from_str(out[1]["body"]["body"].as_str().unwrap()).unwrap();
+        assert_eq!(sent, serde_json::json!({ "n": 2 }), "{status}");
+    }
+    // 303 (and 301, 302) turn a POST into a GET without its body.
+    let (base, _) = redirecting_server(303).await;
+    let s = Scenario::new("redirect-see-other").numbers(1);
+    let url = format!("{base}/v1/x");
+    let r = s.run(&["--url", &url, "--json-body", "--limit", "100/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = jsonl(&s.out_path());
+    assert_eq!(out[0]["body"]["method"], "GET");
+    assert_eq!(out[0]["body"]["body"], "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_loop_stops_after_ten_hops() {
+    let (base, hits) = redirecting_server(307).await;
+    let s = Scenario::new("redirect-loop").numbers(1);
+    let r = s.run(&["--url", &format!("{base}/v1/loop"), "--limit", "100/1s"]);
+    assert_eq!(r.code, 3, "the loop is recorded as a failure: {}", r.stderr);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures[0]["status"], 307);
+    // The call and ten redirects, once: a 3xx is a permanent failure.
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 11);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_named_in_the_environment_carries_the_calls() {
+    // The sim stands in for the proxy: it answers a request whose target is
+    // the absolute URL of a host that does not exist.
+    let s = Scenario::new("proxy")
+        .with_sim(&["--limit", "100/1s"])
+        .numbers(3);
+    let url = "http://batchrun-proxy-test.invalid/v1/echo?n={n}";
+    let mut c = s.cmd(&["--url", url]);
+    c.env("HTTP_PROXY", &s.sim().url);
+    let r = finish(c);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 3);
+    // Without the proxy the host cannot be reached.
+    let s = Scenario::new("no-proxy").numbers(1);
+    let r = s.run(&["--url", url, "--limit", "100/1s", "--max-attempts", "1"]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closed_stderr_does_not_crash_the_run() {
     use std::os::fd::FromRawFd;
