@@ -333,8 +333,23 @@ pub fn recover(outputs: [&Path; 2], job: &str) -> Recovered {
     let mut found: Vec<(u64, u32, bool, u32)> = Vec::new();
     for p in outputs {
         let Ok(f) = File::open(p) else { continue };
-        for line in std::io::BufReader::new(f).lines() {
-            let Ok(line) = line else { break };
+        let mut reader = std::io::BufReader::new(f);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            // Most lines carry none of the three fields (they are written only
+            // when not 0 or false): those need no parse. A `\u` escape could
+            // spell a field's name, so a line with one is parsed regardless.
+            if !["epoch", "generation", "outcome_unknown", "\\u"]
+                .iter()
+                .any(|k| line.contains(k))
+            {
+                continue;
+            }
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
@@ -468,6 +483,23 @@ mod tests {
             Recovered {
                 epoch: 4,
                 generations: Vec::new()
+            }
+        );
+        // A field name spelt with an escape still counts (the lines without
+        // any of the names are skipped unparsed).
+        std::fs::write(
+            &out,
+            "{\"line\":7,\"input\":{},\"status\":200,\"body\":{},\"\\u0065poch\":5,\"g\\u0065neration\":2}\n\
+             {\"line\":8,\"input\":{},\"status\":200,\"body\":{}}\n",
+        )
+        .unwrap();
+        std::fs::remove_file(&fail).unwrap();
+        let r = recover([&out, &fail], "another");
+        assert_eq!(
+            r,
+            Recovered {
+                epoch: 5,
+                generations: vec![(7, 2, false)]
             }
         );
         let _ = std::fs::remove_dir_all(&dir);
