@@ -461,18 +461,28 @@ impl Writer {
         let mut meta = self.meta.clone();
         let chunks = self.updated_chunks(&mut meta)?;
         meta.revision += 1;
-        let record = to_json(&meta)?;
-        let meter = match &self.meter {
-            Some((origin, state)) => Some((meter_key(origin), to_json(state)?)),
-            None => None,
+        let progress = super::progress_value(&meta);
+        // The job record and the meter change far less often than a group
+        // commits: they go along only when they did.
+        let record = match self.dirty {
+            true => Some(to_json(&meta)?),
+            false => None,
+        };
+        let meter = match (&self.meter, self.dirty) {
+            (Some((origin, state)), true) => Some((meter_key(origin), to_json(state)?)),
+            _ => None,
         };
         let items = &self.items;
+        let progress_key = super::progress_key(&items.id);
         (&items.lines, &items.jobs)
             .transaction(|(lines, jobs)| {
                 for c in &chunks {
                     lines.insert(&c.key()[..], c.encode())?;
                 }
-                jobs.insert(items.id.as_bytes(), record.as_slice())?;
+                jobs.insert(progress_key.as_bytes(), &progress[..])?;
+                if let Some(record) = &record {
+                    jobs.insert(items.id.as_bytes(), record.as_slice())?;
+                }
                 if let Some((k, v)) = &meter {
                     jobs.insert(k.as_bytes(), v.as_slice())?;
                 }

@@ -226,6 +226,42 @@ fn meter_key(origin: &str) -> String {
     format!("meter:{origin}")
 }
 
+/// The jobs-tree key of a job's progress record: the revision and the
+/// counts, which every group commit changes. The job record itself (about
+/// 1 KB) is rewritten only when something else in it changed: rewritten by
+/// every group, it made up most of what sled held and wrote.
+fn progress_key(id: &str) -> String {
+    format!("progress:{id}")
+}
+
+/// A progress record: revision, done, failed, each a u64 LE.
+fn progress_value(meta: &JobMeta) -> [u8; 24] {
+    let mut v = [0; 24];
+    v[..8].copy_from_slice(&meta.revision.to_le_bytes());
+    v[8..16].copy_from_slice(&meta.done.to_le_bytes());
+    v[16..].copy_from_slice(&meta.failed.to_le_bytes());
+    v
+}
+
+/// `meta` with its progress record applied, when that is at least as new as
+/// the counts in the job record (a job record written alone, by an older
+/// version or a transaction that reopened lines, carries a newer revision).
+fn with_progress(
+    mut meta: JobMeta,
+    progress: Option<sled::IVec>,
+) -> Result<JobMeta, CheckpointError> {
+    let Some(v) = progress else {
+        return Ok(meta);
+    };
+    let bad = || CheckpointError::Corrupt(format!("job {}: a damaged progress record", meta.id));
+    let v: [u8; 24] = v.as_ref().try_into().map_err(|_| bad())?;
+    let num = |i: usize| u64::from_le_bytes(v[i..i + 8].try_into().unwrap_or_default());
+    if num(0) >= meta.revision {
+        (meta.revision, meta.done, meta.failed) = (num(0), num(8), num(16));
+    }
+    Ok(meta)
+}
+
 fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, CheckpointError> {
     serde_json::to_vec(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
@@ -293,9 +329,12 @@ impl Store {
     pub fn job(&self, id: &str) -> Result<Option<JobMeta>, CheckpointError> {
         match self.jobs.get(id).map_err(|e| self.err(e))? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| CheckpointError::Corrupt(format!("job {id}: {e}"))),
+            Some(v) => {
+                let meta = serde_json::from_slice(&v)
+                    .map_err(|e| CheckpointError::Corrupt(format!("job {id}: {e}")))?;
+                let progress = self.jobs.get(progress_key(id)).map_err(|e| self.err(e))?;
+                with_progress(meta, progress).map(Some)
+            }
         }
     }
 
@@ -313,12 +352,16 @@ impl Store {
         let mut out = Vec::new();
         for kv in self.jobs.iter() {
             let (k, v) = kv.map_err(|e| self.err(e))?;
-            if k.starts_with(b"meter:") {
+            if k.starts_with(b"meter:") || k.starts_with(b"progress:") {
                 continue;
             }
             let meta: JobMeta = serde_json::from_slice(&v)
                 .map_err(|e| CheckpointError::Corrupt(format!("job: {e}")))?;
-            out.push(meta);
+            let progress = self
+                .jobs
+                .get(progress_key(&meta.id))
+                .map_err(|e| self.err(e))?;
+            out.push(with_progress(meta, progress)?);
         }
         Ok(out)
     }
@@ -362,6 +405,9 @@ impl Store {
     /// Removes a job, its records and its results log (`--fresh`).
     pub fn discard_job(&self, id: &str) -> Result<(), CheckpointError> {
         self.jobs.remove(id).map_err(|e| self.err(e))?;
+        self.jobs
+            .remove(progress_key(id))
+            .map_err(|e| self.err(e))?;
         for tree in [
             format!("lines:{id}"),
             format!("items:{id}"),

@@ -347,3 +347,42 @@ fn a_job_in_the_old_layout_is_upgraded_in_place() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_counts_ride_in_a_small_progress_record_that_wins_only_when_newer() {
+    let dir = tmp("progress");
+    let s = Store::open(&dir).unwrap();
+    let meta = new_job(&s, "j5", 3);
+    let mut items = s.items("j5").unwrap();
+    items.reserve_lines(3);
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    c.record(done(1, "{}")).unwrap();
+    c.record(done(2, "{}")).unwrap();
+    assert!(c.finish().err.is_none());
+    // The groups wrote the progress record, not the job record.
+    let raw: JobMeta = serde_json::from_slice(&s.jobs.get("j5").unwrap().unwrap()).unwrap();
+    assert_eq!((raw.done, raw.revision), (0, 0));
+    let progress = s.jobs.get(progress_key("j5")).unwrap().unwrap();
+    assert_eq!(progress.len(), 24);
+    let meta = s.job("j5").unwrap().unwrap();
+    assert_eq!(meta.counts(), Counts { done: 2, failed: 0 });
+    assert_eq!(s.items("j5").unwrap().counts().unwrap(), meta.counts());
+    assert_eq!(s.jobs().unwrap().len(), 1, "the progress record is no job");
+    assert_eq!(s.jobs().unwrap()[0].counts(), meta.counts());
+    s.items("j5").unwrap().check_counts(&meta, 3).unwrap();
+    // A job record written later (a newer revision) carries the counts.
+    let mut newer = meta.clone();
+    newer.revision += 1;
+    newer.done = 1;
+    s.save_job(&newer).unwrap();
+    assert_eq!(s.job("j5").unwrap().unwrap().done, 1);
+    // A damaged progress record is damage, not a guess.
+    s.jobs.insert(progress_key("j5"), &[1u8, 2, 3][..]).unwrap();
+    let e = s.job("j5").unwrap_err().to_string();
+    assert!(e.contains("progress record"), "{e}");
+    // --fresh starts the counts again from the job record it makes.
+    s.discard_job("j5").unwrap();
+    assert!(s.jobs.get(progress_key("j5")).unwrap().is_none());
+    drop((items, s));
+    let _ = std::fs::remove_dir_all(&dir);
+}
