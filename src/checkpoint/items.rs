@@ -142,22 +142,15 @@ impl JobItems {
         Ok(n)
     }
 
-    /// Checks that the results of the first and the last finished line can
-    /// be read back: a results log or index deleted or cut short is found
-    /// before any call, not when the outputs are written.
+    /// Checks that the result of every finished line can be read back, each
+    /// log entry whole and matching its checksum: a results log or index
+    /// deleted, cut short or damaged is found before any call, not when the
+    /// outputs are written after a whole run's calls. It reads the index and
+    /// the log once, mostly in order, through their small windows.
     pub fn check_results(&self) -> Result<(), CheckpointError> {
-        let last = self.states.capacity();
-        let first = (1..=last).find(|&l| self.states.is_finished(l));
-        let Some(first) = first else {
-            return Ok(());
-        };
-        let end = (first..=last)
-            .rev()
-            .find(|&l| self.states.is_finished(l))
-            .unwrap_or(first);
         let mut results = self.results();
-        for line in [first, end] {
-            if results.get(line)?.is_none() {
+        for line in 1..=self.states.capacity() {
+            if self.states.is_finished(line) && results.get(line)?.is_none() {
                 return Err(CheckpointError::Corrupt(format!(
                     "the result of line {line} is missing"
                 )));
