@@ -231,7 +231,13 @@ fn output_failed(e: &Ending<'_>, err: super::outputs::OutputError) -> Ended {
              free space and run the same command to write them (nothing is sent again)"
         )),
         OutputError::Changed(why) => Ended::Error(RunError::Fatal(anyhow::anyhow!(why))),
-        OutputError::Checkpoint(err) => Ended::Error(super::damaged(&e.settings.state_dir, err)),
+        // Found by the output pass, after this run's calls (the check before
+        // them passed): the damage came during the run.
+        OutputError::Checkpoint(err) => Ended::Error(super::damaged_when(
+            &e.settings.state_dir,
+            err,
+            "It was found while writing the outputs, after this run's calls; no outputs were written",
+        )),
         OutputError::Input(err) => Ended::Error(RunError::Input(err)),
     }
 }

@@ -270,12 +270,21 @@ pub async fn run(
 
 /// A checkpoint that cannot be opened: say what it means and the way forward.
 pub(crate) fn damaged(dir: &std::path::Path, e: crate::checkpoint::CheckpointError) -> RunError {
+    damaged_when(dir, e, "Nothing was sent")
+}
+
+/// A damaged checkpoint; `what` says what this run had done when it was found.
+pub(crate) fn damaged_when(
+    dir: &std::path::Path,
+    e: crate::checkpoint::CheckpointError,
+    what: &str,
+) -> RunError {
     use crate::checkpoint::CheckpointError;
     if matches!(e, CheckpointError::Locked(_)) {
         return RunError::Fatal(anyhow::Error::new(e));
     }
     RunError::Fatal(anyhow::anyhow!(
-        "the checkpoint in {} is damaged ({e}). Nothing was sent. Move it aside \
+        "the checkpoint in {} is damaged ({e}). {what}. Move it aside \
          (mv {0} {0}.damaged) and run the same command: every item goes again \
          under the Idempotency-Key it was last sent with (read back from the \
          outputs), so an API that honours it replays what already ran instead \
