@@ -85,15 +85,7 @@ impl JobItems {
     pub fn job(&self) -> Result<Option<JobMeta>, CheckpointError> {
         match self.jobs.get(&self.id).map_err(|e| self.err(e))? {
             None => Ok(None),
-            Some(v) => {
-                let meta = serde_json::from_slice(&v)
-                    .map_err(|e| CheckpointError::Corrupt(format!("job {}: {e}", self.id)))?;
-                let progress = self
-                    .jobs
-                    .get(super::progress_key(&self.id))
-                    .map_err(|e| self.err(e))?;
-                super::with_progress(meta, progress).map(Some)
-            }
+            Some(v) => super::read_job(&self.jobs, &self.id, &v, |e| self.err(e)).map(Some),
         }
     }
 

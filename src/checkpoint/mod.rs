@@ -243,17 +243,22 @@ fn progress_value(meta: &JobMeta) -> [u8; 24] {
     v
 }
 
-/// `meta` with its progress record applied, when that is at least as new as
-/// the counts in the job record (a job record written alone, by an older
-/// version or a transaction that reopened lines, carries a newer revision).
-fn with_progress(
-    mut meta: JobMeta,
-    progress: Option<sled::IVec>,
+/// The job `id` from its record `raw`, as every reader sees it: with its
+/// progress record applied, when that is at least as new as the counts in
+/// the job record (a job record written alone, by an older version or a
+/// transaction that reopened lines, carries a newer revision).
+fn read_job(
+    jobs: &sled::Tree,
+    id: &str,
+    raw: &[u8],
+    err: impl Fn(sled::Error) -> CheckpointError,
 ) -> Result<JobMeta, CheckpointError> {
-    let Some(v) = progress else {
+    let mut meta: JobMeta = serde_json::from_slice(raw)
+        .map_err(|e| CheckpointError::Corrupt(format!("job {id}: {e}")))?;
+    let Some(v) = jobs.get(progress_key(id)).map_err(err)? else {
         return Ok(meta);
     };
-    let bad = || CheckpointError::Corrupt(format!("job {}: a damaged progress record", meta.id));
+    let bad = || CheckpointError::Corrupt(format!("job {id}: a damaged progress record"));
     let v: [u8; 24] = v.as_ref().try_into().map_err(|_| bad())?;
     let num = |i: usize| u64::from_le_bytes(v[i..i + 8].try_into().unwrap_or_default());
     if num(0) >= meta.revision {
@@ -329,12 +334,7 @@ impl Store {
     pub fn job(&self, id: &str) -> Result<Option<JobMeta>, CheckpointError> {
         match self.jobs.get(id).map_err(|e| self.err(e))? {
             None => Ok(None),
-            Some(v) => {
-                let meta = serde_json::from_slice(&v)
-                    .map_err(|e| CheckpointError::Corrupt(format!("job {id}: {e}")))?;
-                let progress = self.jobs.get(progress_key(id)).map_err(|e| self.err(e))?;
-                with_progress(meta, progress).map(Some)
-            }
+            Some(v) => read_job(&self.jobs, id, &v, |e| self.err(e)).map(Some),
         }
     }
 
@@ -355,13 +355,8 @@ impl Store {
             if k.starts_with(b"meter:") || k.starts_with(b"progress:") {
                 continue;
             }
-            let meta: JobMeta = serde_json::from_slice(&v)
-                .map_err(|e| CheckpointError::Corrupt(format!("job: {e}")))?;
-            let progress = self
-                .jobs
-                .get(progress_key(&meta.id))
-                .map_err(|e| self.err(e))?;
-            out.push(with_progress(meta, progress)?);
+            let id = String::from_utf8_lossy(&k);
+            out.push(read_job(&self.jobs, &id, &v, |e| self.err(e))?);
         }
         Ok(out)
     }

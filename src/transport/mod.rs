@@ -182,12 +182,11 @@ fn failure(
     } else {
         what
     };
-    let mut reason = what.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        reason = format!("{what}: {c}");
-        cause = c.source();
-    }
+    let innermost = std::iter::successors(err.source(), |c| c.source()).last();
+    let reason = match innermost {
+        Some(c) => format!("{what}: {c}"),
+        None => what.to_string(),
+    };
     TransportError { kind, reason }
 }
 
