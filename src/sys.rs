@@ -1,4 +1,7 @@
-//! What the operating system allows: enough file handles for the pool.
+//! What the operating system allows: enough file handles for the pool, and
+//! an allocator that does not strand memory over a long run.
+
+use std::ffi::{OsStr, OsString};
 
 /// File handles the process needs beside one per worker: stdio, the
 /// checkpoint's files, the input, the outputs, the alert webhook, slack.
@@ -63,9 +66,91 @@ pub fn ensure_open_files(_workers: u64) -> Result<u64, String> {
     Ok(u64::MAX)
 }
 
+/// The glibc tunables, set by [`tune_malloc`], that keep
+/// chunks larger than 128 bytes out of glibc's per-thread malloc caches.
+pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
+
+/// Keeps chunks larger than 128 bytes out of glibc's per-thread malloc
+/// caches for this process, by running the same binary again, with the same
+/// arguments and the same pid, with [`TCACHE_TUNABLES`] added to
+/// `GLIBC_TUNABLES`: glibc reads its tunables only when a program starts.
+///
+/// Why: a run's threads free what other threads allocated (sled's node
+/// versions are freed by whichever thread collects them, a worker's
+/// response by the checkpoint writer), and chunks parked in those caches
+/// kept the arenas growing through a long run while the live heap stayed
+/// flat. With the caches off altogether a million-item run peaked about
+/// 1.3 MiB lower, at some 5% more CPU per call; caching only chunks of up
+/// to 128 bytes, the most frequent, kept most of the saving at no CPU cost
+/// we could measure (the README's Scale section has the figures).
+///
+/// It returns, and the run goes on as it is, when `GLIBC_TUNABLES` already
+/// names a `glibc.malloc.tcache` tunable (that is how a user keeps glibc's
+/// defaults: `GLIBC_TUNABLES=glibc.malloc.tcache_max=1032`), when the
+/// binary cannot be found again, or when the exec fails. Call it first
+/// thing, before any thread starts or file is opened: only the standard
+/// streams are meant to survive into the new image.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn tune_malloc() {
+    use std::os::unix::process::CommandExt;
+    let current = std::env::var_os("GLIBC_TUNABLES");
+    let Some(tunables) = tunables_with_tcache_limit(current.as_deref()) else {
+        return;
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    // `exec` returns only when it failed; then nothing has changed.
+    let _ = cmd.args(args).env("GLIBC_TUNABLES", tunables).exec();
+}
+
+/// Elsewhere the allocator is left as it is.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn tune_malloc() {}
+
+/// The `GLIBC_TUNABLES` value with [`TCACHE_TUNABLES`] added to whatever
+/// the current value sets; `None` when it already names a tcache tunable
+/// (the user's choice stands) or is not text (left untouched).
+pub fn tunables_with_tcache_limit(current: Option<&OsStr>) -> Option<OsString> {
+    match current.map(|c| c.to_str()) {
+        None => Some(TCACHE_TUNABLES.into()),
+        Some(None) => None,
+        Some(Some(c)) if c.contains("glibc.malloc.tcache") => None,
+        Some(Some("")) => Some(TCACHE_TUNABLES.into()),
+        Some(Some(c)) => Some(format!("{c}:{TCACHE_TUNABLES}").into()),
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tunable_is_added_to_what_is_set_and_a_users_choice_stands() {
+        let off = Some("glibc.malloc.tcache_max=128".into());
+        assert_eq!(tunables_with_tcache_limit(None), off);
+        assert_eq!(tunables_with_tcache_limit(Some(OsStr::new(""))), off);
+        assert_eq!(
+            tunables_with_tcache_limit(Some(OsStr::new("glibc.malloc.arena_max=2"))),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.tcache_max=128".into())
+        );
+        for kept in [
+            "glibc.malloc.tcache_max=1032:glibc.malloc.arena_max=2",
+            "glibc.malloc.tcache_count=0",
+        ] {
+            assert_eq!(tunables_with_tcache_limit(Some(OsStr::new(kept))), None);
+        }
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(
+            tunables_with_tcache_limit(Some(OsStr::from_bytes(b"\xff"))),
+            None
+        );
+    }
 
     #[test]
     fn a_pool_beyond_the_hard_limit_is_refused_and_a_small_one_fits() {

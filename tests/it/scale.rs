@@ -92,3 +92,82 @@ async fn killed_three_times_at_random_points_every_item_is_done_exactly_once() {
     }
     assert_side_effects(&sim.stats().await, ITEMS);
 }
+
+/// A run keeps chunks over 128 bytes out of glibc's per-thread malloc caches
+/// by starting itself again in place (they kept a long run's memory
+/// growing): the process the job runs in, same pid, carries the tunable and
+/// the arguments it was given, and a user's own setting of the caches
+/// stands.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_keeps_larger_chunks_out_of_glibcs_thread_caches_unless_told_otherwise() {
+    let cases = [
+        (None, "glibc.malloc.tcache_max=128"),
+        (
+            Some("glibc.malloc.arena_max=2"),
+            "glibc.malloc.arena_max=2:glibc.malloc.tcache_max=128",
+        ),
+        (
+            Some("glibc.malloc.tcache_max=1032"),
+            "glibc.malloc.tcache_max=1032",
+        ),
+    ];
+    for (given, expected) in cases {
+        let s = Scenario::new("tcache")
+            .with_sim(&["--limit", "10/1s", "--concurrency", "1"])
+            .numbers(40);
+        let mut c = s.cmd(&["--limit", "10/1s", "--concurrency", "1"]);
+        match given {
+            Some(v) => c.env("GLIBC_TUNABLES", v),
+            None => c.env_remove("GLIBC_TUNABLES"),
+        };
+        let mut argv = vec![c.get_program().to_os_string()];
+        argv.extend(c.get_args().map(|a| a.to_os_string()));
+        let mut seen = None;
+        let r = act_when(
+            c,
+            s.sim(),
+            |st| st["side_effects"].as_u64().unwrap_or(0) >= 2,
+            |pid| {
+                let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap();
+                seen = Some((read("environ"), read("cmdline")));
+                // SAFETY: sending a signal to our own child process.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGINT);
+                }
+            },
+        )
+        .await;
+        assert_eq!(r.code, 130, "{}", r.stderr);
+        let (environ, cmdline) = seen.unwrap();
+        // glibc ends each tunable it reads with a NUL in place, so the
+        // entry is read back across those.
+        let at = environ
+            .windows(15)
+            .position(|w| w == b"GLIBC_TUNABLES=")
+            .expect("GLIBC_TUNABLES in the run's environment")
+            + 15;
+        let value: Vec<u8> = environ[at..]
+            .iter()
+            .take(expected.len() + 1)
+            .map(|&b| if b == 0 { b':' } else { b })
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&value),
+            format!("{expected}:"),
+            "given {given:?}"
+        );
+        use std::os::unix::ffi::OsStrExt;
+        let args: Vec<&[u8]> = cmdline
+            .strip_suffix(&[0])
+            .unwrap()
+            .split(|&b| b == 0)
+            .collect();
+        let want: Vec<&[u8]> = argv.iter().map(|a| a.as_bytes()).collect();
+        assert_eq!(args, want);
+        // The job itself went on as ever: what was done is in the outputs.
+        let done = r.summary["done"].as_u64().unwrap();
+        assert!(done >= 2, "{}", r.summary);
+        assert_eq!(lines_of(&s.out_path()).len() as u64, done);
+    }
+}
