@@ -84,8 +84,9 @@ pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
 /// to 128 bytes, the most frequent, kept most of the saving at no CPU cost
 /// we could measure (the README's Scale section has the figures).
 ///
-/// It returns, and the run goes on as it is, when `GLIBC_TUNABLES` already
-/// names a `glibc.malloc.tcache` tunable (that is how a user keeps glibc's
+/// It returns, and the run goes on as it is, in the new image (which
+/// `BATCHRUN_MALLOC_TUNED` marks), when `GLIBC_TUNABLES` already names a
+/// `glibc.malloc.tcache` tunable (that is how a user keeps glibc's
 /// defaults: `GLIBC_TUNABLES=glibc.malloc.tcache_max=1032`), when the
 /// binary cannot be found again, or when the exec fails. Call it first
 /// thing, before any thread starts or file is opened: only the standard
@@ -93,6 +94,12 @@ pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune_malloc() {
     use std::os::unix::process::CommandExt;
+    // Once only: should the new image not see the tunables (a loader in
+    // secure mode drops them), it must not start itself again, and again.
+    const DONE: &str = "BATCHRUN_MALLOC_TUNED";
+    if std::env::var_os(DONE).is_some() {
+        return;
+    }
     let current = std::env::var_os("GLIBC_TUNABLES");
     let Some(tunables) = tunables_with_tcache_limit(current.as_deref()) else {
         return;
@@ -106,7 +113,11 @@ pub fn tune_malloc() {
         cmd.arg0(arg0);
     }
     // `exec` returns only when it failed; then nothing has changed.
-    let _ = cmd.args(args).env("GLIBC_TUNABLES", tunables).exec();
+    let _ = cmd
+        .args(args)
+        .env("GLIBC_TUNABLES", tunables)
+        .env(DONE, "1")
+        .exec();
 }
 
 /// Elsewhere the allocator is left as it is.
