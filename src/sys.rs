@@ -71,9 +71,12 @@ pub fn ensure_open_files(_workers: u64) -> Result<u64, String> {
 pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
 
 /// Keeps chunks larger than 128 bytes out of glibc's per-thread malloc
-/// caches for this process, by running the same binary again, with the same
-/// arguments and the same pid, with [`TCACHE_TUNABLES`] added to
-/// `GLIBC_TUNABLES`: glibc reads its tunables only when a program starts.
+/// caches for this process, by starting the same binary again in place:
+/// the path it was started as, the same arguments, the same environment
+/// entries in the same order, with [`TCACHE_TUNABLES`] added to
+/// `GLIBC_TUNABLES` (glibc reads its tunables only when a program starts)
+/// and `BATCHRUN_MALLOC_TUNED` set. The pid, the standard streams, the
+/// process name and the signal dispositions stay as they were.
 ///
 /// Why: a run's threads free what other threads allocated (sled's node
 /// versions are freed by whichever thread collects them, a worker's
@@ -84,18 +87,22 @@ pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
 /// to 128 bytes, the most frequent, kept most of the saving at no CPU cost
 /// we could measure (the README's Scale section has the figures).
 ///
-/// It returns, and the run goes on as it is, in the new image (which
-/// `BATCHRUN_MALLOC_TUNED` marks), when `GLIBC_TUNABLES` already names a
+/// It returns, and the run goes on as it is: in the new image (which
+/// `BATCHRUN_MALLOC_TUNED` marks, so that it happens once whatever the
+/// loader makes of the tunables); when `GLIBC_TUNABLES` already names a
 /// `glibc.malloc.tcache` tunable (that is how a user keeps glibc's
-/// defaults: `GLIBC_TUNABLES=glibc.malloc.tcache_max=1032`), when the
-/// binary cannot be found again, or when the exec fails. Call it first
-/// thing, before any thread starts or file is opened: only the standard
-/// streams are meant to survive into the new image.
+/// defaults: `GLIBC_TUNABLES=glibc.malloc.tcache_max=1032`); when the
+/// kernel started no program interpreter (a static binary, or one run
+/// through the loader by hand, `ld.so batchrun ...`: a loader that does not
+/// report the program's own path would be started again with the run's
+/// arguments and take the input file for the program); and when the exec
+/// fails. Call it first thing, before any thread starts
+/// or file is opened: only what the process inherited is meant to survive
+/// into the new image.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune_malloc() {
-    use std::os::unix::process::CommandExt;
-    // Once only: should the new image not see the tunables (a loader in
-    // secure mode drops them), it must not start itself again, and again.
+    use std::ffi::{CStr, CString};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     const DONE: &str = "BATCHRUN_MALLOC_TUNED";
     if std::env::var_os(DONE).is_some() {
         return;
@@ -104,20 +111,66 @@ pub fn tune_malloc() {
     let Some(tunables) = tunables_with_tcache_limit(current.as_deref()) else {
         return;
     };
-    let Ok(exe) = std::env::current_exe() else {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel passed.
+    let (interpreter, started_as) = unsafe {
+        (
+            libc::getauxval(libc::AT_BASE),
+            libc::getauxval(libc::AT_EXECFN),
+        )
+    };
+    if interpreter == 0 || started_as == 0 {
+        return;
+    }
+    // SAFETY: AT_EXECFN points at the NUL-terminated path given to execve,
+    // on the initial stack, which lives as long as the process.
+    let path = unsafe { CStr::from_ptr(started_as as *const libc::c_char) };
+    let Ok(args) = std::env::args_os()
+        .map(|a| CString::new(a.into_vec()))
+        .collect::<Result<Vec<_>, _>>()
+    else {
         return;
     };
-    let mut args = std::env::args_os();
-    let mut cmd = std::process::Command::new(exe);
-    if let Some(arg0) = args.next() {
-        cmd.arg0(arg0);
+    extern "C" {
+        static environ: *const *const libc::c_char;
     }
-    // `exec` returns only when it failed; then nothing has changed.
-    let _ = cmd
-        .args(args)
-        .env("GLIBC_TUNABLES", tunables)
-        .env(DONE, "1")
-        .exec();
+    // Copied entry by entry, not through a map: duplicates and their order
+    // (the first one wins for getenv) stay as they were.
+    let mut env: Vec<CString> = Vec::new();
+    // SAFETY: `environ` is the NULL-terminated array of NUL-terminated
+    // entries; nothing else runs yet that could change it.
+    unsafe {
+        let mut entry = environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let e = CStr::from_ptr(*entry);
+            if !e.to_bytes().starts_with(b"GLIBC_TUNABLES=") {
+                env.push(e.to_owned());
+            }
+            entry = entry.add(1);
+        }
+    }
+    let mut tuned = b"GLIBC_TUNABLES=".to_vec();
+    tuned.extend_from_slice(tunables.as_bytes());
+    let Ok(tuned) = CString::new(tuned) else {
+        return;
+    };
+    env.push(tuned);
+    env.push(CString::new(format!("{DONE}=1")).expect("no NUL"));
+    let argv: Vec<*const libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = env
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: every pointer is to a NUL-terminated string owned above, and
+    // both arrays end with NULL. execve returns only when it failed; then
+    // nothing has changed and the run goes on as it is.
+    unsafe {
+        libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+    }
 }
 
 /// Elsewhere the allocator is left as it is.

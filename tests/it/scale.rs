@@ -16,9 +16,9 @@ use std::process::Stdio;
 
 use crate::common::*;
 
-/// Items in the job: enough for many thousand group commits and a kill that
-/// lands mid-run, few enough for a debug build in a few seconds.
-const ITEMS: u64 = 60_000;
+/// Items in the job: the 200k the issue names, hundreds of group commits
+/// and more between two kills; a debug build runs the test in about 20 s.
+const ITEMS: u64 = 200_000;
 
 /// `batchrun status --json` for the scenario's job (the array has one).
 fn status(s: &Scenario) -> serde_json::Value {
@@ -130,7 +130,7 @@ async fn a_run_keeps_larger_chunks_out_of_glibcs_thread_caches_unless_told_other
             |st| st["side_effects"].as_u64().unwrap_or(0) >= 2,
             |pid| {
                 let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap();
-                seen = Some((read("environ"), read("cmdline")));
+                seen = Some((read("environ"), read("cmdline"), read("comm")));
                 // SAFETY: sending a signal to our own child process.
                 unsafe {
                     libc::kill(pid as i32, libc::SIGINT);
@@ -139,7 +139,7 @@ async fn a_run_keeps_larger_chunks_out_of_glibcs_thread_caches_unless_told_other
         )
         .await;
         assert_eq!(r.code, 130, "{}", r.stderr);
-        let (environ, cmdline) = seen.unwrap();
+        let (environ, cmdline, comm) = seen.unwrap();
         // glibc ends each tunable it reads with a NUL in place, so the
         // entry is read back across those.
         let at = environ
@@ -165,9 +165,47 @@ async fn a_run_keeps_larger_chunks_out_of_glibcs_thread_caches_unless_told_other
             .collect();
         let want: Vec<&[u8]> = argv.iter().map(|a| a.as_bytes()).collect();
         assert_eq!(args, want);
+        // Still named after the binary it was started as (`pgrep batchrun`).
+        assert_eq!(comm, b"batchrun\n");
         // The job itself went on as ever: what was done is in the outputs.
         let done = r.summary["done"].as_u64().unwrap();
         assert!(done >= 2, "{}", r.summary);
         assert_eq!(lines_of(&s.out_path()).len() as u64, done);
     }
+}
+
+/// Started through the dynamic loader by hand (`ld.so batchrun ...`, as on
+/// a noexec mount), a run does not start itself again (that would start the
+/// loader with the run's arguments, which takes the input file for the
+/// program) and works as ever.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn started_through_the_loader_by_hand_a_run_works_as_ever() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let loader = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/ld-linux"))
+        .expect("this test runs under glibc's dynamic loader")
+        .to_string();
+    let dir = TempDir::new("loader");
+    let input = dir.write("in.jsonl", "{\"n\": 1}\n{\"n\": 2}\n");
+    let mut c = std::process::Command::new(loader);
+    c.arg(env!("CARGO_BIN_EXE_batchrun"))
+        .arg(&input)
+        .args(["--url", "http://127.0.0.1:9/v1/echo?n={n}", "--dry-run"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("BATCHRUN_API_KEY", KEY)
+        .env_remove("GLIBC_TUNABLES")
+        .env_remove("BATCHRUN_MALLOC_TUNED");
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("/v1/echo?n=2"), "{stdout}");
 }
