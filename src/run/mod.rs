@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+mod compact;
 pub mod events;
 pub mod finish;
 mod fleet;
