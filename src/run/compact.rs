@@ -13,6 +13,11 @@ use serde::de::IgnoredAny;
 /// quadratic): larger objects take the parse.
 const MAX_KEYS: usize = 32;
 
+/// Open containers the copy allows: parsing into a `Value` refuses 128
+/// (the body is then written as a string), and the validity check below
+/// has no such limit, so deeper bodies take the parse.
+const MAX_DEPTH: usize = 100;
+
 /// Integer digits that always fit an `i64` or a `u64`: longer ones may be
 /// read as floats and written back otherwise.
 const MAX_DIGITS: usize = 18;
@@ -28,11 +33,13 @@ enum Open<'a> {
 /// order kept) and writing back compactly gives byte for byte: nothing
 /// outside strings but tokens (no whitespace), no escapes and no control
 /// bytes in strings, integers only (at most [`MAX_DIGITS`] digits, and no
-/// `-0`, which comes back as `-0.0`), and no key twice in one object (the
-/// last value would win). False means "not sure": the caller parses.
+/// `-0`, which comes back as `-0.0`), no key twice in one object (the
+/// last value would win), and at most [`MAX_DEPTH`] containers deep. False
+/// means "not sure": the caller parses.
 pub fn written_back_unchanged(body: &[u8]) -> bool {
-    // Valid JSON (UTF-8 included, and within serde_json's nesting limit)
-    // from here on, so the scan only checks the form.
+    // Valid JSON (UTF-8 included) from here on, so the scan only checks
+    // the form. (Ignoring a value has no nesting limit: the depth is
+    // checked below.)
     if serde_json::from_slice::<IgnoredAny>(body).is_err() {
         return false;
     }
@@ -62,6 +69,7 @@ pub fn written_back_unchanged(body: &[u8]) -> bool {
                 prev = b'"';
                 i = start + len + 1;
             }
+            b'{' | b'[' if open.len() == MAX_DEPTH => return false,
             b'{' => {
                 open.push(Open::Object(Vec::new()));
                 prev = b;
@@ -148,6 +156,16 @@ mod tests {
         ] {
             assert!(!written_back_unchanged(body.as_bytes()), "{body}");
         }
+        // Nesting: the parse refuses 128 levels and writes a string.
+        for depth in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 127, 128, 129, 1000] {
+            let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            if written_back_unchanged(body.as_bytes()) {
+                assert!(depth <= MAX_DEPTH);
+                assert_eq!(written_back(body.as_bytes()).unwrap(), body.as_bytes());
+            } else {
+                assert!(depth > MAX_DEPTH, "{depth}");
+            }
+        }
     }
 
     /// JSON-ish text from pieces that each trip one rule: whitespace,
@@ -201,6 +219,23 @@ mod tests {
         /// Never a body copied that parsing and writing back would change.
         #[test]
         fn a_body_copied_as_it_is_is_what_the_parse_would_write(text in json_text()) {
+            if written_back_unchanged(text.as_bytes()) {
+                prop_assert_eq!(written_back(text.as_bytes()), Some(text.into_bytes()));
+            }
+        }
+
+        /// Deep nesting, around the parse's limit of 128.
+        #[test]
+        fn a_deep_body_is_copied_only_when_the_parse_agrees(
+            depth in 90usize..140,
+            inner in prop_oneof![Just(""), Just("1"), Just("{}"), Just("\"x\"")],
+            objects in any::<bool>(),
+        ) {
+            let (open, close) = if objects { ("{\"a\":", "}") } else { ("[", "]") };
+            let mut text = format!("{}{inner}{}", open.repeat(depth), close.repeat(depth));
+            if objects && inner.is_empty() {
+                text = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+            }
             if written_back_unchanged(text.as_bytes()) {
                 prop_assert_eq!(written_back(text.as_bytes()), Some(text.into_bytes()));
             }
