@@ -96,9 +96,8 @@ pub const TCACHE_TUNABLES: &str = "glibc.malloc.tcache_max=128";
 /// through the loader by hand, `ld.so batchrun ...`: a loader that does not
 /// report the program's own path would be started again with the run's
 /// arguments and take the input file for the program); and when the exec
-/// fails. Call it first thing, before any thread starts
-/// or file is opened: only what the process inherited is meant to survive
-/// into the new image.
+/// fails. Call it first thing, before any thread starts or file is opened:
+/// only what the process inherited is meant to survive into the new image.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune_malloc() {
     use std::ffi::{CStr, CString};
@@ -155,16 +154,15 @@ pub fn tune_malloc() {
     };
     env.push(tuned);
     env.push(CString::new(format!("{DONE}=1")).expect("no NUL"));
-    let argv: Vec<*const libc::c_char> = args
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> = env
-        .iter()
-        .map(|e| e.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    // execve's arrays: the strings' pointers, then NULL.
+    let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
+        strings
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv, envp) = (pointers(&args), pointers(&env));
     // SAFETY: every pointer is to a NUL-terminated string owned above, and
     // both arrays end with NULL. execve returns only when it failed; then
     // nothing has changed and the run goes on as it is.
