@@ -23,6 +23,18 @@ fn new_job(s: &Store, id: &str, total: u64) -> JobMeta {
     meta
 }
 
+/// A job of three lines whose first two are committed done.
+fn two_of_three_done(s: &Store, id: &str) -> JobItems {
+    let meta = new_job(s, id, 3);
+    let mut items = s.items(id).unwrap();
+    items.reserve_lines(3);
+    let c = items.committer(meta, GroupCommit::default()).unwrap();
+    c.record(done(1, "{}")).unwrap();
+    c.record(done(2, "{}")).unwrap();
+    assert!(c.finish().err.is_none());
+    items
+}
+
 fn done(line: u64, body: &str) -> Record {
     Record {
         line,
@@ -119,13 +131,7 @@ fn records_survive_reopen_and_count() {
 fn a_job_record_that_disagrees_with_its_line_states_is_damage() {
     let dir = tmp("counts");
     let s = Store::open(&dir).unwrap();
-    let meta = new_job(&s, "j4", 3);
-    let mut items = s.items("j4").unwrap();
-    items.reserve_lines(3);
-    let c = items.committer(meta, GroupCommit::default()).unwrap();
-    c.record(done(1, "{}")).unwrap();
-    c.record(done(2, "{}")).unwrap();
-    assert!(c.finish().err.is_none());
+    let items = two_of_three_done(&s, "j4");
     let meta = s.job("j4").unwrap().unwrap();
     items.check_counts(&meta, 3).unwrap();
     // The input ends before a line the checkpoint has a result for.
@@ -352,13 +358,7 @@ fn a_job_in_the_old_layout_is_upgraded_in_place() {
 fn the_counts_ride_in_a_small_progress_record_that_wins_only_when_newer() {
     let dir = tmp("progress");
     let s = Store::open(&dir).unwrap();
-    let meta = new_job(&s, "j5", 3);
-    let mut items = s.items("j5").unwrap();
-    items.reserve_lines(3);
-    let c = items.committer(meta, GroupCommit::default()).unwrap();
-    c.record(done(1, "{}")).unwrap();
-    c.record(done(2, "{}")).unwrap();
-    assert!(c.finish().err.is_none());
+    let items = two_of_three_done(&s, "j5");
     // The groups wrote the progress record, not the job record.
     let raw: JobMeta = serde_json::from_slice(&s.jobs.get("j5").unwrap().unwrap()).unwrap();
     assert_eq!((raw.done, raw.revision), (0, 0));

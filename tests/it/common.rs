@@ -406,6 +406,15 @@ fn finished(out: std::process::Output) -> Finished {
     }
 }
 
+/// Serves `app` on a free loopback port for the rest of the test; returns
+/// where.
+pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
 /// The lines of a JSONL file, parsed (empty when the file does not exist).
 pub fn jsonl(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)

@@ -440,18 +440,14 @@ async fn a_redirect_to_another_host_never_carries_the_key() {
             "stolen"
         }
     });
-    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let b_port = lb.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(lb, b).await });
+    let b_port = serve(b).await.port();
     let a = axum::Router::new().fallback(move || async move {
         (
             axum::http::StatusCode::TEMPORARY_REDIRECT,
             [("location", format!("http://localhost:{b_port}/elsewhere"))],
         )
     });
-    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a_url = format!("http://{}/v1/x?n={{n}}", la.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(la, a).await });
+    let a_url = format!("http://{}/v1/x?n={{n}}", serve(a).await);
 
     let s = Scenario::new("redirect").numbers(3);
     let r = s.run(&["--url", &a_url, "--limit", "100/1s"]);
@@ -501,10 +497,7 @@ async fn redirecting_server(status: u16) -> (String, std::sync::Arc<std::sync::a
                 }
             }
         });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-    (base, hits)
+    (format!("http://{}", serve(app).await), hits)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -566,10 +566,7 @@ async fn slow_then_busy() -> (
             }
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x?n={{n}}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-    (url, runs)
+    (format!("http://{}/v1/x?n={{n}}", serve(app).await), runs)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -644,9 +641,7 @@ async fn an_item_that_differs_only_in_a_header_is_another_call() {
             body
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let url = format!("http://{}/v1/x", serve(app).await);
 
     // Lines of about 1 KB, so most of the file is read after the edit.
     const N: usize = 200;
