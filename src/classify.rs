@@ -138,8 +138,8 @@ fn transient(
 }
 
 /// A transport failure (timeout, refused, reset) is always worth a retry.
-pub fn transport(err: &crate::request::TransportError) -> CallError {
-    use crate::request::FailureKind;
+pub fn transport(err: &crate::transport::TransportError) -> CallError {
+    use crate::transport::FailureKind;
     CallError::Transient {
         reason: err.reason.clone(),
         retry_after: None,
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn only_calls_that_may_have_run_are_of_unknown_outcome() {
-        use crate::request::{FailureKind, TransportError};
+        use crate::transport::{FailureKind, TransportError};
         let unknown = |c: Result<(), CallError>| match c {
             Err(CallError::Transient { unknown, .. }) => unknown,
             other => panic!("not transient: {other:?}"),

@@ -29,4 +29,5 @@ pub mod sim;
 pub mod sys;
 pub mod template;
 pub mod transport;
+pub mod util;
 pub mod wire;

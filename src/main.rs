@@ -10,10 +10,6 @@ use batchrun::settings::{self, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_default(std::env::args_os());
-    if matches!(cli.command, Command::Run(_)) {
-        // May start this binary again in place, so before anything else.
-        batchrun::sys::tune_malloc();
-    }
     let rt = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {

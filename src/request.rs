@@ -1,17 +1,11 @@
-//! What is sent for each item, and the seam through which it is sent.
-//!
-//! [`RequestSpec`] renders an item into a [`Request`]; a [`Transport`] sends
-//! it. The run uses [`HttpTransport`] (in [`crate::transport`]); the pool's
-//! unit tests use a scripted fake, so the per-call logic is tested without a
-//! server.
+//! What is sent for each item: [`RequestSpec`] renders an item into a
+//! [`Request`], which a [`crate::transport::Transport`] sends.
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::input::Item;
 use crate::template::{Escape, Template};
-pub use crate::transport::{
-    FailureKind, HttpTransport, Response, SharedTransport, Transport, TransportError,
-};
+use crate::transport::Request;
 
 /// The API key. Its `Debug` never shows it, and it only ever leaves the
 /// process as a sensitive header value.
@@ -210,19 +204,6 @@ pub struct RequestSpec {
     pub key: Option<Secret>,
 }
 
-/// One rendered call, ready for a [`Transport`].
-#[derive(Debug, Clone)]
-pub struct Request {
-    /// The method.
-    pub method: reqwest::Method,
-    /// The rendered URL.
-    pub url: String,
-    /// Every header, the key (marked sensitive) and the Idempotency-Key included.
-    pub headers: HeaderMap,
-    /// The body bytes, if any.
-    pub body: Option<Vec<u8>>,
-}
-
 impl RequestSpec {
     /// Renders `item` into a request, or says which part could not be rendered.
     pub fn render(&self, item: &Item) -> Result<Request, String> {
@@ -294,16 +275,6 @@ fn check_url(url: &str) -> Result<(), String> {
             u.scheme()
         )),
         Err(e) => Err(format!("--url: {url:?} is not a valid URL: {e}")),
-    }
-}
-
-impl Request {
-    /// This request carrying `key` as its Idempotency-Key.
-    pub fn with_idempotency_key(mut self, key: &str) -> Request {
-        if let Ok(v) = HeaderValue::from_str(key) {
-            self.headers.insert(crate::wire::IDEMPOTENCY_KEY, v);
-        }
-        self
     }
 }
 
@@ -424,114 +395,5 @@ mod tests {
             format!("{e}").ends_with("held the API key; not shown)"),
             "{e}"
         );
-    }
-}
-
-#[cfg(test)]
-pub mod fake {
-    //! A scripted transport for the pool's unit tests.
-    use super::*;
-    use crate::pace::BoxFuture;
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// What the fake answers for one call.
-    pub type Script = Box<dyn Fn(&Request, u64) -> Step + Send + Sync>;
-
-    /// One scripted answer: a response or a failure, after a delay.
-    pub struct Step {
-        /// How long the call takes (on tokio's clock).
-        pub after: Duration,
-        /// What it returns.
-        pub result: Result<Response, TransportError>,
-    }
-
-    impl Step {
-        /// A 200 with `body` at once.
-        pub fn ok(body: &str) -> Step {
-            Step::status(200, &[], body)
-        }
-
-        /// A response with `status`, `headers` and `body` at once.
-        pub fn status(status: u16, headers: &[(&str, &str)], body: &str) -> Step {
-            let mut h = HeaderMap::new();
-            for (n, v) in headers {
-                h.insert(
-                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                );
-            }
-            Step {
-                after: Duration::ZERO,
-                result: Ok(Response {
-                    status,
-                    headers: h,
-                    body: body.to_string(),
-                    truncated: false,
-                }),
-            }
-        }
-
-        /// A transport failure at once.
-        pub fn fail(kind: FailureKind) -> Step {
-            Step {
-                after: Duration::ZERO,
-                result: Err(TransportError {
-                    kind,
-                    reason: "scripted failure".into(),
-                }),
-            }
-        }
-
-        /// The same answer after `d`.
-        pub fn after(mut self, d: Duration) -> Step {
-            self.after = d;
-            self
-        }
-    }
-
-    /// Answers each call from a script; records what was sent, and when.
-    pub struct FakeTransport {
-        script: Script,
-        /// Every call: (tokio time since creation, URL, Idempotency-Key).
-        pub sent: Mutex<Vec<(Duration, String, String)>>,
-        start: tokio::time::Instant,
-    }
-
-    impl FakeTransport {
-        /// A transport answering call number `n` (from 0) with `script(req, n)`.
-        pub fn new(script: impl Fn(&Request, u64) -> Step + Send + Sync + 'static) -> Self {
-            FakeTransport {
-                script: Box::new(script),
-                sent: Mutex::new(Vec::new()),
-                start: tokio::time::Instant::now(),
-            }
-        }
-
-        /// Calls made so far.
-        pub fn calls(&self) -> Vec<(Duration, String, String)> {
-            self.sent.lock().unwrap().clone()
-        }
-    }
-
-    impl Transport for FakeTransport {
-        fn send<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<Response, TransportError>> {
-            let n = {
-                let mut s = self.sent.lock().unwrap();
-                let idem = req
-                    .headers
-                    .get(crate::wire::IDEMPOTENCY_KEY)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                s.push((self.start.elapsed(), req.url.clone(), idem));
-                s.len() as u64 - 1
-            };
-            let step = (self.script)(req, n);
-            Box::pin(async move {
-                tokio::time::sleep(step.after).await;
-                step.result
-            })
-        }
     }
 }

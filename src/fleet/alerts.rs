@@ -16,8 +16,8 @@ use tokio::sync::Notify;
 
 use super::Fleet;
 use crate::credits::{Alert, Alerter};
-use crate::pace::BoxFuture;
-use crate::run::job::unix_now;
+use crate::util::unix_now;
+use crate::util::BoxFuture;
 
 /// How long a claim is retried before the alert is sent regardless.
 const CLAIM_WITHIN: Duration = Duration::from_secs(2);

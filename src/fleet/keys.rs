@@ -15,7 +15,7 @@
 //! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at` |
 //! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
 
-use crate::run::job::sha_hex;
+use crate::util::sha_hex;
 
 /// The longest `--fleet-key`.
 pub const MAX_NAME: usize = 64;

@@ -5,8 +5,6 @@
 //! exact sliding window and a pacer shared by many processes through Redis
 //! are interchangeable behind it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +15,7 @@ use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::{ExactWindow, Learning};
 use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
+use crate::util::BoxFuture;
 
 mod bucket;
 pub mod shared;
@@ -43,9 +42,6 @@ pub enum PacerKind {
     /// a burst of a tenth of messagesPerPeriod.
     Spike,
 }
-
-/// A boxed future, so `Pacer` can be used as a trait object.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a pacer could not hand out a permit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

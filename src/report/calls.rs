@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::request::FailureKind;
+use crate::transport::FailureKind;
 
 /// Each bucket is this much wider than the one before.
 const GROWTH: f64 = 1.03;

@@ -153,7 +153,7 @@ impl Progress {
         out: &mut String,
         json: &mut Vec<serde_json::Value>,
     ) {
-        let age = crate::run::job::unix_now()
+        let age = crate::util::unix_now()
             .as_secs()
             .saturating_sub(self.updated_unix);
         let pending = self.total.saturating_sub(self.done + self.failed);

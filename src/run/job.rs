@@ -2,33 +2,15 @@
 //! the outputs written from it ([`super::outputs`]).
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use anyhow::Context as _;
-use sha2::{Digest, Sha256};
 
 use crate::checkpoint::{JobMeta, OutputStamp, Store, LAYOUT};
 use crate::exit::RunError;
 use crate::input;
 use crate::settings::Settings;
-
-/// sha256 of `parts`, each followed by a NUL so that parts cannot run
-/// into each other, in hex.
-pub fn sha_hex(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p);
-        h.update([0u8]);
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Wall-clock time since the epoch (zero if the clock is before it).
-pub fn unix_now() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-}
+use crate::util::{sha_hex, unix_now};
 
 /// How the job's Idempotency-Keys are made: derived for every job this
 /// version starts, the nonce-based prefix for jobs started before.

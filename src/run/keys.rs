@@ -12,7 +12,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::request::Request;
+use crate::transport::Request;
 
 /// How a job's keys are made.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-mod compact;
 pub mod events;
 pub mod finish;
 mod fleet;
@@ -41,8 +40,8 @@ use crate::input;
 use crate::pace;
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary, View};
-use crate::request::HttpTransport;
 use crate::settings::Settings;
+use crate::transport::HttpTransport;
 use events::Stats;
 use gate::{Gate, Halt};
 use pool::{Pool, PoolConfig, Queue, Queued};
@@ -130,7 +129,7 @@ pub async fn run(
             settings.burst,
             meta.learnt_limit,
             Duration::from_millis(meta.last_active_unix_ms),
-            job::unix_now(),
+            crate::util::unix_now(),
         )
         .map_err(|e| RunError::Usage(e.to_string()))?,
     };
@@ -399,7 +398,7 @@ fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, repo
         pool.ledger.last(),
         meta.cost_per_item,
         pending,
-        job::unix_now().as_secs(),
+        crate::util::unix_now().as_secs(),
     );
     if let Some(line) = p.line {
         reporter.println(&line);
@@ -514,7 +513,7 @@ impl Publish {
             rate_limited: Stats::get(&stats.rate_limited),
             credits_remaining: pool.ledger.last().map(|s| s.remaining),
             pid: std::process::id(),
-            updated_unix: job::unix_now().as_secs(),
+            updated_unix: crate::util::unix_now().as_secs(),
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = p.publish(&self.state_dir);

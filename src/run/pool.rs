@@ -19,7 +19,8 @@ use crate::input::Item;
 use crate::pace::{PaceError, Pacer, Permit};
 use crate::rate::backoff::Backoff;
 use crate::report::calls::Answer;
-use crate::request::{FailureKind, Request, RequestSpec, Response, Transport};
+use crate::request::RequestSpec;
+use crate::transport::{FailureKind, Request, Response, Transport};
 
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);

@@ -13,7 +13,7 @@ use super::watch::{Systemic, Verdict};
 use crate::classify::CallError;
 use crate::credits;
 use crate::input::Item;
-use crate::request::Request;
+use crate::transport::Request;
 
 /// What a response (or its absence) means for the item.
 pub(super) enum Outcome {

@@ -10,7 +10,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::events::{Event, Stats};
-use super::job::unix_now;
 use crate::checkpoint::{Committer, ItemState, JobMeta, Record};
 use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
@@ -18,6 +17,7 @@ use crate::fleet::FleetAlerts;
 use crate::pace::PaceNote;
 use crate::report::calls::CallStats;
 use crate::report::Reporter;
+use crate::util::unix_now;
 
 /// How often the job's pacing stamp and fired alerts reach disk at most.
 const SAVE_EVERY: Duration = Duration::from_secs(1);

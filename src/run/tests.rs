@@ -15,9 +15,10 @@ use crate::input::Item;
 use crate::pace::{Pacer, Unpaced};
 use crate::rate::backoff::Backoff;
 use crate::report::RunState;
-use crate::request::fake::{FakeTransport, Step};
-use crate::request::{Body, Request, RequestSpec, Secret};
+use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
+use crate::transport::fake::{FakeTransport, Step};
+use crate::transport::Request;
 
 fn spec() -> Arc<RequestSpec> {
     Arc::new(RequestSpec {
@@ -166,7 +167,7 @@ async fn a_rate_limit_429_pauses_every_worker() {
 async fn a_transient_error_is_retried_with_backoff() {
     let (t, events, halt) = run_pool(1, 1, false, |_, n| match n {
         0 => Step::status(503, &[("retry-after", "2")], "busy"),
-        1 => Step::fail(crate::request::FailureKind::Timeout),
+        1 => Step::fail(crate::transport::FailureKind::Timeout),
         _ => Step::ok("{\"ok\":true}"),
     })
     .await;
@@ -292,7 +293,7 @@ async fn a_concurrency_429_lowers_the_calls_in_flight_not_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_without_a_verdict_fails_as_unknown_under_one_key() {
-    use crate::request::FailureKind;
+    use crate::transport::FailureKind;
     // Item 1 always times out; item 2 is refused with a 400.
     let (t, events, halt) = run_pool(2, 1, false, |req, _| {
         if req.url.ends_with("n=1") {
@@ -332,7 +333,7 @@ async fn a_call_without_a_verdict_fails_as_unknown_under_one_key() {
 
 #[tokio::test(start_paused = true)]
 async fn running_out_of_file_handles_fails_nothing_and_spends_no_attempt() {
-    use crate::request::FailureKind;
+    use crate::transport::FailureKind;
     // The first twelve calls find no file handle free; the rest go through.
     let (t, events, halt) = run_pool(4, 4, false, |_, n| {
         if n < 12 {
@@ -360,7 +361,7 @@ async fn running_out_of_file_handles_fails_nothing_and_spends_no_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_that_may_have_run_keeps_the_item_unknown_whatever_follows() {
-    use crate::request::FailureKind;
+    use crate::transport::FailureKind;
     // The first call times out (it may have run); every retry gets a 503.
     let (_, events, _) = run_pool(1, 1, false, |_, n| match n {
         0 => Step::fail(FailureKind::Timeout),
