@@ -344,7 +344,7 @@ pub struct RunArgs {
 
     /// Halt once this many items (N) or this share of them (P%) failed in this run.
     #[arg(long, value_name = "N|P%", help_heading = "Failures")]
-    pub max_failures: Option<crate::run::watch::MaxFailures>,
+    pub max_failures: Option<crate::settings::values::MaxFailures>,
 
     /// The most of a response body kept per item (e.g. 1MiB, 64KiB, 500000):
     /// a larger one is recorded cut, and marked so.
@@ -388,7 +388,7 @@ pub struct RunArgs {
         value_name = "WHEN",
         help_heading = "Logging"
     )]
-    pub color: crate::report::progress::ColorChoice,
+    pub color: crate::settings::values::ColorChoice,
 
     /// How often a progress line is logged when stderr is not a terminal.
     #[arg(long, default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION", help_heading = "Logging")]

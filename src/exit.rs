@@ -11,7 +11,25 @@
 //! | 143 | stopped by SIGTERM (a scheduler); run again to resume |
 
 use crate::input::InputError;
-use crate::report::RunState;
+use serde::Serialize;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    /// Every item was attempted (some may have failed).
+    Done,
+    /// Stopped early but resumable: credits exhausted or the reserve
+    /// reached, nothing but 429s, the fleet's Redis out of reach, or the
+    /// checkpoint could not be written.
+    Halted,
+    /// Stopped by Ctrl-C or SIGTERM; resumable.
+    Interrupted,
+    /// Stopped by a fatal error (the key was rejected, ...).
+    Failed,
+    /// `--dry-run`: the input was checked and nothing was sent.
+    Checked,
+}
 
 /// Every item done.
 pub const OK: i32 = 0;

@@ -26,6 +26,7 @@ pub mod request;
 pub mod run;
 pub mod settings;
 pub mod sim;
+pub mod status;
 pub mod sys;
 pub mod template;
 pub mod transport;

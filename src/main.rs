@@ -43,14 +43,10 @@ fn main() -> ExitCode {
                 }
             }
             Command::Plans => {
-                let _ = write!(
-                    std::io::stdout(),
-                    "{}",
-                    batchrun::report::status::plans_table()
-                );
+                let _ = write!(std::io::stdout(), "{}", batchrun::status::plans_table());
                 exit::OK
             }
-            Command::Status(args) => match batchrun::report::status::status(&args) {
+            Command::Status(args) => match batchrun::status::status(&args) {
                 Ok(text) => {
                     let _ = write!(std::io::stdout(), "{text}");
                     exit::OK

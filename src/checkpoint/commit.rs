@@ -177,6 +177,18 @@ fn gone() -> CheckpointError {
     CheckpointError::Corrupt("the checkpoint writer stopped".into())
 }
 
+impl JobItems {
+    /// Starts the group committer that records this run's results (here,
+    /// not in `items`, so that the items know nothing of their writer).
+    pub fn committer(
+        &self,
+        meta: JobMeta,
+        policy: GroupCommit,
+    ) -> Result<Committer, CheckpointError> {
+        Committer::start(self.clone(), meta, policy)
+    }
+}
+
 impl Committer {
     pub(super) fn start(
         items: JobItems,

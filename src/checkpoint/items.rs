@@ -7,7 +7,6 @@ use std::sync::Arc;
 use sled::transaction::{TransactionError, Transactional};
 
 use super::chunks::Chunk;
-use super::commit::{Committer, GroupCommit};
 use super::index::IndexReader;
 use super::log::{Entry, LogReader};
 use super::{to_json, CheckpointError, Counts, ItemState, JobMeta, LineStates, OutputStamp, Store};
@@ -162,15 +161,6 @@ impl JobItems {
             .map_err(|e| self.err(e))?;
         self.db.flush().map_err(|e| self.err(e))?;
         Ok(())
-    }
-
-    /// Starts the group committer that records this run's results.
-    pub fn committer(
-        &self,
-        meta: JobMeta,
-        policy: GroupCommit,
-    ) -> Result<Committer, CheckpointError> {
-        Committer::start(self.clone(), meta, policy)
     }
 
     /// The chunk record holding `index`'s lines (empty when none is stored).

@@ -33,7 +33,6 @@ mod commit;
 mod index;
 mod items;
 mod log;
-mod migrate;
 mod states;
 
 pub use chunks::LINES_PER_CHUNK;
@@ -43,7 +42,6 @@ pub use log::Entry;
 pub use states::LineStates;
 
 /// The layout of the item records this version writes (see the module docs).
-/// Jobs of layout 0 kept a JSON record per item and are upgraded on open.
 pub const LAYOUT: u32 = 2;
 
 /// Checkpoint failures the caller branches on.
@@ -98,8 +96,6 @@ pub struct JobMeta {
     pub total: u64,
     /// The request template, described (never includes the API key).
     pub template: String,
-    /// Random per job; part of every Idempotency-Key so `--fresh` gets new keys.
-    pub nonce: String,
     /// When the job was created (unix seconds).
     pub created_unix: u64,
     /// The last time a call was sent (unix ms), to pace a quick resume.
@@ -122,11 +118,6 @@ pub struct JobMeta {
     /// resume starts from it instead of overrunning again.
     #[serde(default)]
     pub learnt_limit: Option<u64>,
-    /// 0: Idempotency-Keys from the random nonce (jobs of earlier versions);
-    /// 1: derived from the job and the item alone, so a lost checkpoint
-    /// sends the same keys again.
-    #[serde(default)]
-    pub key_scheme: u8,
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,
@@ -134,7 +125,7 @@ pub struct JobMeta {
     /// only grew past it (a nightly file appended to) keeps its job.
     #[serde(default)]
     pub input_len: Option<u64>,
-    /// The layout of this job's item records ([`LAYOUT`]; 0 before it existed).
+    /// The layout of this job's item records ([`LAYOUT`]).
     #[serde(default)]
     pub layout: u32,
     /// Items done. Committed in the same sled transaction as the line states,
@@ -422,12 +413,16 @@ impl Store {
         Ok(())
     }
 
-    /// A job's items: their states loaded into memory, upgrading a job
-    /// written in an older layout first.
+    /// A job's items: their states loaded into memory. A job record of
+    /// another layout (written by a pre-release build) is refused, not
+    /// guessed at.
     pub fn items(&self, id: &str) -> Result<JobItems, CheckpointError> {
         if let Some(meta) = self.job(id)? {
-            if meta.layout < LAYOUT {
-                migrate::upgrade(self, meta)?;
+            if meta.layout != LAYOUT {
+                return Err(CheckpointError::Corrupt(format!(
+                    "job {id} is in layout {} of the checkpoint; this build reads layout {LAYOUT} only",
+                    meta.layout
+                )));
             }
         }
         JobItems::open(self, id)
@@ -436,15 +431,6 @@ impl Store {
     /// Where a job's results log lives: beside the sled directory.
     pub fn log_path(&self, id: &str) -> PathBuf {
         self.dir.join("results").join(format!("{id}.log"))
-    }
-
-    /// A job's done and failed counts: from its record, or for a job still
-    /// in layout 0 by reading its old records (without upgrading it).
-    pub fn counts(&self, meta: &JobMeta) -> Result<Counts, CheckpointError> {
-        if meta.layout < LAYOUT {
-            return migrate::legacy_counts(self, &meta.id);
-        }
-        Ok(meta.counts())
     }
 
     fn tree(&self, name: &str) -> Result<sled::Tree, CheckpointError> {

@@ -1,38 +1,21 @@
 //! Progress while the run goes, and the summary when it ends.
 //!
 //! The reporter only consumes what the run tells it: it never decides
-//! anything. [`progress`] draws the live display; [`status`] shows a job's
-//! state from its checkpoint without running it.
+//! anything. [`progress`] draws the live display; [`published`] is what a
+//! running job leaves for `batchrun status`.
 
 use std::io::Write;
 
 use serde::Serialize;
 
 use crate::credits::Alert;
+use crate::exit::RunState;
 
 pub mod calls;
 pub mod progress;
-pub mod status;
+pub mod published;
 
 pub use progress::{Reporter, View};
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    /// Every item was attempted (some may have failed).
-    Done,
-    /// Stopped early but resumable: credits exhausted or the reserve
-    /// reached, nothing but 429s, the fleet's Redis out of reach, or the
-    /// checkpoint could not be written.
-    Halted,
-    /// Stopped by Ctrl-C or SIGTERM; resumable.
-    Interrupted,
-    /// Stopped by a fatal error (the key was rejected, ...).
-    Failed,
-    /// `--dry-run`: the input was checked and nothing was sent.
-    Checked,
-}
 
 /// The machine summary printed by `--json`, and the basis of the human one.
 #[derive(Debug, Clone, Serialize)]

@@ -3,8 +3,8 @@
 //! line per event with an ISO-8601 timestamp, and a progress line every
 //! `--log-every`.
 
+use crate::settings::values::Style;
 use std::collections::VecDeque;
-use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -116,63 +116,6 @@ pub fn fmt_secs(d: Duration) -> String {
     } else {
         format!("{s}s")
     }
-}
-
-/// How the run talks on stderr.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Style {
-    /// Draw a bar (stderr is a terminal); otherwise timestamped lines.
-    pub bar: bool,
-    /// Colours in the bar.
-    pub color: bool,
-    /// Only the summary, alerts and errors (`-q`).
-    pub quiet: bool,
-    /// How often a plain progress line is written.
-    pub log_every: Duration,
-}
-
-impl Style {
-    /// The style for this process: a bar only on a terminal; colours per
-    /// `--color` (`auto` also honours NO_COLOR).
-    pub fn detect(color: ColorChoice, quiet: bool, log_every: Duration) -> Style {
-        let tty = std::io::stderr().is_terminal();
-        let color = match color {
-            ColorChoice::Always => true,
-            ColorChoice::Never => false,
-            ColorChoice::Auto => {
-                tty && !std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
-            }
-        };
-        Style {
-            bar: tty && !quiet,
-            color,
-            quiet,
-            log_every,
-        }
-    }
-}
-
-impl Default for Style {
-    fn default() -> Self {
-        Style {
-            bar: false,
-            color: false,
-            quiet: false,
-            log_every: Duration::from_secs(60),
-        }
-    }
-}
-
-/// `--color`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum ColorChoice {
-    /// On a terminal, unless NO_COLOR is set.
-    #[default]
-    Auto,
-    /// Always.
-    Always,
-    /// Never.
-    Never,
 }
 
 /// A line as the logs carry it: an ISO-8601 UTC timestamp, then the text.

@@ -12,9 +12,10 @@ use super::recorder::Recorded;
 use crate::checkpoint::{JobItems, Store};
 use crate::credits::Alerter;
 use crate::credits::{Alert, CreditSnapshot, Ledger};
+use crate::exit::RunState;
 use crate::exit::{self, RunError};
 use crate::fleet::FleetAlerts;
-use crate::report::{self, Reporter, RunState, Summary};
+use crate::report::{self, Reporter, Summary};
 use crate::settings::Settings;
 
 /// Everything the end of a run reads.

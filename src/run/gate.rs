@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::report::RunState;
+use crate::exit::RunState;
 
 /// Why the pool stopped early.
 #[derive(Debug, Clone, PartialEq)]

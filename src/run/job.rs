@@ -12,33 +12,20 @@ use crate::input;
 use crate::settings::Settings;
 use crate::util::{sha_hex, unix_now};
 
-/// How the job's Idempotency-Keys are made: derived for every job this
-/// version starts, the nonce-based prefix for jobs started before.
+/// How the job's Idempotency-Keys are made.
 pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::keys::KeyScheme {
-    if meta.key_scheme == 0 && !meta.nonce.is_empty() {
-        return super::keys::KeyScheme::Legacy {
-            prefix: format!(
-                "batchrun-{}",
-                &sha_hex(&[meta.id.as_bytes(), meta.nonce.as_bytes()])[..20]
-            ),
-        };
-    }
-    // Jobs made before scheme 2 keep the keys they were sending.
-    let varying = match meta.key_scheme >= 2 {
-        true => spec
-            .headers
-            .iter()
-            .filter(|(name, t)| !t.is_static() && *name != spec.key_header)
-            .map(|(name, _)| name.clone())
-            .fold(Vec::new(), |mut v, name| {
-                if !v.contains(&name) {
-                    v.push(name);
-                }
-                v
-            }),
-        false => Vec::new(),
-    };
-    super::keys::KeyScheme::Derived {
+    let varying = spec
+        .headers
+        .iter()
+        .filter(|(name, t)| !t.is_static() && *name != spec.key_header)
+        .map(|(name, _)| name.clone())
+        .fold(Vec::new(), |mut v, name| {
+            if !v.contains(&name) {
+                v.push(name);
+            }
+            v
+        });
+    super::keys::KeyScheme {
         job: meta.id.clone(),
         epoch: meta.epoch,
         varying,
@@ -118,20 +105,13 @@ pub fn open(
     }
     let abs = std::fs::canonicalize(&settings.input)
         .with_context(|| format!("{}", settings.input.display()))?;
-    let nonce = sha_hex(&[
-        &unix_now().as_nanos().to_le_bytes(),
-        &fastrand::u64(..).to_le_bytes(),
-        &std::process::id().to_le_bytes(),
-    ]);
     let meta = JobMeta {
         id: id.to_string(),
         input: abs.to_string_lossy().into_owned(),
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),
-        nonce,
         created_unix: unix_now().as_secs(),
-        key_scheme: 2,
         epoch,
         input_len: file_len(&settings.input),
         layout: LAYOUT,

@@ -14,72 +14,59 @@ use sha2::{Digest, Sha256};
 
 use crate::transport::Request;
 
-/// How a job's keys are made.
+/// How a job's keys are made: derived from the job, the epoch, the item
+/// and the request alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyScheme {
-    /// Jobs started by earlier versions: a random nonce of the job and the
-    /// line, kept so that their calls in flight keep their keys.
-    Legacy {
-        /// `batchrun-<hash(job, nonce)>`.
-        prefix: String,
-    },
-    /// Derived from the job, the epoch, the item and the request alone.
-    Derived {
-        /// The job id.
-        job: String,
-        /// Advanced by `--fresh` only.
-        epoch: u32,
-        /// Headers whose values come from the item: part of the key, so
-        /// that an item that differs only there is another call.
-        varying: Vec<reqwest::header::HeaderName>,
-    },
+pub struct KeyScheme {
+    /// The job id.
+    pub job: String,
+    /// Advanced by `--fresh` only.
+    pub epoch: u32,
+    /// Headers whose values come from the item: part of the key, so that
+    /// an item that differs only there is another call.
+    pub varying: Vec<reqwest::header::HeaderName>,
 }
 
 impl KeyScheme {
     /// The Idempotency-Key of `req`, the call for the item at `line` in its
     /// `generation`.
     pub fn key(&self, line: u64, generation: u32, req: &Request) -> String {
-        match self {
-            KeyScheme::Legacy { prefix } if generation == 0 => format!("{prefix}-{line}"),
-            KeyScheme::Legacy { prefix } => format!("{prefix}-{line}-r{generation}"),
-            KeyScheme::Derived {
-                job,
-                epoch,
-                varying,
-            } => {
-                let mut h = Sha256::new();
-                for part in [
-                    job.as_bytes(),
-                    &epoch.to_le_bytes(),
-                    &line.to_le_bytes(),
-                    &generation.to_le_bytes(),
-                    req.method.as_str().as_bytes(),
-                    req.url.as_bytes(),
-                    req.body.as_deref().unwrap_or_default(),
-                ] {
+        let KeyScheme {
+            job,
+            epoch,
+            varying,
+        } = self;
+        let mut h = Sha256::new();
+        for part in [
+            job.as_bytes(),
+            &epoch.to_le_bytes(),
+            &line.to_le_bytes(),
+            &generation.to_le_bytes(),
+            req.method.as_str().as_bytes(),
+            req.url.as_bytes(),
+            req.body.as_deref().unwrap_or_default(),
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        for name in varying {
+            // Every value of a header given more than once, in order.
+            for value in req.headers.get_all(name) {
+                for part in [name.as_str().as_bytes(), value.as_bytes()] {
                     h.update((part.len() as u64).to_le_bytes());
                     h.update(part);
                 }
-                for name in varying {
-                    // Every value of a header given more than once, in order.
-                    for value in req.headers.get_all(name) {
-                        for part in [name.as_str().as_bytes(), value.as_bytes()] {
-                            h.update((part.len() as u64).to_le_bytes());
-                            h.update(part);
-                        }
-                    }
-                }
-                // One small allocation per call, not one per byte.
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut key = String::with_capacity(9 + 32);
-                key.push_str("batchrun-");
-                for b in &h.finalize()[..16] {
-                    key.push(char::from(HEX[usize::from(b >> 4)]));
-                    key.push(char::from(HEX[usize::from(b & 0xf)]));
-                }
-                key
             }
         }
+        // One small allocation per call, not one per byte.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut key = String::with_capacity(9 + 32);
+        key.push_str("batchrun-");
+        for b in &h.finalize()[..16] {
+            key.push(char::from(HEX[usize::from(b >> 4)]));
+            key.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        key
     }
 }
 
@@ -98,7 +85,7 @@ mod tests {
 
     #[test]
     fn derived_keys_depend_only_on_what_identifies_the_call() {
-        let k = KeyScheme::Derived {
+        let k = KeyScheme {
             job: "j1".into(),
             epoch: 0,
             varying: Vec::new(),
@@ -109,7 +96,7 @@ mod tests {
         assert_ne!(a, k.key(8, 0, &req("http://x/?n=7")), "another line");
         assert_ne!(a, k.key(7, 1, &req("http://x/?n=7")), "--retry-failed");
         assert_ne!(a, k.key(7, 0, &req("http://x/?n=8")), "another item");
-        let fresh = KeyScheme::Derived {
+        let fresh = KeyScheme {
             job: "j1".into(),
             epoch: 1,
             varying: Vec::new(),
@@ -141,7 +128,7 @@ mod tests {
                 .collect();
             format!("batchrun-{hex}")
         };
-        let k = KeyScheme::Derived {
+        let k = KeyScheme {
             job: "0123abcd".into(),
             epoch: 2,
             varying: Vec::new(),
@@ -162,7 +149,7 @@ mod tests {
                 .insert(tenant.clone(), HeaderValue::from_static(t));
             r
         };
-        let k = KeyScheme::Derived {
+        let k = KeyScheme {
             job: "j".into(),
             epoch: 0,
             varying: vec![tenant.clone()],
@@ -178,20 +165,11 @@ mod tests {
         assert_ne!(k.key(1, 0, &twice("b")), k.key(1, 0, &twice("c")));
         assert_eq!(k.key(1, 0, &with("a")), k.key(1, 0, &with("a")));
         // A header that is not among them changes nothing.
-        let fixed = KeyScheme::Derived {
+        let fixed = KeyScheme {
             job: "j".into(),
             epoch: 0,
             varying: Vec::new(),
         };
         assert_eq!(fixed.key(1, 0, &with("a")), fixed.key(1, 0, &with("b")));
-    }
-
-    #[test]
-    fn legacy_keys_are_kept_for_jobs_that_have_them() {
-        let k = KeyScheme::Legacy {
-            prefix: "batchrun-ab".into(),
-        };
-        assert_eq!(k.key(7, 0, &req("u")), "batchrun-ab-7");
-        assert_eq!(k.key(7, 2, &req("u")), "batchrun-ab-7-r2");
     }
 }

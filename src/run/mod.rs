@@ -206,7 +206,7 @@ pub async fn run(
         workers.spawn(pool.clone().worker(queue.clone()));
     }
     let steady = steady_per_min(&settings);
-    let published = crate::report::status::progress_path(&settings.state_dir, &meta.id);
+    let published = crate::report::published::progress_path(&settings.state_dir, &meta.id);
     let publish = Publish {
         state_dir: settings.state_dir.clone(),
         job: meta.id.clone(),
@@ -503,7 +503,7 @@ struct Publish {
 
 impl Publish {
     fn write(&self, stats: &Stats, pool: &Pool) {
-        let p = crate::report::status::Progress {
+        let p = crate::report::published::Progress {
             job: self.job.clone(),
             input: self.input.clone(),
             total: self.total,

@@ -140,7 +140,7 @@ pub(super) fn dry_run(
         "batchrun: dry run: {total} item(s) checked, nothing sent"
     ));
     Ok(Summary {
-        state: crate::report::RunState::Checked,
+        state: crate::exit::RunState::Checked,
         total,
         done: 0,
         failed: 0,

@@ -11,10 +11,10 @@ use super::events::Event;
 use super::gate::{Gate, Halt};
 use super::pool::{Pool, PoolConfig, Queue};
 use crate::credits::Ledger;
+use crate::exit::RunState;
 use crate::input::Item;
 use crate::pace::{Pacer, Unpaced};
 use crate::rate::backoff::Backoff;
-use crate::report::RunState;
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 use crate::transport::fake::{FakeTransport, Step};
@@ -50,7 +50,7 @@ async fn run_pool(
         ledger: Ledger::new(None, None, None),
         events: tx,
         cfg: PoolConfig {
-            keys: super::keys::KeyScheme::Derived {
+            keys: super::keys::KeyScheme {
                 job: "test".into(),
                 epoch: 0,
                 varying: Vec::new(),
@@ -83,7 +83,7 @@ async fn run_pool(
     for _ in 0..workers {
         set.spawn(pool.clone().worker(queue.clone()));
     }
-    let reporter = crate::report::Reporter::new(n, crate::report::progress::Style::default());
+    let reporter = crate::report::Reporter::new(n, crate::settings::values::Style::default());
     super::supervise(
         &pool,
         &mut set,

@@ -10,6 +10,7 @@
 use std::sync::Mutex;
 
 use super::events::Event;
+use crate::settings::values::MaxFailures;
 
 /// A cause that says more about the job than about its items.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,33 +49,6 @@ impl Systemic {
             Systemic::Connect(r) => r.clone(),
             Systemic::Status(s) => format!("HTTP {s} on every item"),
         }
-    }
-}
-
-/// The bound `--max-failures` sets.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MaxFailures {
-    /// At most this many failed items in this run.
-    Count(u64),
-    /// At most this share of the items finished in this run (checked once
-    /// twenty have finished, so one early failure is not 100%).
-    Percent(f64),
-}
-
-impl std::str::FromStr for MaxFailures {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        if let Some(p) = t.strip_suffix('%') {
-            return match p.trim().parse::<f64>() {
-                Ok(v) if (0.0..=100.0).contains(&v) => Ok(MaxFailures::Percent(v)),
-                _ => Err(format!("{s:?} is not a percentage from 0% to 100%")),
-            };
-        }
-        t.parse::<u64>()
-            .map(MaxFailures::Count)
-            .map_err(|_| format!("{s:?} is not a count (10) or a percentage (5%)"))
     }
 }
 

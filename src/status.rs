@@ -1,4 +1,6 @@
-//! Read-only views: the plan table and a job's status from its checkpoint.
+//! The read-only commands: `batchrun plans` (the plan table) and
+//! `batchrun status` (a job's progress from its checkpoint, or from what a
+//! running job publishes).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use crate::credits::describe_renewal;
 use crate::fleet::Shard;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::{Limit, Plan};
+use crate::report::published::Progress;
 
 /// `batchrun plans`: the published plans with the bucket batchrun derives from them.
 pub fn plans_table() -> String {
@@ -91,47 +94,7 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
     out
 }
 
-/// What a running job publishes for `batchrun status`, which cannot open
-/// the checkpoint while the run holds it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Progress {
-    /// The job id.
-    pub job: String,
-    /// The input, as an absolute path.
-    pub input: String,
-    /// Items in the input.
-    pub total: u64,
-    /// Items done (all runs).
-    pub done: u64,
-    /// Items failed (all runs).
-    pub failed: u64,
-    /// Calls this run.
-    pub requests: u64,
-    /// Rate-limit 429s this run.
-    pub rate_limited: u64,
-    /// The last credit balance seen.
-    pub credits_remaining: Option<i64>,
-    /// The running process.
-    pub pid: u32,
-    /// When this was written (unix seconds).
-    pub updated_unix: u64,
-}
-
-/// Where job `job` of a run in `state_dir` publishes its progress.
-pub fn progress_path(state_dir: &Path, job: &str) -> std::path::PathBuf {
-    state_dir.join(format!("running-{job}.json"))
-}
-
 impl Progress {
-    /// Writes it atomically (a temporary file renamed into place), so a
-    /// reader never sees half of it.
-    pub fn publish(&self, state_dir: &Path) -> std::io::Result<()> {
-        let path = progress_path(state_dir, &self.job);
-        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(self)?)?;
-        std::fs::rename(tmp, path)
-    }
-
     fn running_in(dir: &Path, input: Option<&str>) -> Vec<Progress> {
         std::fs::read_dir(dir)
             .into_iter()
@@ -234,7 +197,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             None => store.jobs()?,
         };
         for meta in jobs {
-            describe_job(&store, &meta, shard, args.json, &mut out, &mut json)?;
+            describe_job(&meta, shard, args.json, &mut out, &mut json)?;
         }
     }
     if json.is_empty() && out.is_empty() {
@@ -253,14 +216,13 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
 
 /// One job's status, as text into `out` or as JSON into `json`.
 fn describe_job(
-    store: &Store,
     meta: &JobMeta,
     shard: Option<Shard>,
     as_json: bool,
     out: &mut String,
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let c = store.counts(meta)?;
+    let c = meta.counts();
     let pending = meta.total.saturating_sub(c.done + c.failed);
     let last = meta.meter.last;
     if as_json {

@@ -4,6 +4,8 @@
 //! checked and defaulted here, so a bad one fails before anything is read
 //! or sent.
 
+pub mod values;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +84,7 @@ pub struct Settings {
     /// Identical job-wide failures from the start that halt the run (0: off).
     pub fail_fast: u32,
     /// The failures a run may pile up.
-    pub max_failures: Option<crate::run::watch::MaxFailures>,
+    pub max_failures: Option<crate::settings::values::MaxFailures>,
     /// Discard the checkpoint first.
     pub fresh: bool,
     /// Re-open failed items.
@@ -100,7 +102,7 @@ pub struct Settings {
     /// `--json`: stdout carries only the summary.
     pub json: bool,
     /// How the run talks on stderr.
-    pub style: crate::report::progress::Style,
+    pub style: crate::settings::values::Style,
     /// The fleet this process paces with (`--redis`), if any.
     pub fleet: Option<FleetSettings>,
     /// The part of the input this process takes (`--shard`), if not all.
@@ -292,7 +294,7 @@ impl Settings {
             dry_run: args.dry_run,
             verbose: args.verbose,
             json: args.json,
-            style: crate::report::progress::Style::detect(args.color, args.quiet, args.log_every),
+            style: crate::settings::values::Style::detect(args.color, args.quiet, args.log_every),
             credits: CreditSettings::from_cli(args),
             fleet,
             shard: args.shard,
@@ -355,12 +357,7 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
             .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned());
         (dir, name)
     };
-    let new = dir.join(".batchrun").join(name);
-    let legacy = Path::new(".batchrun");
-    if !new.exists() && legacy.join("checkpoint").exists() {
-        return legacy.to_path_buf();
-    }
-    new
+    dir.join(".batchrun").join(name)
 }
 
 /// A slow plan must not spend minutes proving its URL wrong: never more
