@@ -84,23 +84,8 @@ fn mistyped_subcommand(args: &[OsString]) -> Option<&'static str> {
     }
     SUBCOMMANDS
         .iter()
-        .find(|s| edit_distance(first, s) <= 2)
+        .find(|s| strsim::levenshtein(first, s) <= 2)
         .copied()
-}
-
-/// Levenshtein distance, for "did you mean".
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
@@ -180,20 +165,6 @@ fn parse_webhook(s: &str) -> Result<String, String> {
     crate::credits::check_webhook_url(s).map(|()| s.to_string())
 }
 
-fn parse_at_least_one(s: &str) -> Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{s:?} must be a whole number of at least 1")),
-    }
-}
-
-fn parse_concurrency(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-        _ => Err(format!("{s:?} must be a whole number from 1 to 10000")),
-    }
-}
-
 /// Examples and the exit codes, shown by `--help`.
 const RUN_AFTER_HELP: &str = "\
 Examples:
@@ -243,7 +214,7 @@ pub struct RunArgs {
     pub limit: Option<Limit>,
 
     /// Workers (calls in flight at once), overriding the plan.
-    #[arg(long, value_parser = parse_concurrency, short = 'c', help_heading = "Pace")]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000), short = 'c', help_heading = "Pace")]
     pub concurrency: Option<usize>,
 
     /// How to pace: window (exact sliding window, counting each call until W
@@ -325,7 +296,7 @@ pub struct RunArgs {
     pub failures: Option<PathBuf>,
 
     /// Calls per item for transient failures (5xx, timeouts) before it is recorded as failed.
-    #[arg(long, default_value = "5", value_parser = parse_at_least_one, help_heading = "Request")]
+    #[arg(long, default_value = "5", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Request")]
     pub max_attempts: u32,
 
     /// Per-request timeout.
@@ -513,7 +484,6 @@ mod typo_tests {
         assert_eq!(mistyped_subcommand(&argv("items.jsonl")), None);
         assert_eq!(mistyped_subcommand(&argv("--plan")), None);
         assert_eq!(mistyped_subcommand(&argv("zzzzzzzz")), None);
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }
 

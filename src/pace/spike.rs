@@ -81,7 +81,7 @@ impl Pacer for SpikePacer {
 mod tests {
     use super::*;
     use crate::pace::testing::{call, released};
-    use crate::rate::spike::SpikeArrest;
+    use crate::sim::model::spike_arrest::SpikeArrest;
     use crate::rate::{Limit, Rate};
     use std::sync::Mutex;
 

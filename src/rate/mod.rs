@@ -9,11 +9,9 @@ pub mod backoff;
 pub mod bucket;
 pub mod exact;
 pub mod retry_after;
-pub mod spike;
 pub mod spike_pace;
 #[cfg(test)]
 pub(crate) mod testing;
-pub mod window;
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,5 +1,5 @@
 //! Pacing to an Apigee SpikeArrest gateway: a client-side mirror of
-//! [`SpikeArrest`](super::spike::SpikeArrest) (one token every
+//! `SpikeArrest` (the sim's `sim::model::spike_arrest`) (one token every
 //! `period / messagesPerPeriod`, a bucket of 10% of messagesPerPeriod, at
 //! least 1) that stays safe when network latency moves arrivals around.
 //!
@@ -44,8 +44,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::spike::SpikeArrest;
 use super::Rate;
+
+/// The bucket size an Apigee SpikeArrest gateway derives from its rate:
+/// 10% of messagesPerPeriod, at least 1 (the seed's figure: `30ps` holds
+/// 3, `1800pm` 180). The client mirrors it; the sim's gateway keeps it.
+pub fn gateway_bucket(rate: Rate) -> u64 {
+    (rate.count / 10).max(1)
+}
 
 /// The client's mirror of one SpikeArrest identifier's bucket. Pure: every
 /// method takes the time it acts at.
@@ -75,7 +81,7 @@ impl SpikePace {
             rate,
             unit,
             per_nano: u128::from(rate.count.max(1)),
-            bucket: SpikeArrest::bucket_for(rate),
+            bucket: gateway_bucket(rate),
             debt: 0,
             in_flight: 0,
             last: now,
@@ -190,7 +196,7 @@ impl SpikePace {
         self.advance(now);
         self.rate.count = count;
         self.per_nano = u128::from(count);
-        self.bucket = SpikeArrest::bucket_for(self.rate);
+        self.bucket = gateway_bucket(self.rate);
         true
     }
 }
@@ -198,6 +204,7 @@ impl SpikePace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::model::spike_arrest::SpikeArrest;
     use crate::rate::testing::{drive, fates, Client, Fate};
     use crate::rate::Limit;
     use proptest::prelude::*;

@@ -2,7 +2,7 @@
 //! rehearsal server every other test of the project runs against.
 //!
 //! The behaviour lives in plain structs over an injected clock
-//! ([`crate::rate::window::SlidingWindow`], [`crate::rate::spike::SpikeArrest`]
+//! ([`crate::sim::model::sliding_window::SlidingWindow`], [`crate::sim::model::spike_arrest::SpikeArrest`]
 //! and [`model::Model`]); `server` is thin axum glue that reads the clock once
 //! per request and holds the model behind one short-lived mutex.
 //!

@@ -1,6 +1,6 @@
 use super::*;
 use crate::rate::testing::{check_windows, drive, fates, Client, Fate};
-use crate::rate::window::SlidingWindow;
+use crate::sim::model::sliding_window::SlidingWindow;
 use proptest::prelude::*;
 
 fn ms(n: u64) -> Duration {

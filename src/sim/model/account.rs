@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::admission::CreditView;
-use crate::rate::window::ceil_secs;
+use crate::sim::model::sliding_window::ceil_secs;
 
 pub(super) struct Account {
     /// `--credits`: what every cycle starts with.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::admission::{RateInfo, Rejection};
 use super::config::{Config, ModelKind};
-use crate::rate::spike::SpikeArrest;
-use crate::rate::window::{ceil_secs, RetryIn, SlidingWindow};
+use crate::sim::model::spike_arrest::SpikeArrest;
+use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
 use crate::rate::{Limit, Rate};
 
 /// A refusal from one of the per-key checks, with the rate headers to send.

@@ -17,6 +17,8 @@ mod config;
 mod faults;
 mod idempotency;
 mod limiter;
+pub mod sliding_window;
+pub mod spike_arrest;
 mod stats;
 #[cfg(test)]
 mod testkit;

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::Rate;
+use crate::rate::Rate;
 
 /// How long until a request would fit in the window again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

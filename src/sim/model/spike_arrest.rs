@@ -14,8 +14,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::window::RetryIn;
-use super::Rate;
+use super::sliding_window::RetryIn;
+use crate::rate::spike_pace::gateway_bucket;
+use crate::rate::Rate;
 
 /// One SpikeArrest identifier's bucket.
 #[derive(Debug, Clone)]
@@ -48,9 +49,9 @@ impl SpikeArrest {
         }
     }
 
-    /// The bucket size Apigee derives: 10% of messagesPerPeriod, at least 1.
+    /// The bucket size Apigee derives (see [`gateway_bucket`]).
     pub fn bucket_for(rate: Rate) -> u64 {
-        (rate.count / 10).max(1)
+        gateway_bucket(rate)
     }
 
     /// The rate this bucket enforces.
