@@ -7,6 +7,7 @@
 //! | 2 | bad options or bad input (file, line and reason given); nothing sent |
 //! | 3 | finished, but some items failed (see the failures file) |
 //! | 75 | halted resumably: credits exhausted, reserve reached, nothing but 429s for `--max-wait`, the fleet's Redis out of reach, or the checkpoint or the outputs could not be written; run again to resume |
+//! | 129 | stopped by SIGHUP (the terminal or ssh session closed); run again to resume |
 //! | 130 | interrupted by Ctrl-C (SIGINT); run again to resume |
 //! | 143 | stopped by SIGTERM (a scheduler); run again to resume |
 
@@ -41,6 +42,8 @@ pub const USAGE: i32 = 2;
 pub const SOME_FAILED: i32 = 3;
 /// Halted resumably (EX_TEMPFAIL).
 pub const HALTED: i32 = 75;
+/// The terminal hung up (128 + SIGHUP).
+pub const HUNG_UP: i32 = 129;
 /// Interrupted (128 + SIGINT).
 pub const INTERRUPTED: i32 = 130;
 /// Terminated (128 + SIGTERM).
@@ -53,6 +56,8 @@ pub enum Signal {
     Interrupt,
     /// A scheduler (cron, systemd, a container runtime) stopping the job.
     Terminate,
+    /// The terminal or ssh session the run was started from closed.
+    HangUp,
 }
 
 impl Signal {
@@ -61,6 +66,7 @@ impl Signal {
         match self {
             Signal::Interrupt => INTERRUPTED,
             Signal::Terminate => TERMINATED,
+            Signal::HangUp => HUNG_UP,
         }
     }
 
@@ -69,6 +75,7 @@ impl Signal {
         match self {
             Signal::Interrupt => "interrupted by Ctrl-C (SIGINT)",
             Signal::Terminate => "stopped by SIGTERM",
+            Signal::HangUp => "stopped by SIGHUP (the terminal closed)",
         }
     }
 }
@@ -122,6 +129,7 @@ mod tests {
         assert_eq!(for_state(RunState::Failed, 0), 1);
         assert_eq!(Signal::Interrupt.exit_code(), 130);
         assert_eq!(Signal::Terminate.exit_code(), 143);
+        assert_eq!(Signal::HangUp.exit_code(), 129);
         assert_eq!(RunError::Usage("x".into()).exit_code(), 2);
         assert_eq!(RunError::Fatal(anyhow::anyhow!("x")).exit_code(), 1);
     }

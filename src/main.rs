@@ -10,6 +10,10 @@ use batchrun::settings::{self, Settings};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_default(std::env::args_os());
+    if matches!(cli.command, Command::Run(_)) {
+        // The key is in this process's memory: no core file may hold it.
+        batchrun::sys::forbid_core_dumps();
+    }
     let rt = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
@@ -103,7 +107,7 @@ async fn run(args: RunArgs) -> i32 {
         None
     };
     let outcome = match Settings::from_cli(&args, sim.as_ref().map(|(u, _)| u.as_str())) {
-        Ok(settings) => batchrun::run::run(settings, interrupted()).await,
+        Ok(settings) => batchrun::run::run(settings, batchrun::sys::stop_signal()).await,
         Err(e) => Err(e),
     };
     if let Some((_, handle)) = sim {
@@ -135,31 +139,5 @@ async fn run(args: RunArgs) -> i32 {
             }
             e.exit_code()
         }
-    }
-}
-
-/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM: a scheduler stopping
-/// the job deserves the same clean stop as a person at the terminal. If no
-/// handler can be installed it never resolves, and the run ends by itself.
-async fn interrupted() -> exit::Signal {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => exit::Signal::Interrupt,
-        _ = term => exit::Signal::Terminate,
     }
 }

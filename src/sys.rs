@@ -1,5 +1,8 @@
-//! What the operating system allows: enough file handles for the pool, and
-//! a full disk reported as an error rather than a signal.
+//! What the operating system allows and tells: enough file handles for the
+//! pool, a full disk reported as an error rather than a signal, no core
+//! file holding the key, and the signals that stop a run cleanly.
+
+use crate::exit::Signal;
 
 /// File handles the process needs beside one per worker: stdio, the
 /// checkpoint's files, the input, the outputs, the alert webhook, slack.
@@ -64,9 +67,68 @@ pub fn ensure_open_files(_workers: u64) -> Result<u64, String> {
     Ok(u64::MAX)
 }
 
+/// Marks the process not dumpable (`PR_SET_DUMPABLE` 0): a crash leaves no
+/// core file, and no other process of the user may ptrace it, so the API
+/// key in its memory never reaches a disk that way.
+#[cfg(target_os = "linux")]
+pub fn forbid_core_dumps() {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers and touches
+    // no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
+/// Elsewhere the system's core-dump settings stand.
+#[cfg(not(target_os = "linux"))]
+pub fn forbid_core_dumps() {}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM or SIGHUP: a scheduler
+/// stopping the job, or the terminal it was started from closing, deserves
+/// the same clean stop as a person pressing Ctrl-C. A signal whose handler
+/// cannot be installed is not waited for; with none, this never resolves
+/// and the run ends by itself.
+pub async fn stop_signal() -> Signal {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let on = |kind: SignalKind| async move {
+            match signal(kind) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => Signal::Interrupt,
+            _ = on(SignalKind::terminate()) => Signal::Terminate,
+            _ = on(SignalKind::hangup()) => Signal::HangUp,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        ctrl_c.await;
+        Signal::Interrupt
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn after_forbidding_core_dumps_the_process_is_not_dumpable() {
+        forbid_core_dumps();
+        // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
+        assert_eq!(unsafe { libc::prctl(libc::PR_GET_DUMPABLE) }, 0);
+    }
 
     #[test]
     fn a_pool_beyond_the_hard_limit_is_refused_and_a_small_one_fits() {

@@ -81,8 +81,8 @@ impl Pacer for SpikePacer {
 mod tests {
     use super::*;
     use crate::pace::testing::{call, released};
-    use crate::sim::model::spike_arrest::SpikeArrest;
     use crate::rate::{Limit, Rate};
+    use crate::sim::model::spike_arrest::SpikeArrest;
     use std::sync::Mutex;
 
     fn rate(s: &str) -> Rate {

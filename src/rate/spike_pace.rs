@@ -204,9 +204,9 @@ impl SpikePace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::model::spike_arrest::SpikeArrest;
     use crate::rate::testing::{drive, fates, Client, Fate};
     use crate::rate::Limit;
+    use crate::sim::model::spike_arrest::SpikeArrest;
     use proptest::prelude::*;
 
     fn rate(s: &str) -> Rate {

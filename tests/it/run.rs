@@ -401,6 +401,35 @@ async fn sigterm_from_a_scheduler_is_a_clean_stop_too() {
     );
 }
 
+/// A closed terminal or ssh session (SIGHUP) takes the SIGTERM path: the
+/// calls in flight finish, the outputs and the summary are written, the
+/// exit code says resumable, and the same command then finishes the job
+/// with every item executed once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_from_a_closed_terminal_is_a_clean_stop_and_resumes_exactly() {
+    let s = Scenario::new("sighup")
+        .with_sim(&["--limit", "10/1s", "--concurrency", "1"])
+        .numbers(30);
+    let args = ["--limit", "10/1s", "--concurrency", "1"];
+    let r = s
+        .signal_when(
+            &args,
+            |st| st["side_effects"].as_u64().unwrap_or(0) >= 2,
+            libc::SIGHUP,
+        )
+        .await;
+    assert_eq!(r.code, 129, "{}", r.stderr);
+    assert!(r.stderr.contains("SIGHUP"), "{}", r.stderr);
+    assert_eq!(r.summary["state"], "interrupted", "{}", r.summary);
+    let done = r.summary["done"].as_u64().unwrap();
+    assert!(done < 30, "{}", r.summary);
+    assert_eq!(lines_of(&s.out_path()).len() as u64, done);
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(lines_of(&s.out_path()).len(), 30);
+    assert_side_effects(&s.sim().stats().await, 30);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn calls_abandoned_at_a_stop_are_counted_as_unanswered() {
     // Calls that take longer than the grace after SIGTERM are abandoned:

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::admission::{RateInfo, Rejection};
 use super::config::{Config, ModelKind};
-use crate::sim::model::spike_arrest::SpikeArrest;
-use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
 use crate::rate::{Limit, Rate};
+use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
+use crate::sim::model::spike_arrest::SpikeArrest;
 
 /// A refusal from one of the per-key checks, with the rate headers to send.
 pub(super) type Refusal = (Rejection, Option<RateInfo>);
