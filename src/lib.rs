@@ -3,14 +3,16 @@
 //! resume exactly where it stopped.
 //!
 //! The pipeline, in the order a run meets it: [`settings`] validates the
-//! options, [`input`] streams items, [`request`] turns each into a call,
-//! [`pace`] decides when it may go, [`run`] drives the worker pool,
-//! [`classify`] reads each response, [`credits`] owns the balance and its
-//! alerts, [`checkpoint`] records every item in sled and [`report`] shows
-//! progress and the summary. [`exit`] is the exit-code contract; [`wire`]
-//! the API's header names. [`fleet`] shares one key's limit between
-//! processes through Redis. [`sim`] is the built-in rehearsal server every
-//! test runs against; the run knows nothing of it.
+//! options, [`input`] streams items, [`request`] renders each into a call
+//! that a [`transport`] sends, [`pace`] decides when it may go (over the
+//! pure rules of [`rate`]), [`run`] drives the worker pool, [`classify`]
+//! reads each response, [`credits`] owns the balance and its alerts,
+//! [`checkpoint`] records every item in sled and [`report`] shows progress
+//! and the summary. [`exit`] is the exit-code contract. [`fleet`] shares one
+//! key's limit between processes through Redis; [`sim`] is the built-in
+//! rehearsal server, which the run knows nothing of; [`status`] is the
+//! read-only `status` and `plans` commands. `docs/design.md` has the one
+//! module map.
 
 pub mod checkpoint;
 pub mod classify;
