@@ -1,4 +1,4 @@
-//! Scale benchmark: reproduces every figure of the README's "Scale" table.
+//! Scale benchmark: reproduces every figure of the "Scale" tables of docs/performance.md.
 //!
 //! It drives a built `batchrun` binary (any version: pass `--bin`) against
 //! `batchrun sim --limit none --concurrency 1000` processes and `wrk`, and
@@ -33,7 +33,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(about = "Scale benchmark for batchrun (see the README's Scale section)")]
+#[command(about = "Scale benchmark for batchrun (see docs/performance.md)")]
 struct Args {
     /// The batchrun binary to measure.
     #[arg(long, default_value = "target/release/batchrun")]

@@ -457,7 +457,7 @@ fn script_calls(c: &mut redis::Connection) -> u64 {
         .sum()
 }
 
-/// The README's fleet figures: utilization for 1, 2, 4 and 8 processes on
+/// The fleet figures of docs/fleet.md: utilization for 1, 2, 4 and 8 processes on
 /// one key, and Redis round trips per call. Run with
 /// `cargo test --test it fleet_benchmark -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread")]
