@@ -166,11 +166,13 @@ pub async fn run(
         events: ev_tx,
         cfg: PoolConfig {
             keys: job::key_scheme(&meta, &settings.request),
-            max_attempts: settings.max_attempts,
-            default_pause,
-            backoff: Backoff::default(),
-            wait_for_credits: c.wait_for_credits,
-            max_wait: settings.max_wait,
+            policy: react::Policy {
+                max_attempts: settings.max_attempts,
+                default_pause,
+                backoff: Backoff::default(),
+                wait_for_credits: c.wait_for_credits,
+                max_wait: settings.max_wait,
+            },
             verbose: settings.verbose,
         },
         limited_since: std::sync::Mutex::new(None),
