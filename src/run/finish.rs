@@ -112,7 +112,7 @@ pub async fn finish(
     // A write that failed in the last group, after the pool was over, still
     // means a resumable halt, not a fatal error.
     let halt = match (&record_err, halt) {
-        (Some(err), None) => Some(Halt::Checkpoint(super::checkpoint_failed(
+        (Some(err), None) => Some(Halt::Checkpoint(super::damage::checkpoint_failed(
             &e.settings.state_dir,
             &format!("{err:#}"),
         ))),
@@ -233,7 +233,7 @@ fn output_failed(e: &Ending<'_>, err: super::outputs::OutputError) -> Ended {
         OutputError::Changed(why) => Ended::Error(RunError::Fatal(anyhow::anyhow!(why))),
         // Found by the output pass, after this run's calls (the check before
         // them passed): the damage came during the run.
-        OutputError::Checkpoint(err) => Ended::Error(super::damaged_when(
+        OutputError::Checkpoint(err) => Ended::Error(super::damage::damaged_when(
             &e.settings.state_dir,
             err,
             "It was found while writing the outputs, after this run's calls; no outputs were written",
