@@ -46,7 +46,7 @@ use crate::pace::{self, Pacer, PacerKind};
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary};
 use crate::request::HttpTransport;
-use crate::settings::Settings;
+use crate::settings::{CreditSettings, Settings};
 use damage::checkpoint_failed;
 use events::{Event, Stats};
 use finish::{Ending, FeederResult};
@@ -75,7 +75,7 @@ pub async fn run(
         return dry_run(&settings, n, started);
     }
     // A fleet's Redis must answer before anything else happens.
-    let fleet = fleet::join(&settings).await?;
+    let fleet = fleet::join(settings.fleet.as_ref(), settings.shard).await?;
     // 2. The checkpoint, then the whole input checked before any request
     //    (a shard checks every item too, and counts its own).
     let job = open_job(&settings)?;
@@ -191,7 +191,14 @@ fn build_pacer(
     meta: &JobMeta,
 ) -> Result<Paced, RunError> {
     match fleet {
-        Some(f) => Ok(fleet::pacer(f, settings)),
+        Some(f) => Ok(pace::for_fleet(
+            f.clone(),
+            pace::SharedConfig {
+                limit: settings.limit,
+                concurrency: settings.concurrency,
+                timeout: settings.timeout,
+            },
+        )),
         None => pace::for_limit(
             settings.pacer,
             settings.limit,
@@ -299,7 +306,13 @@ fn start(
         committer.backlog(),
         item_tx,
     );
-    precheck(settings, pool, &job.meta, job.pending(), &shared.reporter);
+    precheck(
+        &settings.credits,
+        pool,
+        &job.meta,
+        job.pending(),
+        &shared.reporter,
+    );
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
     for _ in 0..settings.concurrency {
@@ -375,8 +388,7 @@ impl Running {
 }
 
 /// The reserve check before any call, from the checkpoint's last balance.
-fn precheck(settings: &Settings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
-    let c = &settings.credits;
+fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
     let p = credits::reserve::precheck(
         c.reserve,
         c.allow_partial,
