@@ -82,9 +82,10 @@ pub async fn run(
     // 3. Credits: the meter, the alerts, the balance and the reserve.
     let (shared, meter) = Shared::open(&settings, &job, fleet.as_ref(), started)?;
     // 4. The pacer and the pool.
-    let paced = build_pacer(&settings, fleet.as_ref(), &job.meta)?;
-    announce(&settings, &job, paced.0.as_ref(), &shared.reporter);
+    let (pacer, default_pause) = build_pacer(&settings, fleet.as_ref(), &job.meta)?;
+    announce(&settings, &job, pacer.as_ref(), &shared.reporter);
     let (events, reports) = mpsc::unbounded_channel();
+    let paced = (pacer, default_pause);
     let pool = build_pool(&settings, &job.meta, paced, &shared.ledger, events)?;
     // 5. Feed the pool (unless the reserve refuses before any call), and
     //    record what it reports.
