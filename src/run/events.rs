@@ -87,6 +87,14 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counters that start from the items earlier runs finished.
+    pub fn resumed(finished: crate::checkpoint::Counts) -> Stats {
+        let stats = Stats::default();
+        stats.done.store(finished.done, Ordering::Relaxed);
+        stats.failed.store(finished.failed, Ordering::Relaxed);
+        stats
+    }
+
     /// Reads one counter.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)

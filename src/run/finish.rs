@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use super::events::Stats;
 use super::gate::Halt;
 use super::recorder::Recorded;
-use crate::checkpoint::{JobItems, Store};
+use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;
-use crate::credits::{Alert, CreditSnapshot, Ledger};
+use crate::credits::{Alert, CreditMeter, CreditSnapshot, Ledger};
 use crate::exit::RunState;
 use crate::exit::{self, RunError};
 use crate::fleet::FleetAlerts;
@@ -113,7 +113,7 @@ pub async fn finish(
     // A write that failed in the last group, after the pool was over, still
     // means a resumable halt, not a fatal error.
     let halt = match (&record_err, halt) {
-        (Some(err), None) => Some(Halt::Checkpoint(super::checkpoint_failed(
+        (Some(err), None) => Some(Halt::Checkpoint(super::damage::checkpoint_failed(
             &e.settings.state_dir,
             &format!("{err:#}"),
         ))),
@@ -124,16 +124,7 @@ pub async fn finish(
     let last = e.ledger.last();
     let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last);
     if let Some(a) = &billing {
-        let ours = meter.mark_fired(&a.id)
-            && match e.fleet_alerts {
-                Some(f) => f.claim(a).await,
-                None => true,
-            };
-        if ours {
-            e.alerter.send(a);
-        } else {
-            e.reporter.println(&format!("batchrun: {}", a.message));
-        }
+        raise(&e, &mut meter, a).await;
         meta.meter = meter.state();
     }
     let left = e.total.saturating_sub(counts.done + counts.failed);
@@ -145,20 +136,11 @@ pub async fn finish(
         billing.as_ref(),
         &e.settings.api_key_env,
     );
-    if let Some(c) = e.ledger.measured_cost() {
-        meta.cost_per_item = Some(c);
-    }
-    meta.requests += Stats::get(&e.stats.requests);
-    meta.rate_limited += Stats::get(&e.stats.rate_limited);
-    meta.retries += Stats::get(&e.stats.retries);
-    meta.halt_reason = halt_reason.clone();
     let mut exit_code = match &halt {
         Some(Halt::Interrupted(sig)) => sig.exit_code(),
         _ => exit::for_state(state, counts.failed),
     };
-    meta.last_state = serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string));
+    close_record(&e, &mut meta, state, &halt_reason);
     let written = save(&e, &meta).and_then(|()| {
         super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(&e, err))
     });
@@ -180,16 +162,7 @@ pub async fn finish(
     }
     e.reporter.finish();
     e.alerter.flush(std::time::Duration::from_secs(5)).await;
-    if let (Some(err), false) = (record_err, storage_failed) {
-        return Err(RunError::Fatal(
-            err.context("recording results in the checkpoint"),
-        ));
-    }
-    match feeder {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => return Err(RunError::Fatal(err.context("reading the input"))),
-        Err(err) => return Err(RunError::Fatal(anyhow::anyhow!("reading the input: {err}"))),
-    }
+    fatal(record_err.filter(|_| !storage_failed), feeder)?;
     let summary = summary(&e, state, counts, last, exit_code, halt_reason, &calls);
     let text = report::human_summary(&summary);
     match e.settings.style.bar {
@@ -198,6 +171,50 @@ pub async fn finish(
         false => report::err_line(&crate::report::progress::stamped(&text)),
     }
     Ok(summary)
+}
+
+/// Sends the halt's billing alert, once per cycle (in a fleet, by one
+/// process); otherwise it is only said.
+async fn raise(e: &Ending<'_>, meter: &mut CreditMeter, a: &Alert) {
+    let ours = meter.mark_fired(&a.id)
+        && match e.fleet_alerts {
+            Some(f) => f.claim(a).await,
+            None => true,
+        };
+    if ours {
+        e.alerter.send(a);
+    } else {
+        e.reporter.println(&format!("batchrun: {}", a.message));
+    }
+}
+
+/// The job record says how the run ended, what the calls cost and counted.
+fn close_record(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, why: &Option<String>) {
+    if let Some(c) = e.ledger.measured_cost() {
+        meta.cost_per_item = Some(c);
+    }
+    meta.requests += Stats::get(&e.stats.requests);
+    meta.rate_limited += Stats::get(&e.stats.rate_limited);
+    meta.retries += Stats::get(&e.stats.retries);
+    meta.halt_reason = why.clone();
+    meta.last_state = serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string));
+}
+
+/// The run fails on an error recording results (unless the halt already
+/// says the storage failed) or reading the input.
+fn fatal(record_err: Option<anyhow::Error>, feeder: FeederResult) -> Result<(), RunError> {
+    if let Some(err) = record_err {
+        return Err(RunError::Fatal(
+            err.context("recording results in the checkpoint"),
+        ));
+    }
+    match feeder {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(RunError::Fatal(err.context("reading the input"))),
+        Err(err) => Err(RunError::Fatal(anyhow::anyhow!("reading the input: {err}"))),
+    }
 }
 
 /// How writing the outputs went wrong.
@@ -234,7 +251,7 @@ fn output_failed(e: &Ending<'_>, err: super::outputs::OutputError) -> Ended {
         OutputError::Changed(why) => Ended::Error(RunError::Fatal(anyhow::anyhow!(why))),
         // Found by the output pass, after this run's calls (the check before
         // them passed): the damage came during the run.
-        OutputError::Checkpoint(err) => Ended::Error(super::damaged_when(
+        OutputError::Checkpoint(err) => Ended::Error(super::damage::damaged_when(
             &e.settings.state_dir,
             err,
             "It was found while writing the outputs, after this run's calls; no outputs were written",
@@ -254,7 +271,7 @@ fn record_halt(e: &Ending<'_>, why: &str) {
 }
 
 /// The job record and the meter state, on disk.
-fn save(e: &Ending<'_>, meta: &crate::checkpoint::JobMeta) -> Result<(), Ended> {
+fn save(e: &Ending<'_>, meta: &JobMeta) -> Result<(), Ended> {
     e.store.save_job(meta).context("saving the checkpoint")?;
     e.store
         .save_meter_state(&e.settings.origin, &meta.meter)

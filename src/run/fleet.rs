@@ -1,20 +1,18 @@
 //! The run's side of a fleet (`--redis`, `--shard`): join it before any
-//! call, and pace with it.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! call.
 
 use crate::exit::RunError;
-use crate::fleet::Fleet;
-use crate::pace::{self, Pacer, SharedConfig};
+use crate::fleet::{Fleet, FleetSettings, Shard};
 use crate::report::err_line;
-use crate::settings::Settings;
 
 /// Connects to the fleet's Redis, if the run is part of a fleet. Redis out
 /// of reach is a fatal error before any request is sent.
-pub async fn join(settings: &Settings) -> Result<Option<Fleet>, RunError> {
-    let Some(f) = &settings.fleet else {
-        if let Some(s) = settings.shard {
+pub async fn join(
+    fleet: Option<&FleetSettings>,
+    shard: Option<Shard>,
+) -> Result<Option<Fleet>, RunError> {
+    let Some(f) = fleet else {
+        if let Some(s) = shard {
             err_line(&format!(
                 "batchrun: shard {s} without --redis: this process paces to the whole limit by itself; \
                  give each shard its part of it (--limit) or share it (--redis)"
@@ -37,17 +35,4 @@ pub async fn join(settings: &Settings) -> Result<Option<Fleet>, RunError> {
         fleet.keys().prefix()
     ));
     Ok(Some(fleet))
-}
-
-/// The fleet's pacer for this run, and the pause of a 429 without a usable
-/// Retry-After.
-pub fn pacer(fleet: &Fleet, settings: &Settings) -> (Arc<dyn Pacer>, Duration) {
-    pace::for_fleet(
-        fleet.clone(),
-        SharedConfig {
-            limit: settings.limit,
-            concurrency: settings.concurrency,
-            timeout: settings.timeout,
-        },
-    )
 }

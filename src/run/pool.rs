@@ -1,6 +1,7 @@
 //! The worker pool: a fixed number of workers take items from one queue,
 //! and for each call pass the gate, wait for the pacer, pass the reserve,
-//! send, and read what the response means; `run/react.rs` acts on it.
+//! send, and read what the response means; `run/react.rs` decides what
+//! that means, and the pool carries it out.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,36 +11,24 @@ use tokio::time::Instant;
 
 use super::events::Event;
 use super::gate::{Gate, Halt, Pass};
-use super::react::{Next, Outcome, Tries};
+use super::react::{react, Action, Call, Outcome, Policy, Tries};
 pub use super::slots::Slots;
-use super::watch::{Systemic, Watch};
+use super::watch::{Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{PaceError, Pacer, Permit};
-use crate::rate::backoff::Backoff;
 use crate::report::calls::Answer;
 use crate::request::RequestSpec;
 use crate::transport::{FailureKind, Request, Response, Transport};
-
-/// The shortest pause a 429 causes, whatever its Retry-After says.
-pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 
 /// How the pool treats each item.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// How the job's Idempotency-Keys are made.
     pub keys: super::keys::KeyScheme,
-    /// Calls per item for transient failures.
-    pub max_attempts: u32,
-    /// The pause of a rate-limit 429 without a usable Retry-After.
-    pub default_pause: Duration,
-    /// Backoff for transient failures.
-    pub backoff: Backoff,
-    /// Wait and probe instead of halting when credits run out.
-    pub wait_for_credits: bool,
-    /// How long nothing but rate-limit 429s may go on before the run halts.
-    pub max_wait: Duration,
+    /// What a failed call leads to.
+    pub policy: Policy,
     /// One line per call (`-v`).
     pub verbose: bool,
 }
@@ -174,9 +163,184 @@ impl Pool {
             tries.n += 1;
             let outcome = self.call(&req, permit, guard).await;
             drop(slot);
-            match self.react(outcome, &item, &req, &mut tries, probing).await {
+            match self.act(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
                 Next::Finished => return,
+            }
+        }
+    }
+
+    /// Acts on one call's outcome: [`react`] decides, this carries it out.
+    async fn act(
+        &self,
+        outcome: Outcome,
+        item: &Item,
+        req: &Request,
+        tries: &mut Tries,
+        probing: bool,
+    ) -> Next {
+        let limited_since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
+        let call = Call {
+            item,
+            tries: *tries,
+            probing,
+            limited_for: limited_since.map(|since| Instant::now() - since),
+            jitter: fastrand::f64(),
+        };
+        let reaction = react(outcome, call, &self.cfg.policy);
+        *tries = reaction.tries;
+        if reaction.release_probe {
+            self.gate.release_probe();
+        }
+        match reaction.action {
+            Action::Record { event, systemic } => {
+                self.settle(systemic, Some(event), req);
+                Next::Finished
+            }
+            Action::ProbeDone(event) => {
+                self.settle(None, Some(event), req);
+                self.probe_succeeded();
+                Next::Finished
+            }
+            Action::Stop { record, halt } => {
+                if let Some(event) = record {
+                    self.settle(None, Some(event), req);
+                }
+                self.gate.stop(halt);
+                Next::Finished
+            }
+            Action::Retry { after, systemic } => {
+                if !self.settle(systemic, None, req) {
+                    return Next::Finished;
+                }
+                self.emit(Event::Retry);
+                self.again_after(after).await
+            }
+            Action::Pause { pause, message } => self.pause(pause, message).await,
+            Action::FewerInFlight(after) => {
+                if let Some(n) = self.slots.lower() {
+                    self.emit(Event::Note(format!(
+                        "batchrun: the server's concurrency ceiling was reached (429 with x-concurrency-limit): at most {n} calls in flight from now on"
+                    )));
+                }
+                self.emit(Event::RateLimited {
+                    pause: after,
+                    concurrency: true,
+                    message: None,
+                });
+                self.again_after(after).await
+            }
+            Action::OutOfHandles(after) => {
+                self.out_of_handles();
+                self.again_after(after).await
+            }
+            Action::WaitForCredits { probe_failed } => {
+                match probe_failed {
+                    true => self.gate.probe_failed(),
+                    false => self.start_waiting("credits exhausted"),
+                }
+                Next::Again
+            }
+        }
+    }
+
+    /// A window 429: every worker pauses, and the time since the first of
+    /// an unbroken run of them is kept (past `--max-wait` the run halts).
+    async fn pause(&self, pause: Duration, message: Option<String>) -> Next {
+        self.limited_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+        if let Err(e) = self.pacer.pause(pause).await {
+            self.gate.stop(unavailable(&e));
+            return Next::Finished;
+        }
+        self.emit(Event::RateLimited {
+            pause,
+            concurrency: false,
+            message,
+        });
+        Next::Again
+    }
+
+    /// Too many connections for this process's file handles: fewer calls in
+    /// flight from now on, said once.
+    fn out_of_handles(&self) {
+        if let Some(n) = self.slots.lower() {
+            if !self
+                .slots
+                .noted_handles
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                self.emit(Event::Note(format!(
+                    "batchrun: out of file handles (EMFILE): lowering the calls in flight \
+                     (now {n}); raise `ulimit -n` or lower --concurrency"
+                )));
+            }
+        }
+    }
+
+    async fn again_after(&self, d: Duration) -> Next {
+        if self.gate.sleep(d).await {
+            Next::Again
+        } else {
+            Next::Finished
+        }
+    }
+
+    /// Credits are out (or the reserve reached) and the run waits for them.
+    /// Alerts once per waiting spell.
+    fn start_waiting(&self, why: &str) {
+        if self.gate.start_waiting() {
+            let last = self.ledger.last();
+            self.emit(Event::Alert(credits::Alert::new(
+                credits::AlertKind::Waiting,
+                "waiting",
+                format!(
+                    "{why} ({}); waiting for credits, probing every {}",
+                    credits::describe_renewal(last.and_then(|s| s.renewal)),
+                    humantime::format_duration(self.gate.probe_every())
+                ),
+                last,
+            )));
+        }
+    }
+
+    /// The probe went through: resume everyone, unless the reserve still
+    /// has no room, in which case keep waiting.
+    fn probe_succeeded(&self) {
+        if !self.ledger.has_room() {
+            self.gate.probe_failed();
+            return;
+        }
+        if self.gate.probe_succeeded() {
+            self.emit(Event::Alert(credits::Alert::new(
+                credits::AlertKind::Resumed,
+                "resumed",
+                "credits are back: resuming the run",
+                self.ledger.last(),
+            )));
+        }
+    }
+
+    /// Passes one call's outcome through the watch. False when the run
+    /// halted on it (nothing is recorded then: the item stays pending).
+    fn settle(&self, systemic: Option<Systemic>, event: Option<Event>, req: &Request) -> bool {
+        // Only a halt names the URL: no copy of it for every call.
+        let url = || match &self.spec.key {
+            Some(k) => k.redact(&req.url),
+            None => req.url.clone(),
+        };
+        match self.watch.outcome(systemic, event, url) {
+            Verdict::Record(events) => {
+                for e in events {
+                    self.emit(e);
+                }
+                true
+            }
+            Verdict::Halt(why) => {
+                self.gate.stop(Halt::Systemic(why));
+                false
             }
         }
     }
@@ -216,7 +380,7 @@ impl Pool {
                 None
             }
             Admit::Refused(why) => {
-                if self.cfg.wait_for_credits {
+                if self.cfg.policy.wait_for_credits {
                     self.start_waiting(&why);
                 } else {
                     self.gate.stop(Halt::Reserve(why));
@@ -357,9 +521,15 @@ fn truncated_body(kept: &str) -> String {
     .to_string()
 }
 
+/// What the worker does next with its item.
+enum Next {
+    Again,
+    Finished,
+}
+
 /// The halt of a pacer that cannot hand out permits: resumable, since the
 /// items stay pending and nothing went out without a slot.
-pub(super) fn unavailable(e: &PaceError) -> Halt {
+fn unavailable(e: &PaceError) -> Halt {
     Halt::PacerUnavailable(format!(
         "{e}; the checkpoint is saved: run the same command to resume"
     ))

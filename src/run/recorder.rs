@@ -1,7 +1,8 @@
 //! The one loop that records what the workers report: every item in the
 //! checkpoint (through the group committer), the counters, the credit meter
-//! and its alerts. The reporter and the alerter only consume what this loop
-//! tells them.
+//! and its alerts; and on every tick, the progress. The reporter and the
+//! alerter only consume what this loop tells them. It ends when the pool
+//! does: the event channel closes with the pool's last sender.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::events::{Event, Stats};
+use super::ticks::Ticks;
 use crate::checkpoint::{Committer, ItemState, JobMeta, Record};
 use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
@@ -45,6 +47,18 @@ pub struct Recorder {
     pub announced_until: Option<Instant>,
     /// What the calls got back, and their latencies.
     pub calls: CallStats,
+    /// The progress, redrawn every tick.
+    pub ticks: Ticks,
+}
+
+/// Whether what was recorded is on disk.
+struct Saving {
+    /// When the job record was last saved.
+    at: Instant,
+    /// The run's first call is on disk.
+    stamped: bool,
+    /// The first error met while recording, if any.
+    err: Option<anyhow::Error>,
 }
 
 /// What the loop hands back when the pool is over.
@@ -60,31 +74,57 @@ pub struct Recorded {
 }
 
 impl Recorder {
-    /// Records events until every sender is gone.
+    /// Records events, and shows the progress every tick, until every
+    /// sender is gone.
     pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>) -> Recorded {
-        let mut saved_at = Instant::now();
-        let mut stamped = false;
-        let mut err: Option<anyhow::Error> = None;
-        while let Some(ev) = rx.recv().await {
-            let first_call = !stamped && matches!(ev, Event::Sent);
-            stamped |= first_call;
-            // The first call of the run goes to disk at once: a kill -9 a
-            // moment later must still let the next run know it is resuming
-            // quickly. So does a change to the fired alerts.
-            let urgent = match self.handle(ev) {
-                Ok(fired) => fired || first_call,
-                Err(e) => {
-                    err.get_or_insert(e);
-                    first_call
-                }
-            };
-            if urgent || saved_at.elapsed() >= SAVE_EVERY {
-                saved_at = Instant::now();
-                if let Err(e) = self.persist(urgent) {
-                    err.get_or_insert(e);
-                }
+        let mut every = tokio::time::interval(self.reporter.tick_every());
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut saving = Saving {
+            at: Instant::now(),
+            stamped: false,
+            err: None,
+        };
+        loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(ev) => self.take(ev, &mut saving),
+                    None => break,
+                },
+                _ = every.tick() => self.ticks.tick(&self.stats, &self.reporter),
             }
         }
+        self.ticks.end();
+        // The pacer owns the limit it learnt (it also probes upward without
+        // a note); the job record takes its last word.
+        self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
+        self.wind_down(saving.err).await
+    }
+
+    /// Records one event, and saves the job record when it is due.
+    fn take(&mut self, ev: Event, saving: &mut Saving) {
+        let first_call = !saving.stamped && matches!(ev, Event::Sent);
+        saving.stamped |= first_call;
+        // The first call of the run goes to disk at once: a kill -9 a
+        // moment later must still let the next run know it is resuming
+        // quickly. So does a change to the fired alerts.
+        let urgent = match self.handle(ev) {
+            Ok(fired) => fired || first_call,
+            Err(e) => {
+                saving.err.get_or_insert(e);
+                first_call
+            }
+        };
+        if urgent || saving.at.elapsed() >= SAVE_EVERY {
+            saving.at = Instant::now();
+            if let Err(e) = self.persist(urgent) {
+                saving.err.get_or_insert(e);
+            }
+        }
+    }
+
+    /// The pool is over: the alerts settled, the job record saved and the
+    /// last group written.
+    async fn wind_down(mut self, mut err: Option<anyhow::Error>) -> Recorded {
         if let Some(f) = &self.fleet_alerts {
             f.settle(Duration::from_secs(3)).await;
         }
@@ -162,15 +202,7 @@ impl Recorder {
                     unknown: false,
                     digest,
                 })?;
-                Stats::bump(&stats.done);
-                Stats::bump(&stats.done_this_run);
-                // A call went through: any exhaustion is over, and the next
-                // one is a new outage with its own alert.
-                let over = self.meter.unmark_fired(credits::ID_EXHAUSTED);
-                if let (true, Some(f)) = (over, &self.fleet_alerts) {
-                    f.release(self.meter.state().cycle_renewal, credits::ID_EXHAUSTED);
-                }
-                return Ok(over);
+                return Ok(self.done());
             }
             Event::Failed {
                 line,
@@ -195,46 +227,71 @@ impl Recorder {
                 pause,
                 concurrency,
                 message,
-            } => {
-                Stats::bump(&stats.rate_limited);
-                // Workers hit by one overrun each report it: one line per
-                // pause, not one per worker.
-                let until = Instant::now() + pause;
-                let news = self
-                    .announced_until
-                    .map_or(true, |a| until > a + Duration::from_millis(500));
-                if !concurrency && news {
-                    self.announced_until = Some(until);
-                    let said = message
-                        .map(|m| format!(" (the server said: {m})"))
-                        .unwrap_or_default();
-                    self.reporter.println(&format!(
-                        "batchrun: rate limited (429): pausing every worker for {:.1}s{said}",
-                        pause.as_secs_f64()
-                    ));
-                }
-            }
+            } => self.rate_limited(pause, concurrency, message),
             Event::Answered(answer, latency) => self.calls.add(answer, latency),
             Event::Retry => Stats::bump(&stats.retries),
-            Event::Credits(s) => {
-                let alerts = self.meter.observe(s, SystemTime::now());
-                for a in &alerts {
-                    self.raise(a);
-                }
-                return Ok(!alerts.is_empty());
-            }
+            Event::Credits(s) => return Ok(self.credits(s)),
             Event::Pace(note) => return Ok(self.pace_note(note)),
             Event::Note(line) => self.reporter.println(&line),
-            Event::Alert(a) => match a.kind {
-                AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),
-                _ if self.meter.mark_fired(&a.id) => {
-                    self.raise(&a);
-                    return Ok(true);
-                }
-                _ => {}
-            },
+            Event::Alert(a) => return Ok(self.alert(a)),
         }
         Ok(false)
+    }
+
+    /// An item is done (and recorded). True when that ended an exhaustion.
+    fn done(&mut self) -> bool {
+        Stats::bump(&self.stats.done);
+        Stats::bump(&self.stats.done_this_run);
+        // A call went through: any exhaustion is over, and the next one is
+        // a new outage with its own alert.
+        let over = self.meter.unmark_fired(credits::ID_EXHAUSTED);
+        if let (true, Some(f)) = (over, &self.fleet_alerts) {
+            f.release(self.meter.state().cycle_renewal, credits::ID_EXHAUSTED);
+        }
+        over
+    }
+
+    /// A 429. Workers hit by one overrun each report it: one line per
+    /// pause, not one per worker.
+    fn rate_limited(&mut self, pause: Duration, concurrency: bool, message: Option<String>) {
+        Stats::bump(&self.stats.rate_limited);
+        let until = Instant::now() + pause;
+        let news = self
+            .announced_until
+            .map_or(true, |a| until > a + Duration::from_millis(500));
+        if !concurrency && news {
+            self.announced_until = Some(until);
+            let said = message
+                .map(|m| format!(" (the server said: {m})"))
+                .unwrap_or_default();
+            self.reporter.println(&format!(
+                "batchrun: rate limited (429): pausing every worker for {:.1}s{said}",
+                pause.as_secs_f64()
+            ));
+        }
+    }
+
+    /// A newer balance: the alerts it crosses go out. True when any did.
+    fn credits(&mut self, s: credits::CreditSnapshot) -> bool {
+        let alerts = self.meter.observe(s, SystemTime::now());
+        for a in &alerts {
+            self.raise(a);
+        }
+        !alerts.is_empty()
+    }
+
+    /// A billing alert from the pool: a waiting spell's every time, the
+    /// others once per cycle. True when the fired set changed.
+    fn alert(&mut self, a: credits::Alert) -> bool {
+        match a.kind {
+            AlertKind::Waiting | AlertKind::Resumed => self.alerter.send(&a),
+            _ if self.meter.mark_fired(&a.id) => {
+                self.raise(&a);
+                return true;
+            }
+            _ => {}
+        }
+        false
     }
 
     /// What the pacer learnt: said once, and kept in the job record (on

@@ -99,16 +99,21 @@ pub(super) fn start_line(
     )
 }
 
-/// `--dry-run N`: the input is valid (the scan said so); show the first N
-/// requests as they would go, the key hidden, and send nothing.
+/// `--dry-run N`: check the whole input, show the first N requests as
+/// they would go, the key hidden, and send nothing.
 pub(super) fn dry_run(
     settings: &Settings,
     n: usize,
-    total: u64,
     started: Instant,
 ) -> Result<Summary, RunError> {
     use std::io::Write;
     let spec = &settings.request;
+    let scan = tokio::task::block_in_place(|| {
+        input::scan(&settings.input, settings.format, &mut |item| {
+            spec.render(item).map(|_| ())
+        })
+    })?;
+    let total = scan.total;
     // With --json, stdout is the summary's alone.
     let mut out: Box<dyn Write> = if settings.json {
         Box::new(std::io::stderr().lock())

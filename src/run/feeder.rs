@@ -1,0 +1,116 @@
+//! The feeder: pending items from the input into the pool's queue.
+
+use std::path::PathBuf;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::pool::Queued;
+use crate::checkpoint::{Backlog, JobItems};
+use crate::fleet::Shard;
+use crate::input::{self, Format};
+
+/// Where the items come from: the part of the settings the feeder reads.
+pub(super) struct Source {
+    /// The input file (a pipe was spooled to one).
+    pub(super) path: PathBuf,
+    /// How it is read.
+    pub(super) format: Format,
+    /// This process's share of the lines, in a fleet.
+    pub(super) shard: Option<Shard>,
+}
+
+impl Source {
+    /// The input as the settings name it.
+    pub(super) fn of(settings: &crate::settings::Settings) -> Source {
+        Source {
+            path: settings.input.clone(),
+            format: settings.format,
+            shard: settings.shard,
+        }
+    }
+}
+
+/// Streams pending items into a small queue: memory does not grow with
+/// the input. Finished lines are skipped from the in-memory bitsets, and
+/// reading stops once every pending item (by the same bits) has been
+/// queued. Room in the queue is reserved half a queue at a time, so the
+/// feeder is woken once per batch rather than once per item; and no room is
+/// asked for while the committer is a group behind, which bounds what a
+/// `kill -9` can find finished but unrecorded.
+pub(super) fn spawn(
+    source: Source,
+    items: JobItems,
+    total: u64,
+    backlog: Backlog,
+    tx: mpsc::Sender<Queued>,
+) -> JoinHandle<anyhow::Result<()>> {
+    let Source {
+        path,
+        format,
+        shard,
+    } = source;
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let states = items.states();
+        let finished = states.counts();
+        let pending = total.saturating_sub(finished.done + finished.failed);
+        if pending == 0 {
+            return Ok(());
+        }
+        let reopened = items.any_reopened();
+        let batch = (tx.max_capacity() / 2).max(1) as u64;
+        let mut left = pending;
+        let reserve = |left: u64| {
+            backlog.wait();
+            rt.block_on(tx.reserve_many(batch.min(left) as usize))
+        };
+        let Ok(mut room) = reserve(left) else {
+            return Ok(());
+        };
+        for item in input::Reader::open(&path, format)? {
+            let item = item?;
+            if shard.is_some_and(|s| !s.takes(item.line)) {
+                continue;
+            }
+            if states.is_finished(item.line) {
+                continue;
+            }
+            let (generation, maybe_ran) = if reopened {
+                items.carried(item.line)?
+            } else {
+                (0, false)
+            };
+            let permit = match room.next() {
+                Some(p) => p,
+                None => {
+                    // The queue closed: the run stopped.
+                    let Ok(more) = reserve(left) else {
+                        return Ok(());
+                    };
+                    room = more;
+                    let Some(p) = room.next() else {
+                        return Ok(());
+                    };
+                    p
+                }
+            };
+            permit.send(Queued {
+                item,
+                generation,
+                maybe_ran,
+            });
+            left -= 1;
+            if left == 0 {
+                return Ok(());
+            }
+        }
+        // The scan counted more pending items than the file holds now.
+        anyhow::bail!(
+            "{} changed while the job ran: it ended with {left} pending item(s) not yet read \
+             (lines removed or rewritten). Restore it and run the same command, or use --fresh \
+             to start over with the new content",
+            path.display()
+        )
+    })
+}

@@ -1,0 +1,122 @@
+//! What the recording loop shows on each tick: the progress display, and
+//! the progress file `batchrun status` reads while the run holds the
+//! checkpoint. Read from the counters and the pool's shared parts; the
+//! pool itself is never held, so the event channel closes when it ends.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::events::Stats;
+use super::gate::Gate;
+use crate::credits::Ledger;
+use crate::pace::Pacer;
+use crate::report::{Reporter, View};
+
+/// How often the progress for `batchrun status` is rewritten.
+const PUBLISH_EVERY: Duration = Duration::from_secs(2);
+
+/// The pool's shared parts a tick reads.
+pub struct Gauges {
+    /// The pacer: its pause, its pace, the limit it learnt.
+    pub pacer: Arc<dyn Pacer>,
+    /// The gate: when the next probe for credits goes.
+    pub gate: Arc<Gate>,
+    /// The balance.
+    pub ledger: Arc<Ledger>,
+}
+
+/// What `batchrun status` is told about the job while it runs.
+pub struct Publish {
+    /// Where the progress file goes.
+    pub state_dir: PathBuf,
+    /// The job's id.
+    pub job: String,
+    /// The job's input, as the job record names it.
+    pub input: String,
+    /// Items in the input.
+    pub total: u64,
+}
+
+/// The progress display and the progress file, redrawn every tick.
+pub struct Ticks {
+    /// What a tick reads besides the counters.
+    pub gauges: Gauges,
+    /// What the progress file says.
+    pub publish: Publish,
+    /// When the run started.
+    pub started: Instant,
+    /// The pace the limit allows, items per minute, unless the pacer knows
+    /// better.
+    pub steady_per_min: Option<f64>,
+    /// When the progress file was last written.
+    published: Option<Instant>,
+}
+
+impl Ticks {
+    /// Ticks over these; nothing is written before [`Ticks::tick`].
+    pub fn new(gauges: Gauges, publish: Publish, started: Instant, steady: Option<f64>) -> Ticks {
+        Ticks {
+            gauges,
+            publish,
+            started,
+            steady_per_min: steady,
+            published: None,
+        }
+    }
+
+    /// One tick: the display redrawn (not on the first tick, which only
+    /// publishes), and the progress file rewritten every [`PUBLISH_EVERY`].
+    pub fn tick(&mut self, stats: &Stats, reporter: &Reporter) {
+        let now = Instant::now();
+        let Some(published) = self.published else {
+            self.write(stats);
+            self.published = Some(now);
+            return;
+        };
+        if now - published >= PUBLISH_EVERY {
+            self.write(stats);
+            self.published = Some(now);
+        }
+        let g = &self.gauges;
+        reporter.update(&View {
+            done: Stats::get(&stats.done),
+            failed: Stats::get(&stats.failed),
+            done_this_run: Stats::get(&stats.done_this_run),
+            elapsed: now - self.started,
+            rate_limited: Stats::get(&stats.rate_limited),
+            credits: g.ledger.last().map(|s| s.remaining),
+            paused_for: g.pacer.paused_until().map(|u| u - now),
+            waiting_probe_in: g.gate.waiting_probe_in(now),
+            steady_per_min: g.pacer.steady_per_min().or(self.steady_per_min),
+            recent_per_min: None,
+        });
+    }
+
+    /// The run no longer holds the checkpoint: `batchrun status` reads it.
+    pub fn end(&self) {
+        let path =
+            crate::report::published::progress_path(&self.publish.state_dir, &self.publish.job);
+        let _ = std::fs::remove_file(path);
+    }
+
+    fn write(&self, stats: &Stats) {
+        let p = &self.publish;
+        let progress = crate::report::published::Progress {
+            job: p.job.clone(),
+            input: p.input.clone(),
+            total: p.total,
+            done: Stats::get(&stats.done),
+            failed: Stats::get(&stats.failed),
+            requests: Stats::get(&stats.requests),
+            rate_limited: Stats::get(&stats.rate_limited),
+            credits_remaining: self.gauges.ledger.last().map(|s| s.remaining),
+            pid: std::process::id(),
+            updated_unix: crate::util::unix_now().as_secs(),
+        };
+        // Best effort: a full disk must not stop the run over a status file.
+        let _ = progress.publish(&p.state_dir);
+    }
+}
