@@ -67,7 +67,8 @@ pub enum Learning {
 /// 100 ms. The pool reads a response's status right after completing its
 /// permit, so this is generous, and it stays short next to the window so
 /// that a real overrun is not ignored for long.
-fn stale_grace(window: Duration) -> Duration {
+/// The fleet's script is given this too, so the two stores share it.
+pub fn stale_grace(window: Duration) -> Duration {
     (window / 10).min(Duration::from_millis(100))
 }
 
@@ -297,10 +298,12 @@ impl ExactWindow {
     /// call starts until one of this client's occupancies ends. That is
     /// never later than W from now, which is also when the server's window
     /// frees at the latest: the call that carried the header arrived by now.
-    pub fn remaining_zero(&mut self, now: Instant) {
+    /// Returns when this response asks new calls to wait until.
+    pub fn remaining_zero(&mut self, now: Instant) -> Instant {
         self.advance(now);
         let until = self.room_at(1, now);
         self.hold_until(until);
+        until
     }
 
     /// A rate-limit 429 arrived at `now`, for a call already
