@@ -84,10 +84,12 @@ local function settle(i)
     i = i + 2
     local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
     redis.call('HDEL', KEYS[5], id)
+    -- A response cannot precede its send; a client reading its clock and
+    -- taking its lock in the other order than another can make it look so.
+    local back = math.max(now - ago, sent)
     -- <=: a lowering starts a pause, so nothing is granted in its
     -- millisecond after it.
     if ago >= 0 and sent >= 0 and sent <= lowered then
-      local back = now - ago
       if back > tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0') then
         redis.call('HSET', KEYS[4], 'stale_done', back)
       end
@@ -95,7 +97,7 @@ local function settle(i)
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
     else
-      redis.call('ZADD', KEYS[1], 'XX', now - ago + W + round, id)
+      redis.call('ZADD', KEYS[1], 'XX', back + W + round, id)
     end
     redis.call('ZREM', KEYS[2], id)
   end
@@ -196,9 +198,6 @@ if op == 'take' then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local lim, learning, learnt, settled = effective(cap, headroom)
   local occ = redis.call('ZCARD', KEYS[1])
-  if learning and lim > 0 and occ + 1 >= lim then
-    redis.call('HSET', KEYS[4], 'pressed', 1)
-  end
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
@@ -207,9 +206,17 @@ if op == 'take' then
   if p > now then return {0, p - now, 1} end
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
   if held > now then return {0, held - now, 2} end
+  -- Only a take that may go counts towards a clean window used in full:
+  -- one during a pause or hold is before that window began.
+  if learning and lim > 0 and occ + 1 >= lim then
+    redis.call('HSET', KEYS[4], 'pressed', 1)
+  end
   if lim > 0 and occ >= lim then
+    -- The occupancy whose end makes room. A call still in flight has only
+    -- a provisional end, far off; it may come back at any moment and end W
+    -- after, and no other process can wake this one then: look again by W.
     local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
-    return {0, math.max(1, tonumber(e[2]) - now), 2}
+    return {0, math.max(1, math.min(tonumber(e[2]) - now, W + round)), 2}
   end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -273,11 +280,14 @@ if op == 'pause' then
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local learnt = 0
+  -- The learning clock first, as at a take: a clean window that ended by
+  -- now settles or probes before this 429 starts the next one.
+  local lim = 0
+  if cap > 0 then lim = effective(cap, 1) end
   if cap > 0 and p <= now and not stale() then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
-    local lim = effective(cap, 1)
     if answered > 0 and lim > 1 then
       learnt = math.max(1, math.min(lim - 1, answered - 1))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,

@@ -244,7 +244,9 @@ impl ExactWindow {
         // A response cannot precede its send; two threads reading the clock
         // in one order and locking in the other can make it look so.
         let arrived = arrived.max(sent);
-        if self.learn.lowered_at.is_some_and(|l| sent < l) {
+        // At or before: a lowering starts a pause, so a call sent in its
+        // very instant was sent before it (the fleet, in whole ms, agrees).
+        if self.learn.lowered_at.is_some_and(|l| sent <= l) {
             let last = self
                 .learn
                 .last_stale_done
@@ -300,7 +302,9 @@ impl ExactWindow {
     /// frees at the latest: the call that carried the header arrived by now.
     /// Returns when this response asks new calls to wait until.
     pub fn remaining_zero(&mut self, now: Instant) -> Instant {
-        self.advance(now);
+        // Not the learning clock: it runs where the fleet's script runs it
+        // too (takes, 429s, events), so that both end clean windows alike.
+        self.forget(now);
         let until = self.room_at(1, now);
         self.hold_until(until);
         until
@@ -341,7 +345,7 @@ impl ExactWindow {
             return None;
         }
         if let Some(lowered) = self.learn.lowered_at {
-            let stale_in_flight = self.in_flight.values().any(|&s| s < lowered);
+            let stale_in_flight = self.in_flight.values().any(|&s| s <= lowered);
             let stale_just_back = self
                 .learn
                 .last_stale_done
@@ -379,9 +383,8 @@ impl ExactWindow {
         self.events.push_back(e);
     }
 
-    /// Brings the state to `now`: forgets ended occupancies and runs the
-    /// learning clock.
-    fn advance(&mut self, now: Instant) {
+    /// Forgets occupancies and a hold ended by `now`.
+    fn forget(&mut self, now: Instant) {
         let ended = self
             .done
             .partition_point(|&r| now.saturating_duration_since(r) >= self.window);
@@ -389,6 +392,12 @@ impl ExactWindow {
         if self.held_until.is_some_and(|h| h <= now) {
             self.held_until = None;
         }
+    }
+
+    /// Brings the state to `now`: forgets what ended and runs the learning
+    /// clock.
+    fn advance(&mut self, now: Instant) {
+        self.forget(now);
         let Some(learnt) = self.learn.learnt else {
             return;
         };

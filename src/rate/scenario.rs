@@ -85,7 +85,11 @@ impl fmt::Display for Scenario {
         while i < self.steps.len() {
             let s = self.steps[i];
             let n = self.steps[i..].iter().take_while(|&&t| t == s).count();
-            let times = if n > 1 { format!(" x{n}") } else { String::new() };
+            let times = if n > 1 {
+                format!(" x{n}")
+            } else {
+                String::new()
+            };
             writeln!(f, "  #{i} at {} ms: {:?}{times}", s.at, s.op)?;
             i += n;
         }
@@ -182,7 +186,10 @@ fn drive(s: &Scenario, stores: &mut [&mut dyn Store]) -> Result<Vec<Answer>, Str
         let Some(call) = calls.resolve(step) else {
             continue;
         };
-        let answers: Vec<Answer> = stores.iter_mut().map(|st| st.apply(step.at, call)).collect();
+        let answers: Vec<Answer> = stores
+            .iter_mut()
+            .map(|st| st.apply(step.at, call))
+            .collect();
         let first = answers[0];
         if let Some(other) = answers.iter().find(|&&x| x != first) {
             let mut m = format!("the stores disagree at step #{i}\n{s}answers before it:\n");
@@ -193,7 +200,10 @@ fn drive(s: &Scenario, stores: &mut [&mut dyn Store]) -> Result<Vec<Answer>, Str
             for (at, c, ans) in &out[skip..] {
                 m += &format!("  at {at} ms: {c:?} -> {ans:?}\n");
             }
-            m += &format!("at {} ms: {call:?}\n  in-process: {first:?}\n  other:      {other:?}", step.at);
+            m += &format!(
+                "at {} ms: {call:?}\n  in-process: {first:?}\n  other:      {other:?}",
+                step.at
+            );
             return Err(m);
         }
         if let (Call::Take(id), Answer::Granted { .. }) = (call, first) {

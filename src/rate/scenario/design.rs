@@ -32,8 +32,7 @@ impl Build {
     /// may be out: a settle picks the oldest).
     fn calls(self, n: usize, at: u64) -> Build {
         (0..n).fold(self, |b, _| {
-            b.at(at, Op::Take)
-                .at(at, Op::Settle { pick: 0, ago: 0 })
+            b.at(at, Op::Take).at(at, Op::Settle { pick: 0, ago: 0 })
         })
     }
 }
@@ -115,6 +114,37 @@ pub fn reported_10_per_1s() -> Scenario {
         .0
 }
 
+/// 10 per 1 s, learning: `remaining: 0` after a clean window does not
+/// start the next one (the learning clock runs at takes and 429s only), so
+/// the probe after it comes a window after the take that started it.
+pub fn held_while_learning_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(3, 0)
+        .at(0, Op::RateLimited { pause: 0 })
+        .calls(1, 1000)
+        .calls(1, 1005)
+        .at(2001, Op::Full)
+        .calls(3, 2100)
+        .at(3050, Op::Take)
+        .calls(1, 3100)
+        .0
+}
+
+/// 10 per 1 s: a call granted in the very millisecond of a lowering, before
+/// it, was paced to the old limit; while it is out, and just after it is
+/// back, a 429 may be its own and teaches nothing.
+pub fn granted_at_the_lowering_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(4, 0)
+        .at(0, Op::Take)
+        .at(0, Op::RateLimited { pause: 0 })
+        .at(200, Op::RateLimited { pause: 0 })
+        .at(300, OLDEST)
+        .at(301, Op::RateLimited { pause: 0 })
+        .at(500, Op::RateLimited { pause: 0 })
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -123,5 +153,13 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ("secret_6_of_10_per_1s", secret_6_of_10_per_1s()),
         ("late_429_10_per_1s", late_429_10_per_1s()),
         ("reported_10_per_1s", reported_10_per_1s()),
+        (
+            "held_while_learning_10_per_1s",
+            held_while_learning_10_per_1s(),
+        ),
+        (
+            "granted_at_the_lowering_10_per_1s",
+            granted_at_the_lowering_10_per_1s(),
+        ),
     ]
 }
