@@ -144,7 +144,7 @@ fn op(window: u64) -> impl Strategy<Value = Op> {
         12 => Just(Op::Take),
         8 => (0usize..8, 0..=window).prop_map(|(pick, ago)| Op::Settle { pick, ago }),
         1 => (0usize..8).prop_map(|pick| Op::Cancel { pick }),
-        2 => (0..=2 * window).prop_map(|pause| Op::RateLimited { pause }),
+        2 => prop_oneof![0..=window / 8, 0..=2 * window].prop_map(|pause| Op::RateLimited { pause }),
         1 => Just(Op::Full),
     ]
 }
@@ -178,7 +178,7 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
 fn the_script_and_the_state_machine_answer_every_scenario_alike() {
     let redis = Redis::start();
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: 200,
+        cases: 1000,
         failure_persistence: None,
         ..ProptestConfig::default()
     });
