@@ -82,16 +82,17 @@ pub fn secret_6_of_10_per_1s() -> Scenario {
 }
 
 /// 10 per 1 s: a 429 lowers the limit while a call from before is still
-/// out; its own 429, just after it comes back, teaches nothing more, and
-/// one after the grace does.
+/// out; its own 429, until the grace (100 ms) after it came back, teaches
+/// nothing more, and one at the grace does.
 pub fn late_429_10_per_1s() -> Scenario {
     Build::new(10, 1000)
         .calls(8, 0)
         .at(0, Op::Take)
         .at(5, Op::RateLimited { pause: 20 })
         .at(50, OLDEST)
-        .at(60, Op::RateLimited { pause: 20 })
-        .at(300, Op::RateLimited { pause: 20 })
+        .at(60, Op::RateLimited { pause: 0 })
+        .at(149, Op::RateLimited { pause: 0 })
+        .at(150, Op::RateLimited { pause: 0 })
         .0
 }
 

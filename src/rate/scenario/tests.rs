@@ -81,8 +81,9 @@ fn a_secret_limit_is_learnt_settled_then_probed() {
 #[test]
 fn a_429_just_after_a_call_from_before_the_lowering_teaches_nothing() {
     let a = answers(&late_429_10_per_1s());
-    let paused = |learnt| Answer::Paused { ms: 20, learnt };
-    assert_eq!(a[9..], [paused(7), paused(0), paused(6)]);
+    assert_eq!(a[9], Answer::Paused { ms: 20, learnt: 7 });
+    let paused = |learnt| Answer::Paused { ms: 0, learnt };
+    assert_eq!(a[10..], [paused(0), paused(0), paused(6)]);
 }
 
 #[test]
