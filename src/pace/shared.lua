@@ -84,8 +84,8 @@ local function settle(i)
     i = i + 2
     local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
     redis.call('HDEL', KEYS[5], id)
-    -- A response cannot precede its send; a client reading its clock and
-    -- taking its lock in the other order than another can make it look so.
+    -- A response cannot precede its send; two threads of a client reading
+    -- the clock in one order and settling in the other can make it look so.
     local back = math.max(now - ago, sent)
     -- <=: a lowering starts a pause, so nothing is granted in its
     -- millisecond after it.
@@ -172,7 +172,8 @@ local function effective(cap, headroom)
 end
 
 -- Whether a 429 now may belong to a call from before the last lowering:
--- one still in flight, or one back within the grace. Counting it would lower the limit again for the same overrun.
+-- one still in flight, or one back within the grace. Counting it would
+-- lower the limit again for the same overrun.
 local function stale()
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   if lowered == 0 then return false end

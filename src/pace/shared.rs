@@ -5,7 +5,10 @@
 //! Each decision is one atomic run of `shared.lua` on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
 //! set (and one concurrency lease) from its send until W after its response
-//! arrived, exactly as in-process. The client keeps only what it needs to
+//! arrived, exactly as in-process: `tests/it/fleet/rule.rs` runs the
+//! script and [`ExactWindow`](crate::rate::exact::ExactWindow) through the
+//! same scenarios ([`crate::rate::scenario`]) on one fake clock and fails on
+//! any answer that differs. The client keeps only what it needs to
 //! put its own calls back should Redis lose its data, and a heartbeat that
 //! renews the leases of its calls in flight: a process killed with -9 stops
 //! renewing, and its leases expire.
@@ -25,7 +28,7 @@ use tokio::time::Instant;
 
 use super::{BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::fleet::Fleet;
-use crate::rate::exact::stale_grace;
+use crate::rate::exact::{stale_grace, MAX_EVENTS};
 use crate::rate::Limit;
 use crate::report::err_line;
 
@@ -181,7 +184,7 @@ impl Local {
 
     fn push(&mut self, note: PaceNote) {
         // A few at most matter: newer news supersedes older.
-        if self.notes.len() >= 8 {
+        if self.notes.len() >= MAX_EVENTS {
             self.notes.pop_front();
         }
         self.notes.push_back(note);

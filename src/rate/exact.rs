@@ -73,8 +73,8 @@ pub fn stale_grace(window: Duration) -> Duration {
 }
 
 /// At most this many learning events wait for the caller; older ones are
-/// superseded by newer ones anyway.
-const MAX_EVENTS: usize = 8;
+/// superseded by newer ones anyway. The fleet pacer keeps as many notes.
+pub(crate) const MAX_EVENTS: usize = 8;
 
 /// The limit learning's state.
 #[derive(Debug, Clone)]
