@@ -160,6 +160,8 @@ pub enum Answer {
 
 /// A store of the window rule, on the scenario's clock.
 pub trait Store {
+    /// What a report of a disagreement calls it.
+    fn name(&self) -> &'static str;
     /// Answers `call` at `now` ms from the scenario's start.
     fn apply(&mut self, now: u64, call: Call) -> Answer;
 }
@@ -171,7 +173,7 @@ pub fn compare(s: &Scenario, a: &mut dyn Store, b: &mut dyn Store) -> Result<Vec
     drive(s, &mut [a, b])
 }
 
-/// Runs `s` against one store.
+/// Runs `s` against one store: its answers, in order.
 pub fn run(s: &Scenario, store: &mut dyn Store) -> Vec<Answer> {
     drive(s, &mut [store]).unwrap_or_default()
 }
@@ -191,19 +193,18 @@ fn drive(s: &Scenario, stores: &mut [&mut dyn Store]) -> Result<Vec<Answer>, Str
             .map(|st| st.apply(step.at, call))
             .collect();
         let first = answers[0];
-        if let Some(other) = answers.iter().find(|&&x| x != first) {
+        if let Some(j) = answers.iter().position(|&x| x != first) {
             let mut m = format!("the stores disagree at step #{i}\n{s}answers before it:\n");
             let skip = out.len().saturating_sub(HISTORY);
             if skip > 0 {
-                m += &format!("  ({skip} more)\n");
+                m += &format!("  ({skip} earlier)\n");
             }
             for (at, c, ans) in &out[skip..] {
                 m += &format!("  at {at} ms: {c:?} -> {ans:?}\n");
             }
-            m += &format!(
-                "at {} ms: {call:?}\n  in-process: {first:?}\n  other:      {other:?}",
-                step.at
-            );
+            m += &format!("at {} ms: {call:?}\n", step.at);
+            m += &format!("  {}: {first:?}\n", stores[0].name());
+            m += &format!("  {}: {:?}", stores[j].name(), answers[j]);
             return Err(m);
         }
         if let (Call::Take(id), Answer::Granted { .. }) = (call, first) {
@@ -307,6 +308,10 @@ impl InProcess {
 }
 
 impl Store for InProcess {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
     fn apply(&mut self, now: u64, call: Call) -> Answer {
         let at = |ms: u64| self.t0 + Duration::from_millis(ms);
         let t = at(now);

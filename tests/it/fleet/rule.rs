@@ -67,6 +67,10 @@ fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64) {
 }
 
 impl Store for Lua {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+
     fn apply(&mut self, now: u64, call: Call) -> Answer {
         match call {
             Call::Take(id) => {
