@@ -5,7 +5,8 @@
 -- response arrived; a call may start only when fewer than L calls occupy
 -- the window now, and fewer than C hold a concurrency lease.
 --
--- Time is Redis's own clock (TIME), in unix milliseconds, never a client's.
+-- Time is Redis's own clock (TIME), in unix milliseconds, never a client's:
+-- only a test passes its own (ARGV[6]), to drive the rule on a fake clock.
 --
 -- KEYS[1] window  ZSET  member = permit id, score = ms at which the call
 --                       stops occupying (provisional while in flight)
@@ -29,25 +30,48 @@
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
 -- ARGV[4] lease: ms a concurrency lease lasts unless renewed
--- ARGV[5...] depend on the op; see each below.
+-- ARGV[5] grace: ms after a call from before the last lowering came back
+--         that a 429 is still taken for its own (from the Rust rule)
+-- ARGV[6] clock: '' to use Redis's TIME; a test's clock in unix ms
+-- ARGV[7...] depend on the op; see each below.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 local W = tonumber(ARGV[2])
 local hold = tonumber(ARGV[3])
 local lease = tonumber(ARGV[4])
+local grace = tonumber(ARGV[5])
+local now = tonumber(ARGV[6])
+-- TIME truncates to the millisecond, so an occupancy is kept 1 ms longer
+-- than W after its response; a test's clock is exact and needs no margin.
+local round = 0
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  round = 1
+end
+local fake = round == 0
 local limit_ttl = math.max(W * 10, 3600000)
 
+-- Keys expire on Redis's own clock: under a test's clock, which runs
+-- slower, they could go early, so there they stay (expiry only collects
+-- garbage; every deadline is also a stored value compared with now).
 local function keep(key, ms)
-  redis.call('PEXPIRE', key, ms)
+  if not fake then redis.call('PEXPIRE', key, ms) end
+end
+
+local function set_for(key, value, ms)
+  if fake then
+    redis.call('SET', key, value)
+  else
+    redis.call('SET', key, value, 'PX', ms)
+  end
 end
 
 -- Completed and cancelled permits, from ARGV[i]: a count, then pairs
 -- (id, ago). ago >= 0: the response arrived ago ms before now, so the call
--- occupies until now - ago + W (+1 ms for rounding). ago < 0: the call was
+-- occupies until now - ago + W (+ the rounding margin). ago < 0: the call was
 -- never sent and stops occupying at once. Either way its lease is released.
 -- A call granted before the last lowering that comes back is noted: a 429
 -- just after it may be its own, from the old pace, and teaches nothing.
@@ -60,10 +84,12 @@ local function settle(i)
     i = i + 2
     local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
     redis.call('HDEL', KEYS[5], id)
+    -- A response cannot precede its send; two threads of a client reading
+    -- the clock in one order and settling in the other can make it look so.
+    local back = math.max(now - ago, sent)
     -- <=: a lowering starts a pause, so nothing is granted in its
     -- millisecond after it.
     if ago >= 0 and sent >= 0 and sent <= lowered then
-      local back = now - ago
       if back > tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0') then
         redis.call('HSET', KEYS[4], 'stale_done', back)
       end
@@ -71,7 +97,7 @@ local function settle(i)
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
     else
-      redis.call('ZADD', KEYS[1], 'XX', now - ago + W + 1, id)
+      redis.call('ZADD', KEYS[1], 'XX', back + W + round, id)
     end
     redis.call('ZREM', KEYS[2], id)
   end
@@ -87,7 +113,7 @@ local function restore(i)
   if paused > 0 then
     local p = tonumber(redis.call('GET', KEYS[3]) or '0')
     if p < now + paused then
-      redis.call('SET', KEYS[3], now + paused, 'PX', paused)
+      set_for(KEYS[3], now + paused, paused)
     end
   end
   local n = tonumber(ARGV[i + 1])
@@ -146,36 +172,33 @@ local function effective(cap, headroom)
 end
 
 -- Whether a 429 now may belong to a call from before the last lowering:
--- one still in flight, or one back within the grace (a tenth of W, at most
--- 100 ms). Counting it would lower the limit again for the same overrun.
+-- one still in flight, or one back within the grace. Counting it would
+-- lower the limit again for the same overrun.
 local function stale()
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   if lowered == 0 then return false end
   local back = tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0')
-  if back > 0 and now - back < math.min(math.floor(W / 10), 100) then return true end
+  if back > 0 and now - back < grace then return true end
   for _, v in ipairs(redis.call('HVALS', KEYS[5])) do
     if tonumber(v) <= lowered then return true end
   end
   return false
 end
 
--- take: ARGV[5] id, ARGV[6] cap (0: no window limit), ARGV[7] headroom,
--- ARGV[8] concurrency ceiling (0: none), then a settle list, then a restore
+-- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
+-- ARGV[10] concurrency ceiling (0: none), then a settle list, then a restore
 -- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
 -- when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached.
 if op == 'take' then
-  local id = ARGV[5]
-  local cap, headroom, ceiling = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-  local i = settle(9)
+  local id = ARGV[7]
+  local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local i = settle(11)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local lim, learning, learnt, settled = effective(cap, headroom)
   local occ = redis.call('ZCARD', KEYS[1])
-  if learning and lim > 0 and occ + 1 >= lim then
-    redis.call('HSET', KEYS[4], 'pressed', 1)
-  end
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
@@ -184,9 +207,17 @@ if op == 'take' then
   if p > now then return {0, p - now, 1} end
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
   if held > now then return {0, held - now, 2} end
+  -- Only a take that may go counts towards a clean window used in full:
+  -- one during a pause or hold is before that window began.
+  if learning and lim > 0 and occ + 1 >= lim then
+    redis.call('HSET', KEYS[4], 'pressed', 1)
+  end
   if lim > 0 and occ >= lim then
+    -- The occupancy whose end makes room. A call still in flight has only
+    -- a provisional end, far off; it may come back at any moment and end W
+    -- after, and no other process can wake this one then: look again by W.
     local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
-    return {0, math.max(1, tonumber(e[2]) - now), 2}
+    return {0, math.max(1, math.min(tonumber(e[2]) - now, W + round)), 2}
   end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -204,21 +235,21 @@ if op == 'take' then
   return {1, lim, occ + 1, learnt, s}
 end
 
--- settle: ARGV[5...] a settle list. Returns the number settled.
+-- settle: ARGV[7...] a settle list. Returns the number settled.
 if op == 'settle' then
-  settle(5)
-  return tonumber(ARGV[5])
+  settle(7)
+  return tonumber(ARGV[7])
 end
 
--- beat: ARGV[5] count, then ids of calls still in flight. Renews their
+-- beat: ARGV[7] count, then ids of calls still in flight. Renews their
 -- leases and keeps their occupancy at least hold ms ahead. A call whose
 -- lease is gone (settled, or expired) is left alone. Returns how many were
 -- renewed.
 if op == 'beat' then
-  local n = tonumber(ARGV[5])
+  local n = tonumber(ARGV[7])
   local renewed = 0
   for k = 1, n do
-    local id = ARGV[5 + k]
+    local id = ARGV[7 + k]
     if redis.call('ZSCORE', KEYS[2], id) then
       redis.call('ZADD', KEYS[2], 'XX', now + lease, id)
       local s = tonumber(redis.call('ZSCORE', KEYS[1], id) or '0')
@@ -235,7 +266,7 @@ if op == 'beat' then
   return renewed
 end
 
--- pause: ARGV[5] pause ms, ARGV[6] cap to learn under (0: the server
+-- pause: ARGV[7] pause ms, ARGV[8] cap to learn under (0: the server
 -- reports its limit, learn nothing), then a settle list. Every process waits until the pause
 -- ends. Without limit headers, and unless a pause was already in force or
 -- a call from before the last lowering is in flight or just back (the 429
@@ -244,17 +275,20 @@ end
 -- nor most calls still in flight), by at least one.
 -- Returns {ms until the pause ends, learnt limit or 0}.
 if op == 'pause' then
-  local ms, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local ms, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
   -- The caller's completions first: the refused call is among them.
-  settle(7)
+  settle(9)
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local learnt = 0
+  -- The learning clock first, as at a take: a clean window that ended by
+  -- now settles or probes before this 429 starts the next one.
+  local lim = 0
+  if cap > 0 then lim = effective(cap, 1) end
   if cap > 0 and p <= now and not stale() then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
-    local lim = effective(cap, 1)
     if answered > 0 and lim > 1 then
       learnt = math.max(1, math.min(lim - 1, answered - 1))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
@@ -262,7 +296,7 @@ if op == 'pause' then
     end
   end
   if p > ends then ends = p end
-  redis.call('SET', KEYS[3], ends, 'PX', math.max(1, ends - now))
+  set_for(KEYS[3], ends, math.max(1, ends - now))
   -- The clean window starts when calls may go again.
   if redis.call('HEXISTS', KEYS[4], 'learnt') == 1 then
     redis.call('HSET', KEYS[4], 'learnt_at', ends, 'pressed', 0)
@@ -271,11 +305,11 @@ if op == 'pause' then
   return {ends - now, learnt}
 end
 
--- inforce: ARGV[5] the limit the server reports (x-rate-limit-limit).
+-- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit).
 -- The lowest report wins; a server that reports its limit needs no
 -- learning. Returns 1 when it lowered the limit in force.
 if op == 'inforce' then
-  local l = tonumber(ARGV[5])
+  local l = tonumber(ARGV[7])
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
   redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
     'lowered_at', 'stale_done')

@@ -5,7 +5,10 @@
 //! Each decision is one atomic run of `shared.lua` on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
 //! set (and one concurrency lease) from its send until W after its response
-//! arrived, exactly as in-process. The client keeps only what it needs to
+//! arrived, exactly as in-process: `tests/it/fleet/rule.rs` runs the
+//! script and [`ExactWindow`](crate::rate::exact::ExactWindow) through the
+//! same scenarios ([`crate::rate::scenario`]) on one fake clock and fails on
+//! any answer that differs. The client keeps only what it needs to
 //! put its own calls back should Redis lose its data, and a heartbeat that
 //! renews the leases of its calls in flight: a process killed with -9 stops
 //! renewing, and its leases expire.
@@ -25,6 +28,7 @@ use tokio::time::Instant;
 
 use super::{BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::fleet::Fleet;
+use crate::rate::exact::{stale_grace, MAX_EVENTS};
 use crate::rate::Limit;
 use crate::report::err_line;
 
@@ -43,6 +47,46 @@ const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 /// How long the end of a run waits to hand back what it owes.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
+
+/// The arguments every run of [`SCRIPT`] starts with (see its header),
+/// built here alone so that the pacer and the tests of the script agree.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptArgs {
+    /// The window (W).
+    pub window: Duration,
+    /// How long an in-flight call occupies the window past its permit.
+    pub hold: Duration,
+    /// How long a concurrency lease lasts unless renewed.
+    pub lease: Duration,
+}
+
+impl ScriptArgs {
+    /// An invocation of `script` (which is [`SCRIPT`]) for `op` on `keys`,
+    /// with the common arguments filled in. `clock`: `None` to run on
+    /// Redis's own clock, as every process of a fleet must; a test passes
+    /// its fake clock, in unix ms.
+    pub fn invoke<'a>(
+        &self,
+        script: &'a redis::Script,
+        keys: &[String; 5],
+        op: &str,
+        clock: Option<u64>,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        // Rounded up: the script compares whole milliseconds with it.
+        let grace = stale_grace(self.window).as_micros().div_ceil(1000);
+        inv.arg(op)
+            .arg(millis(self.window))
+            .arg(millis(self.hold))
+            .arg(millis(self.lease))
+            .arg(u64::try_from(grace).unwrap_or(u64::MAX))
+            .arg(clock.map_or(String::new(), |c| c.to_string()));
+        inv
+    }
+}
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]
@@ -77,14 +121,13 @@ struct Inner {
     fleet: Fleet,
     script: redis::Script,
     keys: [String; 5],
+    args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
     cap: u64,
     configured: u64,
     headroom: f64,
     ceiling: u64,
-    hold: Duration,
-    lease: Duration,
     tag: String,
     seq: AtomicU64,
     local: Mutex<Local>,
@@ -141,7 +184,7 @@ impl Local {
 
     fn push(&mut self, note: PaceNote) {
         // A few at most matter: newer news supersedes older.
-        if self.notes.len() >= 8 {
+        if self.notes.len() >= MAX_EVENTS {
             self.notes.pop_front();
         }
         self.notes.push_back(note);
@@ -190,14 +233,17 @@ impl SharedPacer {
         let inner = Arc::new(Inner {
             script: redis::Script::new(SCRIPT),
             keys: fleet.keys().pacer(),
+            args: ScriptArgs {
+                window,
+                hold: cfg.timeout + window + HOLD_SLACK,
+                lease: lease_for(cfg.timeout),
+            },
             fleet,
             window,
             cap,
             configured,
             headroom,
             ceiling: cfg.concurrency as u64,
-            hold: cfg.timeout + window + HOLD_SLACK,
-            lease: lease_for(cfg.timeout),
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
             local: Mutex::new(Local::default()),
@@ -207,7 +253,7 @@ impl SharedPacer {
             reported: AtomicU64::new(0),
         });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
-        tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.lease / 3));
+        tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.args.lease / 3));
         SharedPacer { inner }
     }
 
@@ -232,15 +278,7 @@ impl Inner {
 
     /// One invocation of the script with the common arguments filled in.
     fn invocation(&self, op: &str) -> redis::ScriptInvocation<'_> {
-        let mut inv = self.script.prepare_invoke();
-        for k in &self.keys {
-            inv.key(k);
-        }
-        inv.arg(op)
-            .arg(millis(self.window))
-            .arg(millis(self.hold))
-            .arg(millis(self.lease));
-        inv
+        self.args.invoke(&self.script, &self.keys, op, None)
     }
 
     /// Runs one script op, retried while Redis is away for at most `within`.
@@ -317,7 +355,7 @@ impl Inner {
         let paused = l
             .paused_until
             .map_or(0, |u| millis(u.saturating_duration_since(now)));
-        let hold = millis(self.hold);
+        let hold = millis(self.args.hold);
         let mut entries: Vec<(String, u64, bool)> = l
             .in_flight
             .iter()

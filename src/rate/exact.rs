@@ -67,13 +67,14 @@ pub enum Learning {
 /// 100 ms. The pool reads a response's status right after completing its
 /// permit, so this is generous, and it stays short next to the window so
 /// that a real overrun is not ignored for long.
-fn stale_grace(window: Duration) -> Duration {
+/// The fleet's script is given this too, so the two stores share it.
+pub fn stale_grace(window: Duration) -> Duration {
     (window / 10).min(Duration::from_millis(100))
 }
 
 /// At most this many learning events wait for the caller; older ones are
-/// superseded by newer ones anyway.
-const MAX_EVENTS: usize = 8;
+/// superseded by newer ones anyway. The fleet pacer keeps as many notes.
+pub(crate) const MAX_EVENTS: usize = 8;
 
 /// The limit learning's state.
 #[derive(Debug, Clone)]
@@ -243,7 +244,9 @@ impl ExactWindow {
         // A response cannot precede its send; two threads reading the clock
         // in one order and locking in the other can make it look so.
         let arrived = arrived.max(sent);
-        if self.learn.lowered_at.is_some_and(|l| sent < l) {
+        // At or before: a lowering starts a pause, so a call sent in its
+        // very instant was sent before it (the fleet, in whole ms, agrees).
+        if self.learn.lowered_at.is_some_and(|l| sent <= l) {
             let last = self
                 .learn
                 .last_stale_done
@@ -297,10 +300,14 @@ impl ExactWindow {
     /// call starts until one of this client's occupancies ends. That is
     /// never later than W from now, which is also when the server's window
     /// frees at the latest: the call that carried the header arrived by now.
-    pub fn remaining_zero(&mut self, now: Instant) {
-        self.advance(now);
+    /// Returns when this response asks new calls to wait until.
+    pub fn remaining_zero(&mut self, now: Instant) -> Instant {
+        // Not the learning clock: it runs where the fleet's script runs it
+        // too (takes, 429s, events), so that both end clean windows alike.
+        self.forget(now);
         let until = self.room_at(1, now);
         self.hold_until(until);
+        until
     }
 
     /// A rate-limit 429 arrived at `now`, for a call already
@@ -338,7 +345,7 @@ impl ExactWindow {
             return None;
         }
         if let Some(lowered) = self.learn.lowered_at {
-            let stale_in_flight = self.in_flight.values().any(|&s| s < lowered);
+            let stale_in_flight = self.in_flight.values().any(|&s| s <= lowered);
             let stale_just_back = self
                 .learn
                 .last_stale_done
@@ -376,9 +383,8 @@ impl ExactWindow {
         self.events.push_back(e);
     }
 
-    /// Brings the state to `now`: forgets ended occupancies and runs the
-    /// learning clock.
-    fn advance(&mut self, now: Instant) {
+    /// Forgets occupancies and a hold ended by `now`.
+    fn forget(&mut self, now: Instant) {
         let ended = self
             .done
             .partition_point(|&r| now.saturating_duration_since(r) >= self.window);
@@ -386,6 +392,12 @@ impl ExactWindow {
         if self.held_until.is_some_and(|h| h <= now) {
             self.held_until = None;
         }
+    }
+
+    /// Brings the state to `now`: forgets what ended and runs the learning
+    /// clock.
+    fn advance(&mut self, now: Instant) {
+        self.forget(now);
         let Some(learnt) = self.learn.learnt else {
             return;
         };

@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod bucket;
 pub mod exact;
 pub mod retry_after;
+pub mod scenario;
 pub mod spike_pace;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -4,6 +4,7 @@
 //! its own) otherwise.
 
 mod pacer;
+mod rule;
 mod support;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,356 @@
+//! One scenario harness for the exact window rule's two stores: the
+//! in-process [`ExactWindow`] and the fleet's script in Redis
+//! (`pace/shared.lua`). A [`Scenario`] is a timed sequence of what the two
+//! have in common (takes, completions, cancellations, 429s, reported limits,
+//! `remaining: 0`), on a clock in whole milliseconds from its start; each
+//! store answers every step, and [`compare`] fails at the first step where
+//! they disagree.
+//!
+//! What both stores are asked is only the window rule: the concurrency
+//! ceiling, leases, headroom and putting calls back after Redis lost its
+//! data are the fleet's alone and not compared. The in-process pacer also
+//! runs the learning clock on every response it reads, the fleet only at
+//! its takes and 429s; the scenario reads it at those points only.
+//!
+//! The Redis store lives with the fleet tests (it needs a `redis-server`);
+//! this module has the scenarios, the runner and the in-process store.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::exact::{ExactWindow, Learning, SlotId};
+
+pub mod design;
+
+/// One thing that happens, as a scenario says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A worker asks for a place.
+    Take,
+    /// A call still out (the `pick`-th, oldest first, modulo how many)
+    /// was answered `ago` ms before now; never earlier than 2 ms before its
+    /// send, so that a response stamped before its send is covered too.
+    Settle {
+        /// Which call still out.
+        pick: usize,
+        /// How long ago its response arrived.
+        ago: u64,
+    },
+    /// A call still out (as for [`Op::Settle`]) was never sent.
+    Cancel {
+        /// Which call still out.
+        pick: usize,
+    },
+    /// A rate-limit 429 (its call already settled): the limit may be learnt,
+    /// and no call starts for `pause` ms.
+    RateLimited {
+        /// The pause, in ms.
+        pause: u64,
+    },
+    /// A response reported `x-rate-limit-limit: limit`.
+    InForce {
+        /// The limit reported.
+        limit: u64,
+    },
+    /// A response said `x-rate-limit-remaining: 0`.
+    Full,
+}
+
+/// An [`Op`] at `at` ms from the scenario's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// When, in ms from the start; never before the step before.
+    pub at: u64,
+    /// What.
+    pub op: Op,
+}
+
+/// A window rule and what happens to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scenario {
+    /// The configured limit (L).
+    pub limit: u64,
+    /// The window (W), in ms.
+    pub window: u64,
+    /// What happens, in time order.
+    pub steps: Vec<Step>,
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} per {} ms:", self.limit, self.window)?;
+        // Runs of one step at one instant (a burst of takes) take one line.
+        let mut i = 0;
+        while i < self.steps.len() {
+            let s = self.steps[i];
+            let n = self.steps[i..].iter().take_while(|&&t| t == s).count();
+            let times = if n > 1 {
+                format!(" x{n}")
+            } else {
+                String::new()
+            };
+            writeln!(f, "  #{i} at {} ms: {:?}{times}", s.at, s.op)?;
+            i += n;
+        }
+        Ok(())
+    }
+}
+
+/// What a store is asked: an [`Op`] with the call it is about resolved.
+/// Call ids are 0, 1, 2… in the order takes are asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// A take for call `id`.
+    Take(u64),
+    /// Call `id` was answered `ago` ms before now.
+    Settle(u64, u64),
+    /// Call `id` was never sent.
+    Cancel(u64),
+    /// A 429, then a pause of this many ms.
+    RateLimited(u64),
+    /// A reported limit.
+    InForce(u64),
+    /// `remaining: 0`.
+    Full,
+}
+
+/// What a store answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The take was granted.
+    Granted {
+        /// The limit in force.
+        limit: u64,
+        /// Calls occupying the window, this one included.
+        occupancy: u64,
+        /// The learnt limit (0: none).
+        learnt: u64,
+        /// Whether the learnt limit has settled (false without one).
+        settled: bool,
+    },
+    /// The take was refused: look again in `ms`.
+    Wait {
+        /// How long until the answer may change by time alone.
+        ms: u64,
+        /// Whether a pause is why.
+        paused: bool,
+    },
+    /// A settle or cancel: nothing to say.
+    Noted,
+    /// A 429: calls are paused for `ms` and it taught `learnt` (0: nothing).
+    Paused {
+        /// The pause in force, from now.
+        ms: u64,
+        /// The limit it taught (0: none).
+        learnt: u64,
+    },
+    /// A reported limit; whether it lowered the limit below the configured
+    /// one and every earlier report.
+    InForce {
+        /// Worth telling the operator.
+        lowered: bool,
+    },
+    /// `remaining: 0`: new calls are held for `ms`.
+    Held {
+        /// How long this response holds new calls.
+        ms: u64,
+    },
+}
+
+/// A store of the window rule, on the scenario's clock.
+pub trait Store {
+    /// What a report of a disagreement calls it.
+    fn name(&self) -> &'static str;
+    /// Answers `call` at `now` ms from the scenario's start.
+    fn apply(&mut self, now: u64, call: Call) -> Answer;
+}
+
+/// Runs `s` against both stores, step by step. Returns every answer, or at
+/// the first disagreement a report of the scenario, the answers so far and
+/// the two that differ.
+pub fn compare(s: &Scenario, a: &mut dyn Store, b: &mut dyn Store) -> Result<Vec<Answer>, String> {
+    drive(s, &mut [a, b])
+}
+
+/// Runs `s` against one store: its answers, in order.
+pub fn run(s: &Scenario, store: &mut dyn Store) -> Vec<Answer> {
+    drive(s, &mut [store]).unwrap_or_default()
+}
+
+/// How many of the answers before a disagreement its report shows.
+const HISTORY: usize = 30;
+
+fn drive(s: &Scenario, stores: &mut [&mut dyn Store]) -> Result<Vec<Answer>, String> {
+    let mut out: Vec<(u64, Call, Answer)> = Vec::new();
+    let mut calls = Calls::default();
+    for (i, step) in s.steps.iter().enumerate() {
+        let Some(call) = calls.resolve(step) else {
+            continue;
+        };
+        let answers: Vec<Answer> = stores
+            .iter_mut()
+            .map(|st| st.apply(step.at, call))
+            .collect();
+        let first = answers[0];
+        if let Some(j) = answers.iter().position(|&x| x != first) {
+            let mut m = format!("the stores disagree at step #{i}\n{s}answers before it:\n");
+            let skip = out.len().saturating_sub(HISTORY);
+            if skip > 0 {
+                m += &format!("  ({skip} earlier)\n");
+            }
+            for (at, c, ans) in &out[skip..] {
+                m += &format!("  at {at} ms: {c:?} -> {ans:?}\n");
+            }
+            m += &format!("at {} ms: {call:?}\n", step.at);
+            m += &format!("  {}: {first:?}\n", stores[0].name());
+            m += &format!("  {}: {:?}", stores[j].name(), answers[j]);
+            return Err(m);
+        }
+        if let (Call::Take(id), Answer::Granted { .. }) = (call, first) {
+            calls.out.push((id, step.at));
+        }
+        out.push((step.at, call, first));
+    }
+    Ok(out.into_iter().map(|(_, _, a)| a).collect())
+}
+
+/// The calls a scenario has under way: ids granted and not yet settled or
+/// cancelled, oldest first, with when they were granted.
+#[derive(Default)]
+struct Calls {
+    next: u64,
+    out: Vec<(u64, u64)>,
+}
+
+impl Calls {
+    /// The call `step` asks of the stores; `None` for a settle or cancel
+    /// with no call out.
+    fn resolve(&mut self, step: &Step) -> Option<Call> {
+        Some(match step.op {
+            Op::Take => {
+                self.next += 1;
+                Call::Take(self.next - 1)
+            }
+            Op::Settle { pick, ago } => {
+                let (id, sent) = self.pick(pick)?;
+                let ago = ago.min(step.at - sent + 2).min(step.at);
+                Call::Settle(id, ago)
+            }
+            Op::Cancel { pick } => Call::Cancel(self.pick(pick)?.0),
+            Op::RateLimited { pause } => Call::RateLimited(pause),
+            Op::InForce { limit } => Call::InForce(limit),
+            Op::Full => Call::Full,
+        })
+    }
+
+    fn pick(&mut self, pick: usize) -> Option<(u64, u64)> {
+        if self.out.is_empty() {
+            return None;
+        }
+        Some(self.out.remove(pick % self.out.len()))
+    }
+}
+
+/// The in-process store: an [`ExactWindow`] on the scenario's clock.
+pub struct InProcess {
+    w: ExactWindow,
+    t0: Instant,
+    slots: HashMap<u64, SlotId>,
+    /// Whether the learnt limit has settled, as its events said.
+    settled: bool,
+}
+
+impl InProcess {
+    /// An empty window for `s`.
+    pub fn new(s: &Scenario) -> InProcess {
+        let t0 = Instant::now();
+        InProcess {
+            w: ExactWindow::new(s.limit, Duration::from_millis(s.window), t0),
+            t0,
+            slots: HashMap::new(),
+            settled: false,
+        }
+    }
+
+    fn ms_from(&self, now: Instant, until: Instant) -> u64 {
+        let d = until.saturating_duration_since(now);
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Reads the learning events at `now`, where the fleet would hear them.
+    fn hear(&mut self, now: Instant) {
+        while let Some(e) = self.w.take_event(now) {
+            self.settled = matches!(e, Learning::Settled(_));
+        }
+    }
+
+    fn take(&mut self, id: u64, now: Instant) -> Answer {
+        let r = self.w.try_take(now);
+        self.hear(now);
+        match r {
+            Ok(slot) => {
+                self.slots.insert(id, slot);
+                let learnt = self.w.learnt();
+                Answer::Granted {
+                    limit: self.w.limit(),
+                    occupancy: self.w.occupancy(now),
+                    learnt: learnt.unwrap_or(0),
+                    settled: learnt.is_some() && self.settled,
+                }
+            }
+            Err(until) => Answer::Wait {
+                ms: self.ms_from(now, until),
+                paused: self.w.paused_until(now).is_some(),
+            },
+        }
+    }
+}
+
+impl Store for InProcess {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    fn apply(&mut self, now: u64, call: Call) -> Answer {
+        let at = |ms: u64| self.t0 + Duration::from_millis(ms);
+        let t = at(now);
+        match call {
+            Call::Take(id) => self.take(id, t),
+            Call::Settle(id, ago) => {
+                if let Some(slot) = self.slots.remove(&id) {
+                    self.w.complete(slot, at(now - ago));
+                }
+                Answer::Noted
+            }
+            Call::Cancel(id) => {
+                if let Some(slot) = self.slots.remove(&id) {
+                    self.w.cancel(slot);
+                }
+                Answer::Noted
+            }
+            Call::RateLimited(pause) => {
+                let learnt = self.w.rate_limited(t);
+                self.w.pause_until(t + Duration::from_millis(pause));
+                self.hear(t);
+                let until = self.w.paused_until(t).unwrap_or(t);
+                Answer::Paused {
+                    ms: self.ms_from(t, until),
+                    learnt: learnt.unwrap_or(0),
+                }
+            }
+            Call::InForce(l) => Answer::InForce {
+                lowered: self.w.set_limit_in_force(l, t),
+            },
+            Call::Full => {
+                let until = self.w.remaining_zero(t);
+                Answer::Held {
+                    ms: self.ms_from(t, until),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Hand-written scenarios from the design's numbers, for both stores: the
+//! in-process tests check what they must answer, the fleet's test that the
+//! script answers the same.
+
+use super::{Op, Scenario, Step};
+
+/// A scenario written step by step.
+struct Build(Scenario);
+
+impl Build {
+    fn new(limit: u64, window: u64) -> Build {
+        Build(Scenario {
+            limit,
+            window,
+            steps: Vec::new(),
+        })
+    }
+
+    fn at(mut self, at: u64, op: Op) -> Build {
+        self.0.steps.push(Step { at, op });
+        self
+    }
+
+    fn n(mut self, n: usize, at: u64, op: Op) -> Build {
+        for _ in 0..n {
+            self = self.at(at, op);
+        }
+        self
+    }
+
+    /// Takes `n` places at `at`, each answered at once (so no other call
+    /// may be out: a settle picks the oldest).
+    fn calls(self, n: usize, at: u64) -> Build {
+        (0..n).fold(self, |b, _| {
+            b.at(at, Op::Take).at(at, Op::Settle { pick: 0, ago: 0 })
+        })
+    }
+}
+
+const OLDEST: Op = Op::Settle { pick: 0, ago: 0 };
+
+/// 600 calls per 6 s: the whole limit at once, then a place frees W after
+/// the first response and not before.
+pub fn burst_600_per_6s() -> Scenario {
+    Build::new(600, 6000)
+        .n(601, 0, Op::Take)
+        .at(100, OLDEST)
+        .at(200, Op::Take)
+        .n(599, 300, OLDEST)
+        .at(6099, Op::Take)
+        .at(6100, Op::Take)
+        .at(6101, Op::Take)
+        .0
+}
+
+/// 10 per 1 s with every place held by a call in flight: a place could
+/// free W from now at the earliest, and then W after the first response.
+pub fn in_flight_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .n(11, 0, Op::Take)
+        .at(300, OLDEST)
+        .at(400, Op::Take)
+        .at(1299, Op::Take)
+        .at(1300, Op::Take)
+        .0
+}
+
+/// 10 per 1 s against a server that accepts 6: the 429 at the seventh call
+/// teaches 6; the limit settles after a clean window, then probes to 7
+/// after a window that used it in full.
+pub fn secret_6_of_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(7, 0)
+        .at(10, Op::RateLimited { pause: 1000 })
+        .at(500, Op::Take)
+        .calls(1, 1010)
+        .calls(1, 2010)
+        .calls(5, 2020)
+        .at(2030, Op::Take)
+        .calls(1, 3010)
+        .0
+}
+
+/// 10 per 1 s: a 429 lowers the limit while a call from before is still
+/// out; its own 429, until the grace (100 ms) after it came back, teaches
+/// nothing more, and one at the grace does.
+pub fn late_429_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(8, 0)
+        .at(0, Op::Take)
+        .at(5, Op::RateLimited { pause: 20 })
+        .at(50, OLDEST)
+        .at(60, Op::RateLimited { pause: 0 })
+        .at(149, Op::RateLimited { pause: 0 })
+        .at(150, Op::RateLimited { pause: 0 })
+        .0
+}
+
+/// 10 per 1 s: a server that reports its limit lowers it at once, never
+/// raises it, and a 429 then teaches nothing; `remaining: 0` holds new
+/// calls until the first place frees.
+pub fn reported_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(3, 0)
+        .at(10, Op::InForce { limit: 4 })
+        .at(11, Op::InForce { limit: 6 })
+        .at(12, Op::InForce { limit: 4 })
+        .at(20, Op::Take)
+        .at(30, Op::Take)
+        .at(40, Op::RateLimited { pause: 0 })
+        .at(50, OLDEST)
+        .at(60, Op::Full)
+        .at(70, Op::Take)
+        .at(1000, Op::Take)
+        .0
+}
+
+/// 10 per 1 s, learning: `remaining: 0` after a clean window does not
+/// start the next one (the learning clock runs at takes and 429s only), so
+/// the probe after it comes a window after the take that started it.
+pub fn held_while_learning_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(3, 0)
+        .at(0, Op::RateLimited { pause: 0 })
+        .calls(1, 1000)
+        .calls(1, 1005)
+        .at(2001, Op::Full)
+        .calls(3, 2100)
+        .at(3050, Op::Take)
+        .calls(1, 3100)
+        .0
+}
+
+/// 10 per 1 s: a call granted in the very millisecond of a lowering, before
+/// it, was paced to the old limit; while it is out, and just after it is
+/// back, a 429 may be its own and teaches nothing.
+pub fn granted_at_the_lowering_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .calls(4, 0)
+        .at(0, Op::Take)
+        .at(0, Op::RateLimited { pause: 0 })
+        .at(200, Op::RateLimited { pause: 0 })
+        .at(300, OLDEST)
+        .at(301, Op::RateLimited { pause: 0 })
+        .at(500, Op::RateLimited { pause: 0 })
+        .0
+}
+
+/// Every hand-written scenario, named.
+pub fn all() -> Vec<(&'static str, Scenario)> {
+    vec![
+        ("burst_600_per_6s", burst_600_per_6s()),
+        ("in_flight_10_per_1s", in_flight_10_per_1s()),
+        ("secret_6_of_10_per_1s", secret_6_of_10_per_1s()),
+        ("late_429_10_per_1s", late_429_10_per_1s()),
+        ("reported_10_per_1s", reported_10_per_1s()),
+        (
+            "held_while_learning_10_per_1s",
+            held_while_learning_10_per_1s(),
+        ),
+        (
+            "granted_at_the_lowering_10_per_1s",
+            granted_at_the_lowering_10_per_1s(),
+        ),
+    ]
+}

@@ -1,0 +1,144 @@
+use super::design::*;
+use super::*;
+
+fn granted(limit: u64, occupancy: u64, learnt: u64, settled: bool) -> Answer {
+    Answer::Granted {
+        limit,
+        occupancy,
+        learnt,
+        settled,
+    }
+}
+
+fn wait(ms: u64) -> Answer {
+    Answer::Wait { ms, paused: false }
+}
+
+/// The answers of the in-process store, without the settles' and
+/// cancellations' `Noted`.
+fn answers(s: &Scenario) -> Vec<Answer> {
+    run(s, &mut InProcess::new(s))
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect()
+}
+
+#[test]
+fn a_burst_of_600_per_6s_waits_w_after_the_first_response() {
+    let a = answers(&burst_600_per_6s());
+    assert!(a[..600].iter().all(|a| matches!(a, Answer::Granted { .. })));
+    assert_eq!(a[599], granted(600, 600, 0, false));
+    // All in flight: none can end before W from now.
+    assert_eq!(
+        a[600..],
+        [
+            wait(6000),
+            wait(5900),
+            wait(1),
+            granted(600, 600, 0, false),
+            wait(199)
+        ]
+    );
+}
+
+#[test]
+fn a_window_full_of_calls_in_flight_looks_again_in_w() {
+    let a = answers(&in_flight_10_per_1s());
+    assert_eq!(
+        a[10..],
+        [wait(1000), wait(900), wait(1), granted(10, 10, 0, false)]
+    );
+}
+
+#[test]
+fn a_secret_limit_is_learnt_settled_then_probed() {
+    let a = answers(&secret_6_of_10_per_1s());
+    assert_eq!(a[6], granted(10, 7, 0, false));
+    assert_eq!(
+        a[7..],
+        [
+            Answer::Paused {
+                ms: 1000,
+                learnt: 6
+            },
+            Answer::Wait {
+                ms: 510,
+                paused: true
+            },
+            granted(6, 1, 6, false),
+            granted(6, 1, 6, true),
+            granted(6, 2, 6, true),
+            granted(6, 3, 6, true),
+            granted(6, 4, 6, true),
+            granted(6, 5, 6, true),
+            granted(6, 6, 6, true),
+            wait(980),
+            granted(7, 6, 7, true),
+        ]
+    );
+}
+
+#[test]
+fn a_429_just_after_a_call_from_before_the_lowering_teaches_nothing() {
+    let a = answers(&late_429_10_per_1s());
+    assert_eq!(a[9], Answer::Paused { ms: 20, learnt: 7 });
+    let paused = |learnt| Answer::Paused { ms: 0, learnt };
+    assert_eq!(a[10..], [paused(0), paused(0), paused(6)]);
+}
+
+#[test]
+fn a_reported_limit_wins_and_remaining_zero_holds_until_a_place_frees() {
+    let a = answers(&reported_10_per_1s());
+    let inforce = |lowered| Answer::InForce { lowered };
+    assert_eq!(
+        a[3..],
+        [
+            inforce(true),
+            inforce(false),
+            inforce(false),
+            granted(4, 4, 0, false),
+            wait(970),
+            Answer::Paused { ms: 0, learnt: 0 },
+            Answer::Held { ms: 940 },
+            wait(930),
+            granted(4, 2, 0, false),
+        ]
+    );
+}
+
+#[test]
+fn the_runner_reports_the_first_disagreement_with_the_scenario() {
+    let s = in_flight_10_per_1s();
+    let mut other = s.clone();
+    other.window = 1001;
+    let e = compare(&s, &mut InProcess::new(&s), &mut InProcess::new(&other)).unwrap_err();
+    assert!(e.contains("disagree at step #10"), "{e}");
+    assert!(e.contains("10 per 1000 ms"), "{e}");
+    assert!(e.contains("Wait { ms: 1000"), "{e}");
+    assert!(compare(&s, &mut InProcess::new(&s), &mut InProcess::new(&s)).is_ok());
+}
+
+#[test]
+fn remaining_zero_does_not_run_the_learning_clock() {
+    let a = answers(&held_while_learning_10_per_1s());
+    assert_eq!(
+        a[3..6],
+        [
+            Answer::Paused { ms: 0, learnt: 2 },
+            granted(2, 1, 2, true),
+            granted(2, 2, 2, true)
+        ]
+    );
+    // The clean window that was used in full ended at 2000; the take at
+    // 2100, not the hold at 2001, probes and starts the next one.
+    assert_eq!(a[6], Answer::Held { ms: 4 });
+    assert_eq!(a[7], granted(3, 1, 3, true));
+    assert_eq!(a[10..], [wait(50), granted(4, 1, 4, true)]);
+}
+
+#[test]
+fn a_call_granted_in_the_instant_of_a_lowering_is_from_before_it() {
+    let a = answers(&granted_at_the_lowering_10_per_1s());
+    let paused = |learnt| Answer::Paused { ms: 0, learnt };
+    assert_eq!(a[5..], [paused(3), paused(0), paused(0), paused(2)]);
+}

@@ -1,0 +1,195 @@
+//! The fleet's script and the in-process state machine, one window rule in
+//! two stores: every scenario of `batchrun::rate::scenario` is run against
+//! both, the script in a real Redis on the scenario's clock, and any
+//! answer that differs fails the test with the scenario.
+
+use std::time::Duration;
+
+use batchrun::fleet::FleetKeys;
+use batchrun::pace::shared::{ScriptArgs, SCRIPT};
+use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
+
+use super::support::{fleet_name, Redis};
+
+/// Where the script's clock starts: a unix time in ms, as from `TIME`.
+const BASE: u64 = 1_700_000_000_000;
+
+/// The script on a connection of its own, one scenario's keys, and the
+/// scenario's clock.
+struct Lua {
+    conn: redis::Connection,
+    script: redis::Script,
+    keys: [String; 5],
+    args: ScriptArgs,
+    limit: u64,
+    /// No limit reported yet: a 429 teaches one, as in the fleet pacer.
+    secret: bool,
+}
+
+impl Lua {
+    fn new(redis: &Redis, s: &Scenario) -> Lua {
+        let window = Duration::from_millis(s.window);
+        Lua {
+            conn: redis.conn(),
+            script: redis::Script::new(SCRIPT),
+            keys: FleetKeys::named(&fleet_name("rule")).pacer(),
+            // Calls in flight and leases outlast any scenario: neither is
+            // part of the rule both stores share.
+            args: ScriptArgs {
+                window,
+                hold: window + Duration::from_secs(3600),
+                lease: Duration::from_secs(3600),
+            },
+            limit: s.limit,
+            secret: true,
+        }
+    }
+
+    fn op<T: redis::FromRedisValue>(
+        &mut self,
+        now: u64,
+        op: &str,
+        args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+    ) -> T {
+        let mut inv = self
+            .args
+            .invoke(&self.script, &self.keys, op, Some(BASE + now));
+        args(&mut inv);
+        inv.invoke(&mut self.conn)
+            .unwrap_or_else(|e| panic!("the script failed at {op}: {e}"))
+    }
+}
+
+fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64) {
+    inv.arg(1).arg(id.to_string()).arg(ago);
+}
+
+impl Store for Lua {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+
+    fn apply(&mut self, now: u64, call: Call) -> Answer {
+        match call {
+            Call::Take(id) => {
+                let cap = self.limit;
+                let v: Vec<i64> = self.op(now, "take", |inv| {
+                    // Headroom 1, no ceiling, no settles, nothing to put back.
+                    inv.arg(id.to_string()).arg(cap).arg(1).arg(0);
+                    inv.arg(0).arg(0).arg(0);
+                });
+                match v[..] {
+                    [1, limit, occupancy, learnt, settled] => Answer::Granted {
+                        limit: limit as u64,
+                        occupancy: occupancy as u64,
+                        learnt: learnt as u64,
+                        settled: settled == 1,
+                    },
+                    [0, ms, why] => Answer::Wait {
+                        ms: ms as u64,
+                        paused: why == 1,
+                    },
+                    _ => panic!("take answered {v:?}"),
+                }
+            }
+            Call::Settle(id, ago) => {
+                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, ago as i64));
+                Answer::Noted
+            }
+            Call::Cancel(id) => {
+                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, -1));
+                Answer::Noted
+            }
+            Call::RateLimited(pause) => {
+                let learn = if self.secret { self.limit } else { 0 };
+                let v: Vec<i64> = self.op(now, "pause", |inv| {
+                    inv.arg(pause).arg(learn).arg(0);
+                });
+                Answer::Paused {
+                    ms: v[0] as u64,
+                    learnt: v[1] as u64,
+                }
+            }
+            Call::InForce(l) => {
+                self.secret = false;
+                let lowered: i64 = self.op(now, "inforce", |inv| {
+                    inv.arg(l);
+                });
+                Answer::InForce {
+                    lowered: lowered == 1 && l < self.limit,
+                }
+            }
+            Call::Full => {
+                let ms: i64 = self.op(now, "full", |_| {});
+                Answer::Held { ms: ms as u64 }
+            }
+        }
+    }
+}
+
+fn check(redis: &Redis, s: &Scenario) -> Result<(), String> {
+    scenario::compare(s, &mut InProcess::new(s), &mut Lua::new(redis, s)).map(|_| ())
+}
+
+#[test]
+fn the_script_answers_the_design_scenarios_as_the_state_machine_does() {
+    let redis = Redis::start();
+    let failed: Vec<String> = scenario::design::all()
+        .into_iter()
+        .filter_map(|(name, s)| check(&redis, &s).err().map(|e| format!("{name}: {e}")))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+fn op(window: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        12 => Just(Op::Take),
+        8 => (0usize..8, 0..=window).prop_map(|(pick, ago)| Op::Settle { pick, ago }),
+        1 => (0usize..8).prop_map(|pick| Op::Cancel { pick }),
+        2 => prop_oneof![0..=window / 8, 0..=2 * window].prop_map(|pause| Op::RateLimited { pause }),
+        1 => Just(Op::Full),
+    ]
+}
+
+/// Steps often in one instant, else a few ms apart, now and then a window
+/// or two; a limit reported in half the scenarios.
+fn scenarios() -> impl Strategy<Value = Scenario> {
+    (1u64..=8, 20u64..=1500, any::<bool>()).prop_flat_map(|(limit, window, reports)| {
+        let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
+        let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
+        let op = prop_oneof![40 => op(window), u32::from(reports) => inforce];
+        proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
+            let mut at = 0;
+            let steps = steps
+                .into_iter()
+                .map(|(gap, op)| {
+                    at += gap;
+                    Step { at, op }
+                })
+                .collect();
+            Scenario {
+                limit,
+                window,
+                steps,
+            }
+        })
+    })
+}
+
+#[test]
+fn the_script_and_the_state_machine_answer_every_scenario_alike() {
+    let redis = Redis::start();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 1000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&scenarios(), |s| {
+        check(&redis, &s).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
