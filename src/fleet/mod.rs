@@ -2,7 +2,7 @@
 //! through Redis (`--redis`).
 //!
 //! What is per key is per fleet: the window and the concurrency ceiling
-//! ([`crate::pace::SharedPacer`] and its Lua script), the rate-limit pause,
+//! ([`pacer::FleetPacer`] and its Lua script), the rate-limit pause,
 //! the learnt limit, and the billing alerts ([`alerts`]). [`keys`] names
 //! where each lives; [`shard`] splits one input between processes.
 //!
@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 pub mod alerts;
 pub mod keys;
+pub mod pacer;
 pub mod shard;
 
 pub use alerts::{AlertClaim, FleetAlerts};

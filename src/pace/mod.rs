@@ -2,8 +2,9 @@
 //! [`crate::rate`].
 //!
 //! The pool sees only the [`Pacer`] interface, so the token bucket, the
-//! exact sliding window and a pacer shared by many processes through Redis
-//! are interchangeable behind it.
+//! exact sliding window, the SpikeArrest mirror and the fleet's pacer
+//! (`fleet::pacer`, shared by many processes through Redis) are
+//! interchangeable behind it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +19,11 @@ use crate::rate::Limit;
 use crate::util::BoxFuture;
 
 mod bucket;
-pub mod shared;
 mod spike;
 mod unpaced;
 mod window;
 
 pub use bucket::BucketPacer;
-pub use shared::{SharedConfig, SharedPacer};
 pub use spike::SpikePacer;
 pub use unpaced::Unpaced;
 pub use window::WindowPacer;
@@ -53,9 +52,21 @@ pub enum PaceError {
     Unavailable(String),
 }
 
-/// Something a pacer learnt from a response that the operator should hear.
+/// Something a pacer learnt that the operator should hear. A pacer never
+/// writes to the terminal itself: it hands the run a note, and the run's
+/// recorder says it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PaceNote {
+    /// The shared store (the fleet's Redis) stopped answering: no call goes
+    /// out until it answers again, for up to `waits`.
+    StoreLost {
+        /// Where the store is (no credentials).
+        at: String,
+        /// Why it is taken as lost.
+        cause: String,
+        /// How long calls are held before the run halts.
+        waits: Duration,
+    },
     /// The server reports a limit in force below the configured one.
     LimitInForce(u64),
     /// A rate-limit 429 from a server that never reports its limit: the
@@ -77,7 +88,7 @@ impl From<Learning> for PaceNote {
 }
 
 /// Decides when each call may start. One pacer is shared by every worker of
-/// a run (and, for a shared pacer, by every process on the key).
+/// a run (and, for the fleet's pacer, by every process on the key).
 pub trait Pacer: Send + Sync {
     /// Waits until one call may start and claims its place. The permit is
     /// what lets a window pacer count a call from its send until its
@@ -87,7 +98,7 @@ pub trait Pacer: Send + Sync {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>>;
 
     /// A rate-limit 429 arrived: every worker waits `for_` before its next
-    /// call, and nobody bursts when the pause ends. Async because a shared
+    /// call, and nobody bursts when the pause ends. Async because the fleet's
     /// pacer tells every process through its store. The refused call's
     /// permit is completed first, and [`observe`](Self::observe) has seen
     /// its headers: a pacer that learns the limit from 429s relies on both.
@@ -98,8 +109,14 @@ pub trait Pacer: Send + Sync {
     /// that changed what the pacer does.
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>>;
 
+    /// A note the pacer has for the run outside any response (its store was
+    /// lost, say): the recorder asks every tick.
+    fn note(&self) -> Option<PaceNote> {
+        None
+    }
+
     /// When the current pause ends, if one is in force: for the progress
-    /// display only, so it may be approximate for a shared pacer.
+    /// display only, so it may be approximate for the fleet's pacer.
     fn paused_until(&self) -> Option<Instant>;
 
     /// The limit per window learnt from 429s of a server that does not
@@ -226,18 +243,6 @@ pub fn for_limit(
     Ok((pacer, r.period.min(Duration::from_secs(60))))
 }
 
-/// The pacer of a process in a fleet (`--redis`): the window, the
-/// concurrency ceiling, the pause and the learnt limit are shared with every
-/// process on the key. Returns the pause of a 429 without a usable
-/// Retry-After, as [`for_limit`] does.
-pub fn for_fleet(fleet: crate::fleet::Fleet, cfg: SharedConfig) -> (Arc<dyn Pacer>, Duration) {
-    let pause = match cfg.limit {
-        Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
-        Limit::Unlimited => Duration::from_secs(30),
-    };
-    (Arc::new(SharedPacer::new(fleet, cfg)), pause)
-}
-
 /// The time on tokio's clock as a std instant, for the pure rate logic
 /// (which tokio's paused test clock then drives as well).
 pub(crate) fn now_std() -> std::time::Instant {
@@ -246,16 +251,16 @@ pub(crate) fn now_std() -> std::time::Instant {
 
 /// A pure pacing state shared by every worker, with a wake-up for waiters:
 /// the thin async layer the window and SpikeArrest pacers have in common.
-pub(crate) struct Shared<T> {
+pub(crate) struct Guarded<T> {
     state: std::sync::Mutex<T>,
     /// Wakes waiters when a place may have come free sooner than they were
     /// told (a call ended, gave its place back, or the limit grew).
     changed: tokio::sync::Notify,
 }
 
-impl<T> Shared<T> {
-    pub(crate) fn new(state: T) -> Arc<Shared<T>> {
-        Arc::new(Shared {
+impl<T> Guarded<T> {
+    pub(crate) fn new(state: T) -> Arc<Guarded<T>> {
+        Arc::new(Guarded {
             state: std::sync::Mutex::new(state),
             changed: tokio::sync::Notify::new(),
         })

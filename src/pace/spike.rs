@@ -8,52 +8,52 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Shared, Ticket};
+use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::rate::spike_pace::SpikePace;
 
 /// The SpikeArrest pacer, shared by every worker.
 pub struct SpikePacer {
-    shared: Arc<Shared<SpikePace>>,
+    guarded: Arc<Guarded<SpikePace>>,
 }
 
 impl SpikePacer {
     /// Paces to `mirror`.
     pub fn new(mirror: SpikePace) -> SpikePacer {
         SpikePacer {
-            shared: Shared::new(mirror),
+            guarded: Guarded::new(mirror),
         }
     }
 }
 
 struct SpikeTicket {
-    shared: Arc<Shared<SpikePace>>,
+    guarded: Arc<Guarded<SpikePace>>,
 }
 
 impl Ticket for SpikeTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
-        self.shared.lock().complete(arrived.into_std());
-        self.shared.notify();
+        self.guarded.lock().complete(arrived.into_std());
+        self.guarded.notify();
     }
 
     fn cancel(self: Box<Self>) {
-        self.shared.lock().cancel();
-        self.shared.notify();
+        self.guarded.lock().cancel();
+        self.guarded.notify();
     }
 }
 
 impl Pacer for SpikePacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            self.shared.take(|s, now| s.try_take(now)).await;
+            self.guarded.take(|s, now| s.try_take(now)).await;
             Ok(Permit::tracked(Box::new(SpikeTicket {
-                shared: self.shared.clone(),
+                guarded: self.guarded.clone(),
             })))
         })
     }
 
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
         let now = now_std();
-        self.shared.lock().pause_until(now + for_, now);
+        self.guarded.lock().pause_until(now + for_, now);
         ready(Ok(()))
     }
 
@@ -61,7 +61,7 @@ impl Pacer for SpikePacer {
         // SpikeArrest itself reports nothing; a gateway in front of another
         // limiter might, and a lower rate is then followed.
         let note = crate::wire::limit_in_force(headers).and_then(|l| {
-            self.shared
+            self.guarded
                 .lock()
                 .shrink_to(l, now_std())
                 .then_some(PaceNote::LimitInForce(l))
@@ -70,7 +70,7 @@ impl Pacer for SpikePacer {
     }
 
     fn paused_until(&self) -> Option<Instant> {
-        self.shared
+        self.guarded
             .lock()
             .paused_until(now_std())
             .map(Instant::from_std)

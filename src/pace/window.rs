@@ -9,40 +9,40 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Shared, Ticket};
+use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::rate::exact::{ExactWindow, SlotId};
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
-    shared: Arc<Shared<ExactWindow>>,
+    guarded: Arc<Guarded<ExactWindow>>,
 }
 
 impl WindowPacer {
     /// Paces to `window`.
     pub fn new(window: ExactWindow) -> WindowPacer {
         WindowPacer {
-            shared: Shared::new(window),
+            guarded: Guarded::new(window),
         }
     }
 }
 
 /// One call's place in the window.
 struct WindowTicket {
-    shared: Arc<Shared<ExactWindow>>,
+    guarded: Arc<Guarded<ExactWindow>>,
     slot: SlotId,
 }
 
 impl Ticket for WindowTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
-        self.shared.lock().complete(self.slot, arrived.into_std());
+        self.guarded.lock().complete(self.slot, arrived.into_std());
         // The place now has a known end, possibly sooner than a waiter
         // assumed for a call in flight.
-        self.shared.notify();
+        self.guarded.notify();
     }
 
     fn cancel(self: Box<Self>) {
-        if self.shared.lock().cancel(self.slot) {
-            self.shared.notify();
+        if self.guarded.lock().cancel(self.slot) {
+            self.guarded.notify();
         }
     }
 }
@@ -50,9 +50,9 @@ impl Ticket for WindowTicket {
 impl Pacer for WindowPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            let slot = self.shared.take(|w, now| w.try_take(now)).await;
+            let slot = self.guarded.take(|w, now| w.try_take(now)).await;
             Ok(Permit::tracked(Box::new(WindowTicket {
-                shared: self.shared.clone(),
+                guarded: self.guarded.clone(),
                 slot,
             })))
         })
@@ -60,7 +60,7 @@ impl Pacer for WindowPacer {
 
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
         let now = now_std();
-        let mut s = self.shared.lock();
+        let mut s = self.guarded.lock();
         // Learning first: it must see whether an earlier pause still holds.
         s.rate_limited(now);
         s.pause_until(now + for_);
@@ -69,7 +69,7 @@ impl Pacer for WindowPacer {
 
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
         let now = now_std();
-        let mut s = self.shared.lock();
+        let mut s = self.guarded.lock();
         let before = s.limit();
         let mut note = None;
         if let Some(l) = crate::wire::limit_in_force(headers) {
@@ -85,24 +85,24 @@ impl Pacer for WindowPacer {
         let note = note.or_else(|| s.take_event(now).map(PaceNote::from));
         drop(s);
         if grew {
-            self.shared.notify();
+            self.guarded.notify();
         }
         ready(note)
     }
 
     fn paused_until(&self) -> Option<Instant> {
-        self.shared
+        self.guarded
             .lock()
             .paused_until(now_std())
             .map(Instant::from_std)
     }
 
     fn learnt(&self) -> Option<u64> {
-        self.shared.lock().learnt()
+        self.guarded.lock().learnt()
     }
 
     fn steady_per_min(&self) -> Option<f64> {
-        let s = self.shared.lock();
+        let s = self.guarded.lock();
         let w = s.window().as_secs_f64();
         (w > 0.0).then(|| s.limit() as f64 * 60.0 / w)
     }

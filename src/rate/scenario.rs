@@ -1,6 +1,6 @@
 //! One scenario harness for the exact window rule's two stores: the
 //! in-process [`ExactWindow`] and the fleet's script in Redis
-//! (`pace/shared.lua`). A [`Scenario`] is a timed sequence of what the two
+//! (`fleet/pacer.lua`). A [`Scenario`] is a timed sequence of what the two
 //! have in common (takes, completions, cancellations, 429s, reported limits,
 //! `remaining: 0`), on a clock in whole milliseconds from its start; each
 //! store answers every step, and [`compare`] fails at the first step where

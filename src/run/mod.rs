@@ -191,9 +191,9 @@ fn build_pacer(
     meta: &JobMeta,
 ) -> Result<Paced, RunError> {
     match fleet {
-        Some(f) => Ok(pace::for_fleet(
+        Some(f) => Ok(crate::fleet::pacer::for_fleet(
             f.clone(),
-            pace::SharedConfig {
+            crate::fleet::pacer::FleetPacing {
                 limit: settings.limit,
                 concurrency: settings.concurrency,
                 timeout: settings.timeout,

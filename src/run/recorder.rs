@@ -90,7 +90,12 @@ impl Recorder {
                     Some(ev) => self.take(ev, &mut saving),
                     None => break,
                 },
-                _ = every.tick() => self.ticks.tick(&self.stats, &self.reporter),
+                _ = every.tick() => {
+                    while let Some(note) = self.ticks.gauges.pacer.note() {
+                        self.take(Event::Pace(note), &mut saving);
+                    }
+                    self.ticks.tick(&self.stats, &self.reporter);
+                }
             }
         }
         self.ticks.end();
@@ -299,6 +304,13 @@ impl Recorder {
     /// again). True when it must be flushed now.
     fn pace_note(&mut self, note: PaceNote) -> bool {
         let (line, learnt, flush) = match note {
+            PaceNote::StoreLost { at, cause, waits } => {
+                self.reporter.say(&format!(
+                    "batchrun: fleet: Redis at {at} is not answering ({cause}); no call goes out until it does, for up to {}",
+                    humantime::format_duration(waits)
+                ));
+                return false;
+            }
             PaceNote::LimitInForce(l) => (
                 format!("batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"),
                 None,

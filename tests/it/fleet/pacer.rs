@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
 use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
-use batchrun::pace::{PaceNote, Pacer, SharedConfig, SharedPacer};
+use batchrun::pace::{PaceNote, Pacer};
 use batchrun::rate::Limit;
 
 use super::support::{fleet_name, Proxy, Redis};
@@ -21,10 +22,10 @@ async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
     .expect("connect")
 }
 
-fn pacer(fleet: Fleet, limit: &str) -> Arc<SharedPacer> {
-    Arc::new(SharedPacer::new(
+fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
+    Arc::new(FleetPacer::new(
         fleet,
-        SharedConfig {
+        FleetPacing {
             limit: limit.parse::<Limit>().unwrap(),
             concurrency: 100,
             timeout: Duration::from_secs(1),
@@ -55,7 +56,7 @@ fn learnt_in(c: &mut redis::Connection, name: &str) -> Option<u64> {
 }
 
 /// Takes `n` permits one after another, each completed at once.
-async fn calls(p: &SharedPacer, n: usize) {
+async fn calls(p: &FleetPacer, n: usize) {
     for _ in 0..n {
         p.take()
             .await

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use batchrun::fleet::pacer::{ScriptArgs, SCRIPT};
 use batchrun::fleet::FleetKeys;
-use batchrun::pace::shared::{ScriptArgs, SCRIPT};
 use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;

@@ -2,7 +2,7 @@
 //! every process on one API key shares one limit, one concurrency ceiling,
 //! one pause and one learnt limit.
 //!
-//! Each decision is one atomic run of `shared.lua` on Redis's own clock
+//! Each decision is one atomic run of `pacer.lua` on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
 //! set (and one concurrency lease) from its send until W after its response
 //! arrived, exactly as in-process: `tests/it/fleet/rule.rs` runs the
@@ -26,14 +26,14 @@ use reqwest::header::HeaderMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{BoxFuture, PaceError, PaceNote, Pacer, Permit, Ticket};
-use crate::fleet::Fleet;
+use super::Fleet;
+use crate::pace::{PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::rate::exact::{stale_grace, MAX_EVENTS};
 use crate::rate::Limit;
-use crate::report::err_line;
+use crate::util::BoxFuture;
 
 /// The script every fleet process runs; see the file for its contract.
-pub const SCRIPT: &str = include_str!("shared.lua");
+pub const SCRIPT: &str = include_str!("pacer.lua");
 
 /// The window a limit reported for an unlimited plan is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
@@ -90,7 +90,7 @@ impl ScriptArgs {
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]
-pub struct SharedConfig {
+pub struct FleetPacing {
     /// The configured limit (before `--headroom`).
     pub limit: Limit,
     /// The concurrency ceiling the whole fleet shares.
@@ -113,7 +113,7 @@ pub fn scaled(count: u64, headroom: f64) -> u64 {
 }
 
 /// The fleet pacer. See the module docs.
-pub struct SharedPacer {
+pub struct FleetPacer {
     inner: Arc<Inner>,
 }
 
@@ -216,10 +216,10 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl SharedPacer {
+impl FleetPacer {
     /// A pacer on `fleet` for `cfg`. Spawns its settler and heartbeat tasks,
     /// which end when the pacer is dropped.
-    pub fn new(fleet: Fleet, cfg: SharedConfig) -> SharedPacer {
+    pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
         let (window, configured) = match cfg.limit {
             Limit::Rate(r) => (r.period, r.count),
             Limit::Unlimited => (CAP_WINDOW, 0),
@@ -254,7 +254,7 @@ impl SharedPacer {
         });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
         tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.args.lease / 3));
-        SharedPacer { inner }
+        FleetPacer { inner }
     }
 
     /// This process's tag: the prefix of every permit id it adds.
@@ -308,11 +308,12 @@ impl Inner {
             !std::mem::replace(&mut l.lost, true)
         };
         if first {
-            err_line(&format!(
-                "batchrun: fleet: Redis at {} is not answering ({e}); no call goes out until it does, for up to {}",
-                self.fleet.at(),
-                humantime::format_duration(self.fleet.redis_timeout())
-            ));
+            let note = PaceNote::StoreLost {
+                at: self.fleet.at().to_string(),
+                cause: e.to_string(),
+                waits: self.fleet.redis_timeout(),
+            };
+            self.lock().push(note);
         }
     }
 
@@ -559,7 +560,7 @@ impl Drop for Abandon<'_> {
     }
 }
 
-impl Pacer for SharedPacer {
+impl Pacer for FleetPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
             let inner = &self.inner;
@@ -663,6 +664,10 @@ impl Pacer for SharedPacer {
         self.inner.lock().paused_until.filter(|&u| u > now)
     }
 
+    fn note(&self) -> Option<PaceNote> {
+        self.inner.lock().notes.pop_front()
+    }
+
     fn learnt(&self) -> Option<u64> {
         Some(self.inner.lock().learnt).filter(|&l| l > 0)
     }
@@ -678,6 +683,18 @@ impl Pacer for SharedPacer {
             self.inner.flush_settles(within).await;
         })
     }
+}
+
+/// The pacer of a process in a fleet (`--redis`): the window, the
+/// concurrency ceiling, the pause and the learnt limit are shared with every
+/// process on the key. Returns the pause of a 429 without a usable
+/// Retry-After, as [`crate::pace::for_limit`] does.
+pub fn for_fleet(fleet: Fleet, cfg: FleetPacing) -> (Arc<dyn Pacer>, Duration) {
+    let pause = match cfg.limit {
+        Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
+        Limit::Unlimited => Duration::from_secs(30),
+    };
+    (Arc::new(FleetPacer::new(fleet, cfg)), pause)
 }
 
 #[cfg(test)]
