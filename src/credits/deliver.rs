@@ -8,12 +8,11 @@
 //! the process exits.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
-use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 
 use super::{format_line, Alert};
 
@@ -65,32 +64,15 @@ struct Webhook {
     client: reqwest::Client,
 }
 
-/// Count of deliveries in flight, and a wake-up for [`Alerter::flush`].
-#[derive(Default)]
-struct Pending {
-    count: AtomicUsize,
-    idle: Notify,
-}
-
-/// Decrements the pending count however the delivery task ends, including
-/// being dropped by a runtime shutdown, so `flush` can never wait on a ghost.
-struct PendingGuard(Arc<Pending>);
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 /// Sends billing alerts to stderr, the summary and an optional webhook.
 pub struct Alerter {
     job: String,
     webhook: Option<Webhook>,
     print: Print,
     fired: Mutex<Vec<Alert>>,
-    pending: Arc<Pending>,
+    /// The deliveries in flight: a task dropped by a runtime shutdown
+    /// leaves it too, so `flush` can never wait on a ghost.
+    deliveries: TaskTracker,
 }
 
 impl fmt::Debug for Alerter {
@@ -98,7 +80,7 @@ impl fmt::Debug for Alerter {
         f.debug_struct("Alerter")
             .field("job", &self.job)
             .field("webhook", &self.webhook.as_ref().map(|w| &w.origin))
-            .field("pending", &self.pending.count.load(Ordering::Relaxed))
+            .field("pending", &self.deliveries.len())
             .finish_non_exhaustive()
     }
 }
@@ -149,7 +131,7 @@ impl Alerter {
             webhook,
             print,
             fired: Mutex::new(Vec::new()),
-            pending: Arc::default(),
+            deliveries: TaskTracker::new(),
         }
     }
 
@@ -188,21 +170,21 @@ impl Alerter {
             // Slack- and Mattermost-style receivers display `text` as is.
             "text": format_line(alert),
         });
-        self.pending.count.fetch_add(1, Ordering::AcqRel);
-        let guard = PendingGuard(Arc::clone(&self.pending));
         let client = hook.client.clone();
         let url = hook.url.clone();
         let origin = hook.origin.clone();
         let print = Arc::clone(&self.print);
-        rt.spawn(async move {
-            let _guard = guard;
-            if let Err(why) = deliver(&client, url, &body).await {
-                print(&format!(
-                    "batchrun: alert webhook to {origin} failed: {why}; \
-                     the alert is still on stderr and in the summary"
-                ));
-            }
-        });
+        self.deliveries.spawn_on(
+            async move {
+                if let Err(why) = deliver(&client, url, &body).await {
+                    print(&format!(
+                        "batchrun: alert webhook to {origin} failed: {why}; \
+                         the alert is still on stderr and in the summary"
+                    ));
+                }
+            },
+            &rt,
+        );
     }
 
     /// Every alert sent so far, oldest first, for the `--json` summary.
@@ -212,7 +194,7 @@ impl Alerter {
 
     /// Number of webhook deliveries still in flight.
     pub fn pending(&self) -> usize {
-        self.pending.count.load(Ordering::Acquire)
+        self.deliveries.len()
     }
 
     /// Waits until in-flight webhook deliveries finish, or `grace` passes,
@@ -220,23 +202,13 @@ impl Alerter {
     /// before the process exits; deliveries still running afterwards are
     /// abandoned with the runtime.
     pub async fn flush(&self, grace: Duration) {
-        if self.pending() == 0 {
+        if self.deliveries.is_empty() {
             return;
         }
-        let all_done = async {
-            loop {
-                // Register before checking the count, or a delivery finishing
-                // in between would notify nobody and this would sleep to grace.
-                let idle = self.pending.idle.notified();
-                tokio::pin!(idle);
-                idle.as_mut().enable();
-                if self.pending() == 0 {
-                    return;
-                }
-                idle.await;
-            }
-        };
-        let _ = tokio::time::timeout(grace, all_done).await;
+        // Closed only while waiting: an alert after a flush is still sent.
+        self.deliveries.close();
+        let _ = tokio::time::timeout(grace, self.deliveries.wait()).await;
+        self.deliveries.reopen();
     }
 }
 
@@ -293,6 +265,7 @@ mod tests {
     use serde_json::Value;
     use std::net::SocketAddr;
     use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::Ordering;
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
     use tokio::time::Instant;
