@@ -26,7 +26,7 @@
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
 --                       flight only)
 --
--- ARGV[1] op: take | settle | beat | pause | inforce | full
+-- ARGV[1] op: take | settle | beat | pause | inforce | full | probe
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
 -- ARGV[4] lease: ms a concurrency lease lasts unless renewed
@@ -336,6 +336,15 @@ if op == 'full' then
     keep(KEYS[4], limit_ttl)
   end
   return untl - now
+end
+
+-- probe: run once at join. A write that leaves nothing behind proves
+-- that this user may run the script and that this Redis takes writes (a
+-- read-only replica refuses it). Returns 1.
+if op == 'probe' then
+  redis.call('HSET', KEYS[5], '__probe', now)
+  redis.call('HDEL', KEYS[5], '__probe')
+  return 1
 end
 
 return redis.error_reply('batchrun fleet script: unknown op ' .. tostring(op))

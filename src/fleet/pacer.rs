@@ -685,6 +685,39 @@ impl Pacer for FleetPacer {
     }
 }
 
+/// Runs the script once, harmlessly, at join: a user without the rights
+/// to run it (an ACL without `EVALSHA`/`EVAL`) or a Redis that takes no
+/// writes (a read-only replica) is a configuration error to hear of before
+/// any call, not a stall that "run the same command" could never cure.
+pub async fn probe(fleet: &Fleet) -> Result<(), super::FleetError> {
+    let script = redis::Script::new(SCRIPT);
+    let args = ScriptArgs {
+        window: Duration::from_secs(1),
+        hold: Duration::from_secs(1),
+        lease: Duration::from_secs(1),
+    };
+    let mut conn = fleet.conn();
+    let inv = args.invoke(&script, &fleet.keys().pacer(), "probe", None);
+    let answer: redis::RedisResult<i64> =
+        match tokio::time::timeout(PROBE_WITHIN, inv.invoke_async(&mut conn)).await {
+            Ok(r) => r,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::IoError,
+                "timed out",
+            ))),
+        };
+    answer.map(|_| ()).map_err(|e| super::FleetError::Refused {
+        at: fleet.at().to_string(),
+        why: format!(
+            "{e}. The fleet needs a writable primary and a user allowed to run scripts \
+             (EVAL, EVALSHA, SCRIPT LOAD) on its keys; no request was sent"
+        ),
+    })
+}
+
+/// How long the probe at join may take.
+const PROBE_WITHIN: Duration = Duration::from_secs(5);
+
 /// The pacer of a process in a fleet (`--redis`): the window, the
 /// concurrency ceiling, the pause and the learnt limit are shared with every
 /// process on the key. Returns the pause of a 429 without a usable

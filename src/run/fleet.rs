@@ -5,8 +5,9 @@ use crate::exit::RunError;
 use crate::fleet::{Fleet, FleetSettings, Shard};
 use crate::report::err_line;
 
-/// Connects to the fleet's Redis, if the run is part of a fleet. Redis out
-/// of reach is a fatal error before any request is sent.
+/// Connects to the fleet's Redis, if the run is part of a fleet, and runs
+/// the fleet's script once. Redis out of reach, or refusing the script, is
+/// a fatal error before any request is sent.
 pub async fn join(
     fleet: Option<&FleetSettings>,
     shard: Option<Shard>,
@@ -21,6 +22,9 @@ pub async fn join(
         return Ok(None);
     };
     let fleet = Fleet::connect(f)
+        .await
+        .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+    crate::fleet::pacer::probe(&fleet)
         .await
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
     let share = if f.headroom < 1.0 {

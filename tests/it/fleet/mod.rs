@@ -546,3 +546,36 @@ async fn a_pacer_the_fleet_cannot_keep_is_refused_before_any_call() {
     let st = s.sim().stats().await;
     assert_eq!(st["requests"], 0, "nothing sent: {st}");
 }
+
+/// A Redis that will not run the fleet's script (an ACL user without
+/// script rights) or takes no writes (a read-only replica) is a
+/// configuration error: exit 1 before any call, with the cause, not the
+/// resumable exit 75 that running the same command again could never cure.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_refuses_the_script_is_a_configuration_error_before_any_call() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "noscript", "on", ">pw", "~*", "&*", "+@all", "-@scripting"])
+        .query::<()>(&mut c)
+        .unwrap();
+    let port = redis.url.trim_start_matches("redis://127.0.0.1:");
+    let limited = format!("redis://noscript:pw@127.0.0.1:{port}");
+    let replica = Redis::start();
+    let (host_port, _) = port.split_once('/').unwrap();
+    redis::cmd("REPLICAOF")
+        .arg(&["127.0.0.1", host_port])
+        .query::<()>(&mut replica.conn())
+        .unwrap();
+    let s = Scenario::new("fleet-noscript").with_sim(&[]).numbers(3);
+    for (url, cause) in [(limited.as_str(), "NOPERM"), (replica.url.as_str(), "READONLY")] {
+        let name = fleet_name("noscript");
+        let r = s.run(&fleet_args(url, &name, &[]));
+        assert_eq!(r.code, 1, "{url}: {}", r.stderr);
+        assert!(r.stderr.contains("refused the fleet's script"), "{}", r.stderr);
+        assert!(r.stderr.to_uppercase().contains(cause), "{}", r.stderr);
+        assert!(!r.stderr.contains(":pw@"), "the password stays out of output");
+    }
+    let st = s.sim().stats().await;
+    assert_eq!(st["requests"], 0, "nothing sent: {st}");
+}
