@@ -203,6 +203,32 @@ impl Fleet {
         })
     }
 
+    /// The eviction policy of a Redis that may evict the fleet's keys
+    /// (a `maxmemory` set, with any `maxmemory-policy` but `noeviction`: the
+    /// fleet's keys carry expiries, so even the `volatile-*` policies may
+    /// take them). `None` when it will not evict, or will not say (a
+    /// managed Redis may refuse `CONFIG`).
+    pub async fn eviction_policy(&self) -> Option<String> {
+        let get = |name: &'static str| {
+            let mut c = self.conn.clone();
+            async move {
+                let r: RedisResult<Vec<String>> = tokio::time::timeout(
+                    ATTEMPT_TIMEOUT,
+                    redis::cmd("CONFIG")
+                        .arg("GET")
+                        .arg(name)
+                        .query_async(&mut c),
+                )
+                .await
+                .unwrap_or_else(|_| Err(RedisError::from((ErrorKind::IoError, "timed out"))));
+                r.ok().and_then(|v| v.into_iter().nth(1))
+            }
+        };
+        let max = get("maxmemory").await?;
+        let policy = get("maxmemory-policy").await?;
+        (max != "0" && policy != "noeviction").then_some(policy)
+    }
+
     /// The fleet's keys.
     pub fn keys(&self) -> &FleetKeys {
         &self.keys

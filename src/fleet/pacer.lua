@@ -22,7 +22,9 @@
 --                       lowered_at = when it was last lowered (ms),
 --                       stale_done = when a call granted before that last
 --                       came back (ms), held_until = no call starts before
---                       (ms), after a response said remaining: 0
+--                       (ms), after a response said remaining: 0,
+--                       epoch = the fleet's epoch (a number): its absence
+--                       or change tells a process Redis forgot the fleet
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
 --                       flight only)
 --
@@ -185,15 +187,65 @@ local function stale()
   return false
 end
 
+-- Whether Redis forgot the fleet while this process was not looking (a
+-- FLUSHALL, a DEL, an eviction, with the connection up): ARGV[e] the epoch
+-- the process last heard ('' for none, or while it puts its calls back),
+-- ARGV[e+1] an epoch to start if there is none, ARGV[e+2] a call of its
+-- own still in flight ('' for none), which must still be in the window.
+-- Absent altogether (the rule's tests), nothing is checked. Returns
+-- whether it forgot, and the epoch now in force. Whoever finds the loss
+-- first starts a new epoch and holds the fleet for one window, so that
+-- every process has put its calls back before the window fills again;
+-- the others see the new epoch and put theirs back, without holding again.
+local function forgotten(e)
+  if ARGV[e] == nil then return false, nil end
+  local heard, fresh, witness = ARGV[e], ARGV[e + 1], ARGV[e + 2]
+  local epoch = redis.call('HGET', KEYS[4], 'epoch')
+  local lost = false
+  if epoch and heard ~= '' and epoch ~= heard then
+    return true, tonumber(epoch)
+  end
+  if not epoch and heard ~= '' then lost = true end
+  if witness ~= '' and not redis.call('ZSCORE', KEYS[1], witness) then lost = true end
+  if lost or not epoch then
+    epoch = fresh
+    redis.call('HSET', KEYS[4], 'epoch', epoch)
+  end
+  if lost then
+    local until_ = now + W
+    if until_ > tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
+      redis.call('HSET', KEYS[4], 'held_until', until_)
+    end
+  end
+  keep(KEYS[4], limit_ttl)
+  return lost, tonumber(epoch)
+end
+
+-- Where a take's arguments after its settle list and restore block begin.
+local function after_blocks(i)
+  i = i + 1 + 2 * tonumber(ARGV[i])
+  return i + 2 + 3 * tonumber(ARGV[i + 1])
+end
+
+-- A take's answer, with the epoch appended when the process asked for it.
+local function answer(t, epoch)
+  if epoch then t[#t + 1] = epoch end
+  return t
+end
+
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), then a settle list, then a restore
 -- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
 -- when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
--- 3 concurrency ceiling reached.
+-- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
+-- back). After the restore block, the loss check's three arguments (see
+-- forgotten); with them, every answer ends with the fleet's epoch.
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local lost, epoch = forgotten(after_blocks(11))
+  if lost then return {0, 1, 4, epoch} end
   local i = settle(11)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -202,11 +254,11 @@ if op == 'take' then
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  if redis.call('ZSCORE', KEYS[1], id) then return {1, lim, occ, learnt, s} end
+  if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
-  if p > now then return {0, p - now, 1} end
+  if p > now then return answer({0, p - now, 1}, epoch) end
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
-  if held > now then return {0, held - now, 2} end
+  if held > now then return answer({0, held - now, 2}, epoch) end
   -- Only a take that may go counts towards a clean window used in full:
   -- one during a pause or hold is before that window began.
   if learning and lim > 0 and occ + 1 >= lim then
@@ -217,13 +269,13 @@ if op == 'take' then
     -- a provisional end, far off; it may come back at any moment and end W
     -- after, and no other process can wake this one then: look again by W.
     local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
-    return {0, math.max(1, math.min(tonumber(e[2]) - now, W + round)), 2}
+    return answer({0, math.max(1, math.min(tonumber(e[2]) - now, W + round)), 2}, epoch)
   end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     if redis.call('ZCARD', KEYS[2]) >= ceiling then
       local e = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-      return {0, math.max(1, tonumber(e[2]) - now), 3}
+      return answer({0, math.max(1, tonumber(e[2]) - now), 3}, epoch)
     end
   end
   redis.call('ZADD', KEYS[1], now + hold, id)
@@ -232,7 +284,7 @@ if op == 'take' then
   keep(KEYS[1], hold + 1000)
   keep(KEYS[2], lease + 1000)
   keep(KEYS[5], hold + 1000)
-  return {1, lim, occ + 1, learnt, s}
+  return answer({1, lim, occ + 1, learnt, s}, epoch)
 end
 
 -- settle: ARGV[7...] a settle list. Returns the number settled.

@@ -161,6 +161,9 @@ struct Local {
     notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     held_until: Option<Instant>,
+    /// The fleet's epoch as last heard: Redis forgetting the fleet with the
+    /// connection up shows as its absence or change.
+    epoch: Option<i64>,
 }
 
 impl Local {
@@ -372,6 +375,19 @@ impl Inner {
         Some(Restore { paused, entries })
     }
 
+    /// The loss check's arguments for a take: the epoch last heard and one
+    /// of this process's calls in flight, which Redis must still hold; none
+    /// while the take puts this process's calls back.
+    fn loss_check(&self, putting_back: bool) -> (String, String) {
+        let l = self.lock();
+        if putting_back {
+            return (String::new(), String::new());
+        }
+        let heard = l.epoch.map_or(String::new(), |e| e.to_string());
+        let witness = l.in_flight.iter().next().cloned().unwrap_or_default();
+        (heard, witness)
+    }
+
     async fn try_take(&self, id: &str, cap: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
@@ -386,11 +402,14 @@ impl Inner {
                 // been Redis restarting empty.
                 let block = self.restore_block();
                 restored.store(block.is_some(), Ordering::SeqCst);
+                let putting_back = block.is_some();
                 let Restore { paused, entries } = block.unwrap_or_default();
                 inv.arg(paused).arg(entries.len());
                 for (rid, left, flying) in entries {
                     inv.arg(rid).arg(left).arg(u8::from(flying));
                 }
+                let (heard, witness) = self.loss_check(putting_back);
+                inv.arg(heard).arg(fastrand::u32(1..)).arg(witness);
             })
             .await;
         let v = match result {
@@ -403,6 +422,10 @@ impl Inner {
         if restored.load(Ordering::SeqCst) {
             self.lock().lost = false;
         }
+        // Every answer ends with the fleet's epoch (see `loss_check`).
+        if let Some(&epoch) = v.last() {
+            self.lock().epoch = Some(epoch);
+        }
         match v.as_slice() {
             [1, rest @ ..] => {
                 let mut l = self.lock();
@@ -411,6 +434,12 @@ impl Inner {
                     l.heard((*learnt).max(0) as u64, *settled == 1);
                 }
                 Ok(Took::Granted)
+            }
+            // Redis forgot the fleet: the next take puts this process's
+            // calls back (the fleet is held meanwhile).
+            [0, _, 4, ..] => {
+                self.lock().lost = true;
+                Ok(Took::Wait(Duration::from_millis(1), Why::Window))
             }
             [0, ms, why, ..] => {
                 let wait = Duration::from_millis((*ms).max(1) as u64);

@@ -27,6 +27,14 @@ pub async fn join(
     crate::fleet::pacer::probe(&fleet)
         .await
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+    if let Some(policy) = fleet.eviction_policy().await {
+        err_line(&format!(
+            "batchrun: fleet: warning: Redis at {} may evict keys (maxmemory-policy {policy}); \
+             should it evict the fleet's, the fleet notices, holds one window and puts its calls \
+             back, but a Redis of its own with noeviction keeps the pace steady",
+            fleet.at()
+        ));
+    }
     let share = if f.headroom < 1.0 {
         format!(" ({:.0}% of it)", f.headroom * 100.0)
     } else {

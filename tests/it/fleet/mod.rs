@@ -556,7 +556,16 @@ async fn a_redis_that_refuses_the_script_is_a_configuration_error_before_any_cal
     let redis = Redis::start();
     let mut c = redis.conn();
     redis::cmd("ACL")
-        .arg(&["SETUSER", "noscript", "on", ">pw", "~*", "&*", "+@all", "-@scripting"])
+        .arg(&[
+            "SETUSER",
+            "noscript",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@scripting",
+        ])
         .query::<()>(&mut c)
         .unwrap();
     let port = redis.url.trim_start_matches("redis://127.0.0.1:");
@@ -568,14 +577,106 @@ async fn a_redis_that_refuses_the_script_is_a_configuration_error_before_any_cal
         .query::<()>(&mut replica.conn())
         .unwrap();
     let s = Scenario::new("fleet-noscript").with_sim(&[]).numbers(3);
-    for (url, cause) in [(limited.as_str(), "NOPERM"), (replica.url.as_str(), "READONLY")] {
+    for (url, cause) in [
+        (limited.as_str(), "NOPERM"),
+        (replica.url.as_str(), "READONLY"),
+    ] {
         let name = fleet_name("noscript");
         let r = s.run(&fleet_args(url, &name, &[]));
         assert_eq!(r.code, 1, "{url}: {}", r.stderr);
-        assert!(r.stderr.contains("refused the fleet's script"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("refused the fleet's script"),
+            "{}",
+            r.stderr
+        );
         assert!(r.stderr.to_uppercase().contains(cause), "{}", r.stderr);
-        assert!(!r.stderr.contains(":pw@"), "the password stays out of output");
+        assert!(
+            !r.stderr.contains(":pw@"),
+            "the password stays out of output"
+        );
     }
     let st = s.sim().stats().await;
     assert_eq!(st["requests"], 0, "nothing sent: {st}");
+}
+
+/// Redis forgetting the fleet's keys with the connection up (a FLUSHALL, a
+/// DEL of the window key: what eviction does) is noticed at the next take:
+/// the fleet holds one window while every process puts its calls back, so
+/// no window of the key is ever over its limit and nothing is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_forgetting_the_fleet_mid_run_never_overruns_a_window() {
+    let redis = Redis::start();
+    let sim_args = [
+        "--limit",
+        "20/1s",
+        "--concurrency",
+        "8",
+        "--cooldown",
+        "1s",
+        "--latency",
+        "50ms..150ms",
+    ];
+    let n = 160;
+    for forget in ["flushall", "del"] {
+        let s = Scenario::new(&format!("fleet-forgets-{forget}"))
+            .with_sim(&sim_args)
+            .numbers(n);
+        let name = fleet_name(forget);
+        let window_key = FleetKeys::named(&name).pacer()[0].clone();
+        let cmds = (1..=4)
+            .map(|i| {
+                let shard = format!("{i}/4");
+                let mut args = vec!["--limit", "20/1s", "--concurrency", "8"];
+                args.extend(["--redis", &redis.url, "--fleet-key", &name]);
+                args.extend(["--shard", &shard]);
+                s.cmd(&args)
+            })
+            .collect();
+        let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+        wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(50)).await;
+        let mut c = redis.conn();
+        match forget {
+            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
+            _ => redis::cmd("DEL")
+                .arg(&window_key)
+                .query::<()>(&mut c)
+                .unwrap(),
+        }
+        let (runs, _) = runner.await.unwrap();
+        for r in &runs {
+            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
+            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
+        }
+        let stats = s.sim().stats().await;
+        assert_never_limited(&stats, 20);
+        assert_side_effects(&stats, n);
+        assert_shards_did_each_item_once(&s, 4, n);
+    }
+}
+
+/// A Redis that may evict keys is said at join: the fleet's keys carry
+/// expiries, so only noeviction keeps them whatever the memory pressure.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_may_evict_is_warned_of_at_join() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    redis::cmd("CONFIG")
+        .arg(&[
+            "SET",
+            "maxmemory",
+            "100mb",
+            "maxmemory-policy",
+            "allkeys-lru",
+        ])
+        .query::<()>(&mut c)
+        .unwrap();
+    let s = Scenario::new("fleet-evicts").with_sim(&[]).numbers(3);
+    let r = s.run(&fleet_args(&redis.url, &fleet_name("evicts"), &[]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("may evict keys (maxmemory-policy allkeys-lru)"),
+        "{}",
+        r.stderr
+    );
 }
