@@ -680,3 +680,33 @@ async fn a_redis_that_may_evict_is_warned_of_at_join() {
         r.stderr
     );
 }
+
+/// More workers than the limit allows (`-c 4` on 2 calls a window): a fleet
+/// waiter told the window is full of calls in flight looks again within a
+/// window, not at their provisional end (timeout + W + 1 s), so the fleet
+/// keeps the key as full as one process does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_with_more_workers_than_the_limit_keeps_pace_with_one_process() {
+    let redis = Redis::start();
+    let sim_args = ["--limit", "2/200ms", "--latency", "1ms..5ms"];
+    let n = 24;
+    let args = ["--limit", "2/200ms", "--concurrency", "4"];
+    let alone = Scenario::new("fleet-c4-alone")
+        .with_sim(&sim_args)
+        .numbers(n);
+    let (r, took_alone) = run_measured(alone.sim(), vec![alone.cmd(&args)], n).await;
+    assert_eq!(r[0].code, 0, "{}", r[0].stderr);
+    let s = Scenario::new("fleet-c4").with_sim(&sim_args).numbers(n);
+    let name = fleet_name("c4");
+    let mut fleet = args.to_vec();
+    fleet.extend(["--redis", &redis.url, "--fleet-key", &name]);
+    let (r, took_fleet) = run_measured(s.sim(), vec![s.cmd(&fleet)], n).await;
+    assert_eq!(r[0].code, 0, "{}", r[0].stderr);
+    assert_eq!(r[0].summary["rate_limited"], 0, "{}", r[0].summary);
+    assert_never_limited(&s.sim().stats().await, 2);
+    eprintln!("in process {took_alone:?}, through Redis {took_fleet:?}");
+    assert!(
+        took_fleet.as_secs_f64() <= took_alone.as_secs_f64() * 1.1 + 0.05,
+        "through Redis {took_fleet:?}, in process {took_alone:?}"
+    );
+}
