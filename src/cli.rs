@@ -390,10 +390,15 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Credits")]
     pub allow_partial: bool,
 
-    /// With --reserve: spend one call to learn the balance even if the last
-    /// known one says the reserve is reached (after a top-up).
+    /// With --reserve: spend one call to learn the balance now, even if the
+    /// last known one says the reserve is reached (after a top-up).
     #[arg(long, help_heading = "Credits")]
     pub recheck_credits: bool,
+
+    /// With --reserve: a last known balance older than this is learnt
+    /// afresh with one call (a nightly rerun sees a top-up by itself).
+    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_duration, help_heading = "Credits")]
+    pub recheck_after: Duration,
 
     /// On exhaustion (or reserve reached), wait and probe instead of exiting.
     #[arg(long, help_heading = "Credits")]

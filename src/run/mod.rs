@@ -145,6 +145,7 @@ impl Shared {
             floor,
             allow_partial: c.allow_partial,
             pending_at_start: job.pending(),
+            recheck_after: c.recheck_after,
         });
         let ledger = Ledger::new(restored.last, reserve, meta.cost_per_item);
         let config = MeterConfig {
@@ -389,10 +390,19 @@ impl Running {
 
 /// The reserve check before any call, from the checkpoint's last balance.
 fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
+    use credits::reserve::Recheck;
+    let recheck = match c.recheck_credits || c.wait_for_credits {
+        true => Recheck::Asked,
+        false => Recheck::Aged {
+            ago: crate::util::unix_now()
+                .saturating_sub(Duration::from_millis(meta.last_active_unix_ms)),
+            after: c.recheck_after,
+        },
+    };
     let p = credits::reserve::precheck(
         c.reserve,
         c.allow_partial,
-        c.recheck_credits || c.wait_for_credits,
+        recheck,
         pool.ledger.last(),
         meta.cost_per_item,
         pending,

@@ -40,6 +40,8 @@ pub struct CreditSettings {
     pub allow_partial: bool,
     /// Spend one call to learn the balance afresh.
     pub recheck_credits: bool,
+    /// A last known balance older than this is learnt afresh with one call.
+    pub recheck_after: Duration,
     /// Wait and probe instead of halting on exhaustion.
     pub wait_for_credits: bool,
     /// How often to probe while waiting.
@@ -378,6 +380,7 @@ impl CreditSettings {
             reserve: args.reserve,
             allow_partial: args.allow_partial,
             recheck_credits: args.recheck_credits,
+            recheck_after: args.recheck_after,
             wait_for_credits: args.wait_for_credits,
             probe_every: args.probe_every,
         }
