@@ -4,6 +4,7 @@ mod common;
 mod crash;
 mod credits;
 mod fleet;
+mod nightly;
 mod operator;
 mod pacing;
 mod run;
