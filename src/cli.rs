@@ -199,21 +199,18 @@ pub struct RunArgs {
     #[arg(long, value_enum, short = 'f', help_heading = "Input")]
     pub format: Option<Format>,
 
-    /// Plan: sets the per-minute limit and the concurrency from the published table.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "free",
-        short = 'p',
-        help_heading = "Pace"
-    )]
-    pub plan: Plan,
+    /// Plan: sets the per-minute limit and the concurrency from the published
+    /// table [default: free]. With --limit, its concurrency is the ceiling
+    /// the pool grows to.
+    #[arg(long, value_enum, short = 'p', help_heading = "Pace")]
+    pub plan: Option<Plan>,
 
     /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
     #[arg(long, short = 'l', help_heading = "Pace")]
     pub limit: Option<Limit>,
 
-    /// Workers (calls in flight at once), overriding the plan.
+    /// Workers (calls in flight at once), overriding the plan. Without it,
+    /// --limit sizes the pool to the measured latency.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000), short = 'c', help_heading = "Pace")]
     pub concurrency: Option<usize>,
 
@@ -447,6 +444,13 @@ pub struct RunArgs {
     pub shard: Option<crate::fleet::Shard>,
 }
 
+impl RunArgs {
+    /// The plan asked for, or the free plan (the safest) when none was.
+    pub fn plan(&self) -> Plan {
+        self.plan.unwrap_or(Plan::Free)
+    }
+}
+
 fn parse_headroom(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
@@ -506,12 +510,12 @@ mod tests {
         let Command::Run(a) = cli.command else {
             panic!("expected run")
         };
-        assert_eq!(a.plan, Plan::Starter);
+        assert_eq!(a.plan(), Plan::Starter);
         assert_eq!(a.input, PathBuf::from("input.jsonl"));
         let Command::Run(a) = parse(&["batchrun", "items.csv"]).command else {
             panic!("expected run")
         };
-        assert_eq!(a.plan, Plan::Free, "free is the safest default");
+        assert_eq!(a.plan(), Plan::Free, "free is the safest default");
         assert!(matches!(
             parse(&["batchrun", "plans"]).command,
             Command::Plans

@@ -44,7 +44,7 @@ use crate::input;
 use crate::pace::{self, Pacer, PacerKind};
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary};
-use crate::settings::{CreditSettings, Settings};
+use crate::settings::{CreditSettings, PoolSize, Settings};
 use crate::transport::HttpTransport;
 use damage::checkpoint_failed;
 use events::{Event, Stats};
@@ -266,8 +266,22 @@ fn build_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
-        slots: pool::Slots::new(settings.concurrency),
+        slots: Arc::new(slots(settings)),
     }))
+}
+
+/// The calls in flight: fixed, or growing to what the limit needs.
+fn slots(settings: &Settings) -> pool::Slots {
+    let per_second = settings.limit.rate().map(|r| r.per_second());
+    match settings.pool {
+        PoolSize::Fixed => pool::Slots::sized(
+            settings.concurrency,
+            settings.concurrency,
+            false,
+            per_second,
+        ),
+        PoolSize::Grows(start) => pool::Slots::sized(start, settings.concurrency, true, per_second),
+    }
 }
 
 /// What goes on while the pool works.
@@ -339,6 +353,7 @@ fn recorder(
     committer: Committer,
 ) -> Recorder {
     let gauges = Gauges {
+        slots: pool.slots.clone(),
         pacer: pool.pacer.clone(),
         gate: pool.gate.clone(),
         ledger: pool.ledger.clone(),

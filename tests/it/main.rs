@@ -7,6 +7,7 @@ mod fleet;
 mod nightly;
 mod operator;
 mod pacing;
+mod pool;
 mod run;
 mod scale;
 mod sim;
