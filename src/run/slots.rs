@@ -164,7 +164,10 @@ impl Slots {
             }
         }
         let size = self.size();
-        if n >= SAMPLES_TO_JUDGE && need > size && !self.noted_bound.swap(true, SeqCst) {
+        // Bound only when the calls in flight fall short of the limit's pace
+        // itself (the headroom is for growing, not for judging).
+        let short = (size as f64) < self.per_second.unwrap_or(0.0) * mean;
+        if n >= SAMPLES_TO_JUDGE && short && !self.noted_bound.swap(true, SeqCst) {
             return Some(Resized::Bound {
                 size,
                 need,
@@ -236,7 +239,8 @@ mod tests {
 
     #[test]
     fn a_pool_that_cannot_keep_the_pace_says_so_once_after_enough_calls() {
-        let s = Slots::new(1);
+        // 10 calls a second at 200 ms: 2 in flight, 4 with the headroom.
+        let s = Slots::sized(1, 1, false, Some(10.0));
         for _ in 1..SAMPLES_TO_JUDGE {
             assert_eq!(s.measured(200 * MS), None);
         }
@@ -249,9 +253,15 @@ mod tests {
         else {
             panic!("bound")
         };
-        assert_eq!((size, need), (1, 2));
+        assert_eq!((size, need), (1, 4));
         assert!((per_min - 300.0).abs() < 1e-6, "{per_min}");
         assert_eq!(s.measured(200 * MS), None, "said once");
+        // Quick enough calls keep the pace (4 a second at 240 ms is 0.96 in
+        // flight): nothing to say, headroom or not.
+        let s = Slots::sized(1, 1, false, Some(4.0));
+        for _ in 0..20 {
+            assert_eq!(s.measured(240 * MS), None);
+        }
         // Without a limit there is no pace to keep.
         let s = Slots::new(1);
         let s = Slots {
