@@ -298,4 +298,62 @@ mod tests {
         assert_eq!(s.measured(Duration::from_secs(1)), None);
         assert_eq!(s.size(), 1);
     }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Take,
+        Give,
+        Measure(u64),
+        Lower,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => Just(Op::Take),
+            3 => Just(Op::Give),
+            3 => (1u64..3_000).prop_map(Op::Measure),
+            1 => Just(Op::Lower),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the latencies and the server's lowerings, the pool never
+        /// holds more slots than its size (plus what is owed to a lowering),
+        /// never grows past its ceiling, and never grows again once lowered.
+        #[test]
+        fn the_pool_never_exceeds_its_size_nor_grows_after_a_lowering(
+            start in 1usize..8,
+            max in 1usize..64,
+            per_second in 0.5f64..500.0,
+            ops in proptest::collection::vec(op(), 1..200),
+        ) {
+            let s = Slots::sized(start, max, true, Some(per_second));
+            let mut held: Vec<Slot<'_>> = Vec::new();
+            let mut lowered_to: Option<usize> = None;
+            for op in ops {
+                match op {
+                    Op::Take => {
+                        if let Ok(p) = s.sem.try_acquire() {
+                            held.push(Slot { permit: Some(p), slots: &s });
+                        }
+                    }
+                    Op::Give => drop(held.pop()),
+                    Op::Measure(ms) => drop(s.measured(Duration::from_millis(ms))),
+                    Op::Lower => {
+                        if let Some(n) = s.lower() {
+                            lowered_to = Some(n);
+                        }
+                    }
+                }
+                let size = s.size();
+                proptest::prop_assert!(size >= 1 && size <= max, "size {size}, ceiling {max}");
+                if let Some(l) = lowered_to {
+                    proptest::prop_assert!(size <= l, "grew to {size} after a lowering to {l}");
+                }
+                let permits = s.sem.available_permits() + held.len();
+                proptest::prop_assert_eq!(permits, size + s.debt.load(SeqCst));
+            }
+        }
+    }
 }
