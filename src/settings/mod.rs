@@ -498,6 +498,50 @@ fn fleet_settings(
 mod tests {
     use super::*;
 
+    fn run_args(args: &[&str]) -> RunArgs {
+        let argv = ["batchrun"]
+            .iter()
+            .chain(args)
+            .map(std::ffi::OsString::from);
+        match crate::cli::Cli::parse_with_default(argv).command {
+            crate::cli::Command::Run(a) => *a,
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn a_limit_without_concurrency_grows_the_pool_within_the_plan() {
+        let sized = |args: &[&str]| {
+            let a = run_args(args);
+            let (_, most) = plan_limits(&a);
+            (most, pool_size(&a, most))
+        };
+        assert_eq!(sized(&["in.jsonl"]), (1, PoolSize::Fixed), "the free plan");
+        assert_eq!(sized(&["in.jsonl", "-p", "pro"]), (20, PoolSize::Fixed));
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s"]),
+            (GROWN_POOL_CAP, PoolSize::Grows(GROWN_POOL_START))
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s", "-p", "starter"]),
+            (5, PoolSize::Grows(4)),
+            "the plan's ceiling bounds it"
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "2/1s"]),
+            (2, PoolSize::Grows(2)),
+            "never more than a window holds"
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s", "-c", "3"]),
+            (3, PoolSize::Fixed)
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "none"]),
+            (GROWN_POOL_START, PoolSize::Fixed)
+        );
+    }
+
     #[test]
     fn default_outputs_sit_beside_the_input() {
         assert_eq!(
