@@ -199,21 +199,18 @@ pub struct RunArgs {
     #[arg(long, value_enum, short = 'f', help_heading = "Input")]
     pub format: Option<Format>,
 
-    /// Plan: sets the per-minute limit and the concurrency from the published table.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "free",
-        short = 'p',
-        help_heading = "Pace"
-    )]
-    pub plan: Plan,
+    /// Plan: sets the per-minute limit and the concurrency from the published
+    /// table [default: free]. With --limit, its concurrency is the ceiling
+    /// the pool grows to.
+    #[arg(long, value_enum, short = 'p', help_heading = "Pace")]
+    pub plan: Option<Plan>,
 
     /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
     #[arg(long, short = 'l', help_heading = "Pace")]
     pub limit: Option<Limit>,
 
-    /// Workers (calls in flight at once), overriding the plan.
+    /// Workers (calls in flight at once), overriding the plan. Without it,
+    /// --limit sizes the pool to the measured latency.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000), short = 'c', help_heading = "Pace")]
     pub concurrency: Option<usize>,
 
@@ -390,10 +387,15 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Credits")]
     pub allow_partial: bool,
 
-    /// With --reserve: spend one call to learn the balance even if the last
-    /// known one says the reserve is reached (after a top-up).
+    /// With --reserve: spend one call to learn the balance now, even if the
+    /// last known one says the reserve is reached (after a top-up).
     #[arg(long, help_heading = "Credits")]
     pub recheck_credits: bool,
+
+    /// With --reserve: a last known balance older than this is learnt
+    /// afresh with one call (a nightly rerun sees a top-up by itself).
+    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_duration, help_heading = "Credits")]
+    pub recheck_after: Duration,
 
     /// On exhaustion (or reserve reached), wait and probe instead of exiting.
     #[arg(long, help_heading = "Credits")]
@@ -440,6 +442,13 @@ pub struct RunArgs {
         help_heading = "Fleet"
     )]
     pub shard: Option<crate::fleet::Shard>,
+}
+
+impl RunArgs {
+    /// The plan asked for, or the free plan (the safest) when none was.
+    pub fn plan(&self) -> Plan {
+        self.plan.unwrap_or(Plan::Free)
+    }
 }
 
 fn parse_headroom(s: &str) -> Result<f64, String> {
@@ -501,12 +510,12 @@ mod tests {
         let Command::Run(a) = cli.command else {
             panic!("expected run")
         };
-        assert_eq!(a.plan, Plan::Starter);
+        assert_eq!(a.plan(), Plan::Starter);
         assert_eq!(a.input, PathBuf::from("input.jsonl"));
         let Command::Run(a) = parse(&["batchrun", "items.csv"]).command else {
             panic!("expected run")
         };
-        assert_eq!(a.plan, Plan::Free, "free is the safest default");
+        assert_eq!(a.plan(), Plan::Free, "free is the safest default");
         assert!(matches!(
             parse(&["batchrun", "plans"]).command,
             Command::Plans

@@ -107,19 +107,63 @@ impl Alert {
     }
 
     /// The billing alert for a halt that keeps `reserve` credits for
-    /// production traffic.
-    pub fn reserve(reserve: i64, snapshot: Option<CreditSnapshot>) -> Alert {
+    /// production traffic, the `nth` such halt of this billing cycle. Each
+    /// one alerts: a nightly job stuck at its reserve must say so every
+    /// night, not only the first, so each has its own id
+    /// ([`repeat_id`]).
+    pub fn reserve(reserve: i64, snapshot: Option<CreditSnapshot>, nth: usize) -> Alert {
         let balance = match snapshot {
             Some(s) => format!(" ({} of {} remaining)", group(s.remaining), group(s.max)),
             None => String::new(),
         };
+        let again = match nth {
+            0 | 1 => String::new(),
+            n => format!(", the {} time this billing cycle", ordinal(n)),
+        };
         let message = format!(
-            "halted to keep the reserve of {} credits for production{balance}; {}",
+            "halted to keep the reserve of {} credits for production{again}{balance}; {}",
             group(reserve),
             describe_renewal(snapshot.and_then(|s| s.renewal)),
         );
-        Alert::new(AlertKind::Reserve, ID_RESERVE, message, snapshot)
+        Alert::new(
+            AlertKind::Reserve,
+            repeat_id(ID_RESERVE, nth),
+            message,
+            snapshot,
+        )
     }
+}
+
+/// The id of the `nth` alert of one kind in a cycle: `base` for the first,
+/// then `base-2`, `base-3`, ... (each fires once per cycle, like any id).
+pub fn repeat_id(base: &str, nth: usize) -> String {
+    match nth {
+        0 | 1 => base.to_string(),
+        n => format!("{base}-{n}"),
+    }
+}
+
+/// Whether `id` is `base` or one of its repeats ([`repeat_id`]).
+pub fn is_repeat_of(id: &str, base: &str) -> bool {
+    match id.strip_prefix(base) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix('-')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+/// "2nd", "3rd", "11th", "21st".
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// Formats a unix time as "2026-12-10 00:00 UTC".
@@ -245,6 +289,7 @@ mod tests {
                 remaining: 2_050,
                 ..s
             }),
+            1,
         );
         assert_eq!(a.kind, AlertKind::Reserve);
         assert_eq!(a.id, ID_RESERVE);
@@ -254,8 +299,41 @@ mod tests {
             a.message
         );
         assert!(a.message.contains("2026-12-10 00:00 UTC"), "{}", a.message);
-        let a = Alert::reserve(5, Some(CreditSnapshot { renewal: None, ..s }));
+        let a = Alert::reserve(5, Some(CreditSnapshot { renewal: None, ..s }), 1);
         assert!(a.message.contains("renewal date unknown"), "{}", a.message);
+    }
+
+    #[test]
+    fn a_reserve_halt_that_repeats_alerts_again_and_counts() {
+        let a = Alert::reserve(80, None, 3);
+        assert_eq!(a.id, "reserve-3");
+        assert!(
+            a.message
+                .starts_with("halted to keep the reserve of 80 credits for production, the 3rd time this billing cycle"),
+            "{}",
+            a.message
+        );
+        assert!(!Alert::reserve(80, None, 1).message.contains("time this"));
+        for (n, o) in [
+            (2, "2nd"),
+            (11, "11th"),
+            (21, "21st"),
+            (112, "112th"),
+            (23, "23rd"),
+        ] {
+            assert_eq!(ordinal(n), o);
+        }
+        assert!(is_repeat_of("reserve", ID_RESERVE));
+        assert!(is_repeat_of("reserve-12", ID_RESERVE));
+        for not in [
+            "reserve-unmetered",
+            "reserve-",
+            "reserves",
+            "exhausted",
+            "reserve-2x",
+        ] {
+            assert!(!is_repeat_of(not, ID_RESERVE), "{not}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! both live here, behind one mutex.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -21,6 +22,9 @@ pub struct ReserveConfig {
     pub allow_partial: bool,
     /// Items pending when the run started, for the projection.
     pub pending_at_start: u64,
+    /// How long a rerun trusts the balance this run saw last
+    /// (`--recheck-after`), for the way on a halt names.
+    pub recheck_after: Duration,
 }
 
 #[derive(Default)]
@@ -167,9 +171,17 @@ impl Ledger {
             if s.in_flight > 0 {
                 return Admit::WaitForBalance;
             }
+            let left = r.pending_at_start.saturating_sub(s.done_in_run);
             return Admit::Refused(format!(
-                "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}",
-                last.remaining, r.floor
+                "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}; \
+                 {} item(s) done this run, {left} pending (~{} credits more would finish them). \
+                 After a top-up or the renewal the same command goes on by itself: \
+                 a run {} or more after this one checks the balance with one call",
+                last.remaining,
+                r.floor,
+                s.done_in_run,
+                (cost * left as f64).ceil() as i64,
+                humantime::format_duration(r.recheck_after),
             ));
         }
         s.in_flight += 1;
@@ -220,8 +232,8 @@ impl Ledger {
                 project(s.cost.current(), left, snap.remaining, r.floor, "balance");
             out.note = Some(line);
             if !r.allow_partial {
-                out.refusal = crosses
-                    .map(|why| format!("{why}; use --allow-partial to run until the reserve"));
+                let done = s.done_in_run;
+                out.refusal = crosses.map(|why| format!("{why}; {done} item(s) done this run"));
             }
         }
     }
@@ -281,6 +293,7 @@ mod tests {
             floor: 90,
             allow_partial: true,
             pending_at_start: 100,
+            recheck_after: Duration::from_secs(3600),
         };
         let l = Ledger::new(None, Some(r), None);
         let first = match l.admit(false) {
@@ -307,7 +320,14 @@ mod tests {
         assert!(matches!(l.admit(false), Admit::WaitForBalance));
         drop(g);
         l.observe(Some(snap(10, 1)), true, true);
-        assert!(matches!(l.admit(false), Admit::Refused(_)));
+        let Admit::Refused(why) = l.admit(false) else {
+            panic!("the reserve is reached")
+        };
+        // What was done, what is left, and what lets it go on.
+        assert!(why.contains("90 credits left"), "{why}");
+        assert!(why.contains("3 item(s) done this run, 97 pending"), "{why}");
+        assert!(why.contains("~388 credits more"), "{why}");
+        assert!(why.contains("goes on by itself"), "{why}");
         assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
     }
 }

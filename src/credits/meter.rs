@@ -315,6 +315,15 @@ impl CreditMeter {
         self.fired.len() != before
     }
 
+    /// How many alerts of `base` ([`super::alert::repeat_id`]) fired in
+    /// this cycle: the next one is the count plus one.
+    pub fn times_fired(&self, base: &str) -> usize {
+        self.fired
+            .iter()
+            .filter(|f| super::alert::is_repeat_of(f, base))
+            .count()
+    }
+
     /// Whether alert `id` already fired in this cycle.
     pub fn has_fired(&self, id: &str) -> bool {
         self.fired.iter().any(|f| f == id)

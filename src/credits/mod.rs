@@ -21,8 +21,8 @@ pub mod meter;
 pub mod reserve;
 
 pub use alert::{
-    describe_renewal, format_line, format_unix_date, format_unix_utc, Alert, AlertKind,
-    ID_EXHAUSTED, ID_PROJECTED, ID_RESERVE,
+    describe_renewal, format_line, format_unix_date, format_unix_utc, is_repeat_of, repeat_id,
+    Alert, AlertKind, ID_EXHAUSTED, ID_PROJECTED, ID_RESERVE,
 };
 pub use deliver::{check_webhook_url, Alerter, WEBHOOK_TIMEOUT, WEBHOOK_TRIES};
 pub use ledger::{Admit, InFlight, Ledger, Observed, ReserveConfig};

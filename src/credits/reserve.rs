@@ -1,6 +1,8 @@
 //! The production reserve: what a call is expected to cost, and whether the
 //! rest of the job fits above the reserve. Pure: no I/O, no clock.
 
+use std::time::Duration;
+
 use super::CreditSnapshot;
 
 /// Credits per successful call, from the movement of `x-api-credits-used`.
@@ -82,9 +84,11 @@ pub fn project(
     let line = format!(
         "batchrun: projected cost of the {left} remaining item(s): ~{projected} credits at ~{cost:.1}/item; {what} {balance}, reserve {floor}"
     );
-    let crosses = (balance.saturating_sub(projected) < floor).then(|| {
+    let room = balance.saturating_sub(floor);
+    let crosses = (room < projected).then(|| {
         format!(
-            "the remaining {left} item(s) would cost ~{projected} credits and take the {what} of {balance} below the reserve of {floor}"
+            "the remaining {left} item(s) would cost ~{projected} credits and take the {what} of {balance} below the reserve of {floor}: add --allow-partial to spend down to the reserve, or top up ~{} credits",
+            projected.saturating_sub(room)
         )
     });
     (line, crosses)
@@ -99,43 +103,84 @@ pub struct Precheck {
     pub refusal: Option<String>,
 }
 
+/// Whether a run trusts the checkpoint's last balance or learns it afresh.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Recheck {
+    /// `--recheck-credits` or `--wait-for-credits`: learn it with one call.
+    Asked,
+    /// The balance was last seen `ago`; it is trusted for `after`, then
+    /// learnt afresh with one call, so a nightly rerun sees a top-up by
+    /// itself while a rerun right after a halt spends nothing.
+    Aged {
+        /// How long ago the job's last call saw it.
+        ago: Duration,
+        /// How long it is trusted (`--recheck-after`).
+        after: Duration,
+    },
+}
+
 /// The reserve check a run can make before sending anything, from the last
 /// balance and cost per item the checkpoint knows (in this billing cycle).
-/// A stale balance can only be off by a top-up or other traffic:
-/// `recheck` (`--recheck-credits` or `--wait-for-credits`) learns it afresh
-/// with one call instead.
+/// A stale balance can only be off by a top-up or other traffic: a
+/// [`Recheck`] learns it afresh with one call instead.
 pub fn precheck(
     floor: Option<i64>,
     allow_partial: bool,
-    recheck: bool,
+    recheck: Recheck,
     last: Option<CreditSnapshot>,
     cost: Option<f64>,
     pending: u64,
     now_unix: u64,
 ) -> Precheck {
-    let (Some(floor), Some(last)) = (floor, last) else {
+    let (Some(floor), Some(last), Recheck::Aged { ago, after }) = (floor, last, recheck) else {
         return Precheck::default();
     };
-    if recheck || pending == 0 || last.renewal.is_some_and(|r| r <= now_unix) {
+    if pending == 0 || last.renewal.is_some_and(|r| r <= now_unix) {
         // Nothing to check, or that cycle is over and the balance renewed.
         return Precheck::default();
     }
     let cost = cost.unwrap_or(1.0).max(0.0);
     let (line, crosses) = project(cost, pending, last.remaining, floor, "last known balance");
-    let refusal = if last.remaining.saturating_sub(cost.ceil() as i64) < floor {
+    let at_reserve = last.remaining.saturating_sub(cost.ceil() as i64) < floor;
+    let refusal = if at_reserve {
         Some(format!(
-            "reserve reached: the last known balance is {} and a call costs ~{cost:.0}, the reserve is {floor}; nothing was sent (after a top-up, run with --recheck-credits)",
-            last.remaining
+            "reserve reached: the last known balance is {} and a call costs ~{cost:.0}, the reserve is {floor}; nothing was sent. \
+             The balance was seen {} ago: a run {} from now on checks it again by itself with one call; \
+             after a top-up, --recheck-credits checks it now",
+            last.remaining,
+            age(ago),
+            age(after.saturating_sub(ago)),
         ))
     } else {
-        crosses.filter(|_| !allow_partial).map(|why| {
-            format!("{why}; nothing was sent (use --allow-partial to run until the reserve)")
-        })
+        crosses
+            .filter(|_| !allow_partial)
+            .map(|why| format!("{why}; nothing was sent"))
     };
-    Precheck {
-        line: Some(line),
-        refusal,
+    match refusal {
+        // Stale: a top-up or a renewal may have changed it since.
+        Some(_) if ago >= after => Precheck {
+            line: Some(format!(
+                "batchrun: the last known balance ({} credits) is {} old: one call learns it afresh",
+                last.remaining,
+                age(ago)
+            )),
+            refusal: None,
+        },
+        refusal => Precheck {
+            line: Some(line),
+            refusal,
+        },
     }
+}
+
+/// "3m", "9h": how old a balance is, to the minute (seconds under one).
+fn age(d: Duration) -> String {
+    let d = if d >= Duration::from_secs(60) {
+        Duration::from_secs(d.as_secs() / 60 * 60)
+    } else {
+        Duration::from_secs(d.as_secs())
+    };
+    humantime::format_duration(d).to_string()
 }
 
 #[cfg(test)]
@@ -180,23 +225,74 @@ mod tests {
     }
 
     #[test]
-    fn the_precheck_refuses_from_the_checkpoint_unless_asked_to_recheck() {
+    fn the_precheck_refuses_from_a_recent_balance_unless_asked_to_recheck() {
         let last = CreditSnapshot {
             remaining: 85,
             used: 15,
             max: 100,
             renewal: Some(2_000),
         };
-        let p = precheck(Some(80), false, false, Some(last), Some(1.0), 10, 1_000);
+        let recent = Recheck::Aged {
+            ago: Duration::from_secs(60),
+            after: Duration::from_secs(3600),
+        };
+        let p = precheck(Some(80), false, recent, Some(last), Some(1.0), 10, 1_000);
         assert!(p.line.unwrap().contains("~10 credits"));
-        assert!(p.refusal.unwrap().contains("--allow-partial"));
-        let p = precheck(Some(80), true, false, Some(last), Some(1.0), 10, 1_000);
+        let why = p.refusal.unwrap();
+        assert!(why.contains("--allow-partial"), "{why}");
+        assert!(why.contains("top up ~5 credits"), "{why}");
+        let p = precheck(Some(80), true, recent, Some(last), Some(1.0), 10, 1_000);
         assert_eq!(p.refusal, None, "--allow-partial runs until the reserve");
-        let p = precheck(Some(85), true, false, Some(last), Some(1.0), 10, 1_000);
-        assert!(p.refusal.unwrap().contains("--recheck-credits"));
-        let p = precheck(Some(85), false, true, Some(last), Some(1.0), 10, 1_000);
+        let p = precheck(Some(85), true, recent, Some(last), Some(1.0), 10, 1_000);
+        let why = p.refusal.unwrap();
+        assert!(why.contains("nothing was sent"), "{why}");
+        assert!(why.contains("--recheck-credits"), "{why}");
+        assert!(why.contains("seen 1m ago"), "{why}");
+        assert!(why.contains("a run 59m from now on"), "{why}");
+        let p = precheck(
+            Some(85),
+            false,
+            Recheck::Asked,
+            Some(last),
+            Some(1.0),
+            10,
+            1_000,
+        );
         assert_eq!(p, Precheck::default(), "a recheck spends one call instead");
-        let p = precheck(Some(85), false, false, Some(last), Some(1.0), 10, 2_000);
+        let p = precheck(Some(85), false, recent, Some(last), Some(1.0), 10, 2_000);
         assert_eq!(p, Precheck::default(), "that cycle is over");
+    }
+
+    #[test]
+    fn a_stale_balance_is_learnt_afresh_instead_of_refusing() {
+        let last = CreditSnapshot {
+            remaining: 80,
+            used: 20,
+            max: 100,
+            renewal: Some(200_000),
+        };
+        let stale = Recheck::Aged {
+            ago: Duration::from_secs(9 * 3600 + 59),
+            after: Duration::from_secs(3600),
+        };
+        for allow_partial in [false, true] {
+            let p = precheck(
+                Some(80),
+                allow_partial,
+                stale,
+                Some(last),
+                Some(1.0),
+                10,
+                1_000,
+            );
+            assert_eq!(p.refusal, None);
+            let line = p.line.unwrap();
+            assert!(line.contains("(80 credits) is 9h old"), "{line}");
+            assert!(line.contains("one call learns it afresh"), "{line}");
+        }
+        // Room enough: the projection as usual, stale or not.
+        let p = precheck(Some(10), false, stale, Some(last), Some(1.0), 10, 1_000);
+        assert_eq!(p.refusal, None);
+        assert!(p.line.unwrap().contains("projected cost"));
     }
 }

@@ -45,12 +45,19 @@ pub struct Ending<'a> {
 /// How the input feeder ended.
 pub type FeederResult = Result<anyhow::Result<()>, tokio::task::JoinError>;
 
-/// The billing alert a halt raises: exhaustion and the reserve, once per cycle.
-fn billing_alert(halt: &Option<Halt>, reserve: i64, last: Option<CreditSnapshot>) -> Option<Alert> {
+/// The billing alert a halt raises: exhaustion once per outage, the
+/// reserve on every halt (`meter` counts those of this cycle).
+fn billing_alert(
+    halt: &Option<Halt>,
+    reserve: i64,
+    last: Option<CreditSnapshot>,
+    meter: &CreditMeter,
+) -> Option<Alert> {
     match halt {
         Some(Halt::Exhausted) => Some(Alert::exhausted(last)),
         Some(Halt::Reserve(why)) => {
-            let mut a = Alert::reserve(reserve, last);
+            let nth = meter.times_fired(crate::credits::ID_RESERVE) + 1;
+            let mut a = Alert::reserve(reserve, last, nth);
             a.message = format!("{why}. {}", a.message);
             Some(a)
         }
@@ -122,7 +129,7 @@ pub async fn finish(
     let storage_failed = matches!(halt, Some(Halt::Checkpoint(_)));
     let counts = e.items.counts().context("reading the checkpoint")?;
     let last = e.ledger.last();
-    let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last);
+    let billing = billing_alert(&halt, e.settings.credits.reserve.unwrap_or(0), last, &meter);
     if let Some(a) = &billing {
         raise(&e, &mut meter, a).await;
         meta.meter = meter.state();

@@ -44,7 +44,7 @@ use crate::input;
 use crate::pace::{self, Pacer, PacerKind};
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary};
-use crate::settings::{CreditSettings, Settings};
+use crate::settings::{CreditSettings, PoolSize, Settings};
 use crate::transport::HttpTransport;
 use damage::checkpoint_failed;
 use events::{Event, Stats};
@@ -145,6 +145,7 @@ impl Shared {
             floor,
             allow_partial: c.allow_partial,
             pending_at_start: job.pending(),
+            recheck_after: c.recheck_after,
         });
         let ledger = Ledger::new(restored.last, reserve, meta.cost_per_item);
         let config = MeterConfig {
@@ -265,8 +266,22 @@ fn build_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
-        slots: pool::Slots::new(settings.concurrency),
+        slots: Arc::new(slots(settings)),
     }))
+}
+
+/// The calls in flight: fixed, or growing to what the limit needs.
+fn slots(settings: &Settings) -> pool::Slots {
+    let per_second = settings.limit.rate().map(|r| r.per_second());
+    match settings.pool {
+        PoolSize::Fixed => pool::Slots::sized(
+            settings.concurrency,
+            settings.concurrency,
+            false,
+            per_second,
+        ),
+        PoolSize::Grows(start) => pool::Slots::sized(start, settings.concurrency, true, per_second),
+    }
 }
 
 /// What goes on while the pool works.
@@ -338,6 +353,7 @@ fn recorder(
     committer: Committer,
 ) -> Recorder {
     let gauges = Gauges {
+        slots: pool.slots.clone(),
         pacer: pool.pacer.clone(),
         gate: pool.gate.clone(),
         ledger: pool.ledger.clone(),
@@ -389,10 +405,19 @@ impl Running {
 
 /// The reserve check before any call, from the checkpoint's last balance.
 fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
+    use credits::reserve::Recheck;
+    let recheck = match c.recheck_credits || c.wait_for_credits {
+        true => Recheck::Asked,
+        false => Recheck::Aged {
+            ago: crate::util::unix_now()
+                .saturating_sub(Duration::from_millis(meta.last_active_unix_ms)),
+            after: c.recheck_after,
+        },
+    };
     let p = credits::reserve::precheck(
         c.reserve,
         c.allow_partial,
-        c.recheck_credits || c.wait_for_credits,
+        recheck,
         pool.ledger.last(),
         meta.cost_per_item,
         pending,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::events::Event;
 use super::gate::{Gate, Halt, Pass};
 use super::react::{react, Action, Call, Outcome, Policy, Tries};
+use super::slots::Resized;
 pub use super::slots::Slots;
 use super::watch::{Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
@@ -54,7 +55,7 @@ pub struct Pool {
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.
-    pub slots: Slots,
+    pub slots: Arc<Slots>,
 }
 
 /// The queue the feeder fills: items with their retry generation.
@@ -420,6 +421,11 @@ impl Pool {
                 sent.elapsed().as_millis()
             )));
         }
+        if let (Ok(r), Some(l)) = (&result, latency) {
+            if (200..300).contains(&r.status) {
+                self.sized(l);
+            }
+        }
         let outcome = match result {
             Ok(resp) => {
                 permit.complete(Instant::now());
@@ -444,6 +450,30 @@ impl Pool {
         // reserve reads, so only now does it stop counting as in flight.
         drop(guard);
         outcome
+    }
+
+    /// Feeds one answered call's latency to the slots (only a success's:
+    /// a refusal comes back faster than the work), and says what changed.
+    fn sized(&self, latency: Duration) {
+        let ms = |d: Duration| d.as_millis().max(1);
+        match self.slots.measured(latency) {
+            Some(Resized::Grew(n)) => self.emit(Event::Note(format!(
+                "batchrun: calls take ~{} ms: up to {n} calls in flight to keep the limit's pace",
+                ms(latency)
+            ))),
+            Some(Resized::Bound {
+                size,
+                need,
+                latency,
+                per_min,
+            }) => self.emit(Event::Note(format!(
+                "batchrun: note: calls take ~{} ms, so {size} call(s) in flight make ~{per_min:.0}/min; \
+                 the limit's pace needs ~{need}: concurrency, not the limit, bounds this run \
+                 (-c sets it, within what the API allows)",
+                ms(latency)
+            ))),
+            None => {}
+        }
     }
 
     async fn read(&self, resp: Response) -> Outcome {

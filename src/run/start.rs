@@ -10,7 +10,7 @@ use crate::checkpoint::{JobMeta, Store};
 use crate::exit::RunError;
 use crate::input;
 use crate::report::Summary;
-use crate::settings::Settings;
+use crate::settings::{PoolSize, Settings};
 
 /// Results exist for this input but the checkpoint knows nothing of them
 /// (it was lost, damaged or moved): say so before sending anything.
@@ -54,48 +54,88 @@ pub(super) fn start_line(
         .learnt_limit
         .zip(settings.limit.rate())
         .map(|(l, r)| l as f64 * 60.0 / r.period.as_secs_f64());
-    let mut all_at_once = false;
-    let projected = match learnt.or(pace).or(steady_per_min(settings)) {
-        Some(per_min) if pending > 0 => {
-            // The window pacer sends a whole window at once, then a window's
-            // worth per window: only the items past the first window wait.
-            let waiting = match (settings.pacer, settings.limit.rate()) {
-                (crate::pace::PacerKind::Window, Some(r)) => {
-                    let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);
-                    ((pending as f64 / per_window).ceil() - 1.0).max(0.0) * per_window
-                }
-                _ => pending as f64,
-            };
-            if waiting == 0.0 {
-                all_at_once = true;
-            }
-            let d = Duration::try_from_secs_f64(waiting * 60.0 / per_min).unwrap_or(Duration::MAX);
-            format!(
-                "; about {} at the limit's pace",
-                crate::report::progress::fmt_secs(d)
-            )
-        }
+    let per_min = learnt.or(pace).or(steady_per_min(settings));
+    let projected = match per_min {
+        Some(per_min) if pending > 0 => projection(settings, per_min, pending),
         _ => String::new(),
-    };
-    let projected = if all_at_once {
-        "; all within the first window".to_string()
-    } else {
-        projected
     };
     let learnt = meta
         .learnt_limit
         .map(|l| format!(", learnt {l} per window from the server"))
         .unwrap_or_default();
     format!(
-        "batchrun: job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), concurrency {}; state in {}; results to {}, failures to {}{projected}",
+        "batchrun: job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), {}; state in {}; results to {}, failures to {}{projected}{}",
         meta.id,
         settings.input.display(),
         settings.limit,
         settings.limit_source,
-        settings.concurrency,
+        concurrency(settings),
         settings.state_dir.display(),
         settings.out.display(),
         settings.failures.display(),
+        bound(settings, per_min),
+    )
+}
+
+/// "concurrency 5", or how a pool sized by the limit grows.
+fn concurrency(settings: &Settings) -> String {
+    match settings.pool {
+        PoolSize::Fixed => format!("concurrency {}", settings.concurrency),
+        PoolSize::Grows(start) => format!(
+            "concurrency from {start}, growing to what the limit needs at the measured latency (at most {})",
+            settings.concurrency
+        ),
+    }
+}
+
+/// How long the pending items take at `per_min`, the limit's pace. The
+/// window pacer sends a whole window at once, then a window's worth per
+/// window: only the items past the first window wait, and the first
+/// window goes as fast as the calls in flight allow.
+fn projection(settings: &Settings, per_min: f64, pending: u64) -> String {
+    let (waiting, window) = match (settings.pacer, settings.limit.rate()) {
+        (crate::pace::PacerKind::Window, Some(r)) => {
+            let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);
+            let waiting = ((pending as f64 / per_window).ceil() - 1.0).max(0.0) * per_window;
+            (waiting, Some(r.period))
+        }
+        _ => (pending as f64, None),
+    };
+    match window {
+        Some(_) if waiting == 0.0 && settings.concurrency as u64 >= pending => {
+            "; all within the first window".to_string()
+        }
+        // Fewer calls in flight than items: the window holds them all, but
+        // only calls quick enough get them through within it.
+        Some(w) if waiting == 0.0 => format!(
+            "; all within the first window if calls take under {} ms",
+            (w.as_secs_f64() * 1000.0 * settings.concurrency as f64 / pending as f64).floor()
+        ),
+        _ => {
+            let d = Duration::try_from_secs_f64(waiting * 60.0 / per_min).unwrap_or(Duration::MAX);
+            format!(
+                "; about {} at the limit's pace",
+                crate::report::progress::fmt_secs(d)
+            )
+        }
+    }
+}
+
+/// When the calls in flight, not the limit, bound the run: said up front
+/// for any latency under a second (the run says it again once it has
+/// measured one).
+fn bound(settings: &Settings, per_min: Option<f64>) -> String {
+    let most = settings.concurrency;
+    let Some(per_min) = per_min else {
+        return format!("; no limit: at most {most} call(s) in flight bound the run (-c)");
+    };
+    let breakeven = most as f64 * 60.0 / per_min;
+    if breakeven >= 1.0 {
+        return String::new();
+    }
+    format!(
+        "; {most} call(s) in flight bound the run, not the limit, if a call takes over {} ms",
+        (breakeven * 1000.0).floor()
     )
 }
 

@@ -66,7 +66,7 @@ async fn run_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         watch: super::watch::Watch::new(10, None),
-        slots: super::pool::Slots::new(workers),
+        slots: std::sync::Arc::new(super::pool::Slots::new(workers)),
     });
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {

@@ -20,6 +20,9 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(2);
 
 /// The pool's shared parts a tick reads.
 pub struct Gauges {
+    /// The calls in flight: their pace bounds the run's when the limit's
+    /// needs more of them.
+    pub slots: Arc<super::slots::Slots>,
     /// The pacer: its pause, its pace, the limit it learnt.
     pub pacer: Arc<dyn Pacer>,
     /// The gate: when the next probe for credits goes.
@@ -90,7 +93,10 @@ impl Ticks {
             credits: g.ledger.last().map(|s| s.remaining),
             paused_for: g.pacer.paused_until().map(|u| u - now),
             waiting_probe_in: g.gate.waiting_probe_in(now),
-            steady_per_min: g.pacer.steady_per_min().or(self.steady_per_min),
+            steady_per_min: steady(
+                g.pacer.steady_per_min().or(self.steady_per_min),
+                g.slots.pace_per_min(),
+            ),
             recent_per_min: None,
         });
     }
@@ -118,5 +124,28 @@ impl Ticks {
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = progress.publish(&p.state_dir);
+    }
+}
+
+/// The pace the rest of the run goes at: the limit's, unless the calls in
+/// flight at the measured latency allow less (or there is no limit).
+fn steady(limit: Option<f64>, concurrency: Option<f64>) -> Option<f64> {
+    match (limit, concurrency) {
+        (Some(l), Some(c)) => Some(l.min(c)),
+        (l, c) => l.or(c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_eta_pace_is_the_slower_of_the_limit_and_the_calls_in_flight() {
+        use super::steady;
+        // 600/6s is 6000/min; one call in flight at 200 ms makes 300/min.
+        assert_eq!(steady(Some(6000.0), Some(300.0)), Some(300.0));
+        assert_eq!(steady(Some(60.0), Some(300.0)), Some(60.0));
+        assert_eq!(steady(None, Some(300.0)), Some(300.0));
+        assert_eq!(steady(Some(60.0), None), Some(60.0));
+        assert_eq!(steady(None, None), None);
     }
 }

@@ -18,7 +18,7 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::Limit;
+use crate::rate::{Limit, Plan};
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 
@@ -40,6 +40,8 @@ pub struct CreditSettings {
     pub allow_partial: bool,
     /// Spend one call to learn the balance afresh.
     pub recheck_credits: bool,
+    /// A last known balance older than this is learnt afresh with one call.
+    pub recheck_after: Duration,
     /// Wait and probe instead of halting on exhaustion.
     pub wait_for_credits: bool,
     /// How often to probe while waiting.
@@ -53,8 +55,10 @@ pub struct Settings {
     pub origin: String,
     /// The rate limit to pace to.
     pub limit: Limit,
-    /// Workers.
+    /// Workers: the most calls in flight at once.
     pub concurrency: usize,
+    /// Whether the calls in flight start at `concurrency` or grow to it.
+    pub pool: PoolSize,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -109,12 +113,47 @@ pub struct Settings {
     pub shard: Option<Shard>,
 }
 
-/// The limit and concurrency the options ask for (the plan's, unless overridden).
+/// The most calls in flight a pool sized by `--limit` grows to when no plan
+/// bounds it: enough for 100 calls a second at a second's latency.
+pub const GROWN_POOL_CAP: usize = 100;
+
+/// Calls in flight a pool sized by `--limit` starts with, before any
+/// latency is measured.
+pub const GROWN_POOL_START: usize = 4;
+
+/// The limit and the most calls in flight the options ask for: the plan's,
+/// unless overridden. `--limit` without `-c` sizes the pool to the
+/// limit's need ([`pool_size`]): at most the plan's ceiling when a plan is
+/// given, else [`GROWN_POOL_CAP`] (never more than a window holds).
 pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
-    (
-        args.limit.unwrap_or_else(|| args.plan.limit()),
-        args.concurrency.unwrap_or_else(|| args.plan.concurrency()),
-    )
+    let limit = args.limit.unwrap_or_else(|| args.plan().limit());
+    let most = match (args.concurrency, args.plan, args.limit) {
+        (Some(c), _, _) => c,
+        (None, None, Some(Limit::Rate(r))) => {
+            GROWN_POOL_CAP.min(usize::try_from(r.count).unwrap_or(usize::MAX))
+        }
+        (None, None, Some(Limit::Unlimited)) => GROWN_POOL_START,
+        (None, plan, _) => plan.unwrap_or(Plan::Free).concurrency(),
+    };
+    (limit, most)
+}
+
+/// How the pool is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSize {
+    /// `-c`, or the plan's concurrency: this many calls in flight.
+    Fixed,
+    /// `--limit` without `-c`: start with this many and grow with the
+    /// measured latency to what the limit needs, up to the concurrency.
+    Grows(usize),
+}
+
+/// How `args` size the pool, given the most calls in flight `most`.
+pub fn pool_size(args: &RunArgs, most: usize) -> PoolSize {
+    match (args.concurrency, args.limit) {
+        (None, Some(Limit::Rate(_))) => PoolSize::Grows(GROWN_POOL_START.min(most)),
+        _ => PoolSize::Fixed,
+    }
 }
 
 fn default_output(input: &Path, suffix: &str) -> PathBuf {
@@ -266,6 +305,7 @@ impl Settings {
             origin,
             limit,
             concurrency,
+            pool: pool_size(args, concurrency),
             pacer: args.pacer,
             burst: args.burst,
             identity: identity(args, &request, &identity_url)
@@ -289,7 +329,7 @@ impl Settings {
             api_key_env: args.api_key_env.clone(),
             limit_source: match args.limit {
                 Some(_) => "--limit".to_string(),
-                None => format!("plan {}", args.plan.name()),
+                None => format!("plan {}", args.plan().name()),
             },
             dry_run: args.dry_run,
             verbose: args.verbose,
@@ -378,6 +418,7 @@ impl CreditSettings {
             reserve: args.reserve,
             allow_partial: args.allow_partial,
             recheck_credits: args.recheck_credits,
+            recheck_after: args.recheck_after,
             wait_for_credits: args.wait_for_credits,
             probe_every: args.probe_every,
         }
@@ -469,6 +510,50 @@ fn fleet_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let argv = ["batchrun"]
+            .iter()
+            .chain(args)
+            .map(std::ffi::OsString::from);
+        match crate::cli::Cli::parse_with_default(argv).command {
+            crate::cli::Command::Run(a) => *a,
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn a_limit_without_concurrency_grows_the_pool_within_the_plan() {
+        let sized = |args: &[&str]| {
+            let a = run_args(args);
+            let (_, most) = plan_limits(&a);
+            (most, pool_size(&a, most))
+        };
+        assert_eq!(sized(&["in.jsonl"]), (1, PoolSize::Fixed), "the free plan");
+        assert_eq!(sized(&["in.jsonl", "-p", "pro"]), (20, PoolSize::Fixed));
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s"]),
+            (GROWN_POOL_CAP, PoolSize::Grows(GROWN_POOL_START))
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s", "-p", "starter"]),
+            (5, PoolSize::Grows(4)),
+            "the plan's ceiling bounds it"
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "2/1s"]),
+            (2, PoolSize::Grows(2)),
+            "never more than a window holds"
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "600/6s", "-c", "3"]),
+            (3, PoolSize::Fixed)
+        );
+        assert_eq!(
+            sized(&["in.jsonl", "-l", "none"]),
+            (GROWN_POOL_START, PoolSize::Fixed)
+        );
+    }
 
     #[test]
     fn default_outputs_sit_beside_the_input() {

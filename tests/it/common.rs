@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The `batchrun` binary under test.
 pub fn bin() -> Command {
@@ -482,4 +483,66 @@ pub fn assert_key_absent_from_files(dir: &Path) {
             }
         }
     }
+}
+
+/// A webhook receiver on 127.0.0.1:0 that keeps every JSON body it gets.
+pub struct Receiver {
+    /// Where to POST (it carries a token that must never be printed).
+    pub url: String,
+    /// Every body received, in order.
+    pub got: Arc<Mutex<Vec<serde_json::Value>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    /// Starts listening.
+    pub async fn start() -> Receiver {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let store = got.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+                let store = store.clone();
+                async move {
+                    store.lock().unwrap().push(v);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/hook?token=hook-secret",
+            listener.local_addr().unwrap()
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver {
+            url,
+            got,
+            _task: task,
+        }
+    }
+
+    /// The `id` of every alert received, in order.
+    pub fn ids(&self) -> Vec<String> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|v| v["id"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+}
+
+/// The ids of the alerts in a `--json` summary.
+pub fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
+    summary["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| x["id"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -1,66 +1,8 @@
 //! Credits: alerts once per cycle, the reserve, waiting for a top-up, status.
 
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 
 use crate::common::*;
-
-/// A webhook receiver on 127.0.0.1:0 that keeps every JSON body it gets.
-struct Receiver {
-    url: String,
-    got: Arc<Mutex<Vec<serde_json::Value>>>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-impl Receiver {
-    async fn start() -> Receiver {
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let store = got.clone();
-        let app = axum::Router::new().route(
-            "/hook",
-            axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
-                let store = store.clone();
-                async move {
-                    store.lock().unwrap().push(v);
-                    "ok"
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!(
-            "http://{}/hook?token=hook-secret",
-            listener.local_addr().unwrap()
-        );
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Receiver {
-            url,
-            got,
-            _task: task,
-        }
-    }
-
-    fn ids(&self) -> Vec<String> {
-        self.got
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|v| v["id"].as_str().unwrap_or("").to_string())
-            .collect()
-    }
-}
-
-fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
-    summary["alerts"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|x| x["id"].as_str().unwrap_or("").to_string())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_webhook() {

@@ -1,0 +1,223 @@
+//! The everyday rerun: a nightly cron job with a reserve runs down to it,
+//! alerts every night it is stuck there, and goes on by itself after a
+//! top-up, with the same command every night.
+//!
+//! A night is scaled down to a moment: `--recheck-after 0s` stands for the
+//! hours between two nightly runs (by default a rerun trusts the balance
+//! its job saw for an hour, then spends one call to learn it afresh).
+
+use crate::common::*;
+
+/// The ids of the alerts posted to `hook` so far.
+fn posted(hook: &Receiver) -> Vec<String> {
+    hook.ids()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reserve_stall_alerts_every_night_and_ends_after_a_top_up_with_no_flag_added() {
+    // 30 credits, a reserve of 20: room for 10 of the 50 items.
+    let s = Scenario::new("nightly")
+        .with_sim(&["--limit", "200/1s", "--credits", "30"])
+        .numbers(50);
+    let hook = Receiver::start().await;
+    let night = [
+        "--limit",
+        "200/1s",
+        "--concurrency",
+        "4",
+        "--reserve",
+        "20",
+        "--allow-partial",
+        "--recheck-after",
+        "0s",
+        "--alert-webhook",
+        &hook.url,
+    ];
+
+    // Night 1: spends down to the reserve and halts with the way on.
+    let r = s.run(&night);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0);
+    assert_eq!(alert_ids(&r.summary), ["reserve"], "{}", r.summary);
+    let why = r.summary["halt_reason"].as_str().unwrap().to_string();
+    assert!(
+        why.contains("10 item(s) done this run, 40 pending"),
+        "{why}"
+    );
+    assert!(why.contains("~40 credits more would finish them"), "{why}");
+    assert!(why.contains("goes on by itself"), "{why}");
+    assert_eq!(s.sim().stats().await["credits_remaining"], 20);
+
+    // Night 2, nobody topped up: one call checks the balance, finds the
+    // reserve still reached, and says so in an alert of its own.
+    let r = s.run(&night);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert!(
+        r.stderr.contains("one call learns it afresh"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(alert_ids(&r.summary), ["reserve-2"], "{}", r.summary);
+    assert!(
+        r.stderr
+            .contains("ALERT [reserve] reserve reached: 19 credits left"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("the 2nd time this billing cycle"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["credits_remaining"], 19, "{stats}");
+    assert_side_effects(&stats, 11);
+
+    // A top-up; night 3 runs the very same command and finishes.
+    s.sim().topup(100).await;
+    let r = s.run(&night);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 50, "{}", r.summary);
+    assert_eq!(alert_ids(&r.summary), Vec::<String>::new(), "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 50);
+    assert_eq!(stats["credits_remaining"], 80, "{stats}");
+    assert_each_item_once(&s.out_path(), 50);
+
+    // Each stalled night reached the webhook once, the token never the log.
+    assert_eq!(posted(&hook), ["reserve", "reserve-2"]);
+    assert!(!r.stderr.contains("hook-secret"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_right_after_a_reserve_halt_alerts_again_and_spends_nothing() {
+    let s = Scenario::new("nightlysoon")
+        .with_sim(&["--limit", "200/1s", "--credits", "25"])
+        .numbers(20);
+    let hook = Receiver::start().await;
+    let args = [
+        "--limit",
+        "200/1s",
+        "--reserve",
+        "20",
+        "--allow-partial",
+        "--alert-webhook",
+        &hook.url,
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5);
+    let accepted = s.sim().stats().await["accepted"].clone();
+
+    // Within --recheck-after (1h): the balance just seen is trusted, nothing
+    // is sent, and the halt still alerts, saying when the check comes.
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0);
+    assert_eq!(s.sim().stats().await["accepted"], accepted);
+    let why = r.summary["halt_reason"].as_str().unwrap();
+    assert!(why.contains("nothing was sent"), "{why}");
+    assert!(
+        why.contains("from now on checks it again by itself"),
+        "{why}"
+    );
+    assert_eq!(alert_ids(&r.summary), ["reserve-2"], "{}", r.summary);
+    assert_eq!(posted(&hook), ["reserve", "reserve-2"]);
+}
+
+/// The README's cron line, split into its arguments after the binary (up
+/// to the redirection), single quotes removed.
+fn readme_cron_args() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("0 2 * * * "))
+        .expect("the README's cron recipe");
+    let cmd = line
+        .split_once("/usr/local/bin/batchrun ")
+        .expect("the recipe runs /usr/local/bin/batchrun")
+        .1;
+    let cmd = cmd.split(" >>").next().unwrap();
+    let (mut args, mut word, mut quoted) = (Vec::new(), String::new(), false);
+    for c in cmd.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    args.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        args.push(word);
+    }
+    args
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_cron_recipe_runs_as_written() {
+    let recipe = readme_cron_args();
+    assert_eq!(recipe[0], "--plan", "{recipe:?}");
+    assert_eq!(recipe[2], "nightly.jsonl", "{recipe:?}");
+    // Scaled: 30 items, 10 credits above the recipe's reserve, the plan's
+    // minute as a second, a night as a moment.
+    let reserve: u64 = recipe[recipe.iter().position(|a| a == "--reserve").unwrap() + 1]
+        .parse()
+        .unwrap();
+    let credits = (reserve + 10).to_string();
+    let s = Scenario::new("cronrecipe")
+        .with_sim(&[
+            "--plan",
+            &recipe[1],
+            "--limit",
+            "180/1s",
+            "--credits",
+            &credits,
+        ])
+        .input("nightly.jsonl", &numbers_text(30));
+    let hook = Receiver::start().await;
+    let url = format!("{}/v1/enrich?id={{n}}", s.sim().url);
+    let mut night: Vec<String> = Vec::new();
+    let mut it = recipe.iter().skip(3);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--url" | "--alert-webhook" => {
+                let value = it.next().unwrap();
+                assert!(value.starts_with("https://"), "{value}");
+                night.push(a.clone());
+                night.push(if a == "--url" {
+                    url.clone()
+                } else {
+                    hook.url.clone()
+                });
+            }
+            _ => night.push(a.clone()),
+        }
+    }
+    let mut args: Vec<&str> = night.iter().map(String::as_str).collect();
+    args.extend(["--limit", "180/1s", "--recheck-after", "0s"]);
+
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "night 1: {}", r.stderr);
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "night 2: {}", r.stderr);
+    assert_eq!(r.summary["done"], 11, "{}", r.summary);
+    s.sim().topup(100).await;
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "night 3: {}", r.stderr);
+    assert_eq!(r.summary["done"], 30, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 30);
+    assert_each_item_once(&s.out_path(), 30);
+    assert_eq!(posted(&hook), ["reserve", "reserve-2"]);
+}
+
+/// `{"n": 1}` to `{"n": n}`, one a line.
+fn numbers_text(n: u64) -> String {
+    (1..=n).map(|i| format!("{{\"n\": {i}}}\n")).collect()
+}

@@ -1,0 +1,122 @@
+//! The pool's size: `--limit` without `-c` sizes the calls in flight to what
+//! the limit needs at the latency measured, within a plan's ceiling; a pool
+//! that cannot keep the limit's pace says concurrency bounds the run.
+
+use crate::common::*;
+
+fn start_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.contains("batchrun: job "))
+        .expect("a start line")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_without_concurrency_grows_the_pool_to_keep_its_pace() {
+    // 600/6s is 100 calls a second; at 200 ms a call that needs about 20
+    // in flight. One at a time (the old default) made 5 a second.
+    let s = Scenario::new("poolgrows")
+        .with_sim(&[
+            "--limit",
+            "600/6s",
+            "--latency",
+            "200ms",
+            "--concurrency",
+            "60",
+        ])
+        .numbers(300);
+    let r = s.run(&["--limit", "600/6s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 300);
+    let start = start_line(&r.stderr);
+    assert!(start.contains("concurrency from 4, growing"), "{start}");
+    assert!(start.contains("(at most 100)"), "{start}");
+    // 100 in flight at most cannot send 300 at once.
+    assert!(
+        start.contains("all within the first window if calls take under 2000 ms"),
+        "{start}"
+    );
+    assert!(
+        r.stderr
+            .contains("calls in flight to keep the limit's pace"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("bounds this run"), "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    let most = stats["in_flight_max"].as_u64().unwrap();
+    assert!(
+        (20..=60).contains(&most),
+        "calls in flight at most: {stats}"
+    );
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_eq!(stats["rejected_concurrency"], 0, "{stats}");
+    assert_side_effects(&stats, 300);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_ceiling_bounds_the_grown_pool_and_the_run_says_so() {
+    // The starter plan allows 5 calls in flight: at 200 ms that is 25 a
+    // second, a quarter of the 600/6s limit.
+    let s = Scenario::new("poolceiling")
+        .with_sim(&[
+            "--plan",
+            "starter",
+            "--limit",
+            "600/6s",
+            "--latency",
+            "200ms",
+        ])
+        .numbers(30);
+    let r = s.run(&["--plan", "starter", "--limit", "600/6s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let start = start_line(&r.stderr);
+    assert!(start.contains("(at most 5)"), "{start}");
+    assert!(
+        start.contains(
+            "5 call(s) in flight bound the run, not the limit, if a call takes over 50 ms"
+        ),
+        "{start}"
+    );
+    assert!(
+        r.stderr
+            .contains("concurrency, not the limit, bounds this run"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["in_flight_max"], 5, "{stats}");
+    assert_eq!(stats["rejected_concurrency"], 0, "{stats}");
+    assert_side_effects(&stats, 30);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_concurrency_is_kept_and_named_as_the_bound() {
+    let s = Scenario::new("poolfixed")
+        .with_sim(&["--limit", "600/6s", "--latency", "20ms"])
+        .numbers(12);
+    let r = s.run(&["--limit", "600/6s", "-c", "1"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let start = start_line(&r.stderr);
+    assert!(start.contains("concurrency 1;"), "{start}");
+    // One call in flight cannot send 12 at once: no "all within the first
+    // window" without its condition.
+    assert!(
+        start.contains("all within the first window if calls take under 500 ms"),
+        "{start}"
+    );
+    assert!(
+        start.contains(
+            "1 call(s) in flight bound the run, not the limit, if a call takes over 10 ms"
+        ),
+        "{start}"
+    );
+    assert!(
+        r.stderr
+            .contains("concurrency, not the limit, bounds this run"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(s.sim().stats().await["in_flight_max"], 1);
+}
