@@ -6,6 +6,7 @@ mod credits;
 mod fleet;
 mod operator;
 mod pacing;
+mod reruns;
 mod run;
 mod scale;
 mod sim;
