@@ -81,8 +81,12 @@ pub(crate) fn end_state(
     };
     let reason = match h {
         Halt::Exhausted | Halt::Reserve(_) => billing.map(|a| a.message.clone()).unwrap_or_default(),
-        Halt::Auth(status) => format!(
-            "the API rejected the key (HTTP {status}): check {api_key_env} holds a valid key for this API; nothing was marked failed"
+        Halt::Auth {
+            status,
+            line,
+            reason,
+        } => format!(
+            "the API rejected the key (HTTP {status} for line {line}: {reason}) before any call got through: check {api_key_env} holds a valid key for this API; nothing was marked failed"
         ),
         Halt::Interrupted(sig) => sig.describe().to_string(),
         Halt::Stalled(for_) => format!(

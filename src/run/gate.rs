@@ -17,8 +17,16 @@ pub enum Halt {
     Exhausted,
     /// The reserve was reached (the reason says how).
     Reserve(String),
-    /// The key was rejected with this status.
-    Auth(u16),
+    /// The key was rejected before any call got through: the status, the
+    /// line of the item whose call it was, and the server's words (quoted).
+    Auth {
+        /// 401 or 403.
+        status: u16,
+        /// The item's line.
+        line: u64,
+        /// What the server said, quoted.
+        reason: String,
+    },
     /// Ctrl-C or SIGTERM.
     Interrupted(crate::exit::Signal),
     /// The server answered nothing but rate-limit 429s for too long.
@@ -46,7 +54,7 @@ impl Halt {
             | Halt::Stalled(_)
             | Halt::PacerUnavailable(_)
             | Halt::Checkpoint(_) => RunState::Halted,
-            Halt::Auth(_) | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
+            Halt::Auth { .. } | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,
         }
     }

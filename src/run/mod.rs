@@ -264,6 +264,7 @@ fn build_pool(
             verbose: settings.verbose,
         },
         limited_since: std::sync::Mutex::new(None),
+        got_through: Default::default(),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
         slots: pool::Slots::new(settings.concurrency),
     }))

@@ -51,6 +51,8 @@ pub struct Pool {
     pub cfg: PoolConfig,
     /// Since when every answer has been a rate-limit 429, if so.
     pub limited_since: std::sync::Mutex<Option<Instant>>,
+    /// A call of this run has succeeded (the key works).
+    pub got_through: std::sync::atomic::AtomicBool,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.
@@ -186,6 +188,7 @@ impl Pool {
             probing,
             limited_for: limited_since.map(|since| Instant::now() - since),
             jitter: fastrand::f64(),
+            got_through: self.got_through.load(std::sync::atomic::Ordering::Relaxed),
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         *tries = reaction.tries;
@@ -480,6 +483,10 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
+        if c.is_ok() {
+            self.got_through
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }

@@ -65,6 +65,7 @@ async fn run_pool(
             verbose: false,
         },
         limited_since: std::sync::Mutex::new(None),
+        got_through: Default::default(),
         watch: super::watch::Watch::new(10, None),
         slots: super::pool::Slots::new(workers),
     });
