@@ -96,6 +96,7 @@ pub(crate) fn end_state(
         Halt::Internal(why)
         | Halt::Systemic(why)
         | Halt::PacerUnavailable(why)
+        | Halt::Silent(why)
         | Halt::Checkpoint(why) => why.clone(),
     };
     (h.state(), Some(reason))

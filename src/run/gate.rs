@@ -39,6 +39,9 @@ pub enum Halt {
     /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
     /// call may go out without a slot, so the run stops resumably.
     PacerUnavailable(String),
+    /// The server accepted calls and answered none of the last ones: the
+    /// items stay pending and the run stops resumably (the reason says so).
+    Silent(String),
     /// The checkpoint could not be written (a full disk, a file size limit):
     /// no call may go out that cannot be recorded, so the run stops
     /// resumably. The reason is the storage error.
@@ -53,6 +56,7 @@ impl Halt {
             | Halt::Reserve(_)
             | Halt::Stalled(_)
             | Halt::PacerUnavailable(_)
+            | Halt::Silent(_)
             | Halt::Checkpoint(_) => RunState::Halted,
             Halt::Auth { .. } | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,

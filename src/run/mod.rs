@@ -265,7 +265,9 @@ fn build_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
-        watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
+        watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
+            watch::SilenceLimit::for_concurrency(settings.concurrency, settings.timeout),
+        ),
         slots: pool::Slots::new(settings.concurrency),
     }))
 }

@@ -116,3 +116,90 @@ async fn a_failure_after_503s_records_its_status() {
     }
     assert_side_effects(&s.sim().stats().await, 0);
 }
+
+/// A server that accepts calls and never answers: the run halts resumably
+/// once the last calls all timed out, with nothing marked failed, and a
+/// rerun against the same URL, answering again, does every item once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_server_halts_resumably_and_a_rerun_finishes() {
+    let dir = TempDir::new("silent");
+    let input = numbers(&dir, "items.jsonl", 10);
+    let silent = Sim::start(&["--limit", "600/1s", "--latency", "60s"]);
+    let addr = silent.url.trim_start_matches("http://").to_string();
+    let args = ["--limit", "600/1s", "--concurrency", "2", "--timeout", "1s"];
+    let started = std::time::Instant::now();
+    let r = finish(run_cmd(&silent, &dir, &input, &args));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert_eq!(r.summary["state"], "halted");
+    assert_eq!(r.summary["failed"], 0, "{}", r.stderr);
+    let reason = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("calls all timed out (--timeout 1s)"),
+        "{reason}"
+    );
+    assert!(reason.contains("run the same command"), "{reason}");
+    let failures = dir.path().join("items.failures.jsonl");
+    assert!(jsonl(&failures).is_empty());
+    assert_side_effects(&silent.stats().await, 0);
+
+    drop(silent);
+    let healthy = Sim::start_on(&addr, &["--limit", "600/1s"]);
+    let r = finish(run_cmd(&healthy, &dir, &input, &args));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 10);
+    assert_each_item_once(&dir.path().join("items.results.jsonl"), 10);
+    assert_side_effects(&healthy.stats().await, 10);
+}
+
+/// A --max-failures halt says how many failed, and that is what the
+/// summary and the failures file hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_max_failures_halt_agrees_with_its_counts() {
+    let s = Scenario::new("max-failures")
+        .with_sim(&["--limit", "600/1s", "--fail-rate", "1.0"])
+        .numbers(30);
+    let r = s.run(&[
+        "--limit",
+        "600/1s",
+        "--concurrency",
+        "4",
+        "--max-attempts",
+        "1",
+        "--max-failures",
+        "2",
+    ]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    let reason = r.summary["halt_reason"].as_str().unwrap_or_default();
+    let said: u64 = reason
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {reason:?}"));
+    assert_eq!(said, 3, "{reason}");
+    assert_eq!(r.summary["failed"], said, "{}", r.summary);
+    assert_eq!(jsonl(&s.failures_path()).len() as u64, said);
+    let pending = r.summary["pending"].as_u64().unwrap_or_default();
+    assert_eq!(pending, 30 - said, "{}", r.summary);
+}
+
+/// A 429 that says the credits are gone is counted as such, not next to
+/// "0 rate-limited" as if it were a rate limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credit_429_is_named_apart_from_rate_limits() {
+    let s = Scenario::new("credit-429")
+        .with_sim(&["--limit", "600/1s", "--credits", "5"])
+        .numbers(10);
+    let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0);
+    let counts = &r.summary["status_counts"];
+    assert_eq!(counts["200"], 5, "{counts}");
+    assert_eq!(counts["429_credits_exhausted"], 1, "{counts}");
+    assert!(counts.get("429").is_none(), "{counts}");
+    assert!(
+        r.stderr.contains("429_credits_exhausted x1"),
+        "{}",
+        r.stderr
+    );
+}
