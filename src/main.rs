@@ -107,7 +107,7 @@ async fn run(args: RunArgs) -> i32 {
         None
     };
     let outcome = match Settings::from_cli(&args, sim.as_ref().map(|(u, _)| u.as_str())) {
-        Ok(settings) => batchrun::run::run(settings, batchrun::sys::stop_signal()).await,
+        Ok(settings) => batchrun::run::run(settings, batchrun::sys::stop_signal).await,
         Err(e) => Err(e),
     };
     if let Some((_, handle)) = sim {

@@ -90,7 +90,7 @@ async fn run_pool(
     super::supervise(
         &pool,
         &mut set,
-        std::future::pending::<crate::exit::Signal>(),
+        std::future::pending::<crate::exit::Signal>,
         &reporter,
     )
     .await;

@@ -203,3 +203,56 @@ async fn a_credit_429_is_named_apart_from_rate_limits() {
         r.stderr
     );
 }
+
+/// A second Ctrl-C while slow calls are in flight stops at once (well
+/// inside the grace the first one gives them), with exit 130, and the
+/// results hold every item that finished.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_ctrl_c_stops_at_once_and_keeps_what_finished() {
+    let s = Scenario::new("ctrl-c-twice")
+        .with_sim(&[
+            "--limit",
+            "600/1s",
+            "--concurrency",
+            "8",
+            "--latency",
+            "1ms..20s",
+            "--seed",
+            "3",
+        ])
+        .numbers(40);
+    let args = ["--limit", "600/1s", "--concurrency", "8"];
+    let mut first = None;
+    let r = act_when(
+        s.cmd(&args),
+        s.sim(),
+        |st| st["side_effects"].as_u64() >= Some(1) && st["in_flight"].as_u64() >= Some(2),
+        |pid| {
+            let pid = pid as i32;
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+            first = Some(std::time::Instant::now());
+            // The first signal is being handled when the second arrives.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        },
+    )
+    .await;
+    let took = first.map(|t| t.elapsed()).unwrap_or_default();
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    assert!(r.stderr.contains("stopping now"), "{}", r.stderr);
+    assert!(
+        took < batchrun::run::INTERRUPT_GRACE,
+        "took {took:?}: the second Ctrl-C waited for the grace\n{}",
+        r.stderr
+    );
+    let done = r.summary["done"].as_u64().unwrap_or_default();
+    assert!(done >= 1, "{}", r.summary);
+    let mut lines = lines_of(&s.out_path());
+    assert_eq!(lines.len() as u64, done, "{}", r.summary);
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len() as u64, done);
+    assert_eq!(r.summary["pending"].as_u64(), Some(40 - done));
+}
