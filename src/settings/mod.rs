@@ -428,6 +428,38 @@ fn resolved(p: &Path) -> PathBuf {
     }
 }
 
+/// Whether a file can be made beside `out`: the outputs are written to a
+/// temporary file there and renamed over it, so a folder that refuses new
+/// files (read-only, a file in the way) would lose every result after the
+/// last call. The nearest folder that exists is tried with a probe file
+/// (permission bits alone do not stop root; a read-only mount does).
+fn writable_dir(out: &Path) -> Result<(), String> {
+    let parent = out.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = parent.unwrap_or(Path::new("."));
+    let Some(existing) = dir.ancestors().find(|a| a.exists()) else {
+        return Ok(());
+    };
+    if !existing.is_dir() {
+        return Err(format!("{} is a file, not a directory", existing.display()));
+    }
+    let probe = existing.join(format!(".batchrun-probe.{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!(
+            "no file can be made in {}: {e}",
+            existing.display()
+        )),
+    }
+}
+
 /// Refuses outputs that would destroy the input or each other, or that
 /// cannot be written, before anything is read or sent.
 fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunError> {
@@ -448,6 +480,8 @@ fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunErr
                 .open(r)
                 .map_err(|e| usage(format!("{what} {} cannot be written: {e}", p.display())))?;
         }
+        writable_dir(r)
+            .map_err(|why| usage(format!("{what} {} cannot be written: {why}", p.display())))?;
     }
     if o == f {
         return Err(usage(format!(

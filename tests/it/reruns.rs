@@ -256,3 +256,114 @@ async fn a_second_ctrl_c_stops_at_once_and_keeps_what_finished() {
     assert_eq!(lines.len() as u64, done);
     assert_eq!(r.summary["pending"].as_u64(), Some(40 - done));
 }
+
+/// A --state-dir that names a file is said to be one, with no talk of a
+/// damaged checkpoint nor advice that would send every item again; nothing
+/// is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_dir_that_is_a_file_is_named_so_and_nothing_is_sent() {
+    let s = Scenario::new("state-file")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(3);
+    let file = s.dir().write("not-a-dir", "x");
+    let mut c = bin();
+    c.arg(s.input_path())
+        .args(["--url", &format!("{}/v1/echo?n={{n}}", s.sim().url)])
+        .args(["--limit", "600/1s", "--json"])
+        .arg("--state-dir")
+        .arg(&file)
+        .env("BATCHRUN_API_KEY", KEY);
+    let r = finish(c);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("is a file, not a directory"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("is damaged"), "{}", r.stderr);
+    assert!(!r.stderr.contains("Move it aside"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
+
+/// A checkpoint that cannot be written when it is reopened (a file size
+/// limit stands in for a full disk) is not called damaged; once there is
+/// room, the same command resumes and runs nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_at_reopen_is_not_a_damaged_checkpoint() {
+    let s = Scenario::new("full-reopen")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(5);
+    let input = s.input_path().to_path_buf();
+    let half = s.dir().write("half.jsonl", "{\"n\": 1}\n{\"n\": 2}\n");
+    std::fs::copy(&half, &input).unwrap();
+    let args = ["--limit", "600/1s", "--out", "out.jsonl"];
+    let first = s.run(&args);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    numbers(s.dir(), "items.jsonl", 5);
+    let mut c = s.cmd(&args);
+    with_file_size_limit(&mut c, 0);
+    let r = finish(c);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("is damaged"), "{}", r.stderr);
+    assert!(!r.stderr.contains("Move it aside"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot be read or written"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 2);
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_side_effects(&s.sim().stats().await, 5);
+}
+
+/// A --out that cannot be written is found before any call, with its path
+/// and the reason (a file in the way; /proc, read-only even for root).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_out_that_cannot_be_written_is_refused_before_any_call() {
+    let s = Scenario::new("out-ro")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(3);
+    let file = s.dir().write("plain.txt", "x");
+    let under_file = file.join("results.jsonl");
+    let r = s.run(&["--limit", "600/1s", "--out", under_file.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("--out {}", under_file.display())),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("is a file, not a directory"),
+        "{}",
+        r.stderr
+    );
+    let r = s.run(&["--limit", "600/1s", "--out", "/proc/batchrun-results.jsonl"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no file can be made in /proc"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
+
+/// `c` with a file size limit of `bytes`: past it every write fails, as on
+/// a full disk.
+fn with_file_size_limit(c: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
