@@ -207,17 +207,7 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             refused_first(status, reason, item, probing, policy)
         }
         CallError::Refused { status, reason } => Action::Record {
-            event: Event::Failed {
-                line: item.line,
-                status: Some(status),
-                reason: format!(
-                    "HTTP {status}: the API refused this item ({}) while other calls got through",
-                    quoted(&reason)
-                ),
-                attempts: tries.n,
-                unknown: false,
-                digest: item.digest(),
-            },
+            event: refused_item(item, status, &reason, tries.n),
             systemic,
         },
         CallError::Permanent { status, reason } => Action::Record {
@@ -316,6 +306,22 @@ fn refused_first(
             line: item.line,
             reason: quoted(&reason),
         }),
+    }
+}
+
+/// A refusal while other calls of the run got through: the item's failure,
+/// with the server's words.
+fn refused_item(item: &Item, status: u16, reason: &str, attempts: u32) -> Event {
+    Event::Failed {
+        line: item.line,
+        status: Some(status),
+        reason: format!(
+            "HTTP {status}: the API refused this item ({}) while other calls got through",
+            quoted(reason)
+        ),
+        attempts,
+        unknown: false,
+        digest: item.digest(),
     }
 }
 

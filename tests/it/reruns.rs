@@ -367,3 +367,25 @@ fn with_file_size_limit(c: &mut std::process::Command, bytes: u64) {
         });
     }
 }
+
+/// `batchrun man` gives run's options (the default subcommand) and the bash
+/// completion offers them right after `batchrun`.
+#[test]
+fn the_man_page_and_completions_know_runs_options() {
+    let man = bin().arg("man").output().unwrap();
+    assert_eq!(man.status.code(), Some(0));
+    let page = String::from_utf8_lossy(&man.stdout);
+    assert!(
+        page.contains("max\\-failures"),
+        "no --max-failures in the page"
+    );
+    assert!(page.contains("BATCHRUN SIM"));
+    let bash = bin().args(["completions", "bash"]).output().unwrap();
+    let script = String::from_utf8_lossy(&bash.stdout);
+    let top = script
+        .lines()
+        .skip_while(|l| l.trim() != "batchrun)")
+        .find(|l| l.trim_start().starts_with("opts="))
+        .unwrap_or_default();
+    assert!(top.contains("--plan"), "{top}");
+}
