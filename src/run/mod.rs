@@ -139,7 +139,8 @@ impl Shared {
         let meta = &job.meta;
         let reporter = Arc::new(Reporter::new(job.scan.total, settings.style));
         let c = &settings.credits;
-        let alerter = Alerter::new(meta.id.clone(), c.webhook.clone(), reporter.printer());
+        let alerter = Alerter::new(meta.id.clone(), c.webhook.clone(), reporter.printer())
+            .for_input(&settings.input);
         let restored = job
             .store
             .meter_state(&settings.origin)
