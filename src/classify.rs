@@ -97,7 +97,7 @@ pub fn classify(
         402 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
             Err(CallError::CreditsExhausted { status: code })
         }
-        402 | 401 | 403 => Err(CallError::Refused {
+        401..=403 => Err(CallError::Refused {
             status: code,
             reason: reason_or_name(status, body, key),
         }),

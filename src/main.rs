@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     let code = rt.block_on(async {
         match cli.command {
             Command::Run(args) => run(*args).await,
-            Command::Sim(args) => match batchrun::sim::run(args).await {
+            Command::Sim(args) => match batchrun::sim::run(*args).await {
                 Ok(()) => exit::OK,
                 Err(e) => {
                     err_line(&format!("batchrun sim: error: {e:#}"));

@@ -103,8 +103,8 @@ pub struct SimArgs {
     /// Transit-in latency per metered request, uniform in A..B (or exactly
     /// A): the request counts as arrived (in the window, in flight) only
     /// after it. --latency stays the delay before the response.
-    // Boxed: `SimArgs` sits unboxed in the CLI's subcommand enum, and a
-    // second inline `Latency` would make that enum lopsided.
+    // Boxed: a second inline `Latency` for a rarely used option; the CLI's
+    // subcommand enum boxes `SimArgs` as a whole too.
     #[arg(long = "latency-in", value_name = "A[..B]", value_parser = parse_latency_in)]
     pub latency_in: Option<Box<Latency>>,
 

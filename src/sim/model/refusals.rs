@@ -38,7 +38,7 @@ pub fn parse(s: &str) -> Result<Refusal, String> {
     }
     let (value, status) = match rest.rsplit_once(':') {
         Some((v, st)) => match st.trim().parse::<u16>() {
-            Ok(code @ (401 | 402 | 403)) => (v, code),
+            Ok(code @ 401..=403) => (v, code),
             _ => return Err(format!("{st:?} is not 401, 402 or 403")),
         },
         None => (rest, 403),
@@ -54,7 +54,8 @@ pub fn parse(s: &str) -> Result<Refusal, String> {
 pub fn find<'a>(rules: &'a [Refusal], data: &Value) -> Option<&'a Refusal> {
     rules.iter().find(|r| match data.get(&r.field) {
         Some(Value::String(s)) => *s == r.value,
-        Some(v) => v.to_string() == r.value,
+        // A number or a boolean in a JSON body: the rule's text as JSON.
+        Some(v) => serde_json::from_str::<Value>(&r.value).is_ok_and(|want| want == *v),
         None => false,
     })
 }
