@@ -33,14 +33,29 @@ pub(crate) fn damaged_when(dir: &Path, e: CheckpointError, what: &str) -> RunErr
 /// written (not a directory, no space, no permission): nothing says the
 /// checkpoint in it is damaged.
 fn storage_error(e: &CheckpointError) -> Option<&std::io::Error> {
-    match e {
+    let io = match e {
         CheckpointError::Store {
             source: sled::Error::Io(io),
             ..
-        } => Some(io),
-        CheckpointError::Log { source, .. } => Some(source),
-        _ => None,
-    }
+        } => io,
+        CheckpointError::Log { source, .. } => source,
+        _ => return None,
+    };
+    // A file of the checkpoint that is missing or cut short is damage; these
+    // are the system refusing to store or reach what is there.
+    let refusal = [
+        libc::ENOSPC,
+        libc::EDQUOT,
+        libc::EFBIG,
+        libc::EROFS,
+        libc::EACCES,
+        libc::EPERM,
+        libc::ENOTDIR,
+        libc::EEXIST,
+    ];
+    io.raw_os_error()
+        .is_some_and(|code| refusal.contains(&code))
+        .then_some(io)
 }
 
 /// A state directory that cannot be used: what stands in the way, and the
