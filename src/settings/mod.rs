@@ -578,6 +578,18 @@ mod tests {
         assert_eq!(path_of("api.example.com/v1/x"), "/v1/x");
     }
 
+    proptest::proptest! {
+        /// Whatever `--url` says, a rehearsal's URL is the sim's origin
+        /// followed by a path: nothing in it can name another host.
+        #[test]
+        fn a_rehearsal_url_never_names_another_host(
+            u in "((https?|ftp)://)?[a-z0-9@:./\\[\\]]{0,16}([/?#][ -~]{0,24})?|.*"
+        ) {
+            let path = path_of(&u);
+            proptest::prop_assert!(path.starts_with('/'), "{path:?}");
+        }
+    }
+
     #[test]
     fn a_rehearsal_sends_the_sim_key_never_the_exported_one() {
         // A variable of this test's own: no other test reads it.

@@ -44,15 +44,18 @@ async fn a_rehearsal_sends_nothing_to_an_exported_url() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_items_refusal_fails_that_item_and_the_run_goes_on() {
     let s = Scenario::new("refused")
-        .with_sim(&["--limit", "600/1s", "--refuse", "n=7"])
+        .with_sim(&[
+            "--limit", "600/1s", "--refuse", "n=7", "--refuse", "n=9:402",
+        ])
         .numbers(20);
     let r = s.run(&["--limit", "600/1s", "--concurrency", "3"]);
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert_eq!(r.summary["state"], "done", "{}", r.stderr);
     assert_eq!(
         (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
-        (Some(19), Some(1))
+        (Some(18), Some(2))
     );
+    // An add-on one item needs is not the account running dry: no page.
     assert_eq!(
         r.summary["alerts"].as_array().map(Vec::len),
         Some(0),
@@ -60,20 +63,24 @@ async fn one_items_refusal_fails_that_item_and_the_run_goes_on() {
         r.summary
     );
     let failures = jsonl(&s.failures_path());
-    assert_eq!(failures.len(), 1, "{failures:?}");
-    assert_eq!(failures[0]["line"], 7);
-    assert_eq!(failures[0]["status"], 403);
-    let reason = failures[0]["reason"].as_str().unwrap_or_default();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    let by_line = |l: u64| failures.iter().find(|f| f["line"] == l).unwrap();
+    assert_eq!(by_line(7)["status"], 403);
+    let reason = by_line(7)["reason"].as_str().unwrap_or_default();
     assert!(
         reason.contains("\"this key may not access this resource\""),
         "{reason}"
     );
+    assert_eq!(by_line(9)["status"], 402);
+    let reason = by_line(9)["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("add-on"), "{reason}");
     let stats = s.sim().stats().await;
-    assert_side_effects(&stats, 19);
-    assert_eq!(stats["rejected_refused"], 1, "{stats}");
+    assert_side_effects(&stats, 18);
+    assert_eq!(stats["rejected_refused"], 2, "{stats}");
     let mut done = lines_of(&s.out_path());
     done.sort_unstable();
-    assert_eq!(done, (1..=20).filter(|l| *l != 7).collect::<Vec<_>>());
+    let others: Vec<u64> = (1..=20).filter(|l| *l != 7 && *l != 9).collect();
+    assert_eq!(done, others);
 }
 
 /// A refusal before any call got through is the key's: the run stops
