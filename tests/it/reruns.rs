@@ -303,7 +303,7 @@ async fn a_full_disk_at_reopen_is_not_a_damaged_checkpoint() {
     let input = s.input_path().to_path_buf();
     let half = s.dir().write("half.jsonl", "{\"n\": 1}\n{\"n\": 2}\n");
     std::fs::copy(&half, &input).unwrap();
-    let args = ["--limit", "600/1s", "--out", "out.jsonl"];
+    let args = ["--limit", "600/1s"];
     let first = s.run(&args);
     assert_eq!(first.code, 0, "{}", first.stderr);
     numbers(s.dir(), "items.jsonl", 5);
