@@ -36,17 +36,24 @@ pub enum CallError {
         /// 429 or 402.
         status: u16,
     },
-    /// The key was refused (401/403): nothing else will work either.
-    #[error("the API key was rejected (HTTP {status})")]
-    Auth {
-        /// 401 or 403.
+    /// The API refused the call: 401, 403, or a 402 that does not say the
+    /// credits are gone (an add-on this item needs). Whether the key or
+    /// only this item is refused depends on whether other calls of the run
+    /// got through: [`crate::run`] decides.
+    #[error("HTTP {status}: {reason}")]
+    Refused {
+        /// 401, 402 or 403.
         status: u16,
+        /// The server's words (or the status's name).
+        reason: String,
     },
     /// Worth retrying: 5xx, 408, a timeout or a dropped connection.
     #[error("{reason}")]
     Transient {
         /// What happened, for the failures file.
         reason: String,
+        /// The HTTP status, when there was a response.
+        status: Option<u16>,
         /// The server's `Retry-After`, if it sent one.
         retry_after: Option<Duration>,
         /// The call may have run: it went out and no verdict came back (a
@@ -87,7 +94,13 @@ pub fn classify(
     let code = status.as_u16();
     match code {
         200..=299 => Ok(()),
-        402 => Err(CallError::CreditsExhausted { status: code }),
+        402 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
+            Err(CallError::CreditsExhausted { status: code })
+        }
+        401..=403 => Err(CallError::Refused {
+            status: code,
+            reason: reason_or_name(status, body, key),
+        }),
         429 if crate::wire::exhausted_by_headers(headers) => {
             Err(CallError::CreditsExhausted { status: code })
         }
@@ -98,7 +111,6 @@ pub fn classify(
             retry_after,
             message: short_reason(body, key, SHORT),
         }),
-        401 | 403 => Err(CallError::Auth { status: code }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),
         // A 409 with Retry-After is the server saying the same
         // Idempotency-Key is still executing: the outcome is coming, so ask
@@ -106,14 +118,28 @@ pub fn classify(
         409 if retry_after.is_some() => Err(transient(code, body, retry_after, key)),
         _ => Err(CallError::Permanent {
             status: code,
-            reason: short_reason(body, key, SHORT).unwrap_or_else(|| {
-                status
-                    .canonical_reason()
-                    .unwrap_or("unexpected status")
-                    .to_string()
-            }),
+            reason: reason_or_name(status, body, key),
         }),
     }
+}
+
+/// The server's words, or the status's name when it said nothing.
+fn reason_or_name(status: StatusCode, body: &str, key: Option<&Secret>) -> String {
+    short_reason(body, key, SHORT).unwrap_or_else(|| {
+        status
+            .canonical_reason()
+            .unwrap_or("unexpected status")
+            .to_string()
+    })
+}
+
+/// The API's own credits-exhausted answer: a JSON body whose `code` says so
+/// (as the sim's does), for APIs that send no credit headers.
+fn says_credits_exhausted(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("code")?.as_str().map(str::to_string))
+        .is_some_and(|c| c == "credits_exhausted")
 }
 
 fn transient(
@@ -129,6 +155,7 @@ fn transient(
         // A gateway gave up waiting for the API, or the key is still
         // executing: either way the call may have run.
         unknown: matches!(code, 409 | 504),
+        status: Some(code),
         reason: match short_reason(body, key, room) {
             Some(r) => format!("{head}: {r}"),
             None => head,
@@ -142,6 +169,7 @@ pub fn transport(err: &crate::transport::TransportError) -> CallError {
     use crate::transport::FailureKind;
     CallError::Transient {
         reason: err.reason.clone(),
+        status: None,
         retry_after: None,
         // Only a call that never reached the server is known not to have run.
         unknown: !matches!(err.kind, FailureKind::Connect | FailureKind::Resources),
@@ -350,8 +378,28 @@ mod tests {
             Err(CallError::CreditsExhausted { status: 429 })
         );
         assert_eq!(
-            c(402, &[], ""),
+            c(402, &[("x-api-remaining-credits", "0")], ""),
             Err(CallError::CreditsExhausted { status: 402 })
+        );
+        assert_eq!(
+            c(
+                402,
+                &[],
+                r#"{"error":"out of credits","code":"credits_exhausted"}"#
+            ),
+            Err(CallError::CreditsExhausted { status: 402 })
+        );
+        // A 402 that does not say the credits are gone is about this call.
+        assert_eq!(
+            c(
+                402,
+                &[("x-api-remaining-credits", "40")],
+                r#"{"error":"needs the Geo add-on"}"#
+            ),
+            Err(CallError::Refused {
+                status: 402,
+                reason: "needs the Geo add-on".into()
+            })
         );
         assert_eq!(
             c(
@@ -379,6 +427,7 @@ mod tests {
             c(409, &[("retry-after", "2")], "{\"error\":\"in progress\"}"),
             Err(CallError::Transient {
                 reason: "HTTP 409: in progress".into(),
+                status: Some(409),
                 retry_after: Some(Duration::from_secs(2)),
                 unknown: true,
             })
@@ -497,8 +546,20 @@ mod tests {
 
     #[test]
     fn auth_transient_permanent() {
-        assert_eq!(c(401, &[], ""), Err(CallError::Auth { status: 401 }));
-        assert_eq!(c(403, &[], ""), Err(CallError::Auth { status: 403 }));
+        assert_eq!(
+            c(401, &[], ""),
+            Err(CallError::Refused {
+                status: 401,
+                reason: "Unauthorized".into()
+            })
+        );
+        assert_eq!(
+            c(403, &[], r#"{"error":"not your project"}"#),
+            Err(CallError::Refused {
+                status: 403,
+                reason: "not your project".into()
+            })
+        );
         assert!(matches!(
             c(503, &[("retry-after", "2")], "busy"),
             Err(CallError::Transient { retry_after: Some(d), .. }) if d == Duration::from_secs(2)

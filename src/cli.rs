@@ -28,7 +28,7 @@ pub enum Command {
     /// Send one request per item of INPUT (the default subcommand).
     Run(Box<RunArgs>),
     /// Serve the built-in rehearsal API (a faithful model of a metered API).
-    Sim(crate::sim::SimArgs),
+    Sim(Box<crate::sim::SimArgs>),
     /// Print the plans with their derived token bucket.
     Plans,
     /// Print a job's progress from its checkpoint, without calling the API.

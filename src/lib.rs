@@ -21,6 +21,7 @@ pub mod credits;
 pub mod exit;
 pub mod fleet;
 pub mod input;
+pub mod manual;
 pub mod pace;
 pub mod rate;
 pub mod report;

@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     let code = rt.block_on(async {
         match cli.command {
             Command::Run(args) => run(*args).await,
-            Command::Sim(args) => match batchrun::sim::run(args).await {
+            Command::Sim(args) => match batchrun::sim::run(*args).await {
                 Ok(()) => exit::OK,
                 Err(e) => {
                     err_line(&format!("batchrun sim: error: {e:#}"));
@@ -32,20 +32,18 @@ fn main() -> ExitCode {
                 }
             },
             Command::Completions { shell } => {
-                let mut cmd = <Cli as clap::CommandFactory>::command();
-                clap_complete::generate(shell, &mut cmd, "batchrun", &mut std::io::stdout());
+                batchrun::manual::completions(shell, &mut std::io::stdout());
                 exit::OK
             }
-            Command::Man => {
-                let cmd = <Cli as clap::CommandFactory>::command();
-                match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-                    Ok(()) => exit::OK,
-                    Err(e) => {
-                        err_line(&format!("batchrun man: error: {e}"));
-                        exit::FATAL
-                    }
+            Command::Man => match batchrun::manual::man(&mut std::io::stdout()) {
+                Ok(()) => exit::OK,
+                // `batchrun man | head`: the reader has what it wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit::OK,
+                Err(e) => {
+                    err_line(&format!("batchrun man: error: {e}"));
+                    exit::FATAL
                 }
-            }
+            },
             Command::Plans => {
                 let _ = write!(std::io::stdout(), "{}", batchrun::status::plans_table());
                 exit::OK
@@ -107,7 +105,7 @@ async fn run(args: RunArgs) -> i32 {
         None
     };
     let outcome = match Settings::from_cli(&args, sim.as_ref().map(|(u, _)| u.as_str())) {
-        Ok(settings) => batchrun::run::run(settings, batchrun::sys::stop_signal()).await,
+        Ok(settings) => batchrun::run::run(settings, batchrun::sys::stop_signal).await,
         Err(e) => Err(e),
     };
     if let Some((_, handle)) = sim {

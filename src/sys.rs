@@ -83,6 +83,29 @@ pub fn forbid_core_dumps() {
 #[cfg(not(target_os = "linux"))]
 pub fn forbid_core_dumps() {}
 
+/// This machine's host name, for alerts that page someone ("?" when the
+/// system will not say).
+#[cfg(unix)]
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "?".to_string();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match String::from_utf8_lossy(&buf[..end]).trim() {
+        "" => "?".to_string(),
+        name => name.to_string(),
+    }
+}
+
+/// Elsewhere the environment's word for it.
+#[cfg(not(unix))]
+pub fn host_name() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "?".to_string())
+}
+
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM or SIGHUP: a scheduler
 /// stopping the job, or the terminal it was started from closing, deserves
 /// the same clean stop as a person pressing Ctrl-C. A signal whose handler
@@ -128,6 +151,12 @@ mod tests {
         forbid_core_dumps();
         // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
         assert_eq!(unsafe { libc::prctl(libc::PR_GET_DUMPABLE) }, 0);
+    }
+
+    #[test]
+    fn the_host_name_is_the_systems() {
+        let name = host_name();
+        assert!(!name.is_empty() && !name.contains('\0'), "{name:?}");
     }
 
     #[test]

@@ -67,6 +67,9 @@ struct Webhook {
 /// Sends billing alerts to stderr, the summary and an optional webhook.
 pub struct Alerter {
     job: String,
+    /// The input file and the machine, so a page names what and where.
+    input: String,
+    host: String,
     webhook: Option<Webhook>,
     print: Print,
     fired: Mutex<Vec<Alert>>,
@@ -128,11 +131,23 @@ impl Alerter {
         });
         Alerter {
             job,
+            input: String::new(),
+            host: crate::sys::host_name(),
             webhook,
             print,
             fired: Mutex::new(Vec::new()),
             deliveries: TaskTracker::new(),
         }
+    }
+
+    /// Names the job's input file in the webhook's alerts: a job hash alone
+    /// tells whoever is paged neither what ran nor where.
+    /// The path is made absolute: a cron job's working directory says
+    /// nothing to the person reading the page.
+    pub fn for_input(mut self, input: &std::path::Path) -> Self {
+        let full = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        self.input = full.display().to_string();
+        self
     }
 
     /// Raises `alert`: prints its line at once, records it for
@@ -167,8 +182,10 @@ impl Alerter {
             "max": alert.max,
             "renewal": alert.renewal,
             "job": self.job,
+            "input": self.input,
+            "host": self.host,
             // Slack- and Mattermost-style receivers display `text` as is.
-            "text": format_line(alert),
+            "text": format!("{} ({} on {})", format_line(alert), self.input, self.host),
         });
         let client = hook.client.clone();
         let url = hook.url.clone();

@@ -20,6 +20,9 @@ const BUCKETS: usize = 800;
 pub enum Answer {
     /// An HTTP response with this status.
     Status(u16),
+    /// A 429 that says the credits are gone (a credit header at 0), not a
+    /// rate limit: counted apart so it is never taken for one.
+    CreditsExhausted(u16),
     /// No response.
     Failure(FailureKind),
 }
@@ -30,6 +33,7 @@ impl Answer {
     pub fn key(self) -> String {
         match self {
             Answer::Status(s) => s.to_string(),
+            Answer::CreditsExhausted(s) => format!("{s}_credits_exhausted"),
             Answer::Failure(FailureKind::Timeout) => "timeout".into(),
             Answer::Failure(FailureKind::Connect) => "connect".into(),
             Answer::Failure(FailureKind::Body) => "connection_lost".into(),

@@ -16,6 +16,9 @@ pub(crate) fn damaged_when(dir: &Path, e: CheckpointError, what: &str) -> RunErr
     if matches!(e, CheckpointError::Locked(_)) {
         return RunError::Fatal(anyhow::Error::new(e));
     }
+    if let Some(io) = storage_error(&e) {
+        return RunError::Fatal(unusable(dir, io, what));
+    }
     RunError::Fatal(anyhow::anyhow!(
         "the checkpoint in {} is damaged ({e}). {what}. Move it aside \
          (mv {0} {0}.damaged) and run the same command: every item goes again \
@@ -24,6 +27,62 @@ pub(crate) fn damaged_when(dir: &Path, e: CheckpointError, what: &str) -> RunErr
          of running it twice",
         dir.display()
     ))
+}
+
+/// The system's error when the state directory could not be read or
+/// written (not a directory, no space, no permission): nothing says the
+/// checkpoint in it is damaged.
+fn storage_error(e: &CheckpointError) -> Option<&std::io::Error> {
+    let io = match e {
+        CheckpointError::Store {
+            source: sled::Error::Io(io),
+            ..
+        } => io,
+        CheckpointError::Log { source, .. } => source,
+        _ => return None,
+    };
+    // A file of the checkpoint that is missing or cut short is damage; these
+    // are the system refusing to store or reach what is there.
+    let refusal = [
+        libc::ENOSPC,
+        libc::EDQUOT,
+        libc::EFBIG,
+        libc::EROFS,
+        libc::EACCES,
+        libc::EPERM,
+        libc::ENOTDIR,
+        libc::EEXIST,
+    ];
+    io.raw_os_error()
+        .is_some_and(|code| refusal.contains(&code))
+        .then_some(io)
+}
+
+/// A state directory that cannot be used: what stands in the way, and the
+/// way on, which never involves moving the checkpoint aside (that would
+/// send every item again).
+fn unusable(dir: &Path, io: &std::io::Error, what: &str) -> anyhow::Error {
+    // A component that is a file: the error is ENOTDIR or EEXIST, and the
+    // plain fact reads better than either.
+    let file = dir.ancestors().find(|p| p.exists()).filter(|p| !p.is_dir());
+    if let Some(f) = file {
+        return anyhow::anyhow!(
+            "the state directory {} cannot be made: {} is a file, not a directory. {what}. \
+             Give --state-dir a directory (it is created if missing), or move that file away",
+            dir.display(),
+            f.display()
+        );
+    }
+    let reason = match io.to_string() {
+        r if r.starts_with("Os {") => io.kind().to_string(),
+        r => r,
+    };
+    anyhow::anyhow!(
+        "the state directory {} cannot be read or written ({reason}); this is no sign of \
+         damage to the checkpoint in it. {what}. Free space there or fix its permissions, then \
+         run the same command: the job resumes where it stopped",
+        dir.display()
+    )
 }
 
 /// Why a run stopped when its checkpoint could not be written, and the way on.

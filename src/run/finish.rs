@@ -88,8 +88,12 @@ pub(crate) fn end_state(
     };
     let reason = match h {
         Halt::Exhausted | Halt::Reserve(_) => billing.map(|a| a.message.clone()).unwrap_or_default(),
-        Halt::Auth(status) => format!(
-            "the API rejected the key (HTTP {status}): check {api_key_env} holds a valid key for this API; nothing was marked failed"
+        Halt::Auth {
+            status,
+            line,
+            reason,
+        } => format!(
+            "the API rejected the key (HTTP {status} for line {line}: {reason}) before any call got through: check {api_key_env} holds a valid key for this API; nothing was marked failed"
         ),
         Halt::Interrupted(sig) => sig.describe().to_string(),
         Halt::Stalled(for_) => format!(
@@ -99,6 +103,7 @@ pub(crate) fn end_state(
         Halt::Internal(why)
         | Halt::Systemic(why)
         | Halt::PacerUnavailable(why)
+        | Halt::Silent(why)
         | Halt::Checkpoint(why) => why.clone(),
     };
     (h.state(), Some(reason))

@@ -17,8 +17,16 @@ pub enum Halt {
     Exhausted,
     /// The reserve was reached (the reason says how).
     Reserve(String),
-    /// The key was rejected with this status.
-    Auth(u16),
+    /// The key was rejected before any call got through: the status, the
+    /// line of the item whose call it was, and the server's words (quoted).
+    Auth {
+        /// 401 or 403.
+        status: u16,
+        /// The item's line.
+        line: u64,
+        /// What the server said, quoted.
+        reason: String,
+    },
     /// Ctrl-C or SIGTERM.
     Interrupted(crate::exit::Signal),
     /// The server answered nothing but rate-limit 429s for too long.
@@ -31,6 +39,9 @@ pub enum Halt {
     /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
     /// call may go out without a slot, so the run stops resumably.
     PacerUnavailable(String),
+    /// The server accepted calls and answered none of the last ones: the
+    /// items stay pending and the run stops resumably (the reason says so).
+    Silent(String),
     /// The checkpoint could not be written (a full disk, a file size limit):
     /// no call may go out that cannot be recorded, so the run stops
     /// resumably. The reason is the storage error.
@@ -45,8 +56,9 @@ impl Halt {
             | Halt::Reserve(_)
             | Halt::Stalled(_)
             | Halt::PacerUnavailable(_)
+            | Halt::Silent(_)
             | Halt::Checkpoint(_) => RunState::Halted,
-            Halt::Auth(_) | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
+            Halt::Auth { .. } | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
             Halt::Interrupted(_) => RunState::Interrupted,
         }
     }

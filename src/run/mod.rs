@@ -59,12 +59,16 @@ use ticks::{Gauges, Publish, Ticks};
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
-/// Runs a job to its end: done, halted, interrupted or failed. `shutdown`
-/// resolves with the signal on Ctrl-C or SIGTERM.
-pub async fn run(
+/// Runs a job to its end: done, halted, interrupted or failed. Each call
+/// of `signals` waits for the next Ctrl-C or SIGTERM: the first stops the
+/// run cleanly, a second abandons the calls still in flight at once.
+pub async fn run<F>(
     mut settings: Settings,
-    shutdown: impl Future<Output = Signal> + Send + 'static,
-) -> Result<Summary, RunError> {
+    signals: impl Fn() -> F + Send + 'static,
+) -> Result<Summary, RunError>
+where
+    F: Future<Output = Signal> + Send + 'static,
+{
     let started = Instant::now();
     crate::sys::ensure_open_files(settings.concurrency as u64).map_err(RunError::Usage)?;
     crate::sys::file_size_limit_is_an_error();
@@ -90,7 +94,7 @@ pub async fn run(
     //    record what it reports.
     let mut running = start(&settings, &job, &pool, &shared, meter, reports)?;
     // 6. Wait for the pool, or Ctrl-C; then end the run.
-    supervise(&pool, &mut running.workers, shutdown, &shared.reporter).await;
+    supervise(&pool, &mut running.workers, signals, &shared.reporter).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
     finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await
 }
@@ -135,7 +139,8 @@ impl Shared {
         let meta = &job.meta;
         let reporter = Arc::new(Reporter::new(job.scan.total, settings.style));
         let c = &settings.credits;
-        let alerter = Alerter::new(meta.id.clone(), c.webhook.clone(), reporter.printer());
+        let alerter = Alerter::new(meta.id.clone(), c.webhook.clone(), reporter.printer())
+            .for_input(&settings.input);
         let restored = job
             .store
             .meter_state(&settings.origin)
@@ -265,7 +270,10 @@ fn build_pool(
             verbose: settings.verbose,
         },
         limited_since: std::sync::Mutex::new(None),
-        watch: watch::Watch::new(settings.fail_fast, settings.max_failures),
+        got_through: Default::default(),
+        watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
+            watch::SilenceLimit::for_concurrency(settings.concurrency, settings.timeout),
+        ),
         slots: Arc::new(slots(settings)),
     }))
 }
@@ -432,15 +440,17 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
     }
 }
 
-/// Waits for every worker, or for `shutdown`: then the calls in flight get
+/// Waits for every worker, or for a signal: then the calls in flight get
 /// [`INTERRUPT_GRACE`] to finish before they are abandoned (they stay
-/// pending; their Idempotency-Key makes the resend safe).
-async fn supervise(
+/// pending; their Idempotency-Key makes the resend safe). A second signal
+/// abandons them at once: what finished is saved all the same.
+async fn supervise<F: Future<Output = Signal>>(
     pool: &Pool,
     workers: &mut JoinSet<()>,
-    shutdown: impl Future<Output = Signal>,
+    signals: impl Fn() -> F,
     reporter: &Reporter,
 ) {
+    let shutdown = signals();
     tokio::pin!(shutdown);
     let signal = loop {
         tokio::select! {
@@ -455,20 +465,24 @@ async fn supervise(
         }
     };
     reporter.println(&format!(
-        "batchrun: {}: finishing the calls in flight, then saving the checkpoint...",
+        "batchrun: {}: finishing the calls in flight (again to stop at once), then saving the checkpoint...",
         signal.describe()
     ));
     pool.gate.stop(Halt::Interrupted(signal));
     let grace = tokio::time::sleep(INTERRUPT_GRACE);
     tokio::pin!(grace);
+    let again = signals();
+    tokio::pin!(again);
     loop {
         tokio::select! {
             r = workers.join_next() => if r.is_none() { return },
-            _ = &mut grace => {
-                workers.abort_all();
-                while workers.join_next().await.is_some() {}
-                return;
+            _ = &mut grace => break,
+            _ = &mut again => {
+                reporter.println("batchrun: stopping now: the calls in flight are abandoned and stay pending");
+                break;
             }
         }
     }
+    workers.abort_all();
+    while workers.join_next().await.is_some() {}
 }

@@ -14,7 +14,7 @@ use super::gate::{Gate, Halt, Pass};
 use super::react::{react, Action, Call, Outcome, Policy, Tries};
 use super::slots::Resized;
 pub use super::slots::Slots;
-use super::watch::{Systemic, Verdict, Watch};
+use super::watch::{Heard, Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
@@ -52,6 +52,8 @@ pub struct Pool {
     pub cfg: PoolConfig,
     /// Since when every answer has been a rate-limit 429, if so.
     pub limited_since: std::sync::Mutex<Option<Instant>>,
+    /// A call of this run has succeeded (the key works).
+    pub got_through: std::sync::atomic::AtomicBool,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.
@@ -187,6 +189,7 @@ impl Pool {
             probing,
             limited_for: limited_since.map(|since| Instant::now() - since),
             jitter: fastrand::f64(),
+            got_through: self.got_through.load(std::sync::atomic::Ordering::Relaxed),
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         *tries = reaction.tries;
@@ -332,17 +335,43 @@ impl Pool {
             Some(k) => k.redact(&req.url),
             None => req.url.clone(),
         };
-        match self.watch.outcome(systemic, event, url) {
+        let verdict = self.watch.outcome(systemic, event, url);
+        self.carry_out(verdict)
+    }
+
+    /// Records what the watch lets through; false when it halts the run.
+    fn carry_out(&self, verdict: Verdict) -> bool {
+        match verdict {
             Verdict::Record(events) => {
                 for e in events {
                     self.emit(e);
                 }
                 true
             }
-            Verdict::Halt(why) => {
+            Verdict::Halt { record, why } => {
+                for e in record {
+                    self.emit(e);
+                }
                 self.gate.stop(Halt::Systemic(why));
                 false
             }
+        }
+    }
+
+    /// Tells the watch whether the server answered this call; a silent
+    /// server halts the run.
+    fn heard(&self, result: &Result<Response, crate::transport::TransportError>) {
+        let answered = match result {
+            Ok(_) => true,
+            Err(e) if e.kind == FailureKind::Timeout => false,
+            Err(_) => return,
+        };
+        match self.watch.heard(answered) {
+            Heard::Nothing => {}
+            Heard::Released(verdict) => {
+                self.carry_out(verdict);
+            }
+            Heard::Silent(why) => self.gate.stop(Halt::Silent(why)),
         }
     }
 
@@ -399,8 +428,12 @@ impl Pool {
             Err(e) if matches!(e.kind, FailureKind::Connect | FailureKind::Resources) => None,
             _ => Some(sent.elapsed()),
         };
+        self.heard(&result);
         self.emit(Event::Answered(
             match &result {
+                Ok(r) if r.status == 429 && crate::wire::exhausted_by_headers(&r.headers) => {
+                    Answer::CreditsExhausted(r.status)
+                }
                 Ok(r) => Answer::Status(r.status),
                 Err(e) => Answer::Failure(e.kind),
             },
@@ -510,6 +543,10 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
+        if c.is_ok() {
+            self.got_through
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }

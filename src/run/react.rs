@@ -69,6 +69,9 @@ pub(super) struct Call<'a> {
     pub(super) limited_for: Option<Duration>,
     /// A random number in [0, 1): the jitter of any wait.
     pub(super) jitter: f64,
+    /// A call of this run has succeeded: the key works, so a refusal is
+    /// about its item.
+    pub(super) got_through: bool,
 }
 
 /// What the pool does next.
@@ -166,21 +169,23 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
         probing,
         ..
     } = call;
+    // A refusal before any call got through is the key's (or the
+    // account's), after one it is the item's.
+    let key_refused = matches!(err, CallError::Refused { .. }) && !call.got_through;
     // Whatever went wrong, a probe that did not find credits gone must
     // not hold the probe: the next waiting worker takes it.
-    let release_probe = probing
-        && !matches!(
-            err,
-            CallError::CreditsExhausted { .. } | CallError::Auth { .. }
-        );
+    let release_probe =
+        probing && !key_refused && !matches!(err, CallError::CreditsExhausted { .. });
     // A 429 or running out of credits says nothing about the item: no
     // attempt is spent on it.
-    if matches!(
-        err,
-        CallError::RateLimited { .. }
-            | CallError::Concurrency { .. }
-            | CallError::CreditsExhausted { .. }
-    ) {
+    if key_refused
+        || matches!(
+            err,
+            CallError::RateLimited { .. }
+                | CallError::Concurrency { .. }
+                | CallError::CreditsExhausted { .. }
+        )
+    {
         tries.n = tries.n.saturating_sub(1);
     }
     let action = match err {
@@ -198,7 +203,13 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             },
             false => stop(Halt::Exhausted),
         },
-        CallError::Auth { status } => stop(Halt::Auth(status)),
+        CallError::Refused { status, reason } if !call.got_through => {
+            refused_first(status, reason, item, probing, policy)
+        }
+        CallError::Refused { status, reason } => Action::Record {
+            event: refused_item(item, status, &reason, tries.n),
+            systemic,
+        },
         CallError::Permanent { status, reason } => Action::Record {
             event: Event::Failed {
                 line: item.line,
@@ -212,6 +223,7 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
         },
         CallError::Transient {
             reason,
+            status,
             retry_after,
             unknown,
         } => {
@@ -221,6 +233,7 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             tries.maybe_ran |= unknown;
             let why = Why {
                 reason,
+                status,
                 retry_after,
             };
             transient(item, tries, why, systemic, call.jitter, policy)
@@ -274,9 +287,53 @@ fn rate_limited(
     Action::Pause { pause, message }
 }
 
+/// A refusal before any call of the run got through: a 401 or 403 is the
+/// key's (the run stops, nothing marked failed), a 402 the account's.
+fn refused_first(
+    status: u16,
+    reason: String,
+    item: &Item,
+    probing: bool,
+    policy: &Policy,
+) -> Action {
+    match status {
+        402 if policy.wait_for_credits => Action::WaitForCredits {
+            probe_failed: probing,
+        },
+        402 => stop(Halt::Exhausted),
+        _ => stop(Halt::Auth {
+            status,
+            line: item.line,
+            reason: quoted(&reason),
+        }),
+    }
+}
+
+/// A refusal while other calls of the run got through: the item's failure,
+/// with the server's words.
+fn refused_item(item: &Item, status: u16, reason: &str, attempts: u32) -> Event {
+    Event::Failed {
+        line: item.line,
+        status: Some(status),
+        reason: format!(
+            "HTTP {status}: the API refused this item ({}) while other calls got through",
+            quoted(reason)
+        ),
+        attempts,
+        unknown: false,
+        digest: item.digest(),
+    }
+}
+
+/// The server's words, quoted as they appear in a reason.
+fn quoted(words: &str) -> String {
+    format!("{words:?}")
+}
+
 /// Why a call is worth another try.
 struct Why {
     reason: String,
+    status: Option<u16>,
     retry_after: Option<Duration>,
 }
 
@@ -292,6 +349,7 @@ fn transient(
 ) -> Action {
     let Why {
         reason,
+        status,
         retry_after,
     } = why;
     let (attempts, unknown) = (tries.n, tries.maybe_ran);
@@ -309,7 +367,7 @@ fn transient(
     Action::Record {
         event: Event::Failed {
             line: item.line,
-            status: None,
+            status,
             reason,
             attempts,
             unknown,
@@ -352,6 +410,7 @@ mod tests {
             probing,
             limited_for: None,
             jitter: 0.5,
+            got_through: false,
         };
         react(outcome, call, policy)
     }
@@ -363,6 +422,7 @@ mod tests {
     fn transient(reason: &str, unknown: bool) -> CallError {
         CallError::Transient {
             reason: reason.into(),
+            status: reason.strip_prefix("HTTP ").and_then(|s| s.parse().ok()),
             retry_after: None,
             unknown,
         }
@@ -444,6 +504,7 @@ mod tests {
                 probing: false,
                 limited_for: None,
                 jitter,
+                got_through: false,
             };
             react(Outcome::OutOfHandles, call, &policy()).action
         };
@@ -491,6 +552,7 @@ mod tests {
                 probing: false,
                 limited_for,
                 jitter: 0.5,
+                got_through: false,
             };
             let e = CallError::RateLimited {
                 retry_after: None,
@@ -549,15 +611,73 @@ mod tests {
         );
     }
 
+    fn refused(status: u16) -> Outcome {
+        error(CallError::Refused {
+            status,
+            reason: "needs the Geo add-on".into(),
+        })
+    }
+
+    /// As [`on`], after another call of the run got through.
+    fn on_after_success(outcome: Outcome, probing: bool, policy: &Policy) -> Reaction {
+        let item = item();
+        let call = Call {
+            item: &item,
+            tries: tries(1),
+            probing,
+            limited_for: None,
+            jitter: 0.5,
+            got_through: true,
+        };
+        react(outcome, call, policy)
+    }
+
     #[test]
-    fn a_rejected_key_stops_the_run_and_marks_nothing() {
-        let r = on(error(CallError::Auth { status: 401 }), 1, true, &policy());
+    fn a_refusal_before_any_success_stops_the_run_and_marks_nothing() {
+        for status in [401, 403] {
+            let r = on(refused(status), 1, true, &policy());
+            let expected = Action::Stop {
+                record: None,
+                halt: Halt::Auth {
+                    status,
+                    line: 7,
+                    reason: "\"needs the Geo add-on\"".into(),
+                },
+            };
+            assert_eq!(r.action, expected);
+            assert!(!r.release_probe);
+            assert_eq!(r.tries, tries(0), "no attempt spent");
+        }
+        let r = on(refused(402), 1, false, &policy());
         let expected = Action::Stop {
             record: None,
-            halt: Halt::Auth(401),
+            halt: Halt::Exhausted,
         };
         assert_eq!(r.action, expected);
-        assert!(!r.release_probe);
+    }
+
+    #[test]
+    fn a_refusal_after_a_success_fails_only_its_item_with_the_servers_words() {
+        for status in [401, 402, 403] {
+            let r = on_after_success(refused(status), true, &policy());
+            let Action::Record {
+                event:
+                    Event::Failed {
+                        line,
+                        status: s,
+                        reason,
+                        ..
+                    },
+                ..
+            } = r.action
+            else {
+                panic!("{:?}", r.action)
+            };
+            assert_eq!((line, s), (7, Some(status)));
+            assert!(reason.contains("\"needs the Geo add-on\""), "{reason}");
+            assert!(reason.starts_with(&format!("HTTP {status}")), "{reason}");
+            assert!(r.release_probe);
+        }
     }
 
     #[test]
@@ -595,6 +715,7 @@ mod tests {
         assert!(r.release_probe);
         let e = CallError::Transient {
             reason: "busy".into(),
+            status: Some(503),
             retry_after: Some(Duration::from_secs(2)),
             unknown: false,
         };
@@ -607,7 +728,7 @@ mod tests {
         let r = on(error(transient("HTTP 503", false)), 3, false, &p);
         let event = Event::Failed {
             line: 7,
-            status: None,
+            status: Some(503),
             reason: "HTTP 503 (gave up after 3 attempts)".into(),
             attempts: 3,
             unknown: false,
@@ -632,6 +753,7 @@ mod tests {
             probing: false,
             limited_for: None,
             jitter: 0.5,
+            got_through: false,
         };
         let r = react(error(transient("HTTP 503", false)), call, &p);
         match r.action {

@@ -63,8 +63,14 @@ pub(super) fn start_line(
         .learnt_limit
         .map(|l| format!(", learnt {l} per window from the server"))
         .unwrap_or_default();
+    // Said first: a rehearsal's URL and key are the sim's, whatever the
+    // options or the environment name.
+    let rehearsal = match settings.rehearsal {
+        true => "rehearsal on the built-in sim (nothing leaves this machine, no key is sent); ",
+        false => "",
+    };
     format!(
-        "batchrun: job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), {}; state in {}; results to {}, failures to {}{projected}{}",
+        "batchrun: {rehearsal}job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), {}; state in {}; results to {}, failures to {}{projected}{}",
         meta.id,
         settings.input.display(),
         settings.limit,

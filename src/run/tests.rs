@@ -65,6 +65,7 @@ async fn run_pool(
             verbose: false,
         },
         limited_since: std::sync::Mutex::new(None),
+        got_through: Default::default(),
         watch: super::watch::Watch::new(10, None),
         slots: std::sync::Arc::new(super::pool::Slots::new(workers)),
     });
@@ -89,7 +90,7 @@ async fn run_pool(
     super::supervise(
         &pool,
         &mut set,
-        std::future::pending::<crate::exit::Signal>(),
+        std::future::pending::<crate::exit::Signal>,
         &reporter,
     )
     .await;

@@ -25,6 +25,9 @@ use crate::template::Template;
 /// The sim's default endpoint: it echoes the item back.
 const SIM_DEFAULT_PATH: &str = "/v1/echo";
 
+/// The key a rehearsal sends to the built-in sim.
+pub const SIM_KEY: &str = "sim-demo-key";
+
 /// What the credit features were asked to do.
 #[derive(Debug, Clone)]
 pub struct CreditSettings {
@@ -53,6 +56,8 @@ pub struct CreditSettings {
 pub struct Settings {
     /// Whose credits these are: the API's origin ("sim" for the built-in one).
     pub origin: String,
+    /// `--sim`: every call goes to the built-in sim, none leaves the machine.
+    pub rehearsal: bool,
     /// The rate limit to pace to.
     pub limit: Limit,
     /// Workers: the most calls in flight at once.
@@ -185,10 +190,14 @@ fn url_source(args: &RunArgs, sim_base: Option<&str>) -> Result<(String, String,
             format!("sim:{SIM_DEFAULT_PATH}"),
             true,
         ),
-        (Some(base), Some(u)) if u.starts_with('/') => {
-            (format!("{base}{u}"), format!("sim:{u}"), false)
+        // A rehearsal never leaves the machine: an absolute URL (given, or
+        // exported as BATCHRUN_URL for the real runs) keeps its path and
+        // query, and its origin becomes the sim's.
+        (Some(base), Some(u)) => {
+            let path = path_of(u);
+            (format!("{base}{path}"), format!("sim:{path}"), false)
         }
-        (Some(_), Some(u)) | (None, Some(u)) => (u.clone(), u.clone(), false),
+        (None, Some(u)) => (u.clone(), u.clone(), false),
         (None, None) => {
             return Err(usage(
                 "no --url given (nor BATCHRUN_URL); use --sim to rehearse against the built-in sim"
@@ -198,10 +207,29 @@ fn url_source(args: &RunArgs, sim_base: Option<&str>) -> Result<(String, String,
     })
 }
 
+/// The path and query of `url` (a template): all of it when it starts with
+/// `/`, else what follows its `scheme://host[:port]` (`/` when nothing does).
+fn path_of(url: &str) -> String {
+    if url.starts_with('/') {
+        return url.to_string();
+    }
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    match rest.find(['/', '?', '#']) {
+        Some(at) if rest[at..].starts_with('/') => rest[at..].to_string(),
+        Some(at) => format!("/{}", &rest[at..]),
+        None => "/".to_string(),
+    }
+}
+
+/// The key to send. A rehearsal sends the sim's demo key, never the one in
+/// the environment: the sim needs none, and a real key has no business in
+/// a rehearsal's requests.
 fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
+    if sim {
+        return Ok(Some(Secret::new(SIM_KEY)));
+    }
     let key = match std::env::var(&args.api_key_env) {
         Ok(k) if !k.is_empty() => Secret::new(k),
-        _ if sim => Secret::new("sim-demo-key"),
         // Nothing is sent, and the key is shown hidden anyway.
         _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
         _ => {
@@ -303,6 +331,7 @@ impl Settings {
         let (state_dir, out, failures) = places(args)?;
         Ok(Settings {
             origin,
+            rehearsal: sim_base.is_some(),
             limit,
             concurrency,
             pool: pool_size(args, concurrency),
@@ -440,6 +469,38 @@ fn resolved(p: &Path) -> PathBuf {
     }
 }
 
+/// Whether a file can be made beside `out`: the outputs are written to a
+/// temporary file there and renamed over it, so a folder that refuses new
+/// files (read-only, a file in the way) would lose every result after the
+/// last call. The nearest folder that exists is tried with a probe file
+/// (permission bits alone do not stop root; a read-only mount does).
+fn writable_dir(out: &Path) -> Result<(), String> {
+    let parent = out.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = parent.unwrap_or(Path::new("."));
+    let Some(existing) = dir.ancestors().find(|a| a.exists()) else {
+        return Ok(());
+    };
+    if !existing.is_dir() {
+        return Err(format!("{} is a file, not a directory", existing.display()));
+    }
+    let probe = existing.join(format!(".batchrun-probe.{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!(
+            "no file can be made in {}: {e}",
+            existing.display()
+        )),
+    }
+}
+
 /// Refuses outputs that would destroy the input or each other, or that
 /// cannot be written, before anything is read or sent.
 fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunError> {
@@ -460,6 +521,8 @@ fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunErr
                 .open(r)
                 .map_err(|e| usage(format!("{what} {} cannot be written: {e}", p.display())))?;
         }
+        writable_dir(r)
+            .map_err(|why| usage(format!("{what} {} cannot be written: {why}", p.display())))?;
     }
     if o == f {
         return Err(usage(format!(
@@ -599,6 +662,57 @@ mod tests {
         assert!(e.contains("is a directory"), "{e}");
         assert!(check_outputs(&input, &other, &dir.join("f.jsonl")).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_rehearsal_keeps_only_the_path_and_query_of_an_absolute_url() {
+        assert_eq!(path_of("/v1/echo?n={n}"), "/v1/echo?n={n}");
+        assert_eq!(
+            path_of("https://api.example.com:8443/v1/x?n={n}"),
+            "/v1/x?n={n}"
+        );
+        assert_eq!(path_of("https://api.example.com?n={n}"), "/?n={n}");
+        assert_eq!(path_of("https://api.example.com"), "/");
+        assert_eq!(path_of("api.example.com/v1/x"), "/v1/x");
+    }
+
+    proptest::proptest! {
+        /// Whatever `--url` says, a rehearsal's URL is the sim's origin
+        /// followed by a path: nothing in it can name another host.
+        #[test]
+        fn a_rehearsal_url_never_names_another_host(
+            u in "((https?|ftp)://)?[a-z0-9@:./\\[\\]]{0,16}([/?#][ -~]{0,24})?|.*"
+        ) {
+            let path = path_of(&u);
+            proptest::prop_assert!(path.starts_with('/'), "{path:?}");
+        }
+    }
+
+    #[test]
+    fn a_rehearsal_sends_the_sim_key_never_the_exported_one() {
+        // A variable of this test's own: no other test reads it.
+        std::env::set_var("BATCHRUN_TEST_REHEARSAL_KEY", "sk_live_REAL");
+        let cli = crate::cli::Cli::parse_with_default(
+            [
+                "batchrun",
+                "items.jsonl",
+                "--sim",
+                "--api-key-env",
+                "BATCHRUN_TEST_REHEARSAL_KEY",
+                "--url",
+                "https://api.example.com/v1/x?n={n}",
+            ]
+            .map(std::ffi::OsString::from),
+        );
+        let crate::cli::Command::Run(args) = cli.command else {
+            panic!("not a run")
+        };
+        let s = Settings::from_cli(&args, Some("http://127.0.0.1:9")).unwrap();
+        let key = s.request.key.as_ref().unwrap();
+        assert_eq!(key.expose(), SIM_KEY);
+        assert!(s.rehearsal);
+        assert_eq!(s.origin, "sim");
+        assert_eq!(s.request.url.as_str(), "http://127.0.0.1:9/v1/x?n={n}");
     }
 
     #[test]

@@ -103,8 +103,8 @@ pub struct SimArgs {
     /// Transit-in latency per metered request, uniform in A..B (or exactly
     /// A): the request counts as arrived (in the window, in flight) only
     /// after it. --latency stays the delay before the response.
-    // Boxed: `SimArgs` sits unboxed in the CLI's subcommand enum, and a
-    // second inline `Latency` would make that enum lopsided.
+    // Boxed: a second inline `Latency` for a rarely used option; the CLI's
+    // subcommand enum boxes `SimArgs` as a whole too.
     #[arg(long = "latency-in", value_name = "A[..B]", value_parser = parse_latency_in)]
     pub latency_in: Option<Box<Latency>>,
 
@@ -122,6 +122,12 @@ pub struct SimArgs {
     /// error.
     #[arg(long = "echo-key")]
     pub echo_key: bool,
+
+    /// Refuse the requests whose data has FIELD=VALUE (query or JSON body)
+    /// with STATUS (401, 402 or 403; default 403), before admission:
+    /// one item the key may not touch (repeatable).
+    #[arg(long, value_name = "FIELD=VALUE[:STATUS]", value_parser = model::refusals::parse)]
+    pub refuse: Vec<model::refusals::Refusal>,
 }
 
 impl Default for SimArgs {
@@ -146,6 +152,7 @@ impl Default for SimArgs {
             rate_limit_forever: false,
             echo_key: false,
             keep_working: false,
+            refuse: Vec::new(),
         }
     }
 }
@@ -204,6 +211,7 @@ impl SimArgs {
             rate_limit_forever: self.rate_limit_forever,
             echo_key: self.echo_key,
             keep_working: self.keep_working,
+            refuse: self.refuse.clone(),
         }
     }
 

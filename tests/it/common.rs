@@ -25,9 +25,15 @@ impl Sim {
     /// Starts `batchrun sim --listen 127.0.0.1:0 ARGS` and waits for its
     /// `listening on` line.
     pub fn start(args: &[&str]) -> Sim {
+        Sim::start_on("127.0.0.1:0", args)
+    }
+
+    /// Like [`Sim::start`], listening on `addr` (say, the address of a sim
+    /// just stopped, so a rerun meets the same URL).
+    pub fn start_on(addr: &str, args: &[&str]) -> Sim {
         let mut child = bin()
             .arg("sim")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", addr])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

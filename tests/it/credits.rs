@@ -47,6 +47,13 @@ async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_web
     assert_eq!(exhausted["max"], 40);
     assert!(exhausted["renewal"].as_u64().is_some());
     assert!(exhausted["job"].as_str().is_some_and(|j| !j.is_empty()));
+    // Whoever is paged learns what ran and where, not just a job hash.
+    let input = s.input_path().display().to_string();
+    assert_eq!(exhausted["input"], input.as_str());
+    let host = exhausted["host"].as_str().unwrap_or_default();
+    assert!(!host.is_empty() && host != "?", "{exhausted}");
+    let text = exhausted["text"].as_str().unwrap_or_default();
+    assert!(text.contains(&input) && text.contains(host), "{text}");
     assert!(exhausted["message"]
         .as_str()
         .unwrap()

@@ -8,6 +8,7 @@ mod nightly;
 mod operator;
 mod pacing;
 mod pool;
+mod reruns;
 mod run;
 mod scale;
 mod sim;

@@ -63,6 +63,8 @@ pub struct Config {
     pub rate_limit_forever: bool,
     /// Put the request's API key in every response body.
     pub echo_key: bool,
+    /// Items refused before admission (`--refuse`).
+    pub refuse: Vec<super::refusals::Refusal>,
 }
 
 impl Default for Config {
@@ -90,6 +92,7 @@ impl Default for Config {
             rate_limit_forever: false,
             echo_key: false,
             keep_working: false,
+            refuse: Vec::new(),
         }
     }
 }

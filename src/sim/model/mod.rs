@@ -17,6 +17,7 @@ mod config;
 mod faults;
 mod idempotency;
 mod limiter;
+pub mod refusals;
 pub mod sliding_window;
 pub mod spike_arrest;
 mod stats;
@@ -314,6 +315,12 @@ impl Model {
         self.stats.rejected_auth += 1;
     }
 
+    /// Counts a metered request refused by `--refuse` (before admission).
+    pub fn note_refused(&mut self) {
+        self.stats.requests += 1;
+        self.stats.rejected_refused += 1;
+    }
+
     /// Counts a metered request refused as unreadable.
     pub fn note_bad_request(&mut self) {
         self.stats.requests += 1;
@@ -421,6 +428,7 @@ mod tests {
             + s.rejected_rate
             + s.rejected_conflict
             + s.rejected_credits
+            + s.rejected_refused
             + s.accepted;
         assert_eq!(parts, s.requests);
         assert_eq!(

@@ -7,7 +7,7 @@ use serde::Serialize;
 /// The request counters partition the metered requests:
 /// `requests = rejected_auth + rejected_bad_request + rejected_cooldown +
 /// rejected_concurrency + rejected_rate + rejected_conflict + rejected_credits +
-/// accepted`, and every accepted request ends as a side effect, a replay, an
+/// rejected_refused + accepted`, and every accepted request ends as a side effect, a replay, an
 /// injected failure, an abandoned request or is still in flight.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Stats {
@@ -29,6 +29,8 @@ pub struct Stats {
     pub rejected_conflict: u64,
     /// 429 credits exhausted.
     pub rejected_credits: u64,
+    /// Refused by `--refuse` (401/402/403), before admission.
+    pub rejected_refused: u64,
     /// Successful executions (each charged once).
     pub side_effects: u64,
     /// Stored responses replayed for a repeated idempotency key.

@@ -166,6 +166,13 @@ async fn metered(
             return bad_request(&app, &echo, StatusCode::BAD_REQUEST, message);
         }
     };
+    if let Payload::Echo(data) = &payload {
+        if let Some(r) = super::super::model::refusals::find(&app.refuse, data) {
+            app.lock().note_refused();
+            let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FORBIDDEN);
+            return echo.error(status, r.message());
+        }
+    }
     arrive(&app).await;
     let admission = app.lock().admit(key, endpoint, idem, Instant::now());
     let (ticket, rate, faults) = match admission {

@@ -41,6 +41,8 @@ struct App {
     latency_in: bool,
     /// `--keep-working`, likewise.
     keep_working: bool,
+    /// `--refuse`, likewise.
+    refuse: Vec<super::model::refusals::Refusal>,
 }
 
 impl App {
@@ -95,6 +97,7 @@ pub(crate) async fn serve(
         echo_key: cfg.echo_key,
         latency_in: cfg.latency_in.is_some(),
         keep_working: cfg.keep_working,
+        refuse: cfg.refuse.clone(),
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()
