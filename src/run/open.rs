@@ -4,6 +4,7 @@
 use anyhow::Context as _;
 
 use super::damage::damaged;
+use super::job::Located;
 use super::start::warn_unknown;
 use crate::checkpoint::{ItemState, JobItems, JobMeta, Store};
 use crate::exit::RunError;
@@ -23,7 +24,9 @@ pub(super) struct Opened {
 /// will not be sent again is parsed but not rendered.
 pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
-    let id = super::job::job_id(settings)?;
+    let located = super::job::locate(&store, settings)?;
+    let (id, superseded) = changed_request(&store, settings, &located)?;
+    super::outputs::check_owners(settings, &id, &superseded)?;
     // A job the checkpoint does not know (lost, or moved aside as damaged)
     // takes back from its earlier outputs the epoch and generations its keys
     // were last made with, so that it sends those keys again and the API
@@ -62,7 +65,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     scan.total = in_shard;
     drop(states);
     items.reserve_lines(scan.last_line);
-    let mut meta = super::job::open(&store, settings, &scan, &id, epoch)?;
+    let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
     if old.is_none() && !settings.fresh {
         items
             .restore_generations(&recovered.generations)
@@ -92,6 +95,86 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
+}
+
+/// A job on this input made for another request has items done: a new job
+/// would send them again. The run stops before any call and says what
+/// differs, unless told which way to go: `--keep-done` carries the job over
+/// to the new request, `--fresh` starts a new job. Jobs on the input with
+/// nothing done are replaced by the new one. Returns the job's id, and the
+/// jobs whose outputs it takes over.
+fn changed_request(
+    store: &Store,
+    settings: &Settings,
+    located: &Located,
+) -> Result<(String, Vec<String>), RunError> {
+    let discard = |ids: &mut dyn Iterator<Item = &String>| -> Result<Vec<String>, RunError> {
+        let mut gone = Vec::new();
+        for id in ids {
+            store.discard_job(id).context("discarding the checkpoint")?;
+            gone.push(id.clone());
+        }
+        Ok(gone)
+    };
+    let Some(old) = located
+        .changed
+        .iter()
+        .max_by_key(|m| (m.done, m.created_unix))
+    else {
+        let gone = discard(&mut located.idle.iter())?;
+        return Ok((located.id.clone(), gone));
+    };
+    let others = located
+        .changed
+        .iter()
+        .filter(|m| m.id != old.id)
+        .map(|m| &m.id);
+    let pending = old.total.saturating_sub(old.done + old.failed);
+    if settings.keep_done {
+        let mut gone = discard(&mut others.chain(located.idle.iter()))?;
+        let mut meta = old.clone();
+        meta.template = settings.identity.clone();
+        // The pending items go under the new request's keys.
+        meta.key_base = Some(located.id.clone());
+        store.save_job(&meta).context("writing the checkpoint")?;
+        crate::report::err_line(&format!(
+            "batchrun: --keep-done: the request changed; the {} item(s) job {} finished under \
+             the earlier one stay done, and the pending ones go under the new request",
+            old.done + old.failed,
+            old.id
+        ));
+        gone.push(old.id.clone());
+        return Ok((old.id.clone(), gone));
+    }
+    if settings.fresh {
+        crate::report::err_line(&format!(
+            "batchrun: --fresh: the request changed; the {} item(s) done under the earlier \
+             request (job {}) are sent again under the new one, under new Idempotency-Keys",
+            old.done, old.id
+        ));
+        let all = located
+            .changed
+            .iter()
+            .map(|m| &m.id)
+            .chain(located.idle.iter());
+        let gone = discard(&mut all.collect::<Vec<_>>().into_iter())?;
+        return Ok((located.id.clone(), gone));
+    }
+    let diff = super::job::request_diff(&old.template, &settings.identity);
+    Err(RunError::Usage(format!(
+        "the request changed since job {} on {} ({} of {} item(s) done, {pending} pending); \
+         this command differs in:\n  {}\nNothing was sent. Run it again with --keep-done to \
+         keep those {} item(s) done (their results kept) and send only the pending ones under \
+         the new request, or with --fresh to start over under the new request (the {} \
+         executed item(s) are sent again)",
+        old.id,
+        settings.input.display(),
+        old.done,
+        old.total,
+        diff.join("\n  "),
+        old.done,
+        old.done
+    )))
 }
 
 impl Opened {

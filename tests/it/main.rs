@@ -4,6 +4,7 @@ mod common;
 mod crash;
 mod credits;
 mod fleet;
+mod identity;
 mod operator;
 mod pacing;
 mod run;
