@@ -340,6 +340,12 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "fresh", help_heading = "State and output")]
     pub keep_done: bool,
 
+    /// Record each row that does not parse or render as a failure (with
+    /// its file, line and reason) and run the rest, instead of refusing
+    /// the whole input.
+    #[arg(long, help_heading = "Failures")]
+    pub skip_invalid: bool,
+
     /// Let this job write --out and --failures although another job wrote
     /// them last (they are replaced by this job's results).
     #[arg(long, help_heading = "State and output")]

@@ -18,6 +18,8 @@ pub(super) struct Source {
     pub(super) format: Format,
     /// This process's share of the lines, in a fleet.
     pub(super) shard: Option<Shard>,
+    /// `--skip-invalid`: bad rows were recorded as failed; pass them by.
+    pub(super) skip_invalid: bool,
 }
 
 impl Source {
@@ -27,6 +29,7 @@ impl Source {
             path: settings.input.clone(),
             format: settings.format,
             shard: settings.shard,
+            skip_invalid: settings.skip_invalid,
         }
     }
 }
@@ -49,6 +52,7 @@ pub(super) fn spawn(
         path,
         format,
         shard,
+        skip_invalid,
     } = source;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -68,8 +72,21 @@ pub(super) fn spawn(
         let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
-        for item in input::Reader::open(&path, format)? {
-            let item = item?;
+        let mut reader = input::Reader::open(&path, format)?;
+        if skip_invalid {
+            reader = reader.past_bad_rows();
+        }
+        for item in reader {
+            let item = match item {
+                Ok(item) => item,
+                Err(e) if skip_invalid && e.line().is_some_and(|l| states.is_finished(l)) => {
+                    continue
+                }
+                Err(e) if skip_invalid && e.line().zip(shard).is_some_and(|(l, s)| !s.takes(l)) => {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
             if shard.is_some_and(|s| !s.takes(item.line)) {
                 continue;
             }

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use super::damage::damaged;
 use super::job::Located;
 use super::start::warn_unknown;
-use crate::checkpoint::{ItemState, JobItems, JobMeta, Store};
+use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Record, Store};
 use crate::exit::RunError;
 use crate::input;
 use crate::settings::Settings;
@@ -51,18 +51,32 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let spec = &settings.request;
     let states = items.states();
     let retry_failed = settings.retry_failed;
-    let mut in_shard = 0u64;
+    let in_shard = std::cell::Cell::new(0u64);
+    let ours = |line: u64| settings.shard.map_or(true, |s| s.takes(line));
+    let mut invalid: Vec<(u64, String)> = Vec::new();
+    let mut skip = |e: input::InputError| {
+        let line = e.line().unwrap_or_default();
+        if ours(line) {
+            in_shard.set(in_shard.get() + 1);
+            invalid.push((line, e.to_string()));
+        }
+    };
+    let skip: Option<&mut dyn FnMut(input::InputError)> = match settings.skip_invalid {
+        true => Some(&mut skip),
+        false => None,
+    };
+    let check = &mut |item: &input::Item| {
+        in_shard.set(in_shard.get() + u64::from(ours(item.line)));
+        match states.state(item.line) {
+            Some(ItemState::Done) => Ok(()),
+            Some(ItemState::Failed) if !retry_failed => Ok(()),
+            _ => spec.render(item).map(|_| ()),
+        }
+    };
     let mut scan = tokio::task::block_in_place(|| {
-        input::scan(&settings.input, settings.format, &mut |item| {
-            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
-            match states.state(item.line) {
-                Some(ItemState::Done) => Ok(()),
-                Some(ItemState::Failed) if !retry_failed => Ok(()),
-                _ => spec.render(item).map(|_| ()),
-            }
-        })
+        input::scan_with(&settings.input, settings.format, check, skip)
     })?;
-    scan.total = in_shard;
+    scan.total = in_shard.get();
     drop(states);
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
@@ -83,6 +97,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .clear_failed(&mut meta)
             .context("clearing failed items")?;
     }
+    record_invalid(&items, &mut meta, invalid)?;
     // New keys from here on: saved beside the outputs before any call, so
     // that a checkpoint lost later still leads back to them.
     if settings.retry_failed || settings.fresh {
@@ -175,6 +190,54 @@ fn changed_request(
         old.done,
         old.done
     )))
+}
+
+/// `--skip-invalid`: the bad rows not yet recorded are failures, with
+/// their reason, committed before any call (so the feeder passes them by).
+fn record_invalid(
+    items: &JobItems,
+    meta: &mut JobMeta,
+    invalid: Vec<(u64, String)>,
+) -> Result<(), RunError> {
+    let states = items.states();
+    let new: Vec<_> = invalid
+        .into_iter()
+        .filter(|(line, _)| !states.is_finished(*line))
+        .collect();
+    drop(states);
+    let Some((_, first)) = new.first() else {
+        return Ok(());
+    };
+    crate::report::err_line(&format!(
+        "batchrun: --skip-invalid: {} bad row(s) recorded as failed, not sent (the first: {first})",
+        new.len()
+    ));
+    let committer = items
+        .committer(meta.clone(), GroupCommit::default())
+        .context("opening the results log")?;
+    for (line, reason) in new {
+        committer
+            .record(Record {
+                line,
+                state: ItemState::Failed,
+                status: None,
+                attempts: 0,
+                payload: reason.into_bytes(),
+                unknown: false,
+                digest: 0,
+            })
+            .context("writing the checkpoint")?;
+    }
+    let committed = committer.finish();
+    if let Some(e) = committed.err {
+        return Err(anyhow::Error::new(e)
+            .context("writing the checkpoint")
+            .into());
+    }
+    if let Some(m) = committed.meta {
+        meta.adopt_committed(&m);
+    }
+    Ok(())
 }
 
 impl Opened {

@@ -133,11 +133,36 @@ fn write_both(
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
     let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    if settings.skip_invalid {
+        reader = reader.past_bad_rows();
+    }
     let reopened = items.any_reopened();
     // Lines whose result is for another item than the one they hold now.
     let mut stale = Vec::new();
     for item in &mut reader {
-        let item = item?;
+        let item = match (item, settings.skip_invalid) {
+            (Ok(item), _) => item,
+            // A bad row skipped by --skip-invalid: its failure, without
+            // an item to show.
+            (Err(e), true) if e.line().is_some() => {
+                let line = e.line().unwrap_or_default();
+                if let Some(e) = results.get(line)? {
+                    failed_line(
+                        &mut fail,
+                        (line, None),
+                        &e,
+                        Keyed {
+                            epoch: meta.epoch,
+                            generation: 0,
+                        },
+                    )
+                    .with_context(|| format!("writing {}", settings.failures.display()))
+                    .map_err(OutputError::Write)?;
+                }
+                continue;
+            }
+            (Err(e), _) => return Err(e.into()),
+        };
         let Some(e) = results.get(item.line)? else {
             continue;
         };
@@ -157,7 +182,7 @@ fn write_both(
         };
         let written = match e.state {
             ItemState::Done => done_line(&mut out, &item, &e, keyed),
-            ItemState::Failed => failed_line(&mut fail, &item, &e, keyed),
+            ItemState::Failed => failed_line(&mut fail, (item.line, Some(&item.value)), &e, keyed),
         };
         written
             .with_context(|| format!("writing {}", settings.out.display()))
@@ -212,7 +237,7 @@ fn owner_path(p: &Path) -> PathBuf {
 }
 
 /// The job that wrote `p` last, and its input, if batchrun wrote it.
-fn owner_of(p: &Path) -> Option<(String, String)> {
+pub(super) fn owner_of(p: &Path) -> Option<(String, String)> {
     let text = std::fs::read_to_string(owner_path(p)).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     Some((
@@ -466,9 +491,14 @@ fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> an
 
 /// One `--failures` line: `{"line","input","status","reason","attempts"}`,
 /// and `"outcome_unknown":true` when the call may have run.
-fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> anyhow::Result<()> {
-    write!(w, "{{\"line\":{},\"input\":", item.line)?;
-    serde_json::to_writer(&mut *w, &item.value)?;
+fn failed_line(
+    w: &mut impl Write,
+    (line, input): (u64, Option<&serde_json::Value>),
+    e: &Entry<'_>,
+    keyed: Keyed,
+) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{line},\"input\":")?;
+    serde_json::to_writer(&mut *w, &input)?;
     write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
     serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?;
     write!(w, ",\"attempts\":{}", e.attempts)?;

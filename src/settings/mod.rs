@@ -93,6 +93,8 @@ pub struct Settings {
     pub keep_done: bool,
     /// `--force-outputs`: write outputs another job wrote last.
     pub force_outputs: bool,
+    /// `--skip-invalid`: a bad row is a failure, not a refusal.
+    pub skip_invalid: bool,
     /// The input's name, as the job knows it: its file name (`stdin` for
     /// `-`). Never its directory, so a moved or symlinked input keeps its job.
     pub input_name: String,
@@ -298,6 +300,7 @@ impl Settings {
             retry_failed: args.retry_failed,
             keep_done: args.keep_done,
             force_outputs: args.force_outputs,
+            skip_invalid: args.skip_invalid,
             input_name: input_name(&args.input),
             spooled: None,
             api_key_env: args.api_key_env.clone(),

@@ -211,3 +211,65 @@ async fn a_mistyped_rerun_leaves_the_results_byte_identical() {
     assert!(r.stderr.contains("is left as it was"), "{}", r.stderr);
     assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_invalid_records_the_bad_rows_and_runs_the_rest() {
+    let mut csv = String::from("n,name\n");
+    for n in 1..=10 {
+        match n {
+            // Two ragged rows: one field too many, one too few.
+            4 => csv.push_str("4,d,extra\n"),
+            7 => csv.push_str("7\n"),
+            _ => csv.push_str(&format!("{n},x{n}\n")),
+        }
+    }
+    let s = Scenario::new("skip-invalid")
+        .with_sim(&["--limit", "none"])
+        .input("customers.csv", &csv);
+    let url = format!("{}/v1/echo?n={{n}}&name={{name}}", s.sim().url);
+    let args = ["--limit", "none", "--url", url.as_str()];
+    // Without it, one bad row refuses the whole input before any call.
+    let r = s.run(&args);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("customers.csv:5: row has 3 fields"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 0);
+
+    let r = s.run(&[&args[..], &["--skip-invalid"]].concat());
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
+        (Some(8), Some(2))
+    );
+    assert!(
+        r.stderr.contains("--skip-invalid: 2 bad row(s)"),
+        "{}",
+        r.stderr
+    );
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(lines_of(&s.failures_path()), vec![5, 8]);
+    let reason = failures[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("customers.csv:5: row has 3 fields"),
+        "{reason}"
+    );
+    let reason = failures[1]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("customers.csv:8: row has 1 field,"),
+        "{reason}"
+    );
+    assert_eq!(lines_of(&s.out_path()), vec![2, 3, 4, 6, 7, 9, 10, 11]);
+    assert_side_effects(&s.sim().stats().await, 8);
+    // The same command again: nothing is sent, the bad rows stay failed.
+    let r = s.run(&[&args[..], &["--skip-invalid"]].concat());
+    assert_eq!(
+        (r.code, r.summary["requests"].as_u64()),
+        (3, Some(0)),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(lines_of(&s.failures_path()), vec![5, 8]);
+}
