@@ -29,6 +29,7 @@ pub mod outputs;
 pub mod pool;
 mod react;
 pub mod recorder;
+mod regen;
 mod slots;
 mod start;
 #[cfg(test)]

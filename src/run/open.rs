@@ -47,37 +47,16 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .discard_job(&id)
             .context("discarding the checkpoint")?;
     }
+    let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
-    let spec = &settings.request;
-    let states = items.states();
-    let retry_failed = settings.retry_failed;
-    let in_shard = std::cell::Cell::new(0u64);
-    let ours = |line: u64| settings.shard.map_or(true, |s| s.takes(line));
-    let mut invalid: Vec<(u64, String)> = Vec::new();
-    let mut skip = |e: input::InputError| {
-        let line = e.line().unwrap_or_default();
-        if ours(line) {
-            in_shard.set(in_shard.get() + 1);
-            invalid.push((line, e.to_string()));
-        }
-    };
-    let skip: Option<&mut dyn FnMut(input::InputError)> = match settings.skip_invalid {
-        true => Some(&mut skip),
-        false => None,
-    };
-    let check = &mut |item: &input::Item| {
-        in_shard.set(in_shard.get() + u64::from(ours(item.line)));
-        match states.state(item.line) {
-            Some(ItemState::Done) => Ok(()),
-            Some(ItemState::Failed) if !retry_failed => Ok(()),
-            _ => spec.render(item).map(|_| ()),
-        }
-    };
-    let mut scan = tokio::task::block_in_place(|| {
-        input::scan_with(&settings.input, settings.format, check, skip)
-    })?;
-    scan.total = in_shard.get();
-    drop(states);
+    let (mut scan, mut invalid) = scan_input(settings, &items)?;
+    // A regenerated input: the items it still holds keep their results.
+    if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
+        drop(items);
+        id = super::regen::by_content(&store, settings, &old, &scan)?;
+        items = store.items(&id).context("opening the checkpoint")?;
+        (scan, invalid) = scan_input(settings, &items)?;
+    }
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
     if old.is_none() && !settings.fresh {
@@ -192,13 +171,47 @@ fn changed_request(
     )))
 }
 
+/// The input's rows skipped by `--skip-invalid`: line and reason.
+type Invalid = Vec<(u64, String)>;
+
+/// The whole input checked before any call: every item parses, and renders
+/// unless it will not be sent again; a shard counts its own.
+fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Invalid), RunError> {
+    let spec = &settings.request;
+    let states = items.states();
+    let retry_failed = settings.retry_failed;
+    let in_shard = std::cell::Cell::new(0u64);
+    let ours = |line: u64| settings.shard.map_or(true, |s| s.takes(line));
+    let mut invalid: Invalid = Vec::new();
+    let mut skip = |e: input::InputError| {
+        let line = e.line().unwrap_or_default();
+        if ours(line) {
+            in_shard.set(in_shard.get() + 1);
+            invalid.push((line, e.to_string()));
+        }
+    };
+    let skip: Option<&mut dyn FnMut(input::InputError)> = match settings.skip_invalid {
+        true => Some(&mut skip),
+        false => None,
+    };
+    let check = &mut |item: &input::Item| {
+        in_shard.set(in_shard.get() + u64::from(ours(item.line)));
+        match states.state(item.line) {
+            Some(ItemState::Done) => Ok(()),
+            Some(ItemState::Failed) if !retry_failed => Ok(()),
+            _ => spec.render(item).map(|_| ()),
+        }
+    };
+    let mut scan = tokio::task::block_in_place(|| {
+        input::scan_with(&settings.input, settings.format, check, skip)
+    })?;
+    scan.total = in_shard.get();
+    Ok((scan, invalid))
+}
+
 /// `--skip-invalid`: the bad rows not yet recorded are failures, with
 /// their reason, committed before any call (so the feeder passes them by).
-fn record_invalid(
-    items: &JobItems,
-    meta: &mut JobMeta,
-    invalid: Vec<(u64, String)>,
-) -> Result<(), RunError> {
+fn record_invalid(items: &JobItems, meta: &mut JobMeta, invalid: Invalid) -> Result<(), RunError> {
     let states = items.states();
     let new: Vec<_> = invalid
         .into_iter()

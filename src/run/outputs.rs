@@ -256,6 +256,19 @@ fn write_owner(p: &Path, job: &str, input: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The outputs `old` wrote now belong to `new`, which took its results
+/// over (a regenerated input). Best effort: a sidecar left naming `old`
+/// only makes the next run ask for `--force-outputs`.
+pub(super) fn hand_over(settings: &Settings, old: &str, new: &str) {
+    for p in [&settings.out, &settings.failures] {
+        if let Some((owner, input)) = owner_of(p) {
+            if owner == old {
+                let _ = write_owner(p, new, &input);
+            }
+        }
+    }
+}
+
 /// Outputs belong to the job that wrote them: another job may not replace
 /// a non-empty one (it would lose that job's results) unless
 /// `--force-outputs` says so, or it took that job over (`superseded`:

@@ -273,3 +273,41 @@ async fn skip_invalid_records_the_bad_rows_and_runs_the_rest() {
     );
     assert_eq!(lines_of(&s.failures_path()), vec![5, 8]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_regenerated_file_resends_only_its_changed_rows() {
+    let s = Scenario::new("regenerated")
+        .with_sim(&["--limit", "none"])
+        .numbers(20);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The export made again: a row on top, row 5 corrected, one at the end.
+    let mut text = String::from("{\"n\": 1000}\n");
+    for n in 1..=21 {
+        let n = if n == 5 { 500 } else { n };
+        text.push_str(&format!("{{\"n\": {n}}}\n"));
+    }
+    s.dir().write("items.jsonl", &text);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("19 item(s) it still holds keep their results"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 3, "{}", r.summary);
+    assert_eq!(r.summary["done"], 22, "{}", r.summary);
+    // Every line is paired with its own item's result.
+    let out = jsonl(&s.out_path());
+    assert_eq!(out.len(), 22);
+    for v in &out {
+        let n = &v["input"]["n"];
+        assert_eq!(
+            v["body"]["data"]["n"].as_str(),
+            Some(n.to_string().as_str()),
+            "{v}"
+        );
+    }
+    assert_side_effects(&s.sim().stats().await, 23);
+}
