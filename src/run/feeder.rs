@@ -72,19 +72,10 @@ pub(super) fn spawn(
         let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
-        let mut reader = input::Reader::open(&path, format)?;
-        if skip_invalid {
-            reader = reader.past_bad_rows();
-        }
-        for item in reader {
+        for item in reader(&path, format, skip_invalid)? {
             let item = match item {
                 Ok(item) => item,
-                Err(e) if skip_invalid && e.line().is_some_and(|l| states.is_finished(l)) => {
-                    continue
-                }
-                Err(e) if skip_invalid && e.line().zip(shard).is_some_and(|(l, s)| !s.takes(l)) => {
-                    continue
-                }
+                Err(e) if skip_invalid && passed_by(&e, &states, shard) => continue,
                 Err(e) => return Err(e.into()),
             };
             if shard.is_some_and(|s| !s.takes(item.line)) {
@@ -130,4 +121,27 @@ pub(super) fn spawn(
             path.display()
         )
     })
+}
+
+/// The input, read past bad rows with `--skip-invalid`.
+fn reader(
+    path: &std::path::Path,
+    format: Format,
+    skip_invalid: bool,
+) -> anyhow::Result<input::Reader> {
+    let reader = input::Reader::open(path, format)?;
+    Ok(match skip_invalid {
+        true => reader.past_bad_rows(),
+        false => reader,
+    })
+}
+
+/// A bad row `--skip-invalid` recorded as failed (or another shard's).
+fn passed_by(
+    e: &input::InputError,
+    states: &crate::checkpoint::LineStates,
+    shard: Option<Shard>,
+) -> bool {
+    e.line()
+        .is_some_and(|l| states.is_finished(l) || shard.is_some_and(|s| !s.takes(l)))
 }

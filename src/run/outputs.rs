@@ -147,17 +147,11 @@ fn write_both(
             (Err(e), true) if e.line().is_some() => {
                 let line = e.line().unwrap_or_default();
                 if let Some(e) = results.get(line)? {
-                    failed_line(
-                        &mut fail,
-                        (line, None),
-                        &e,
-                        Keyed {
-                            epoch: meta.epoch,
-                            generation: 0,
-                        },
-                    )
-                    .with_context(|| format!("writing {}", settings.failures.display()))
-                    .map_err(OutputError::Write)?;
+                    let keyed = Keyed {
+                        epoch: meta.epoch,
+                        generation: 0,
+                    };
+                    written(settings, failed_line(&mut fail, (line, None), &e, keyed))?;
                 }
                 continue;
             }
@@ -180,13 +174,15 @@ fn write_both(
             epoch: meta.epoch,
             generation,
         };
-        let written = match e.state {
-            ItemState::Done => done_line(&mut out, &item, &e, keyed),
-            ItemState::Failed => failed_line(&mut fail, (item.line, Some(&item.value)), &e, keyed),
-        };
-        written
-            .with_context(|| format!("writing {}", settings.out.display()))
-            .map_err(OutputError::Write)?;
+        written(
+            settings,
+            match e.state {
+                ItemState::Done => done_line(&mut out, &item, &e, keyed),
+                ItemState::Failed => {
+                    failed_line(&mut fail, (item.line, Some(&item.value)), &e, keyed)
+                }
+            },
+        )?;
     }
     let read = reader.finish()?;
     let same_file = read == meta.fingerprint || grew(settings, meta);
@@ -209,18 +205,7 @@ fn write_both(
             settings.failures.display()
         )));
     }
-    for (w, p) in [(out, &settings.out), (fail, &settings.failures)] {
-        let put = || -> anyhow::Result<()> {
-            let f = w.into_inner().map_err(|e| e.into_error())?;
-            f.sync_all()?;
-            std::fs::rename(tmp_for(p, std::process::id()), p)?;
-            Ok(())
-        };
-        put()
-            .with_context(|| format!("writing {}", p.display()))
-            .map_err(OutputError::Write)?;
-        write_owner(p, &meta.id, &meta.input).map_err(OutputError::Write)?;
-    }
+    put_in_place([(out, &settings.out), (fail, &settings.failures)], meta)?;
     if let Some(stamp) = current_stamp(settings, meta.revision) {
         items.save_outputs(stamp)?;
     }
@@ -293,6 +278,32 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
              use --force-outputs to replace them",
             p.display()
         )));
+    }
+    Ok(())
+}
+
+/// A line written to the outputs, or why not.
+fn written(settings: &Settings, r: anyhow::Result<()>) -> Result<(), OutputError> {
+    r.with_context(|| format!("writing {}", settings.out.display()))
+        .map_err(OutputError::Write)
+}
+
+/// Renames the written outputs into place, each with its owner beside it.
+fn put_in_place(
+    files: [(BufWriter<File>, &PathBuf); 2],
+    meta: &JobMeta,
+) -> Result<(), OutputError> {
+    for (w, p) in files {
+        let put = || -> anyhow::Result<()> {
+            let f = w.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            std::fs::rename(tmp_for(p, std::process::id()), p)?;
+            Ok(())
+        };
+        put()
+            .with_context(|| format!("writing {}", p.display()))
+            .map_err(OutputError::Write)?;
+        write_owner(p, &meta.id, &meta.input).map_err(OutputError::Write)?;
     }
     Ok(())
 }
