@@ -255,3 +255,37 @@ pub(super) fn current_stamp(settings: &Settings, revision: u64) -> Option<Output
         failures_file: file_stamp(&settings.failures)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::request_diff;
+
+    #[test]
+    fn a_request_diff_names_the_header_url_and_body_that_differ() {
+        let old =
+            "GET http://x/v1/a?n={n}\nX-Team: ops\nbody: {\"a\":1}\nkey header: idempotency-key";
+        let added = format!("{old}\nX-Trace: nightly");
+        assert_eq!(
+            request_diff(old, &added),
+            vec!["header X-Trace: nightly (added)"]
+        );
+        assert_eq!(
+            request_diff(&added, old),
+            vec!["header X-Trace: nightly (removed)"]
+        );
+        let moved = old.replace("v1/a", "v2/a").replace("ops", "dev");
+        assert_eq!(
+            request_diff(old, &moved),
+            vec![
+                "URL: GET http://x/v1/a?n={n} -> GET http://x/v2/a?n={n}",
+                "header X-Team: ops -> dev"
+            ]
+        );
+        let body = old.replace("{\"a\":1}", "<item as JSON>");
+        assert_eq!(
+            request_diff(old, &body),
+            vec!["body: {\"a\":1} -> <item as JSON>"]
+        );
+        assert!(request_diff(old, old).is_empty());
+    }
+}

@@ -311,3 +311,31 @@ async fn a_regenerated_file_resends_only_its_changed_rows() {
     }
     assert_side_effects(&s.sim().stats().await, 23);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_after_a_changed_url_says_what_it_resends_and_replaces_the_old_job() {
+    let s = Scenario::new("fresh-changed")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let other = format!("{}/v1/other?n={{n}}", s.sim().url);
+    let r = s.run(&["--limit", "none", "--url", &other, "--fresh"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the 12 item(s) done under the earlier request"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 12, "{}", r.summary);
+    // Nothing left of the old job to stop the next run of this command.
+    let r = s.run(&["--limit", "none", "--url", &other]);
+    assert_eq!(
+        (r.code, r.summary["requests"].as_u64()),
+        (0, Some(0)),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 24);
+}
