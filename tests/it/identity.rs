@@ -339,3 +339,22 @@ async fn fresh_after_a_changed_url_says_what_it_resends_and_replaces_the_old_job
     );
     assert_side_effects(&s.sim().stats().await, 24);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_job_on_the_same_api_starts_from_the_window_the_last_one_left() {
+    let s = Scenario::new("window-carried")
+        .with_sim(&["--limit", "10/2s", "--cooldown", "1s"])
+        .numbers(10);
+    let args = ["--limit", "10/2s", "--concurrency", "5"];
+    // The first job fills the window.
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // A changed command's new job, at once: it waits for the window
+    // instead of meeting the server's 429s.
+    let r = s.run(&[&args[..], &["--header", "X-Trace: nightly", "--fresh"]].concat());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_eq!(stats["max_in_window"], 10, "{stats}");
+}
