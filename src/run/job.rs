@@ -96,11 +96,15 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
     // A job with outputs of its own (another --out) is another job on
     // purpose, say on another endpoint: only one that wrote, or would
     // write, these outputs is this command changed.
+    // The paths as given may be relative to another directory: the owner
+    // beside the files says it whatever the directory.
     let these_outputs = |m: &&JobMeta| {
+        let owned = |p: &Path| super::outputs::owner_of(p).is_some_and(|(job, _)| job == m.id);
         m.outputs.as_ref().map_or(true, |o| {
             o.out == settings.out.display().to_string()
                 || o.failures == settings.failures.display().to_string()
-        })
+        }) || owned(&settings.out)
+            || owned(&settings.failures)
     };
     let (changed, idle): (Vec<&JobMeta>, Vec<&JobMeta>) = jobs
         .iter()

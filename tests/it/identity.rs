@@ -358,3 +358,26 @@ async fn a_new_job_on_the_same_api_starts_from_the_window_the_last_one_left() {
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     assert_eq!(stats["max_in_window"], 10, "{stats}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_command_from_another_directory_is_still_stopped() {
+    let s = Scenario::new("changed-cwd")
+        .with_sim(&["--limit", "none"])
+        .numbers(8);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The same outputs, named relative to the input's directory this time.
+    let mut c = s.cmd_for(
+        Path::new("items.jsonl"),
+        &["--limit", "none", "--header", "X-Trace: nightly"],
+    );
+    c.current_dir(s.dir().path());
+    let r = finish(c);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("header X-Trace: nightly (added)"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 8);
+}
