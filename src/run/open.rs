@@ -41,6 +41,13 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     if settings.fresh {
         epoch = epoch.saturating_add(1);
         if let Some(old) = &old {
+            if old.done > 0 {
+                crate::report::err_line(&format!(
+                    "batchrun: --fresh: the {} item(s) done are sent again, under new \
+                     Idempotency-Keys",
+                    old.done
+                ));
+            }
             warn_unknown(&store, old);
         }
         store

@@ -310,6 +310,16 @@ async fn a_regenerated_file_resends_only_its_changed_rows() {
         );
     }
     assert_side_effects(&s.sim().stats().await, 23);
+    // Starting over says what it costs.
+    let r = s.run(&["--limit", "none", "--fresh"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--fresh: the 22 item(s) done are sent again"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 45);
 }
 
 #[tokio::test(flavor = "multi_thread")]
