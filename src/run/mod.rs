@@ -26,6 +26,7 @@ pub mod job;
 pub mod keys;
 mod open;
 pub mod outputs;
+mod owner;
 pub mod pool;
 mod react;
 pub mod recorder;

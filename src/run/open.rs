@@ -26,7 +26,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
     let located = super::job::locate(&store, settings)?;
     let (id, superseded) = changed_request(&store, settings, &located)?;
-    super::outputs::check_owners(settings, &id, &superseded)?;
+    super::owner::check_owners(settings, &id, &superseded)?;
     // A job the checkpoint does not know (lost, or moved aside as damaged)
     // takes back from its earlier outputs the epoch and generations its keys
     // were last made with, so that it sends those keys again and the API

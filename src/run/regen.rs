@@ -74,7 +74,7 @@ pub(super) fn by_content(
         .discard_job(&old.id)
         .context("discarding the checkpoint")?;
     store.flush().context("flushing the checkpoint")?;
-    super::outputs::hand_over(settings, &old.id, &new_id);
+    super::owner::hand_over(settings, &old.id, &new_id);
     crate::report::err_line(&format!(
         "batchrun: {} changed since its checkpoint was made: {kept} item(s) it still holds \
          keep their results (matched by content); the other {} (changed or new) are pending",

@@ -29,7 +29,7 @@ pub(super) fn orphaned_results(
         return None;
     }
     let out = settings.out.display();
-    Some(match super::outputs::owner_of(&settings.out) {
+    Some(match super::owner::owner_of(&settings.out) {
         // This job wrote them: its checkpoint is what went missing.
         Some((job, _)) if job == meta.id => format!(
             "batchrun: WARNING: {out} holds this job's results, but the checkpoint in {} knows \
