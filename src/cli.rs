@@ -331,6 +331,23 @@ pub struct RunArgs {
     #[arg(long, help_heading = "State and output")]
     pub retry_failed: bool,
 
+    /// The request changed since the input's job finished items: carry
+    /// those items over as done (their results kept) and send only the
+    /// pending ones under the new request.
+    #[arg(long, conflicts_with = "fresh", help_heading = "State and output")]
+    pub keep_done: bool,
+
+    /// Record each row that does not parse or render as a failure (with
+    /// its file, line and reason) and run the rest, instead of refusing
+    /// the whole input.
+    #[arg(long, help_heading = "Failures")]
+    pub skip_invalid: bool,
+
+    /// Let this job write --out and --failures although another job wrote
+    /// them last (they are replaced by this job's results).
+    #[arg(long, help_heading = "State and output")]
+    pub force_outputs: bool,
+
     /// Print a one-object JSON summary on stdout at exit (also on errors).
     #[arg(long, help_heading = "Logging")]
     pub json: bool,

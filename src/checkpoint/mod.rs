@@ -86,10 +86,24 @@ fn sled_reason(e: &sled::Error) -> String {
 /// What a job is: which input, which requests, and how far it got.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct JobMeta {
-    /// Stable id: a hash of the input's path and the request template.
+    /// Stable id: a hash of the input's name and the request template it
+    /// was made for (and, for a pipe, its first content). Never of a path.
     pub id: String,
-    /// The input file, as an absolute path.
+    /// The input file, as an absolute path, where it was last run from.
     pub input: String,
+    /// The input's name (its file name, `stdin` for a pipe): what finds
+    /// the job wherever the input lives now.
+    #[serde(default)]
+    pub input_name: String,
+    /// The API origin its calls went to: a new job on the same origin
+    /// starts from the window this one left.
+    #[serde(default)]
+    pub origin: String,
+    /// What the job's Idempotency-Keys are derived from, when not its id:
+    /// a job whose request changed (`--keep-done`) sends its pending items
+    /// under keys of the new request.
+    #[serde(default)]
+    pub key_base: Option<String>,
     /// sha256 of the input when the job was created.
     pub fingerprint: String,
     /// Items in the input.

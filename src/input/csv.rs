@@ -21,7 +21,13 @@ pub(super) struct CsvItems<R: Read> {
     record: ::csv::ByteRecord,
     /// Line of the last record read, the header included; 0 before any.
     last_line: u64,
-    done: bool,
+    pub(super) done: bool,
+    /// Go on past a bad row ([`super::Reader::past_bad_rows`]) instead of
+    /// ending at it.
+    pub(super) go_on: bool,
+    /// The error just returned is about one row only: the next row can
+    /// still be read.
+    row_error: bool,
 }
 
 impl<R: Read> CsvItems<R> {
@@ -40,6 +46,8 @@ impl<R: Read> CsvItems<R> {
             record: ::csv::ByteRecord::new(),
             last_line: 0,
             done: false,
+            go_on: false,
+            row_error: false,
         }
     }
 
@@ -166,6 +174,8 @@ impl<R: Read> CsvItems<R> {
         let Some(line) = self.read_raw()? else {
             return Ok(None);
         };
+        // The record is read whole: a bad one spoils only itself.
+        self.row_error = true;
         let headers = self.headers.as_deref().unwrap_or_default();
         if self.record.len() != headers.len() {
             let len = self.record.len();
@@ -183,6 +193,7 @@ impl<R: Read> CsvItems<R> {
             .zip(self.fields(line)?)
             .map(|(k, v)| (k.clone(), Value::String(v.to_owned())))
             .collect();
+        self.row_error = false;
         Ok(Some(Item {
             line,
             value: Value::Object(object),
@@ -198,7 +209,8 @@ impl<R: Read> Iterator for CsvItems<R> {
             return None;
         }
         let res = self.next_item();
-        if !matches!(res, Ok(Some(_))) {
+        let row_only = std::mem::take(&mut self.row_error) && self.go_on;
+        if !matches!(res, Ok(Some(_))) && !row_only {
             self.done = true;
         }
         res.transpose()

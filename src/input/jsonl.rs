@@ -15,7 +15,13 @@ pub(super) struct JsonlItems<R: Read> {
     /// Reused for every line so memory stays at one line.
     buf: Vec<u8>,
     max_line: usize,
-    done: bool,
+    pub(super) done: bool,
+    /// Go on past a bad row ([`super::Reader::past_bad_rows`]) instead of
+    /// ending at it.
+    pub(super) go_on: bool,
+    /// The error just returned is about one row only: the next row can
+    /// still be read.
+    row_error: bool,
 }
 
 impl<R: Read> JsonlItems<R> {
@@ -27,6 +33,8 @@ impl<R: Read> JsonlItems<R> {
             buf: Vec::new(),
             max_line,
             done: false,
+            go_on: false,
+            row_error: false,
         }
     }
 
@@ -96,6 +104,8 @@ impl<R: Read> JsonlItems<R> {
             {
                 continue;
             }
+            // The line is read whole: a bad one spoils only itself.
+            self.row_error = true;
             let text = std::str::from_utf8(content).map_err(|e| {
                 self.content_error(format!(
                     "not valid UTF-8 (bad byte at column {})",
@@ -104,6 +114,7 @@ impl<R: Read> JsonlItems<R> {
             })?;
             let value: Value = serde_json::from_str(text)
                 .map_err(|e| self.content_error(format!("invalid JSON: {}", json_reason(&e))))?;
+            self.row_error = false;
             return Ok(Some(Item {
                 line: self.line,
                 value,
@@ -131,7 +142,8 @@ impl<R: Read> Iterator for JsonlItems<R> {
             return None;
         }
         let res = self.next_item();
-        if !matches!(res, Ok(Some(_))) {
+        let row_only = std::mem::take(&mut self.row_error) && self.go_on;
+        if !matches!(res, Ok(Some(_))) && !row_only {
             self.done = true;
         }
         res.transpose()

@@ -216,6 +216,16 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// Goes on past a row that is bad by itself (bad JSON, a ragged CSV
+    /// row, bytes that are not UTF-8), yielding its error and then the next
+    /// row; an error that spoils what follows still ends the stream.
+    pub fn past_bad_rows(mut self) -> Reader {
+        self.items.go_on();
+        self
+    }
+}
+
 impl Iterator for Reader {
     type Item = Result<Item, InputError>;
 
@@ -258,6 +268,14 @@ impl CheckedReader {
     }
 }
 
+impl CheckedReader {
+    /// Like [`Reader::past_bad_rows`].
+    pub fn past_bad_rows(mut self) -> CheckedReader {
+        self.items.go_on();
+        self
+    }
+}
+
 impl Iterator for CheckedReader {
     type Item = Result<Item, InputError>;
 
@@ -293,18 +311,50 @@ pub fn scan(
     format: Format,
     check: &mut dyn FnMut(&Item) -> Result<(), String>,
 ) -> Result<Scan, InputError> {
+    scan_with(path, format, check, None)
+}
+
+/// Like [`scan`], but with `skip`, a bad row (one that does not parse, or
+/// that `check` refuses) is handed to `skip` and counted as an item, and
+/// the scan goes on; only an error that spoils what follows stops it.
+///
+/// # Errors
+///
+/// As [`scan`], for the errors not skipped.
+pub fn scan_with(
+    path: &Path,
+    format: Format,
+    check: &mut dyn FnMut(&Item) -> Result<(), String>,
+    mut skip: Option<&mut dyn FnMut(InputError)>,
+) -> Result<Scan, InputError> {
     let mut items = CheckedReader::open(path, format)?;
+    if skip.is_some() {
+        items = items.past_bad_rows();
+    }
     let mut total = 0u64;
     let mut last_line = 0u64;
-    for item in &mut items {
-        let item = item?;
-        check(&item).map_err(|reason| InputError::Template {
-            path: display(path),
-            line: item.line,
-            reason,
-        })?;
+    while let Some(item) = items.next() {
+        let checked = item.and_then(|item| {
+            check(&item).map_err(|reason| InputError::Template {
+                path: display(path),
+                line: item.line,
+                reason,
+            })?;
+            Ok(item.line)
+        });
+        let line = match (checked, skip.as_mut()) {
+            (Ok(line), _) => line,
+            // A row whose error ended the stream (an over-long line) is
+            // not skipped: what follows it was never read.
+            (Err(e), Some(skip)) if e.line().is_some() && !items.items.ended() => {
+                let line = e.line().unwrap_or_default();
+                skip(e);
+                line
+            }
+            (Err(e), _) => return Err(e),
+        };
         total += 1;
-        last_line = item.line;
+        last_line = line;
     }
     Ok(Scan {
         total,
@@ -394,6 +444,20 @@ impl<R: Read> Items<R> {
         match format {
             Format::Jsonl => Items::Jsonl(JsonlItems::new(inner, path, MAX_LINE_BYTES)),
             Format::Csv => Items::Csv(CsvItems::new(inner, path)),
+        }
+    }
+
+    fn ended(&self) -> bool {
+        match self {
+            Items::Jsonl(j) => j.done,
+            Items::Csv(c) => c.done,
+        }
+    }
+
+    fn go_on(&mut self) {
+        match self {
+            Items::Jsonl(j) => j.go_on = true,
+            Items::Csv(c) => c.go_on = true,
         }
     }
 
@@ -574,6 +638,64 @@ mod tests {
             format!("{}:3: item has no field \"user.id\"", f.path().display())
         );
         assert_eq!(calls, 2, "the first error stops the scan");
+    }
+
+    #[test]
+    fn scan_with_skip_counts_bad_rows_and_goes_on() {
+        let f = TempFile::new(
+            "k.jsonl",
+            b"{\"n\":1}\n{oops\n{\"n\":3}\n\xff\n{\"m\":5}\n{\"n\":6}\n",
+        );
+        let mut skipped = Vec::new();
+        let mut seen = Vec::new();
+        let s = scan_with(
+            f.path(),
+            Format::Jsonl,
+            &mut |item| {
+                seen.push(item.line);
+                match item.value.get("n") {
+                    Some(_) => Ok(()),
+                    None => Err("item has no field \"n\"".to_owned()),
+                }
+            },
+            Some(&mut |e: InputError| skipped.push(e.to_string())),
+        )
+        .unwrap();
+        assert_eq!((s.total, s.last_line), (6, 6));
+        assert_eq!(seen, vec![1, 3, 5, 6]);
+        let at = |i: usize| {
+            skipped[i]
+                .split(": ")
+                .next()
+                .unwrap()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        assert_eq!((at(0), at(1), at(2)), ("2".into(), "4".into(), "5".into()));
+        assert!(skipped[0].contains("invalid JSON"), "{skipped:?}");
+        assert!(skipped[2].contains("no field"), "{skipped:?}");
+        // Unchanged bytes, unchanged fingerprint: skipping reads them all.
+        assert_eq!(s.fingerprint, fingerprint(f.path()).unwrap());
+    }
+
+    #[test]
+    fn scan_with_skip_still_stops_where_the_rest_cannot_be_read() {
+        // A lone carriage return puts two records on one line: what follows
+        // cannot be numbered, so it is an error, not a skipped row.
+        let f = TempFile::new("cr.csv", b"a,b\n1,2\n3,4\r5,6\n7,8\n");
+        let mut skipped = 0;
+        let err = scan_with(
+            f.path(),
+            Format::Csv,
+            &mut no_check,
+            Some(&mut |_: InputError| skipped += 1),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("lone carriage return"), "{err}");
+        assert_eq!(skipped, 0);
     }
 
     #[test]

@@ -42,13 +42,11 @@ pub struct Spooled {
 ///
 /// How a run should use it: detect the format on the path as the user gave it
 /// (clearer messages), spool before the scan, then scan, feed and write output
-/// from [`Spooled::path`] only. With `spool_dir` at a fixed place (next to the
-/// checkpoint), the job identity derived from the spooled path is in effect
-/// the content's hash, so re-running `cmd | batchrun -` with the same content
-/// lands on the same file, hence the same job, and resumes it; different
-/// content makes a different job instead of tripping the "input changed"
-/// check. Error messages from later reads name the spooled path, so the
-/// caller may want to say which input it stands for.
+/// from [`Spooled::path`] only. The run finds a pipe's job by
+/// [`Spooled::sha256`] (the same content, or that content with rows appended,
+/// resumes it; other content makes a job of its own) and removes the copy
+/// when it ends. Error messages from later reads name the spooled path, so
+/// the caller may want to say which input it stands for.
 ///
 /// # Errors
 ///

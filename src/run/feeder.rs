@@ -18,6 +18,8 @@ pub(super) struct Source {
     pub(super) format: Format,
     /// This process's share of the lines, in a fleet.
     pub(super) shard: Option<Shard>,
+    /// `--skip-invalid`: bad rows were recorded as failed; pass them by.
+    pub(super) skip_invalid: bool,
 }
 
 impl Source {
@@ -27,6 +29,7 @@ impl Source {
             path: settings.input.clone(),
             format: settings.format,
             shard: settings.shard,
+            skip_invalid: settings.skip_invalid,
         }
     }
 }
@@ -49,6 +52,7 @@ pub(super) fn spawn(
         path,
         format,
         shard,
+        skip_invalid,
     } = source;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -68,8 +72,12 @@ pub(super) fn spawn(
         let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
-        for item in input::Reader::open(&path, format)? {
-            let item = item?;
+        for item in reader(&path, format, skip_invalid)? {
+            let item = match item {
+                Ok(item) => item,
+                Err(e) if skip_invalid && passed_by(&e, &states, shard) => continue,
+                Err(e) => return Err(e.into()),
+            };
             if shard.is_some_and(|s| !s.takes(item.line)) {
                 continue;
             }
@@ -113,4 +121,27 @@ pub(super) fn spawn(
             path.display()
         )
     })
+}
+
+/// The input, read past bad rows with `--skip-invalid`.
+fn reader(
+    path: &std::path::Path,
+    format: Format,
+    skip_invalid: bool,
+) -> anyhow::Result<input::Reader> {
+    let reader = input::Reader::open(path, format)?;
+    Ok(match skip_invalid {
+        true => reader.past_bad_rows(),
+        false => reader,
+    })
+}
+
+/// A bad row `--skip-invalid` recorded as failed (or another shard's).
+fn passed_by(
+    e: &input::InputError,
+    states: &crate::checkpoint::LineStates,
+    shard: Option<Shard>,
+) -> bool {
+    e.line()
+        .is_some_and(|l| states.is_finished(l) || shard.is_some_and(|s| !s.takes(l)))
 }

@@ -153,8 +153,22 @@ pub async fn finish(
         _ => exit::for_state(state, counts.failed),
     };
     close_record(&e, &mut meta, state, &halt_reason);
-    let written = save(&e, &meta).and_then(|()| {
-        super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(&e, err))
+    // A run stopped by failures before it finished anything (a mistyped
+    // URL) has nothing to put in place of results already there.
+    let keep_old = matches!(halt, Some(Halt::Systemic(_)))
+        && counts.done == 0
+        && std::fs::metadata(&e.settings.out).is_ok_and(|m| m.len() > 0);
+    if keep_old {
+        e.reporter.println(&format!(
+            "batchrun: {} is left as it was: this run finished no item",
+            e.settings.out.display()
+        ));
+    }
+    let written = save(&e, &meta).and_then(|()| match keep_old {
+        true => Ok(()),
+        false => {
+            super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(&e, err))
+        }
     });
     match written {
         Ok(()) => {}

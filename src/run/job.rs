@@ -26,27 +26,133 @@ pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::
             v
         });
     super::keys::KeyScheme {
-        job: meta.id.clone(),
+        job: meta.key_base.clone().unwrap_or_else(|| meta.id.clone()),
         epoch: meta.epoch,
         varying,
     }
 }
 
-/// The job's id: a hash of the input's absolute path and the request.
-pub fn job_id(settings: &Settings) -> Result<String, RunError> {
-    let abs = match std::fs::canonicalize(&settings.input) {
-        Ok(abs) => abs,
-        Err(e) => {
-            // An unreadable input is the user's to fix: the reader's own
-            // error says so, with the usage exit code.
-            input::Reader::open(&settings.input, settings.format)?;
-            return Err(RunError::Fatal(
-                anyhow::Error::new(e).context(settings.input.display().to_string()),
-            ));
+/// The id of a job made for this request on this input: a hash of the
+/// input's name and the request (and, for a pipe, of the content it started
+/// with), never of a path, so that a moved input, or one reached through a
+/// symlink, keeps its job and its keys.
+pub fn job_id(settings: &Settings) -> String {
+    let spooled = settings.spooled.as_deref().unwrap_or_default();
+    sha_hex(&[
+        settings.input_name.as_bytes(),
+        settings.identity.as_bytes(),
+        spooled.as_bytes(),
+    ])[..16]
+        .to_string()
+}
+
+/// Which job a run continues, and what else the checkpoint knows of its
+/// input.
+#[derive(Debug, Default)]
+pub(super) struct Located {
+    /// The job's id: of the job this run continues, or of the one it makes.
+    pub(super) id: String,
+    /// Jobs on the same input (the same content, for a pipe) and the same
+    /// outputs, made for another request, that have items done: a new job would send those
+    /// items again, so the run stops unless told which way to go.
+    pub(super) changed: Vec<JobMeta>,
+    /// Jobs on the same input with nothing done: a new job replaces them.
+    pub(super) idle: Vec<String>,
+    /// When the last call of any job on the same API origin went out (unix
+    /// ms), and what it learnt of the limit: a new job starts from there.
+    pub(super) window: (u64, Option<u64>),
+}
+
+/// Finds the job for this input and request in `store`: the one made for
+/// it, or one a changed request was carried over to (`--keep-done`); for a
+/// pipe, one whose content this content is, or starts with.
+pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
+    let made = job_id(settings);
+    let jobs = store.jobs().context("reading the checkpoint")?;
+    let this_input = |m: &&JobMeta| {
+        m.input_name == settings.input_name
+            && match &settings.spooled {
+                None => true,
+                Some(sha) => m.fingerprint == *sha || grew(settings, m),
+            }
+    };
+    let found = jobs.iter().find(|m| m.id == made).or_else(|| {
+        jobs.iter()
+            .filter(this_input)
+            .find(|m| m.template == settings.identity)
+    });
+    let window = jobs
+        .iter()
+        .filter(|m| m.origin == settings.origin)
+        .max_by_key(|m| m.last_active_unix_ms)
+        .map_or((0, None), |m| (m.last_active_unix_ms, m.learnt_limit));
+    if let Some(m) = found {
+        return Ok(Located {
+            id: m.id.clone(),
+            window,
+            ..Located::default()
+        });
+    }
+    // A job with outputs of its own (another --out) is another job on
+    // purpose, say on another endpoint: only one that wrote, or would
+    // write, these outputs is this command changed.
+    // The paths as given may be relative to another directory: the owner
+    // beside the files says it whatever the directory.
+    let these_outputs = |m: &&JobMeta| {
+        let owned = |p: &Path| super::owner::owner_of(p).is_some_and(|(job, _)| job == m.id);
+        m.outputs.as_ref().map_or(true, |o| {
+            o.out == settings.out.display().to_string()
+                || o.failures == settings.failures.display().to_string()
+        }) || owned(&settings.out)
+            || owned(&settings.failures)
+    };
+    let (changed, idle): (Vec<&JobMeta>, Vec<&JobMeta>) = jobs
+        .iter()
+        .filter(this_input)
+        .filter(these_outputs)
+        .partition(|m| m.done > 0);
+    Ok(Located {
+        id: made,
+        changed: changed.into_iter().cloned().collect(),
+        idle: idle.into_iter().map(|m| m.id.clone()).collect(),
+        window,
+    })
+}
+
+/// What differs between the request a job was made for and this one, one
+/// line each: `header X-Trace: nightly (added)`.
+pub(super) fn request_diff(old: &str, new: &str) -> Vec<String> {
+    let part = |l: &str| -> (String, String) {
+        match l.split_once(": ") {
+            Some((k, v)) if !k.contains(' ') || k == "key header" => {
+                let what = if k == "body" || k == "key header" || k == "format" {
+                    k.to_string()
+                } else {
+                    format!("header {k}")
+                };
+                (what, v.to_string())
+            }
+            _ => ("URL".to_string(), l.to_string()),
         }
     };
-    let abs = abs.to_string_lossy();
-    Ok(sha_hex(&[abs.as_bytes(), settings.identity.as_bytes()])[..16].to_string())
+    let (old, new): (Vec<_>, Vec<_>) = (
+        old.lines().map(part).collect(),
+        new.lines().map(part).collect(),
+    );
+    let mut out = Vec::new();
+    for (k, v) in &new {
+        match old.iter().find(|(ok, _)| ok == k) {
+            None => out.push(format!("{k}: {v} (added)")),
+            Some((_, ov)) if ov != v => out.push(format!("{k}: {ov} -> {v}")),
+            Some(_) => {}
+        }
+    }
+    for (k, v) in &old {
+        if !new.iter().any(|(nk, _)| nk == k) {
+            out.push(format!("{k}: {v} (removed)"));
+        }
+    }
+    out
 }
 
 fn file_len(p: &Path) -> Option<u64> {
@@ -73,10 +179,20 @@ pub fn open(
     store: &Store,
     settings: &Settings,
     scan: &input::Scan,
-    id: &str,
-    epoch: u32,
+    (id, epoch): (&str, u32),
+    window: (u64, Option<u64>),
 ) -> Result<JobMeta, RunError> {
+    let abs = std::fs::canonicalize(&settings.input)
+        .with_context(|| format!("{}", settings.input.display()))?
+        .to_string_lossy()
+        .into_owned();
     if let Some(mut meta) = store.job(id).context("reading the checkpoint")? {
+        // Where the input lives now (moved, or reached by another path):
+        // `status` finds the job from there.
+        if meta.input != abs {
+            meta.input = abs.clone();
+            store.save_job(&meta).context("writing the checkpoint")?;
+        }
         if meta.fingerprint != scan.fingerprint && grew(settings, &meta) {
             // The old content is an unchanged prefix of the new: the same
             // lines are the same items, and the appended ones are pending.
@@ -103,11 +219,15 @@ pub fn open(
         }
         return Ok(meta);
     }
-    let abs = std::fs::canonicalize(&settings.input)
-        .with_context(|| format!("{}", settings.input.display()))?;
     let meta = JobMeta {
         id: id.to_string(),
-        input: abs.to_string_lossy().into_owned(),
+        input: abs,
+        input_name: settings.input_name.clone(),
+        origin: settings.origin.clone(),
+        // The API's window does not know jobs: a new one starts from the
+        // last calls any job of this origin made.
+        last_active_unix_ms: window.0,
+        learnt_limit: window.1,
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),
@@ -138,4 +258,38 @@ pub(super) fn current_stamp(settings: &Settings, revision: u64) -> Option<Output
         out_file: file_stamp(&settings.out)?,
         failures_file: file_stamp(&settings.failures)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_diff;
+
+    #[test]
+    fn a_request_diff_names_the_header_url_and_body_that_differ() {
+        let old =
+            "GET http://x/v1/a?n={n}\nX-Team: ops\nbody: {\"a\":1}\nkey header: idempotency-key";
+        let added = format!("{old}\nX-Trace: nightly");
+        assert_eq!(
+            request_diff(old, &added),
+            vec!["header X-Trace: nightly (added)"]
+        );
+        assert_eq!(
+            request_diff(&added, old),
+            vec!["header X-Trace: nightly (removed)"]
+        );
+        let moved = old.replace("v1/a", "v2/a").replace("ops", "dev");
+        assert_eq!(
+            request_diff(old, &moved),
+            vec![
+                "URL: GET http://x/v1/a?n={n} -> GET http://x/v2/a?n={n}",
+                "header X-Team: ops -> dev"
+            ]
+        );
+        let body = old.replace("{\"a\":1}", "<item as JSON>");
+        assert_eq!(
+            request_diff(old, &body),
+            vec!["body: {\"a\":1} -> <item as JSON>"]
+        );
+        assert!(request_diff(old, old).is_empty());
+    }
 }

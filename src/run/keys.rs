@@ -1,7 +1,9 @@
 //! Idempotency-Keys: the same key for the same call, whatever is lost.
 //!
-//! A key is derived only from what identifies the call: the job (its input
-//! and request templates), the job's epoch (which only `--fresh` advances),
+//! A key is derived only from what identifies the call: the job (its
+//! input's name and request templates, never a path: a moved input sends
+//! the same keys; with `--keep-done`, the request it was carried over to),
+//! the job's epoch (which only `--fresh` advances),
 //! the item's line and retry generation (which only `--retry-failed`
 //! advances), and the request as rendered: method, URL, body, and the
 //! headers whose templates take values from the item (for jobs made since

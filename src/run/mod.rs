@@ -26,9 +26,11 @@ pub mod job;
 pub mod keys;
 mod open;
 pub mod outputs;
+mod owner;
 pub mod pool;
 mod react;
 pub mod recorder;
+mod regen;
 mod slots;
 mod start;
 #[cfg(test)]
@@ -74,6 +76,7 @@ where
     crate::sys::file_size_limit_is_an_error();
     // 1. The input, readable more than once.
     spool_input(&mut settings)?;
+    let _spool = SpoolGuard(settings.spooled.as_ref().map(|_| settings.input.clone()));
     if let Some(n) = settings.dry_run {
         return dry_run(&settings, n, started);
     }
@@ -100,15 +103,30 @@ where
 }
 
 /// A pipe can be read only once: it is copied into the state dir first
-/// (named by its content, so the same content resumes the same job).
+/// (named by its content: the same content, or more of it, resumes the
+/// same job; see [`job::locate`]).
 fn spool_input(settings: &mut Settings) -> Result<(), RunError> {
     let spooled = tokio::task::block_in_place(|| {
         input::spool(&settings.input, &settings.state_dir.join("spool"))
     })?;
     if spooled.spooled {
         settings.input = spooled.path;
+        settings.spooled = spooled.sha256;
     }
     Ok(())
+}
+
+/// Removes a pipe's spooled copy when the run ends, however it ends: the
+/// checkpoint keeps what the job needs of it (its fingerprint and length),
+/// and the next run spools the pipe again.
+struct SpoolGuard(Option<std::path::PathBuf>);
+
+impl Drop for SpoolGuard {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// What the run's parts share from the start to the summary.

@@ -4,8 +4,9 @@
 use anyhow::Context as _;
 
 use super::damage::damaged;
+use super::job::Located;
 use super::start::warn_unknown;
-use crate::checkpoint::{ItemState, JobItems, JobMeta, Store};
+use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Record, Store};
 use crate::exit::RunError;
 use crate::input;
 use crate::settings::Settings;
@@ -23,7 +24,9 @@ pub(super) struct Opened {
 /// will not be sent again is parsed but not rendered.
 pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
-    let id = super::job::job_id(settings)?;
+    let located = super::job::locate(&store, settings)?;
+    let (id, superseded) = changed_request(&store, settings, &located)?;
+    super::owner::check_owners(settings, &id, &superseded)?;
     // A job the checkpoint does not know (lost, or moved aside as damaged)
     // takes back from its earlier outputs the epoch and generations its keys
     // were last made with, so that it sends those keys again and the API
@@ -38,31 +41,31 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     if settings.fresh {
         epoch = epoch.saturating_add(1);
         if let Some(old) = &old {
+            if old.done > 0 {
+                crate::report::err_line(&format!(
+                    "batchrun: --fresh: the {} item(s) done are sent again, under new \
+                     Idempotency-Keys",
+                    old.done
+                ));
+            }
             warn_unknown(&store, old);
         }
         store
             .discard_job(&id)
             .context("discarding the checkpoint")?;
     }
+    let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
-    let spec = &settings.request;
-    let states = items.states();
-    let retry_failed = settings.retry_failed;
-    let mut in_shard = 0u64;
-    let mut scan = tokio::task::block_in_place(|| {
-        input::scan(&settings.input, settings.format, &mut |item| {
-            in_shard += u64::from(settings.shard.map_or(true, |s| s.takes(item.line)));
-            match states.state(item.line) {
-                Some(ItemState::Done) => Ok(()),
-                Some(ItemState::Failed) if !retry_failed => Ok(()),
-                _ => spec.render(item).map(|_| ()),
-            }
-        })
-    })?;
-    scan.total = in_shard;
-    drop(states);
+    let (mut scan, mut invalid) = scan_input(settings, &items)?;
+    // A regenerated input: the items it still holds keep their results.
+    if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
+        drop(items);
+        id = super::regen::by_content(&store, settings, &old, &scan)?;
+        items = store.items(&id).context("opening the checkpoint")?;
+        (scan, invalid) = scan_input(settings, &items)?;
+    }
     items.reserve_lines(scan.last_line);
-    let mut meta = super::job::open(&store, settings, &scan, &id, epoch)?;
+    let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
     if old.is_none() && !settings.fresh {
         items
             .restore_generations(&recovered.generations)
@@ -80,6 +83,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .clear_failed(&mut meta)
             .context("clearing failed items")?;
     }
+    record_invalid(&items, &mut meta, invalid)?;
     // New keys from here on: saved beside the outputs before any call, so
     // that a checkpoint lost later still leads back to them.
     if settings.retry_failed || settings.fresh {
@@ -92,6 +96,168 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
+}
+
+/// A job on this input made for another request has items done: a new job
+/// would send them again. The run stops before any call and says what
+/// differs, unless told which way to go: `--keep-done` carries the job over
+/// to the new request, `--fresh` starts a new job. Jobs on the input with
+/// nothing done are replaced by the new one. Returns the job's id, and the
+/// jobs whose outputs it takes over.
+fn changed_request(
+    store: &Store,
+    settings: &Settings,
+    located: &Located,
+) -> Result<(String, Vec<String>), RunError> {
+    let discard = |ids: &mut dyn Iterator<Item = &String>| -> Result<Vec<String>, RunError> {
+        let mut gone = Vec::new();
+        for id in ids {
+            store.discard_job(id).context("discarding the checkpoint")?;
+            gone.push(id.clone());
+        }
+        Ok(gone)
+    };
+    let Some(old) = located
+        .changed
+        .iter()
+        .max_by_key(|m| (m.done, m.created_unix))
+    else {
+        let gone = discard(&mut located.idle.iter())?;
+        return Ok((located.id.clone(), gone));
+    };
+    let others = located
+        .changed
+        .iter()
+        .filter(|m| m.id != old.id)
+        .map(|m| &m.id);
+    let pending = old.total.saturating_sub(old.done + old.failed);
+    if settings.keep_done {
+        let mut gone = discard(&mut others.chain(located.idle.iter()))?;
+        let mut meta = old.clone();
+        meta.template = settings.identity.clone();
+        // The pending items go under the new request's keys.
+        meta.key_base = Some(located.id.clone());
+        store.save_job(&meta).context("writing the checkpoint")?;
+        crate::report::err_line(&format!(
+            "batchrun: --keep-done: the request changed; the {} item(s) job {} finished under \
+             the earlier one stay done, and the pending ones go under the new request",
+            old.done + old.failed,
+            old.id
+        ));
+        gone.push(old.id.clone());
+        return Ok((old.id.clone(), gone));
+    }
+    if settings.fresh {
+        crate::report::err_line(&format!(
+            "batchrun: --fresh: the request changed; the {} item(s) done under the earlier \
+             request (job {}) are sent again under the new one, under new Idempotency-Keys",
+            old.done, old.id
+        ));
+        let all = located
+            .changed
+            .iter()
+            .map(|m| &m.id)
+            .chain(located.idle.iter());
+        let gone = discard(&mut all.collect::<Vec<_>>().into_iter())?;
+        return Ok((located.id.clone(), gone));
+    }
+    let diff = super::job::request_diff(&old.template, &settings.identity);
+    Err(RunError::Usage(format!(
+        "the request changed since job {} on {} ({} of {} item(s) done, {pending} pending); \
+         this command differs in:\n  {}\nNothing was sent. Run it again with --keep-done to \
+         keep those {} item(s) done (their results kept) and send only the pending ones under \
+         the new request, or with --fresh to start over under the new request (the {} \
+         executed item(s) are sent again)",
+        old.id,
+        settings.input.display(),
+        old.done,
+        old.total,
+        diff.join("\n  "),
+        old.done,
+        old.done
+    )))
+}
+
+/// The input's rows skipped by `--skip-invalid`: line and reason.
+type Invalid = Vec<(u64, String)>;
+
+/// The whole input checked before any call: every item parses, and renders
+/// unless it will not be sent again; a shard counts its own.
+fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Invalid), RunError> {
+    let spec = &settings.request;
+    let states = items.states();
+    let retry_failed = settings.retry_failed;
+    let in_shard = std::cell::Cell::new(0u64);
+    let ours = |line: u64| settings.shard.map_or(true, |s| s.takes(line));
+    let mut invalid: Invalid = Vec::new();
+    let mut skip = |e: input::InputError| {
+        let line = e.line().unwrap_or_default();
+        if ours(line) {
+            in_shard.set(in_shard.get() + 1);
+            invalid.push((line, e.to_string()));
+        }
+    };
+    let skip: Option<&mut dyn FnMut(input::InputError)> = match settings.skip_invalid {
+        true => Some(&mut skip),
+        false => None,
+    };
+    let check = &mut |item: &input::Item| {
+        in_shard.set(in_shard.get() + u64::from(ours(item.line)));
+        match states.state(item.line) {
+            Some(ItemState::Done) => Ok(()),
+            Some(ItemState::Failed) if !retry_failed => Ok(()),
+            _ => spec.render(item).map(|_| ()),
+        }
+    };
+    let mut scan = tokio::task::block_in_place(|| {
+        input::scan_with(&settings.input, settings.format, check, skip)
+    })?;
+    scan.total = in_shard.get();
+    Ok((scan, invalid))
+}
+
+/// `--skip-invalid`: the bad rows not yet recorded are failures, with
+/// their reason, committed before any call (so the feeder passes them by).
+fn record_invalid(items: &JobItems, meta: &mut JobMeta, invalid: Invalid) -> Result<(), RunError> {
+    let states = items.states();
+    let new: Vec<_> = invalid
+        .into_iter()
+        .filter(|(line, _)| !states.is_finished(*line))
+        .collect();
+    drop(states);
+    let Some((_, first)) = new.first() else {
+        return Ok(());
+    };
+    crate::report::err_line(&format!(
+        "batchrun: --skip-invalid: {} bad row(s) recorded as failed, not sent (the first: {first})",
+        new.len()
+    ));
+    let committer = items
+        .committer(meta.clone(), GroupCommit::default())
+        .context("opening the results log")?;
+    for (line, reason) in new {
+        committer
+            .record(Record {
+                line,
+                state: ItemState::Failed,
+                status: None,
+                attempts: 0,
+                payload: reason.into_bytes(),
+                unknown: false,
+                digest: 0,
+            })
+            .context("writing the checkpoint")?;
+    }
+    let committed = committer.finish();
+    if let Some(e) = committed.err {
+        return Err(anyhow::Error::new(e)
+            .context("writing the checkpoint")
+            .into());
+    }
+    if let Some(m) = committed.meta {
+        meta.adopt_committed(&m);
+    }
+    Ok(())
 }
 
 impl Opened {

@@ -132,11 +132,30 @@ fn write_both(
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
     let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    if settings.skip_invalid {
+        reader = reader.past_bad_rows();
+    }
     let reopened = items.any_reopened();
     // Lines whose result is for another item than the one they hold now.
     let mut stale = Vec::new();
     for item in &mut reader {
-        let item = item?;
+        let item = match (item, settings.skip_invalid) {
+            (Ok(item), _) => item,
+            // A bad row skipped by --skip-invalid: its failure, without
+            // an item to show.
+            (Err(e), true) if e.line().is_some() => {
+                let line = e.line().unwrap_or_default();
+                if let Some(e) = results.get(line)? {
+                    let keyed = Keyed {
+                        epoch: meta.epoch,
+                        generation: 0,
+                    };
+                    written(settings, failed_line(&mut fail, (line, None), &e, keyed))?;
+                }
+                continue;
+            }
+            (Err(e), _) => return Err(e.into()),
+        };
         let Some(e) = results.get(item.line)? else {
             continue;
         };
@@ -154,13 +173,15 @@ fn write_both(
             epoch: meta.epoch,
             generation,
         };
-        let written = match e.state {
-            ItemState::Done => done_line(&mut out, &item, &e, keyed),
-            ItemState::Failed => failed_line(&mut fail, &item, &e, keyed),
-        };
-        written
-            .with_context(|| format!("writing {}", settings.out.display()))
-            .map_err(OutputError::Write)?;
+        written(
+            settings,
+            match e.state {
+                ItemState::Done => done_line(&mut out, &item, &e, keyed),
+                ItemState::Failed => {
+                    failed_line(&mut fail, (item.line, Some(&item.value)), &e, keyed)
+                }
+            },
+        )?;
     }
     let read = reader.finish()?;
     let same_file = read == meta.fingerprint || grew(settings, meta);
@@ -183,7 +204,25 @@ fn write_both(
             settings.failures.display()
         )));
     }
-    for (w, p) in [(out, &settings.out), (fail, &settings.failures)] {
+    put_in_place([(out, &settings.out), (fail, &settings.failures)], meta)?;
+    if let Some(stamp) = current_stamp(settings, meta.revision) {
+        items.save_outputs(stamp)?;
+    }
+    Ok(())
+}
+
+/// A line written to the outputs, or why not.
+fn written(settings: &Settings, r: anyhow::Result<()>) -> Result<(), OutputError> {
+    r.with_context(|| format!("writing {}", settings.out.display()))
+        .map_err(OutputError::Write)
+}
+
+/// Renames the written outputs into place, each with its owner beside it.
+fn put_in_place(
+    files: [(BufWriter<File>, &PathBuf); 2],
+    meta: &JobMeta,
+) -> Result<(), OutputError> {
+    for (w, p) in files {
         let put = || -> anyhow::Result<()> {
             let f = w.into_inner().map_err(|e| e.into_error())?;
             f.sync_all()?;
@@ -193,9 +232,7 @@ fn write_both(
         put()
             .with_context(|| format!("writing {}", p.display()))
             .map_err(OutputError::Write)?;
-    }
-    if let Some(stamp) = current_stamp(settings, meta.revision) {
-        items.save_outputs(stamp)?;
+        super::owner::write_owner(p, &meta.id, &meta.input).map_err(OutputError::Write)?;
     }
     Ok(())
 }
@@ -407,9 +444,14 @@ fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> an
 
 /// One `--failures` line: `{"line","input","status","reason","attempts"}`,
 /// and `"outcome_unknown":true` when the call may have run.
-fn failed_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> anyhow::Result<()> {
-    write!(w, "{{\"line\":{},\"input\":", item.line)?;
-    serde_json::to_writer(&mut *w, &item.value)?;
+fn failed_line(
+    w: &mut impl Write,
+    (line, input): (u64, Option<&serde_json::Value>),
+    e: &Entry<'_>,
+    keyed: Keyed,
+) -> anyhow::Result<()> {
+    write!(w, "{{\"line\":{line},\"input\":")?;
+    serde_json::to_writer(&mut *w, &input)?;
     write!(w, ",\"status\":{},\"reason\":", status(e.status))?;
     serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?;
     write!(w, ",\"attempts\":{}", e.attempts)?;

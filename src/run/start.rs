@@ -12,8 +12,8 @@ use crate::input;
 use crate::report::Summary;
 use crate::settings::{PoolSize, Settings};
 
-/// Results exist for this input but the checkpoint knows nothing of them
-/// (it was lost, damaged or moved): say so before sending anything.
+/// Results exist where this job writes, but the checkpoint knows nothing
+/// of them: say so before sending anything, and say only what is known.
 pub(super) fn orphaned_results(
     settings: &Settings,
     meta: &JobMeta,
@@ -25,15 +25,27 @@ pub(super) fn orphaned_results(
         return None;
     }
     let len = std::fs::metadata(&settings.out).ok()?.len();
-    (len > 0).then(|| {
-        format!(
-            "batchrun: WARNING: {} already holds results, but the checkpoint in {} knows nothing of this job \
-             (lost, damaged or another --state-dir?). Every item is sent again under the \
-             Idempotency-Key it was last sent with (read back from the outputs), so an API that \
-             honours it replays the calls it already ran.",
-            settings.out.display(),
+    if len == 0 {
+        return None;
+    }
+    let out = settings.out.display();
+    Some(match super::owner::owner_of(&settings.out) {
+        // This job wrote them: its checkpoint is what went missing.
+        Some((job, _)) if job == meta.id => format!(
+            "batchrun: WARNING: {out} holds this job's results, but the checkpoint in {} knows \
+             nothing of this job (lost, damaged or another --state-dir?). Every item is sent again \
+             under the Idempotency-Key it was sent with before, so an API that honours it \
+             replays the calls it already ran.",
             settings.state_dir.display()
-        )
+        ),
+        Some((job, input)) => format!(
+            "batchrun: --force-outputs: {out} holds the results of job {job} (on {input}); \
+             this job replaces them when it ends"
+        ),
+        None => format!(
+            "batchrun: WARNING: {out} already holds results no batchrun job is known to have \
+             written; this job replaces them when it ends"
+        ),
     })
 }
 

@@ -98,6 +98,18 @@ pub struct Settings {
     pub fresh: bool,
     /// Re-open failed items.
     pub retry_failed: bool,
+    /// `--keep-done`: a changed request carries the done items over.
+    pub keep_done: bool,
+    /// `--force-outputs`: write outputs another job wrote last.
+    pub force_outputs: bool,
+    /// `--skip-invalid`: a bad row is a failure, not a refusal.
+    pub skip_invalid: bool,
+    /// The input's name, as the job knows it: its file name (`stdin` for
+    /// `-`). Never its directory, so a moved or symlinked input keeps its job.
+    pub input_name: String,
+    /// For an input that could be read only once (a pipe): the SHA-256 of
+    /// the content spooled from it this run.
+    pub spooled: Option<String>,
     /// The environment variable the key came from, for messages.
     pub api_key_env: String,
     /// Credit alerts, reserve and waiting.
@@ -355,6 +367,11 @@ impl Settings {
             max_failures: args.max_failures,
             fresh: args.fresh,
             retry_failed: args.retry_failed,
+            keep_done: args.keep_done,
+            force_outputs: args.force_outputs,
+            skip_invalid: args.skip_invalid,
+            input_name: input_name(&args.input),
+            spooled: None,
             api_key_env: args.api_key_env.clone(),
             limit_source: match args.limit {
                 Some(_) => "--limit".to_string(),
@@ -369,6 +386,16 @@ impl Settings {
             shard: args.shard,
         })
     }
+}
+
+/// The input's name as the job knows it (see [`Settings::input_name`]).
+fn input_name(input: &Path) -> String {
+    if input == Path::new("-") {
+        return "stdin".to_string();
+    }
+    input
+        .file_name()
+        .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Whose credits these are: the API's origin ("sim" for the built-in one).

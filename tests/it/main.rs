@@ -4,6 +4,7 @@ mod common;
 mod crash;
 mod credits;
 mod fleet;
+mod identity;
 mod nightly;
 mod operator;
 mod pacing;

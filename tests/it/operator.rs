@@ -324,13 +324,15 @@ async fn a_grown_input_resumes_and_sends_only_the_appended_lines() {
     assert_eq!(r.summary["requests"], 3, "{}", r.summary);
     assert_each_item_once(&s.out_path(), 8);
     assert_side_effects(&s.sim().stats().await, 8);
-    // An edit of the old lines is still refused.
-    std::fs::write(s.input_path(), "{\"n\": 100}\n").unwrap();
+    // An edit of the old lines: matched by content, only the new item goes.
+    std::fs::write(s.input_path(), "{\"n\": 7}\n{\"n\": 100}\n").unwrap();
     let edited = s.run(&["--limit", "none"]);
-    assert_eq!(edited.code, 1, "{}", edited.stderr);
+    assert_eq!(edited.code, 0, "{}", edited.stderr);
     assert!(
         edited.stderr.contains("changed since its checkpoint"),
         "{}",
         edited.stderr
     );
+    assert_eq!(edited.summary["requests"], 1, "{}", edited.summary);
+    assert_eq!(lines_of(&s.out_path()), vec![1, 2]);
 }

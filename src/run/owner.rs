@@ -1,0 +1,80 @@
+//! Who owns an output: `.NAME.owner` beside `--out` and `--failures` names
+//! the job that wrote it last and its input, so that another job does not
+//! replace a job's results unless told to.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::exit::RunError;
+use crate::settings::Settings;
+
+/// Who wrote an output last: `.NAME.owner` beside it.
+fn owner_path(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!(".{name}.owner"))
+}
+
+/// The job that wrote `p` last, and its input, if batchrun wrote it.
+pub(super) fn owner_of(p: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(owner_path(p)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some((
+        v["job"].as_str()?.to_string(),
+        v["input"].as_str()?.to_string(),
+    ))
+}
+
+/// Records that `job` (on `input`) wrote `p`.
+pub(super) fn write_owner(p: &Path, job: &str, input: &str) -> anyhow::Result<()> {
+    let path = owner_path(p);
+    let tmp = path.with_extension(format!("owner.{}.tmp", std::process::id()));
+    let text = serde_json::json!({ "job": job, "input": input }).to_string();
+    std::fs::write(&tmp, text + "\n")
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The outputs `old` wrote now belong to `new`, which took its results
+/// over (a regenerated input). Best effort: a sidecar left naming `old`
+/// only makes the next run ask for `--force-outputs`.
+pub(super) fn hand_over(settings: &Settings, old: &str, new: &str) {
+    for p in [&settings.out, &settings.failures] {
+        if let Some((owner, input)) = owner_of(p) {
+            if owner == old {
+                let _ = write_owner(p, new, &input);
+            }
+        }
+    }
+}
+
+/// Outputs belong to the job that wrote them: another job may not replace
+/// a non-empty one (it would lose that job's results) unless
+/// `--force-outputs` says so, or it took that job over (`superseded`:
+/// `--keep-done`, `--fresh`, or a job that finished nothing).
+pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Result<(), RunError> {
+    if settings.force_outputs {
+        return Ok(());
+    }
+    for p in [&settings.out, &settings.failures] {
+        if std::fs::metadata(p).map_or(true, |m| m.len() == 0) {
+            continue;
+        }
+        let Some((owner, input)) = owner_of(p) else {
+            continue;
+        };
+        if owner == job || superseded.contains(&owner) {
+            continue;
+        }
+        return Err(RunError::Usage(format!(
+            "{} holds the outputs of another job ({owner}, on {input}); this job ({job}) would \
+             replace them. Nothing was sent. Give this job its own --out and --failures, or \
+             use --force-outputs to replace them",
+            p.display()
+        )));
+    }
+    Ok(())
+}

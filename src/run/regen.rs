@@ -1,0 +1,152 @@
+//! A regenerated input (an export made again, one row corrected): the
+//! items it still holds keep their results, found by content, wherever
+//! their lines are now; the changed and new ones are pending.
+//!
+//! The items are matched by their digest ([`crate::input::Item::digest`],
+//! recorded with every result): the k-th item of the new file with a given
+//! content takes the result of the k-th finished line of the old one with
+//! that content. The results are copied into a job of their own (a new id,
+//! the old job's keys), then the old job is discarded: a crash in between
+//! leaves the old job whole, and the next run does it again.
+
+use std::collections::{HashMap, VecDeque};
+
+use anyhow::Context as _;
+
+use super::job::grew;
+use crate::checkpoint::{GroupCommit, JobItems, JobMeta, Record, Store, LAYOUT};
+use crate::exit::RunError;
+use crate::input::{self, Scan};
+use crate::settings::Settings;
+use crate::util::sha_hex;
+
+/// The job `id`, when it was made from other content than `scan` found
+/// and the file did not only grow.
+pub(super) fn regenerated(
+    store: &Store,
+    settings: &Settings,
+    id: &str,
+    scan: &Scan,
+) -> Result<Option<JobMeta>, RunError> {
+    let old = store.job(id).context("reading the checkpoint")?;
+    // A pipe's job is found by its content: it never lands here.
+    Ok(old.filter(|old| {
+        old.fingerprint != scan.fingerprint && !grew(settings, old) && settings.spooled.is_none()
+    }))
+}
+
+/// Carries the items of `old` that the input still holds over to a new
+/// job, and returns its id. No handle on `old`'s items may be open.
+pub(super) fn by_content(
+    store: &Store,
+    settings: &Settings,
+    old: &JobMeta,
+    scan: &Scan,
+) -> Result<String, RunError> {
+    let id = &old.id;
+    let old_items = store.items(id).context("opening the checkpoint")?;
+    let pairs = tokio::task::block_in_place(|| pairs(settings, &old_items))?;
+    let new_id = sha_hex(&[old.id.as_bytes(), scan.fingerprint.as_bytes()])[..16].to_string();
+    // What a run killed half-way through this left.
+    store
+        .discard_job(&new_id)
+        .context("discarding the checkpoint")?;
+    let meta = JobMeta {
+        id: new_id.clone(),
+        fingerprint: scan.fingerprint.clone(),
+        total: scan.total,
+        input_len: std::fs::metadata(&settings.input).ok().map(|m| m.len()),
+        // The same keys as before for a line that still holds its item.
+        key_base: Some(old.key_base.clone().unwrap_or_else(|| old.id.clone())),
+        done: 0,
+        failed: 0,
+        revision: 0,
+        outputs: None,
+        layout: LAYOUT,
+        ..old.clone()
+    };
+    store.save_job(&meta).context("writing the checkpoint")?;
+    let mut items = store.items(&new_id).context("opening the checkpoint")?;
+    items.reserve_lines(scan.last_line);
+    let kept = copy(&old_items, &items, meta, &pairs)?;
+    drop(old_items);
+    store
+        .discard_job(&old.id)
+        .context("discarding the checkpoint")?;
+    store.flush().context("flushing the checkpoint")?;
+    super::owner::hand_over(settings, &old.id, &new_id);
+    crate::report::err_line(&format!(
+        "batchrun: {} changed since its checkpoint was made: {kept} item(s) it still holds \
+         keep their results (matched by content); the other {} (changed or new) are pending",
+        settings.input.display(),
+        scan.total.saturating_sub(kept)
+    ));
+    Ok(new_id)
+}
+
+/// (old line, new line) of every item of the new file that an old finished
+/// line held, in old line order.
+fn pairs(settings: &Settings, old: &JobItems) -> Result<Vec<(u64, u64)>, RunError> {
+    let mut by_digest: HashMap<u64, VecDeque<u64>> = HashMap::new();
+    let states = old.states();
+    let mut results = old.results();
+    for line in 1..=states.capacity() {
+        if !states.is_finished(line) {
+            continue;
+        }
+        let entry = results.get(line).context("reading the checkpoint")?;
+        if let Some(d) = entry.and_then(|e| e.digest) {
+            by_digest.entry(d).or_default().push_back(line);
+        }
+    }
+    let mut pairs = Vec::new();
+    let reader = input::Reader::open(&settings.input, settings.format)?.past_bad_rows();
+    // A bad row is the scan's to report: here it matches nothing.
+    for item in reader.flatten() {
+        if let Some(old_line) = by_digest
+            .get_mut(&item.digest())
+            .and_then(VecDeque::pop_front)
+        {
+            pairs.push((old_line, item.line));
+        }
+    }
+    pairs.sort_unstable();
+    Ok(pairs)
+}
+
+/// Records the old results at their new lines; returns how many.
+fn copy(
+    old: &JobItems,
+    new: &JobItems,
+    meta: JobMeta,
+    pairs: &[(u64, u64)],
+) -> Result<u64, RunError> {
+    let committer = new
+        .committer(meta, GroupCommit::default())
+        .context("opening the results log")?;
+    let mut results = old.results();
+    let mut kept = 0;
+    for &(old_line, new_line) in pairs {
+        let Some(e) = results.get(old_line).context("reading the checkpoint")? else {
+            continue;
+        };
+        committer
+            .record(Record {
+                line: new_line,
+                state: e.state,
+                status: e.status,
+                attempts: e.attempts,
+                payload: e.payload.to_vec(),
+                unknown: e.unknown,
+                digest: e.digest.unwrap_or(0),
+            })
+            .context("writing the checkpoint")?;
+        kept += 1;
+    }
+    if let Some(e) = committer.finish().err {
+        return Err(anyhow::Error::new(e)
+            .context("writing the checkpoint")
+            .into());
+    }
+    Ok(kept)
+}

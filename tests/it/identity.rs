@@ -1,0 +1,393 @@
+//! The everyday reruns: a changed command, a moved input, a pipe again.
+//! A job is what it sends, wherever it lives, and its outputs are its own.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::common::*;
+
+fn side_effects(st: &serde_json::Value) -> u64 {
+    st["side_effects"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_header_stops_before_any_call_and_keep_done_sends_only_the_pending() {
+    let s = Scenario::new("changed-header")
+        .with_sim(&["--limit", "100/1s"])
+        .numbers(200);
+    let args = ["--limit", "100/1s", "--concurrency", "4"];
+    let r = s
+        .signal_when(&args, |st| side_effects(st) >= 120, libc::SIGINT)
+        .await;
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let done = r.summary["done"].as_u64().unwrap();
+    assert!((120..200).contains(&done), "{}", r.summary);
+    let before = side_effects(&s.sim().stats().await);
+
+    let changed = [&args[..], &["--header", "X-Trace: nightly"]].concat();
+    let r = s.run(&changed);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("header X-Trace: nightly (added)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("--keep-done") && r.stderr.contains("--fresh"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains(&format!("{done} of 200 item(s) done")),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(side_effects(&s.sim().stats().await), before, "no call");
+
+    let r = s.run(&[&changed[..], &["--keep-done"]].concat());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 200, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 200);
+    // Executions equal items: the done ones were not sent again.
+    assert_side_effects(&s.sim().stats().await, 200);
+    // The carried job is now the new request's: the same command resumes it.
+    let r = s.run(&changed);
+    assert_eq!(
+        (r.code, r.summary["requests"].as_u64()),
+        (0, Some(0)),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `batchrun INPUT` with the state dir and the outputs in their default
+/// places, beside the input.
+fn beside(sim: &Sim, input: &Path) -> Command {
+    let mut c = bin();
+    c.arg(input)
+        .args(["--url", &format!("{}/v1/echo?n={{n}}", sim.url)])
+        .args(["--limit", "none", "--json"])
+        .env("BATCHRUN_API_KEY", KEY)
+        .stdin(Stdio::null());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_moved_directory_keeps_its_job_and_sends_nothing_again() {
+    let s = Scenario::new("moved").with_sim(&["--limit", "none"]);
+    let a = s.dir().path().join("a");
+    std::fs::create_dir_all(&a).unwrap();
+    let input = numbers(s.dir(), "a/items.jsonl", 50);
+    let r = finish(beside(s.sim(), &input));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let b = s.dir().path().join("b");
+    std::fs::rename(&a, &b).unwrap();
+    let r = finish(beside(s.sim(), &b.join("items.jsonl")));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert!(!r.stderr.contains("WARNING"), "{}", r.stderr);
+    assert_each_item_once(&b.join("items.results.jsonl"), 50);
+    assert_side_effects(&s.sim().stats().await, 50);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_symlinked_release_directory_is_the_same_job() {
+    let s = Scenario::new("symlink").with_sim(&["--limit", "none"]);
+    for release in ["release-1", "release-2"] {
+        std::fs::create_dir_all(s.dir().path().join(release)).unwrap();
+        numbers(s.dir(), &format!("{release}/items.jsonl"), 40);
+    }
+    let current = s.dir().path().join("current");
+    let out = s.dir().path().join("results.jsonl");
+    let via_current = |release: &str| {
+        let _ = std::fs::remove_file(&current);
+        std::os::unix::fs::symlink(s.dir().path().join(release), &current).unwrap();
+        let mut c = s.cmd_for(&current.join("items.jsonl"), &["--limit", "none"]);
+        c.arg("--out").arg(&out);
+        finish(c)
+    };
+    let r = via_current("release-1");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The next release, the same items: the link now leads elsewhere.
+    let r = via_current("release-2");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_each_item_once(&out, 40);
+    assert_side_effects(&s.sim().stats().await, 40);
+}
+
+/// Pipes `items` into `batchrun - --format jsonl --out OUT EXTRA`, the
+/// failures beside OUT.
+fn piped(s: &Scenario, items: &str, out: &Path, extra: &[&str]) -> Finished {
+    let mut c = s.cmd_for(Path::new("-"), &[&["--limit", "none"], extra].concat());
+    c.args(["--format", "jsonl", "--out"])
+        .arg(out)
+        .arg("--failures")
+        .arg(out.with_extension("failures"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(items.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    Finished {
+        code: o.status.code().unwrap_or(-1),
+        summary: serde_json::from_slice(&o.stdout).unwrap_or_default(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn rows(range: std::ops::RangeInclusive<u64>) -> String {
+    range.map(|n| format!("{{\"n\": {n}}}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipe_with_a_row_added_sends_only_that_row_and_leaves_no_spool() {
+    let s = Scenario::new("pipe-grown").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("piped.results.jsonl");
+    let r = piped(&s, &rows(1..=20), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = piped(&s, &rows(1..=21), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_each_item_once(&out, 21);
+    assert_side_effects(&s.sim().stats().await, 21);
+    // The spooled copies go with the run that needed them.
+    let spool = s.state_dir().join("spool");
+    let left: Vec<_> = std::fs::read_dir(&spool)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "spool not cleaned: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_days_pipe_does_not_overwrite_the_results_of_the_last() {
+    let s = Scenario::new("pipe-daily").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("stdin.results.jsonl");
+    let r = piped(&s, &rows(1..=5), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let yesterday = std::fs::read(&out).unwrap();
+    let r = piped(&s, &rows(6..=10), &out, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("holds the outputs of another job"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--force-outputs"), "{}", r.stderr);
+    assert_eq!(std::fs::read(&out).unwrap(), yesterday, "untouched");
+    assert_side_effects(&s.sim().stats().await, 5);
+    // Told to, it replaces them.
+    let r = piped(&s, &rows(6..=10), &out, &["--force-outputs"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(lines_of(&out), vec![1, 2, 3, 4, 5]);
+    assert_side_effects(&s.sim().stats().await, 10);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mistyped_rerun_leaves_the_results_byte_identical() {
+    let s = Scenario::new("mistyped")
+        .with_sim(&["--limit", "none"])
+        .numbers(30);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let results = std::fs::read(s.out_path()).unwrap();
+    let wrong = format!("{}/v9/echo?n={{n}}", s.sim().url);
+    // The request changed under a finished job: nothing is sent.
+    let r = s.run(&["--limit", "none", "--url", &wrong]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("URL: GET"), "{}", r.stderr);
+    assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
+    assert_side_effects(&s.sim().stats().await, 30);
+    // Even told to start over, a run that fails fast replaces nothing.
+    let r = s.run(&["--limit", "none", "--url", &wrong, "--fresh"]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("is left as it was"), "{}", r.stderr);
+    assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_invalid_records_the_bad_rows_and_runs_the_rest() {
+    let mut csv = String::from("n,name\n");
+    for n in 1..=10 {
+        match n {
+            // Two ragged rows: one field too many, one too few.
+            4 => csv.push_str("4,d,extra\n"),
+            7 => csv.push_str("7\n"),
+            _ => csv.push_str(&format!("{n},x{n}\n")),
+        }
+    }
+    let s = Scenario::new("skip-invalid")
+        .with_sim(&["--limit", "none"])
+        .input("customers.csv", &csv);
+    let url = format!("{}/v1/echo?n={{n}}&name={{name}}", s.sim().url);
+    let args = ["--limit", "none", "--url", url.as_str()];
+    // Without it, one bad row refuses the whole input before any call.
+    let r = s.run(&args);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("customers.csv:5: row has 3 fields"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 0);
+
+    let r = s.run(&[&args[..], &["--skip-invalid"]].concat());
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
+        (Some(8), Some(2))
+    );
+    assert!(
+        r.stderr.contains("--skip-invalid: 2 bad row(s)"),
+        "{}",
+        r.stderr
+    );
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(lines_of(&s.failures_path()), vec![5, 8]);
+    let reason = failures[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("customers.csv:5: row has 3 fields"),
+        "{reason}"
+    );
+    let reason = failures[1]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("customers.csv:8: row has 1 field,"),
+        "{reason}"
+    );
+    assert_eq!(lines_of(&s.out_path()), vec![2, 3, 4, 6, 7, 9, 10, 11]);
+    assert_side_effects(&s.sim().stats().await, 8);
+    // The same command again: nothing is sent, the bad rows stay failed.
+    let r = s.run(&[&args[..], &["--skip-invalid"]].concat());
+    assert_eq!(
+        (r.code, r.summary["requests"].as_u64()),
+        (3, Some(0)),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(lines_of(&s.failures_path()), vec![5, 8]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_regenerated_file_resends_only_its_changed_rows() {
+    let s = Scenario::new("regenerated")
+        .with_sim(&["--limit", "none"])
+        .numbers(20);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The export made again: a row on top, row 5 corrected, one at the end.
+    let mut text = String::from("{\"n\": 1000}\n");
+    for n in 1..=21 {
+        let n = if n == 5 { 500 } else { n };
+        text.push_str(&format!("{{\"n\": {n}}}\n"));
+    }
+    s.dir().write("items.jsonl", &text);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("19 item(s) it still holds keep their results"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 3, "{}", r.summary);
+    assert_eq!(r.summary["done"], 22, "{}", r.summary);
+    // Every line is paired with its own item's result.
+    let out = jsonl(&s.out_path());
+    assert_eq!(out.len(), 22);
+    for v in &out {
+        let n = &v["input"]["n"];
+        assert_eq!(
+            v["body"]["data"]["n"].as_str(),
+            Some(n.to_string().as_str()),
+            "{v}"
+        );
+    }
+    assert_side_effects(&s.sim().stats().await, 23);
+    // Starting over says what it costs.
+    let r = s.run(&["--limit", "none", "--fresh"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--fresh: the 22 item(s) done are sent again"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 45);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_after_a_changed_url_says_what_it_resends_and_replaces_the_old_job() {
+    let s = Scenario::new("fresh-changed")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let other = format!("{}/v1/other?n={{n}}", s.sim().url);
+    let r = s.run(&["--limit", "none", "--url", &other, "--fresh"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the 12 item(s) done under the earlier request"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 12, "{}", r.summary);
+    // Nothing left of the old job to stop the next run of this command.
+    let r = s.run(&["--limit", "none", "--url", &other]);
+    assert_eq!(
+        (r.code, r.summary["requests"].as_u64()),
+        (0, Some(0)),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 24);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_job_on_the_same_api_starts_from_the_window_the_last_one_left() {
+    let s = Scenario::new("window-carried")
+        .with_sim(&["--limit", "10/2s", "--cooldown", "1s"])
+        .numbers(10);
+    let args = ["--limit", "10/2s", "--concurrency", "5"];
+    // The first job fills the window.
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // A changed command's new job, at once: it waits for the window
+    // instead of meeting the server's 429s.
+    let r = s.run(&[&args[..], &["--header", "X-Trace: nightly", "--fresh"]].concat());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_eq!(stats["max_in_window"], 10, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_command_from_another_directory_is_still_stopped() {
+    let s = Scenario::new("changed-cwd")
+        .with_sim(&["--limit", "none"])
+        .numbers(8);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The same outputs, named relative to the input's directory this time.
+    let mut c = s.cmd_for(
+        Path::new("items.jsonl"),
+        &["--limit", "none", "--header", "X-Trace: nightly"],
+    );
+    c.current_dir(s.dir().path());
+    let r = finish(c);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("header X-Trace: nightly (added)"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 8);
+}
