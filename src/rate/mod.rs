@@ -14,6 +14,7 @@ pub mod scenario;
 pub mod spike_pace;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod windows;
 
 use std::fmt;
 use std::str::FromStr;
