@@ -18,7 +18,7 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::Limit;
+use crate::rate::{Limit, Rate};
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 
@@ -55,6 +55,9 @@ pub struct Settings {
     pub limit: Limit,
     /// Workers.
     pub concurrency: usize,
+    /// Limits every call must keep as well (`--limit` given more than once),
+    /// beyond the primary `limit`: the window pacer keeps them all.
+    pub further_limits: Vec<Rate>,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -109,12 +112,59 @@ pub struct Settings {
     pub shard: Option<Shard>,
 }
 
-/// The limit and concurrency the options ask for (the plan's, unless overridden).
+/// The limit and concurrency the options ask for (the plan's, unless
+/// overridden). With several `--limit`, the limit is the primary one: the
+/// lowest in calls per second.
 pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
     (
-        args.limit.unwrap_or_else(|| args.plan.limit()),
+        all_limits(args)[0],
         args.concurrency.unwrap_or_else(|| args.plan.concurrency()),
     )
+}
+
+/// Every limit the options ask for, the primary one first (the plan's
+/// when no `--limit` is given). Never empty.
+pub fn all_limits(args: &RunArgs) -> Vec<Limit> {
+    let mut all = args.limit.clone();
+    if all.is_empty() {
+        all.push(args.plan.limit());
+    }
+    let slowest = all
+        .iter()
+        .enumerate()
+        .min_by(|a, b| {
+            let per_second = |l: &Limit| l.rate().map_or(f64::INFINITY, |r| r.per_second());
+            per_second(a.1).total_cmp(&per_second(b.1))
+        })
+        .map_or(0, |(i, _)| i);
+    all.swap(0, slowest);
+    all
+}
+
+/// The limits beyond the primary one, refused where they cannot be kept:
+/// each must be a rate, the window pacer is the one that keeps several,
+/// and the fleet does not hold several yet.
+fn further_limits(args: &RunArgs) -> Result<Vec<Rate>, RunError> {
+    let all = all_limits(args);
+    if all.len() < 2 {
+        return Ok(Vec::new());
+    }
+    if all.contains(&Limit::Unlimited) {
+        return Err(usage(
+            "--limit none cannot be combined with other --limit values".to_string(),
+        ));
+    }
+    if args.pacer != PacerKind::Window {
+        return Err(usage(
+            "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
+        ));
+    }
+    if args.redis.as_ref().is_some_and(|u| !u.trim().is_empty()) {
+        return Err(usage(
+            "the fleet (--redis) paces to one limit for now: give one --limit with --redis, or run without --redis".to_string(),
+        ));
+    }
+    Ok(all[1..].iter().filter_map(Limit::rate).collect())
 }
 
 fn default_output(input: &Path, suffix: &str) -> PathBuf {
@@ -245,6 +295,7 @@ impl Settings {
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
         let (limit, concurrency) = plan_limits(args);
+        let further_limits = further_limits(args)?;
         if let (Some(b), Limit::Rate(r), PacerKind::Bucket) = (args.burst, limit, args.pacer) {
             TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
                 .map_err(|e| usage(e.to_string()))?;
@@ -287,10 +338,19 @@ impl Settings {
             fresh: args.fresh,
             retry_failed: args.retry_failed,
             api_key_env: args.api_key_env.clone(),
-            limit_source: match args.limit {
-                Some(_) => "--limit".to_string(),
-                None => format!("plan {}", args.plan.name()),
+            limit_source: match (args.limit.is_empty(), further_limits.is_empty()) {
+                (true, _) => format!("plan {}", args.plan.name()),
+                (false, true) => "--limit".to_string(),
+                (false, false) => format!(
+                    "--limit, with {} too",
+                    further_limits
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             },
+            further_limits,
             dry_run: args.dry_run,
             verbose: args.verbose,
             json: args.json,

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::admission::{RateInfo, Rejection};
+use super::admission::{PolicyView, RateInfo, Rejection};
 use super::config::{Config, ModelKind};
 use crate::rate::{Limit, Rate};
 use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
@@ -101,6 +101,8 @@ fn key_limit(cfg: &Config, key: &str) -> Option<Rate> {
 /// One API key's pace state.
 pub(super) struct KeyState {
     limiter: Limiter,
+    /// The further windows (`--limit` repeated): a request must fit each.
+    further: Vec<SlidingWindow>,
     /// When the current cooldown started (it lasts `cfg.cooldown`). Kept as
     /// a start, not an end, so an absurd cooldown cannot overflow an Instant.
     cooling_since: Option<Instant>,
@@ -118,8 +120,17 @@ impl KeyState {
                 meter: SlidingWindow::new(u64::MAX, r.period),
             },
         };
+        let further = match cfg.kind {
+            ModelKind::Window => cfg
+                .further
+                .iter()
+                .map(|r| SlidingWindow::for_rate(*r))
+                .collect(),
+            ModelKind::SpikeArrest => Vec::new(),
+        };
         KeyState {
             limiter,
+            further,
             cooling_since: None,
             in_flight: 0,
         }
@@ -168,7 +179,13 @@ impl KeyState {
         cooldown: Duration,
         now: Instant,
     ) -> Result<Option<RateInfo>, Refusal> {
-        match self.limiter.check(now) {
+        let checked = self.limiter.check(now).and_then(|remaining| {
+            for w in &self.further {
+                w.check(now)?;
+            }
+            Ok(remaining)
+        });
+        match checked {
             Ok(remaining) => Ok(self.limiter.info(remaining)),
             Err(wait) => {
                 if matches!(self.limiter, Limiter::Window(_)) && !cooldown.is_zero() {
@@ -184,7 +201,36 @@ impl KeyState {
 
     /// Records an accepted request; returns the count now in the window.
     pub(super) fn record(&mut self, now: Instant) -> u64 {
+        for w in &mut self.further {
+            w.record(now);
+        }
         self.limiter.record(now)
+    }
+
+    /// Every window of the key as of `now`, the primary one first.
+    pub(super) fn policies(&self, now: Instant) -> Vec<PolicyView> {
+        let view = |w: &SlidingWindow| PolicyView {
+            limit: w.limit(),
+            window: w.window(),
+            remaining: w.remaining(now),
+            reset: w
+                .oldest_expiry(now)
+                .map_or(Duration::ZERO, |e| e.saturating_duration_since(now)),
+        };
+        let primary = match &self.limiter {
+            Limiter::Window(w) => Some(view(w)),
+            Limiter::Spike { bucket, .. } => Some(PolicyView {
+                limit: bucket.rate().count,
+                window: bucket.rate().period,
+                remaining: bucket.available(now),
+                reset: Duration::ZERO,
+            }),
+            Limiter::Unlimited => None,
+        };
+        primary
+            .into_iter()
+            .chain(self.further.iter().map(view))
+            .collect()
     }
 
     /// Accepted requests inside the window at `now`.

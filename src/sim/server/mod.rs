@@ -8,6 +8,7 @@
 mod admin;
 mod big;
 mod conn;
+mod dialect;
 mod metered;
 mod respond;
 
@@ -41,6 +42,8 @@ struct App {
     latency_in: bool,
     /// `--keep-working`, likewise.
     keep_working: bool,
+    /// `--dialect`, likewise.
+    dialect: super::model::Dialect,
 }
 
 impl App {
@@ -70,6 +73,8 @@ fn describe(cfg: &Config) -> Value {
     json!({
         "model": cfg.kind,
         "limit": cfg.limit.to_string(),
+        "further_limits": cfg.further.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "dialect": cfg.dialect,
         "concurrency": cfg.concurrency,
         "cooldown_ms": cfg.cooldown.as_millis() as u64,
         "seed": cfg.seed,
@@ -95,6 +100,7 @@ pub(crate) async fn serve(
         echo_key: cfg.echo_key,
         latency_in: cfg.latency_in.is_some(),
         keep_working: cfg.keep_working,
+        dialect: cfg.dialect,
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()
