@@ -563,6 +563,32 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let argv = ["batchrun", "run", "in.jsonl"].iter().chain(extra);
+        let argv = argv.map(std::ffi::OsString::from);
+        match crate::cli::Cli::parse_with_default(argv).command {
+            crate::cli::Command::Run(a) => *a,
+            _ => panic!("expected run"),
+        }
+    }
+
+    #[test]
+    fn the_primary_limit_is_the_slowest_and_the_others_follow() {
+        let a = run_args(&["--limit", "20/1s", "--limit", "30/3s", "--limit", "1000/1h"]);
+        let all: Vec<String> = all_limits(&a).iter().map(ToString::to_string).collect();
+        assert_eq!(all, ["1000/1h", "30/3s", "20ps"]);
+        assert_eq!(further_limits(&a).unwrap().len(), 2);
+        assert_eq!(
+            all_limits(&run_args(&[]))[0],
+            crate::rate::Plan::Free.limit()
+        );
+        assert!(further_limits(&run_args(&["--limit", "5ps"]))
+            .unwrap()
+            .is_empty());
+        // One --limit with --redis is the fleet's usual case.
+        assert!(further_limits(&run_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+    }
+
     #[test]
     fn the_key_never_shows_in_debug() {
         assert_eq!(format!("{:?}", Secret::new("sk_live_123")), "Secret(***)");

@@ -434,6 +434,44 @@ mod tests {
     }
 
     #[test]
+    fn a_request_must_fit_every_limit_and_each_is_stated() {
+        let (mut m, t0) = model(Config {
+            further: vec![crate::rate::Rate {
+                count: 3,
+                period: secs(10),
+            }],
+            concurrency: 100,
+            cooldown: Duration::ZERO,
+            ..cfg("2/1s")
+        });
+        assert!(executed(&call(&mut m, "k", t0)));
+        assert!(executed(&call(&mut m, "k", t0)));
+        assert!(matches!(
+            refused(&call_admit(&mut m, t0 + ms(10))),
+            Some(Rejection::Rate { retry_after: 1 })
+        ));
+        assert!(executed(&call(&mut m, "k", t0 + secs(1))));
+        // The ten-second limit is used up, though the per-second one is not.
+        assert!(matches!(
+            refused(&call_admit(&mut m, t0 + secs(2))),
+            Some(Rejection::Rate { retry_after: 8 })
+        ));
+        let view = m.policies("k", t0 + secs(2));
+        assert_eq!(
+            view.iter()
+                .map(|p| (p.limit, p.remaining))
+                .collect::<Vec<_>>(),
+            [(2, 2), (3, 0)]
+        );
+        assert_eq!(view[1].reset, secs(8));
+        assert!(executed(&call(&mut m, "k", t0 + secs(10))));
+    }
+
+    fn call_admit(m: &mut Model, at: Instant) -> Admission {
+        m.admit("k", "echo", None, at)
+    }
+
+    #[test]
     fn a_concurrency_refusal_is_not_counted_in_the_window() {
         let (mut m, t0) = model(Config {
             concurrency: 1,
