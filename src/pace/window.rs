@@ -103,8 +103,8 @@ impl Pacer for WindowPacer {
     }
 
     fn note(&self) -> Option<PaceNote> {
-        let now = now_std();
-        self.guarded.lock().take_note(now).map(to_note)
+        // What one response announced may be more than one note.
+        self.guarded.lock().take_heard().map(|h| to_note(Err(h)))
     }
 
     fn paused_until(&self) -> Option<Instant> {

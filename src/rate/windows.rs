@@ -248,6 +248,12 @@ impl WindowSet {
         self.windows[0].take_event(now).map(Ok)
     }
 
+    /// The next thing heard, oldest first (no learning event: those come
+    /// with responses, as they always did).
+    pub fn take_heard(&mut self) -> Option<Heard> {
+        self.heard.pop_front()
+    }
+
     /// What a response arriving at `now` announced. Call policies become
     /// windows of the set (lowering a configured one whose window matches,
     /// the primary one when no window is stated, or added); a used-up

@@ -151,7 +151,7 @@ fn tokens_are_said_not_paced() {
         remaining: Some(0),
         ..calls_policy(5, Some(1000), Some(0))
     };
-    s.announce(&[tokens.clone()], t0);
+    s.announce(std::slice::from_ref(&tokens), t0);
     s.announce(&[tokens], t0);
     assert!(matches!(s.take_note(t0), Some(Err(Heard::Tokens { .. }))));
     assert_eq!(s.take_note(t0), None);
