@@ -221,6 +221,44 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn policies_announced_in_ietf_fields_are_all_kept() {
+        let p = pacer(60, Duration::from_secs(1));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "ratelimit-policy",
+            r#""a";q=20;w=1, "b";q=30;w=3, "t";q=9;w=1;qu="tokens""#
+                .parse()
+                .unwrap(),
+        );
+        let first = p.observe(&h).await;
+        assert!(
+            matches!(
+                first,
+                Some(PaceNote::Heard(Heard::Lowered { quota: 20, .. }))
+            ),
+            "{first:?}"
+        );
+        let rest: Vec<_> = std::iter::from_fn(|| p.note()).collect();
+        assert!(
+            matches!(
+                &rest[..],
+                [
+                    PaceNote::Heard(Heard::Added { quota: 30, .. }),
+                    PaceNote::Heard(Heard::Tokens { .. })
+                ]
+            ),
+            "{rest:?}"
+        );
+        assert_eq!(p.observe(&h).await, None, "said once");
+        assert_eq!(p.steady_per_min(), Some(600.0), "30 per 3 s");
+        let t0 = Instant::now();
+        let a = greedy(p, 5, 50, t0 + Duration::from_secs(9)).await;
+        assert!(max_in_window(&a, Duration::from_secs(1)) <= 20);
+        assert!(max_in_window(&a, Duration::from_secs(3)) <= 30);
+        assert!(a.len() >= 80, "{}", a.len());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_full_server_window_holds_calls_until_one_of_ours_ends() {
         let p = pacer(60, Duration::from_secs(1));
         let t0 = Instant::now();
