@@ -108,9 +108,11 @@ pub trait Pacer: Send + Sync {
     /// its headers: a pacer that learns the limit from 429s relies on both.
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>>;
 
-    /// Sees every response's headers, so the pacer can follow the limit the
-    /// server says is in force (`x-rate-limit-limit`). Returns a note when
-    /// that changed what the pacer does.
+    /// Sees every response's headers, so the pacer can follow the limits the
+    /// server says are in force (every dialect for the window pacer,
+    /// `x-rate-limit-limit` for the others). Returns a note when that
+    /// changed what the pacer does; more may follow through
+    /// [`note`](Self::note).
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>>;
 
     /// A note the pacer has for the run outside any response (its store was

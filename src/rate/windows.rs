@@ -8,10 +8,11 @@
 //! holds for each window separately: no server window of any policy holds
 //! more arrivals than its limit.
 //!
-//! The first window is the *primary* one: the tightest configured limit. A
-//! window-less announcement (`X-RateLimit-Limit`, OpenAI's and Anthropic's
-//! headers) lowers it, pauses start from it, and only it learns a limit from
-//! 429s (and only while no server announced any policy).
+//! The first window is the *primary* one: the slowest configured limit in
+//! calls per second. Pauses start from it, and only it learns a limit from
+//! 429s (and only while no server announced any policy). A window-less
+//! announcement (`X-RateLimit-Limit`, OpenAI's and Anthropic's headers)
+//! lowers the window whose configured limit is nearest to it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -282,7 +283,8 @@ impl WindowSet {
     /// One call policy.
     fn follow(&mut self, p: &Announced, now: Instant) {
         let i = match (p.window, p.quota) {
-            (None, _) => Some(0),
+            (None, None) => Some(0),
+            (None, Some(q)) => Some(self.nearest(q)),
             (Some(w), q) => match self.windows.iter().position(|x| x.window() == w) {
                 Some(i) => Some(i),
                 None => q.and_then(|q| self.add(p, q, w, now)),
@@ -312,6 +314,20 @@ impl WindowSet {
                 }
             }
         }
+    }
+
+    /// The window a quota without a window is read against: the one whose
+    /// configured limit is nearest to it (by ratio), the primary one on a
+    /// tie. With one window that is the configured window, as it always
+    /// was; with `--limit 10/1s --limit 5000/1h`, GitHub's 5000 goes to the
+    /// hour and a per-second cap of 8 to the second, not 8 an hour.
+    fn nearest(&self, q: u64) -> usize {
+        let distance = |w: &ExactWindow| (w.configured() as f64 / q.max(1) as f64).ln().abs();
+        self.windows
+            .iter()
+            .enumerate()
+            .min_by(|a, b| distance(a.1).total_cmp(&distance(b.1)))
+            .map_or(0, |(i, _)| i)
     }
 
     /// The server's quota `q` for window `i`.

@@ -107,6 +107,13 @@ async fn two_limits_stated_as_ietf_policies_are_both_kept_with_no_429() {
     keeps_two_limits("ietf").await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn two_limits_stated_one_at_a_time_without_a_window_are_both_kept_with_no_429() {
+    // X-RateLimit-* names the limit with the least left, and no window:
+    // each is read against the nearest configured limit.
+    keeps_two_limits("x-ratelimit").await;
+}
+
 /// Runs the client with `extra` against nothing: it must refuse to start.
 fn refused(tag: &str, extra: &[&str]) -> String {
     let dir = TempDir::new(tag);

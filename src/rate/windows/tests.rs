@@ -111,6 +111,12 @@ fn a_windowless_report_lowers_the_primary_and_a_higher_one_is_said_once() {
     assert_eq!(s.take_note(t0), None);
     s.announce(&[calls_policy(4, None, None)], t0);
     assert_eq!(s.windows()[0].limit(), 4);
+    // Several windows: read against the nearest configured limit.
+    let mut s = set(&[(5000, 3_600_000), (10, 1000)], t0);
+    s.announce(&[calls_policy(8, None, None)], t0);
+    assert_eq!((s.windows()[0].limit(), s.windows()[1].limit()), (5000, 8));
+    s.announce(&[calls_policy(4000, None, None)], t0);
+    assert_eq!((s.windows()[0].limit(), s.windows()[1].limit()), (4000, 8));
 }
 
 #[test]
