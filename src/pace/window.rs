@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
 use crate::rate::exact::ExactWindow;
-use crate::rate::windows::{Heard, SetSlot, WindowSet};
+use crate::rate::windows::{Heard, Note, SetSlot, WindowSet};
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
@@ -56,15 +56,15 @@ impl Ticket for WindowTicket {
 
 /// A note for the run: a lowering of the primary window without a stated
 /// window is said as it always was.
-fn to_note(n: Result<crate::rate::exact::Learning, Heard>) -> PaceNote {
+fn to_note(n: Note) -> PaceNote {
     match n {
-        Ok(l) => PaceNote::from(l),
-        Err(Heard::Lowered {
+        Note::Learning(l) => PaceNote::from(l),
+        Note::Heard(Heard::Lowered {
             quota,
             window: None,
             ..
         }) => PaceNote::LimitInForce(quota),
-        Err(h) => PaceNote::Heard(h),
+        Note::Heard(h) => PaceNote::Heard(h),
     }
 }
 
@@ -104,7 +104,10 @@ impl Pacer for WindowPacer {
 
     fn note(&self) -> Option<PaceNote> {
         // What one response announced may be more than one note.
-        self.guarded.lock().take_heard().map(|h| to_note(Err(h)))
+        self.guarded
+            .lock()
+            .take_heard()
+            .map(|h| to_note(Note::Heard(h)))
     }
 
     fn paused_until(&self) -> Option<Instant> {

@@ -131,6 +131,15 @@ impl fmt::Display for Heard {
     }
 }
 
+/// What the set has for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The primary window learnt from 429s.
+    Learning(Learning),
+    /// Something the headers said.
+    Heard(Heard),
+}
+
 /// Several exact sliding windows, every call counted in each.
 #[derive(Debug, Clone)]
 pub struct WindowSet {
@@ -241,12 +250,12 @@ impl WindowSet {
         self.windows[0].rate_limited(now)
     }
 
-    /// The next learning event or thing heard, oldest first.
-    pub fn take_note(&mut self, now: Instant) -> Option<Result<Learning, Heard>> {
+    /// The next thing heard, else the next learning event, oldest first.
+    pub fn take_note(&mut self, now: Instant) -> Option<Note> {
         if let Some(h) = self.heard.pop_front() {
-            return Some(Err(h));
+            return Some(Note::Heard(h));
         }
-        self.windows[0].take_event(now).map(Ok)
+        self.windows[0].take_event(now).map(Note::Learning)
     }
 
     /// The next thing heard, oldest first (no learning event: those come
@@ -257,7 +266,7 @@ impl WindowSet {
 
     /// What a response arriving at `now` announced. Call policies become
     /// windows of the set (lowering a configured one whose window matches,
-    /// the primary one when no window is stated, or added); a used-up
+    /// or the nearest one when no window is stated, or added); a used-up
     /// policy holds calls until it resets. Returns whether a limit grew (a
     /// report replaced a lower learnt limit), so that waiters look again.
     pub fn announce(&mut self, policies: &[Announced], now: Instant) -> bool {

@@ -67,7 +67,7 @@ fn an_announced_policy_lowers_its_window_or_is_added() {
     assert_eq!(s.windows()[0].limit(), 20);
     assert!(matches!(
         s.take_note(t0),
-        Some(Err(Heard::Lowered {
+        Some(Note::Heard(Heard::Lowered {
             quota: 20,
             configured: 60,
             ..
@@ -85,7 +85,7 @@ fn an_announced_policy_lowers_its_window_or_is_added() {
     assert_eq!(at_once(&mut s, t0), 2, "3 per 5 s, one already used");
     assert!(matches!(
         s.take_note(t0),
-        Some(Err(Heard::Added { quota: 3, .. }))
+        Some(Note::Heard(Heard::Added { quota: 3, .. }))
     ));
 }
 
@@ -105,7 +105,7 @@ fn a_windowless_report_lowers_the_primary_and_a_higher_one_is_said_once() {
     assert_eq!(s.windows()[0].limit(), 10);
     assert!(matches!(
         s.take_note(t0),
-        Some(Err(Heard::Above { quota: 200, .. }))
+        Some(Note::Heard(Heard::Above { quota: 200, .. }))
     ));
     s.announce(&[calls_policy(200, None, None)], t0);
     assert_eq!(s.take_note(t0), None);
@@ -136,7 +136,7 @@ fn used_up_holds_until_the_reset_in_any_dialect() {
     assert!(
         notes
             .iter()
-            .any(|n| matches!(n, Err(Heard::Exhausted { .. }))),
+            .any(|n| matches!(n, Note::Heard(Heard::Exhausted { .. }))),
         "{notes:?}"
     );
     assert!(s.try_take(t0 + Duration::from_secs(90)).is_ok());
@@ -159,7 +159,10 @@ fn tokens_are_said_not_paced() {
     };
     s.announce(std::slice::from_ref(&tokens), t0);
     s.announce(&[tokens], t0);
-    assert!(matches!(s.take_note(t0), Some(Err(Heard::Tokens { .. }))));
+    assert!(matches!(
+        s.take_note(t0),
+        Some(Note::Heard(Heard::Tokens { .. }))
+    ));
     assert_eq!(s.take_note(t0), None);
     assert_eq!(s.windows().len(), 1);
     assert_eq!(at_once(&mut s, t0), 10);
