@@ -564,6 +564,46 @@ mod tests {
     }
 
     #[test]
+    fn several_limits_and_a_dialect() {
+        let a = parse(&[
+            "--limit",
+            "20/1s",
+            "--limit",
+            "50/10s",
+            "--dialect",
+            "ietf-old",
+        ])
+        .unwrap();
+        let c = a.config();
+        assert_eq!(c.limit, "20/1s".parse().unwrap());
+        assert_eq!(
+            c.further,
+            ["50/10s".parse::<Limit>().unwrap().rate().unwrap()]
+        );
+        assert_eq!(c.dialect, Dialect::IetfOld);
+        assert!(a.check().is_ok());
+        assert!(
+            a.describe().contains("20/1s and 50/10s per key"),
+            "{}",
+            a.describe()
+        );
+        assert_eq!(parse(&[]).unwrap().config().dialect, Dialect::Batchrun);
+        let spike = parse(&[
+            "--model",
+            "spike-arrest",
+            "--limit",
+            "30ps",
+            "--limit",
+            "5ps",
+        ]);
+        let e = spike.unwrap().check().unwrap_err().to_string();
+        assert!(e.contains("--model window"), "{e}");
+        let none = parse(&["--limit", "none", "--limit", "5ps"]).unwrap();
+        assert!(none.check().unwrap_err().to_string().contains("none"));
+        assert!(parse(&["--dialect", "klingon"]).is_err());
+    }
+
+    #[test]
     fn parses_the_hostile_and_transit_modes() {
         let a = parse(&[]).unwrap();
         let c = a.config();
