@@ -206,8 +206,9 @@ pub struct RunArgs {
     pub plan: Option<Plan>,
 
     /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
-    #[arg(long, short = 'l', help_heading = "Pace")]
-    pub limit: Option<Limit>,
+    /// Repeatable (--limit 10/1s --limit 1000/1h): every call keeps each.
+    #[arg(long, short = 'l', action = clap::ArgAction::Append, help_heading = "Pace")]
+    pub limit: Vec<Limit>,
 
     /// Workers (calls in flight at once), overriding the plan. Without it,
     /// --limit sizes the pool to the measured latency.
@@ -557,7 +558,7 @@ mod tests {
         else {
             panic!("expected run")
         };
-        assert_eq!(a.limit, Some("600/6s".parse().unwrap()));
+        assert_eq!(a.limit, vec!["600/6s".parse().unwrap()]);
         assert_eq!(a.headers, vec![("X-A".to_string(), "{id}".to_string())]);
         assert_eq!(a.timeout, Duration::from_secs(2));
         assert_eq!(a.alert_at, Thresholds(vec![0.25, 0.75]));

@@ -85,10 +85,10 @@ fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
 async fn run(args: RunArgs) -> i32 {
     let json = args.json;
     let sim = if args.sim {
-        let (limit, concurrency) = settings::plan_limits(&args);
+        let (_, concurrency) = settings::plan_limits(&args);
         let sim_args = batchrun::sim::SimArgs {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            limit: Some(limit),
+            limit: settings::all_limits(&args),
             concurrency: Some(concurrency),
             ..batchrun::sim::SimArgs::default()
         };

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::{ExactWindow, Learning};
 use crate::rate::spike_pace::SpikePace;
-use crate::rate::Limit;
+use crate::rate::windows::{Heard, WindowSet};
+use crate::rate::{Limit, Rate};
 use crate::util::BoxFuture;
 
 mod bucket;
@@ -76,6 +77,9 @@ pub enum PaceNote {
     /// A full window passed without a 429 since the limit was learnt: it
     /// holds, and is worth keeping for a resumed run.
     LearntSettled(u64),
+    /// What the server's rate-limit headers announce, when it changes or
+    /// disagrees with what the pacer was told (each said once).
+    Heard(Heard),
 }
 
 impl From<Learning> for PaceNote {
@@ -104,9 +108,11 @@ pub trait Pacer: Send + Sync {
     /// its headers: a pacer that learns the limit from 429s relies on both.
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>>;
 
-    /// Sees every response's headers, so the pacer can follow the limit the
-    /// server says is in force (`x-rate-limit-limit`). Returns a note when
-    /// that changed what the pacer does.
+    /// Sees every response's headers, so the pacer can follow the limits the
+    /// server says are in force (every dialect for the window pacer,
+    /// `x-rate-limit-limit` for the others). Returns a note when that
+    /// changed what the pacer does; more may follow through
+    /// [`note`](Self::note).
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>>;
 
     /// A note the pacer has for the run outside any response (its store was
@@ -207,17 +213,34 @@ pub fn for_limit(
     last_active: Duration,
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
+    for_limits(kind, limit, &[], burst, learnt, last_active, now_unix)
+}
+
+/// [`for_limit`] with `further` limits every call must keep as well
+/// (`--limit` given more than once; the window pacer only, which settings
+/// make sure of). `limit` is the primary one: it learns, and its pause is
+/// the pause of a 429.
+pub fn for_limits(
+    kind: PacerKind,
+    limit: Limit,
+    further: &[Rate],
+    burst: Option<u64>,
+    learnt: Option<u64>,
+    last_active: Duration,
+    now_unix: Duration,
+) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let Limit::Rate(r) = limit else {
         return Ok((Arc::new(Unpaced::default()), Duration::from_secs(30)));
     };
     let since_last = now_unix.saturating_sub(last_active);
     // The margin covers the pacing stamp a kill -9 may not have saved
     // (saved every second, flushed within half a second more).
-    let busy_for = r
-        .period
-        .saturating_add(Duration::from_secs(3))
-        .saturating_sub(since_last);
-    let recent = !last_active.is_zero() && !busy_for.is_zero();
+    let busy_for = |period: Duration| {
+        period
+            .saturating_add(Duration::from_secs(3))
+            .saturating_sub(since_last)
+    };
+    let recent = !last_active.is_zero() && !busy_for(r.period).is_zero();
     let now = now_std();
     let pacer: Arc<dyn Pacer> = match kind {
         PacerKind::Bucket => {
@@ -226,10 +249,21 @@ pub fn for_limit(
         }
         PacerKind::Window => {
             let mut w = ExactWindow::new(r.count, r.period, now).with_learnt(learnt);
-            if recent {
-                w.hold_until(crate::rate::exact::later(now, busy_for));
+            // Held for the shortest window only: a burst overruns that one,
+            // while holding a whole hour for an hourly quota would stall a
+            // resume for nothing (docs/pacing.md).
+            let shortest = further
+                .iter()
+                .map(|f| f.period)
+                .fold(r.period, Duration::min);
+            if !last_active.is_zero() && !busy_for(shortest).is_zero() {
+                w.hold_until(crate::rate::exact::later(now, busy_for(shortest)));
             }
-            Arc::new(WindowPacer::new(w))
+            let others = further
+                .iter()
+                .map(|f| ExactWindow::new(f.count, f.period, now))
+                .collect();
+            Arc::new(WindowPacer::of(WindowSet::new(w, others)))
         }
         PacerKind::Spike => {
             let p = if recent {

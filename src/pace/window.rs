@@ -1,7 +1,8 @@
 //! The exact sliding-window pacer: the async face of
-//! [`ExactWindow`](crate::rate::exact::ExactWindow). Waiting is a sleep
-//! until the instant the state machine names, cut short when a call ends or
-//! gives its place back.
+//! [`WindowSet`](crate::rate::windows::WindowSet), one
+//! [`ExactWindow`](crate::rate::exact::ExactWindow) per limit. Waiting is a
+//! sleep until the instant the state machine names, cut short when a call
+//! ends or gives its place back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,26 +11,32 @@ use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
 use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
-use crate::rate::exact::{ExactWindow, SlotId};
+use crate::rate::exact::ExactWindow;
+use crate::rate::windows::{Heard, Note, SetSlot, WindowSet};
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
-    guarded: Arc<Guarded<ExactWindow>>,
+    guarded: Arc<Guarded<WindowSet>>,
 }
 
 impl WindowPacer {
     /// Paces to `window`.
     pub fn new(window: ExactWindow) -> WindowPacer {
+        WindowPacer::of(WindowSet::new(window, Vec::new()))
+    }
+
+    /// Paces to every window of `set`.
+    pub fn of(set: WindowSet) -> WindowPacer {
         WindowPacer {
-            guarded: Guarded::new(window),
+            guarded: Guarded::new(set),
         }
     }
 }
 
-/// One call's place in the window.
+/// One call's place in every window.
 struct WindowTicket {
-    guarded: Arc<Guarded<ExactWindow>>,
-    slot: SlotId,
+    guarded: Arc<Guarded<WindowSet>>,
+    slot: SetSlot,
 }
 
 impl Ticket for WindowTicket {
@@ -44,6 +51,20 @@ impl Ticket for WindowTicket {
         if self.guarded.lock().cancel(self.slot) {
             self.guarded.notify();
         }
+    }
+}
+
+/// A note for the run: a lowering of the primary window without a stated
+/// window is said as it always was.
+fn to_note(n: Note) -> PaceNote {
+    match n {
+        Note::Learning(l) => PaceNote::from(l),
+        Note::Heard(Heard::Lowered {
+            quota,
+            window: None,
+            ..
+        }) => PaceNote::LimitInForce(quota),
+        Note::Heard(h) => PaceNote::Heard(h),
     }
 }
 
@@ -63,26 +84,17 @@ impl Pacer for WindowPacer {
         let mut s = self.guarded.lock();
         // Learning first: it must see whether an earlier pause still holds.
         s.rate_limited(now);
-        s.pause_until(now + for_);
+        s.primary_mut().pause_until(now + for_);
         ready(Ok(()))
     }
 
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
         let now = now_std();
+        let policies = crate::rate::announce::read(headers, crate::util::unix_now());
         let mut s = self.guarded.lock();
-        let before = s.limit();
-        let mut note = None;
-        if let Some(l) = crate::wire::limit_in_force(headers) {
-            if s.set_limit_in_force(l, now) {
-                note = Some(PaceNote::LimitInForce(l));
-            }
-        }
-        if crate::wire::limit_remaining(headers) == Some(0) {
-            s.remaining_zero(now);
-        }
         // A report can replace a lower learnt limit; then waiters may go.
-        let grew = s.limit() > before;
-        let note = note.or_else(|| s.take_event(now).map(PaceNote::from));
+        let grew = s.announce(&policies, now);
+        let note = s.take_note(now).map(to_note);
         drop(s);
         if grew {
             self.guarded.notify();
@@ -90,21 +102,29 @@ impl Pacer for WindowPacer {
         ready(note)
     }
 
+    fn note(&self) -> Option<PaceNote> {
+        // What one response announced may be more than one note.
+        self.guarded
+            .lock()
+            .take_heard()
+            .map(|h| to_note(Note::Heard(h)))
+    }
+
     fn paused_until(&self) -> Option<Instant> {
         self.guarded
             .lock()
+            .primary()
             .paused_until(now_std())
             .map(Instant::from_std)
     }
 
     fn learnt(&self) -> Option<u64> {
-        self.guarded.lock().learnt()
+        self.guarded.lock().primary().learnt()
     }
 
     fn steady_per_min(&self) -> Option<f64> {
-        let s = self.guarded.lock();
-        let w = s.window().as_secs_f64();
-        (w > 0.0).then(|| s.limit() as f64 * 60.0 / w)
+        let per_second = self.guarded.lock().per_second();
+        per_second.is_finite().then_some(per_second * 60.0)
     }
 }
 
@@ -201,6 +221,44 @@ mod tests {
         let a = greedy(p, 5, 0, t0 + Duration::from_secs(3)).await;
         assert!(max_in_window(&a, Duration::from_secs(1)) <= 20);
         assert!(a.len() >= 60, "{}", a.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn policies_announced_in_ietf_fields_are_all_kept() {
+        let p = pacer(60, Duration::from_secs(1));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "ratelimit-policy",
+            r#""a";q=20;w=1, "b";q=30;w=3, "t";q=9;w=1;qu="tokens""#
+                .parse()
+                .unwrap(),
+        );
+        let first = p.observe(&h).await;
+        assert!(
+            matches!(
+                first,
+                Some(PaceNote::Heard(Heard::Lowered { quota: 20, .. }))
+            ),
+            "{first:?}"
+        );
+        let rest: Vec<_> = std::iter::from_fn(|| p.note()).collect();
+        assert!(
+            matches!(
+                &rest[..],
+                [
+                    PaceNote::Heard(Heard::Added { quota: 30, .. }),
+                    PaceNote::Heard(Heard::Tokens { .. })
+                ]
+            ),
+            "{rest:?}"
+        );
+        assert_eq!(p.observe(&h).await, None, "said once");
+        assert_eq!(p.steady_per_min(), Some(600.0), "30 per 3 s");
+        let t0 = Instant::now();
+        let a = greedy(p, 5, 50, t0 + Duration::from_secs(9)).await;
+        assert!(max_in_window(&a, Duration::from_secs(1)) <= 20);
+        assert!(max_in_window(&a, Duration::from_secs(3)) <= 30);
+        assert!(a.len() >= 80, "{}", a.len());
     }
 
     #[tokio::test(start_paused = true)]

@@ -226,6 +226,23 @@ impl ExactWindow {
         Ok(id)
     }
 
+    /// Counts a call sent at `sent` and not yet answered, whatever the
+    /// occupancy: for a window added (a policy the server announced) while
+    /// calls were already under way, so that it counts them too.
+    pub fn admit_in_flight(&mut self, sent: Instant) -> SlotId {
+        let id = SlotId(self.next_id);
+        self.next_id += 1;
+        self.in_flight.insert(id, sent);
+        id
+    }
+
+    /// Counts a call the server says it accepted but this window never saw
+    /// (it was added after the call came back) as answered at `arrived`.
+    pub fn admit_answered(&mut self, arrived: Instant) {
+        let at = self.done.partition_point(|&r| r <= arrived);
+        self.done.insert(at, arrived);
+    }
+
     /// The earliest instant by which `k` more occupancies could have ended.
     /// Answered calls end W after their response; a call still in flight
     /// cannot end before W from now.

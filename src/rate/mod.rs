@@ -5,6 +5,7 @@
 //! Nothing in here sleeps or reads a clock: every function that depends on time
 //! takes `now` as an argument, so it is tested on a fake clock with no runtime.
 
+pub mod announce;
 pub mod backoff;
 pub mod bucket;
 pub mod exact;
@@ -13,6 +14,7 @@ pub mod scenario;
 pub mod spike_pace;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod windows;
 
 use std::fmt;
 use std::str::FromStr;

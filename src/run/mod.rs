@@ -223,9 +223,10 @@ fn build_pacer(
                 timeout: settings.timeout,
             },
         )),
-        None => pace::for_limit(
+        None => pace::for_limits(
             settings.pacer,
             settings.limit,
+            &settings.further_limits,
             settings.burst,
             meta.learnt_limit,
             Duration::from_millis(meta.last_active_unix_ms),

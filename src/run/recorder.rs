@@ -311,6 +311,10 @@ impl Recorder {
                 ));
                 return false;
             }
+            PaceNote::Heard(h) => {
+                self.reporter.println(&format!("batchrun: {h}"));
+                return false;
+            }
             PaceNote::LimitInForce(l) => (
                 format!("batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"),
                 None,

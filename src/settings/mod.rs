@@ -18,7 +18,7 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::{Limit, Plan};
+use crate::rate::{Limit, Plan, Rate};
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 
@@ -64,6 +64,9 @@ pub struct Settings {
     pub concurrency: usize,
     /// Whether the calls in flight start at `concurrency` or grow to it.
     pub pool: PoolSize,
+    /// Limits every call must keep as well (`--limit` given more than once),
+    /// beyond the primary `limit`: the window pacer keeps them all.
+    pub further_limits: Vec<Rate>,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -139,12 +142,14 @@ pub const GROWN_POOL_CAP: usize = 100;
 pub const GROWN_POOL_START: usize = 4;
 
 /// The limit and the most calls in flight the options ask for: the plan's,
-/// unless overridden. `--limit` without `-c` sizes the pool to the
+/// unless overridden. With several `--limit`, the limit is the primary one:
+/// the lowest in calls per second. `--limit` without `-c` sizes the pool to the
 /// limit's need ([`pool_size`]): at most the plan's ceiling when a plan is
 /// given, else [`GROWN_POOL_CAP`] (never more than a window holds).
 pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
-    let limit = args.limit.unwrap_or_else(|| args.plan().limit());
-    let most = match (args.concurrency, args.plan, args.limit) {
+    let limit = all_limits(args)[0];
+    let given = (!args.limit.is_empty()).then_some(limit);
+    let most = match (args.concurrency, args.plan, given) {
         (Some(c), _, _) => c,
         (None, None, Some(Limit::Rate(r))) => {
             GROWN_POOL_CAP.min(usize::try_from(r.count).unwrap_or(usize::MAX))
@@ -167,10 +172,55 @@ pub enum PoolSize {
 
 /// How `args` size the pool, given the most calls in flight `most`.
 pub fn pool_size(args: &RunArgs, most: usize) -> PoolSize {
-    match (args.concurrency, args.limit) {
+    match (args.concurrency, args.limit.first()) {
         (None, Some(Limit::Rate(_))) => PoolSize::Grows(GROWN_POOL_START.min(most)),
         _ => PoolSize::Fixed,
     }
+}
+
+/// Every limit the options ask for, the primary one first (the plan's
+/// when no `--limit` is given). Never empty.
+pub fn all_limits(args: &RunArgs) -> Vec<Limit> {
+    let mut all = args.limit.clone();
+    if all.is_empty() {
+        all.push(args.plan().limit());
+    }
+    let slowest = all
+        .iter()
+        .enumerate()
+        .min_by(|a, b| {
+            let per_second = |l: &Limit| l.rate().map_or(f64::INFINITY, |r| r.per_second());
+            per_second(a.1).total_cmp(&per_second(b.1))
+        })
+        .map_or(0, |(i, _)| i);
+    all.swap(0, slowest);
+    all
+}
+
+/// The limits beyond the primary one, refused where they cannot be kept:
+/// each must be a rate, the window pacer is the one that keeps several,
+/// and the fleet does not hold several yet.
+fn further_limits(args: &RunArgs) -> Result<Vec<Rate>, RunError> {
+    let all = all_limits(args);
+    if all.len() < 2 {
+        return Ok(Vec::new());
+    }
+    if all.contains(&Limit::Unlimited) {
+        return Err(usage(
+            "--limit none cannot be combined with other --limit values".to_string(),
+        ));
+    }
+    if args.pacer != PacerKind::Window {
+        return Err(usage(
+            "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
+        ));
+    }
+    if args.redis.as_ref().is_some_and(|u| !u.trim().is_empty()) {
+        return Err(usage(
+            "the fleet (--redis) paces to one limit for now: give one --limit with --redis, or run without --redis".to_string(),
+        ));
+    }
+    Ok(all[1..].iter().filter_map(Limit::rate).collect())
 }
 
 fn default_output(input: &Path, suffix: &str) -> PathBuf {
@@ -324,6 +374,7 @@ impl Settings {
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
         let (limit, concurrency) = plan_limits(args);
+        let further_limits = further_limits(args)?;
         if let (Some(b), Limit::Rate(r), PacerKind::Bucket) = (args.burst, limit, args.pacer) {
             TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
                 .map_err(|e| usage(e.to_string()))?;
@@ -373,10 +424,19 @@ impl Settings {
             input_name: input_name(&args.input),
             spooled: None,
             api_key_env: args.api_key_env.clone(),
-            limit_source: match args.limit {
-                Some(_) => "--limit".to_string(),
-                None => format!("plan {}", args.plan().name()),
+            limit_source: match (args.limit.is_empty(), further_limits.is_empty()) {
+                (true, _) => format!("plan {}", args.plan().name()),
+                (false, true) => "--limit".to_string(),
+                (false, false) => format!(
+                    "--limit, with {} too",
+                    further_limits
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             },
+            further_limits,
             dry_run: args.dry_run,
             verbose: args.verbose,
             json: args.json,
@@ -689,6 +749,32 @@ mod tests {
         assert!(e.contains("is a directory"), "{e}");
         assert!(check_outputs(&input, &other, &dir.join("f.jsonl")).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn limit_args(extra: &[&str]) -> RunArgs {
+        let argv = ["batchrun", "run", "in.jsonl"].iter().chain(extra);
+        let argv = argv.map(std::ffi::OsString::from);
+        match crate::cli::Cli::parse_with_default(argv).command {
+            crate::cli::Command::Run(a) => *a,
+            _ => panic!("expected run"),
+        }
+    }
+
+    #[test]
+    fn the_primary_limit_is_the_slowest_and_the_others_follow() {
+        let a = limit_args(&["--limit", "20/1s", "--limit", "30/3s", "--limit", "1000/1h"]);
+        let all: Vec<String> = all_limits(&a).iter().map(ToString::to_string).collect();
+        assert_eq!(all, ["1000/1h", "30/3s", "20ps"]);
+        assert_eq!(further_limits(&a).unwrap().len(), 2);
+        assert_eq!(
+            all_limits(&limit_args(&[]))[0],
+            crate::rate::Plan::Free.limit()
+        );
+        assert!(further_limits(&limit_args(&["--limit", "5ps"]))
+            .unwrap()
+            .is_empty());
+        // One --limit with --redis is the fleet's usual case.
+        assert!(further_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
     }
 
     #[test]

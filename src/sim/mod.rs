@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use crate::rate::{Limit, Plan, Rate};
-pub use model::ModelKind;
+pub use model::{Dialect, ModelKind};
 
 /// Options of `batchrun sim`.
 ///
@@ -45,9 +45,19 @@ pub struct SimArgs {
     pub plan: Option<Plan>,
 
     /// Limit per key: L/W over a sliding window (60/1m, 600/6s, 10/2s), Nps or
-    /// Npm (Apigee units, for --model spike-arrest), or none.
-    #[arg(long, value_name = "LIMIT")]
-    pub limit: Option<Limit>,
+    /// Npm (Apigee units, for --model spike-arrest), or none. Repeatable with
+    /// the window model (--limit 20/1s --limit 50/10s): a request must fit
+    /// each; key caps and the default headers concern the first.
+    #[arg(long, value_name = "LIMIT", action = clap::ArgAction::Append)]
+    pub limit: Vec<Limit>,
+
+    /// How responses state the limits: batchrun (x-rate-limit-limit and
+    /// -remaining), ietf (RateLimit-Policy and RateLimit), ietf-old
+    /// (RateLimit-Limit, -Remaining, -Reset, RateLimit-Policy), x-ratelimit
+    /// (X-RateLimit-*, delta reset), github (X-RateLimit-*, epoch reset),
+    /// openai (x-ratelimit-*-requests), anthropic (anthropic-ratelimit-requests-*).
+    #[arg(long, value_enum, default_value_t = Dialect::Batchrun)]
+    pub dialect: Dialect,
 
     /// Requests of one key in flight at once before 429 with
     /// x-concurrency-limit.
@@ -136,7 +146,8 @@ impl Default for SimArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             model: ModelKind::Window,
             plan: None,
-            limit: None,
+            limit: Vec::new(),
+            dialect: Dialect::Batchrun,
             concurrency: None,
             key_caps: Vec::new(),
             cooldown: Duration::from_secs(50),
@@ -165,7 +176,14 @@ impl SimArgs {
     /// 60/1m.
     pub fn limit_in_force(&self) -> Limit {
         self.limit
+            .first()
+            .copied()
             .unwrap_or_else(|| self.plan.unwrap_or(DEFAULT_PLAN).limit())
+    }
+
+    /// The limits after the first (`--limit` repeated).
+    pub fn further_limits(&self) -> Vec<Rate> {
+        self.limit.iter().skip(1).filter_map(Limit::rate).collect()
     }
 
     /// The per-key concurrency ceiling in force: --concurrency, else the
@@ -190,6 +208,8 @@ impl SimArgs {
         model::Config {
             kind: self.model,
             limit: self.limit_in_force(),
+            further: self.further_limits(),
+            dialect: self.dialect,
             concurrency: self.concurrency_in_force(),
             cooldown: self.cooldown,
             key_caps: self
@@ -225,6 +245,14 @@ impl SimArgs {
             ModelKind::Window => "window",
             ModelKind::SpikeArrest => "spike-arrest",
         };
+        let limit = std::iter::once(limit)
+            .chain(
+                self.further_limits()
+                    .into_iter()
+                    .map(|r| DisplayRate(r).to_string()),
+            )
+            .collect::<Vec<_>>()
+            .join(" and ");
         let mut line = format!(
             "{model} model, {limit} per key, concurrency {}, cooldown {}, {} credits",
             self.concurrency_in_force(),
@@ -355,9 +383,26 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+impl SimArgs {
+    /// Refuses what the options cannot mean together: several limits are
+    /// kept by the window model only, and `none` is no limit to combine.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.limit.len() > 1 {
+            if self.limit.contains(&Limit::Unlimited) {
+                anyhow::bail!("--limit none cannot be combined with other --limit values");
+            }
+            if self.model != ModelKind::Window {
+                anyhow::bail!("several --limit values need --model window");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Binds `args.listen`, prints `listening on http://IP:PORT` as the first line
 /// on stdout, and serves until Ctrl-C.
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    args.check()?;
     let listener = server::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -384,6 +429,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
 /// in-process use (`batchrun run --sim`) and benchmarks. Abort the handle to
 /// stop accepting connections.
 pub async fn spawn(args: SimArgs) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    args.check()?;
     let listener = server::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -523,6 +569,46 @@ mod tests {
             let msg = e.to_string();
             assert!(msg.contains(needle), "{args:?}: {msg}");
         }
+    }
+
+    #[test]
+    fn several_limits_and_a_dialect() {
+        let a = parse(&[
+            "--limit",
+            "20/1s",
+            "--limit",
+            "50/10s",
+            "--dialect",
+            "ietf-old",
+        ])
+        .unwrap();
+        let c = a.config();
+        assert_eq!(c.limit, "20/1s".parse().unwrap());
+        assert_eq!(
+            c.further,
+            ["50/10s".parse::<Limit>().unwrap().rate().unwrap()]
+        );
+        assert_eq!(c.dialect, Dialect::IetfOld);
+        assert!(a.check().is_ok());
+        assert!(
+            a.describe().contains("20/1s and 50/10s per key"),
+            "{}",
+            a.describe()
+        );
+        assert_eq!(parse(&[]).unwrap().config().dialect, Dialect::Batchrun);
+        let spike = parse(&[
+            "--model",
+            "spike-arrest",
+            "--limit",
+            "30ps",
+            "--limit",
+            "5ps",
+        ]);
+        let e = spike.unwrap().check().unwrap_err().to_string();
+        assert!(e.contains("--model window"), "{e}");
+        let none = parse(&["--limit", "none", "--limit", "5ps"]).unwrap();
+        assert!(none.check().unwrap_err().to_string().contains("none"));
+        assert!(parse(&["--dialect", "klingon"]).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod common;
 mod crash;
 mod credits;
+mod dialects;
 mod fleet;
 mod identity;
 mod nightly;

@@ -15,6 +15,20 @@ pub struct RateInfo {
     pub remaining: u64,
 }
 
+/// One limit of a key as a response states it in a header dialect other
+/// than the default (`batchrun sim --dialect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyView {
+    /// Requests admitted per window.
+    pub limit: u64,
+    /// The window.
+    pub window: Duration,
+    /// Requests still admitted now.
+    pub remaining: u64,
+    /// Until the oldest request in the window ages out (zero when empty).
+    pub reset: Duration,
+}
+
 /// The four credit headers every metered response carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CreditView {

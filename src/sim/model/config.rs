@@ -20,6 +20,33 @@ pub enum ModelKind {
     SpikeArrest,
 }
 
+/// How the sim's responses state the limits (`batchrun sim --dialect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dialect {
+    /// `x-rate-limit-limit` and `x-rate-limit-remaining` of the first limit.
+    #[default]
+    Batchrun,
+    /// `RateLimit-Policy` (every limit, named) and `RateLimit` (each one's
+    /// remaining and reset), the current IETF draft.
+    Ietf,
+    /// `RateLimit-Limit`, `-Remaining`, `-Reset` of the tightest limit, and
+    /// `RateLimit-Policy: L;w=W, …`, the older IETF draft.
+    IetfOld,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (delta seconds) of the
+    /// tightest limit.
+    XRatelimit,
+    /// As GitHub: `X-RateLimit-*` with the reset in epoch seconds, `-Used`
+    /// and `-Resource`.
+    Github,
+    /// As OpenAI: `x-ratelimit-{limit,remaining,reset}-requests`, the reset
+    /// a Go duration.
+    Openai,
+    /// As Anthropic: `anthropic-ratelimit-requests-{limit,remaining,reset}`,
+    /// the reset an RFC 3339 instant.
+    Anthropic,
+}
+
 /// Everything the model needs to know, already validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -27,6 +54,12 @@ pub struct Config {
     pub kind: ModelKind,
     /// The plan's limit for every key (before per-key caps).
     pub limit: Limit,
+    /// Further sliding-window limits every request of a key must keep as
+    /// well (`--limit` repeated; the window model only). Key caps lower
+    /// `limit` only.
+    pub further: Vec<Rate>,
+    /// How responses state the limits.
+    pub dialect: Dialect,
     /// Requests in flight per key before 429 with `x-concurrency-limit`.
     pub concurrency: usize,
     /// Cooldown after a window overrun; zero disables it.
@@ -75,6 +108,8 @@ impl Default for Config {
                 count: 60,
                 period: Duration::from_secs(60),
             }),
+            further: Vec::new(),
+            dialect: Dialect::Batchrun,
             concurrency: 5,
             cooldown: Duration::from_secs(50),
             key_caps: HashMap::new(),

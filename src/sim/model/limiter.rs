@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::admission::{RateInfo, Rejection};
+use super::admission::{PolicyView, RateInfo, Rejection};
 use super::config::{Config, ModelKind};
 use crate::rate::{Limit, Rate};
 use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
@@ -101,6 +101,8 @@ fn key_limit(cfg: &Config, key: &str) -> Option<Rate> {
 /// One API key's pace state.
 pub(super) struct KeyState {
     limiter: Limiter,
+    /// The further windows (`--limit` repeated): a request must fit each.
+    further: Vec<SlidingWindow>,
     /// When the current cooldown started (it lasts `cfg.cooldown`). Kept as
     /// a start, not an end, so an absurd cooldown cannot overflow an Instant.
     cooling_since: Option<Instant>,
@@ -118,8 +120,17 @@ impl KeyState {
                 meter: SlidingWindow::new(u64::MAX, r.period),
             },
         };
+        let further = match cfg.kind {
+            ModelKind::Window => cfg
+                .further
+                .iter()
+                .map(|r| SlidingWindow::for_rate(*r))
+                .collect(),
+            ModelKind::SpikeArrest => Vec::new(),
+        };
         KeyState {
             limiter,
+            further,
             cooling_since: None,
             in_flight: 0,
         }
@@ -168,7 +179,13 @@ impl KeyState {
         cooldown: Duration,
         now: Instant,
     ) -> Result<Option<RateInfo>, Refusal> {
-        match self.limiter.check(now) {
+        let checked = self.limiter.check(now).and_then(|remaining| {
+            for w in &self.further {
+                w.check(now)?;
+            }
+            Ok(remaining)
+        });
+        match checked {
             Ok(remaining) => Ok(self.limiter.info(remaining)),
             Err(wait) => {
                 if matches!(self.limiter, Limiter::Window(_)) && !cooldown.is_zero() {
@@ -184,7 +201,36 @@ impl KeyState {
 
     /// Records an accepted request; returns the count now in the window.
     pub(super) fn record(&mut self, now: Instant) -> u64 {
+        for w in &mut self.further {
+            w.record(now);
+        }
         self.limiter.record(now)
+    }
+
+    /// Every window of the key as of `now`, the primary one first.
+    pub(super) fn policies(&self, now: Instant) -> Vec<PolicyView> {
+        let view = |w: &SlidingWindow| PolicyView {
+            limit: w.limit(),
+            window: w.window(),
+            remaining: w.remaining(now),
+            reset: w
+                .oldest_expiry(now)
+                .map_or(Duration::ZERO, |e| e.saturating_duration_since(now)),
+        };
+        let primary = match &self.limiter {
+            Limiter::Window(w) => Some(view(w)),
+            Limiter::Spike { bucket, .. } => Some(PolicyView {
+                limit: bucket.rate().count,
+                window: bucket.rate().period,
+                remaining: bucket.available(now),
+                reset: Duration::ZERO,
+            }),
+            Limiter::Unlimited => None,
+        };
+        primary
+            .into_iter()
+            .chain(self.further.iter().map(view))
+            .collect()
     }
 
     /// Accepted requests inside the window at `now`.
@@ -385,6 +431,44 @@ mod tests {
         // refunded.
         assert_eq!(s.credits_used, 3);
         assert_eq!(s.abandoned, 1);
+    }
+
+    #[test]
+    fn a_request_must_fit_every_limit_and_each_is_stated() {
+        let (mut m, t0) = model(Config {
+            further: vec![crate::rate::Rate {
+                count: 3,
+                period: secs(10),
+            }],
+            concurrency: 100,
+            cooldown: Duration::ZERO,
+            ..cfg("2/1s")
+        });
+        assert!(executed(&call(&mut m, "k", t0)));
+        assert!(executed(&call(&mut m, "k", t0)));
+        assert!(matches!(
+            refused(&call_admit(&mut m, t0 + ms(10))),
+            Some(Rejection::Rate { retry_after: 1 })
+        ));
+        assert!(executed(&call(&mut m, "k", t0 + secs(1))));
+        // The ten-second limit is used up, though the per-second one is not.
+        assert!(matches!(
+            refused(&call_admit(&mut m, t0 + secs(2))),
+            Some(Rejection::Rate { retry_after: 8 })
+        ));
+        let view = m.policies("k", t0 + secs(2));
+        assert_eq!(
+            view.iter()
+                .map(|p| (p.limit, p.remaining))
+                .collect::<Vec<_>>(),
+            [(2, 2), (3, 0)]
+        );
+        assert_eq!(view[1].reset, secs(8));
+        assert!(executed(&call(&mut m, "k", t0 + secs(10))));
+    }
+
+    fn call_admit(m: &mut Model, at: Instant) -> Admission {
+        m.admit("k", "echo", None, at)
     }
 
     #[test]

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 
 use account::Account;
-pub use admission::{Admission, CreditView, Faults, RateInfo, Rejection, Ticket};
+pub use admission::{Admission, CreditView, Faults, PolicyView, RateInfo, Rejection, Ticket};
 use arrivals::ArrivalLog;
-pub use config::{Config, ModelKind};
+pub use config::{Config, Dialect, ModelKind};
 use faults::Dice;
 use idempotency::{Found, IdemStore};
 use limiter::{Keys, Refusal};
@@ -362,6 +362,19 @@ impl Model {
     /// never seen or without a limit).
     pub fn in_window(&self, key: &str, now: Instant) -> u64 {
         self.keys.get(key).map_or(0, |st| st.in_window(now))
+    }
+}
+
+impl Model {
+    /// Every limit of `key` as of `now`, for the header dialects: none for
+    /// a key never seen, without a limit, or under `--secret-limit`.
+    pub fn policies(&self, key: &str, now: Instant) -> Vec<PolicyView> {
+        if self.cfg.secret_limit {
+            return Vec::new();
+        }
+        self.keys
+            .get(key)
+            .map_or_else(Vec::new, |st| st.policies(now))
     }
 }
 

@@ -12,10 +12,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::super::model::{Admission, Faults, RateInfo, Ticket};
+use super::super::model::{Admission, Faults, PolicyView, RateInfo, Ticket};
 use super::conn::ConnCtl;
 use super::respond::{body_response, metered_headers, rejected, Echo};
-use super::{big, App, Shared};
+use super::{big, dialect, App, Shared};
 use crate::wire;
 
 /// What a metered request asks for, once parsed.
@@ -174,9 +174,18 @@ async fn metered(
         }
     }
     arrive(&app).await;
-    let admission = app.lock().admit(key, endpoint, idem, Instant::now());
+    let (admission, view) = {
+        let mut m = app.lock();
+        let now = Instant::now();
+        let admission = m.admit(key, endpoint, idem, now);
+        (admission, m.policies(key, now))
+    };
     let (ticket, rate, faults) = match admission {
-        Admission::Rejected { why, rate, credits } => return rejected(why, rate, credits, &echo),
+        Admission::Rejected { why, rate, credits } => {
+            let mut r = rejected(why, rate, credits, &echo);
+            dialect::write(r.headers_mut(), app.dialect, &view);
+            return r;
+        }
         Admission::Replay {
             body,
             rate,
@@ -184,6 +193,7 @@ async fn metered(
         } => {
             let mut r = replay(body, &echo);
             metered_headers(r.headers_mut(), rate, credits);
+            dialect::write(r.headers_mut(), app.dialect, &view);
             return r;
         }
         Admission::Admitted {
@@ -196,6 +206,7 @@ async fn metered(
         endpoint: endpoint.to_string(),
         payload,
         rate,
+        view,
         faults,
         echo,
         conn,
@@ -242,6 +253,8 @@ struct Run {
     endpoint: String,
     payload: Payload,
     rate: Option<RateInfo>,
+    /// The key's limits at admission, for `--dialect`.
+    view: Vec<PolicyView>,
     faults: Faults,
     echo: Echo,
     conn: ConnCtl,
@@ -273,6 +286,7 @@ impl Run {
         let message = "service unavailable (injected fault)";
         let mut r = self.echo.error(StatusCode::SERVICE_UNAVAILABLE, message);
         metered_headers(r.headers_mut(), self.rate, credits);
+        dialect::write(r.headers_mut(), app.dialect, &self.view);
         if let Some(s) = retry_after {
             r.headers_mut()
                 .insert(wire::RETRY_AFTER, HeaderValue::from(s));
@@ -306,6 +320,7 @@ impl Run {
         }
         let mut r = body_response(StatusCode::OK, body);
         metered_headers(r.headers_mut(), self.rate, credits);
+        dialect::write(r.headers_mut(), app.dialect, &self.view);
         r
     }
 }

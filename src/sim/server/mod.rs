@@ -8,6 +8,7 @@
 mod admin;
 mod big;
 mod conn;
+mod dialect;
 mod metered;
 mod respond;
 
@@ -43,6 +44,8 @@ struct App {
     keep_working: bool,
     /// `--refuse`, likewise.
     refuse: Vec<super::model::refusals::Refusal>,
+    /// `--dialect`, likewise.
+    dialect: super::model::Dialect,
 }
 
 impl App {
@@ -72,6 +75,8 @@ fn describe(cfg: &Config) -> Value {
     json!({
         "model": cfg.kind,
         "limit": cfg.limit.to_string(),
+        "further_limits": cfg.further.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "dialect": cfg.dialect,
         "concurrency": cfg.concurrency,
         "cooldown_ms": cfg.cooldown.as_millis() as u64,
         "seed": cfg.seed,
@@ -98,6 +103,7 @@ pub(crate) async fn serve(
         latency_in: cfg.latency_in.is_some(),
         keep_working: cfg.keep_working,
         refuse: cfg.refuse.clone(),
+        dialect: cfg.dialect,
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()

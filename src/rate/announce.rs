@@ -1,0 +1,276 @@
+//! What a response's headers say about the limits the server keeps, in
+//! every common dialect, normalized to one list of [`Announced`] policies.
+//!
+//! Pure: the caller passes the unix time the response arrived, which epoch
+//! and RFC 3339 resets are measured from. Nothing here panics on any header
+//! value; what cannot be read is left out.
+//!
+//! The dialects (docs/pacing.md, "Header dialects"):
+//! - IETF `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers,
+//!   current form: named policies with `q`, `w`, `qu`; `r`, `t`);
+//! - the older IETF form `RateLimit-Limit` / `-Remaining` / `-Reset`, with
+//!   `RateLimit-Policy: 10;w=1, 1000;w=3600`;
+//! - `X-RateLimit-Limit` / `-Remaining` / `-Reset` (reset in epoch seconds,
+//!   as GitHub, or delta seconds, told apart by size), and batchrun's own
+//!   `x-rate-limit-*` spelling;
+//! - OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` with
+//!   Go-style durations (`6m0s`, `1s`, `20ms`);
+//! - Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
+//!   with RFC 3339 resets.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+
+mod fields;
+#[cfg(test)]
+mod tests;
+
+use fields::{go_duration, members, Item};
+
+/// What an announced quota counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// Requests: what batchrun paces.
+    Calls,
+    /// Tokens (input, output or both): read and reported, not yet paced.
+    Tokens,
+    /// Anything else (content bytes, concurrent requests, …).
+    Other,
+}
+
+/// One limit a server says it keeps, whatever the dialect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announced {
+    /// The policy's name ("default", "requests", "input-tokens", …).
+    pub name: String,
+    /// What the quota counts.
+    pub unit: Unit,
+    /// The quota per window, when stated (a `RateLimit` field alone gives
+    /// only what is left).
+    pub quota: Option<u64>,
+    /// The window, when stated.
+    pub window: Option<Duration>,
+    /// What is left of the quota, when stated.
+    pub remaining: Option<u64>,
+    /// How long until the quota resets, when stated.
+    pub reset_in: Option<Duration>,
+}
+
+impl Announced {
+    fn new(name: &str, unit: Unit) -> Announced {
+        Announced {
+            name: name.to_string(),
+            unit,
+            quota: None,
+            window: None,
+            remaining: None,
+            reset_in: None,
+        }
+    }
+
+    /// Whether it says anything at all.
+    fn says_something(&self) -> bool {
+        self.quota.is_some() || self.remaining.is_some()
+    }
+}
+
+/// A reset value larger than this many seconds is an epoch, not a delta:
+/// ten years, far beyond any window and far before any date a server sends.
+pub const EPOCH_AFTER_SECS: u64 = 10 * 365 * 86_400;
+
+/// Every policy the headers announce, in any dialect, as of `now_unix`
+/// (the response's arrival, as unix time). Several dialects on one
+/// response are all read; the caller decides which it paces to.
+pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
+    let mut out = Vec::new();
+    ietf(h, now_unix, &mut out);
+    for prefix in ["x-ratelimit", "x-rate-limit"] {
+        x_ratelimit(h, prefix, now_unix, &mut out);
+    }
+    for unit in ["requests", "tokens"] {
+        openai(h, unit, &mut out);
+    }
+    for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        anthropic(h, unit, now_unix, &mut out);
+    }
+    out
+}
+
+fn text<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+fn whole(h: &HeaderMap, name: &str) -> Option<u64> {
+    text(h, name)?.parse().ok()
+}
+
+/// A positive quota: a quota of zero is no limit one could pace to.
+fn quota(v: Option<u64>) -> Option<u64> {
+    v.filter(|&q| q > 0)
+}
+
+/// Seconds that are either a delta or an epoch (told apart by size);
+/// milliseconds since the epoch are recognized too.
+pub fn reset_secs(v: u64, now_unix: Duration) -> Duration {
+    const MS_EPOCH_AFTER: u64 = 100 * EPOCH_AFTER_SECS;
+    if v > MS_EPOCH_AFTER {
+        Duration::from_millis(v).saturating_sub(now_unix)
+    } else if v > EPOCH_AFTER_SECS {
+        Duration::from_secs(v).saturating_sub(now_unix)
+    } else {
+        Duration::from_secs(v)
+    }
+}
+
+/// A unit named by `qu` (IETF): requests unless said otherwise.
+fn ietf_unit(qu: Option<&str>) -> Unit {
+    match qu.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("requests") | Some("request") => Unit::Calls,
+        Some(u) if u.contains("token") => Unit::Tokens,
+        Some(_) => Unit::Other,
+    }
+}
+
+/// Both IETF forms.
+fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
+    let start = out.len();
+    // `RateLimit-Policy`: named (current draft) or bare quotas (older). An
+    // early draft listed the policies after the limit in `RateLimit-Limit`
+    // instead (`10, 10;w=1, 1000;w=3600`).
+    let policies = match text(h, "ratelimit-policy") {
+        Some(p) => members(p),
+        None => text(h, "ratelimit-limit")
+            .map(members)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.int("w").is_some())
+            .collect(),
+    };
+    for (i, m) in policies.into_iter().enumerate() {
+        let (name, q) = match &m.item {
+            Item::Name(n) => (n.clone(), m.int("q")),
+            Item::Int(q) => (format!("policy {}", i + 1), Some(*q)),
+            Item::Other => continue,
+        };
+        let mut a = Announced::new(&name, ietf_unit(m.text("qu")));
+        a.quota = quota(q);
+        a.window = m.int("w").filter(|&w| w > 0).map(Duration::from_secs);
+        if a.says_something() {
+            out.push(a);
+        }
+    }
+    // `RateLimit: "name";r=..;t=..` (current draft).
+    for m in text(h, "ratelimit").map(members).unwrap_or_default() {
+        let Item::Name(name) = &m.item else { continue };
+        let remaining = m.int("r");
+        let reset_in = m.int("t").map(|t| reset_secs(t, now_unix));
+        match out[start..].iter_mut().find(|a| &a.name == name) {
+            Some(a) => {
+                a.remaining = remaining;
+                a.reset_in = reset_in;
+            }
+            None => {
+                let mut a = Announced::new(name, Unit::Calls);
+                a.remaining = remaining;
+                a.reset_in = reset_in;
+                if a.says_something() {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    // The older `RateLimit-Limit` / `-Remaining` / `-Reset` (delta seconds).
+    let limit =
+        text(h, "ratelimit-limit")
+            .map(members)
+            .and_then(|ms| match ms.first().map(|m| &m.item) {
+                Some(Item::Int(q)) => Some(*q),
+                _ => None,
+            });
+    let remaining = whole(h, "ratelimit-remaining");
+    if limit.is_none() && remaining.is_none() {
+        return;
+    }
+    let reset_in = whole(h, "ratelimit-reset").map(|t| reset_secs(t, now_unix));
+    // The policy of that quota, if `RateLimit-Policy` listed it.
+    let listed = out[start..]
+        .iter_mut()
+        .find(|a| a.quota.is_some() && a.quota == limit && a.remaining.is_none());
+    match listed {
+        Some(a) => {
+            a.remaining = remaining;
+            a.reset_in = reset_in;
+        }
+        None => {
+            let mut a = Announced::new("ratelimit", Unit::Calls);
+            a.quota = quota(limit);
+            a.remaining = remaining;
+            a.reset_in = reset_in;
+            push(out, a);
+        }
+    }
+}
+
+/// `X-RateLimit-*` (GitHub and many others) or `x-rate-limit-*`.
+fn x_ratelimit(h: &HeaderMap, prefix: &str, now_unix: Duration, out: &mut Vec<Announced>) {
+    let limit = whole(h, &format!("{prefix}-limit"));
+    let remaining = whole(h, &format!("{prefix}-remaining"));
+    if limit.is_none() && remaining.is_none() {
+        return;
+    }
+    // GitHub names the resource the quota is for ("core", "search").
+    let name = text(h, &format!("{prefix}-resource"))
+        .filter(|r| !r.is_empty())
+        .unwrap_or(prefix);
+    let mut a = Announced::new(name, Unit::Calls);
+    a.quota = quota(limit);
+    a.remaining = remaining;
+    a.reset_in = whole(h, &format!("{prefix}-reset")).map(|t| reset_secs(t, now_unix));
+    push(out, a);
+}
+
+/// OpenAI: `x-ratelimit-limit-requests`, `-remaining-`, `-reset-`.
+fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
+    let limit = whole(h, &format!("x-ratelimit-limit-{unit}"));
+    let remaining = whole(h, &format!("x-ratelimit-remaining-{unit}"));
+    if limit.is_none() && remaining.is_none() {
+        return;
+    }
+    let mut a = Announced::new(unit, unit_named(unit));
+    a.quota = quota(limit);
+    a.remaining = remaining;
+    a.reset_in = text(h, &format!("x-ratelimit-reset-{unit}")).and_then(go_duration);
+    push(out, a);
+}
+
+/// Anthropic: `anthropic-ratelimit-requests-limit`, `-remaining`, `-reset`.
+fn anthropic(h: &HeaderMap, unit: &str, now_unix: Duration, out: &mut Vec<Announced>) {
+    let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));
+    let remaining = whole(h, &format!("anthropic-ratelimit-{unit}-remaining"));
+    if limit.is_none() && remaining.is_none() {
+        return;
+    }
+    let mut a = Announced::new(unit, unit_named(unit));
+    a.quota = quota(limit);
+    a.remaining = remaining;
+    a.reset_in = text(h, &format!("anthropic-ratelimit-{unit}-reset"))
+        .and_then(fields::rfc3339_unix)
+        .map(|at| at.saturating_sub(now_unix));
+    push(out, a);
+}
+
+/// Keeps `a` when it says anything (a zero quota and no remaining do not).
+fn push(out: &mut Vec<Announced>, a: Announced) {
+    if a.says_something() {
+        out.push(a);
+    }
+}
+
+fn unit_named(unit: &str) -> Unit {
+    if unit.contains("token") {
+        Unit::Tokens
+    } else {
+        Unit::Calls
+    }
+}

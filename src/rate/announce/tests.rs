@@ -1,0 +1,351 @@
+use super::*;
+use proptest::prelude::*;
+use reqwest::header::{HeaderName, HeaderValue};
+
+/// 2023-08-09 14:29:23 UTC, GitHub's documented reset minus 100 s.
+const NOW: Duration = Duration::from_secs(1_691_591_263);
+
+fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.insert(
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+fn secs(s: u64) -> Option<Duration> {
+    Some(Duration::from_secs(s))
+}
+
+fn policy(
+    name: &str,
+    unit: Unit,
+    quota: Option<u64>,
+    window: Option<Duration>,
+    remaining: Option<u64>,
+    reset_in: Option<Duration>,
+) -> Announced {
+    Announced {
+        name: name.into(),
+        unit,
+        quota,
+        window,
+        remaining,
+        reset_in,
+    }
+}
+
+#[test]
+fn no_rate_headers_announce_nothing() {
+    assert!(read(&HeaderMap::new(), NOW).is_empty());
+    assert!(read(&map(&[("content-type", "application/json")]), NOW).is_empty());
+}
+
+#[test]
+fn ietf_current_draft_names_policies_and_their_state() {
+    // draft-ietf-httpapi-ratelimit-headers, section 1 and 4 examples.
+    let h = map(&[
+        (
+            "ratelimit-policy",
+            r#""burst";q=100;w=60,"daily";q=1000;w=86400"#,
+        ),
+        ("ratelimit", r#""daily";r=50;t=30"#),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![
+            policy("burst", Unit::Calls, Some(100), secs(60), None, None),
+            policy(
+                "daily",
+                Unit::Calls,
+                Some(1000),
+                secs(86400),
+                Some(50),
+                secs(30)
+            ),
+        ]
+    );
+}
+
+#[test]
+fn ietf_quota_units_are_kept() {
+    let h = map(&[(
+        "ratelimit-policy",
+        r#""peruser";q=65535;qu="content-bytes";w=10, "tok";q=5000;qu="tokens";w=60"#,
+    )]);
+    let units: Vec<_> = read(&h, NOW).into_iter().map(|a| a.unit).collect();
+    assert_eq!(units, [Unit::Other, Unit::Tokens]);
+}
+
+#[test]
+fn a_ratelimit_field_alone_gives_what_is_left() {
+    let h = map(&[("ratelimit", r#""default";r=0;t=7"#)]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![policy("default", Unit::Calls, None, None, Some(0), secs(7))]
+    );
+}
+
+#[test]
+fn ietf_older_form_with_policies() {
+    let h = map(&[
+        ("ratelimit-limit", "10"),
+        ("ratelimit-remaining", "1"),
+        ("ratelimit-reset", "7"),
+        ("ratelimit-policy", "10;w=1, 1000;w=3600"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![
+            policy("policy 1", Unit::Calls, Some(10), secs(1), Some(1), secs(7)),
+            policy("policy 2", Unit::Calls, Some(1000), secs(3600), None, None),
+        ]
+    );
+    // The earliest draft: the policies follow the limit in RateLimit-Limit.
+    let h = map(&[
+        ("ratelimit-limit", "10, 10;w=1, 50;w=60"),
+        ("ratelimit-remaining", "9"),
+    ]);
+    let got = read(&h, NOW);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (got[0].quota, got[0].window, got[0].remaining),
+        (Some(10), secs(1), Some(9))
+    );
+    assert_eq!((got[1].quota, got[1].window), (Some(50), secs(60)));
+    // No policy at all: the limit, without a window.
+    let h = map(&[
+        ("ratelimit-limit", "100"),
+        ("ratelimit-remaining", "0"),
+        ("ratelimit-reset", "30"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![policy(
+            "ratelimit",
+            Unit::Calls,
+            Some(100),
+            None,
+            Some(0),
+            secs(30)
+        )]
+    );
+}
+
+#[test]
+fn github_resets_are_epoch_seconds() {
+    // docs.github.com, "Rate limits for the REST API".
+    let h = map(&[
+        ("x-ratelimit-limit", "5000"),
+        ("x-ratelimit-remaining", "4999"),
+        ("x-ratelimit-used", "1"),
+        ("x-ratelimit-reset", "1691591363"),
+        ("x-ratelimit-resource", "core"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![policy(
+            "core",
+            Unit::Calls,
+            Some(5000),
+            None,
+            Some(4999),
+            secs(100)
+        )]
+    );
+}
+
+#[test]
+fn x_ratelimit_resets_may_be_deltas_and_batchrun_spells_it_its_way() {
+    let h = map(&[
+        ("x-ratelimit-limit", "60"),
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "42"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![policy(
+            "x-ratelimit",
+            Unit::Calls,
+            Some(60),
+            None,
+            Some(0),
+            secs(42)
+        )]
+    );
+    let h = map(&[
+        ("x-rate-limit-limit", "20"),
+        ("x-rate-limit-remaining", "3"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![policy(
+            "x-rate-limit",
+            Unit::Calls,
+            Some(20),
+            None,
+            Some(3),
+            None
+        )]
+    );
+    // A reset in epoch milliseconds, and one already past.
+    assert_eq!(
+        reset_secs(1_691_591_263_500, NOW),
+        Duration::from_millis(500)
+    );
+    assert_eq!(reset_secs(1_600_000_000, NOW), Duration::ZERO);
+}
+
+#[test]
+fn openai_requests_and_tokens_with_go_durations() {
+    // platform.openai.com, "Rate limits": headers.
+    let h = map(&[
+        ("x-ratelimit-limit-requests", "60"),
+        ("x-ratelimit-limit-tokens", "150000"),
+        ("x-ratelimit-remaining-requests", "59"),
+        ("x-ratelimit-remaining-tokens", "149984"),
+        ("x-ratelimit-reset-requests", "1s"),
+        ("x-ratelimit-reset-tokens", "6m0s"),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![
+            policy("requests", Unit::Calls, Some(60), None, Some(59), secs(1)),
+            policy(
+                "tokens",
+                Unit::Tokens,
+                Some(150000),
+                None,
+                Some(149984),
+                secs(360)
+            ),
+        ]
+    );
+}
+
+#[test]
+fn go_durations() {
+    let ms = |m| Some(Duration::from_millis(m));
+    assert_eq!(fields::go_duration("20ms"), ms(20));
+    assert_eq!(fields::go_duration("1m30.5s"), ms(90_500));
+    assert_eq!(fields::go_duration("2h0m0s"), ms(7_200_000));
+    assert_eq!(fields::go_duration("0.25"), ms(250));
+    for bad in ["", "s", "1x", "1.2.3s", "-1s", "1e400s", "NaN"] {
+        assert_eq!(fields::go_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn anthropic_resets_are_rfc3339() {
+    // docs.anthropic.com, "Rate limits": response headers.
+    let h = map(&[
+        ("anthropic-ratelimit-requests-limit", "50"),
+        ("anthropic-ratelimit-requests-remaining", "0"),
+        ("anthropic-ratelimit-requests-reset", "2023-08-09T14:28:03Z"),
+        ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ("anthropic-ratelimit-input-tokens-remaining", "39000"),
+        (
+            "anthropic-ratelimit-input-tokens-reset",
+            "2023-08-09T16:27:53.5+02:00",
+        ),
+    ]);
+    assert_eq!(
+        read(&h, NOW),
+        vec![
+            policy("requests", Unit::Calls, Some(50), None, Some(0), secs(20)),
+            policy(
+                "input-tokens",
+                Unit::Tokens,
+                Some(40000),
+                None,
+                Some(39000),
+                Some(Duration::from_millis(10_500))
+            ),
+        ]
+    );
+}
+
+#[test]
+fn garbage_is_left_out() {
+    let h = map(&[
+        (
+            "ratelimit-policy",
+            r#"q=100, "a";q=x;w=60, 1.5;w=2, "b";q=0"#,
+        ),
+        ("x-ratelimit-limit", "lots"),
+        ("x-ratelimit-reset-requests", "soon"),
+        ("x-ratelimit-limit-requests", "0"),
+        ("anthropic-ratelimit-tokens-reset", "tomorrow"),
+    ]);
+    // "a" has only a window, "b" a zero quota: neither is a limit.
+    assert_eq!(read(&h, NOW), vec![]);
+}
+
+fn header_name() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "ratelimit-policy",
+        "ratelimit",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "x-ratelimit-resource",
+        "x-rate-limit-limit",
+        "x-rate-limit-remaining",
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-reset-tokens",
+        "anthropic-ratelimit-requests-limit",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-output-tokens-reset",
+    ])
+}
+
+/// Values built from the characters the syntaxes care about, plus any byte.
+fn header_value() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        Just(b"\"".to_vec()),
+        Just(b";".to_vec()),
+        Just(b",".to_vec()),
+        Just(b"=".to_vec()),
+        Just(b"q=".to_vec()),
+        Just(b"w=".to_vec()),
+        Just(b"\\".to_vec()),
+        Just(b"Z".to_vec()),
+        Just(b"+99:99".to_vec()),
+        Just(b"2024-02-30T25:61:61".to_vec()),
+        Just(b"ms".to_vec()),
+        Just(b"18446744073709551615".to_vec()),
+        Just(b"99999999999999999999".to_vec()),
+        "[0-9.]{1,25}".prop_map(String::into_bytes),
+        any::<u8>().prop_map(|b| vec![b]),
+    ];
+    proptest::collection::vec(piece, 0..12).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn no_header_value_makes_it_panic(
+        pairs in proptest::collection::vec((header_name(), header_value()), 0..8),
+        now in any::<u64>(),
+    ) {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            if let Ok(v) = HeaderValue::from_bytes(&v) {
+                h.append(HeaderName::from_static(n), v);
+            }
+        }
+        for a in read(&h, Duration::from_secs(now)) {
+            prop_assert!(a.quota != Some(0));
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Several sliding-window limits at once (`--limit 10/1s --limit 1000/1h`,
+//! or policies the server announces): a call may start only when every
+//! window admits it, so the lowest applicable limit always wins.
+//!
+//! Each window is an [`ExactWindow`] with its own L and W; the set takes a
+//! place in each, waits for the latest of their answers, and settles every
+//! permit in all of them. The window theorem of [`crate::rate::exact`] then
+//! holds for each window separately: no server window of any policy holds
+//! more arrivals than its limit.
+//!
+//! The first window is the *primary* one: the slowest configured limit in
+//! calls per second. Pauses start from it, and only it learns a limit from
+//! 429s (and only while no server announced any policy). A window-less
+//! announcement (`X-RateLimit-Limit`, OpenAI's and Anthropic's headers)
+//! lowers the window whose configured limit is nearest to it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::announce::{Announced, Unit};
+use super::exact::{later, ExactWindow, Learning, SlotId};
+
+#[cfg(test)]
+mod tests;
+
+/// At most this many windows: each take asks all of them, and a server
+/// announcing dozens of policies is not one to follow blindly.
+pub const MAX_WINDOWS: usize = 8;
+
+/// A hold longer than this is worth telling the operator about.
+const LONG_HOLD: Duration = Duration::from_secs(60);
+
+/// One call's place in every window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SetSlot(u64);
+
+/// What the set heard from a server's headers that the operator should
+/// hear too. Each is said once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// The server keeps a policy it was not told of: paced to as well.
+    Added {
+        /// The policy's name in the headers.
+        name: String,
+        /// Its quota per window.
+        quota: u64,
+        /// Its window.
+        window: Duration,
+    },
+    /// The server's quota for a configured window is lower: paced to it.
+    Lowered {
+        /// The policy's name in the headers.
+        name: String,
+        /// The server's quota.
+        quota: u64,
+        /// The window, when the headers state it.
+        window: Option<Duration>,
+        /// The configured limit it replaces.
+        configured: u64,
+    },
+    /// The server's quota for a configured window is higher: the
+    /// configured limit is kept.
+    Above {
+        /// The policy's name in the headers.
+        name: String,
+        /// The server's quota.
+        quota: u64,
+        /// The window, when the headers state it.
+        window: Option<Duration>,
+        /// The configured limit that is kept.
+        configured: u64,
+    },
+    /// A token policy: read and reported, not paced (yet).
+    Tokens {
+        /// The policy's name in the headers.
+        name: String,
+        /// Its quota, when stated.
+        quota: Option<u64>,
+        /// Its window, when stated.
+        window: Option<Duration>,
+    },
+    /// A policy is used up: calls are held until it resets.
+    Exhausted {
+        /// The policy's name in the headers.
+        name: String,
+        /// How long calls are held.
+        for_: Duration,
+    },
+}
+
+fn per(window: Option<Duration>) -> String {
+    match window {
+        Some(w) => format!("per {}", humantime::format_duration(w)),
+        None => "per window".to_string(),
+    }
+}
+
+impl fmt::Display for Heard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Heard::Added { name, quota, window } => write!(
+                f,
+                "the server announces a further limit {name:?} of {quota} {}: pacing to it as well",
+                per(Some(*window))
+            ),
+            Heard::Lowered { name, quota, window, configured } => write!(
+                f,
+                "the server announces a limit {name:?} of {quota} {}, below the configured {configured}: slowing down to it",
+                per(*window)
+            ),
+            Heard::Above { name, quota, window, configured } => write!(
+                f,
+                "the server announces a limit {name:?} of {quota} {}, above the configured {configured}: keeping the configured one",
+                per(*window)
+            ),
+            Heard::Tokens { name, quota, window } => {
+                let quota = quota.map_or("a quota".to_string(), |q| format!("{q} tokens"));
+                write!(
+                    f,
+                    "the server announces a token limit {name:?} of {quota} {}: read, not paced (batchrun paces calls only)",
+                    per(*window)
+                )
+            }
+            Heard::Exhausted { name, for_ } => write!(
+                f,
+                "the server says its limit {name:?} is used up: holding calls for {}, until it resets",
+                humantime::format_duration(Duration::from_secs(for_.as_secs()))
+            ),
+        }
+    }
+}
+
+/// What the set has for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The primary window learnt from 429s.
+    Learning(Learning),
+    /// Something the headers said.
+    Heard(Heard),
+}
+
+/// Several exact sliding windows, every call counted in each.
+#[derive(Debug, Clone)]
+pub struct WindowSet {
+    /// The primary window first, then the other configured ones, then those
+    /// the server announced.
+    windows: Vec<ExactWindow>,
+    /// Calls in flight: their place in each window, by window.
+    in_flight: HashMap<SetSlot, (Instant, Vec<SlotId>)>,
+    next: u64,
+    /// Whether a server announced a call policy: then 429s teach nothing.
+    announced: bool,
+    /// What was said already.
+    said: HashSet<String>,
+    heard: VecDeque<Heard>,
+}
+
+impl WindowSet {
+    /// A set of `primary` and `others`, all empty.
+    pub fn new(primary: ExactWindow, others: Vec<ExactWindow>) -> WindowSet {
+        let mut windows = vec![primary];
+        windows.extend(others);
+        windows.truncate(MAX_WINDOWS);
+        WindowSet {
+            windows,
+            in_flight: HashMap::new(),
+            next: 0,
+            announced: false,
+            said: HashSet::new(),
+            heard: VecDeque::new(),
+        }
+    }
+
+    /// The windows, the primary first.
+    pub fn windows(&self) -> &[ExactWindow] {
+        &self.windows
+    }
+
+    /// The primary window.
+    pub fn primary(&self) -> &ExactWindow {
+        &self.windows[0]
+    }
+
+    /// The primary window, to pause, hold or teach.
+    pub fn primary_mut(&mut self) -> &mut ExactWindow {
+        &mut self.windows[0]
+    }
+
+    /// Calls per second the set allows at most: the lowest of its windows.
+    pub fn per_second(&self) -> f64 {
+        self.windows
+            .iter()
+            .map(|w| w.limit() as f64 / w.window().as_secs_f64().max(1e-9))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Claims a place in every window at `now`, or says when to look again:
+    /// the latest of the refusing windows' answers, since every one of them
+    /// must admit the call.
+    pub fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
+        let mut taken = Vec::with_capacity(self.windows.len());
+        let mut wait: Option<Instant> = None;
+        for (i, w) in self.windows.iter_mut().enumerate() {
+            match w.try_take(now) {
+                Ok(s) => taken.push((i, s)),
+                Err(at) => wait = Some(wait.map_or(at, |x: Instant| x.max(at))),
+            }
+        }
+        if let Some(at) = wait {
+            // The windows that granted give their places back.
+            for (i, s) in taken {
+                self.windows[i].cancel(s);
+            }
+            return Err(at);
+        }
+        let taken = taken.into_iter().map(|(_, s)| s).collect();
+        let id = SetSlot(self.next);
+        self.next += 1;
+        self.in_flight.insert(id, (now, taken));
+        Ok(id)
+    }
+
+    /// The call in `slot` was answered (or gave up) at `arrived`.
+    pub fn complete(&mut self, slot: SetSlot, arrived: Instant) {
+        if let Some((_, slots)) = self.in_flight.remove(&slot) {
+            for (w, s) in self.windows.iter_mut().zip(slots) {
+                w.complete(s, arrived);
+            }
+        }
+    }
+
+    /// The call in `slot` was never sent. Returns whether it was in flight.
+    pub fn cancel(&mut self, slot: SetSlot) -> bool {
+        let Some((_, slots)) = self.in_flight.remove(&slot) else {
+            return false;
+        };
+        for (w, s) in self.windows.iter_mut().zip(slots) {
+            w.cancel(s);
+        }
+        true
+    }
+
+    /// A rate-limit 429 at `now`: the primary window learns from it, unless
+    /// a server announced its policies (then there is nothing to learn).
+    pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
+        if self.announced {
+            return None;
+        }
+        self.windows[0].rate_limited(now)
+    }
+
+    /// The next thing heard, else the next learning event, oldest first.
+    pub fn take_note(&mut self, now: Instant) -> Option<Note> {
+        if let Some(h) = self.heard.pop_front() {
+            return Some(Note::Heard(h));
+        }
+        self.windows[0].take_event(now).map(Note::Learning)
+    }
+
+    /// The next thing heard, oldest first (no learning event: those come
+    /// with responses, as they always did).
+    pub fn take_heard(&mut self) -> Option<Heard> {
+        self.heard.pop_front()
+    }
+
+    /// What a response arriving at `now` announced. Call policies become
+    /// windows of the set (lowering a configured one whose window matches,
+    /// or the nearest one when no window is stated, or added); a used-up
+    /// policy holds calls until it resets. Returns whether a limit grew (a
+    /// report replaced a lower learnt limit), so that waiters look again.
+    pub fn announce(&mut self, policies: &[Announced], now: Instant) -> bool {
+        let before: Vec<u64> = self.windows.iter().map(ExactWindow::limit).collect();
+        for p in policies {
+            match p.unit {
+                Unit::Calls => self.follow(p, now),
+                Unit::Tokens => {
+                    if self.said.insert(format!("tokens {}", p.name)) {
+                        self.heard.push_back(Heard::Tokens {
+                            name: p.name.clone(),
+                            quota: p.quota,
+                            window: p.window,
+                        });
+                    }
+                }
+                Unit::Other => {}
+            }
+        }
+        self.windows.iter().zip(before).any(|(w, b)| w.limit() > b)
+    }
+
+    /// One call policy.
+    fn follow(&mut self, p: &Announced, now: Instant) {
+        let i = match (p.window, p.quota) {
+            (None, None) => Some(0),
+            (None, Some(q)) => Some(self.nearest(q)),
+            (Some(w), q) => match self.windows.iter().position(|x| x.window() == w) {
+                Some(i) => Some(i),
+                None => q.and_then(|q| self.add(p, q, w, now)),
+            },
+        };
+        let Some(i) = i else { return };
+        if let Some(q) = p.quota {
+            self.announced = true;
+            self.report(i, p, q, now);
+        }
+        if p.remaining == Some(0) {
+            let w = &mut self.windows[i];
+            // The reset says when exactly; without one (or one rounded down
+            // to nothing), until one of this client's occupancies ends.
+            match p.reset_in.filter(|r| !r.is_zero()) {
+                None => {
+                    w.remaining_zero(now);
+                }
+                Some(r) => {
+                    w.hold_until(later(now, r));
+                    if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
+                        self.heard.push_back(Heard::Exhausted {
+                            name: p.name.clone(),
+                            for_: r,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The window a quota without a window is read against: the one whose
+    /// configured limit is nearest to it (by ratio), the primary one on a
+    /// tie. With one window that is the configured window, as it always
+    /// was; with `--limit 10/1s --limit 5000/1h`, GitHub's 5000 goes to the
+    /// hour and a per-second cap of 8 to the second, not 8 an hour.
+    fn nearest(&self, q: u64) -> usize {
+        let distance = |w: &ExactWindow| (w.configured() as f64 / q.max(1) as f64).ln().abs();
+        self.windows
+            .iter()
+            .enumerate()
+            .min_by(|a, b| distance(a.1).total_cmp(&distance(b.1)))
+            .map_or(0, |(i, _)| i)
+    }
+
+    /// The server's quota `q` for window `i`.
+    fn report(&mut self, i: usize, p: &Announced, q: u64, now: Instant) {
+        let w = &mut self.windows[i];
+        let configured = w.configured();
+        if w.set_limit_in_force(q, now) {
+            self.heard.push_back(Heard::Lowered {
+                name: p.name.clone(),
+                quota: q,
+                window: p.window,
+                configured,
+            });
+        } else if q > configured && self.said.insert(format!("above {} {q}", p.name)) {
+            self.heard.push_back(Heard::Above {
+                name: p.name.clone(),
+                quota: q,
+                window: p.window,
+                configured,
+            });
+        }
+    }
+
+    /// A window for a policy of `q` per `w` the set did not have, counting
+    /// the calls in flight and, when the server says how much is left, the
+    /// calls it already accepted. `None` when the set is full.
+    fn add(&mut self, p: &Announced, q: u64, w: Duration, now: Instant) -> Option<usize> {
+        if self.windows.len() >= MAX_WINDOWS {
+            return None;
+        }
+        let mut x = ExactWindow::new(q, w, now);
+        for (sent, slots) in self.in_flight.values_mut() {
+            slots.push(x.admit_in_flight(*sent));
+        }
+        // Answered calls that may still be in the server's window: those the
+        // server says it counts beyond the ones in flight, and at least
+        // those still occupying the primary window (the call that carried
+        // this announcement among them). Counted as ending W from now, which
+        // errs on the slow side.
+        let used = q.saturating_sub(p.remaining.unwrap_or(q));
+        let primary = &self.windows[0];
+        let answered_here = primary.occupancy(now) - primary.in_flight() as u64;
+        let answered = used
+            .saturating_sub(self.in_flight.len() as u64)
+            .max(answered_here);
+        for _ in 0..answered.min(q) {
+            x.admit_answered(now);
+        }
+        self.windows.push(x);
+        self.heard.push_back(Heard::Added {
+            name: p.name.clone(),
+            quota: q,
+            window: w,
+        });
+        Some(self.windows.len() - 1)
+    }
+}

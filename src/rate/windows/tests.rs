@@ -1,0 +1,307 @@
+use super::*;
+use crate::rate::testing::{check_windows, drive, fates, Call, Client, Fate};
+use proptest::prelude::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn set(limits: &[(u64, u64)], now: Instant) -> WindowSet {
+    let mut ws = limits.iter().map(|&(l, w)| ExactWindow::new(l, ms(w), now));
+    let primary = ws.next().unwrap();
+    WindowSet::new(primary, ws.collect())
+}
+
+fn calls_policy(quota: u64, window_ms: Option<u64>, remaining: Option<u64>) -> Announced {
+    Announced {
+        name: "p".into(),
+        unit: Unit::Calls,
+        quota: Some(quota),
+        window: window_ms.map(ms),
+        remaining,
+        reset_in: None,
+    }
+}
+
+/// Takes and answers at once, until a take is refused: how many went.
+fn at_once(s: &mut WindowSet, now: Instant) -> u64 {
+    let mut n = 0;
+    while let Ok(slot) = s.try_take(now) {
+        s.complete(slot, now);
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn the_lowest_applicable_limit_wins() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000), (25, 10_000)], t0);
+    assert_eq!(at_once(&mut s, t0), 10, "the per-second limit first");
+    let t1 = t0 + ms(1000);
+    assert_eq!(at_once(&mut s, t1), 10);
+    let t2 = t0 + ms(2000);
+    assert_eq!(at_once(&mut s, t2), 5, "then the ten-second one");
+    // Refused until the first ten calls end, 10 s after they came back.
+    assert_eq!(s.try_take(t2), Err(t0 + ms(10_000)));
+    assert_eq!(at_once(&mut s, t0 + ms(10_000)), 10);
+}
+
+#[test]
+fn a_refusal_gives_back_the_places_other_windows_granted() {
+    let t0 = Instant::now();
+    let mut s = set(&[(5, 1000), (1, 1000)], t0);
+    let held = s.try_take(t0).unwrap();
+    assert!(s.try_take(t0).is_err());
+    assert_eq!(s.windows()[0].in_flight(), 1, "only the held call");
+    assert!(s.cancel(held));
+    assert!(!s.cancel(held));
+    assert_eq!(s.windows()[0].occupancy(t0), 0);
+}
+
+#[test]
+fn an_announced_policy_lowers_its_window_or_is_added() {
+    let t0 = Instant::now();
+    let mut s = set(&[(60, 1000)], t0);
+    s.announce(&[calls_policy(20, Some(1000), None)], t0);
+    assert_eq!(s.windows()[0].limit(), 20);
+    assert!(matches!(
+        s.take_note(t0),
+        Some(Note::Heard(Heard::Lowered {
+            quota: 20,
+            configured: 60,
+            ..
+        }))
+    ));
+    // Said once.
+    s.announce(&[calls_policy(20, Some(1000), None)], t0);
+    assert_eq!(s.take_note(t0), None);
+    // A window it did not know: added, counting the call in flight.
+    let flying = s.try_take(t0).unwrap();
+    s.announce(&[calls_policy(3, Some(5000), None)], t0);
+    assert_eq!(s.windows().len(), 2);
+    assert_eq!(s.windows()[1].occupancy(t0), 1);
+    s.complete(flying, t0);
+    assert_eq!(at_once(&mut s, t0), 2, "3 per 5 s, one already used");
+    assert!(matches!(
+        s.take_note(t0),
+        Some(Note::Heard(Heard::Added { quota: 3, .. }))
+    ));
+}
+
+#[test]
+fn an_added_policy_counts_what_the_server_says_is_used() {
+    let t0 = Instant::now();
+    let mut s = set(&[(60, 1000)], t0);
+    s.announce(&[calls_policy(100, Some(3_600_000), Some(97))], t0);
+    assert_eq!(s.windows()[1].occupancy(t0), 3);
+}
+
+#[test]
+fn a_windowless_report_lowers_the_primary_and_a_higher_one_is_said_once() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000), (100, 60_000)], t0);
+    s.announce(&[calls_policy(200, None, None)], t0);
+    assert_eq!(s.windows()[0].limit(), 10);
+    assert!(matches!(
+        s.take_note(t0),
+        Some(Note::Heard(Heard::Above { quota: 200, .. }))
+    ));
+    s.announce(&[calls_policy(200, None, None)], t0);
+    assert_eq!(s.take_note(t0), None);
+    s.announce(&[calls_policy(4, None, None)], t0);
+    assert_eq!(s.windows()[0].limit(), 4);
+    // Several windows: read against the nearest configured limit.
+    let mut s = set(&[(5000, 3_600_000), (10, 1000)], t0);
+    s.announce(&[calls_policy(8, None, None)], t0);
+    assert_eq!((s.windows()[0].limit(), s.windows()[1].limit()), (5000, 8));
+    s.announce(&[calls_policy(4000, None, None)], t0);
+    assert_eq!((s.windows()[0].limit(), s.windows()[1].limit()), (4000, 8));
+}
+
+#[test]
+fn used_up_holds_until_the_reset_in_any_dialect() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000), (1000, 86_400_000)], t0);
+    let p = Announced {
+        reset_in: Some(Duration::from_secs(90)),
+        ..calls_policy(1000, Some(86_400_000), Some(0))
+    };
+    s.announce(&[p], t0);
+    assert_eq!(
+        s.try_take(t0 + ms(1)).unwrap_err(),
+        t0 + Duration::from_secs(90)
+    );
+    let notes: Vec<_> = std::iter::from_fn(|| s.take_note(t0)).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| matches!(n, Note::Heard(Heard::Exhausted { .. }))),
+        "{notes:?}"
+    );
+    assert!(s.try_take(t0 + Duration::from_secs(90)).is_ok());
+    // Without a reset: until one of this client's calls ends.
+    let mut s = set(&[(10, 1000)], t0);
+    let slot = s.try_take(t0).unwrap();
+    s.complete(slot, t0 + ms(100));
+    s.announce(&[calls_policy(10, None, Some(0))], t0 + ms(100));
+    assert_eq!(s.try_take(t0 + ms(101)).unwrap_err(), t0 + ms(1100));
+}
+
+#[test]
+fn tokens_are_said_not_paced() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000)], t0);
+    let tokens = Announced {
+        unit: Unit::Tokens,
+        remaining: Some(0),
+        ..calls_policy(5, Some(1000), Some(0))
+    };
+    s.announce(std::slice::from_ref(&tokens), t0);
+    s.announce(&[tokens], t0);
+    assert!(matches!(
+        s.take_note(t0),
+        Some(Note::Heard(Heard::Tokens { .. }))
+    ));
+    assert_eq!(s.take_note(t0), None);
+    assert_eq!(s.windows().len(), 1);
+    assert_eq!(at_once(&mut s, t0), 10);
+}
+
+#[test]
+fn announcements_stop_the_learning_and_the_set_is_bounded() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000)], t0);
+    for i in 0..20 {
+        s.announce(&[calls_policy(50, Some(2000 + i), None)], t0);
+    }
+    assert_eq!(s.windows().len(), MAX_WINDOWS);
+    for _ in 0..3 {
+        let slot = s.try_take(t0).unwrap();
+        s.complete(slot, t0);
+    }
+    assert_eq!(s.rate_limited(t0), None);
+}
+
+/// The set as the driver sees it.
+struct Set(WindowSet);
+
+impl Client for Set {
+    type Slot = SetSlot;
+    fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
+        self.0.try_take(now)
+    }
+    fn complete(&mut self, slot: SetSlot, at: Instant, _refused: bool) {
+        self.0.complete(slot, at);
+    }
+    fn cancel(&mut self, slot: SetSlot) {
+        self.0.cancel(slot);
+    }
+}
+
+/// Two or three windows of 1 to 12 calls per 10 ms to 2 s, with round
+/// trips up to three times the shortest window.
+fn scenario() -> impl Strategy<Value = (Vec<(u64, u64)>, Vec<Fate>)> {
+    (
+        proptest::collection::vec((1u64..=12, 10u64..=2000), 2..=3),
+        0u32..=300,
+    )
+        .prop_flat_map(|(limits, pct)| {
+            let shortest = limits.iter().map(|l| l.1).min().unwrap_or(10);
+            (Just(limits), fates(150, ms(shortest) * pct / 100))
+        })
+}
+
+fn with_limit(calls: &[Call], limit: u64) -> Vec<Call> {
+    calls.iter().map(|c| Call { limit, ..c.clone() }).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn no_policy_is_ever_exceeded_whatever_the_latency_and_order(
+        (limits, fates) in scenario(),
+        workers in 1usize..=8,
+    ) {
+        let t0 = Instant::now();
+        let mut c = Set(set(&limits, t0));
+        let calls = drive(&mut c, workers, &fates, t0, &mut |_| true);
+        for &(l, w) in &limits {
+            if let Err(e) = check_windows(&with_limit(&calls, l), ms(w)) {
+                prop_assert!(false, "{}/{}ms: {}", l, w, e);
+            }
+        }
+    }
+
+    #[test]
+    fn policies_announced_on_the_first_response_are_never_exceeded_after_it(
+        (limits, fates) in scenario(),
+        workers in 1usize..=8,
+    ) {
+        // Configured far above what the server keeps; the server announces
+        // its policies (and how much of each is used) on every response.
+        let t0 = Instant::now();
+        let mut c = Announcing {
+            set: set(&[(1000, limits[0].1)], t0),
+            limits: limits.clone(),
+            sent: Vec::new(),
+            first_back: None,
+        };
+        let calls = drive(&mut c, workers, &fates, t0, &mut |_| true);
+        prop_assert_eq!(calls.len(), c.sent.len());
+        // Calls sent before the first response could not be paced to the
+        // policies: no window whose last-sent call is one of them is
+        // checked. Every other window, early calls in it included, keeps
+        // every policy.
+        let first = c.first_back.unwrap_or(t0);
+        let early = c.sent.iter().filter(|&&s| s < first).count();
+        prop_assert!(early <= workers, "{} sent before the first response", early);
+        for &(l, w) in &limits {
+            let judged: Vec<Call> = calls
+                .iter()
+                .zip(&c.sent)
+                .map(|(call, &s)| Call {
+                    limit: if s < first { u64::MAX } else { l },
+                    ..call.clone()
+                })
+                .collect();
+            if let Err(e) = check_windows(&judged, ms(w)) {
+                prop_assert!(false, "{}/{}ms: {}", l, w, e);
+            }
+        }
+    }
+}
+
+/// A client whose every response announces the server's policies.
+struct Announcing {
+    set: WindowSet,
+    limits: Vec<(u64, u64)>,
+    /// When each call was sent, in the driver's order.
+    sent: Vec<Instant>,
+    first_back: Option<Instant>,
+}
+
+impl Client for Announcing {
+    type Slot = SetSlot;
+    fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
+        let slot = self.set.try_take(now)?;
+        self.sent.push(now);
+        Ok(slot)
+    }
+    fn complete(&mut self, slot: SetSlot, at: Instant, _refused: bool) {
+        self.set.complete(slot, at);
+        self.first_back.get_or_insert(at);
+        let policies: Vec<Announced> = self
+            .limits
+            .iter()
+            .map(|&(l, w)| calls_policy(l, Some(w), None))
+            .collect();
+        self.set.announce(&policies, at);
+    }
+    fn cancel(&mut self, slot: SetSlot) {
+        // The driver cancels right after the take, before any other.
+        self.sent.pop();
+        self.set.cancel(slot);
+    }
+}
