@@ -134,6 +134,13 @@ fn job_cmd(bin: &Path, sim: &Sim, input: &Path, state: &Path) -> Command {
         .args(["--limit", "none", "--concurrency", "64", "--json"])
         .arg("--state-dir")
         .arg(state)
+        // Outputs of their own per state dir: each measurement starts its
+        // own sim (another URL, so another job), and a job does not replace
+        // the outputs another job wrote.
+        .arg("--out")
+        .arg(state.with_extension("results.jsonl"))
+        .arg("--failures")
+        .arg(state.with_extension("failures.jsonl"))
         .env("BATCHRUN_API_KEY", "bench")
         .stdin(Stdio::null());
     c

@@ -54,7 +54,7 @@ use finish::{Ending, FeederResult};
 use gate::{Gate, Halt};
 use open::{open_job, Opened};
 use pool::{Pool, PoolConfig, Queue, Queued};
-use recorder::{Recorded, Recorder};
+use recorder::{Recorded, Recorder, Signals, Stop};
 use start::{dry_run, orphaned_results, start_line, steady_per_min};
 use ticks::{Gauges, Publish, Ticks};
 
@@ -94,10 +94,15 @@ where
     let paced = (pacer, default_pause);
     let pool = build_pool(&settings, &job.meta, paced, &shared.ledger, events)?;
     // 5. Feed the pool (unless the reserve refuses before any call), and
-    //    record what it reports.
-    let mut running = start(&settings, &job, &pool, &shared, meter, reports)?;
-    // 6. Wait for the pool, or Ctrl-C; then end the run.
-    supervise(&pool, &mut running.workers, signals, &shared.reporter).await;
+    //    record what it reports and hear the signals.
+    let (stops, stopped) = mpsc::unbounded_channel();
+    let signals = Signals {
+        next: Box::new(signals),
+        stops,
+    };
+    let mut running = start(&settings, &job, &pool, &shared, meter, (reports, signals))?;
+    // 6. Wait for the pool, or a signal; then end the run.
+    supervise(&pool, &mut running.workers, stopped).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
     finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await
 }
@@ -321,14 +326,17 @@ struct Running {
 }
 
 /// Starts the feeder, the workers and the recording loop.
-fn start(
+fn start<F>(
     settings: &Settings,
     job: &Opened,
     pool: &Arc<Pool>,
     shared: &Shared,
     meter: CreditMeter,
-    reports: mpsc::UnboundedReceiver<Event>,
-) -> Result<Running, RunError> {
+    (reports, signals): (mpsc::UnboundedReceiver<Event>, Signals<F>),
+) -> Result<Running, RunError>
+where
+    F: Future<Output = Signal> + Send + 'static,
+{
     let committer = job
         .items
         .committer(job.meta.clone(), GroupCommit::default())
@@ -365,7 +373,7 @@ fn start(
         workers,
         queue,
         feeder,
-        recorder: tokio::spawn(recorder.run(reports)),
+        recorder: tokio::spawn(recorder.run(reports, signals)),
     })
 }
 
@@ -459,19 +467,18 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
     }
 }
 
-/// Waits for every worker, or for a signal: then the calls in flight get
-/// [`INTERRUPT_GRACE`] to finish before they are abandoned (they stay
-/// pending; their Idempotency-Key makes the resend safe). A second signal
-/// abandons them at once: what finished is saved all the same.
-async fn supervise<F: Future<Output = Signal>>(
+/// Waits for every worker, or for the recorder's word that a signal came:
+/// then the calls in flight get [`INTERRUPT_GRACE`] to finish before they
+/// are abandoned (they stay pending; their Idempotency-Key makes the
+/// resend safe), or none at all after a second signal. A worker that
+/// panicked stops the run.
+async fn supervise(
     pool: &Pool,
     workers: &mut JoinSet<()>,
-    signals: impl Fn() -> F,
-    reporter: &Reporter,
+    mut stops: mpsc::UnboundedReceiver<Stop>,
 ) {
-    let shutdown = signals();
-    tokio::pin!(shutdown);
-    let signal = loop {
+    let mut open = true;
+    let now = loop {
         tokio::select! {
             r = workers.join_next() => match r {
                 None => return,
@@ -480,25 +487,25 @@ async fn supervise<F: Future<Output = Signal>>(
                 )),
                 Some(_) => {}
             },
-            sig = &mut shutdown => break sig,
+            s = stops.recv(), if open => match s {
+                Some(Stop::Grace) => break false,
+                Some(Stop::Now) => break true,
+                None => open = false,
+            },
         }
     };
-    reporter.println(&format!(
-        "batchrun: {}: finishing the calls in flight (again to stop at once), then saving the checkpoint...",
-        signal.describe()
-    ));
-    pool.gate.stop(Halt::Interrupted(signal));
-    let grace = tokio::time::sleep(INTERRUPT_GRACE);
-    tokio::pin!(grace);
-    let again = signals();
-    tokio::pin!(again);
-    loop {
-        tokio::select! {
-            r = workers.join_next() => if r.is_none() { return },
-            _ = &mut grace => break,
-            _ = &mut again => {
-                reporter.println("batchrun: stopping now: the calls in flight are abandoned and stay pending");
-                break;
+    if !now {
+        let grace = tokio::time::sleep(INTERRUPT_GRACE);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                r = workers.join_next() => if r.is_none() { return },
+                _ = &mut grace => break,
+                s = stops.recv(), if open => match s {
+                    Some(Stop::Now) => break,
+                    Some(Stop::Grace) => {}
+                    None => open = false,
+                },
             }
         }
     }

@@ -4,6 +4,7 @@
 //! alerter only consume what this loop tells them. It ends when the pool
 //! does: the event channel closes with the pool's last sender.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -11,10 +12,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::events::{Event, Stats};
+use super::gate::Halt;
 use super::ticks::Ticks;
 use crate::checkpoint::{Committer, ItemState, JobMeta, Record};
 use crate::credits::Alerter;
 use crate::credits::{self, AlertKind, CreditMeter};
+use crate::exit::Signal;
 use crate::fleet::FleetAlerts;
 use crate::pace::PaceNote;
 use crate::report::calls::CallStats;
@@ -51,6 +54,26 @@ pub struct Recorder {
     pub ticks: Ticks,
 }
 
+/// What the recorder tells the workers' supervisor when a signal comes:
+/// give the calls in flight their grace, or abandon them now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The first signal: the calls in flight get [`super::INTERRUPT_GRACE`].
+    Grace,
+    /// A second signal: the calls in flight are abandoned and stay pending.
+    Now,
+}
+
+/// The signals the recorder listens for: each call of `next` waits for the
+/// next Ctrl-C, SIGTERM or SIGHUP; what they mean goes to `stops`.
+pub struct Signals<F> {
+    /// Waits for the next signal.
+    pub next: Box<dyn Fn() -> F + Send>,
+    /// The supervisor of the workers. Closed once the pool is over, after
+    /// which a signal changes nothing.
+    pub stops: mpsc::UnboundedSender<Stop>,
+}
+
 /// Whether what was recorded is on disk.
 struct Saving {
     /// When the job record was last saved.
@@ -74,9 +97,17 @@ pub struct Recorded {
 }
 
 impl Recorder {
-    /// Records events, and shows the progress every tick, until every
-    /// sender is gone.
-    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>) -> Recorded {
+    /// Records events, shows the progress every tick and hears the signals
+    /// (nextest's dispatcher shape: one loop, every input), until every
+    /// sender of events is gone.
+    pub async fn run<F>(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Event>,
+        signals: Signals<F>,
+    ) -> Recorded
+    where
+        F: Future<Output = Signal> + Send + 'static,
+    {
         let mut every = tokio::time::interval(self.reporter.tick_every());
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut saving = Saving {
@@ -84,12 +115,18 @@ impl Recorder {
             stamped: false,
             err: None,
         };
+        let mut signal = Box::pin((signals.next)());
+        let mut heard = 0;
         loop {
             tokio::select! {
                 ev = rx.recv() => match ev {
                     Some(ev) => self.take(ev, &mut saving),
                     None => break,
                 },
+                sig = &mut signal, if heard < 2 => {
+                    heard = self.signalled(sig, heard, &signals.stops);
+                    signal = Box::pin((signals.next)());
+                }
                 _ = every.tick() => {
                     while let Some(note) = self.ticks.gauges.pacer.note() {
                         self.take(Event::Pace(note), &mut saving);
@@ -103,6 +140,28 @@ impl Recorder {
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
         self.wind_down(saving.err).await
+    }
+
+    /// A signal came (the `heard`th before it): the first stops the run
+    /// cleanly, the second abandons the calls in flight. Returns how many
+    /// have been heard; once the pool is over, none counts.
+    fn signalled(&self, sig: Signal, heard: u8, stops: &mpsc::UnboundedSender<Stop>) -> u8 {
+        if stops.is_closed() {
+            return 2;
+        }
+        if heard == 0 {
+            self.reporter.println(&format!(
+                "batchrun: {}: finishing the calls in flight (again to stop at once), then saving the checkpoint...",
+                sig.describe()
+            ));
+            self.ticks.gauges.gate.stop(Halt::Interrupted(sig));
+            let _ = stops.send(Stop::Grace);
+            return 1;
+        }
+        self.reporter
+            .println("batchrun: stopping now: the calls in flight are abandoned and stay pending");
+        let _ = stops.send(Stop::Now);
+        2
     }
 
     /// Records one event, and saves the job record when it is due.

@@ -86,14 +86,9 @@ async fn run_pool(
     for _ in 0..workers {
         set.spawn(pool.clone().worker(queue.clone()));
     }
-    let reporter = crate::report::Reporter::new(n, crate::settings::values::Style::default());
-    super::supervise(
-        &pool,
-        &mut set,
-        std::future::pending::<crate::exit::Signal>,
-        &reporter,
-    )
-    .await;
+    // No signal comes: the recorder, which would hear one, is not here.
+    let (_stops, stopped) = mpsc::unbounded_channel();
+    super::supervise(&pool, &mut set, stopped).await;
     let halt = pool.gate.halt();
     drop(pool);
     let mut events = Vec::new();

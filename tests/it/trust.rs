@@ -47,10 +47,15 @@ async fn a_pipe_is_spooled_once_and_the_same_content_resumes_its_job() {
     let s = Scenario::new("pipe").with_sim(&["--limit", "none"]);
     let items: String = (1..=8).map(|n| format!("{{\"n\": {n}}}\n")).collect();
     let out = s.dir().path().join("piped.results.jsonl");
+    // Both outputs in the test's own directory: a pipe's defaults are the
+    // working directory's, here the crate's.
+    let failures = s.dir().path().join("piped.failures.jsonl");
     let run = || {
         let mut c = s.cmd_for(std::path::Path::new("-"), &["--limit", "none"]);
         c.args(["--format", "jsonl", "--out"])
             .arg(&out)
+            .arg("--failures")
+            .arg(&failures)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
