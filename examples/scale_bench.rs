@@ -134,13 +134,10 @@ fn job_cmd(bin: &Path, sim: &Sim, input: &Path, state: &Path) -> Command {
         .args(["--limit", "none", "--concurrency", "64", "--json"])
         .arg("--state-dir")
         .arg(state)
-        // Outputs of their own per state dir: each measurement starts its
-        // own sim (another URL, so another job), and a job does not replace
-        // the outputs another job wrote.
         .arg("--out")
-        .arg(state.with_extension("results.jsonl"))
+        .arg(&outputs(state)[0])
         .arg("--failures")
-        .arg(state.with_extension("failures.jsonl"))
+        .arg(&outputs(state)[1])
         .env("BATCHRUN_API_KEY", "bench")
         .stdin(Stdio::null());
     c
@@ -243,9 +240,27 @@ fn note(figures: &mut Figures, name: &'static str, v: f64) {
     figures.entry(name).or_default().push(v);
 }
 
+/// A state dir and its outputs (see [`outputs`]) as if never used.
 fn fresh(dir: &Path) -> PathBuf {
     let _ = std::fs::remove_dir_all(dir);
+    for out in outputs(dir) {
+        let _ = std::fs::remove_file(&out);
+        if let (Some(parent), Some(name)) = (out.parent(), out.file_name()) {
+            let owner = format!(".{}.owner", name.to_string_lossy());
+            let _ = std::fs::remove_file(parent.join(owner));
+        }
+    }
     dir.to_path_buf()
+}
+
+/// The results and failures files of the job in `state`: beside it, of
+/// its own. Each measurement starts its own sim (another URL, so another
+/// job), and a job does not replace the outputs another job wrote.
+fn outputs(state: &Path) -> [PathBuf; 2] {
+    [
+        state.with_extension("results.jsonl"),
+        state.with_extension("failures.jsonl"),
+    ]
 }
 
 async fn throughput(a: &Args, input: &Path, f: &mut Figures) -> anyhow::Result<()> {
@@ -282,7 +297,7 @@ async fn large(a: &Args, small: &Path, big: &Path, f: &mut Figures) -> anyhow::R
     }
     note(f, "peak RSS MiB (large)", r.max_rss_kib as f64 / 1024.0);
     note(f, "large job items/s", n / r.wall_s);
-    let bodies = body_bytes(&big.with_extension("results.jsonl"))?;
+    let bodies = body_bytes(&outputs(&state)[0])?;
     let disk = disk_bytes(&state);
     note(
         f,

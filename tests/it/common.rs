@@ -1,7 +1,7 @@
 //! Shared test harness: a real `batchrun sim` child process on port 0, and a
 //! way to run the real `batchrun` binary.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -551,4 +551,30 @@ pub fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Pipes `items` into `batchrun - --format jsonl --out OUT EXTRA`, the
+/// failures beside OUT.
+pub fn piped(s: &Scenario, items: &str, out: &std::path::Path, extra: &[&str]) -> Finished {
+    let mut c = s.cmd_for(std::path::Path::new("-"), &[&["--limit", "none"], extra].concat());
+    c.args(["--format", "jsonl", "--out"])
+        .arg(out)
+        .arg("--failures")
+        .arg(out.with_extension("failures"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(items.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    Finished {
+        code: o.status.code().unwrap_or(-1),
+        summary: serde_json::from_slice(&o.stdout).unwrap_or_default(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }

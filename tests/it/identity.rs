@@ -117,32 +117,6 @@ async fn a_symlinked_release_directory_is_the_same_job() {
     assert_side_effects(&s.sim().stats().await, 40);
 }
 
-/// Pipes `items` into `batchrun - --format jsonl --out OUT EXTRA`, the
-/// failures beside OUT.
-fn piped(s: &Scenario, items: &str, out: &Path, extra: &[&str]) -> Finished {
-    let mut c = s.cmd_for(Path::new("-"), &[&["--limit", "none"], extra].concat());
-    c.args(["--format", "jsonl", "--out"])
-        .arg(out)
-        .arg("--failures")
-        .arg(out.with_extension("failures"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(items.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    Finished {
-        code: o.status.code().unwrap_or(-1),
-        summary: serde_json::from_slice(&o.stdout).unwrap_or_default(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
 fn rows(range: std::ops::RangeInclusive<u64>) -> String {
     range.map(|n| format!("{{\"n\": {n}}}\n")).collect()
 }

@@ -49,35 +49,12 @@ async fn a_pipe_is_spooled_once_and_the_same_content_resumes_its_job() {
     let out = s.dir().path().join("piped.results.jsonl");
     // Both outputs in the test's own directory: a pipe's defaults are the
     // working directory's, here the crate's.
-    let failures = s.dir().path().join("piped.failures.jsonl");
-    let run = || {
-        let mut c = s.cmd_for(std::path::Path::new("-"), &["--limit", "none"]);
-        c.args(["--format", "jsonl", "--out"])
-            .arg(&out)
-            .arg("--failures")
-            .arg(&failures)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(items.as_bytes())
-            .unwrap();
-        let o = child.wait_with_output().unwrap();
-        (
-            o.status.code(),
-            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default(),
-        )
-    };
-    let (code, summary) = run();
-    assert_eq!(code, Some(0), "{summary}");
+    let first = piped(&s, &items, &out, &[]);
+    assert_eq!(first.code, 0, "{}", first.summary);
     assert_each_item_once(&out, 8);
-    let (code, again) = run();
-    assert_eq!(code, Some(0));
-    assert_eq!(again["requests"], 0, "the same content resumes: {again}");
+    let again = piped(&s, &items, &out, &[]);
+    assert_eq!(again.code, 0);
+    assert_eq!(again.summary["requests"], 0, "the same content resumes: {}", again.summary);
     assert_side_effects(&s.sim().stats().await, 8);
 }
 
