@@ -20,7 +20,9 @@ use tokio::time::Instant;
 
 pub mod alerts;
 pub mod keys;
+mod local;
 pub mod pacer;
+pub mod script;
 pub mod shard;
 
 pub use alerts::{AlertClaim, FleetAlerts};

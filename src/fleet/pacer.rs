@@ -16,7 +16,6 @@
 //! Permit ids are `<process tag>:<sequence>`, the process tag being
 //! `<pid>-<random hex>`.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -26,14 +25,12 @@ use reqwest::header::HeaderMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::local::{Local, Restore};
+use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Ticket};
-use crate::rate::exact::{stale_grace, MAX_EVENTS};
 use crate::rate::Limit;
 use crate::util::BoxFuture;
-
-/// The script every fleet process runs; see the file for its contract.
-pub const SCRIPT: &str = include_str!("pacer.lua");
 
 /// The window a limit reported for an unlimited plan is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
@@ -47,46 +44,6 @@ const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 /// How long the end of a run waits to hand back what it owes.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
-
-/// The arguments every run of [`SCRIPT`] starts with (see its header),
-/// built here alone so that the pacer and the tests of the script agree.
-#[derive(Debug, Clone, Copy)]
-pub struct ScriptArgs {
-    /// The window (W).
-    pub window: Duration,
-    /// How long an in-flight call occupies the window past its permit.
-    pub hold: Duration,
-    /// How long a concurrency lease lasts unless renewed.
-    pub lease: Duration,
-}
-
-impl ScriptArgs {
-    /// An invocation of `script` (which is [`SCRIPT`]) for `op` on `keys`,
-    /// with the common arguments filled in. `clock`: `None` to run on
-    /// Redis's own clock, as every process of a fleet must; a test passes
-    /// its fake clock, in unix ms.
-    pub fn invoke<'a>(
-        &self,
-        script: &'a redis::Script,
-        keys: &[String; 5],
-        op: &str,
-        clock: Option<u64>,
-    ) -> redis::ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        // Rounded up: the script compares whole milliseconds with it.
-        let grace = stale_grace(self.window).as_micros().div_ceil(1000);
-        inv.arg(op)
-            .arg(millis(self.window))
-            .arg(millis(self.hold))
-            .arg(millis(self.lease))
-            .arg(u64::try_from(grace).unwrap_or(u64::MAX))
-            .arg(clock.map_or(String::new(), |c| c.to_string()));
-        inv
-    }
-}
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]
@@ -142,66 +99,6 @@ struct Inner {
     reported: AtomicU64,
 }
 
-/// What this process knows of its own calls.
-#[derive(Default)]
-struct Local {
-    /// Permits not yet completed: their leases are renewed.
-    in_flight: HashSet<String>,
-    /// Completed calls still occupying the window, with when they stop.
-    recent: VecDeque<(String, Instant)>,
-    /// Completions and cancellations not yet in Redis.
-    settles: Vec<(String, Option<Instant>)>,
-    /// Redis failed since the last take that put our calls back.
-    lost: bool,
-    paused_until: Option<Instant>,
-    /// The fleet's learnt limit as last heard (0: none), whether its
-    /// settling was announced, and what the operator is still to hear.
-    learnt: u64,
-    settled_told: bool,
-    notes: VecDeque<PaceNote>,
-    /// The fleet holds new calls until then (a response said remaining: 0).
-    held_until: Option<Instant>,
-    /// The fleet's epoch as last heard: Redis forgetting the fleet with the
-    /// connection up shows as its absence or change.
-    epoch: Option<i64>,
-}
-
-impl Local {
-    /// What a granted take said of the fleet's learnt limit: a lowering
-    /// (by any process) and its settling are each announced once here.
-    fn heard(&mut self, learnt: u64, settled: bool) {
-        if learnt == 0 {
-            self.learnt = 0;
-            return;
-        }
-        if self.learnt == 0 || learnt < self.learnt {
-            self.settled_told = false;
-            self.push(PaceNote::Learnt(learnt));
-        }
-        self.learnt = learnt;
-        if settled && !self.settled_told {
-            self.settled_told = true;
-            self.push(PaceNote::LearntSettled(learnt));
-        }
-    }
-
-    fn push(&mut self, note: PaceNote) {
-        // A few at most matter: newer news supersedes older.
-        if self.notes.len() >= MAX_EVENTS {
-            self.notes.pop_front();
-        }
-        self.notes.push_back(note);
-    }
-}
-
-/// This process's share of the fleet's state, to put back after Redis lost
-/// it: the pause left (ms) and each call's (id, ms left occupying, in flight).
-#[derive(Default)]
-struct Restore {
-    paused: u64,
-    entries: Vec<(String, u64, bool)>,
-}
-
 /// Why a take must wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Why {
@@ -213,10 +110,6 @@ enum Why {
 enum Took {
     Granted,
     Wait(Duration, Why),
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl FleetPacer {
@@ -713,39 +606,6 @@ impl Pacer for FleetPacer {
         })
     }
 }
-
-/// Runs the script once, harmlessly, at join: a user without the rights
-/// to run it (an ACL without `EVALSHA`/`EVAL`) or a Redis that takes no
-/// writes (a read-only replica) is a configuration error to hear of before
-/// any call, not a stall that "run the same command" could never cure.
-pub async fn probe(fleet: &Fleet) -> Result<(), super::FleetError> {
-    let script = redis::Script::new(SCRIPT);
-    let args = ScriptArgs {
-        window: Duration::from_secs(1),
-        hold: Duration::from_secs(1),
-        lease: Duration::from_secs(1),
-    };
-    let mut conn = fleet.conn();
-    let inv = args.invoke(&script, &fleet.keys().pacer(), "probe", None);
-    let answer: redis::RedisResult<i64> =
-        match tokio::time::timeout(PROBE_WITHIN, inv.invoke_async(&mut conn)).await {
-            Ok(r) => r,
-            Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::IoError,
-                "timed out",
-            ))),
-        };
-    answer.map(|_| ()).map_err(|e| super::FleetError::Refused {
-        at: fleet.at().to_string(),
-        why: format!(
-            "{e}. The fleet needs a writable primary and a user allowed to run scripts \
-             (EVAL, EVALSHA, SCRIPT LOAD) on its keys; no request was sent"
-        ),
-    })
-}
-
-/// How long the probe at join may take.
-const PROBE_WITHIN: Duration = Duration::from_secs(5);
 
 /// The pacer of a process in a fleet (`--redis`): the window, the
 /// concurrency ceiling, the pause and the learnt limit are shared with every

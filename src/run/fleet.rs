@@ -24,7 +24,7 @@ pub async fn join(
     let fleet = Fleet::connect(f)
         .await
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
-    crate::fleet::pacer::probe(&fleet)
+    crate::fleet::script::probe(&fleet)
         .await
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
     if let Some(policy) = fleet.eviction_policy().await {

@@ -556,7 +556,10 @@ pub fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
 /// Pipes `items` into `batchrun - --format jsonl --out OUT EXTRA`, the
 /// failures beside OUT.
 pub fn piped(s: &Scenario, items: &str, out: &std::path::Path, extra: &[&str]) -> Finished {
-    let mut c = s.cmd_for(std::path::Path::new("-"), &[&["--limit", "none"], extra].concat());
+    let mut c = s.cmd_for(
+        std::path::Path::new("-"),
+        &[&["--limit", "none"], extra].concat(),
+    );
     c.args(["--format", "jsonl", "--out"])
         .arg(out)
         .arg("--failures")

@@ -1,7 +1,6 @@
 //! The everyday reruns: a changed command, a moved input, a pipe again.
 //! A job is what it sends, wherever it lives, and its outputs are its own.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 

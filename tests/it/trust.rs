@@ -54,7 +54,11 @@ async fn a_pipe_is_spooled_once_and_the_same_content_resumes_its_job() {
     assert_each_item_once(&out, 8);
     let again = piped(&s, &items, &out, &[]);
     assert_eq!(again.code, 0);
-    assert_eq!(again.summary["requests"], 0, "the same content resumes: {}", again.summary);
+    assert_eq!(
+        again.summary["requests"], 0,
+        "the same content resumes: {}",
+        again.summary
+    );
     assert_side_effects(&s.sim().stats().await, 8);
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use batchrun::fleet::pacer::{ScriptArgs, SCRIPT};
+use batchrun::fleet::script::{ScriptArgs, SCRIPT};
 use batchrun::fleet::FleetKeys;
 use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
 use proptest::prelude::*;

@@ -1,0 +1,69 @@
+//! What one fleet process knows of its own calls: enough to put them back
+//! should Redis lose the fleet's state, and the notes it has for its run.
+
+use std::collections::{HashSet, VecDeque};
+
+use tokio::time::Instant;
+
+use crate::pace::PaceNote;
+use crate::rate::exact::MAX_EVENTS;
+
+/// What this process knows of its own calls.
+#[derive(Default)]
+pub(super) struct Local {
+    /// Permits not yet completed: their leases are renewed.
+    pub(super) in_flight: HashSet<String>,
+    /// Completed calls still occupying the window, with when they stop.
+    pub(super) recent: VecDeque<(String, Instant)>,
+    /// Completions and cancellations not yet in Redis.
+    pub(super) settles: Vec<(String, Option<Instant>)>,
+    /// Redis failed since the last take that put our calls back.
+    pub(super) lost: bool,
+    pub(super) paused_until: Option<Instant>,
+    /// The fleet's learnt limit as last heard (0: none), whether its
+    /// settling was announced, and what the operator is still to hear.
+    pub(super) learnt: u64,
+    pub(super) settled_told: bool,
+    pub(super) notes: VecDeque<PaceNote>,
+    /// The fleet holds new calls until then (a response said remaining: 0).
+    pub(super) held_until: Option<Instant>,
+    /// The fleet's epoch as last heard: Redis forgetting the fleet with the
+    /// connection up shows as its absence or change.
+    pub(super) epoch: Option<i64>,
+}
+
+impl Local {
+    /// What a granted take said of the fleet's learnt limit: a lowering
+    /// (by any process) and its settling are each announced once here.
+    pub(super) fn heard(&mut self, learnt: u64, settled: bool) {
+        if learnt == 0 {
+            self.learnt = 0;
+            return;
+        }
+        if self.learnt == 0 || learnt < self.learnt {
+            self.settled_told = false;
+            self.push(PaceNote::Learnt(learnt));
+        }
+        self.learnt = learnt;
+        if settled && !self.settled_told {
+            self.settled_told = true;
+            self.push(PaceNote::LearntSettled(learnt));
+        }
+    }
+
+    pub(super) fn push(&mut self, note: PaceNote) {
+        // A few at most matter: newer news supersedes older.
+        if self.notes.len() >= MAX_EVENTS {
+            self.notes.pop_front();
+        }
+        self.notes.push_back(note);
+    }
+}
+
+/// This process's share of the fleet's state, to put back after Redis lost
+/// it: the pause left (ms) and each call's (id, ms left occupying, in flight).
+#[derive(Default)]
+pub(super) struct Restore {
+    pub(super) paused: u64,
+    pub(super) entries: Vec<(String, u64, bool)>,
+}

@@ -1,0 +1,89 @@
+//! The fleet's script (`pacer.lua`) and how it is called: the arguments
+//! every run starts with, built here alone so that the pacer, the probe at
+//! join and the tests of the script agree.
+
+use std::time::Duration;
+
+use super::Fleet;
+use crate::rate::exact::stale_grace;
+
+/// The script every fleet process runs; see the file for its contract.
+pub const SCRIPT: &str = include_str!("pacer.lua");
+
+/// The arguments every run of [`SCRIPT`] starts with (see its header),
+/// built here alone so that the pacer and the tests of the script agree.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptArgs {
+    /// The window (W).
+    pub window: Duration,
+    /// How long an in-flight call occupies the window past its permit.
+    pub hold: Duration,
+    /// How long a concurrency lease lasts unless renewed.
+    pub lease: Duration,
+}
+
+impl ScriptArgs {
+    /// An invocation of `script` (which is [`SCRIPT`]) for `op` on `keys`,
+    /// with the common arguments filled in. `clock`: `None` to run on
+    /// Redis's own clock, as every process of a fleet must; a test passes
+    /// its fake clock, in unix ms.
+    pub fn invoke<'a>(
+        &self,
+        script: &'a redis::Script,
+        keys: &[String; 5],
+        op: &str,
+        clock: Option<u64>,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        // Rounded up: the script compares whole milliseconds with it.
+        let grace = stale_grace(self.window).as_micros().div_ceil(1000);
+        inv.arg(op)
+            .arg(millis(self.window))
+            .arg(millis(self.hold))
+            .arg(millis(self.lease))
+            .arg(u64::try_from(grace).unwrap_or(u64::MAX))
+            .arg(clock.map_or(String::new(), |c| c.to_string()));
+        inv
+    }
+}
+
+/// Runs the script once, harmlessly, at join: a user without the rights
+/// to run it (an ACL without `EVALSHA`/`EVAL`) or a Redis that takes no
+/// writes (a read-only replica) is a configuration error to hear of before
+/// any call, not a stall that "run the same command" could never cure.
+pub async fn probe(fleet: &Fleet) -> Result<(), super::FleetError> {
+    let script = redis::Script::new(SCRIPT);
+    let args = ScriptArgs {
+        window: Duration::from_secs(1),
+        hold: Duration::from_secs(1),
+        lease: Duration::from_secs(1),
+    };
+    let mut conn = fleet.conn();
+    let inv = args.invoke(&script, &fleet.keys().pacer(), "probe", None);
+    let answer: redis::RedisResult<i64> =
+        match tokio::time::timeout(PROBE_WITHIN, inv.invoke_async(&mut conn)).await {
+            Ok(r) => r,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::IoError,
+                "timed out",
+            ))),
+        };
+    answer.map(|_| ()).map_err(|e| super::FleetError::Refused {
+        at: fleet.at().to_string(),
+        why: format!(
+            "{e}. The fleet needs a writable primary and a user allowed to run scripts \
+             (EVAL, EVALSHA, SCRIPT LOAD) on its keys; no request was sent"
+        ),
+    })
+}
+
+/// How long the probe at join may take.
+const PROBE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Whole milliseconds of `d`, as the script takes them.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
