@@ -229,24 +229,50 @@ async fn a_second_ctrl_c_stops_at_once_and_keeps_what_finished() {
         ])
         .numbers(40);
     let args = ["--limit", "600/1s", "--concurrency", "8"];
-    let mut first = None;
-    let r = act_when(
-        s.cmd(&args),
-        s.sim(),
-        |st| st["side_effects"].as_u64() >= Some(1) && st["in_flight"].as_u64() >= Some(2),
-        |pid| {
-            let pid = pid as i32;
-            // SAFETY: signalling our own child process.
-            unsafe { libc::kill(pid, libc::SIGINT) };
-            first = Some(std::time::Instant::now());
-            // The first signal is being handled when the second arrives.
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGINT) };
-        },
-    )
+    let mut c = s.cmd(&args);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    wait_for_stats(s.sim(), 30, |st| {
+        st["side_effects"].as_u64() >= Some(1) && st["in_flight"].as_u64() >= Some(2)
+    })
     .await;
-    let took = first.map(|t| t.elapsed()).unwrap_or_default();
+    let pid = child.id() as i32;
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let first = std::time::Instant::now();
+    // The second signal goes once the run has said it heard the first (two
+    // signals at once would be one).
+    let (heard, heard_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("finishing the calls in flight") {
+                let _ = heard.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    heard_rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the run said it heard the first Ctrl-C");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let took = first.elapsed();
+    let r = Finished {
+        code: out.status.code().unwrap_or(-1),
+        summary: serde_json::from_slice(&out.stdout).unwrap_or_default(),
+        stderr: reader.join().unwrap(),
+    };
+    assert!(!r.stderr.contains(KEY), "the API key leaked into output");
     assert_eq!(r.code, 130, "{}", r.stderr);
     assert!(r.stderr.contains("stopping now"), "{}", r.stderr);
     assert!(
