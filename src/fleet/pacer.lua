@@ -176,6 +176,16 @@ end
 -- Whether a 429 now may belong to a call from before the last lowering:
 -- one still in flight, or one back within the grace. Counting it would
 -- lower the limit again for the same overrun.
+-- Holds new calls until t (ms), unless a later hold is in force already.
+-- Returns whether it moved the hold.
+local function hold_until(t)
+  if t <= tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
+    return false
+  end
+  redis.call('HSET', KEYS[4], 'held_until', t)
+  return true
+end
+
 local function stale()
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   if lowered == 0 then return false end
@@ -211,12 +221,7 @@ local function forgotten(e)
     epoch = fresh
     redis.call('HSET', KEYS[4], 'epoch', epoch)
   end
-  if lost then
-    local until_ = now + W
-    if until_ > tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
-      redis.call('HSET', KEYS[4], 'held_until', until_)
-    end
-  end
+  if lost then hold_until(now + W) end
   keep(KEYS[4], limit_ttl)
   return lost, tonumber(epoch)
 end
@@ -383,10 +388,7 @@ if op == 'full' then
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   local untl = now + W
   if e[2] and tonumber(e[2]) < untl then untl = tonumber(e[2]) end
-  if untl > tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
-    redis.call('HSET', KEYS[4], 'held_until', untl)
-    keep(KEYS[4], limit_ttl)
-  end
+  if hold_until(untl) then keep(KEYS[4], limit_ttl) end
   return untl - now
 end
 
