@@ -101,6 +101,14 @@ pub trait Pacer: Send + Sync {
     /// reach, in which case no call may go out.
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>>;
 
+    /// [`take`](Self::take) for a call that weighs `weight`: a batch of
+    /// items counted as several calls, or a call whose item costs tokens
+    /// against a token policy. Pacers that count only calls take one place.
+    fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        let _ = weight;
+        self.take()
+    }
+
     /// A rate-limit 429 arrived: every worker waits `for_` before its next
     /// call, and nobody bursts when the pause ends. Async because the fleet's
     /// pacer tells every process through its store. The refused call's
@@ -142,6 +150,26 @@ pub trait Pacer: Send + Sync {
     /// permits not yet recorded there) before the run ends. Bounded in time.
     fn flush(&self) -> BoxFuture<'_, ()> {
         ready(())
+    }
+}
+
+/// What one call weighs against the limits: the calls it counts as (one,
+/// or a batch's items where the API counts each) and its estimated cost in
+/// tokens (zero when no token policy applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Weight {
+    /// Calls it counts as against call policies; at least one.
+    pub calls: u64,
+    /// Estimated cost units against token policies.
+    pub tokens: u64,
+}
+
+impl Default for Weight {
+    fn default() -> Weight {
+        Weight {
+            calls: 1,
+            tokens: 0,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod announce;
 pub mod backoff;
 pub mod bucket;
 pub mod exact;
+pub mod policy;
 pub mod retry_after;
 pub mod scenario;
 pub mod spike_pace;

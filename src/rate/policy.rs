@@ -1,0 +1,259 @@
+//! The vocabulary of a limit's *shape*: one policy a server keeps, as
+//! `--limit` (and the sim's `--limit`) spells it.
+//!
+//! `RATE[,SHAPE][,burst=N][,UNIT]`, where `RATE` is a [`Limit`] (`30/1s`,
+//! `60/1m`, `30ps`, `none`), `SHAPE` is `sliding` (the default), `fixed` or
+//! `bucket`, `burst=N` sizes a bucket (and implies `bucket`), and `UNIT` is
+//! `calls` (the default) or `tokens` (cost units, such as an LLM's tokens).
+//!
+//! ```
+//! use batchrun::rate::policy::{PolicySpec, Shape, Unit};
+//!
+//! let p: PolicySpec = "30/1s,burst=5".parse().unwrap();
+//! assert_eq!(p.shape, Shape::Bucket { burst: Some(5) });
+//! assert_eq!(p.unit, Unit::Calls);
+//! let t: PolicySpec = "90000/1m,tokens".parse().unwrap();
+//! assert_eq!((t.shape, t.unit), (Shape::Sliding, Unit::Tokens));
+//! assert_eq!(t.to_string(), "90000/1m,tokens");
+//! assert!("30/1s,fixed,bucket".parse::<PolicySpec>().is_err());
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::{Limit, LimitParseError, Rate};
+
+/// How a server counts calls against a rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Shape {
+    /// At most N in any span of W (APIVerve, flask-limiter's moving window).
+    #[default]
+    Sliding,
+    /// At most N per clock-aligned window of W, reset at each boundary
+    /// (express-rate-limit, rate-limiter-flexible, most daily quotas).
+    Fixed,
+    /// A bucket (GCRA / leaky bucket) refilling at N per W with room for
+    /// `burst` calls beyond the one the rate allows now (nginx
+    /// `limit_req ... burst=`, SpikeArrest). `None`: the burst is not known.
+    Bucket {
+        /// The burst, when known.
+        burst: Option<u64>,
+    },
+}
+
+/// What a policy's quota counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Unit {
+    /// Requests.
+    #[default]
+    Calls,
+    /// Cost units (an LLM's tokens, an API's credits per minute): each call
+    /// weighs what its item costs.
+    Tokens,
+}
+
+/// One policy: a rate, its shape and what it counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// The rate (or `none`).
+    pub limit: Limit,
+    /// How the server counts against it.
+    pub shape: Shape,
+    /// What it counts.
+    pub unit: Unit,
+}
+
+impl PolicySpec {
+    /// A sliding window of calls at `limit`: what a bare `--limit 60/1m` means.
+    pub fn sliding(limit: Limit) -> PolicySpec {
+        PolicySpec {
+            limit,
+            shape: Shape::Sliding,
+            unit: Unit::Calls,
+        }
+    }
+
+    /// The rate, if there is one.
+    pub fn rate(&self) -> Option<Rate> {
+        self.limit.rate()
+    }
+}
+
+impl From<Limit> for PolicySpec {
+    fn from(limit: Limit) -> PolicySpec {
+        PolicySpec::sliding(limit)
+    }
+}
+
+impl fmt::Display for PolicySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.limit.fmt(f)?;
+        match self.shape {
+            Shape::Sliding => {}
+            Shape::Fixed => f.write_str(",fixed")?,
+            Shape::Bucket { burst: None } => f.write_str(",bucket")?,
+            Shape::Bucket { burst: Some(b) } => write!(f, ",burst={b}")?,
+        }
+        if self.unit == Unit::Tokens {
+            f.write_str(",tokens")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a `--limit` value with a shape was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyParseError {
+    /// The rate itself.
+    #[error(transparent)]
+    Rate(#[from] LimitParseError),
+    /// A modifier after the rate.
+    #[error("invalid limit {input:?}: {reason} (expected RATE[,sliding|fixed|bucket][,burst=N][,tokens], such as 30/1s,burst=5 or 90000/1m,tokens)")]
+    Modifier {
+        /// The whole value.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl FromStr for PolicySpec {
+    type Err = PolicyParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(',');
+        let limit: Limit = parts.next().unwrap_or_default().parse()?;
+        let err = |reason: String| PolicyParseError::Modifier {
+            input: s.to_string(),
+            reason,
+        };
+        let (mut shape, mut burst, mut unit) = (None::<Shape>, None::<u64>, None::<Unit>);
+        for m in parts.map(str::trim) {
+            let word = match m.to_ascii_lowercase().as_str() {
+                "sliding" | "window" => Some(Shape::Sliding),
+                "fixed" => Some(Shape::Fixed),
+                "bucket" | "gcra" => Some(Shape::Bucket { burst: None }),
+                "calls" | "requests" | "tokens" if unit.is_some() => {
+                    return Err(err("two units given".into()))
+                }
+                "calls" | "requests" => {
+                    unit = Some(Unit::Calls);
+                    None
+                }
+                "tokens" => {
+                    unit = Some(Unit::Tokens);
+                    None
+                }
+                b if b.starts_with("burst=") && burst.is_none() => {
+                    let n = b["burst=".len()..]
+                        .parse()
+                        .map_err(|_| err(format!("{m:?}: the burst is not a whole number")))?;
+                    burst = Some(n);
+                    None
+                }
+                "" => return Err(err("an empty modifier".into())),
+                other => return Err(err(format!("unknown or repeated modifier {other:?}"))),
+            };
+            if let Some(w) = word {
+                if shape.is_some() {
+                    return Err(err("two shapes given".into()));
+                }
+                shape = Some(w);
+            }
+        }
+        let shape = match (shape, burst) {
+            (None | Some(Shape::Bucket { .. }), Some(b)) => Some(Shape::Bucket { burst: Some(b) }),
+            (Some(_), Some(_)) => {
+                return Err(err("two shapes given (a burst is a bucket's)".into()))
+            }
+            (s, None) => s,
+        };
+        if limit == Limit::Unlimited && (shape.is_some() || unit.is_some()) {
+            return Err(err("`none` takes no shape or unit".into()));
+        }
+        Ok(PolicySpec {
+            limit,
+            shape: shape.unwrap_or_default(),
+            unit: unit.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec(s: &str) -> PolicySpec {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn a_bare_rate_is_a_sliding_window_of_calls() {
+        let p = spec("30/1s");
+        assert_eq!(p, PolicySpec::sliding(p.limit));
+        assert_eq!(p.rate().unwrap().period, Duration::from_secs(1));
+        assert_eq!(p.to_string(), "30ps");
+    }
+
+    #[test]
+    fn shapes_bursts_and_units_read_and_print_back() {
+        for (given, shape, unit, shown) in [
+            ("30/1s,fixed", Shape::Fixed, Unit::Calls, "30ps,fixed"),
+            (
+                "30/1s,bucket",
+                Shape::Bucket { burst: None },
+                Unit::Calls,
+                "30ps,bucket",
+            ),
+            (
+                "30/1s,burst=0",
+                Shape::Bucket { burst: Some(0) },
+                Unit::Calls,
+                "30ps,burst=0",
+            ),
+            (
+                "30/1s, bucket, burst=5",
+                Shape::Bucket { burst: Some(5) },
+                Unit::Calls,
+                "30ps,burst=5",
+            ),
+            (
+                "30/1s,burst=5,bucket",
+                Shape::Bucket { burst: Some(5) },
+                Unit::Calls,
+                "30ps,burst=5",
+            ),
+            (
+                "1000/1d,fixed,tokens",
+                Shape::Fixed,
+                Unit::Tokens,
+                "1000/1day,fixed,tokens",
+            ),
+            ("60/1m,sliding,calls", Shape::Sliding, Unit::Calls, "60/1m"),
+        ] {
+            let p = spec(given);
+            assert_eq!((p.shape, p.unit), (shape, unit), "{given}");
+            assert_eq!(p.to_string(), shown, "{given}");
+            assert_eq!(spec(shown), p, "{shown} reads back");
+        }
+    }
+
+    #[test]
+    fn nonsense_is_refused_with_the_reason() {
+        for (bad, why) in [
+            ("30/1s,fixed,bucket", "two shapes"),
+            ("30/1s,fixed,burst=3", "two shapes"),
+            ("30/1s,tokens,calls", "two units"),
+            ("30/1s,burst=x", "not a whole number"),
+            ("30/1s,,fixed", "empty modifier"),
+            ("30/1s,leaky", "unknown or repeated modifier"),
+            ("30/1s,burst=1,burst=2", "repeated modifier"),
+            ("none,fixed", "takes no shape"),
+            ("thirty/1s,fixed", "not a whole number"),
+        ] {
+            let e = bad.parse::<PolicySpec>().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+}
