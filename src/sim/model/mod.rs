@@ -15,6 +15,8 @@ mod admission;
 mod arrivals;
 mod config;
 mod faults;
+pub mod fixed_window;
+pub mod gcra;
 mod idempotency;
 mod limiter;
 pub mod refusals;
@@ -23,6 +25,7 @@ pub mod spike_arrest;
 mod stats;
 #[cfg(test)]
 mod testkit;
+pub mod weighted_window;
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
