@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Plan, Rate};
 pub use model::{Dialect, ModelKind};
 
@@ -44,18 +45,22 @@ pub struct SimArgs {
     #[arg(long, value_enum)]
     pub plan: Option<Plan>,
 
-    /// Limit per key: L/W over a sliding window (60/1m, 600/6s, 10/2s), Nps or
-    /// Npm (Apigee units, for --model spike-arrest), or none. Repeatable with
-    /// the window model (--limit 20/1s --limit 50/10s): a request must fit
-    /// each; key caps and the default headers concern the first.
-    #[arg(long, value_name = "LIMIT", action = clap::ArgAction::Append)]
-    pub limit: Vec<Limit>,
+    /// A policy per key: RATE[,sliding|fixed|bucket][,burst=N][,tokens].
+    /// RATE is L/W (60/1m, 600/6s, 10/2s), Nps or Npm (Apigee units), or
+    /// none; sliding (the default) is a sliding window, fixed a window reset
+    /// at each boundary, bucket (or burst=N) nginx's limit_req; tokens counts
+    /// each request's tokens. Repeatable (--limit 20/1s --limit 1000/1h): a
+    /// request must fit each; key caps and the default headers concern the
+    /// first.
+    #[arg(long, value_name = "POLICY", action = clap::ArgAction::Append)]
+    pub limit: Vec<PolicySpec>,
 
     /// How responses state the limits: batchrun (x-rate-limit-limit and
     /// -remaining), ietf (RateLimit-Policy and RateLimit), ietf-old
     /// (RateLimit-Limit, -Remaining, -Reset, RateLimit-Policy), x-ratelimit
     /// (X-RateLimit-*, delta reset), github (X-RateLimit-*, epoch reset),
-    /// openai (x-ratelimit-*-requests), anthropic (anthropic-ratelimit-requests-*).
+    /// openai (x-ratelimit-*-requests and -tokens), anthropic
+    /// (anthropic-ratelimit-requests-* and -tokens-*), none (no rate headers).
     #[arg(long, value_enum, default_value_t = Dialect::Batchrun)]
     pub dialect: Dialect,
 
@@ -172,18 +177,24 @@ impl Default for SimArgs {
 const DEFAULT_PLAN: Plan = Plan::Starter;
 
 impl SimArgs {
-    /// The per-key limit in force: --limit, else the plan's, else Starter's
-    /// 60/1m.
+    /// The first per-key limit in force: --limit, else the plan's, else
+    /// Starter's 60/1m.
     pub fn limit_in_force(&self) -> Limit {
         self.limit
             .first()
-            .copied()
+            .map(|p| p.limit)
             .unwrap_or_else(|| self.plan.unwrap_or(DEFAULT_PLAN).limit())
     }
 
-    /// The limits after the first (`--limit` repeated).
-    pub fn further_limits(&self) -> Vec<Rate> {
-        self.limit.iter().skip(1).filter_map(Limit::rate).collect()
+    /// Every policy in force (none for no limit): --limit, else the plan's
+    /// sliding window.
+    pub fn policies_in_force(&self) -> Vec<PolicySpec> {
+        let given = if self.limit.is_empty() {
+            vec![PolicySpec::sliding(self.limit_in_force())]
+        } else {
+            self.limit.clone()
+        };
+        given.into_iter().filter(|p| p.rate().is_some()).collect()
     }
 
     /// The per-key concurrency ceiling in force: --concurrency, else the
@@ -207,8 +218,7 @@ impl SimArgs {
         }
         model::Config {
             kind: self.model,
-            limit: self.limit_in_force(),
-            further: self.further_limits(),
+            policies: self.policies_in_force(),
             dialect: self.dialect,
             concurrency: self.concurrency_in_force(),
             cooldown: self.cooldown,
@@ -237,22 +247,28 @@ impl SimArgs {
 
     /// A one-line description for the log.
     fn describe(&self) -> String {
-        let limit = match self.limit_in_force() {
-            Limit::Unlimited => "no limit".to_string(),
-            Limit::Rate(r) => format!("{}", DisplayRate(r)),
-        };
         let model = match self.model {
             ModelKind::Window => "window",
             ModelKind::SpikeArrest => "spike-arrest",
         };
-        let limit = std::iter::once(limit)
-            .chain(
-                self.further_limits()
-                    .into_iter()
-                    .map(|r| DisplayRate(r).to_string()),
-            )
-            .collect::<Vec<_>>()
-            .join(" and ");
+        let policies = self.policies_in_force();
+        let limit = if policies.is_empty() {
+            "no limit".to_string()
+        } else {
+            policies
+                .iter()
+                .map(|p| {
+                    let shape = p.to_string();
+                    let rest = shape.split_once(',').map_or("", |(_, r)| r);
+                    let rate = p.rate().map(|r| DisplayRate(r).to_string());
+                    match rest {
+                        "" => rate.unwrap_or_default(),
+                        _ => format!("{},{rest}", rate.unwrap_or_default()),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
         let mut line = format!(
             "{model} model, {limit} per key, concurrency {}, cooldown {}, {} credits",
             self.concurrency_in_force(),
@@ -384,16 +400,11 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 }
 
 impl SimArgs {
-    /// Refuses what the options cannot mean together: several limits are
-    /// kept by the window model only, and `none` is no limit to combine.
+    /// Refuses what the options cannot mean together: `none` is no limit to
+    /// combine with others.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.limit.len() > 1 {
-            if self.limit.contains(&Limit::Unlimited) {
-                anyhow::bail!("--limit none cannot be combined with other --limit values");
-            }
-            if self.model != ModelKind::Window {
-                anyhow::bail!("several --limit values need --model window");
-            }
+        if self.limit.len() > 1 && self.limit.iter().any(|p| p.limit == Limit::Unlimited) {
+            anyhow::bail!("--limit none cannot be combined with other --limit values");
         }
         Ok(())
     }
@@ -583,10 +594,12 @@ mod tests {
         ])
         .unwrap();
         let c = a.config();
-        assert_eq!(c.limit, "20/1s".parse().unwrap());
         assert_eq!(
-            c.further,
-            ["50/10s".parse::<Limit>().unwrap().rate().unwrap()]
+            c.policies,
+            [
+                "20/1s".parse::<PolicySpec>().unwrap(),
+                "50/10s".parse().unwrap()
+            ]
         );
         assert_eq!(c.dialect, Dialect::IetfOld);
         assert!(a.check().is_ok());
@@ -596,16 +609,21 @@ mod tests {
             a.describe()
         );
         assert_eq!(parse(&[]).unwrap().config().dialect, Dialect::Batchrun);
-        let spike = parse(&[
-            "--model",
-            "spike-arrest",
-            "--limit",
-            "30ps",
-            "--limit",
-            "5ps",
-        ]);
-        let e = spike.unwrap().check().unwrap_err().to_string();
-        assert!(e.contains("--model window"), "{e}");
+        let spike = parse(&["--model", "spike", "--limit", "30ps", "--limit", "5ps"]);
+        assert!(spike.unwrap().check().is_ok());
+        let shapes = parse(&["--limit", "30/1s,burst=5", "--limit", "500/1d,fixed"]).unwrap();
+        assert!(
+            shapes
+                .describe()
+                .contains("30/1s,burst=5 and 500/1day,fixed per key"),
+            "{}",
+            shapes.describe()
+        );
+        assert!(parse(&["--limit", "none"])
+            .unwrap()
+            .config()
+            .policies
+            .is_empty());
         let none = parse(&["--limit", "none", "--limit", "5ps"]).unwrap();
         assert!(none.check().unwrap_err().to_string().contains("none"));
         assert!(parse(&["--dialect", "klingon"]).is_err());

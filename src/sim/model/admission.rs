@@ -19,14 +19,18 @@ pub struct RateInfo {
 /// than the default (`batchrun sim --dialect`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyView {
-    /// Requests admitted per window.
+    /// Units (calls or tokens) admitted per window.
     pub limit: u64,
-    /// The window.
+    /// The window (a bucket's: the period of its rate).
     pub window: Duration,
     /// Requests still admitted now.
     pub remaining: u64,
-    /// Until the oldest request in the window ages out (zero when empty).
+    /// When the quota resets, as the shape has it: the oldest request in a
+    /// sliding window ages out, a fixed window's boundary, a bucket can take
+    /// a call again (zero when it can now, or the window is empty).
     pub reset: Duration,
+    /// What `limit` and `remaining` count: calls or tokens.
+    pub unit: crate::rate::policy::Unit,
 }
 
 /// The four credit headers every metered response carries.

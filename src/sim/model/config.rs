@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate};
 
 /// Which server-side rate model limits each key.
@@ -17,6 +18,7 @@ pub enum ModelKind {
     Window,
     /// Apigee SpikeArrest: a token bucket of 10% of messagesPerPeriod,
     /// dripping one token per period/messagesPerPeriod, no queue, no cooldown.
+    #[value(alias = "spike")]
     SpikeArrest,
 }
 
@@ -45,6 +47,9 @@ pub enum Dialect {
     /// As Anthropic: `anthropic-ratelimit-requests-{limit,remaining,reset}`,
     /// the reset an RFC 3339 instant.
     Anthropic,
+    /// No rate headers at all (the limits are kept, as with
+    /// `--secret-limit`, but `retry-after` still goes out on a 429).
+    None,
 }
 
 /// Everything the model needs to know, already validated.
@@ -52,12 +57,10 @@ pub enum Dialect {
 pub struct Config {
     /// Rate model for every key.
     pub kind: ModelKind,
-    /// The plan's limit for every key (before per-key caps).
-    pub limit: Limit,
-    /// Further sliding-window limits every request of a key must keep as
-    /// well (`--limit` repeated; the window model only). Key caps lower
-    /// `limit` only.
-    pub further: Vec<Rate>,
+    /// Every policy each key is held to (`--limit`, repeatable; none: no
+    /// limit). A request must fit each; key caps lower the first, and the
+    /// default headers state the first.
+    pub policies: Vec<PolicySpec>,
     /// How responses state the limits.
     pub dialect: Dialect,
     /// Requests in flight per key before 429 with `x-concurrency-limit`.
@@ -104,11 +107,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             kind: ModelKind::Window,
-            limit: Limit::Rate(Rate {
+            policies: vec![PolicySpec::sliding(Limit::Rate(Rate {
                 count: 60,
                 period: Duration::from_secs(60),
-            }),
-            further: Vec::new(),
+            }))],
             dialect: Dialect::Batchrun,
             concurrency: 5,
             cooldown: Duration::from_secs(50),

@@ -1,5 +1,6 @@
-//! Per-key pace: the rate model (sliding window or SpikeArrest bucket), the
-//! cooldown after a window overrun, and the concurrency ceiling.
+//! Per-key pace: the key's policies (each kept by its shape's model, see
+//! [`super::policy`]), the cooldown after a sliding-window overrun, and the
+//! concurrency ceiling.
 //!
 //! Each check answers `Err((why, rate headers))` when it refuses; the model
 //! adds the credit headers and counts the refusal.
@@ -8,101 +9,44 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::admission::{PolicyView, RateInfo, Rejection};
-use super::config::{Config, ModelKind};
+use super::config::Config;
+use super::policy::{Policy, PolicyStats, Tokens};
+use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate};
-use crate::sim::model::sliding_window::{ceil_secs, RetryIn, SlidingWindow};
-use crate::sim::model::spike_arrest::SpikeArrest;
+use crate::sim::model::sliding_window::{ceil_secs, RetryIn};
 
 /// A refusal from one of the per-key checks, with the rate headers to send.
 pub(super) type Refusal = (Rejection, Option<RateInfo>);
 
-enum Limiter {
-    Window(SlidingWindow),
-    Spike {
-        bucket: SpikeArrest,
-        /// Counts accepted requests per period, only for `max_in_window`.
-        meter: SlidingWindow,
-    },
-    Unlimited,
-}
-
-impl Limiter {
-    fn info(&self, remaining: u64) -> Option<RateInfo> {
-        let limit = match self {
-            Limiter::Window(w) => w.limit(),
-            Limiter::Spike { bucket, .. } => bucket.rate().count,
-            Limiter::Unlimited => return None,
-        };
-        Some(RateInfo { limit, remaining })
-    }
-
-    fn remaining(&self, now: Instant) -> u64 {
-        match self {
-            Limiter::Window(w) => w.remaining(now),
-            Limiter::Spike { bucket, .. } => bucket.available(now),
-            Limiter::Unlimited => 0,
-        }
-    }
-
-    fn check(&self, now: Instant) -> Result<u64, RetryIn> {
-        match self {
-            Limiter::Window(w) => w.check(now),
-            Limiter::Spike { bucket, .. } => bucket.check(now),
-            Limiter::Unlimited => Ok(0),
-        }
-    }
-
-    /// Accepted requests inside the window (or the bucket's period) at `now`.
-    fn count(&self, now: Instant) -> u64 {
-        match self {
-            Limiter::Window(w) => w.count(now),
-            Limiter::Spike { meter, .. } => meter.count(now),
-            Limiter::Unlimited => 0,
-        }
-    }
-
-    /// Records an accepted request; returns the count now in the window.
-    fn record(&mut self, now: Instant) -> u64 {
-        match self {
-            Limiter::Window(w) => {
-                w.record(now);
-                w.count(now)
-            }
-            Limiter::Spike { bucket, meter } => {
-                // check() passed under the same lock, so this cannot fail.
-                let _ = bucket.try_acquire(now);
-                meter.record(now);
-                meter.count(now)
-            }
-            Limiter::Unlimited => 0,
-        }
-    }
-}
-
-/// The limit in force for `key`: the plan's, lowered by its cap.
-fn key_limit(cfg: &Config, key: &str) -> Option<Rate> {
+/// The policies in force for `key`: the configured ones, the first lowered
+/// by the key's cap.
+fn key_policies(cfg: &Config, key: &str) -> Vec<(PolicySpec, Rate)> {
     let cap = cfg.key_caps.get(key).copied();
-    match (cfg.limit, cap) {
-        (Limit::Rate(r), None) => Some(r),
-        (Limit::Rate(r), Some(c)) => Some(Rate {
-            count: r.count.min(c),
-            period: r.period,
-        }),
+    let mut out: Vec<(PolicySpec, Rate)> = cfg
+        .policies
+        .iter()
+        .filter_map(|p| p.rate().map(|r| (*p, r)))
+        .collect();
+    match (out.first_mut(), cap) {
+        (Some((_, r)), Some(c)) => r.count = r.count.min(c),
         // A capped key on a plan without a per-minute limit gets a
         // per-minute limit of its cap: the lowest applicable cap wins (docs/design.md).
-        (Limit::Unlimited, Some(c)) => Some(Rate {
-            count: c,
-            period: Duration::from_secs(60),
-        }),
-        (Limit::Unlimited, None) => None,
+        (None, Some(c)) => {
+            let r = Rate {
+                count: c,
+                period: Duration::from_secs(60),
+            };
+            out.push((PolicySpec::sliding(Limit::Rate(r)), r));
+        }
+        (_, None) => {}
     }
+    out
 }
 
 /// One API key's pace state.
 pub(super) struct KeyState {
-    limiter: Limiter,
-    /// The further windows (`--limit` repeated): a request must fit each.
-    further: Vec<SlidingWindow>,
+    /// Every policy of the key, the first the one the default headers state.
+    policies: Vec<Policy>,
     /// When the current cooldown started (it lasts `cfg.cooldown`). Kept as
     /// a start, not an end, so an absurd cooldown cannot overflow an Instant.
     cooling_since: Option<Instant>,
@@ -111,29 +55,24 @@ pub(super) struct KeyState {
 }
 
 impl KeyState {
-    fn new(cfg: &Config, key: &str, now: Instant) -> Self {
-        let limiter = match (key_limit(cfg, key), cfg.kind) {
-            (None, _) => Limiter::Unlimited,
-            (Some(r), ModelKind::Window) => Limiter::Window(SlidingWindow::for_rate(r)),
-            (Some(r), ModelKind::SpikeArrest) => Limiter::Spike {
-                bucket: SpikeArrest::new(r, now),
-                meter: SlidingWindow::new(u64::MAX, r.period),
-            },
-        };
-        let further = match cfg.kind {
-            ModelKind::Window => cfg
-                .further
-                .iter()
-                .map(|r| SlidingWindow::for_rate(*r))
-                .collect(),
-            ModelKind::SpikeArrest => Vec::new(),
-        };
+    fn new(cfg: &Config, key: &str, origin: Instant, now: Instant) -> Self {
+        let policies = key_policies(cfg, key)
+            .iter()
+            .map(|(spec, rate)| Policy::new(spec, *rate, cfg.kind, origin, now))
+            .collect();
         KeyState {
-            limiter,
-            further,
+            policies,
             cooling_since: None,
             in_flight: 0,
         }
+    }
+
+    /// The default headers: the first policy's limit and `remaining`.
+    fn info(&self, remaining: u64) -> Option<RateInfo> {
+        self.policies.first().map(|p| RateInfo {
+            limit: p.limit(),
+            remaining,
+        })
     }
 
     /// Cooldown: answered without looking at anything else, and not counted
@@ -154,13 +93,13 @@ impl KeyState {
         let why = Rejection::Cooldown {
             retry_after: ceil_secs(left),
         };
-        Err((why, self.limiter.info(0)))
+        Err((why, self.info(0)))
     }
 
     /// `--rate-limit-forever`: a rate-limit refusal that asks for a retry in
     /// one second, without a cooldown, whatever the window holds.
     pub(super) fn refuse_forever(&self) -> Refusal {
-        (Rejection::Rate { retry_after: 1 }, self.limiter.info(0))
+        (Rejection::Rate { retry_after: 1 }, self.info(0))
     }
 
     /// The concurrency ceiling: `ceiling` requests of this key in flight.
@@ -168,84 +107,94 @@ impl KeyState {
         if self.in_flight < ceiling {
             return Ok(());
         }
-        let rate = self.limiter.info(self.limiter.remaining(now));
-        Err((Rejection::Concurrency { limit: ceiling }, rate))
+        let remaining = self.policies.first().map_or(0, |p| p.remaining(now));
+        Err((
+            Rejection::Concurrency { limit: ceiling },
+            self.info(remaining),
+        ))
     }
 
-    /// The rate model: the rate headers if a request at `now` fits. A window
-    /// overrun starts the cooldown (unless it is zero); a bucket has none.
+    /// The policies: the rate headers if a request needing `tokens` fits every
+    /// one at `now`. An overrun of a sliding window starts the cooldown
+    /// (unless it is zero); a bucket or a fixed window has none. The wait
+    /// asked is the longest any refusing policy needs, and never more than
+    /// that policy's window (a request too heavy ever to fit is told to
+    /// come back after one).
     pub(super) fn check_rate(
         &mut self,
         cooldown: Duration,
+        tokens: Tokens,
         now: Instant,
     ) -> Result<Option<RateInfo>, Refusal> {
-        let checked = self.limiter.check(now).and_then(|remaining| {
-            for w in &self.further {
-                w.check(now)?;
-            }
-            Ok(remaining)
-        });
-        match checked {
-            Ok(remaining) => Ok(self.limiter.info(remaining)),
-            Err(wait) => {
-                if matches!(self.limiter, Limiter::Window(_)) && !cooldown.is_zero() {
-                    self.cooling_since = Some(now);
+        let mut first_left = 0;
+        let mut refused: Option<(RetryIn, bool)> = None;
+        for (i, p) in self.policies.iter().enumerate() {
+            match p.check(now, tokens) {
+                Ok(left) if i == 0 => first_left = left,
+                Ok(_) => {}
+                Err(RetryIn(wait)) => {
+                    let wait = RetryIn(wait.min(p.view(now).window));
+                    let cools = p.cools_down();
+                    refused = Some(match refused {
+                        Some((w, c)) => (RetryIn(w.0.max(wait.0)), c || cools),
+                        None => (wait, cools),
+                    });
                 }
-                let why = Rejection::Rate {
-                    retry_after: wait.whole_seconds(),
-                };
-                Err((why, self.limiter.info(0)))
             }
         }
-    }
-
-    /// Records an accepted request; returns the count now in the window.
-    pub(super) fn record(&mut self, now: Instant) -> u64 {
-        for w in &mut self.further {
-            w.record(now);
+        let Some((wait, cools)) = refused else {
+            return Ok(self.info(first_left));
+        };
+        if cools && !cooldown.is_zero() {
+            self.cooling_since = Some(now);
         }
-        self.limiter.record(now)
+        let why = Rejection::Rate {
+            retry_after: wait.whole_seconds(),
+        };
+        Err((why, self.info(0)))
     }
 
-    /// Every window of the key as of `now`, the primary one first.
+    /// Records an accepted request charged `tokens` in every policy, raising
+    /// each one's `peaks`; returns the first policy's count in its window.
+    pub(super) fn record(
+        &mut self,
+        now: Instant,
+        tokens: Tokens,
+        peaks: &mut [PolicyStats],
+    ) -> u64 {
+        let mut spare = PolicyStats::default();
+        for (i, p) in self.policies.iter_mut().enumerate() {
+            p.record(now, tokens, peaks.get_mut(i).unwrap_or(&mut spare));
+        }
+        self.in_window(now)
+    }
+
+    /// Every policy of the key as of `now`, the first one first.
     pub(super) fn policies(&self, now: Instant) -> Vec<PolicyView> {
-        let view = |w: &SlidingWindow| PolicyView {
-            limit: w.limit(),
-            window: w.window(),
-            remaining: w.remaining(now),
-            reset: w
-                .oldest_expiry(now)
-                .map_or(Duration::ZERO, |e| e.saturating_duration_since(now)),
-        };
-        let primary = match &self.limiter {
-            Limiter::Window(w) => Some(view(w)),
-            Limiter::Spike { bucket, .. } => Some(PolicyView {
-                limit: bucket.rate().count,
-                window: bucket.rate().period,
-                remaining: bucket.available(now),
-                reset: Duration::ZERO,
-            }),
-            Limiter::Unlimited => None,
-        };
-        primary
-            .into_iter()
-            .chain(self.further.iter().map(view))
-            .collect()
+        self.policies.iter().map(|p| p.view(now)).collect()
     }
 
-    /// Accepted requests inside the window at `now`.
+    /// Accepted units inside the first policy's window at `now`.
     pub(super) fn in_window(&self, now: Instant) -> u64 {
-        self.limiter.count(now)
+        self.policies.first().map_or(0, |p| p.in_window(now))
     }
 }
 
-/// Every key seen so far.
-#[derive(Default)]
+/// Every key seen so far, and the instant fixed windows are aligned to.
 pub(super) struct Keys {
     map: HashMap<String, KeyState>,
+    origin: Instant,
 }
 
 impl Keys {
+    /// No keys yet; fixed windows start at `origin` (the sim's start).
+    pub(super) fn new(origin: Instant) -> Self {
+        Keys {
+            map: HashMap::new(),
+            origin,
+        }
+    }
+
     /// The state of `key`, created at `now` on first sight (and counted in
     /// `seen`).
     pub(super) fn entry(
@@ -255,9 +204,10 @@ impl Keys {
         now: Instant,
         seen: &mut u64,
     ) -> &mut KeyState {
+        let origin = self.origin;
         self.map.entry(key.to_owned()).or_insert_with(|| {
             *seen += 1;
-            KeyState::new(cfg, key, now)
+            KeyState::new(cfg, key, origin, now)
         })
     }
 
@@ -436,13 +386,9 @@ mod tests {
     #[test]
     fn a_request_must_fit_every_limit_and_each_is_stated() {
         let (mut m, t0) = model(Config {
-            further: vec![crate::rate::Rate {
-                count: 3,
-                period: secs(10),
-            }],
             concurrency: 100,
             cooldown: Duration::ZERO,
-            ..cfg("2/1s")
+            ..cfgs(&["2/1s", "3/10s"])
         });
         assert!(executed(&call(&mut m, "k", t0)));
         assert!(executed(&call(&mut m, "k", t0)));

@@ -19,12 +19,16 @@ pub mod fixed_window;
 pub mod gcra;
 mod idempotency;
 mod limiter;
+pub mod policy;
 pub mod refusals;
+#[cfg(test)]
+mod shape_tests;
 pub mod sliding_window;
 pub mod spike_arrest;
 mod stats;
 #[cfg(test)]
 mod testkit;
+pub mod usage;
 pub mod weighted_window;
 
 use std::ops::ControlFlow;
@@ -39,6 +43,7 @@ pub use config::{Config, Dialect, ModelKind};
 use faults::Dice;
 use idempotency::{Found, IdemStore};
 use limiter::{Keys, Refusal};
+pub use policy::{PolicyStats, Tokens};
 pub use stats::Stats;
 
 /// A step of [`Model::admit`]: go on with a value, or answer at once.
@@ -64,8 +69,11 @@ impl Model {
             idem: IdemStore::new(cfg.idempotency_ttl),
             dice: Dice::new(&cfg),
             arrivals: ArrivalLog::new(now, arrivals::MAX_ARRIVALS),
-            keys: Keys::default(),
-            stats: Stats::default(),
+            keys: Keys::new(now),
+            stats: Stats {
+                policies: cfg.policies.iter().map(PolicyStats::of).collect(),
+                ..Stats::default()
+            },
             cfg,
         }
     }
@@ -73,6 +81,15 @@ impl Model {
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Whether a policy counts tokens: then requests are weighed by their
+    /// tokens and answers carry their `usage`.
+    pub fn keeps_tokens(&self) -> bool {
+        self.cfg
+            .policies
+            .iter()
+            .any(|p| p.unit == crate::rate::policy::Unit::Tokens)
     }
 
     /// The credit headers as they stand.
@@ -106,8 +123,21 @@ impl Model {
         idem: Option<&str>,
         now: Instant,
     ) -> Admission {
+        self.admit_tokens(key, endpoint, idem, Tokens::default(), now)
+    }
+
+    /// [`Model::admit`] for a request of `tokens`: refused if a token policy
+    /// cannot take `tokens.estimate`, charged `tokens.charged` if admitted.
+    pub fn admit_tokens(
+        &mut self,
+        key: &str,
+        endpoint: &str,
+        idem: Option<&str>,
+        tokens: Tokens,
+        now: Instant,
+    ) -> Admission {
         let (ControlFlow::Break(a) | ControlFlow::Continue(a)) =
-            self.decide(key, endpoint, idem, now);
+            self.decide(key, endpoint, idem, tokens, now);
         if self.cfg.secret_limit {
             a.without_rate()
         } else {
@@ -120,12 +150,13 @@ impl Model {
         key: &str,
         endpoint: &str,
         idem: Option<&str>,
+        tokens: Tokens,
         now: Instant,
     ) -> Step<Admission> {
         self.stats.requests += 1;
         self.account.roll(now);
         let credits = self.account.view();
-        let rate = match self.pace(key, now) {
+        let rate = match self.pace(key, tokens, now) {
             Ok(rate) => rate,
             Err(refusal) => return ControlFlow::Break(self.refuse(refusal, credits)),
         };
@@ -135,12 +166,17 @@ impl Model {
         }
         let cost = self.cost_of(endpoint);
         self.check_credits(cost, rate)?;
-        ControlFlow::Continue(self.accept(key, cost, scoped, rate, now))
+        ControlFlow::Continue(self.accept(key, cost, tokens, scoped, rate, now))
     }
 
     /// The per-key checks in order: cooldown, concurrency, rate. Returns the
     /// rate headers of a request that fits.
-    fn pace(&mut self, key: &str, now: Instant) -> Result<Option<RateInfo>, Refusal> {
+    fn pace(
+        &mut self,
+        key: &str,
+        tokens: Tokens,
+        now: Instant,
+    ) -> Result<Option<RateInfo>, Refusal> {
         let (cooldown, ceiling) = (self.cfg.cooldown, self.cfg.concurrency);
         let st = self.keys.entry(&self.cfg, key, now, &mut self.stats.keys);
         if self.cfg.rate_limit_forever {
@@ -148,7 +184,7 @@ impl Model {
         }
         st.check_cooldown(cooldown, now)?;
         st.check_concurrency(ceiling, now)?;
-        st.check_rate(cooldown, now)
+        st.check_rate(cooldown, tokens, now)
     }
 
     /// Counts a refusal and renders it with the credit headers.
@@ -177,7 +213,8 @@ impl Model {
         match self.idem.lookup(scoped, now) {
             None => ControlFlow::Continue(()),
             Some(Found::Done(body)) => {
-                self.record(key, now);
+                // A replay counts as a call but runs nothing: no tokens.
+                self.record(key, Tokens::default(), now);
                 self.stats.accepted += 1;
                 self.stats.idempotent_replays += 1;
                 ControlFlow::Break(Admission::Replay {
@@ -210,12 +247,14 @@ impl Model {
         &mut self,
         key: &str,
         cost: u64,
+        tokens: Tokens,
         scoped: Option<String>,
         rate: Option<RateInfo>,
         now: Instant,
     ) -> Admission {
-        self.record(key, now);
+        self.record(key, tokens, now);
         self.stats.accepted += 1;
+        self.stats.tokens_charged += tokens.charged;
         self.account.reserve(cost);
         if let Some(k) = &scoped {
             self.idem.claim(k);
@@ -238,11 +277,11 @@ impl Model {
 
     /// Records an accepted request in the key's window and updates
     /// `max_in_window`.
-    fn record(&mut self, key: &str, now: Instant) {
+    fn record(&mut self, key: &str, tokens: Tokens, now: Instant) {
         let Some(st) = self.keys.get_mut(key) else {
             return;
         };
-        let in_window = st.record(now);
+        let in_window = st.record(now, tokens, &mut self.stats.policies);
         self.stats.max_in_window = self.stats.max_in_window.max(in_window);
         self.arrivals.push(now);
     }

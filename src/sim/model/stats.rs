@@ -65,4 +65,8 @@ pub struct Stats {
     pub renewals: u64,
     /// Distinct API keys seen.
     pub keys: u64,
+    /// Per policy (in `--limit` order), the most it saw over every key.
+    pub policies: Vec<super::policy::PolicyStats>,
+    /// Tokens charged to successful calls, all keys.
+    pub tokens_charged: u64,
 }

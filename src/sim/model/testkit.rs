@@ -23,8 +23,17 @@ pub(super) fn model(cfg: Config) -> (Model, Instant) {
 }
 
 pub(super) fn cfg(limit: &str) -> Config {
+    cfgs(&[limit])
+}
+
+/// A configuration keeping every policy of `limits` (`none` keeps none).
+pub(super) fn cfgs(limits: &[&str]) -> Config {
     Config {
-        limit: limit.parse().unwrap(),
+        policies: limits
+            .iter()
+            .filter(|l| **l != "none")
+            .map(|l| l.parse().unwrap())
+            .collect(),
         ..Config::default()
     }
 }

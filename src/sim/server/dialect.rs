@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::rate::policy::Unit;
 use crate::sim::model::sliding_window::ceil_secs;
 use crate::sim::model::{Dialect, PolicyView};
 use crate::wire;
@@ -19,41 +20,110 @@ fn secs_up(d: Duration) -> u64 {
     }
 }
 
-/// The policy a window-less dialect reports: the one with the least left,
-/// the longest wait among those.
-fn tightest(view: &[PolicyView]) -> Option<&PolicyView> {
+/// The policy of `unit` a window-less dialect reports: the one with the
+/// least left, the longest wait among those.
+fn tightest(view: &[PolicyView], unit: Unit) -> Option<&PolicyView> {
     view.iter()
+        .filter(|p| p.unit == unit)
         .min_by_key(|p| (p.remaining, std::cmp::Reverse(p.reset)))
 }
 
-fn put(h: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        h.insert(HeaderName::from_static(name), v);
+fn put(h: &mut HeaderMap, name: &str, value: String) {
+    if let (Ok(n), Ok(v)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_str(&value),
+    ) {
+        h.insert(n, v);
     }
 }
 
-/// A Go-style duration as OpenAI sends it (`1s`, `20ms`, `6m0s`).
+/// A Go-style duration as OpenAI sends it (`20ms`, `1s`, `6m0s`, `24h0m0s`),
+/// rounded up to the second from one second on.
 fn go(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{}s", ms.div_ceil(1000))
-    } else {
-        let s = ms.div_ceil(1000);
-        format!("{}m{}s", s / 60, s % 60)
+        return format!("{ms}ms");
+    }
+    let s = ms.div_ceil(1000);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m{}s", s / 3600, s % 3600 / 60, s % 60),
     }
 }
 
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 /// Replaces the default rate headers with `dialect`'s, for the key's
-/// limits in `view` (nothing when it has none, or the limit is secret).
+/// policies in `view` (nothing when it has none, or the limit is secret).
+/// The IETF form lists every policy, tokens too; OpenAI and Anthropic state
+/// the tightest of the calls and the tightest of the tokens; the others
+/// state only the tightest of the calls.
 pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
     if dialect == Dialect::Batchrun {
         return;
     }
     h.remove(wire::RATE_LIMIT_LIMIT);
     h.remove(wire::RATE_LIMIT_REMAINING);
-    let Some(t) = tightest(view) else { return };
+    let calls = tightest(view, Unit::Calls);
+    let tokens = tightest(view, Unit::Tokens);
+    match dialect {
+        Dialect::Batchrun | Dialect::None => {}
+        Dialect::Ietf => ietf(h, view),
+        Dialect::IetfOld => {
+            let Some(t) = calls else { return };
+            put(h, "ratelimit-limit", t.limit.to_string());
+            put(h, "ratelimit-remaining", t.remaining.to_string());
+            put(h, "ratelimit-reset", secs_up(t.reset).to_string());
+            let policy = view
+                .iter()
+                .filter(|p| p.unit == Unit::Calls)
+                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)));
+            put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
+        }
+        Dialect::XRatelimit | Dialect::Github => {
+            let Some(t) = calls else { return };
+            x_ratelimit(h, t, dialect == Dialect::Github);
+        }
+        Dialect::Openai => {
+            for (p, unit) in [(calls, "requests"), (tokens, "tokens")] {
+                let Some(t) = p else { continue };
+                put(h, &format!("x-ratelimit-limit-{unit}"), t.limit.to_string());
+                put(
+                    h,
+                    &format!("x-ratelimit-remaining-{unit}"),
+                    t.remaining.to_string(),
+                );
+                put(h, &format!("x-ratelimit-reset-{unit}"), go(t.reset));
+            }
+        }
+        Dialect::Anthropic => {
+            for (p, unit) in [(calls, "requests"), (tokens, "tokens")] {
+                let Some(t) = p else { continue };
+                let name = |f: &str| format!("anthropic-ratelimit-{unit}-{f}");
+                put(h, &name("limit"), t.limit.to_string());
+                put(h, &name("remaining"), t.remaining.to_string());
+                // Whole seconds, rounded up, and one more: the format
+                // carries no fraction here, and truncating must not make
+                // the instant early.
+                let at = SystemTime::now() + Duration::from_secs(secs_up(t.reset) + 1);
+                let at = humantime::format_rfc3339_seconds(at).to_string();
+                put(h, &name("reset"), at);
+            }
+        }
+    }
+}
+
+/// `RateLimit-Policy` (every policy, named, tokens marked `qu="tokens"`)
+/// and `RateLimit` (each one's remaining and reset).
+fn ietf(h: &mut HeaderMap, view: &[PolicyView]) {
+    if view.is_empty() {
+        return;
+    }
     let name = |i: usize| {
         if i == 0 {
             "default".to_string()
@@ -61,76 +131,47 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
             format!("p{}", i + 1)
         }
     };
-    match dialect {
-        Dialect::Batchrun => {}
-        Dialect::Ietf => {
-            let policy = view
-                .iter()
-                .enumerate()
-                .map(|(i, p)| format!("\"{}\";q={};w={}", name(i), p.limit, ceil_secs(p.window)));
-            put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
-            let state = view
-                .iter()
-                .enumerate()
-                .map(|(i, p)| format!("\"{}\";r={};t={}", name(i), p.remaining, secs_up(p.reset)));
-            put(h, "ratelimit", state.collect::<Vec<_>>().join(", "));
-        }
-        Dialect::IetfOld => {
-            put(h, "ratelimit-limit", t.limit.to_string());
-            put(h, "ratelimit-remaining", t.remaining.to_string());
-            put(h, "ratelimit-reset", secs_up(t.reset).to_string());
-            let policy = view
-                .iter()
-                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)));
-            put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
-        }
-        Dialect::XRatelimit | Dialect::Github => {
-            put(h, "x-ratelimit-limit", t.limit.to_string());
-            put(h, "x-ratelimit-remaining", t.remaining.to_string());
-            let reset = if dialect == Dialect::Github {
-                let now = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default();
-                put(
-                    h,
-                    "x-ratelimit-used",
-                    (t.limit - t.remaining.min(t.limit)).to_string(),
-                );
-                put(h, "x-ratelimit-resource", "core".to_string());
-                // Rounded up, so a client never goes before the reset.
-                secs_up(now + t.reset)
-            } else {
-                secs_up(t.reset)
-            };
-            put(h, "x-ratelimit-reset", reset.to_string());
-        }
-        Dialect::Openai => {
-            put(h, "x-ratelimit-limit-requests", t.limit.to_string());
-            put(h, "x-ratelimit-remaining-requests", t.remaining.to_string());
-            put(h, "x-ratelimit-reset-requests", go(t.reset));
-        }
-        Dialect::Anthropic => {
-            put(h, "anthropic-ratelimit-requests-limit", t.limit.to_string());
-            put(
-                h,
-                "anthropic-ratelimit-requests-remaining",
-                t.remaining.to_string(),
-            );
-            // Whole seconds, rounded up: the format carries no fraction here.
-            let at = SystemTime::now() + Duration::from_secs(secs_up(t.reset) + 1);
-            put(
-                h,
-                "anthropic-ratelimit-requests-reset",
-                humantime::format_rfc3339_seconds(at).to_string(),
-            );
-        }
-    }
+    let policy = view.iter().enumerate().map(|(i, p)| {
+        let qu = match p.unit {
+            Unit::Calls => "",
+            Unit::Tokens => ";qu=\"tokens\"",
+        };
+        format!(
+            "\"{}\";q={};w={}{qu}",
+            name(i),
+            p.limit,
+            ceil_secs(p.window)
+        )
+    });
+    put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
+    let state = view
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("\"{}\";r={};t={}", name(i), p.remaining, secs_up(p.reset)));
+    put(h, "ratelimit", state.collect::<Vec<_>>().join(", "));
+}
+
+/// `X-RateLimit-*` of one policy; as GitHub, the reset in epoch seconds
+/// with `-Used` and `-Resource`, else in delta seconds.
+fn x_ratelimit(h: &mut HeaderMap, t: &PolicyView, github: bool) {
+    put(h, "x-ratelimit-limit", t.limit.to_string());
+    put(h, "x-ratelimit-remaining", t.remaining.to_string());
+    let reset = if github {
+        let used = t.limit - t.remaining.min(t.limit);
+        put(h, "x-ratelimit-used", used.to_string());
+        put(h, "x-ratelimit-resource", "core".to_string());
+        // Rounded up, so a client never goes before the reset.
+        secs_up(unix_now() + t.reset)
+    } else {
+        secs_up(t.reset)
+    };
+    put(h, "x-ratelimit-reset", reset.to_string());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::announce::{read, Unit};
+    use crate::rate::announce::{read, Unit as Said};
 
     fn view() -> Vec<PolicyView> {
         vec![
@@ -139,12 +180,14 @@ mod tests {
                 window: Duration::from_secs(1),
                 remaining: 5,
                 reset: Duration::from_millis(300),
+                unit: Unit::Calls,
             },
             PolicyView {
                 limit: 50,
                 window: Duration::from_secs(10),
                 remaining: 0,
                 reset: Duration::from_millis(4200),
+                unit: Unit::Calls,
             },
         ]
     }
@@ -159,6 +202,9 @@ mod tests {
     fn every_dialect_is_read_back_as_the_tightest_limit_at_least() {
         use clap::ValueEnum;
         for d in Dialect::value_variants() {
+            if *d == Dialect::None {
+                continue;
+            }
             let mut h = HeaderMap::new();
             h.insert(wire::RATE_LIMIT_LIMIT, HeaderValue::from(20));
             h.insert(wire::RATE_LIMIT_REMAINING, HeaderValue::from(0));
@@ -168,7 +214,7 @@ mod tests {
                 .iter()
                 .find(|a| a.remaining == Some(0))
                 .unwrap_or_else(|| panic!("{d:?}: {got:?}"));
-            assert_eq!(used_up.unit, Unit::Calls);
+            assert_eq!(used_up.unit, Said::Calls);
             if *d == Dialect::Batchrun {
                 continue;
             }

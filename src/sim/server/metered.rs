@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Map, Value};
 
+use super::super::model::usage::Usage;
 use super::super::model::{Admission, Faults, PolicyView, RateInfo, Ticket};
 use super::conn::ConnCtl;
 use super::respond::{body_response, metered_headers, rejected, Echo};
@@ -173,11 +174,16 @@ async fn metered(
             return echo.error(status, r.message());
         }
     }
+    let usage = match &payload {
+        Payload::Echo(data) if app.tokens => Some(Usage::of(data, app.seed)),
+        _ => None,
+    };
     arrive(&app).await;
     let (admission, view) = {
         let mut m = app.lock();
         let now = Instant::now();
-        let admission = m.admit(key, endpoint, idem, now);
+        let tokens = usage.map(|u| u.tokens()).unwrap_or_default();
+        let admission = m.admit_tokens(key, endpoint, idem, tokens, now);
         (admission, m.policies(key, now))
     };
     let (ticket, rate, faults) = match admission {
@@ -205,6 +211,7 @@ async fn metered(
     let run = Run {
         endpoint: endpoint.to_string(),
         payload,
+        usage,
         rate,
         view,
         faults,
@@ -252,6 +259,8 @@ fn replay(stored: Bytes, echo: &Echo) -> Response {
 struct Run {
     endpoint: String,
     payload: Payload,
+    /// The request's tokens, when a policy counts them.
+    usage: Option<Usage>,
     rate: Option<RateInfo>,
     /// The key's limits at admission, for `--dialect`.
     view: Vec<PolicyView>,
@@ -299,7 +308,10 @@ impl Run {
     fn execute(self, app: &App, ticket: Ticket) -> Response {
         let (stored, body) = match self.payload {
             Payload::Echo(data) => {
-                let b = self.echo.ok_body(&self.endpoint, data);
+                let b = match self.usage {
+                    Some(u) => self.echo.ok_body_with(&self.endpoint, data, u.to_json()),
+                    None => self.echo.ok_body(&self.endpoint, data),
+                };
                 (b.clone(), Body::from(b))
             }
             Payload::Big(n) => (big::marker(n), big::body(n, self.echo.key())),

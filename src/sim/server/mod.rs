@@ -46,6 +46,10 @@ struct App {
     refuse: Vec<super::model::refusals::Refusal>,
     /// `--dialect`, likewise.
     dialect: super::model::Dialect,
+    /// Whether a policy counts tokens (answers then carry `usage`).
+    tokens: bool,
+    /// `--seed`: how much of `max_tokens` an answer takes.
+    seed: u64,
 }
 
 impl App {
@@ -74,8 +78,8 @@ fn describe(cfg: &Config) -> Value {
     };
     json!({
         "model": cfg.kind,
-        "limit": cfg.limit.to_string(),
-        "further_limits": cfg.further.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "limit": cfg.policies.first().map_or("none".to_string(), ToString::to_string),
+        "limits": cfg.policies.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "dialect": cfg.dialect,
         "concurrency": cfg.concurrency,
         "cooldown_ms": cfg.cooldown.as_millis() as u64,
@@ -104,6 +108,11 @@ pub(crate) async fn serve(
         keep_working: cfg.keep_working,
         refuse: cfg.refuse.clone(),
         dialect: cfg.dialect,
+        seed: cfg.seed,
+        tokens: cfg
+            .policies
+            .iter()
+            .any(|p| p.unit == crate::rate::policy::Unit::Tokens),
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()

@@ -82,6 +82,12 @@ impl Echo {
         let body = json!({"status": "ok", "endpoint": endpoint, "data": data});
         Bytes::from(self.render(body))
     }
+
+    /// [`Echo::ok_body`] with the call's token `usage`.
+    pub(super) fn ok_body_with(&self, endpoint: &str, data: Value, usage: Value) -> Bytes {
+        let body = json!({"status": "ok", "endpoint": endpoint, "data": data, "usage": usage});
+        Bytes::from(self.render(body))
+    }
 }
 
 /// A JSON response.
