@@ -3,6 +3,7 @@
 //! the binary is on PATH, or uses `BATCHRUN_TEST_REDIS_URL` (with keys of
 //! its own) otherwise.
 
+mod drip_rule;
 mod pacer;
 mod rule;
 mod support;
