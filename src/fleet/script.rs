@@ -1,4 +1,4 @@
-//! The fleet's script (`pacer.lua`) and how it is called: the arguments
+//! The fleet's script (`lua/*.lua`, one script) and how it is called: the arguments
 //! every run starts with, built here alone so that the pacer, the probe at
 //! join and the tests of the script agree.
 
@@ -7,8 +7,14 @@ use std::time::Duration;
 use super::Fleet;
 use crate::rate::exact::stale_grace;
 
-/// The script every fleet process runs; see the file for its contract.
-pub const SCRIPT: &str = include_str!("pacer.lua");
+/// The script every fleet process runs: one script in four files, joined
+/// in this order (each file's header has its part of the contract).
+pub const SCRIPT: &str = concat!(
+    include_str!("lua/common.lua"),
+    include_str!("lua/window.lua"),
+    include_str!("lua/drip.lua"),
+    include_str!("lua/tail.lua"),
+);
 
 /// The arguments every run of [`SCRIPT`] starts with (see its header),
 /// built here alone so that the pacer and the tests of the script agree.

@@ -1,6 +1,7 @@
-//! One scenario harness for the exact window rule's two stores: the
-//! in-process [`ExactWindow`] and the fleet's script in Redis
-//! (`fleet/pacer.lua`). A [`Scenario`] is a timed sequence of what the two
+//! One scenario harness for each pacing rule's two stores: the in-process
+//! rule and the fleet's script in Redis (`fleet/lua/*.lua`). The exact
+//! window rule's in-process store is [`InProcess`] ([`ExactWindow`]); the
+//! drip rules' (the SpikeArrest mirror, the token bucket) are in [`drip`]. A [`Scenario`] is a timed sequence of what the two
 //! have in common (takes, completions, cancellations, 429s, reported limits,
 //! `remaining: 0`), on a clock in whole milliseconds from its start; each
 //! store answers every step, and [`compare`] fails at the first step where
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::exact::{ExactWindow, Learning, SlotId};
 
 pub mod design;
+pub mod drip;
 
 /// One thing that happens, as a scenario says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -220,14 +220,16 @@ fn build_pacer(
     meta: &JobMeta,
 ) -> Result<Paced, RunError> {
     match fleet {
-        Some(f) => Ok(crate::fleet::pacer::for_fleet(
+        Some(f) => crate::fleet::pacer::for_fleet(
             f.clone(),
             crate::fleet::pacer::FleetPacing {
                 limit: settings.limit,
                 concurrency: settings.concurrency,
                 timeout: settings.timeout,
             },
-        )),
+            crate::fleet::pacer::FleetRule::of(settings.pacer, settings.burst),
+        )
+        .map_err(|e| RunError::Usage(e.to_string())),
         None => pace::for_limits(
             settings.pacer,
             settings.limit,

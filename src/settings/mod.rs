@@ -545,19 +545,6 @@ fn fleet_settings(
         return Ok(None);
     };
     crate::fleet::check_url(url).map_err(|e| usage(e.to_string()))?;
-    // The fleet's script holds the window rule only: a pacer or burst it
-    // cannot keep is refused, never silently swapped for the window.
-    if args.pacer != PacerKind::Window || args.burst.is_some() {
-        let asked = match (args.pacer, args.burst) {
-            (PacerKind::Window, _) => "--burst",
-            (PacerKind::Bucket, _) => "--pacer bucket",
-            (PacerKind::Spike, _) => "--pacer spike",
-        };
-        return Err(usage(format!(
-            "{asked} cannot be kept by a fleet: through --redis every process paces with the \
-             exact window rule (--pacer window). Drop {asked}, or run without --redis"
-        )));
-    }
     let keys = match (&args.fleet_key, &request.key) {
         (Some(name), _) => FleetKeys::named(name),
         (None, Some(k)) => FleetKeys::for_key(origin, k.expose()),

@@ -164,3 +164,81 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ),
     ]
 }
+
+/// The drip rules' scenarios: SpikeArrest at 10 per 1 s (a bucket of 1,
+/// one call per 100 ms): a call in flight is never paid back by the drip,
+/// a completion lets it resume from its response.
+pub fn spike_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .n(2, 0, Op::Take)
+        .at(100, Op::Take)
+        .at(150, OLDEST)
+        .at(150, Op::Take)
+        .at(250, Op::Take)
+        .at(250, Op::Settle { pick: 0, ago: 50 })
+        .at(250, Op::Take)
+        .at(350, Op::Take)
+        .at(360, Op::Cancel { pick: 0 })
+        .at(360, Op::Take)
+        .0
+}
+
+/// SpikeArrest at 30 per 1 s (a bucket of 3): the burst, one call per
+/// 33.3 ms after it, a 429's pause that empties the bucket, and a lower
+/// reported rate that slows the drip and never speeds it up.
+pub fn spike_30_per_1s() -> Scenario {
+    Build::new(30, 1000)
+        .calls(3, 0)
+        .at(0, Op::Take)
+        .at(34, Op::Take)
+        .at(40, Op::RateLimited { pause: 500 })
+        .at(100, Op::Take)
+        .at(540, Op::Take)
+        .at(600, Op::InForce { limit: 10 })
+        .at(600, Op::Take)
+        .at(600, Op::InForce { limit: 20 })
+        .at(700, OLDEST)
+        .at(720, Op::Take)
+        .at(800, Op::Full)
+        .at(800, Op::Take)
+        .0
+}
+
+/// A token bucket under 30 per 1 s: its burst, its drip, a call never sent
+/// giving its token back, a 429 emptying it, and a lower reported limit
+/// soon after the start owing the opening burst.
+pub fn bucket_30_per_1s() -> Scenario {
+    Build::new(30, 1000)
+        .n(6, 0, Op::Take)
+        .at(10, Op::Cancel { pick: 0 })
+        .at(10, Op::Take)
+        .n(5, 15, OLDEST)
+        .at(20, Op::RateLimited { pause: 200 })
+        .at(100, Op::Take)
+        .at(220, Op::Take)
+        .at(262, Op::Take)
+        .at(300, Op::InForce { limit: 10 })
+        .at(300, Op::InForce { limit: 20 })
+        .at(300, Op::Take)
+        .at(2000, Op::Take)
+        .0
+}
+
+/// Every hand-written scenario of the drip rules, named, with its rule.
+pub fn drip_all() -> Vec<(&'static str, super::drip::DripRule, Scenario)> {
+    use super::drip::DripRule;
+    vec![
+        ("spike_10_per_1s", DripRule::Spike, spike_10_per_1s()),
+        ("spike_30_per_1s", DripRule::Spike, spike_30_per_1s()),
+        (
+            "bucket_30_per_1s_burst_5",
+            DripRule::Bucket { burst: Some(5) },
+            bucket_30_per_1s(),
+        ),
+        (
+            "bucket_30_per_1s",
+            DripRule::Bucket { burst: None },
+            bucket_30_per_1s(),
+        ),
+    ]
+}

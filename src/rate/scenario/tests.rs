@@ -142,3 +142,30 @@ fn a_call_granted_in_the_instant_of_a_lowering_is_from_before_it() {
     let paused = |learnt| Answer::Paused { ms: 0, learnt };
     assert_eq!(a[5..], [paused(3), paused(0), paused(0), paused(2)]);
 }
+
+#[test]
+fn the_spike_mirror_never_pays_back_a_call_in_flight() {
+    let s = spike_10_per_1s();
+    let a: Vec<Answer> = run(&s, &mut drip::InProcessSpike::new(&s))
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    let g = granted(10, 1, 0, false);
+    assert_eq!(
+        a,
+        [g, wait(100), wait(100), wait(100), g, wait(100), g, g],
+        "{s}"
+    );
+}
+
+#[test]
+fn the_drip_scenarios_run_in_process() {
+    for (name, rule, s) in design::drip_all() {
+        let a = run(&s, rule.in_process(&s).as_mut());
+        assert!(a.len() >= s.steps.len() - 2, "{name}: {a:?}");
+        assert!(
+            a.iter().any(|x| matches!(x, Answer::Granted { .. })),
+            "{name}"
+        );
+    }
+}

@@ -3,6 +3,8 @@
 //! the binary is on PATH, or uses `BATCHRUN_TEST_REDIS_URL` (with keys of
 //! its own) otherwise.
 
+mod drip;
+mod drip_rule;
 mod pacer;
 mod rule;
 mod support;
@@ -521,30 +523,6 @@ async fn fleet_benchmark() {
             stats["max_in_window"],
         );
     }
-}
-
-/// A pacer or burst the fleet's script cannot keep is refused before
-/// anything is sent (exit 2), never silently swapped for the window rule.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pacer_the_fleet_cannot_keep_is_refused_before_any_call() {
-    let s = Scenario::new("fleet-refuses").with_sim(&[]).numbers(3);
-    for extra in [
-        &["--pacer", "spike"][..],
-        &["--pacer", "bucket"],
-        &["--burst", "3"],
-    ] {
-        let mut args = vec!["--limit", "10/1s", "--redis", "redis://127.0.0.1:1/0"];
-        args.extend(extra);
-        let r = s.run(&args);
-        assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
-        assert!(
-            r.stderr.contains("cannot be kept by a fleet"),
-            "{extra:?}: {}",
-            r.stderr
-        );
-    }
-    let st = s.sim().stats().await;
-    assert_eq!(st["requests"], 0, "nothing sent: {st}");
 }
 
 /// A Redis that will not run the fleet's script (an ACL user without

@@ -18,18 +18,18 @@ const BASE: u64 = 1_700_000_000_000;
 
 /// The script on a connection of its own, one scenario's keys, and the
 /// scenario's clock.
-struct Lua {
+pub(super) struct Lua {
     conn: redis::Connection,
     script: redis::Script,
     keys: [String; 5],
     args: ScriptArgs,
-    limit: u64,
+    pub(super) limit: u64,
     /// No limit reported yet: a 429 teaches one, as in the fleet pacer.
     secret: bool,
 }
 
 impl Lua {
-    fn new(redis: &Redis, s: &Scenario) -> Lua {
+    pub(super) fn new(redis: &Redis, s: &Scenario) -> Lua {
         let window = Duration::from_millis(s.window);
         Lua {
             conn: redis.conn(),
@@ -47,7 +47,7 @@ impl Lua {
         }
     }
 
-    fn op<T: redis::FromRedisValue>(
+    pub(super) fn op<T: redis::FromRedisValue>(
         &mut self,
         now: u64,
         op: &str,
@@ -143,7 +143,7 @@ fn the_script_answers_the_design_scenarios_as_the_state_machine_does() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
-fn op(window: u64) -> impl Strategy<Value = Op> {
+pub(super) fn op(window: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         12 => Just(Op::Take),
         8 => (0usize..8, 0..=window).prop_map(|(pick, ago)| Op::Settle { pick, ago }),

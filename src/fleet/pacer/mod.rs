@@ -1,6 +1,9 @@
-//! The fleet pacer: the exact window pacer's rule, kept in Redis so that
-//! every process on one API key shares one limit, one concurrency ceiling,
-//! one pause and one learnt limit.
+//! The fleet pacer: a pacer's rule kept in Redis so that every process on
+//! one API key shares one limit, one concurrency ceiling, one pause and one
+//! learnt limit. The rule is the exact window pacer's (the default) or,
+//! for `--pacer spike` and `--pacer bucket`, the SpikeArrest mirror's or
+//! the token bucket's ([`FleetRule`]); the scenarios of
+//! [`crate::rate::scenario`] hold each to its in-process twin.
 //!
 //! Each decision is one atomic run of `pacer.lua` on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
@@ -17,7 +20,7 @@
 //! `<pid>-<random hex>`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -28,9 +31,17 @@ use tokio::time::Instant;
 use super::local::{Local, Restore};
 use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
-use crate::pace::{PaceError, PaceNote, Pacer, Permit, Ticket};
-use crate::rate::Limit;
+use crate::pace::{PaceError, PaceNote, Pacer, Permit};
+use crate::rate::bucket::SizingError;
+use crate::rate::{Limit, Rate};
 use crate::util::BoxFuture;
+use rule::{Sized, Verb};
+use tasks::{heartbeat, settler, Abandon, SharedTicket};
+
+mod rule;
+mod tasks;
+
+pub use rule::FleetRule;
 
 /// The window a limit reported for an unlimited plan is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
@@ -43,7 +54,7 @@ const HOLD_SLACK: Duration = Duration::from_secs(1);
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 /// How long the end of a run waits to hand back what it owes.
-const FLUSH_WITHIN: Duration = Duration::from_secs(3);
+pub(super) const FLUSH_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +87,8 @@ pub struct FleetPacer {
 
 struct Inner {
     fleet: Fleet,
+    /// The rule kept in Redis, sized for the limit after the headroom.
+    rule: Sized,
     script: redis::Script,
     keys: [String; 5],
     args: ScriptArgs,
@@ -113,9 +126,30 @@ enum Took {
 }
 
 impl FleetPacer {
-    /// A pacer on `fleet` for `cfg`. Spawns its settler and heartbeat tasks,
-    /// which end when the pacer is dropped.
+    /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
+    /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
+        FleetPacer::build(fleet, cfg, |_| {
+            Ok::<_, std::convert::Infallible>(Sized::Window)
+        })
+        .unwrap_or_else(|never| match never {})
+    }
+
+    /// A pacer on `fleet` for `cfg` keeping `rule`; an error when the rule
+    /// cannot be sized for the limit (a `--burst` too large for it).
+    pub fn with_rule(
+        fleet: Fleet,
+        cfg: FleetPacing,
+        rule: FleetRule,
+    ) -> Result<FleetPacer, SizingError> {
+        FleetPacer::build(fleet, cfg, |rate| Sized::new(rule, rate))
+    }
+
+    fn build<E>(
+        fleet: Fleet,
+        cfg: FleetPacing,
+        size: impl FnOnce(Option<Rate>) -> Result<Sized, E>,
+    ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
             Limit::Rate(r) => (r.period, r.count),
             Limit::Unlimited => (CAP_WINDOW, 0),
@@ -126,7 +160,12 @@ impl FleetPacer {
         } else {
             scaled(configured, headroom)
         };
+        let rule = size((cap > 0).then_some(Rate {
+            count: cap,
+            period: window,
+        }))?;
         let inner = Arc::new(Inner {
+            rule,
             script: redis::Script::new(SCRIPT),
             keys: fleet.keys().pacer(),
             args: ScriptArgs {
@@ -150,7 +189,7 @@ impl FleetPacer {
         });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
         tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.args.lease / 3));
-        FleetPacer { inner }
+        Ok(FleetPacer { inner })
     }
 
     /// This process's tag: the prefix of every permit id it adds.
@@ -258,13 +297,16 @@ impl Inner {
             .iter()
             .map(|id| (id.clone(), hold, true))
             .collect();
-        entries.extend(l.recent.iter().map(|(id, end)| {
-            (
-                id.clone(),
-                millis(end.saturating_duration_since(now)) + 1,
-                false,
-            )
-        }));
+        // A drip rule keeps no window: only the calls in flight go back.
+        if self.rule.windowed() {
+            entries.extend(l.recent.iter().map(|(id, end)| {
+                (
+                    id.clone(),
+                    millis(end.saturating_duration_since(now)) + 1,
+                    false,
+                )
+            }));
+        }
         Some(Restore { paused, entries })
     }
 
@@ -284,26 +326,34 @@ impl Inner {
     async fn try_take(&self, id: &str, cap: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
+        let (a, b) = match self.rule {
+            Sized::Window => (cap.to_string(), self.headroom.to_string()),
+            drip => drip.params(),
+        };
         let result: Result<Vec<i64>, PaceError> = self
-            .run("take", self.fleet.redis_timeout(), |inv| {
-                inv.arg(id).arg(cap).arg(self.headroom).arg(self.ceiling);
-                inv.arg(settles.len());
-                for (sid, ago) in &settles {
-                    inv.arg(sid).arg(*ago);
-                }
-                // Built afresh for every attempt: a failed attempt may have
-                // been Redis restarting empty.
-                let block = self.restore_block();
-                restored.store(block.is_some(), Ordering::SeqCst);
-                let putting_back = block.is_some();
-                let Restore { paused, entries } = block.unwrap_or_default();
-                inv.arg(paused).arg(entries.len());
-                for (rid, left, flying) in entries {
-                    inv.arg(rid).arg(left).arg(u8::from(flying));
-                }
-                let (heard, witness) = self.loss_check(putting_back);
-                inv.arg(heard).arg(fastrand::u32(1..)).arg(witness);
-            })
+            .run(
+                self.rule.op(Verb::Take),
+                self.fleet.redis_timeout(),
+                |inv| {
+                    inv.arg(id).arg(&a).arg(&b).arg(self.ceiling);
+                    inv.arg(settles.len());
+                    for (sid, ago) in &settles {
+                        inv.arg(sid).arg(*ago);
+                    }
+                    // Built afresh for every attempt: a failed attempt may have
+                    // been Redis restarting empty.
+                    let block = self.restore_block();
+                    restored.store(block.is_some(), Ordering::SeqCst);
+                    let putting_back = block.is_some();
+                    let Restore { paused, entries } = block.unwrap_or_default();
+                    inv.arg(paused).arg(entries.len());
+                    for (rid, left, flying) in entries {
+                        inv.arg(rid).arg(left).arg(u8::from(flying));
+                    }
+                    let (heard, witness) = self.loss_check(putting_back);
+                    inv.arg(heard).arg(fastrand::u32(1..)).arg(witness);
+                },
+            )
             .await;
         let v = match result {
             Ok(v) => v,
@@ -359,7 +409,7 @@ impl Inner {
             return true;
         }
         let sent: Result<i64, PaceError> = self
-            .run("settle", within, |inv| {
+            .run(self.rule.op(Verb::Settle), within, |inv| {
                 inv.arg(settles.len());
                 for (id, ago) in &settles {
                     inv.arg(id).arg(*ago);
@@ -410,75 +460,38 @@ impl Inner {
         }
     }
 
-    fn next_id(&self) -> String {
-        format!("{}:{}", self.tag, self.seq.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// Sends completions as they come, so other processes see a slot free up
-/// (and a lease come back) without waiting for this one's next take.
-async fn settler(inner: Weak<Inner>, wake: Arc<Notify>) {
-    loop {
-        wake.notified().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let within = inner.fleet.redis_timeout();
-        if !inner.flush_settles(within).await {
-            // Redis is away: the next completion or take tries again.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    /// A drip rule follows a lower limit a response reports, as its
+    /// in-process pacer does (and, like it, reads nothing else of the
+    /// headers). Only a change costs a round trip.
+    async fn drip_in_force(&self, headers: &HeaderMap) -> Option<PaceNote> {
+        let l = crate::wire::limit_in_force(headers)?;
+        if self.reported.swap(l, Ordering::SeqCst) == l {
+            return None;
         }
-    }
-}
-
-/// Renews the leases of this process's calls in flight.
-async fn heartbeat(inner: Weak<Inner>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let ids: Vec<String> = inner.lock().in_flight.iter().cloned().collect();
-        if ids.is_empty() {
-            continue;
-        }
-        let _: Result<i64, PaceError> = inner
-            .run("beat", every, |inv| {
-                inv.arg(ids.len());
-                for id in &ids {
-                    inv.arg(id);
+        let count = scaled(l, self.headroom);
+        let extra = self.rule.shrunk(count, self.window)?;
+        let (a, b) = self.rule.params();
+        let told: Result<i64, PaceError> = self
+            .run(self.rule.op(Verb::InForce), Duration::from_secs(2), |inv| {
+                inv.arg(count).arg(&a).arg(&b);
+                for e in &extra {
+                    inv.arg(e);
                 }
             })
             .await;
-    }
-}
-
-/// A permit's hold on the fleet's window and ceiling.
-struct SharedTicket {
-    inner: Arc<Inner>,
-    id: String,
-}
-
-impl Ticket for SharedTicket {
-    fn complete(self: Box<Self>, arrived: Instant) {
-        self.inner.settled(self.id, Some(arrived));
-    }
-
-    fn cancel(self: Box<Self>) {
-        self.inner.settled(self.id, None);
-    }
-}
-
-/// Hands a take that did not finish back: if Redis granted it just before
-/// the caller gave up, the slot is freed rather than held until it expires.
-struct Abandon<'a> {
-    inner: &'a Arc<Inner>,
-    id: Option<String>,
-}
-
-impl Drop for Abandon<'_> {
-    fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            self.inner.settled(id, None);
+        match told {
+            Ok(1) => Some(PaceNote::LimitInForce(l)),
+            Ok(_) => None,
+            Err(_) => {
+                // Tell the fleet again with the next response.
+                self.reported.store(0, Ordering::SeqCst);
+                None
+            }
         }
+    }
+
+    fn next_id(&self) -> String {
+        format!("{}:{}", self.tag, self.seq.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -527,13 +540,26 @@ impl Pacer for FleetPacer {
                 0
             };
             let settles = inner.take_settles();
+            let (a, b) = inner.rule.params();
             let v: Result<Vec<i64>, PaceError> = inner
-                .run("pause", inner.fleet.redis_timeout(), |inv| {
-                    inv.arg(millis(for_)).arg(learn).arg(settles.len());
-                    for (id, ago) in &settles {
-                        inv.arg(id).arg(*ago);
-                    }
-                })
+                .run(
+                    inner.rule.op(Verb::Pause),
+                    inner.fleet.redis_timeout(),
+                    |inv| {
+                        inv.arg(millis(for_));
+                        // The window rule may learn a limit; a drip rule's state
+                        // is made on first use from its sizing.
+                        if inner.rule.windowed() {
+                            inv.arg(learn);
+                        } else {
+                            inv.arg(&a).arg(&b);
+                        }
+                        inv.arg(settles.len());
+                        for (id, ago) in &settles {
+                            inv.arg(id).arg(*ago);
+                        }
+                    },
+                )
                 .await;
             let v = v.inspect_err(|_| inner.requeue(settles))?;
             let left = v.first().copied().unwrap_or(0).max(0) as u64;
@@ -550,6 +576,10 @@ impl Pacer for FleetPacer {
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
         Box::pin(async move {
             let inner = &self.inner;
+            if !inner.rule.windowed() {
+                let queued = inner.lock().notes.pop_front();
+                return inner.drip_in_force(headers).await.or(queued);
+            }
             if headers.contains_key(crate::wire::RATE_LIMIT_LIMIT)
                 || headers.contains_key(crate::wire::RATE_LIMIT_REMAINING)
             {
@@ -581,6 +611,10 @@ impl Pacer for FleetPacer {
         })
     }
 
+    fn steady_per_min(&self) -> Option<f64> {
+        self.inner.rule.steady_per_min()
+    }
+
     fn paused_until(&self) -> Option<Instant> {
         let now = Instant::now();
         self.inner.lock().paused_until.filter(|&u| u > now)
@@ -607,16 +641,22 @@ impl Pacer for FleetPacer {
     }
 }
 
-/// The pacer of a process in a fleet (`--redis`): the window, the
-/// concurrency ceiling, the pause and the learnt limit are shared with every
-/// process on the key. Returns the pause of a 429 without a usable
-/// Retry-After, as [`crate::pace::for_limit`] does.
-pub fn for_fleet(fleet: Fleet, cfg: FleetPacing) -> (Arc<dyn Pacer>, Duration) {
+/// The pacer of a process in a fleet (`--redis`) keeping `rule`: the rule's
+/// state (a window, a SpikeArrest mirror or a bucket), the concurrency
+/// ceiling, the pause and the learnt limit are shared with every process on
+/// the key. Returns the pause of a 429 without a usable Retry-After, as
+/// [`crate::pace::for_limit`] does; an error when `--burst` cannot be kept
+/// under the limit.
+pub fn for_fleet(
+    fleet: Fleet,
+    cfg: FleetPacing,
+    rule: FleetRule,
+) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let pause = match cfg.limit {
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    (Arc::new(FleetPacer::new(fleet, cfg)), pause)
+    Ok((Arc::new(FleetPacer::with_rule(fleet, cfg, rule)?), pause))
 }
 
 #[cfg(test)]
@@ -652,6 +692,10 @@ mod tests {
             "'full'",
         ] {
             assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
+        }
+        // The drip rules' ops are `spike_<verb>` and `bucket_<verb>`.
+        for verb in ["'take'", "'settle'", "'pause'", "'inforce'"] {
+            assert!(SCRIPT.contains(&format!("verb == {verb}")), "{verb}");
         }
         assert!(SCRIPT.contains("redis.call('TIME')"));
     }

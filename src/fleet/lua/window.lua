@@ -1,75 +1,5 @@
--- batchrun fleet pacer: the exact sliding-window rule and the concurrency
--- ceiling of one API key, shared by every process through Redis.
---
--- Rule: a call occupies the window from its send until W after its
--- response arrived; a call may start only when fewer than L calls occupy
--- the window now, and fewer than C hold a concurrency lease.
---
--- Time is Redis's own clock (TIME), in unix milliseconds, never a client's:
--- only a test passes its own (ARGV[6]), to drive the rule on a fake clock.
---
--- KEYS[1] window  ZSET  member = permit id, score = ms at which the call
---                       stops occupying (provisional while in flight)
--- KEYS[2] leases  ZSET  member = permit id, score = ms at which the lease
---                       expires unless renewed (in flight only)
--- KEYS[3] pause   STRING ms at which a rate-limit pause ends
--- KEYS[4] limit   HASH  in_force = lowest limit the server reported;
---                       learnt = limit learnt from a 429 without limit
---                       headers, refused_at = the limit that 429 refused,
---                       learnt_at = start of the current clean window (ms),
---                       settled / pressed = 1 once a clean window passed /
---                       once the current one used the learnt limit in full,
---                       lowered_at = when it was last lowered (ms),
---                       stale_done = when a call granted before that last
---                       came back (ms), held_until = no call starts before
---                       (ms), after a response said remaining: 0,
---                       epoch = the fleet's epoch (a number): its absence
---                       or change tells a process Redis forgot the fleet
--- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
---                       flight only)
---
--- ARGV[1] op: take | settle | beat | pause | inforce | full | probe
--- ARGV[2] W, the window, in ms
--- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
--- ARGV[4] lease: ms a concurrency lease lasts unless renewed
--- ARGV[5] grace: ms after a call from before the last lowering came back
---         that a 429 is still taken for its own (from the Rust rule)
--- ARGV[6] clock: '' to use Redis's TIME; a test's clock in unix ms
--- ARGV[7...] depend on the op; see each below.
-
-if redis.replicate_commands then redis.replicate_commands() end
-
-local op = ARGV[1]
-local W = tonumber(ARGV[2])
-local hold = tonumber(ARGV[3])
-local lease = tonumber(ARGV[4])
-local grace = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
--- TIME truncates to the millisecond, so an occupancy is kept 1 ms longer
--- than W after its response; a test's clock is exact and needs no margin.
-local round = 0
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  round = 1
-end
-local fake = round == 0
-local limit_ttl = math.max(W * 10, 3600000)
-
--- Keys expire on Redis's own clock: under a test's clock, which runs
--- slower, they could go early, so there they stay (expiry only collects
--- garbage; every deadline is also a stored value compared with now).
-local function keep(key, ms)
-  if not fake then redis.call('PEXPIRE', key, ms) end
-end
-
-local function set_for(key, value, ms)
-  if fake then
-    redis.call('SET', key, value)
-  else
-    redis.call('SET', key, value, 'PX', ms)
-  end
-end
+-- The exact sliding-window rule (see common.lua for the keys and the
+-- arguments every op starts with).
 
 -- Completed and cancelled permits, from ARGV[i]: a count, then pairs
 -- (id, ago). ago >= 0: the response arrived ago ms before now, so the call
@@ -102,35 +32,6 @@ local function settle(i)
       redis.call('ZADD', KEYS[1], 'XX', back + W + round, id)
     end
     redis.call('ZREM', KEYS[2], id)
-  end
-  return i
-end
-
--- After Redis lost its data (a restart), each process puts back what it
--- knows of its own calls: ARGV[i] = pause ms left (0: none), a count, then
--- triples (id, ms left occupying, 1 if still in flight). NX: never shortens
--- what is there.
-local function restore(i)
-  local paused = tonumber(ARGV[i])
-  if paused > 0 then
-    local p = tonumber(redis.call('GET', KEYS[3]) or '0')
-    if p < now + paused then
-      set_for(KEYS[3], now + paused, paused)
-    end
-  end
-  local n = tonumber(ARGV[i + 1])
-  i = i + 2
-  for _ = 1, n do
-    local id, left, flying = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-    i = i + 3
-    redis.call('ZADD', KEYS[1], 'NX', now + left, id)
-    if flying == '1' then
-      redis.call('ZADD', KEYS[2], 'NX', now + lease, id)
-    end
-  end
-  if n > 0 then
-    keep(KEYS[1], hold + 1000)
-    keep(KEYS[2], lease + 1000)
   end
   return i
 end
@@ -176,16 +77,6 @@ end
 -- Whether a 429 now may belong to a call from before the last lowering:
 -- one still in flight, or one back within the grace. Counting it would
 -- lower the limit again for the same overrun.
--- Holds new calls until t (ms), unless a later hold is in force already.
--- Returns whether it moved the hold.
-local function hold_until(t)
-  if t <= tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
-    return false
-  end
-  redis.call('HSET', KEYS[4], 'held_until', t)
-  return true
-end
-
 local function stale()
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   if lowered == 0 then return false end
@@ -195,47 +86,6 @@ local function stale()
     if tonumber(v) <= lowered then return true end
   end
   return false
-end
-
--- Whether Redis forgot the fleet while this process was not looking (a
--- FLUSHALL, a DEL, an eviction, with the connection up): ARGV[e] the epoch
--- the process last heard ('' for none, or while it puts its calls back),
--- ARGV[e+1] an epoch to start if there is none, ARGV[e+2] a call of its
--- own still in flight ('' for none), which must still be in the window.
--- Absent altogether (the rule's tests), nothing is checked. Returns
--- whether it forgot, and the epoch now in force. Whoever finds the loss
--- first starts a new epoch and holds the fleet for one window, so that
--- every process has put its calls back before the window fills again;
--- the others see the new epoch and put theirs back, without holding again.
-local function forgotten(e)
-  if ARGV[e] == nil then return false, nil end
-  local heard, fresh, witness = ARGV[e], ARGV[e + 1], ARGV[e + 2]
-  local epoch = redis.call('HGET', KEYS[4], 'epoch')
-  local lost = false
-  if epoch and heard ~= '' and epoch ~= heard then
-    return true, tonumber(epoch)
-  end
-  if not epoch and heard ~= '' then lost = true end
-  if witness ~= '' and not redis.call('ZSCORE', KEYS[1], witness) then lost = true end
-  if lost or not epoch then
-    epoch = fresh
-    redis.call('HSET', KEYS[4], 'epoch', epoch)
-  end
-  if lost then hold_until(now + W) end
-  keep(KEYS[4], limit_ttl)
-  return lost, tonumber(epoch)
-end
-
--- Where a take's arguments after its settle list and restore block begin.
-local function after_blocks(i)
-  i = i + 1 + 2 * tonumber(ARGV[i])
-  return i + 2 + 3 * tonumber(ARGV[i + 1])
-end
-
--- A take's answer, with the epoch appended when the process asked for it.
-local function answer(t, epoch)
-  if epoch then t[#t + 1] = epoch end
-  return t
 end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
@@ -249,7 +99,7 @@ end
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local lost, epoch = forgotten(after_blocks(11))
+  local lost, epoch = forgotten(after_blocks(11), KEYS[1])
   if lost then return {0, 1, 4, epoch} end
   local i = settle(11)
   restore(i)
@@ -296,31 +146,6 @@ end
 if op == 'settle' then
   settle(7)
   return tonumber(ARGV[7])
-end
-
--- beat: ARGV[7] count, then ids of calls still in flight. Renews their
--- leases and keeps their occupancy at least hold ms ahead. A call whose
--- lease is gone (settled, or expired) is left alone. Returns how many were
--- renewed.
-if op == 'beat' then
-  local n = tonumber(ARGV[7])
-  local renewed = 0
-  for k = 1, n do
-    local id = ARGV[7 + k]
-    if redis.call('ZSCORE', KEYS[2], id) then
-      redis.call('ZADD', KEYS[2], 'XX', now + lease, id)
-      local s = tonumber(redis.call('ZSCORE', KEYS[1], id) or '0')
-      if s < now + hold then
-        redis.call('ZADD', KEYS[1], now + hold, id)
-      end
-      renewed = renewed + 1
-    end
-  end
-  if renewed > 0 then
-    keep(KEYS[1], hold + 1000)
-    keep(KEYS[2], lease + 1000)
-  end
-  return renewed
 end
 
 -- pause: ARGV[7] pause ms, ARGV[8] cap to learn under (0: the server
@@ -392,13 +217,3 @@ if op == 'full' then
   return untl - now
 end
 
--- probe: run once at join. A write that leaves nothing behind proves
--- that this user may run the script and that this Redis takes writes (a
--- read-only replica refuses it). Returns 1.
-if op == 'probe' then
-  redis.call('HSET', KEYS[5], '__probe', now)
-  redis.call('HDEL', KEYS[5], '__probe')
-  return 1
-end
-
-return redis.error_reply('batchrun fleet script: unknown op ' .. tostring(op))

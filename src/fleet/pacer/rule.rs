@@ -1,0 +1,175 @@
+//! Which rule a fleet keeps in Redis, and what each rule's ops are called
+//! and take: the exact window (`lua/window.lua`), or one of the drip rules
+//! (`lua/drip.lua`): the SpikeArrest mirror and the token bucket.
+
+use std::time::Duration;
+
+use crate::pace::PacerKind;
+use crate::rate::bucket::{skew_allowance, SizingError, TokenBucket};
+use crate::rate::Rate;
+
+/// What a fleet asks of its pacer, as `--pacer` and `--burst` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FleetRule {
+    /// The exact sliding window (`--pacer window`, the default).
+    #[default]
+    Window,
+    /// The SpikeArrest mirror (`--pacer spike`).
+    Spike,
+    /// The token bucket (`--pacer bucket`), with its `--burst`.
+    Bucket {
+        /// The bucket's capacity; a tenth of the limit when `None`.
+        burst: Option<u64>,
+    },
+}
+
+impl FleetRule {
+    /// The rule for `--pacer kind` with `--burst burst`.
+    pub fn of(kind: PacerKind, burst: Option<u64>) -> FleetRule {
+        match kind {
+            PacerKind::Window => FleetRule::Window,
+            PacerKind::Spike => FleetRule::Spike,
+            PacerKind::Bucket => FleetRule::Bucket { burst },
+        }
+    }
+}
+
+/// A rule sized for the fleet's limit, as the script is told it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Sized {
+    Window,
+    /// messagesPerPeriod (the period is the script's W).
+    Spike {
+        count: u64,
+    },
+    /// The bucket as `TokenBucket::for_limit` sizes it.
+    Bucket {
+        capacity: u64,
+        rate: f64,
+    },
+}
+
+impl Sized {
+    /// `rule` for `count` calls per `period` (after the headroom). `None`
+    /// for no limit: every rule is then only the concurrency ceiling, which
+    /// the window op keeps with no window limit.
+    pub(super) fn new(rule: FleetRule, rate: Option<Rate>) -> Result<Sized, SizingError> {
+        let Some(r) = rate else {
+            return Ok(Sized::Window);
+        };
+        Ok(match rule {
+            FleetRule::Window => Sized::Window,
+            FleetRule::Spike => Sized::Spike { count: r.count },
+            FleetRule::Bucket { burst } => {
+                let b = TokenBucket::for_limit(r, burst, false, std::time::Instant::now())?;
+                Sized::Bucket {
+                    capacity: b.capacity(),
+                    rate: b.rate_per_sec(),
+                }
+            }
+        })
+    }
+
+    /// The script's name for `verb` (take, settle, pause, inforce) of
+    /// this rule.
+    pub(super) fn op(&self, verb: Verb) -> &'static str {
+        match (self, verb) {
+            (Sized::Window, Verb::Take) => "take",
+            (Sized::Window, Verb::Settle) => "settle",
+            (Sized::Window, Verb::Pause) => "pause",
+            (Sized::Window, Verb::InForce) => "inforce",
+            (Sized::Spike { .. }, Verb::Take) => "spike_take",
+            (Sized::Spike { .. }, Verb::Settle) => "spike_settle",
+            (Sized::Spike { .. }, Verb::Pause) => "spike_pause",
+            (Sized::Spike { .. }, Verb::InForce) => "spike_inforce",
+            (Sized::Bucket { .. }, Verb::Take) => "bucket_take",
+            (Sized::Bucket { .. }, Verb::Settle) => "bucket_settle",
+            (Sized::Bucket { .. }, Verb::Pause) => "bucket_pause",
+            (Sized::Bucket { .. }, Verb::InForce) => "bucket_inforce",
+        }
+    }
+
+    /// Whether the rule keeps a window of occupancies (else only leases).
+    pub(super) fn windowed(&self) -> bool {
+        matches!(self, Sized::Window)
+    }
+
+    /// The two arguments that describe a drip rule to the script (the
+    /// window rule's take passes its cap and headroom there instead).
+    pub(super) fn params(&self) -> (String, String) {
+        match *self {
+            Sized::Window => ("0".into(), "0".into()),
+            Sized::Spike { count } => (count.to_string(), "0".into()),
+            // `{}` of an f64 is the shortest text that reads back to it.
+            Sized::Bucket { capacity, rate } => (capacity.to_string(), rate.to_string()),
+        }
+    }
+
+    /// The arguments of an inforce op past the rule's own, for a reported
+    /// `count` per `period`: a bucket sized for it and the span a shrink
+    /// counts the opening burst in (µs). `None` when a bucket cannot be
+    /// sized for it (it is then not followed, as in-process).
+    pub(super) fn shrunk(&self, count: u64, period: Duration) -> Option<Vec<String>> {
+        match self {
+            Sized::Bucket { .. } => {
+                let r = Rate { count, period };
+                let b = TokenBucket::for_limit(r, None, false, std::time::Instant::now()).ok()?;
+                let span = (period + skew_allowance(period)).as_micros();
+                Some(vec![
+                    b.capacity().to_string(),
+                    b.rate_per_sec().to_string(),
+                    span.to_string(),
+                ])
+            }
+            _ => Some(Vec::new()),
+        }
+    }
+
+    /// The bucket's steady pace, in calls a minute.
+    pub(super) fn steady_per_min(&self) -> Option<f64> {
+        match self {
+            Sized::Bucket { rate, .. } => Some(rate * 60.0),
+            _ => None,
+        }
+    }
+}
+
+/// What a script op does, whichever rule it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verb {
+    Take,
+    Settle,
+    Pause,
+    InForce,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn per_second(count: u64) -> Option<Rate> {
+        Some(Rate {
+            count,
+            period: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn each_rule_has_its_ops_and_a_bucket_is_sized_as_in_process() {
+        let w = Sized::new(FleetRule::Window, per_second(10)).unwrap();
+        assert_eq!(w.op(Verb::Take), "take");
+        let s = Sized::new(FleetRule::Spike, per_second(10)).unwrap();
+        assert_eq!(s.op(Verb::Pause), "spike_pause");
+        assert_eq!(s.params().0, "10");
+        let b = Sized::new(FleetRule::Bucket { burst: Some(3) }, per_second(30)).unwrap();
+        assert_eq!(b.op(Verb::InForce), "bucket_inforce");
+        let Sized::Bucket { capacity, rate } = b else {
+            panic!("{b:?}")
+        };
+        assert_eq!(capacity, 3);
+        assert_eq!(b.params().1.parse::<f64>().unwrap(), rate);
+        assert!(Sized::new(FleetRule::Bucket { burst: Some(30) }, per_second(30)).is_err());
+        // No limit: the concurrency ceiling alone, whatever the pacer.
+        assert_eq!(Sized::new(FleetRule::Spike, None).unwrap(), Sized::Window);
+    }
+}

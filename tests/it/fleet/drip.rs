@@ -1,0 +1,170 @@
+//! `--pacer spike` and `--pacer bucket` (with `--burst`) through Redis:
+//! the fleet keeps the rule asked for, never the window rule instead.
+//! Each test runs the real binary against the sim and a `redis-server` of
+//! its own, and asserts what the API saw: no 429, every item executed once.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+use super::support::{fleet_name, Redis};
+use super::{assert_never_limited, assert_shards_did_each_item_once, run_all};
+
+/// The fleet's args for one process on `name`, of shard `shard` ("": none).
+fn spike_args<'a>(redis: &'a str, name: &'a str, limit: &'a str, shard: &'a str) -> Vec<&'a str> {
+    let mut v = vec![
+        "--pacer",
+        "spike",
+        "--limit",
+        limit,
+        "--concurrency",
+        "5",
+        "--redis",
+        redis,
+        "--fleet-key",
+        name,
+    ];
+    if !shard.is_empty() {
+        v.extend(["--shard", shard]);
+    }
+    v
+}
+
+/// Runs `n` items through `procs` processes keeping `--pacer spike` on
+/// one fleet against a SpikeArrest sim at `limit`; asserts no 429 and each
+/// item executed once. Returns the wall time, first start to last exit.
+async fn spike_fleet(redis: &Redis, limit: &str, procs: u64, n: u64) -> Duration {
+    let sim = [
+        "--model",
+        "spike-arrest",
+        "--limit",
+        limit,
+        "--latency",
+        "1ms..10ms",
+    ];
+    let s = Scenario::new(&format!("fleet-spike-{procs}"))
+        .with_sim(&sim)
+        .numbers(n);
+    let name = fleet_name("spike");
+    let shards: Vec<String> = if procs == 1 {
+        vec![String::new()]
+    } else {
+        (1..=procs).map(|i| format!("{i}/{procs}")).collect()
+    };
+    let cmds = shards
+        .iter()
+        .map(|sh| s.cmd(&spike_args(&redis.url, &name, limit, sh)))
+        .collect();
+    let (runs, took) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+        assert!(!r.stderr.contains("cannot be kept"), "{}", r.stderr);
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{procs} processes: {stats}");
+    assert_side_effects(&stats, n);
+    if procs == 1 {
+        assert_each_item_once(&s.out_path(), n);
+    } else {
+        assert_shards_did_each_item_once(&s, procs, n);
+    }
+    took
+}
+
+/// `--pacer spike` through Redis, one process and two: a SpikeArrest
+/// gateway refuses nothing, and every item is executed once. (Issue #21
+/// saw 109-217 429s when the fleet swapped in the window rule.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_spike_pacer_through_redis_is_never_refused_with_one_or_two_processes() {
+    let redis = Redis::start();
+    for procs in [1, 2] {
+        let took = spike_fleet(&redis, "50ps", procs, 100).await;
+        eprintln!("spike through Redis, {procs} process(es): {took:?}");
+    }
+}
+
+/// `--pacer bucket --burst 4` through Redis, two processes on one key
+/// against a sliding window of 40/1 s: one bucket for the fleet, so no
+/// window sees more than the limit, and nothing is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bucket_with_its_burst_through_redis_keeps_one_limit_for_two_processes() {
+    let redis = Redis::start();
+    let n = 100;
+    let s = Scenario::new("fleet-bucket")
+        .with_sim(&["--limit", "40/1s", "--latency", "1ms..10ms"])
+        .numbers(n);
+    let name = fleet_name("bucket");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            s.cmd(&[
+                "--pacer",
+                "bucket",
+                "--burst",
+                "4",
+                "--limit",
+                "40/1s",
+                "--concurrency",
+                "4",
+                "--redis",
+                &redis.url,
+                "--fleet-key",
+                &name,
+                "--shard",
+                &shard,
+            ])
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 40);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 2, n);
+    // The bucket's state is the fleet's, in its limit hash.
+    let mut c = redis.conn();
+    let cap: Option<String> = redis::cmd("HGET")
+        .arg(batchrun::fleet::FleetKeys::named(&name).limit())
+        .arg("b_cap")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(cap.as_deref(), Some("4"));
+}
+
+/// The issue's own numbers: a SpikeArrest gateway at 10ps (one call per
+/// 100 ms), 100 items, in process and through Redis with one and two
+/// processes. Prints the wall times for docs/fleet.md; run with
+/// `cargo test --test it spike_fleet_benchmark -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: about 30 s"]
+async fn spike_fleet_benchmark() {
+    let redis = Redis::start();
+    let sim = [
+        "--model",
+        "spike-arrest",
+        "--limit",
+        "10ps",
+        "--latency",
+        "1ms..10ms",
+    ];
+    let s = Scenario::new("spike-alone").with_sim(&sim).numbers(100);
+    let (r, alone) = run_all(vec![s.cmd(&[
+        "--pacer",
+        "spike",
+        "--limit",
+        "10ps",
+        "--concurrency",
+        "5",
+    ])]);
+    assert_eq!(r[0].code, 0, "{}", r[0].stderr);
+    assert_eq!(s.sim().stats().await["rejected_rate"], 0);
+    eprintln!("spike in process: {alone:?}");
+    for procs in [1, 2] {
+        let took = spike_fleet(&redis, "10ps", procs, 100).await;
+        eprintln!("spike through Redis, {procs} process(es): {took:?}");
+    }
+}
