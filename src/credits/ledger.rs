@@ -136,6 +136,12 @@ impl Ledger {
         self.changed.subscribe()
     }
 
+    /// Whether the run sends one call alone first, to learn how things
+    /// stand after its job's last run halted on exhausted credits.
+    pub fn learning_first(&self) -> bool {
+        self.lock().solo
+    }
+
     /// Whether one more call fits above the reserve (always, without one).
     pub fn has_room(&self) -> bool {
         let Some(r) = &self.reserve else { return true };
@@ -179,8 +185,15 @@ impl Ledger {
         // The balance is learnt from the first response and the cost of a
         // call from the next: until both are known, one call at a time, so
         // that a call costing many credits cannot overshoot the reserve.
+        let below = |last: CreditSnapshot| {
+            last.remaining
+                .saturating_sub(s.cost.current().ceil() as i64)
+                < r.floor
+        };
         let last = match s.last {
-            Some(last) if s.fresh && s.cost.known() => last,
+            // Already below the reserve (the first call after a reserve
+            // halt): no second call just to learn the cost.
+            Some(last) if s.fresh && (s.cost.known() || below(last)) => last,
             _ if s.in_flight == 0 => {
                 s.in_flight += 1;
                 return Admit::Go(InFlight(Some(self.clone())));
@@ -361,6 +374,23 @@ mod tests {
         assert!(why.contains("~388 credits more"), "{why}");
         assert!(why.contains("goes on by itself"), "{why}");
         assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
+    }
+
+    #[test]
+    fn a_first_call_that_finds_the_balance_below_the_reserve_is_the_only_one() {
+        let r = ReserveConfig {
+            floor: 90,
+            require_full: false,
+            pending_at_start: 100,
+        };
+        // The checkpoint's balance is not trusted, and no cost is known.
+        let l = Ledger::new(Some(snap(5, 1)), Some(r), None, false);
+        let Admit::Go(first) = l.admit(false) else {
+            panic!("one call learns the balance")
+        };
+        l.observe(Some(snap(11, 1)), true, true);
+        drop(first);
+        assert!(matches!(l.admit(false), Admit::Refused(_)));
     }
 
     #[test]

@@ -455,6 +455,10 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
     );
     if let Some(line) = line {
         reporter.println(&line);
+    } else if pool.ledger.learning_first() {
+        reporter.println(
+            "batchrun: the job's last run found the credits exhausted: one call learns whether they are back",
+        );
     }
 }
 

@@ -170,6 +170,11 @@ async fn an_exhaustion_stall_spends_one_call_and_alerts_every_night_until_a_top_
         let stats = s.sim().stats().await;
         assert_eq!(stats["rejected_credits"].as_u64().unwrap(), refused + 1);
         assert_eq!(exhausted(&r), [format!("exhausted-{n}")], "{}", r.summary);
+        assert!(
+            r.stderr.contains("one call learns whether they are back"),
+            "night {n}: {}",
+            r.stderr
+        );
         let said = format!(
             "the {n}{} run in a row halted on them with no item done",
             ["", "", "nd", "rd"][n]
