@@ -284,9 +284,13 @@ async fn the_readme_cron_recipe_runs_as_written() {
     let r = s.run(&args);
     assert_eq!(r.code, 75, "night 1: {}", r.stderr);
     assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    // Night 2, the very same command: one call learns the balance.
     let r = s.run(&args);
     assert_eq!(r.code, 75, "night 2: {}", r.stderr);
     assert_eq!(r.summary["done"], 11, "{}", r.summary);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
     s.sim().topup(100).await;
     let r = s.run(&args);
     assert_eq!(r.code, 0, "night 3: {}", r.stderr);
