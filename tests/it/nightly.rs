@@ -349,3 +349,30 @@ async fn a_rejected_key_stops_every_night_with_exit_1_and_pages_each_time() {
     }
     assert_side_effects(&s.sim().stats().await, 0);
 }
+
+/// A nightly feed written to a file and run on the file (the way
+/// docs/options.md gives, where a pipe with a fixed `--out` is refused on
+/// the second night): the same command every night, no flag, only the new
+/// rows sent, the results file that of the rows the feed holds now.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nightly_feed_file_runs_each_night_with_the_same_command() {
+    let s = Scenario::new("nightlyfeed")
+        .with_sim(&["--limit", "none"])
+        .input("feed.jsonl", &numbers_text(5));
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "night 1: {}", r.stderr);
+    // The next night's feed: two rows kept, three new.
+    let text: String = (4..=8).map(|i| format!("{{\"n\": {i}}}\n")).collect();
+    s.dir().write("feed.jsonl", &text);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "night 2: {}", r.stderr);
+    assert_eq!(r.summary["requests"], 3, "{}", r.summary);
+    // The results file holds the results of the rows the feed holds now.
+    assert_eq!(lines_of(&s.out_path()).len(), 5);
+    let ns: Vec<u64> = jsonl(&s.out_path())
+        .iter()
+        .filter_map(|v| v["input"]["n"].as_u64())
+        .collect();
+    assert_eq!(ns, [4, 5, 6, 7, 8]);
+    assert_side_effects(&s.sim().stats().await, 8);
+}
