@@ -401,19 +401,26 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", help_heading = "Credits")]
     pub reserve: Option<i64>,
 
-    /// Start even if the projected cost of the remaining items would cross the reserve.
-    #[arg(long, help_heading = "Credits")]
+    /// The default, kept for older command lines: with --reserve, run until
+    /// the reserve and halt there.
+    #[arg(long, conflicts_with = "require_full", help_heading = "Credits")]
     pub allow_partial: bool,
 
-    /// With --reserve: spend one call to learn the balance now, even if the
-    /// last known one says the reserve is reached (after a top-up).
+    /// With --reserve: halt once the balance is known (after at most two
+    /// calls) if the projected cost of the remaining items would cross the
+    /// reserve, instead of running until the reserve.
     #[arg(long, help_heading = "Credits")]
+    pub require_full: bool,
+
+    /// Kept for older command lines: every run after a credit or reserve
+    /// halt checks the balance with one call by itself.
+    #[arg(long, hide = true, help_heading = "Credits")]
     pub recheck_credits: bool,
 
-    /// With --reserve: a last known balance older than this is learnt
-    /// afresh with one call (a nightly rerun sees a top-up by itself).
-    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_duration, help_heading = "Credits")]
-    pub recheck_after: Duration,
+    /// Kept for older command lines (no effect): every run after a credit
+    /// or reserve halt checks the balance with one call by itself.
+    #[arg(long, value_name = "DUR", hide = true, value_parser = parse_duration, help_heading = "Credits")]
+    pub recheck_after: Option<Duration>,
 
     /// On exhaustion (or reserve reached), wait and probe instead of exiting.
     #[arg(long, help_heading = "Credits")]

@@ -14,6 +14,8 @@ pub const ID_PROJECTED: &str = "projected";
 pub const ID_EXHAUSTED: &str = "exhausted";
 /// Dedupe id of the reserve alert.
 pub const ID_RESERVE: &str = "reserve";
+/// Id of the alert of a run stopped because the API rejected the key.
+pub const ID_KEY_REJECTED: &str = "key-rejected";
 
 /// What an alert is about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +33,10 @@ pub enum AlertKind {
     Waiting,
     /// Credits came back and the run resumed.
     Resumed,
+    /// The API rejected the key before any call got through; the run
+    /// stopped. Not a billing event, but a nightly job stuck on it must
+    /// page whoever owns it, every night.
+    KeyRejected,
 }
 
 impl AlertKind {
@@ -43,6 +49,7 @@ impl AlertKind {
             AlertKind::Reserve => "reserve",
             AlertKind::Waiting => "waiting",
             AlertKind::Resumed => "resumed",
+            AlertKind::KeyRejected => "key_rejected",
         }
     }
 }
@@ -91,19 +98,35 @@ impl Alert {
         }
     }
 
-    /// The billing alert for a halt on exhausted credits. It names the renewal
-    /// date because that is how long the outage lasts if nobody tops up.
-    pub fn exhausted(snapshot: Option<CreditSnapshot>) -> Alert {
+    /// The billing alert for a halt on exhausted credits, the `nth` halt in
+    /// a row with no item done in between. It names the renewal date
+    /// because that is how long the outage lasts if nobody tops up. Each
+    /// such halt alerts (a nightly job that stays stuck must say so every
+    /// night), under its own id ([`repeat_id`]); a done item ends the run of
+    /// them.
+    pub fn exhausted(snapshot: Option<CreditSnapshot>, nth: usize) -> Alert {
         let balance = match snapshot {
             Some(s) => format!(" ({} of {} remaining)", group(s.remaining), group(s.max)),
             None => String::new(),
         };
+        let again = match nth {
+            0 | 1 => String::new(),
+            n => format!(
+                ", the {} run in a row halted on them with no item done",
+                ordinal(n)
+            ),
+        };
         let message = format!(
-            "credits exhausted{balance}; {}; top up or upgrade to continue sooner, \
+            "credits exhausted{balance}{again}; {}; top up or upgrade to continue sooner, \
              then resume the run",
             describe_renewal(snapshot.and_then(|s| s.renewal)),
         );
-        Alert::new(AlertKind::Exhausted, ID_EXHAUSTED, message, snapshot)
+        Alert::new(
+            AlertKind::Exhausted,
+            repeat_id(ID_EXHAUSTED, nth),
+            message,
+            snapshot,
+        )
     }
 
     /// The billing alert for a halt that keeps `reserve` credits for
@@ -269,7 +292,7 @@ mod tests {
             max: 10_000,
             renewal: Some(1_796_860_800),
         };
-        let a = Alert::exhausted(Some(s));
+        let a = Alert::exhausted(Some(s), 1);
         assert_eq!(a.kind, AlertKind::Exhausted);
         assert_eq!(a.id, ID_EXHAUSTED);
         assert!(a.message.contains("2026-12-10 00:00 UTC"), "{}", a.message);
@@ -279,7 +302,7 @@ mod tests {
             (Some(0), Some(10_000), Some(1_796_860_800))
         );
 
-        let a = Alert::exhausted(None);
+        let a = Alert::exhausted(None, 1);
         assert!(a.message.contains("renewal date unknown"), "{}", a.message);
         assert_eq!((a.remaining, a.max, a.renewal), (None, None, None));
 
@@ -314,6 +337,15 @@ mod tests {
             a.message
         );
         assert!(!Alert::reserve(80, None, 1).message.contains("time this"));
+        let a = Alert::exhausted(None, 2);
+        assert_eq!(a.id, "exhausted-2");
+        assert!(
+            a.message.starts_with(
+                "credits exhausted, the 2nd run in a row halted on them with no item done;"
+            ),
+            "{}",
+            a.message
+        );
         for (n, o) in [
             (2, "2nd"),
             (11, "11th"),
@@ -345,7 +377,7 @@ mod tests {
 
     #[test]
     fn alert_json_shape() {
-        let a = Alert::exhausted(None);
+        let a = Alert::exhausted(None, 1);
         let v = serde_json::to_value(&a).unwrap();
         assert_eq!(v["kind"], "exhausted");
         assert_eq!(AlertKind::Projection.to_string(), "projection");

@@ -305,12 +305,15 @@ mod tests {
     }
 
     fn exhausted() -> Alert {
-        Alert::exhausted(Some(CreditSnapshot {
-            remaining: 0,
-            used: 10_000,
-            max: 10_000,
-            renewal: Some(1_796_860_800),
-        }))
+        Alert::exhausted(
+            Some(CreditSnapshot {
+                remaining: 0,
+                used: 10_000,
+                max: 10_000,
+                renewal: Some(1_796_860_800),
+            }),
+            1,
+        )
     }
 
     #[derive(Clone)]

@@ -6,7 +6,6 @@
 //! both live here, behind one mutex.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -18,13 +17,11 @@ use super::{Alert, AlertKind, CreditSnapshot};
 pub struct ReserveConfig {
     /// Credits kept for production.
     pub floor: i64,
-    /// Run until the reserve even if the projection crosses it.
-    pub allow_partial: bool,
+    /// Halt once the balance is known if the projection crosses the
+    /// reserve (`--require-full`), instead of running until the reserve.
+    pub require_full: bool,
     /// Items pending when the run started, for the projection.
     pub pending_at_start: u64,
-    /// How long a rerun trusts the balance this run saw last
-    /// (`--recheck-after`), for the way on a halt names.
-    pub recheck_after: Duration,
 }
 
 #[derive(Default)]
@@ -40,6 +37,12 @@ struct State {
     cost: CostEstimate,
     projected_checked: bool,
     done_in_run: u64,
+    /// The last run halted for credits (exhausted): one call at a time
+    /// until a response of this run says how things stand.
+    solo: bool,
+    /// An answer of this run said the credits are exhausted: no call but
+    /// a probe goes out after it, while the run halts (or waits).
+    exhausted: bool,
 }
 
 /// The balance, and the reserve guard when `--reserve` is set: a call may
@@ -92,15 +95,20 @@ pub struct Observed {
 
 impl Ledger {
     /// A ledger starting from the checkpoint's `last` balance and cost.
+    /// `after_halt`: the job's last run halted on exhausted credits, so
+    /// this one learns the balance with one call before the pool opens
+    /// (with a reserve, every run does).
     pub fn new(
         last: Option<CreditSnapshot>,
         reserve: Option<ReserveConfig>,
         prior_cost: Option<f64>,
+        after_halt: bool,
     ) -> Arc<Ledger> {
         Arc::new(Ledger {
             state: Mutex::new(State {
                 last,
                 cost: CostEstimate::with_prior(prior_cost),
+                solo: after_halt,
                 ..State::default()
             }),
             reserve,
@@ -128,6 +136,12 @@ impl Ledger {
         self.changed.subscribe()
     }
 
+    /// Whether the run sends one call alone first, to learn how things
+    /// stand after its job's last run halted on exhausted credits.
+    pub fn learning_first(&self) -> bool {
+        self.lock().solo
+    }
+
     /// Whether one more call fits above the reserve (always, without one).
     pub fn has_room(&self) -> bool {
         let Some(r) = &self.reserve else { return true };
@@ -144,19 +158,42 @@ impl Ledger {
 
     /// May a call start? A probe while waiting for credits always may.
     pub fn admit(self: &Arc<Self>, probing: bool) -> Admit {
-        let Some(r) = &self.reserve else {
-            return Admit::Go(InFlight(None));
-        };
         let mut s = self.lock();
-        if s.disabled || probing {
+        if probing {
+            s.in_flight += 1;
+            return Admit::Go(InFlight(Some(self.clone())));
+        }
+        // Told the credits are out: the run is halting (or about to wait);
+        // another call would only be refused too.
+        if s.exhausted {
+            return Admit::WaitForBalance;
+        }
+        let Some(r) = &self.reserve else {
+            return match (s.solo, s.in_flight) {
+                (false, _) => Admit::Go(InFlight(None)),
+                (true, 0) => {
+                    s.in_flight += 1;
+                    Admit::Go(InFlight(Some(self.clone())))
+                }
+                (true, _) => Admit::WaitForBalance,
+            };
+        };
+        if s.disabled {
             s.in_flight += 1;
             return Admit::Go(InFlight(Some(self.clone())));
         }
         // The balance is learnt from the first response and the cost of a
         // call from the next: until both are known, one call at a time, so
         // that a call costing many credits cannot overshoot the reserve.
+        let below = |last: CreditSnapshot| {
+            last.remaining
+                .saturating_sub(s.cost.current().ceil() as i64)
+                < r.floor
+        };
         let last = match s.last {
-            Some(last) if s.fresh && s.cost.known() => last,
+            // Already below the reserve (the first call after a reserve
+            // halt): no second call just to learn the cost.
+            Some(last) if s.fresh && (s.cost.known() || below(last)) => last,
             _ if s.in_flight == 0 => {
                 s.in_flight += 1;
                 return Admit::Go(InFlight(Some(self.clone())));
@@ -176,12 +213,11 @@ impl Ledger {
                 "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}; \
                  {} item(s) done this run, {left} pending (~{} credits more would finish them). \
                  After a top-up or the renewal the same command goes on by itself: \
-                 a run {} or more after this one checks the balance with one call",
+                 the next run checks the balance with one call",
                 last.remaining,
                 r.floor,
                 s.done_in_run,
                 (cost * left as f64).ceil() as i64,
-                humantime::format_duration(r.recheck_after),
             ));
         }
         s.in_flight += 1;
@@ -194,6 +230,13 @@ impl Ledger {
     pub fn observe(&self, snap: Option<CreditSnapshot>, success: bool, charged: bool) -> Observed {
         let mut s = self.lock();
         let mut out = Observed::default();
+        // Any answer says how things stand: the pool may open (an
+        // exhaustion answer closes it until the run halts or a probe
+        // gets through).
+        let was = (s.solo, s.exhausted);
+        s.solo = false;
+        s.exhausted = !charged || (s.exhausted && !success);
+        let opened = was != (s.solo, s.exhausted);
         if let Some(snap) = snap {
             if !s.fresh || !snap.is_older_than(s.last) {
                 s.last = Some(snap);
@@ -206,6 +249,9 @@ impl Ledger {
                 Some(snap) => self.reserve_sees(&mut s, &r, snap, success, &mut out),
                 None => Self::unmetered(&mut s, &mut out),
             }
+            drop(s);
+            self.changed.send_modify(|n| *n += 1);
+        } else if opened {
             drop(s);
             self.changed.send_modify(|n| *n += 1);
         }
@@ -231,7 +277,7 @@ impl Ledger {
             let (line, crosses) =
                 project(s.cost.current(), left, snap.remaining, r.floor, "balance");
             out.note = Some(line);
-            if !r.allow_partial {
+            if r.require_full {
                 let done = s.done_in_run;
                 out.refusal = crosses.map(|why| format!("{why}; {done} item(s) done this run"));
             }
@@ -278,7 +324,7 @@ mod tests {
 
     #[test]
     fn the_balance_never_rolls_back() {
-        let l = Ledger::new(None, None, None);
+        let l = Ledger::new(None, None, None, false);
         assert_eq!(
             l.observe(Some(snap(6, 1)), true, true).newer,
             Some(snap(6, 1))
@@ -291,11 +337,10 @@ mod tests {
     fn the_reserve_admits_one_call_until_the_cost_is_known_then_keeps_the_floor() {
         let r = ReserveConfig {
             floor: 90,
-            allow_partial: true,
+            require_full: false,
             pending_at_start: 100,
-            recheck_after: Duration::from_secs(3600),
         };
-        let l = Ledger::new(None, Some(r), None);
+        let l = Ledger::new(None, Some(r), None, false);
         let first = match l.admit(false) {
             Admit::Go(g) => g,
             _ => panic!("the first call learns the balance"),
@@ -329,5 +374,42 @@ mod tests {
         assert!(why.contains("~388 credits more"), "{why}");
         assert!(why.contains("goes on by itself"), "{why}");
         assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
+    }
+
+    #[test]
+    fn a_first_call_that_finds_the_balance_below_the_reserve_is_the_only_one() {
+        let r = ReserveConfig {
+            floor: 90,
+            require_full: false,
+            pending_at_start: 100,
+        };
+        // The checkpoint's balance is not trusted, and no cost is known.
+        let l = Ledger::new(Some(snap(5, 1)), Some(r), None, false);
+        let Admit::Go(first) = l.admit(false) else {
+            panic!("one call learns the balance")
+        };
+        l.observe(Some(snap(11, 1)), true, true);
+        drop(first);
+        assert!(matches!(l.admit(false), Admit::Refused(_)));
+    }
+
+    #[test]
+    fn after_an_exhaustion_halt_one_call_learns_how_things_stand() {
+        let l = Ledger::new(Some(snap(100, 1)), None, None, true);
+        let first = match l.admit(false) {
+            Admit::Go(g) => g,
+            _ => panic!("one call goes"),
+        };
+        assert!(matches!(l.admit(false), Admit::WaitForBalance));
+        // Still exhausted: nothing more goes out, though the call settled.
+        l.observe(Some(snap(100, 1)), false, false);
+        drop(first);
+        assert!(matches!(l.admit(false), Admit::WaitForBalance));
+        assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
+        // A probe got through (a top-up): the whole pool opens.
+        l.observe(Some(snap(10, 2)), true, true);
+        let a = l.admit(false);
+        let b = l.admit(false);
+        assert!(matches!((a, b), (Admit::Go(_), Admit::Go(_))));
     }
 }

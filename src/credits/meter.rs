@@ -92,6 +92,18 @@ pub struct MeterState {
     pub cycle_renewal: Option<u64>,
 }
 
+impl MeterState {
+    /// Whether the job's last word on credits is that they ran out: an
+    /// exhaustion alert that no later success ended, or a balance of 0 or
+    /// less. The next run then learns how things stand with one call.
+    pub fn out_of_credits(&self) -> bool {
+        self.fired
+            .iter()
+            .any(|f| super::alert::is_repeat_of(f, super::alert::ID_EXHAUSTED))
+            || self.last.is_some_and(|l| l.remaining <= 0)
+    }
+}
+
 /// A burn-rate forecast.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Projection {
@@ -306,13 +318,16 @@ impl CreditMeter {
         true
     }
 
-    /// Forgets that alert `id` fired, so it can fire again this cycle: an
-    /// exhaustion that ended (a call succeeded after a top-up) makes the next
-    /// one a new outage worth its own alert.
-    pub fn unmark_fired(&mut self, id: &str) -> bool {
-        let before = self.fired.len();
-        self.fired.retain(|f| f != id);
-        self.fired.len() != before
+    /// Forgets that alert `base` and its repeats ([`super::alert::repeat_id`])
+    /// fired, so they can fire again this cycle: an exhaustion that ended (a
+    /// call succeeded after a top-up) makes the next one a new outage worth
+    /// its own alert, counted from one. Returns the ids forgotten.
+    pub fn unmark_fired(&mut self, base: &str) -> Vec<String> {
+        let (gone, kept) = std::mem::take(&mut self.fired)
+            .into_iter()
+            .partition(|f| super::alert::is_repeat_of(f, base));
+        self.fired = kept;
+        gone
     }
 
     /// How many alerts of `base` ([`super::alert::repeat_id`]) fired in

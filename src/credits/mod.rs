@@ -22,7 +22,7 @@ pub mod reserve;
 
 pub use alert::{
     describe_renewal, format_line, format_unix_date, format_unix_utc, is_repeat_of, repeat_id,
-    Alert, AlertKind, ID_EXHAUSTED, ID_PROJECTED, ID_RESERVE,
+    Alert, AlertKind, ID_EXHAUSTED, ID_KEY_REJECTED, ID_PROJECTED, ID_RESERVE,
 };
 pub use deliver::{check_webhook_url, Alerter, WEBHOOK_TIMEOUT, WEBHOOK_TRIES};
 pub use ledger::{Admit, InFlight, Ledger, Observed, ReserveConfig};

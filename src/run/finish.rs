@@ -11,7 +11,7 @@ use super::gate::Halt;
 use super::recorder::Recorded;
 use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;
-use crate::credits::{Alert, CreditMeter, CreditSnapshot, Ledger};
+use crate::credits::{Alert, AlertKind, CreditMeter, CreditSnapshot, Ledger};
 use crate::exit::RunState;
 use crate::exit::{self, RunError};
 use crate::fleet::FleetAlerts;
@@ -45,8 +45,9 @@ pub struct Ending<'a> {
 /// How the input feeder ended.
 pub type FeederResult = Result<anyhow::Result<()>, tokio::task::JoinError>;
 
-/// The billing alert a halt raises: exhaustion once per outage, the
-/// reserve on every halt (`meter` counts those of this cycle).
+/// The billing alert a halt raises, on every such halt: exhaustion counted
+/// over the halts with no item done in between, the reserve over the halts
+/// of this cycle (`meter` knows both).
 fn billing_alert(
     halt: &Option<Halt>,
     reserve: i64,
@@ -54,7 +55,10 @@ fn billing_alert(
     meter: &CreditMeter,
 ) -> Option<Alert> {
     match halt {
-        Some(Halt::Exhausted) => Some(Alert::exhausted(last)),
+        Some(Halt::Exhausted) => {
+            let nth = meter.times_fired(crate::credits::ID_EXHAUSTED) + 1;
+            Some(Alert::exhausted(last, nth))
+        }
         Some(Halt::Reserve(why)) => {
             let nth = meter.times_fired(crate::credits::ID_RESERVE) + 1;
             let mut a = Alert::reserve(reserve, last, nth);
@@ -148,6 +152,13 @@ pub async fn finish(
         billing.as_ref(),
         &e.settings.api_key_env,
     );
+    if let (Some(Halt::Auth { .. }), Some(why)) = (&halt, &halt_reason) {
+        // A revoked key stops every nightly run: each one pages, naming the
+        // input and the host like the billing alerts.
+        let id = crate::credits::ID_KEY_REJECTED;
+        e.alerter
+            .send(&Alert::new(AlertKind::KeyRejected, id, why.clone(), last));
+    }
     let mut exit_code = match &halt {
         Some(Halt::Interrupted(sig)) => sig.exit_code(),
         _ => exit::for_state(state, counts.failed),

@@ -171,11 +171,15 @@ impl Shared {
             .unwrap_or_else(|| meta.meter.clone());
         let reserve = c.reserve.map(|floor| ReserveConfig {
             floor,
-            allow_partial: c.allow_partial,
+            require_full: c.require_full,
             pending_at_start: job.pending(),
-            recheck_after: c.recheck_after,
         });
-        let ledger = Ledger::new(restored.last, reserve, meta.cost_per_item);
+        let ledger = Ledger::new(
+            restored.last,
+            reserve,
+            meta.cost_per_item,
+            restored.out_of_credits(),
+        );
         let config = MeterConfig {
             thresholds: c.alert_at.clone(),
             burn_window: c.burn_window,
@@ -440,32 +444,23 @@ impl Running {
     }
 }
 
-/// The reserve check before any call, from the checkpoint's last balance.
+/// What the reserve makes of the checkpoint's last balance before any
+/// call: the projection, or that one call learns the balance afresh. It
+/// never stops the run: that balance may be stale (a top-up, the renewal).
 fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
-    use credits::reserve::Recheck;
-    let recheck = match c.recheck_credits || c.wait_for_credits {
-        true => Recheck::Asked,
-        false => Recheck::Aged {
-            ago: crate::util::unix_now()
-                .saturating_sub(Duration::from_millis(meta.last_active_unix_ms)),
-            after: c.recheck_after,
-        },
-    };
-    let p = credits::reserve::precheck(
+    let line = credits::reserve::precheck(
         c.reserve,
-        c.allow_partial,
-        recheck,
         pool.ledger.last(),
         meta.cost_per_item,
         pending,
         crate::util::unix_now().as_secs(),
     );
-    if let Some(line) = p.line {
+    if let Some(line) = line {
         reporter.println(&line);
-    }
-    if let Some(why) = p.refusal {
-        // Nothing is sent: the workers start and find the pool stopped.
-        pool.gate.stop(Halt::Reserve(why));
+    } else if pool.ledger.learning_first() {
+        reporter.println(
+            "batchrun: the job's last run found the credits exhausted: one call learns whether they are back",
+        );
     }
 }
 

@@ -309,10 +309,13 @@ impl Recorder {
         // A call went through: any exhaustion is over, and the next one is
         // a new outage with its own alert.
         let over = self.meter.unmark_fired(credits::ID_EXHAUSTED);
-        if let (true, Some(f)) = (over, &self.fleet_alerts) {
-            f.release(self.meter.state().cycle_renewal, credits::ID_EXHAUSTED);
+        if let Some(f) = &self.fleet_alerts {
+            let cycle = self.meter.state().cycle_renewal;
+            for id in &over {
+                f.release(cycle, id);
+            }
         }
-        over
+        !over.is_empty()
     }
 
     /// A 429. Workers hit by one overrun each report it: one line per

@@ -47,7 +47,7 @@ async fn run_pool(
         transport: transport.clone(),
         pacer,
         gate: Arc::new(Gate::new(Duration::from_secs(60))),
-        ledger: Ledger::new(None, None, None),
+        ledger: Ledger::new(None, None, None, false),
         events: tx,
         cfg: PoolConfig {
             keys: super::keys::KeyScheme {

@@ -43,12 +43,9 @@ pub struct CreditSettings {
     pub webhook: Option<String>,
     /// Credits kept for production, if any.
     pub reserve: Option<i64>,
-    /// Run until the reserve even if the projection crosses it.
-    pub allow_partial: bool,
-    /// Spend one call to learn the balance afresh.
-    pub recheck_credits: bool,
-    /// A last known balance older than this is learnt afresh with one call.
-    pub recheck_after: Duration,
+    /// Halt once the balance is known if the projection crosses the
+    /// reserve, instead of running until the reserve (`--require-full`).
+    pub require_full: bool,
     /// Wait and probe instead of halting on exhaustion.
     pub wait_for_credits: bool,
     /// How often to probe while waiting.
@@ -446,9 +443,7 @@ impl CreditSettings {
             burn_window: args.burn_window,
             webhook: args.alert_webhook.clone(),
             reserve: args.reserve,
-            allow_partial: args.allow_partial,
-            recheck_credits: args.recheck_credits,
-            recheck_after: args.recheck_after,
+            require_full: args.require_full,
             wait_for_credits: args.wait_for_credits,
             probe_every: args.probe_every,
         }

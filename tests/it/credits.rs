@@ -75,6 +75,11 @@ async fn thresholds_fire_exactly_once_over_a_halt_and_a_resume_and_reach_the_web
     }
 }
 
+/// Issue #20: "with a reserve, a job runs until the reserve and halts with
+/// the way on; a run after a halt re-checks the balance by itself with one
+/// cheap call (no flag to remember)". This test pinned the old behaviour (a
+/// refusal up front unless `--allow-partial`, and a rerun that sent nothing
+/// until `--recheck-credits`); it now asserts the issue's.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reserve_halts_before_the_balance_would_cross_it() {
     let s = Scenario::new("reserve")
@@ -82,32 +87,30 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
         .numbers(50);
     let sim = s.sim();
 
-    // Without --allow-partial: the projection (50 credits) crosses the
-    // reserve (80 of 100), so it refuses after the first call told it the balance.
-    let r = s.run(&["--limit", "200/1s", "--reserve", "80"]);
-    assert_eq!(r.code, 75, "{}", r.stderr);
-    assert!(r.stderr.contains("projected cost"), "{}", r.stderr);
-    assert!(r.stderr.contains("--allow-partial"), "{}", r.stderr);
-    assert_eq!(r.summary["failed"], 0);
-    // It learns the balance and the cost of a call from two calls, one at a time.
-    assert!(r.summary["done"].as_u64().unwrap() <= 2, "{}", r.summary);
-
-    let args = [
-        "--limit",
-        "200/1s",
-        "--concurrency",
-        "5",
-        "--reserve",
-        "80",
-        "--allow-partial",
-    ];
+    // No flag but the reserve: the projection crosses it (50 credits, 80 of
+    // 100 kept), and the run spends down to it, then halts with the way on.
+    // (The projection is made once two calls told the balance and the cost.)
+    let args = ["--limit", "200/1s", "--concurrency", "5", "--reserve", "80"];
     let r = s.run(&args);
     assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("48 remaining item(s): ~48 credits at ~1.0/item; balance 98, reserve 80; it runs until the reserve (about 18 of them)"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(r.summary["state"], "halted");
     assert_eq!(r.summary["credits_remaining"], 80);
     assert_eq!(r.summary["done"], 20);
     assert_eq!(r.summary["failed"], 0);
-    assert!(r.stderr.contains("reserve"), "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("20 item(s) done this run, 30 pending"),
+        "{why}"
+    );
+    assert!(
+        why.contains("the next run checks the balance with one call"),
+        "{why}"
+    );
     let stats = sim.stats().await;
     assert_eq!(stats["credits_remaining"], 80, "{stats}");
 
@@ -129,23 +132,70 @@ async fn the_reserve_halts_before_the_balance_would_cross_it() {
     assert!(text.contains("reserve"), "{text}");
     assert_eq!(sim.stats().await["accepted"], requests_before);
 
-    // The nightly rerun: the checkpoint already knows the reserve is reached,
-    // so it refuses without spending a single credit of it.
+    // The rerun right after, nobody topped up: exactly one call (the first
+    // pending item, so it is progress) learns the balance, then it halts.
     let r = s.run(&args);
     assert_eq!(r.code, 75, "{}", r.stderr);
-    assert_eq!(r.summary["requests"], 0);
-    assert!(r.stderr.contains("nothing was sent"), "{}", r.stderr);
-    assert!(r.stderr.contains("--recheck-credits"), "{}", r.stderr);
-    assert_eq!(sim.stats().await["accepted"], requests_before);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_eq!(r.summary["done"], 21);
+    assert_eq!(r.summary["failed"], 0);
+    assert!(
+        r.stderr.contains("one call learns it afresh"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(sim.stats().await["credits_remaining"], 79);
 
-    // After a top-up, one call learns the new balance and the job finishes.
+    // After a top-up the very same command finishes: no flag added.
     sim.topup(100).await;
-    let mut recheck = args.to_vec();
-    recheck.push("--recheck-credits");
-    let r = s.run(&recheck);
+    let r = s.run(&args);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["done"], 50);
-    assert_eq!(sim.stats().await["credits_remaining"], 150);
+    let stats = sim.stats().await;
+    assert_eq!(stats["credits_remaining"], 150);
+    assert_side_effects(&stats, 50);
+    assert_each_item_once(&s.out_path(), 50);
+}
+
+/// `--allow-partial`, the old way to run until the reserve, is the default
+/// now and still accepted (older cron lines keep working); the up-front
+/// refusal has its own flag, `--require-full`, which halts as soon as the
+/// balance and the cost of a call are known.
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_partial_is_the_default_and_require_full_refuses_once_the_balance_is_known() {
+    let s = Scenario::new("requirefull")
+        .with_sim(&["--limit", "200/1s", "--credits", "100"])
+        .numbers(50);
+    let r = s.run(&["--limit", "200/1s", "--reserve", "80", "--require-full"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0);
+    // It learns the balance and the cost of a call from two calls, one at a time.
+    assert!(r.summary["done"].as_u64().unwrap() <= 2, "{}", r.summary);
+    let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("--require-full: the remaining"), "{why}");
+    assert!(why.contains("drop --require-full"), "{why}");
+
+    // The old flag: accepted, and the same as leaving it out.
+    let r = s.run(&["--limit", "200/1s", "--reserve", "80", "--allow-partial"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 20, "{}", r.summary);
+    assert_eq!(s.sim().stats().await["credits_remaining"], 80);
+    // And the old re-check flags too.
+    let r = s.run(&[
+        "--limit",
+        "200/1s",
+        "--reserve",
+        "80",
+        "--recheck-credits",
+        "--recheck-after",
+        "1h",
+    ]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+
+    let r = s.run(&["--reserve", "80", "--allow-partial", "--require-full"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--require-full"), "{}", r.stderr);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -231,15 +281,7 @@ async fn the_reserve_holds_when_a_call_costs_several_credits() {
             "50ms",
         ])
         .numbers(20);
-    let r = s.run(&[
-        "--limit",
-        "200/1s",
-        "--concurrency",
-        "5",
-        "--reserve",
-        "20",
-        "--allow-partial",
-    ]);
+    let r = s.run(&["--limit", "200/1s", "--concurrency", "5", "--reserve", "20"]);
     assert_eq!(r.code, 75, "{}", r.stderr);
     assert_eq!(r.summary["credits_remaining"], 21, "{}", r.summary);
     assert_eq!(r.summary["done"], 3);
