@@ -274,8 +274,13 @@ impl Ledger {
         if !s.projected_checked && s.cost.known() {
             s.projected_checked = true;
             let left = r.pending_at_start.saturating_sub(s.done_in_run);
-            let (line, crosses) =
-                project(s.cost.current(), left, snap.remaining, r.floor, "balance");
+            let (line, crosses) = project(
+                s.cost.current(),
+                left,
+                (snap.remaining, r.floor),
+                "balance",
+                r.require_full,
+            );
             out.note = Some(line);
             if r.require_full {
                 let done = s.done_in_run;

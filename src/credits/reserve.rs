@@ -70,19 +70,20 @@ impl CostEstimate {
 /// The projected cost of `left` items at `cost` each, as the line to print,
 /// and why `--require-full` refuses it when it would take `balance` below
 /// the reserve. `what` names the balance ("balance", or "last known
-/// balance" when it comes from the checkpoint).
+/// balance" when it comes from the checkpoint). `require_full`: the run
+/// will not spend down to the reserve, so the line does not say it will.
 pub fn project(
     cost: f64,
     left: u64,
-    balance: i64,
-    floor: i64,
+    (balance, floor): (i64, i64),
     what: &str,
+    require_full: bool,
 ) -> (String, Option<String>) {
     let projected = (cost * left as f64).ceil() as i64;
     let room = balance.saturating_sub(floor);
     // Without --require-full the run spends down to the reserve: say how
     // far that goes.
-    let until = match (room < projected, cost > 0.0) {
+    let until = match (room < projected, cost > 0.0 && !require_full) {
         (true, true) => format!(
             "; it runs until the reserve (about {} of them), then halts with the way on",
             (room.max(0) as f64 / cost).floor() as u64
@@ -108,7 +109,7 @@ pub fn project(
 /// stale by a top-up or the renewal, and the first call (which the ledger
 /// sends alone) tells the truth for the price of one call.
 pub fn precheck(
-    floor: Option<i64>,
+    (floor, require_full): (Option<i64>, bool),
     last: Option<CreditSnapshot>,
     cost: Option<f64>,
     pending: u64,
@@ -128,7 +129,8 @@ pub fn precheck(
             last.remaining
         ));
     }
-    Some(project(cost, pending, last.remaining, floor, "last known balance").0)
+    let balance = (last.remaining, floor);
+    Some(project(cost, pending, balance, "last known balance", require_full).0)
 }
 
 #[cfg(test)]
@@ -165,14 +167,19 @@ mod tests {
 
     #[test]
     fn the_projection_crosses_the_reserve_only_past_the_room_above_it() {
-        let (line, crosses) = project(2.0, 10, 100, 80, "balance");
+        let (line, crosses) = project(2.0, 10, (100, 80), "balance", false);
         assert!(line.contains("~20 credits"), "{line}");
         assert!(!line.contains("runs until the reserve"), "{line}");
         assert_eq!(crosses, None, "100 - 20 = 80 keeps the reserve");
-        let (line, crosses) = project(2.0, 11, 100, 80, "last known balance");
+        let (line, crosses) = project(2.0, 11, (100, 80), "last known balance", false);
         assert!(
             line.contains("runs until the reserve (about 10 of them)"),
             "{line}"
+        );
+        let (line, _) = project(2.0, 11, (100, 80), "last known balance", true);
+        assert!(
+            !line.contains("runs until"),
+            "--require-full does not: {line}"
         );
         let why = crosses.unwrap();
         assert!(why.contains("last known balance of 100"), "{why}");
@@ -187,24 +194,30 @@ mod tests {
             max: 100,
             renewal: Some(2_000),
         };
-        let line = precheck(Some(80), Some(last), Some(1.0), 10, 1_000).unwrap();
+        let line = precheck((Some(80), false), Some(last), Some(1.0), 10, 1_000).unwrap();
         assert!(line.contains("~10 credits"), "{line}");
         assert!(
             line.contains("runs until the reserve (about 5 of them)"),
             "{line}"
         );
-        let line = precheck(Some(85), Some(last), Some(1.0), 10, 1_000).unwrap();
+        let line = precheck((Some(85), false), Some(last), Some(1.0), 10, 1_000).unwrap();
         assert!(
             line.contains("(85 credits) is at the reserve of 85"),
             "{line}"
         );
         assert!(line.contains("one call learns it afresh"), "{line}");
         assert_eq!(
-            precheck(Some(85), Some(last), Some(1.0), 10, 2_000),
+            precheck((Some(85), false), Some(last), Some(1.0), 10, 2_000),
             None,
             "that cycle is over"
         );
-        assert_eq!(precheck(None, Some(last), Some(1.0), 10, 1_000), None);
-        assert_eq!(precheck(Some(85), Some(last), Some(1.0), 0, 1_000), None);
+        assert_eq!(
+            precheck((None, false), Some(last), Some(1.0), 10, 1_000),
+            None
+        );
+        assert_eq!(
+            precheck((Some(85), false), Some(last), Some(1.0), 0, 1_000),
+            None
+        );
     }
 }

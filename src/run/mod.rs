@@ -449,7 +449,7 @@ impl Running {
 /// never stops the run: that balance may be stale (a top-up, the renewal).
 fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, reporter: &Reporter) {
     let line = credits::reserve::precheck(
-        c.reserve,
+        (c.reserve, c.require_full),
         pool.ledger.last(),
         meta.cost_per_item,
         pending,

@@ -174,6 +174,7 @@ async fn allow_partial_is_the_default_and_require_full_refuses_once_the_balance_
     let why = r.summary["halt_reason"].as_str().unwrap_or_default();
     assert!(why.contains("--require-full: the remaining"), "{why}");
     assert!(why.contains("drop --require-full"), "{why}");
+    assert!(!r.stderr.contains("runs until the reserve"), "{}", r.stderr);
 
     // The old flag: accepted, and the same as leaving it out.
     let r = s.run(&["--limit", "200/1s", "--reserve", "80", "--allow-partial"]);
