@@ -192,6 +192,17 @@ impl Ledger {
     /// exhaustion answer, which moves the balance but says nothing about
     /// the cost of a call.
     pub fn observe(&self, snap: Option<CreditSnapshot>, success: bool, charged: bool) -> Observed {
+        self.observe_items(snap, u64::from(success), charged)
+    }
+
+    /// [`Ledger::observe`] for a call that settled `done` items (a batch:
+    /// the meter charges per item, so the cost is per item too).
+    pub fn observe_items(
+        &self,
+        snap: Option<CreditSnapshot>,
+        done: u64,
+        charged: bool,
+    ) -> Observed {
         let mut s = self.lock();
         let mut out = Observed::default();
         if let Some(snap) = snap {
@@ -203,7 +214,7 @@ impl Ledger {
         }
         if let (Some(r), true) = (self.reserve, charged) {
             match snap {
-                Some(snap) => self.reserve_sees(&mut s, &r, snap, success, &mut out),
+                Some(snap) => self.reserve_sees(&mut s, &r, snap, done, &mut out),
                 None => Self::unmetered(&mut s, &mut out),
             }
             drop(s);
@@ -217,13 +228,11 @@ impl Ledger {
         s: &mut State,
         r: &ReserveConfig,
         snap: CreditSnapshot,
-        success: bool,
+        done: u64,
         out: &mut Observed,
     ) {
-        s.cost.observe(&snap, success);
-        if success {
-            s.done_in_run += 1;
-        }
+        s.cost.observe_items(&snap, done);
+        s.done_in_run += done;
         // Once the cost of a call is known, project the rest.
         if !s.projected_checked && s.cost.known() {
             s.projected_checked = true;
