@@ -61,14 +61,15 @@ pub enum Admit {
     Refused(String),
 }
 
-/// Counts a call as in flight for the reserve until dropped.
-pub struct InFlight(Option<Arc<Ledger>>);
+/// Counts a call (of this many items) as in flight for the reserve until
+/// dropped.
+pub struct InFlight(Option<Arc<Ledger>>, u64);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(l) = self.0.take() {
             let mut s = l.lock();
-            s.in_flight = s.in_flight.saturating_sub(1);
+            s.in_flight = s.in_flight.saturating_sub(self.1);
             drop(s);
             // Whatever became of the call (even a panic), a worker waiting
             // for its turn must get to look again.
@@ -144,13 +145,20 @@ impl Ledger {
 
     /// May a call start? A probe while waiting for credits always may.
     pub fn admit(self: &Arc<Self>, probing: bool) -> Admit {
+        self.admit_items(probing, 1)
+    }
+
+    /// [`Ledger::admit`] for a call that carries `items` items (a batch):
+    /// each is charged, so each counts in flight.
+    pub fn admit_items(self: &Arc<Self>, probing: bool, items: u64) -> Admit {
+        let items = items.max(1);
         let Some(r) = &self.reserve else {
-            return Admit::Go(InFlight(None));
+            return Admit::Go(InFlight(None, items));
         };
         let mut s = self.lock();
         if s.disabled || probing {
-            s.in_flight += 1;
-            return Admit::Go(InFlight(Some(self.clone())));
+            s.in_flight += items;
+            return Admit::Go(InFlight(Some(self.clone()), items));
         }
         // The balance is learnt from the first response and the cost of a
         // call from the next: until both are known, one call at a time, so
@@ -158,13 +166,13 @@ impl Ledger {
         let last = match s.last {
             Some(last) if s.fresh && s.cost.known() => last,
             _ if s.in_flight == 0 => {
-                s.in_flight += 1;
-                return Admit::Go(InFlight(Some(self.clone())));
+                s.in_flight += items;
+                return Admit::Go(InFlight(Some(self.clone()), items));
             }
             _ => return Admit::WaitForBalance,
         };
         let cost = s.cost.current();
-        let need = (cost * (s.in_flight + 1) as f64).ceil() as i64;
+        let need = (cost * (s.in_flight + items) as f64).ceil() as i64;
         if last.remaining.saturating_sub(need) < r.floor {
             // With calls still in flight the reserve is not reached yet: one
             // of them may fail and cost nothing. Wait for them to settle.
@@ -184,8 +192,8 @@ impl Ledger {
                 humantime::format_duration(r.recheck_after),
             ));
         }
-        s.in_flight += 1;
-        Admit::Go(InFlight(Some(self.clone())))
+        s.in_flight += items;
+        Admit::Go(InFlight(Some(self.clone()), items))
     }
 
     /// Feeds one response's credit headers. `charged` is false for an

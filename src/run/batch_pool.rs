@@ -196,7 +196,7 @@ impl Pool {
             if !probing && !self.gate.is_running() {
                 continue;
             }
-            let Some(guard) = self.admit(probing).await else {
+            let Some(guard) = self.admit(probing, chunk.len() as u64).await else {
                 if self.gate.is_stopped() {
                     return Sent::Stop;
                 }

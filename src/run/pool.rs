@@ -156,7 +156,7 @@ impl Pool {
             if !probing && !self.gate.is_running() {
                 continue;
             }
-            let Some(guard) = self.admit(probing).await else {
+            let Some(guard) = self.admit(probing, 1).await else {
                 if self.gate.is_stopped() {
                     return;
                 }
@@ -406,12 +406,13 @@ impl Pool {
         }
     }
 
-    /// Passes the reserve. None when the worker must look again (or stop).
-    pub(super) async fn admit(self: &Arc<Self>, probing: bool) -> Option<InFlight> {
+    /// Passes the reserve for a call of `items` items. None when the
+    /// worker must look again (or stop).
+    pub(super) async fn admit(self: &Arc<Self>, probing: bool, items: u64) -> Option<InFlight> {
         // Subscribed before asking, so a call that ends in between still
         // wakes this worker if it has to wait its turn.
         let mut turn = self.ledger.subscribe();
-        match self.ledger.admit(probing) {
+        match self.ledger.admit_items(probing, items) {
             Admit::Go(g) => Some(g),
             Admit::WaitForBalance => {
                 tokio::select! {

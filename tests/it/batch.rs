@@ -207,3 +207,34 @@ fn a_dry_run_shows_the_first_batch_in_its_template() {
     );
     assert!(!text.contains(KEY), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reserve_counts_the_items_of_a_batch_not_the_call() {
+    let s = Scenario::new("batch-reserve")
+        .with_sim(&["--limit", "none", "--credits", "1000"])
+        .numbers(2000);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "50",
+        "--limit",
+        "none",
+        "--reserve",
+        "300",
+        "--allow-partial",
+    ]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    let left = stats["credits_remaining"].as_u64().unwrap();
+    assert!(left >= 300, "the reserve was kept: {stats}");
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(
+        r.summary["done"].as_u64().unwrap(),
+        1000 - left,
+        "{}",
+        r.summary
+    );
+}
