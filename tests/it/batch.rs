@@ -238,3 +238,106 @@ async fn the_reserve_counts_the_items_of_a_batch_not_the_call() {
         r.summary
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_whose_answer_is_lost_is_resent_under_its_key_and_replayed() {
+    let s = Scenario::new("batch-resets")
+        .with_sim(&["--limit", "none", "--reset-rate", "0.3", "--seed", "7"])
+        .numbers(400);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "20",
+        "--limit",
+        "none",
+        "--max-attempts",
+        "20",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 400);
+    assert_own_elements(&s);
+    let stats = s.sim().stats().await;
+    assert!(stats["resets"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["idempotent_replays"].as_u64().unwrap() > 0, "{stats}");
+    assert_side_effects(&stats, 400);
+}
+
+/// A batch API that answers one result fewer than the items it got, for
+/// the first `short` answers of each batch key.
+async fn short_answers(short: usize) -> String {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let app = axum::Router::new().route(
+        "/batch",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap,
+                  axum::Json(items): axum::Json<Vec<serde_json::Value>>| {
+                let seen = seen.clone();
+                async move {
+                    let key = headers["idempotency-key"].to_str().unwrap().to_string();
+                    let n = {
+                        let mut seen = seen.lock().unwrap();
+                        let n = seen.entry(key).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    let mut results: Vec<serde_json::Value> = items
+                        .into_iter()
+                        .map(|data| serde_json::json!({"status": 200, "data": data}))
+                        .collect();
+                    if n <= short {
+                        results.pop();
+                    }
+                    axum::Json(serde_json::json!({ "results": results }))
+                }
+            },
+        ),
+    );
+    format!("http://{}/batch", serve(app).await)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_of_the_wrong_length_pairs_nothing_and_is_resent_under_its_key() {
+    let s = Scenario::new("batch-short").numbers(30);
+    let url = short_answers(1).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["retries"], 3, "one per batch: {}", r.summary);
+    assert_each_item_once(&s.out_path(), 30);
+    for row in jsonl(&s.out_path()) {
+        assert_eq!(row["body"]["data"], row["input"], "{row}");
+    }
+    // Never right: every item fails with the reason, its outcome unknown.
+    let s = Scenario::new("batch-short-always").numbers(20);
+    let url = short_answers(usize::MAX).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--max-attempts",
+        "2",
+    ]);
+    assert_eq!(r.summary["failed"], 20, "{}", r.summary);
+    for f in jsonl(&s.failures_path()) {
+        let reason = f["reason"].as_str().unwrap();
+        assert!(reason.contains("holds 9 results for 10 items"), "{f}");
+        assert!(reason.contains("outcome unknown"), "{f}");
+    }
+    assert!(jsonl(&s.out_path()).is_empty());
+}
