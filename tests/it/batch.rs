@@ -341,3 +341,37 @@ async fn an_answer_of_the_wrong_length_pairs_nothing_and_is_resent_under_its_key
     }
     assert!(jsonl(&s.out_path()).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_credits_a_batch_run_resumes_after_a_top_up() {
+    let s = Scenario::new("batch-wait")
+        .with_sim(&["--limit", "none", "--credits", "120"])
+        .numbers(300);
+    let url = batch_url(&s);
+    let child = s
+        .cmd(&[
+            "--url",
+            &url,
+            "--json-body",
+            "--batch",
+            "50",
+            "--limit",
+            "none",
+            "--wait-for-credits",
+            "--probe-every",
+            "200ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stats(s.sim(), 30, |st| st["side_effects"] == 120).await;
+    s.sim().topup(1000).await;
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("waiting for credits"), "{stderr}");
+    assert_each_item_once(&s.out_path(), 300);
+    assert_own_elements(&s);
+    assert_side_effects(&s.sim().stats().await, 300);
+}
