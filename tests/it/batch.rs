@@ -375,3 +375,40 @@ async fn waiting_for_credits_a_batch_run_resumes_after_a_top_up() {
     assert_own_elements(&s);
     assert_side_effects(&s.sim().stats().await, 300);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_failed_sends_the_failed_items_again_in_a_batch_of_their_own() {
+    let s = Scenario::new("batch-retry-failed").numbers(40);
+    let sim = Sim::start(&["--limit", "none", "--refuse", "n=7", "--refuse", "n=30"]);
+    let url = format!("{}/batch/echo", sim.url);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+    ];
+    let r = s.run(&args);
+    assert_eq!(
+        (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
+        (Some(38), Some(2))
+    );
+    // The same API, without the refusals.
+    let addr = sim.url.trim_start_matches("http://").to_string();
+    drop(sim);
+    let sim = Sim::start_on(&addr, &["--limit", "none"]);
+    let mut again = args.to_vec();
+    again.push("--retry-failed");
+    let r = s.run(&again);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.summary["requests"], 1,
+        "the two in one batch: {}",
+        r.summary
+    );
+    assert_each_item_once(&s.out_path(), 40);
+    assert_own_elements(&s);
+    assert_side_effects(&sim.stats().await, 2);
+}
