@@ -77,7 +77,8 @@ enum Sent {
 
 /// The next step of a batch call.
 enum Step {
-    Again,
+    /// Send these again under the same key.
+    Again(Vec<Entry>),
     Done(Sent),
 }
 
@@ -209,9 +210,8 @@ impl Pool {
             let outcome = self.call(&req, permit, guard, Some(&batching.spec)).await;
             drop(slot);
             match self.answer(outcome, chunk, &req, batching, probing).await {
-                (Step::Again, Some(back)) => chunk = back,
-                (Step::Done(sent), _) => return sent,
-                (Step::Again, None) => return Sent::Stop,
+                Step::Again(back) => chunk = back,
+                Step::Done(sent) => return sent,
             }
         }
     }
@@ -224,14 +224,11 @@ impl Pool {
         req: &Request,
         batching: &Batching,
         probing: bool,
-    ) -> (Step, Option<Vec<Entry>>) {
+    ) -> Step {
         let n = chunk.len();
         match outcome {
             Outcome::Done(status, body) => match batch::pair(&batching.spec, status, &body, n) {
-                Ok(elements) => (
-                    Step::Done(self.settle_items(chunk, elements, req, probing).await),
-                    None,
-                ),
+                Ok(elements) => Step::Done(self.settle_items(chunk, elements, req, probing).await),
                 Err(reason) => {
                     // Answered but not paired: it may have run; resent
                     // under the same key, the server replays what it did.
@@ -252,7 +249,7 @@ impl Pool {
                     }
                 }
                 self.gate.stop(Halt::Reserve(why));
-                (Step::Done(Sent::Stop), None)
+                Step::Done(Sent::Stop)
             }
             Outcome::Error(ref e, _) if too_large(e) && n > 1 => {
                 if let Some(to) = batching.halve(n) {
@@ -262,7 +259,7 @@ impl Pool {
                         )));
                     }
                 }
-                (Step::Done(Sent::Back(chunk)), None)
+                Step::Done(Sent::Back(chunk))
             }
             other => self.whole(other, chunk, req, probing).await,
         }
@@ -276,7 +273,7 @@ impl Pool {
         mut chunk: Vec<Entry>,
         req: &Request,
         probing: bool,
-    ) -> (Step, Option<Vec<Entry>>) {
+    ) -> Step {
         let tries = Tries {
             n: chunk.iter().map(|e| e.tries.n).max().unwrap_or(1),
             maybe_ran: chunk.iter().any(|e| e.tries.maybe_ran),
@@ -302,23 +299,23 @@ impl Pool {
         match reaction.action {
             Action::Record { event, systemic } => {
                 self.record_alike(&chunk, event, systemic, req);
-                (Step::Done(Sent::Over), None)
+                Step::Done(Sent::Over)
             }
             Action::ProbeDone(event) => {
                 self.record_alike(&chunk, event, None, req);
                 self.probe_succeeded();
-                (Step::Done(Sent::Over), None)
+                Step::Done(Sent::Over)
             }
             Action::Stop { record, halt } => {
                 if let Some(event) = record {
                     self.record_alike(&chunk, event, None, req);
                 }
                 self.gate.stop(halt);
-                (Step::Done(Sent::Stop), None)
+                Step::Done(Sent::Stop)
             }
             action => match self.follow(action, req).await {
-                Next::Again => (Step::Again, Some(chunk)),
-                Next::Finished => (Step::Done(Sent::Stop), None),
+                Next::Again => Step::Again(chunk),
+                Next::Finished => Step::Done(Sent::Stop),
             },
         }
     }
