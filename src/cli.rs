@@ -257,6 +257,54 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Request")]
     pub json_body: bool,
 
+    /// Send up to N pending items per call to a batch endpoint: the body is
+    /// the JSON array of the items' own bodies (see --batch-body).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000), help_heading = "Batch")]
+    pub batch: Option<u64>,
+
+    /// The batch call's body, with {items} in place of the array and {{ }}
+    /// for literal braces, e.g. '{{"requests": {items}}}'.
+    #[arg(
+        long,
+        value_name = "TEMPLATE",
+        requires = "batch",
+        help_heading = "Batch"
+    )]
+    pub batch_body: Option<String>,
+
+    /// JSON pointer to the per-item results in the answer, when the answer
+    /// is not the array itself.
+    #[arg(
+        long,
+        value_name = "POINTER",
+        default_value = "/results",
+        requires = "batch",
+        help_heading = "Batch"
+    )]
+    pub batch_results: String,
+
+    /// JSON pointer to a result element's status [default: its "status" or
+    /// "code" field, else the call's HTTP status].
+    #[arg(
+        long,
+        value_name = "POINTER",
+        requires = "batch",
+        help_heading = "Batch"
+    )]
+    pub batch_status: Option<String>,
+
+    /// What a batch call counts as against the limits: one call, or one per
+    /// item (an API that counts each item).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "calls",
+        value_name = "calls|items",
+        requires = "batch",
+        help_heading = "Batch"
+    )]
+    pub batch_weight: crate::request::BatchWeight,
+
     /// Environment variable holding the API key.
     #[arg(
         long,

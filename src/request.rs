@@ -265,6 +265,79 @@ impl RequestSpec {
     }
 }
 
+/// How pending items go many to a call (`--batch N`): the call's body is
+/// the array of their own bodies, and its answer holds one element per item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchSpec {
+    /// Items per call at most (`--batch`).
+    pub size: usize,
+    /// The body around the array (`--batch-body`); the array itself without.
+    pub body: Option<BatchBody>,
+    /// Where the answer's array is (`--batch-results`, a JSON pointer),
+    /// when the answer is not the array itself.
+    pub results: String,
+    /// Where an element's status is (`--batch-status`, a JSON pointer), in
+    /// place of its `status` or `code` field.
+    pub status: Option<String>,
+    /// What one call counts as against the limits (`--batch-weight`).
+    pub weight: BatchWeight,
+}
+
+/// What a batch call counts as against the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BatchWeight {
+    /// One call, whatever it carries.
+    #[default]
+    Calls,
+    /// As many calls as it carries items (an API that counts each item).
+    Items,
+}
+
+/// `--batch-body TEMPLATE`: literal text around one `{items}`, with `{{`
+/// and `}}` standing for literal braces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchBody {
+    before: String,
+    after: String,
+}
+
+impl BatchBody {
+    /// Parses the template; it must hold `{items}` exactly once.
+    pub fn parse(template: &str) -> Result<BatchBody, String> {
+        let mut parts = vec![String::new()];
+        let mut rest = template;
+        while let Some(c) = rest.chars().next() {
+            let last = parts.len() - 1;
+            if let Some(r) = rest.strip_prefix("{items}") {
+                parts.push(String::new());
+                rest = r;
+            } else if let Some(r) = rest.strip_prefix("{{").or_else(|| rest.strip_prefix("}}")) {
+                parts[last].push(c);
+                rest = r;
+            } else if c == '{' || c == '}' {
+                return Err(format!(
+                    "--batch-body: a lone {c:?} (write {{{{ or }}}} for a literal brace; {{items}} is the array)"
+                ));
+            } else {
+                parts[last].push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+        match <[String; 2]>::try_from(parts) {
+            Ok([before, after]) => Ok(BatchBody { before, after }),
+            Err(p) if p.len() == 1 => {
+                Err("--batch-body must hold {items}, the array of the items' bodies".into())
+            }
+            Err(_) => Err("--batch-body holds {items} more than once".into()),
+        }
+    }
+
+    /// The body with `array` in place of `{items}`.
+    pub fn render(&self, array: &str) -> String {
+        format!("{}{array}{}", self.before, self.after)
+    }
+}
+
 /// A rendered URL that the template could not vouch for: it must parse,
 /// as http or https.
 fn check_url(url: &str) -> Result<(), String> {
@@ -296,6 +369,17 @@ mod tests {
 
     fn render(url: &str, value: serde_json::Value) -> Result<Request, String> {
         spec(url).render(&Item { line: 3, value })
+    }
+
+    #[test]
+    fn a_batch_body_puts_the_array_in_place_of_items() {
+        let b = BatchBody::parse(r#"{{"requests": {items}}}"#).unwrap();
+        assert_eq!(b.render("[1,2]"), r#"{"requests": [1,2]}"#);
+        assert!(BatchBody::parse("{\"a\": 1}").is_err(), "a lone brace");
+        assert!(BatchBody::parse("[]")
+            .unwrap_err()
+            .contains("must hold {items}"));
+        assert!(BatchBody::parse("{items}{items}").is_err());
     }
 
     #[test]

@@ -260,6 +260,23 @@ impl Committer {
         Ok(())
     }
 
+    /// Queues several finished calls for the same group: they are
+    /// committed together or not at all (a batch's items).
+    pub fn record_all(&self, rs: Vec<Record>) -> Result<(), CheckpointError> {
+        let mut inbox = self.shared.lock();
+        if inbox.dead {
+            return Err(gone());
+        }
+        inbox.records.extend(rs);
+        let wake = inbox.idle || inbox.records.len() >= self.shared.max_records;
+        inbox.idle &= !wake;
+        drop(inbox);
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// Queues the job record's fields (all but the counts and the revision)
     /// and the origin's meter state; with `flush`, they are committed and
     /// flushed at once.

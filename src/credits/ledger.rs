@@ -64,14 +64,15 @@ pub enum Admit {
     Refused(String),
 }
 
-/// Counts a call as in flight for the reserve until dropped.
-pub struct InFlight(Option<Arc<Ledger>>);
+/// Counts a call (of this many items) as in flight for the reserve until
+/// dropped.
+pub struct InFlight(Option<Arc<Ledger>>, u64);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(l) = self.0.take() {
             let mut s = l.lock();
-            s.in_flight = s.in_flight.saturating_sub(1);
+            s.in_flight = s.in_flight.saturating_sub(self.1);
             drop(s);
             // Whatever became of the call (even a panic), a worker waiting
             // for its turn must get to look again.
@@ -158,10 +159,17 @@ impl Ledger {
 
     /// May a call start? A probe while waiting for credits always may.
     pub fn admit(self: &Arc<Self>, probing: bool) -> Admit {
+        self.admit_items(probing, 1)
+    }
+
+    /// [`Ledger::admit`] for a call that carries `items` items (a batch):
+    /// each is charged, so each counts in flight.
+    pub fn admit_items(self: &Arc<Self>, probing: bool, items: u64) -> Admit {
+        let items = items.max(1);
         let mut s = self.lock();
         if probing {
-            s.in_flight += 1;
-            return Admit::Go(InFlight(Some(self.clone())));
+            s.in_flight += items;
+            return Admit::Go(InFlight(Some(self.clone()), items));
         }
         // Told the credits are out: the run is halting (or about to wait);
         // another call would only be refused too.
@@ -170,17 +178,17 @@ impl Ledger {
         }
         let Some(r) = &self.reserve else {
             return match (s.solo, s.in_flight) {
-                (false, _) => Admit::Go(InFlight(None)),
+                (false, _) => Admit::Go(InFlight(None, items)),
                 (true, 0) => {
-                    s.in_flight += 1;
-                    Admit::Go(InFlight(Some(self.clone())))
+                    s.in_flight += items;
+                    Admit::Go(InFlight(Some(self.clone()), items))
                 }
                 (true, _) => Admit::WaitForBalance,
             };
         };
         if s.disabled {
-            s.in_flight += 1;
-            return Admit::Go(InFlight(Some(self.clone())));
+            s.in_flight += items;
+            return Admit::Go(InFlight(Some(self.clone()), items));
         }
         // The balance is learnt from the first response and the cost of a
         // call from the next: until both are known, one call at a time, so
@@ -195,13 +203,13 @@ impl Ledger {
             // halt): no second call just to learn the cost.
             Some(last) if s.fresh && (s.cost.known() || below(last)) => last,
             _ if s.in_flight == 0 => {
-                s.in_flight += 1;
-                return Admit::Go(InFlight(Some(self.clone())));
+                s.in_flight += items;
+                return Admit::Go(InFlight(Some(self.clone()), items));
             }
             _ => return Admit::WaitForBalance,
         };
         let cost = s.cost.current();
-        let need = (cost * (s.in_flight + 1) as f64).ceil() as i64;
+        let need = (cost * (s.in_flight + items) as f64).ceil() as i64;
         if last.remaining.saturating_sub(need) < r.floor {
             // With calls still in flight the reserve is not reached yet: one
             // of them may fail and cost nothing. Wait for them to settle.
@@ -220,14 +228,25 @@ impl Ledger {
                 (cost * left as f64).ceil() as i64,
             ));
         }
-        s.in_flight += 1;
-        Admit::Go(InFlight(Some(self.clone())))
+        s.in_flight += items;
+        Admit::Go(InFlight(Some(self.clone()), items))
     }
 
     /// Feeds one response's credit headers. `charged` is false for an
     /// exhaustion answer, which moves the balance but says nothing about
     /// the cost of a call.
     pub fn observe(&self, snap: Option<CreditSnapshot>, success: bool, charged: bool) -> Observed {
+        self.observe_items(snap, u64::from(success), charged)
+    }
+
+    /// [`Ledger::observe`] for a call that settled `done` items (a batch:
+    /// the meter charges per item, so the cost is per item too).
+    pub fn observe_items(
+        &self,
+        snap: Option<CreditSnapshot>,
+        done: u64,
+        charged: bool,
+    ) -> Observed {
         let mut s = self.lock();
         let mut out = Observed::default();
         // Any answer says how things stand: the pool may open (an
@@ -235,7 +254,7 @@ impl Ledger {
         // gets through).
         let was = (s.solo, s.exhausted);
         s.solo = false;
-        s.exhausted = !charged || (s.exhausted && !success);
+        s.exhausted = !charged || (s.exhausted && done == 0);
         let opened = was != (s.solo, s.exhausted);
         if let Some(snap) = snap {
             if !s.fresh || !snap.is_older_than(s.last) {
@@ -246,7 +265,7 @@ impl Ledger {
         }
         if let (Some(r), true) = (self.reserve, charged) {
             match snap {
-                Some(snap) => self.reserve_sees(&mut s, &r, snap, success, &mut out),
+                Some(snap) => self.reserve_sees(&mut s, &r, snap, done, &mut out),
                 None => Self::unmetered(&mut s, &mut out),
             }
             drop(s);
@@ -263,13 +282,11 @@ impl Ledger {
         s: &mut State,
         r: &ReserveConfig,
         snap: CreditSnapshot,
-        success: bool,
+        done: u64,
         out: &mut Observed,
     ) {
-        s.cost.observe(&snap, success);
-        if success {
-            s.done_in_run += 1;
-        }
+        s.cost.observe_items(&snap, done);
+        s.done_in_run += done;
         // Once the cost of a call is known, project the rest.
         if !s.projected_checked && s.cost.known() {
             s.projected_checked = true;

@@ -31,6 +31,12 @@ impl CostEstimate {
     /// base; each later success adds one charge; the highest `used` seen
     /// since the base, over those successes, is the cost per item.
     pub fn observe(&mut self, snap: &CreditSnapshot, success: bool) {
+        self.observe_items(snap, u64::from(success));
+    }
+
+    /// [`CostEstimate::observe`] for a response that settled `done` items
+    /// (a batch call): each is one charge.
+    pub fn observe_items(&mut self, snap: &CreditSnapshot, done: u64) {
         let new_cycle = self.base_renewal != snap.renewal && self.base_used.is_some();
         match self.base_used {
             Some(b) if !new_cycle => {
@@ -39,9 +45,7 @@ impl CostEstimate {
                     return;
                 }
                 self.max_used = self.max_used.max(snap.used);
-                if success {
-                    self.successes += 1;
-                }
+                self.successes += done;
                 if self.successes > 0 {
                     self.per_item =
                         Some(self.max_used.saturating_sub(b) as f64 / self.successes as f64);

@@ -43,6 +43,10 @@ pub enum Event {
         /// The item's digest, recorded with its result.
         digest: u64,
     },
+    /// The items a batch call settled, done or failed: recorded together,
+    /// in one commit, so that a crash leaves the whole batch pending or
+    /// none of it (a resend then forms the same batch under the same key).
+    Settled(Vec<Event>),
     /// A 429: for the window (everyone paused) or for concurrency.
     RateLimited {
         /// How long.

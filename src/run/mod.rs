@@ -16,6 +16,8 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+mod batch;
+mod batch_pool;
 mod damage;
 pub mod events;
 mod feeder;
@@ -78,6 +80,11 @@ where
     spool_input(&mut settings)?;
     let _spool = SpoolGuard(settings.spooled.as_ref().map(|_| settings.input.clone()));
     if let Some(n) = settings.dry_run {
+        // A batch job shows its first batch, as it would be sent.
+        let n = match &settings.batch {
+            Some(b) => batch_pool::show_first_batch(&settings, b).map(|()| 0)?,
+            None => n,
+        };
         return dry_run(&settings, n, started);
     }
     // A fleet's Redis must answer before anything else happens.
@@ -354,7 +361,9 @@ where
         let dir = settings.state_dir.clone();
         move |e| gate.stop(Halt::Checkpoint(checkpoint_failed(&dir, e)))
     });
-    let (item_tx, item_rx) = mpsc::channel::<Queued>(settings.concurrency * 2);
+    // A batch worker waits for a whole batch: room for two per worker.
+    let room = settings.batch.as_ref().map_or(1, |b| b.size.max(1));
+    let (item_tx, item_rx) = mpsc::channel::<Queued>(settings.concurrency * 2 * room);
     let feeder = feeder::spawn(
         feeder::Source::of(settings),
         job.items.clone(),
@@ -371,8 +380,12 @@ where
     );
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
+    let batching = settings.batch.clone().map(batch_pool::Batching::new);
     for _ in 0..settings.concurrency {
-        workers.spawn(pool.clone().worker(queue.clone()));
+        match &batching {
+            Some(b) => workers.spawn(pool.clone().batch_worker(queue.clone(), b.clone())),
+            None => workers.spawn(pool.clone().worker(queue.clone())),
+        };
     }
     let recorder = recorder(settings, job, pool, shared, meter, committer);
     Ok(Running {

@@ -18,9 +18,9 @@ use super::watch::{Heard, Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
-use crate::pace::{PaceError, Pacer, Permit};
+use crate::pace::{PaceError, Pacer, Permit, Weight};
 use crate::report::calls::Answer;
-use crate::request::RequestSpec;
+use crate::request::{BatchSpec, RequestSpec};
 use crate::transport::{FailureKind, Request, Response, Transport};
 
 /// How the pool treats each item.
@@ -150,13 +150,13 @@ impl Pool {
                 }
                 return;
             };
-            let Some(permit) = self.pace(probing).await else {
+            let Some(permit) = self.pace(probing, Weight::default()).await else {
                 return;
             };
             if !probing && !self.gate.is_running() {
                 continue;
             }
-            let Some(guard) = self.admit(probing).await else {
+            let Some(guard) = self.admit(probing, 1).await else {
                 if self.gate.is_stopped() {
                     return;
                 }
@@ -164,7 +164,7 @@ impl Pool {
             };
             self.emit(Event::Sent);
             tries.n += 1;
-            let outcome = self.call(&req, permit, guard).await;
+            let outcome = self.call(&req, permit, guard, None).await;
             drop(slot);
             match self.act(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
@@ -196,7 +196,12 @@ impl Pool {
         if reaction.release_probe {
             self.gate.release_probe();
         }
-        match reaction.action {
+        self.follow(reaction.action, req).await
+    }
+
+    /// Carries out what [`react`] decided for the call `req`.
+    pub(super) async fn follow(&self, action: Action, req: &Request) -> Next {
+        match action {
             Action::Record { event, systemic } => {
                 self.settle(systemic, Some(event), req);
                 Next::Finished
@@ -284,7 +289,7 @@ impl Pool {
         }
     }
 
-    async fn again_after(&self, d: Duration) -> Next {
+    pub(super) async fn again_after(&self, d: Duration) -> Next {
         if self.gate.sleep(d).await {
             Next::Again
         } else {
@@ -294,7 +299,7 @@ impl Pool {
 
     /// Credits are out (or the reserve reached) and the run waits for them.
     /// Alerts once per waiting spell.
-    fn start_waiting(&self, why: &str) {
+    pub(super) fn start_waiting(&self, why: &str) {
         if self.gate.start_waiting() {
             let last = self.ledger.last();
             self.emit(Event::Alert(credits::Alert::new(
@@ -312,7 +317,7 @@ impl Pool {
 
     /// The probe went through: resume everyone, unless the reserve still
     /// has no room, in which case keep waiting.
-    fn probe_succeeded(&self) {
+    pub(super) fn probe_succeeded(&self) {
         if !self.ledger.has_room() {
             self.gate.probe_failed();
             return;
@@ -329,7 +334,12 @@ impl Pool {
 
     /// Passes one call's outcome through the watch. False when the run
     /// halted on it (nothing is recorded then: the item stays pending).
-    fn settle(&self, systemic: Option<Systemic>, event: Option<Event>, req: &Request) -> bool {
+    pub(super) fn settle(
+        &self,
+        systemic: Option<Systemic>,
+        event: Option<Event>,
+        req: &Request,
+    ) -> bool {
         // Only a halt names the URL: no copy of it for every call.
         let url = || match &self.spec.key {
             Some(k) => k.redact(&req.url),
@@ -340,7 +350,7 @@ impl Pool {
     }
 
     /// Records what the watch lets through; false when it halts the run.
-    fn carry_out(&self, verdict: Verdict) -> bool {
+    pub(super) fn carry_out(&self, verdict: Verdict) -> bool {
         match verdict {
             Verdict::Record(events) => {
                 for e in events {
@@ -375,11 +385,12 @@ impl Pool {
         }
     }
 
-    /// Waits for the pacer. None when the run stopped first (or the pacer
-    /// failed, which stops it).
-    async fn pace(&self, probing: bool) -> Option<Permit> {
+    /// Waits for the pacer, for a call that weighs `weight` (more than one
+    /// call for a batch under `--batch-weight items`). None when the run
+    /// stopped first (or the pacer failed, which stops it).
+    pub(super) async fn pace(&self, probing: bool, weight: Weight) -> Option<Permit> {
         let taken = tokio::select! {
-            t = self.pacer.take() => t,
+            t = self.pacer.take_weighted(weight) => t,
             _ = self.gate.until_stopped() => {
                 if probing { self.gate.release_probe(); }
                 return None;
@@ -395,12 +406,13 @@ impl Pool {
         }
     }
 
-    /// Passes the reserve. None when the worker must look again (or stop).
-    async fn admit(self: &Arc<Self>, probing: bool) -> Option<InFlight> {
+    /// Passes the reserve for a call of `items` items. None when the
+    /// worker must look again (or stop).
+    pub(super) async fn admit(self: &Arc<Self>, probing: bool, items: u64) -> Option<InFlight> {
         // Subscribed before asking, so a call that ends in between still
         // wakes this worker if it has to wait its turn.
         let mut turn = self.ledger.subscribe();
-        match self.ledger.admit(probing) {
+        match self.ledger.admit_items(probing, items) {
             Admit::Go(g) => Some(g),
             Admit::WaitForBalance => {
                 tokio::select! {
@@ -420,8 +432,15 @@ impl Pool {
         }
     }
 
-    /// Sends one call and reads what its response means.
-    async fn call(&self, req: &Request, permit: Permit, guard: InFlight) -> Outcome {
+    /// Sends one call and reads what its response means; `batch` when it
+    /// carries a batch of items.
+    pub(super) async fn call(
+        &self,
+        req: &Request,
+        permit: Permit,
+        guard: InFlight,
+        batch: Option<&BatchSpec>,
+    ) -> Outcome {
         let sent = Instant::now();
         let result = self.transport.send(req).await;
         let latency = match &result {
@@ -462,7 +481,7 @@ impl Pool {
         let outcome = match result {
             Ok(resp) => {
                 permit.complete(Instant::now());
-                self.read(resp).await
+                self.read(resp, batch).await
             }
             Err(e) if e.kind == FailureKind::Resources => {
                 drop(permit);
@@ -509,7 +528,7 @@ impl Pool {
         }
     }
 
-    async fn read(&self, resp: Response) -> Outcome {
+    async fn read(&self, resp: Response, batch: Option<&BatchSpec>) -> Outcome {
         let Response {
             status,
             headers,
@@ -551,9 +570,14 @@ impl Pool {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
-        let seen =
-            self.ledger
-                .observe(credits::snapshot_from_headers(&headers), c.is_ok(), charged);
+        // A batch is charged per item: the items it settled count.
+        let done = match (batch, c.is_ok()) {
+            (Some(b), true) => super::batch::settled(b, status, &body),
+            (None, ok) => u64::from(ok),
+            (Some(_), false) => 0,
+        };
+        let snapshot = credits::snapshot_from_headers(&headers);
+        let seen = self.ledger.observe_items(snapshot, done, charged);
         if let Some(s) = seen.newer {
             self.emit(Event::Credits(s));
         }
@@ -589,7 +613,7 @@ fn truncated_body(kept: &str) -> String {
 }
 
 /// What the worker does next with its item.
-enum Next {
+pub(super) enum Next {
     Again,
     Finished,
 }

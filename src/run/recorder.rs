@@ -287,6 +287,7 @@ impl Recorder {
                 })?;
                 Stats::bump(&stats.failed);
             }
+            Event::Settled(events) => return self.settled(events),
             Event::RateLimited {
                 pause,
                 concurrency,
@@ -300,6 +301,69 @@ impl Recorder {
             Event::Alert(a) => return Ok(self.alert(a)),
         }
         Ok(false)
+    }
+
+    /// A batch's items, recorded in one commit. True when that ended an
+    /// exhaustion.
+    fn settled(&mut self, events: Vec<Event>) -> anyhow::Result<bool> {
+        let mut records = Vec::with_capacity(events.len());
+        let (mut done, mut failed) = (0, 0);
+        for ev in events {
+            let r = match ev {
+                Event::Done {
+                    line,
+                    status,
+                    body,
+                    attempts,
+                    digest,
+                } => {
+                    done += 1;
+                    Record {
+                        line,
+                        state: ItemState::Done,
+                        status: Some(status),
+                        attempts,
+                        payload: body,
+                        unknown: false,
+                        digest,
+                    }
+                }
+                Event::Failed {
+                    line,
+                    status,
+                    reason,
+                    attempts,
+                    unknown,
+                    digest,
+                } => {
+                    failed += 1;
+                    Record {
+                        line,
+                        state: ItemState::Failed,
+                        status,
+                        attempts,
+                        payload: reason.into_bytes(),
+                        unknown,
+                        digest,
+                    }
+                }
+                // Only items are settled together; anything else on its own.
+                other => {
+                    self.handle(other)?;
+                    continue;
+                }
+            };
+            records.push(r);
+        }
+        self.committer.record_all(records)?;
+        self.stats
+            .failed
+            .fetch_add(failed, std::sync::atomic::Ordering::Relaxed);
+        let mut over = false;
+        for _ in 0..done {
+            over |= self.done();
+        }
+        Ok(over)
     }
 
     /// An item is done (and recorded). True when that ended an exhaustion.

@@ -122,6 +122,8 @@ pub struct Settings {
     pub limit_source: String,
     /// `--dry-run N`: check and show N requests, send nothing.
     pub dry_run: Option<usize>,
+    /// `--batch N`: many items per call.
+    pub batch: Option<crate::request::BatchSpec>,
     /// One line per request.
     pub verbose: bool,
     /// `--json`: stdout carries only the summary.
@@ -265,6 +267,32 @@ fn request_spec(
     })
 }
 
+/// `--batch` and its options, checked.
+fn batch_spec(args: &RunArgs) -> Result<Option<crate::request::BatchSpec>, RunError> {
+    let Some(size) = args.batch else {
+        return Ok(None);
+    };
+    let pointer = |p: &str, flag: &str| match p.is_empty() || p.starts_with('/') {
+        true => Ok(p.to_string()),
+        false => Err(usage(format!(
+            "{flag} {p:?} is not a JSON pointer (it starts with '/', e.g. /results)"
+        ))),
+    };
+    Ok(Some(crate::request::BatchSpec {
+        size: usize::try_from(size).unwrap_or(usize::MAX),
+        body: match &args.batch_body {
+            Some(t) => Some(crate::request::BatchBody::parse(t).map_err(usage)?),
+            None => None,
+        },
+        results: pointer(&args.batch_results, "--batch-results")?,
+        status: match &args.batch_status {
+            Some(p) => Some(pointer(p, "--batch-status")?),
+            None => None,
+        },
+        weight: args.batch_weight,
+    }))
+}
+
 /// The job's identity: what is sent, never the key itself.
 fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
     let mut identity = format!("{} {identity_url}", spec.method);
@@ -275,6 +303,9 @@ fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
         (Body::Item, _) => identity.push_str("\nbody: <item as JSON>"),
         (Body::Template(_), Some(b)) => identity.push_str(&format!("\nbody: {b}")),
         _ => {}
+    }
+    if let (Some(_), Some(b)) = (args.batch, &args.batch_body) {
+        identity.push_str(&format!("\nbatch body: {b}"));
     }
     identity.push_str(&format!("\nkey header: {}", spec.key_header));
     identity
@@ -349,6 +380,7 @@ impl Settings {
             },
             further_limits,
             dry_run: args.dry_run,
+            batch: batch_spec(args)?,
             verbose: args.verbose,
             json: args.json,
             style: crate::settings::values::Style::detect(args.color, args.quiet, args.log_every),

@@ -143,6 +143,11 @@ pub struct SimArgs {
     /// one item the key may not touch (repeatable).
     #[arg(long, value_name = "FIELD=VALUE[:STATUS]", value_parser = model::refusals::parse)]
     pub refuse: Vec<model::refusals::Refusal>,
+
+    /// Items one call to the batch endpoint (`POST /batch/<name>`) may
+    /// carry; a larger batch is answered 413 "batch too large".
+    #[arg(long = "max-batch", value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch: u64,
 }
 
 impl Default for SimArgs {
@@ -169,6 +174,7 @@ impl Default for SimArgs {
             echo_key: false,
             keep_working: false,
             refuse: Vec::new(),
+            max_batch: 100,
         }
     }
 }
@@ -242,6 +248,7 @@ impl SimArgs {
             echo_key: self.echo_key,
             keep_working: self.keep_working,
             refuse: self.refuse.clone(),
+            max_batch: usize::try_from(self.max_batch).unwrap_or(usize::MAX),
         }
     }
 

@@ -1,5 +1,6 @@
 //! One integration-test binary (it links once), one module per concern.
 
+mod batch;
 mod common;
 mod crash;
 mod credits;

@@ -101,6 +101,9 @@ pub struct Config {
     pub echo_key: bool,
     /// Items refused before admission (`--refuse`).
     pub refuse: Vec<super::refusals::Refusal>,
+    /// Items per call the batch endpoint takes at most (`--max-batch`);
+    /// a larger batch is a 413.
+    pub max_batch: usize,
 }
 
 impl Default for Config {
@@ -130,6 +133,7 @@ impl Default for Config {
             echo_key: false,
             keep_working: false,
             refuse: Vec::new(),
+            max_batch: 100,
         }
     }
 }

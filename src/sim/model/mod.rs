@@ -13,6 +13,7 @@
 mod account;
 mod admission;
 mod arrivals;
+mod batch;
 mod config;
 mod faults;
 pub mod fixed_window;
@@ -39,6 +40,7 @@ use axum::body::Bytes;
 use account::Account;
 pub use admission::{Admission, CreditView, Faults, PolicyView, RateInfo, Rejection, Ticket};
 use arrivals::ArrivalLog;
+pub use batch::Settled;
 pub use config::{Config, Dialect, ModelKind};
 use faults::Dice;
 use idempotency::{Found, IdemStore};

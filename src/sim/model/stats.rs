@@ -8,7 +8,9 @@ use serde::Serialize;
 /// `requests = rejected_auth + rejected_bad_request + rejected_cooldown +
 /// rejected_concurrency + rejected_rate + rejected_conflict + rejected_credits +
 /// rejected_refused + accepted`, and every accepted request ends as a side effect, a replay, an
-/// injected failure, an abandoned request or is still in flight.
+/// injected failure, an abandoned request or is still in flight. A call to
+/// the batch endpoint is one accepted request, and one side effect (or
+/// replay) per item it settled.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Stats {
     /// Requests to `/v1/*`.

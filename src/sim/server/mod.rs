@@ -6,6 +6,7 @@
 //! bodies and headers, [`big`] streams `/v1/big`, [`admin`] serves the rest.
 
 mod admin;
+mod batch;
 mod big;
 mod conn;
 mod dialect;
@@ -122,6 +123,7 @@ pub(crate) async fn serve(
                 .post(metered::metered_post)
                 .fallback(admin::method_not_allowed),
         )
+        .route("/batch/{*name}", post(batch::batch_post))
         .route("/admin/stats", get(admin::stats))
         .route("/admin/arrivals", get(admin::arrivals))
         .route("/admin/topup", post(admin::topup))

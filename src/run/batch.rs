@@ -1,0 +1,270 @@
+//! Batches (`--batch N`), the pure part: the call that carries several
+//! items, its Idempotency-Key, and what its answer means for each item.
+//!
+//! A batch is its items' requests made one: the first item's method, URL
+//! and headers, and as body the array of the items' own bodies (in
+//! `--batch-body` when given). Its key is derived from the items' own keys
+//! (the keys they would have one by one), in order: the same items in the
+//! same order make the same key in any run, so a batch whose outcome is
+//! unknown is resent under its key and the server replays what it settled.
+//!
+//! The answer holds one element per item, in the batch's order: element i
+//! is item i's. An answer whose array is missing or of another length
+//! pairs nothing: the whole batch is one transient failure, since pairing
+//! by position with a wrong count would give items each other's results.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::events::Event;
+use crate::request::BatchSpec;
+use crate::transport::Request;
+
+/// The Idempotency-Key of a batch of items with these keys, in order.
+pub(super) fn batch_key(keys: &[String]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"batch");
+    for k in keys {
+        h.update((k.len() as u64).to_le_bytes());
+        h.update(k.as_bytes());
+    }
+    let hex: String = h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("batchrun-{hex}")
+}
+
+/// The one call for the items' requests, or why they cannot be one (an
+/// item without a JSON body).
+pub(super) fn assemble(spec: &BatchSpec, reqs: &[&Request]) -> Result<Request, String> {
+    let first = reqs.first().ok_or("an empty batch")?;
+    let mut bodies = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let body = r.body.as_deref().unwrap_or_default();
+        let v: Value = serde_json::from_slice(body).map_err(|_| {
+            "--batch: the item's body is not JSON (a batch is the array of the items' JSON bodies: use --json-body or a JSON --body)".to_string()
+        })?;
+        bodies.push(v);
+    }
+    let array = Value::Array(bodies).to_string();
+    let body = match &spec.body {
+        Some(b) => b.render(&array),
+        None => array,
+    };
+    let mut headers = first.headers.clone();
+    headers.remove(crate::wire::IDEMPOTENCY_KEY);
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
+    Ok(Request {
+        method: first.method.clone(),
+        url: first.url.clone(),
+        headers,
+        body: Some(body.into_bytes()),
+    })
+}
+
+/// One item's element of the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Element {
+    /// Its own status (else the call's).
+    pub(super) status: u16,
+    /// The element as JSON text: the item's result.
+    pub(super) body: String,
+}
+
+/// The answer's elements, one per item in order, or why there are none.
+pub(super) fn pair(
+    spec: &BatchSpec,
+    call_status: u16,
+    body: &str,
+    n: usize,
+) -> Result<Vec<Element>, String> {
+    let v: Value = serde_json::from_str(body)
+        .map_err(|_| "the batch's answer is not JSON: no item's result can be told".to_string())?;
+    let array = match &v {
+        Value::Array(a) => a,
+        other => match other.pointer(&spec.results) {
+            Some(Value::Array(a)) => a,
+            Some(_) => {
+                return Err(format!(
+                    "the batch's answer has no array at {} (--batch-results)",
+                    spec.results
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "the batch's answer has nothing at {} (--batch-results)",
+                    spec.results
+                ))
+            }
+        },
+    };
+    if array.len() != n {
+        return Err(format!(
+            "the batch's answer holds {} results for {n} items: none is paired with an item",
+            array.len()
+        ));
+    }
+    Ok(array
+        .iter()
+        .map(|e| Element {
+            status: element_status(spec, e).unwrap_or(call_status),
+            body: e.to_string(),
+        })
+        .collect())
+}
+
+/// How many items a batch's answer settled (its 2xx elements), for the
+/// credit meter, which charges per item: 0 when it cannot be paired.
+pub(super) fn settled(spec: &BatchSpec, call_status: u16, body: &str) -> u64 {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return 0;
+    };
+    let array = match &v {
+        Value::Array(a) => a,
+        other => match other.pointer(&spec.results) {
+            Some(Value::Array(a)) => a,
+            _ => return 0,
+        },
+    };
+    let ok = |e: &Value| (200..300).contains(&element_status(spec, e).unwrap_or(call_status));
+    array.iter().filter(|e| ok(e)).count() as u64
+}
+
+/// An element's own status: at `--batch-status`, else its `status` or
+/// `code` field (a number, or digits), when it is an HTTP status.
+fn element_status(spec: &BatchSpec, e: &Value) -> Option<u16> {
+    let as_status = |v: &Value| -> Option<u16> {
+        let n = match v {
+            Value::Number(n) => n.as_u64()?,
+            Value::String(s) => s.trim().parse().ok()?,
+            _ => return None,
+        };
+        u16::try_from(n).ok().filter(|s| (100..600).contains(s))
+    };
+    match &spec.status {
+        Some(p) => e.pointer(p).and_then(as_status),
+        None => ["status", "code"]
+            .iter()
+            .find_map(|f| e.get(f).and_then(as_status)),
+    }
+}
+
+/// What one element means for its item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Done: its element is its result.
+    Done,
+    /// Credits did not cover it: it stays pending, and the run stops (or
+    /// waits for credits).
+    Unpaid,
+    /// Worth another call (a 429, 408 or 5xx of its own): it did not run.
+    Again,
+    /// Failed for good with its own status.
+    Failed,
+}
+
+/// What an element with `status` means; `out_of_credits` when the credit
+/// headers of the answer read 0 left.
+pub(super) fn verdict(status: u16, out_of_credits: bool) -> Verdict {
+    match status {
+        200..=299 => Verdict::Done,
+        402 => Verdict::Unpaid,
+        429 if out_of_credits => Verdict::Unpaid,
+        408 | 425 | 429 | 500..=599 => Verdict::Again,
+        _ => Verdict::Failed,
+    }
+}
+
+/// An item of a batch, as its result is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Member {
+    /// Its line.
+    pub(super) line: u64,
+    /// Its digest.
+    pub(super) digest: u64,
+    /// Its calls, this one counted.
+    pub(super) attempts: u32,
+}
+
+/// What a batch's answer settles.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Settlement {
+    /// The items' results and failures, in the batch's order.
+    pub(super) record: Vec<Event>,
+    /// Positions (in the batch) of the items left pending for want of
+    /// credits.
+    pub(super) unpaid: Vec<usize>,
+    /// Positions of the items to send again.
+    pub(super) again: Vec<usize>,
+}
+
+/// Each member's outcome from its own element: `elements[i]` is
+/// `members[i]`'s (as [`pair`] guarantees).
+/// An item worth another call that has had `max_attempts` fails with its
+/// own status.
+pub(super) fn settle(
+    members: &[Member],
+    elements: Vec<Element>,
+    out_of_credits: bool,
+    max_attempts: u32,
+) -> Settlement {
+    let mut s = Settlement::default();
+    for (i, (m, e)) in members.iter().zip(elements).enumerate() {
+        let v = match verdict(e.status, out_of_credits) {
+            Verdict::Again if m.attempts >= max_attempts => Verdict::Failed,
+            v => v,
+        };
+        match v {
+            Verdict::Done => s.record.push(Event::Done {
+                line: m.line,
+                status: e.status,
+                body: e.body.into_bytes(),
+                attempts: m.attempts,
+                digest: m.digest,
+            }),
+            Verdict::Unpaid => s.unpaid.push(i),
+            Verdict::Again => s.again.push(i),
+            Verdict::Failed => s.record.push(Event::Failed {
+                line: m.line,
+                status: Some(e.status),
+                reason: format!(
+                    "HTTP {} (its own, in the batch): {}",
+                    e.status,
+                    reason(&e.body)
+                ),
+                attempts: m.attempts,
+                unknown: false,
+                digest: m.digest,
+            }),
+        }
+    }
+    s
+}
+
+/// What an element says of its failure: its `error` or `message` field,
+/// else the element itself (cut short).
+fn reason(element: &str) -> String {
+    let v: Option<Value> = serde_json::from_str(element).ok();
+    let said = v.as_ref().and_then(|v| {
+        ["error", "message"]
+            .iter()
+            .find_map(|f| v.get(f).and_then(Value::as_str).map(str::to_string))
+    });
+    said.unwrap_or_else(|| element.chars().take(200).collect())
+}
+
+/// Whether a failed call's answer means the batch is too large: a 413, or
+/// a 400 or 422 that says so.
+pub(super) fn too_large(status: Option<u16>, reason: &str) -> bool {
+    let says = reason.to_ascii_lowercase().contains("batch too large")
+        || reason.to_ascii_lowercase().contains("too many items");
+    status == Some(413) || (matches!(status, Some(400 | 422)) && says)
+}
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;

@@ -1,0 +1,522 @@
+//! The pool's batch path (`--batch N`): a worker takes N pending items and
+//! sends them as one call, through the same gate, slots, pacer and reserve
+//! as one item's call; [`super::batch`] says what the answer means for
+//! each item, and each is recorded on its own (all of one call's in one
+//! commit).
+//!
+//! A worker waits for N items (or the end of the input) before it sends:
+//! batches are then the same consecutive runs of pending items in any run,
+//! so a batch left unrecorded by a crash is formed again, with the same
+//! key, and the server replays what it settled.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::batch::{self, Member};
+use super::events::Event;
+use super::gate::{Halt, Pass};
+use super::pool::{Next, Pool, Queue, Queued};
+use super::react::{react, Action, Call, Outcome, Tries};
+use super::watch::{Systemic, Verdict};
+use crate::classify::CallError;
+use crate::input::Item;
+use crate::pace::Weight;
+use crate::request::{BatchSpec, BatchWeight};
+use crate::transport::Request;
+
+/// The run's batching: what `--batch` asked, and the size in force.
+#[derive(Debug)]
+pub struct Batching {
+    spec: BatchSpec,
+    size: AtomicUsize,
+    /// "Too large" was said (once per run).
+    said: AtomicBool,
+}
+
+impl Batching {
+    /// Batching as `spec` asks, starting at its size.
+    pub fn new(spec: BatchSpec) -> Arc<Batching> {
+        Arc::new(Batching {
+            size: AtomicUsize::new(spec.size.max(1)),
+            spec,
+            said: AtomicBool::new(false),
+        })
+    }
+
+    /// Items per call now.
+    pub fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// A batch of `len` was too large: at most half of it from now on.
+    /// The new size, when it is smaller than before.
+    fn halve(&self, len: usize) -> Option<usize> {
+        let to = (len / 2).max(1);
+        (self.size.fetch_min(to, Ordering::Relaxed) > to).then_some(to)
+    }
+}
+
+/// An item of a batch: rendered, keyed, and its calls so far.
+struct Entry {
+    item: Item,
+    req: Request,
+    key: String,
+    tries: Tries,
+}
+
+/// What became of a batch call's items.
+enum Sent {
+    /// Every item is recorded (or left for a later run by a stop).
+    Over,
+    /// These go again, in new batches.
+    Back(Vec<Entry>),
+    /// The run stopped: the items not recorded stay pending.
+    Stop,
+}
+
+/// The next step of a batch call.
+enum Step {
+    /// Send these again under the same key.
+    Again(Vec<Entry>),
+    Done(Sent),
+}
+
+impl Pool {
+    /// One worker of a batch run: takes a batch at a time until the queue
+    /// closes or the run stops.
+    pub async fn batch_worker(self: Arc<Self>, queue: Queue, batching: Arc<Batching>) {
+        loop {
+            if self.gate.is_stopped() {
+                return;
+            }
+            let taken = self.take_batch(&queue, batching.size()).await;
+            if taken.is_empty() || !self.run_batch(taken, &batching).await {
+                return;
+            }
+        }
+    }
+
+    /// The next `n` items of the queue (fewer only at its end). Nothing
+    /// when the run stops meanwhile: the items taken were never sent.
+    async fn take_batch(&self, queue: &Queue, n: usize) -> Vec<Queued> {
+        let mut q = queue.lock().await;
+        let mut taken = Vec::with_capacity(n);
+        while taken.len() < n {
+            let next = tokio::select! {
+                it = q.recv() => it,
+                _ = self.gate.until_stopped() => return Vec::new(),
+            };
+            match next {
+                Some(it) => taken.push(it),
+                None => break,
+            }
+        }
+        taken
+    }
+
+    /// Drives the items taken until each is recorded or the run stops
+    /// (false then).
+    async fn run_batch(self: &Arc<Self>, taken: Vec<Queued>, batching: &Batching) -> bool {
+        let mut entries = Vec::with_capacity(taken.len());
+        for q in taken {
+            match self.spec.render(&q.item) {
+                Ok(req) => entries.push(Entry {
+                    key: self.cfg.keys.key(q.item.line, q.generation, &req),
+                    item: q.item,
+                    req,
+                    tries: Tries {
+                        n: 0,
+                        maybe_ran: q.maybe_ran,
+                    },
+                }),
+                Err(reason) => self.emit(Event::Failed {
+                    line: q.item.line,
+                    status: None,
+                    reason,
+                    attempts: 0,
+                    unknown: false,
+                    digest: q.item.digest(),
+                }),
+            }
+        }
+        while !entries.is_empty() {
+            let rest = entries.split_off(batching.size().min(entries.len()));
+            let chunk = std::mem::replace(&mut entries, rest);
+            match self.send_batch(chunk, batching).await {
+                Sent::Over => {}
+                Sent::Back(mut back) => {
+                    back.append(&mut entries);
+                    entries = back;
+                }
+                Sent::Stop => return false,
+            }
+        }
+        true
+    }
+
+    /// Sends one batch until its answer settles it (or the run stops).
+    async fn send_batch(self: &Arc<Self>, mut chunk: Vec<Entry>, batching: &Batching) -> Sent {
+        let reqs: Vec<&Request> = chunk.iter().map(|e| &e.req).collect();
+        let req = match batch::assemble(&batching.spec, &reqs) {
+            Ok(r) => r,
+            Err(reason) => {
+                let failed = failure(&chunk[0], None, reason, false);
+                self.record_alike(&chunk, failed, None, &chunk[0].req);
+                return Sent::Over;
+            }
+        };
+        let keys: Vec<String> = chunk.iter().map(|e| e.key.clone()).collect();
+        let req = req.with_idempotency_key(&batch::batch_key(&keys));
+        let weight = match batching.spec.weight {
+            BatchWeight::Calls => Weight::default(),
+            BatchWeight::Items => Weight {
+                calls: chunk.len() as u64,
+                tokens: 0,
+            },
+        };
+        loop {
+            let probing = match self.gate.pass().await {
+                Pass::Run => false,
+                Pass::Probe => true,
+                Pass::Stop => return Sent::Stop,
+            };
+            let slot = tokio::select! {
+                s = self.slots.acquire() => s,
+                _ = self.gate.until_stopped() => None,
+            };
+            let Some(slot) = slot else {
+                if probing {
+                    self.gate.release_probe();
+                }
+                return Sent::Stop;
+            };
+            let Some(permit) = self.pace(probing, weight).await else {
+                return Sent::Stop;
+            };
+            if !probing && !self.gate.is_running() {
+                continue;
+            }
+            let Some(guard) = self.admit(probing, chunk.len() as u64).await else {
+                if self.gate.is_stopped() {
+                    return Sent::Stop;
+                }
+                continue;
+            };
+            self.emit(Event::Sent);
+            for e in &mut chunk {
+                e.tries.n += 1;
+            }
+            let outcome = self.call(&req, permit, guard, Some(&batching.spec)).await;
+            drop(slot);
+            match self.answer(outcome, chunk, &req, batching, probing).await {
+                Step::Again(back) => chunk = back,
+                Step::Done(sent) => return sent,
+            }
+        }
+    }
+
+    /// What a batch call's outcome means for its items.
+    async fn answer(
+        self: &Arc<Self>,
+        outcome: Outcome,
+        chunk: Vec<Entry>,
+        req: &Request,
+        batching: &Batching,
+        probing: bool,
+    ) -> Step {
+        let n = chunk.len();
+        match outcome {
+            Outcome::Done(status, body) => match batch::pair(&batching.spec, status, &body, n) {
+                Ok(elements) => Step::Done(self.settle_items(chunk, elements, req, probing).await),
+                Err(reason) => {
+                    // Answered but not paired: it may have run; resent
+                    // under the same key, the server replays what it did.
+                    let err = CallError::Transient {
+                        reason: format!("HTTP {status}: {reason}"),
+                        status: Some(status),
+                        retry_after: None,
+                        unknown: true,
+                    };
+                    self.whole(Outcome::Error(err, None), chunk, req, probing)
+                        .await
+                }
+            },
+            Outcome::Refused { done, why } => {
+                if let Some((status, body)) = done {
+                    if let Ok(elements) = batch::pair(&batching.spec, status, &body, n) {
+                        let _ = self.settle_items(chunk, elements, req, false).await;
+                    }
+                }
+                self.gate.stop(Halt::Reserve(why));
+                Step::Done(Sent::Stop)
+            }
+            Outcome::Error(ref e, _) if too_large(e) && n > 1 => {
+                if let Some(to) = batching.halve(n) {
+                    if !batching.said.swap(true, Ordering::Relaxed) {
+                        self.emit(Event::Note(format!(
+                            "batchrun: the API says a batch of {n} items is too large: batches of at most {to} items for the rest of this run"
+                        )));
+                    }
+                }
+                Step::Done(Sent::Back(chunk))
+            }
+            other => self.whole(other, chunk, req, probing).await,
+        }
+    }
+
+    /// An outcome of the whole call (no per-item answer): decided as one
+    /// item's call would be, and what it records goes for every item.
+    async fn whole(
+        &self,
+        outcome: Outcome,
+        mut chunk: Vec<Entry>,
+        req: &Request,
+        probing: bool,
+    ) -> Step {
+        let tries = Tries {
+            n: chunk.iter().map(|e| e.tries.n).max().unwrap_or(1),
+            maybe_ran: chunk.iter().any(|e| e.tries.maybe_ran),
+        };
+        let limited_since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
+        let call = Call {
+            item: &chunk[0].item,
+            tries,
+            probing,
+            limited_for: limited_since.map(|since| tokio::time::Instant::now() - since),
+            jitter: fastrand::f64(),
+            got_through: self.got_through.load(Ordering::Relaxed),
+        };
+        let reaction = react(outcome, call, &self.cfg.policy);
+        let spent = tries.n - reaction.tries.n;
+        for e in &mut chunk {
+            e.tries.n = e.tries.n.saturating_sub(spent);
+            e.tries.maybe_ran |= reaction.tries.maybe_ran;
+        }
+        if reaction.release_probe {
+            self.gate.release_probe();
+        }
+        match reaction.action {
+            Action::Record { event, systemic } => {
+                self.record_alike(&chunk, event, systemic, req);
+                Step::Done(Sent::Over)
+            }
+            Action::ProbeDone(event) => {
+                self.record_alike(&chunk, event, None, req);
+                self.probe_succeeded();
+                Step::Done(Sent::Over)
+            }
+            Action::Stop { record, halt } => {
+                if let Some(event) = record {
+                    self.record_alike(&chunk, event, None, req);
+                }
+                self.gate.stop(halt);
+                Step::Done(Sent::Stop)
+            }
+            action => match self.follow(action, req).await {
+                Next::Again => Step::Again(chunk),
+                Next::Finished => Step::Done(Sent::Stop),
+            },
+        }
+    }
+}
+
+impl Pool {
+    /// Records each item from its own element; the items the credits did
+    /// not cover stop the run (or wait for credits) and stay pending; those
+    /// worth another call go back, after a backoff.
+    async fn settle_items(
+        &self,
+        chunk: Vec<Entry>,
+        elements: Vec<batch::Element>,
+        req: &Request,
+        probing: bool,
+    ) -> Sent {
+        let members: Vec<Member> = chunk
+            .iter()
+            .map(|e| Member {
+                line: e.item.line,
+                digest: e.item.digest(),
+                attempts: e.tries.n,
+            })
+            .collect();
+        let out_of_credits = self.ledger.last().is_some_and(|s| s.remaining <= 0);
+        let max = self.cfg.policy.max_attempts;
+        let settled = batch::settle(&members, elements, out_of_credits, max);
+        let recorded = !settled.record.is_empty();
+        if !self.record_events(settled.record, None, req) {
+            return Sent::Stop;
+        }
+        let mut slots: Vec<Option<Entry>> = chunk.into_iter().map(Some).collect();
+        let mut back: Vec<Entry> = Vec::new();
+        if !settled.unpaid.is_empty() {
+            if !self.cfg.policy.wait_for_credits {
+                self.gate.stop(Halt::Exhausted);
+                return Sent::Stop;
+            }
+            match probing {
+                true => self.gate.probe_failed(),
+                false => self.start_waiting("credits exhausted (items of a batch came back 402)"),
+            }
+            back.extend(settled.unpaid.iter().filter_map(|&i| slots[i].take()));
+        } else if probing && recorded {
+            self.probe_succeeded();
+        } else if probing {
+            self.gate.release_probe();
+        }
+        back.extend(settled.again.iter().filter_map(|&i| slots[i].take()));
+        if back.is_empty() {
+            return Sent::Over;
+        }
+        if !settled.again.is_empty() {
+            self.emit(Event::Retry);
+            let attempts = back.iter().map(|e| e.tries.n).max().unwrap_or(1);
+            let after = self
+                .cfg
+                .policy
+                .backoff
+                .wait(attempts, None, fastrand::f64());
+            if matches!(self.again_after(after).await, Next::Finished) {
+                return Sent::Stop;
+            }
+        }
+        Sent::Back(back)
+    }
+
+    /// Records `event` (a failure of the whole call) for every item of the
+    /// batch, each with its own line.
+    fn record_alike(
+        &self,
+        chunk: &[Entry],
+        event: Event,
+        systemic: Option<Systemic>,
+        req: &Request,
+    ) {
+        let Event::Failed {
+            status,
+            reason,
+            unknown,
+            ..
+        } = event
+        else {
+            return;
+        };
+        let events: Vec<Event> = chunk
+            .iter()
+            .map(|e| failure(e, status, reason.clone(), unknown))
+            .collect();
+        self.record_events(events, systemic, req);
+    }
+
+    /// Passes a batch's results through the watch and records what it lets
+    /// through in one commit. False when it halted the run.
+    fn record_events(&self, events: Vec<Event>, systemic: Option<Systemic>, req: &Request) -> bool {
+        let mut out = Vec::with_capacity(events.len());
+        let mut halted = None;
+        for ev in events {
+            let url = || self.redacted(req);
+            match self.watch.outcome(systemic.clone(), Some(ev), url) {
+                Verdict::Record(evs) => out.extend(evs),
+                Verdict::Halt { record, why } => {
+                    out.extend(record);
+                    halted = Some(why);
+                    break;
+                }
+            }
+        }
+        if !out.is_empty() {
+            self.emit(Event::Settled(out));
+        }
+        match halted {
+            Some(why) => {
+                self.gate.stop(Halt::Systemic(why));
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// The call's URL with the key hidden, for a halt's message.
+    fn redacted(&self, req: &Request) -> String {
+        match &self.spec.key {
+            Some(k) => k.redact(&req.url),
+            None => req.url.clone(),
+        }
+    }
+}
+
+/// One item's failure, with its own line, digest and attempts.
+fn failure(e: &Entry, status: Option<u16>, reason: String, unknown: bool) -> Event {
+    Event::Failed {
+        line: e.item.line,
+        status,
+        reason,
+        attempts: e.tries.n,
+        unknown,
+        digest: e.item.digest(),
+    }
+}
+
+/// Whether a failed call says its batch is too large.
+fn too_large(e: &CallError) -> bool {
+    match e {
+        CallError::Permanent { status, reason } | CallError::Refused { status, reason } => {
+            batch::too_large(Some(*status), reason)
+        }
+        CallError::Transient { status, reason, .. } => batch::too_large(*status, reason),
+        _ => false,
+    }
+}
+
+/// `--dry-run` of a batch job: the first batch's request, as it would go
+/// (the key hidden).
+pub(super) fn show_first_batch(
+    settings: &crate::settings::Settings,
+    spec: &BatchSpec,
+) -> Result<(), crate::exit::RunError> {
+    use crate::exit::RunError;
+    let request = &settings.request;
+    let mut reqs = Vec::new();
+    let mut lines = Vec::new();
+    for item in crate::input::Reader::open(&settings.input, settings.format)?.take(spec.size) {
+        let item = item?;
+        reqs.push(request.render(&item).map_err(RunError::Usage)?);
+        lines.push(item.line);
+    }
+    let refs: Vec<&Request> = reqs.iter().collect();
+    let Ok(req) = batch::assemble(spec, &refs) else {
+        return Err(RunError::Usage(
+            "--batch: the items' bodies are not JSON (use --json-body or a JSON --body)".into(),
+        ));
+    };
+    let hide = |s: &str| match &request.key {
+        Some(k) => k.redact(s),
+        None => s.to_string(),
+    };
+    let (first, last) = (
+        lines.first().copied().unwrap_or(0),
+        lines.last().copied().unwrap_or(0),
+    );
+    let mut text = format!(
+        "# the first batch: {} item(s), lines {first}-{last}\n{} {}\n",
+        lines.len(),
+        req.method,
+        hide(&req.url)
+    );
+    for (name, value) in &req.headers {
+        let v = match *name == request.key_header {
+            true => "***".to_string(),
+            false => hide(&String::from_utf8_lossy(value.as_bytes())),
+        };
+        text.push_str(&format!("{name}: {v}\n"));
+    }
+    if let Some(body) = &req.body {
+        text.push_str(&format!("\n{}\n", hide(&String::from_utf8_lossy(body))));
+    }
+    let mut out: Box<dyn std::io::Write> = match settings.json {
+        true => Box::new(std::io::stderr().lock()),
+        false => Box::new(std::io::stdout().lock()),
+    };
+    let _ = writeln!(out, "{text}");
+    Ok(())
+}

@@ -1,0 +1,257 @@
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+
+fn spec() -> BatchSpec {
+    BatchSpec {
+        size: 3,
+        body: None,
+        results: "/results".into(),
+        status: None,
+        weight: Default::default(),
+    }
+}
+
+fn req(body: &str) -> Request {
+    Request {
+        method: reqwest::Method::POST,
+        url: "http://h/batch/echo".into(),
+        headers: Default::default(),
+        body: Some(body.as_bytes().to_vec()),
+    }
+}
+
+fn members(lines: &[u64]) -> Vec<Member> {
+    lines
+        .iter()
+        .map(|&line| Member {
+            line,
+            digest: line,
+            attempts: 1,
+        })
+        .collect()
+}
+
+#[test]
+fn the_batch_is_the_array_of_the_items_bodies_in_its_template() {
+    let (a, b) = (req(r#"{"n":1}"#), req(r#"{"n":2}"#));
+    let r = assemble(&spec(), &[&a, &b]).unwrap();
+    assert_eq!(r.body.as_deref(), Some(br#"[{"n":1},{"n":2}]"#.as_slice()));
+    assert_eq!(r.headers[reqwest::header::CONTENT_TYPE], "application/json");
+    let wrapped = BatchSpec {
+        body: Some(crate::request::BatchBody::parse(r#"{{"requests": {items}}}"#).unwrap()),
+        ..spec()
+    };
+    let r = assemble(&wrapped, &[&a]).unwrap();
+    assert_eq!(
+        r.body.as_deref(),
+        Some(br#"{"requests": [{"n":1}]}"#.as_slice())
+    );
+    let err = assemble(&spec(), &[&a, &req("n=3")]).unwrap_err();
+    assert!(err.contains("not JSON"), "{err}");
+}
+
+#[test]
+fn a_batch_key_is_its_items_keys_in_order() {
+    let k = |ks: &[&str]| batch_key(&ks.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(k(&["a", "b"]), k(&["a", "b"]), "the same in any run");
+    assert_ne!(k(&["a", "b"]), k(&["b", "a"]));
+    assert_ne!(k(&["a", "b"]), k(&["a"]));
+    assert_ne!(k(&["ab"]), k(&["a", "b"]));
+    assert!(k(&["a"]).starts_with("batchrun-") && k(&["a"]).len() == 9 + 32);
+}
+
+#[test]
+fn elements_pair_by_position_only_when_the_count_is_right() {
+    let body = json!({"results": [{"status": 200}, {"code": "404"}, {"x": 1}]}).to_string();
+    let e = pair(&spec(), 207, &body, 3).unwrap();
+    let statuses: Vec<u16> = e.iter().map(|e| e.status).collect();
+    assert_eq!(statuses, [200, 404, 207], "its own, else the call's");
+    for (body, why) in [
+        (
+            json!({"results": [{}, {}]}).to_string(),
+            "holds 2 results for 3 items",
+        ),
+        (json!({"data": []}).to_string(), "nothing at /results"),
+        (json!({"results": {}}).to_string(), "no array at /results"),
+        ("<html>".to_string(), "not JSON"),
+    ] {
+        let err = pair(&spec(), 200, &body, 3).unwrap_err();
+        assert!(err.contains(why), "{err}");
+    }
+    let bare = json!([{"status": "ok", "state": {"http": 409}}]).to_string();
+    let pointed = BatchSpec {
+        status: Some("/state/http".into()),
+        ..spec()
+    };
+    assert_eq!(pair(&pointed, 200, &bare, 1).unwrap()[0].status, 409);
+    assert_eq!(
+        settled(&spec(), 200, &body),
+        2,
+        "the 200 and the one without a status"
+    );
+}
+
+#[test]
+fn each_item_is_settled_by_its_own_status() {
+    let el = |status: u16| Element {
+        status,
+        body: json!({"status": status, "error": "why"}).to_string(),
+    };
+    let s = settle(
+        &members(&[1, 2, 3, 4, 5]),
+        vec![el(200), el(402), el(503), el(422), el(201)],
+        false,
+        5,
+    );
+    assert_eq!((s.unpaid.clone(), s.again.clone()), (vec![1], vec![2]));
+    let lines: Vec<(u64, bool)> = s
+        .record
+        .iter()
+        .map(|e| match e {
+            Event::Done { line, .. } => (*line, true),
+            Event::Failed {
+                line,
+                status,
+                reason,
+                ..
+            } => {
+                assert_eq!(*status, Some(422));
+                assert!(
+                    reason.contains("HTTP 422") && reason.contains("why"),
+                    "{reason}"
+                );
+                (*line, false)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(lines, [(1, true), (4, false), (5, true)]);
+    // Out of attempts, a transient item fails with its own status.
+    let s = settle(&members(&[9]), vec![el(503)], false, 1);
+    assert!(matches!(
+        s.record[..],
+        [Event::Failed {
+            status: Some(503),
+            ..
+        }]
+    ));
+    // A 429 with the credits at 0 is the credits', not the rate's.
+    assert_eq!(verdict(429, true), Verdict::Unpaid);
+    assert_eq!(verdict(429, false), Verdict::Again);
+}
+
+#[test]
+fn too_large_is_a_413_or_says_so() {
+    assert!(too_large(Some(413), "Payload Too Large"));
+    assert!(too_large(Some(400), "Batch too large: 60 items"));
+    assert!(!too_large(Some(400), "bad field"));
+    assert!(!too_large(None, "batch too large"));
+}
+
+/// What the model server below answers for an item: its fate.
+#[derive(Debug, Clone, Copy)]
+enum Fate {
+    Ok,
+    /// Fails for good with its own 404.
+    Missing,
+    /// A 503 of its own the first time, then done.
+    Flaky,
+}
+
+proptest! {
+    /// Batches of random sizes, several in flight answered in any order,
+    /// per-item statuses, answers cut short, and interruptions (answers
+    /// never heard) at random points: every item ends exactly once in the
+    /// results or the failures, with its own element.
+    #[test]
+    fn every_item_ends_once_with_its_own_element(
+        n in 1u64..80,
+        size in 1usize..12,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let fates: Vec<Fate> = (0..n)
+            .map(|_| match rng.u8(0..10) {
+                0 => Fate::Missing,
+                1 => Fate::Flaky,
+                _ => Fate::Ok,
+            })
+            .collect();
+        let fate = |l: u64| fates[(l - 1) as usize];
+        let mut recorded: BTreeMap<u64, Event> = BTreeMap::new();
+        let mut stored: HashMap<(String, usize), serde_json::Value> = HashMap::new();
+        let mut flaked: HashSet<u64> = HashSet::new();
+        for _round in 0..500 {
+            let pending: Vec<u64> = (1..=n).filter(|l| !recorded.contains_key(l)).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let mut batches: Vec<Vec<u64>> = pending
+                .chunks(size)
+                .take(rng.usize(1..4))
+                .map(<[u64]>::to_vec)
+                .collect();
+            rng.shuffle(&mut batches);
+            let heard = rng.usize(0..=batches.len());
+            for (i, b) in batches.iter().enumerate() {
+                let keys: Vec<String> = b.iter().map(|l| format!("item-{l}")).collect();
+                let key = batch_key(&keys);
+                let mut array: Vec<serde_json::Value> = b
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &l)| {
+                        if let Some(e) = stored.get(&(key.clone(), pos)) {
+                            return e.clone();
+                        }
+                        let e = match fate(l) {
+                            Fate::Missing => json!({"status": 404, "error": "no such item"}),
+                            Fate::Flaky if flaked.insert(l) => json!({"status": 503}),
+                            _ => json!({"status": 200, "data": {"n": l}}),
+                        };
+                        if e["status"] != 503 {
+                            stored.insert((key.clone(), pos), e.clone());
+                        }
+                        e
+                    })
+                    .collect();
+                if i >= heard {
+                    continue;
+                }
+                if rng.u8(0..6) == 0 {
+                    array.pop();
+                }
+                let body = json!({"status": "ok", "results": array}).to_string();
+                let Ok(elements) = pair(&spec(), 200, &body, b.len()) else {
+                    continue;
+                };
+                let s = settle(&members(b), elements, false, 5);
+                for ev in s.record {
+                    let line = match &ev {
+                        Event::Done { line, .. } | Event::Failed { line, .. } => *line,
+                        other => panic!("{other:?}"),
+                    };
+                    prop_assert!(b.contains(&line));
+                    prop_assert!(recorded.insert(line, ev).is_none(), "line {} twice", line);
+                }
+            }
+        }
+        prop_assert_eq!(recorded.len() as u64, n);
+        for (line, ev) in &recorded {
+            match ev {
+                Event::Done { body, .. } => {
+                    let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+                    prop_assert_eq!(&v["data"]["n"], &json!(line));
+                }
+                Event::Failed { status, .. } => {
+                    prop_assert!(matches!(fate(*line), Fate::Missing));
+                    prop_assert_eq!(*status, Some(404));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

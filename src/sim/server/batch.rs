@@ -1,0 +1,188 @@
+//! `POST /batch/<name>`: many items in one call. The body is a JSON array
+//! of the items' data, or `{"requests": [...]}`. The call is admitted as
+//! one (cooldown, concurrency, rate, the injected faults), then each item
+//! is settled on its own ([`Model::settle_batch`](super::super::model::Model)):
+//! its own side effect and charge, its own replay under the batch's
+//! Idempotency-Key and its position, its own `402` past the balance, its
+//! own refusal under `--refuse`. The answer is `{"results": [...]}`, one
+//! element per item in order, with the credit headers as they stand after
+//! the whole batch.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::super::model::{refusals, Admission, Settled, Ticket};
+use super::conn::ConnCtl;
+use super::respond::{metered_headers, rejected};
+use super::{dialect, App, Shared};
+use crate::wire;
+
+/// Gives the ticket back if the client goes away during the latency.
+struct Held<'a> {
+    app: &'a App,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.app.lock().abandon(t);
+        }
+    }
+}
+
+/// The items of a batch body, or why it is not one.
+fn items(body: &Bytes) -> Result<Vec<Value>, String> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(a)) => Ok(a),
+        Ok(Value::Object(mut o)) => match o.remove("requests") {
+            Some(Value::Array(a)) => Ok(a),
+            _ => Err("a batch body is a JSON array or {\"requests\": [...]}".into()),
+        },
+        Ok(_) => Err("a batch body is a JSON array or {\"requests\": [...]}".into()),
+        Err(e) => Err(format!("bad JSON body: {e}")),
+    }
+}
+
+/// `POST /batch/<name>`; see the module docs.
+pub(super) async fn batch_post(
+    State(app): State<Shared>,
+    ConnectInfo(conn): ConnectInfo<ConnCtl>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let echo = app.echo(&headers);
+    let Some(key) = headers
+        .get(wire::API_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+    else {
+        app.lock().note_unauthorized();
+        return echo.error(StatusCode::UNAUTHORIZED, "missing x-api-key header");
+    };
+    let parsed = body.map_err(|e| e.to_string()).and_then(|b| items(&b));
+    let batch = match parsed {
+        Ok(b) => b,
+        Err(e) => {
+            app.lock().note_bad_request();
+            return echo.error(StatusCode::BAD_REQUEST, &e);
+        }
+    };
+    let max = app.lock().config().max_batch;
+    if batch.len() > max {
+        app.lock().note_bad_request();
+        let message = format!("batch too large: {} items, at most {max}", batch.len());
+        return echo.error(StatusCode::PAYLOAD_TOO_LARGE, &message);
+    }
+    let idem = headers
+        .get(wire::IDEMPOTENCY_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
+    let (admission, view, cost) = {
+        let mut m = app.lock();
+        let now = Instant::now();
+        let a = m.admit(key, &name, None, now);
+        (a, m.policies(key, now), m.cost_of(&name))
+    };
+    let (ticket, rate, faults) = match admission {
+        Admission::Admitted {
+            ticket,
+            rate,
+            faults,
+        } => (ticket, rate, faults),
+        Admission::Rejected { why, rate, credits } => {
+            let mut r = rejected(why, rate, credits, &echo);
+            dialect::write(r.headers_mut(), app.dialect, &view);
+            return r;
+        }
+        Admission::Replay { .. } => {
+            // Never: the batch is admitted without a key of its own.
+            let status = StatusCode::INTERNAL_SERVER_ERROR;
+            return echo.error(status, "a batch is never replayed whole");
+        }
+    };
+    let mut held = Held {
+        app: &app,
+        ticket: Some(ticket),
+    };
+    if !faults.latency.is_zero() {
+        tokio::time::sleep(faults.latency).await;
+    }
+    let Some(ticket) = held.ticket.take() else {
+        return echo.error(StatusCode::INTERNAL_SERVER_ERROR, "ticket already used");
+    };
+    if let Some(retry_after) = faults.fail {
+        let credits = app.lock().fail(ticket, Instant::now());
+        let mut r = echo.error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service unavailable (injected fault)",
+        );
+        metered_headers(r.headers_mut(), rate, credits);
+        if let Some(s) = retry_after {
+            r.headers_mut()
+                .insert(wire::RETRY_AFTER, HeaderValue::from(s));
+        }
+        return r;
+    }
+    let (results, credits) = settle(&app, ticket, idem.as_deref(), &name, batch, cost);
+    if faults.reset {
+        // Every item settled, and the client never hears of it.
+        app.lock().note_reset();
+        conn.kill();
+    }
+    let mut r = echo.json(StatusCode::OK, json!({"status": "ok", "results": results}));
+    metered_headers(r.headers_mut(), rate, credits);
+    dialect::write(r.headers_mut(), app.dialect, &view);
+    r
+}
+
+/// Each item's element: refused by `--refuse`, or settled by the model.
+fn settle(
+    app: &App,
+    ticket: Ticket,
+    idem: Option<&str>,
+    name: &str,
+    batch: Vec<Value>,
+    cost: u64,
+) -> (Vec<Value>, super::super::model::CreditView) {
+    let mut results: Vec<Option<Value>> = vec![None; batch.len()];
+    let mut run = Vec::new();
+    for (pos, data) in batch.into_iter().enumerate() {
+        match refusals::find(&app.refuse, &data) {
+            Some(r) => {
+                results[pos] = Some(json!({"status": r.status, "error": r.message()}));
+            }
+            None => {
+                let element = json!({"status": 200, "endpoint": name, "data": data});
+                run.push((pos, Bytes::from(element.to_string())));
+            }
+        }
+    }
+    let positions: Vec<usize> = run.iter().map(|(p, _)| *p).collect();
+    let (settled, credits) = app
+        .lock()
+        .settle_batch(ticket, idem, run, cost, Instant::now());
+    for (pos, s) in positions.into_iter().zip(settled) {
+        results[pos] = Some(match s {
+            Settled::Executed(b) | Settled::Replayed(b) => {
+                serde_json::from_slice(&b).unwrap_or(Value::Null)
+            }
+            Settled::Unpaid => json!({"status": 402, "error": "credits exhausted",
+                                      "code": "credits_exhausted", "cost": cost}),
+        });
+    }
+    let results = results
+        .into_iter()
+        .map(|r| r.unwrap_or(Value::Null))
+        .collect();
+    (results, credits)
+}

@@ -1,0 +1,414 @@
+//! Batch endpoints (`--batch N`) against the sim's `POST /batch/<name>`:
+//! every item executed once and recorded on its own, with its own element;
+//! a clean stop inside a batch when credits run out; kill -9 and resume.
+
+use std::process::Stdio;
+
+use crate::common::*;
+
+fn batch_url(s: &Scenario) -> String {
+    format!("{}/batch/echo", s.sim().url)
+}
+
+/// Every result line holds its own item's element: the sim echoes the
+/// item's data in it.
+fn assert_own_elements(s: &Scenario) {
+    for r in jsonl(&s.out_path()) {
+        assert_eq!(r["body"]["data"], r["input"], "{r}");
+        assert_eq!(r["body"]["status"], 200, "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_items_in_batches_of_fifty_run_once_each_with_its_own_element() {
+    let s = Scenario::new("batch-thousand")
+        .with_sim(&["--limit", "10/1s", "--cooldown", "0"])
+        .numbers(1000);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "50",
+        "--limit",
+        "10/1s",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 1000, "{}", r.summary);
+    assert_eq!(
+        r.summary["requests"], 20,
+        "one call per 50 items: {}",
+        r.summary
+    );
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 1000);
+    assert_own_elements(&s);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 1000);
+    assert_eq!(stats["accepted"], 20, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn credits_running_out_inside_a_batch_stop_cleanly_and_a_top_up_finishes() {
+    let s = Scenario::new("batch-credits")
+        .with_sim(&["--limit", "none", "--credits", "120"])
+        .numbers(400);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "50",
+        "--limit",
+        "none",
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 120, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(r.summary["pending"], 280, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 120);
+    let status = s.status_json().unwrap();
+    assert_eq!(status[0]["done"], 120, "{status}");
+    s.sim().topup(1000).await;
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 400);
+    assert_own_elements(&s);
+    assert_side_effects(&s.sim().stats().await, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_moments_then_resume_runs_every_item_once() {
+    const ITEMS: u64 = 600;
+    let s = Scenario::new("batch-kills")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--concurrency",
+            "64",
+            "--latency",
+            "1ms..8ms",
+        ])
+        .numbers(ITEMS);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "20",
+        "--limit",
+        "none",
+        "-c",
+        "4",
+    ];
+    for _ in 0..8 {
+        let mut child = s
+            .cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(fastrand::u64(20..300)));
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGKILL);
+        }
+        let _ = child.wait();
+    }
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), ITEMS);
+    assert_own_elements(&s);
+    assert_side_effects(&s.sim().stats().await, ITEMS);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_item_failures_land_in_the_failures_file_with_their_own_status() {
+    let s = Scenario::new("batch-item-failures")
+        .with_sim(&["--limit", "none", "--refuse", "n=7", "--refuse", "n=33:401"])
+        .numbers(60);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "25",
+        "--limit",
+        "none",
+    ]);
+    assert_eq!(r.summary["done"], 58, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 2, "{}", r.summary);
+    let failures = jsonl(&s.failures_path());
+    let got: Vec<(u64, u64)> = failures
+        .iter()
+        .map(|f| (f["line"].as_u64().unwrap(), f["status"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, [(7, 403), (33, 401)], "{failures:?}");
+    assert_side_effects(&s.sim().stats().await, 58);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_too_large_halves_the_size_says_so_once_and_finishes() {
+    let s = Scenario::new("batch-too-large")
+        .with_sim(&["--limit", "none", "--max-batch", "10"])
+        .numbers(100);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "40",
+        "--limit",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stderr.matches("too large").count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("batches of at most 20 items"),
+        "{}",
+        r.stderr
+    );
+    assert_each_item_once(&s.out_path(), 100);
+    assert_side_effects(&s.sim().stats().await, 100);
+}
+
+#[test]
+fn a_dry_run_shows_the_first_batch_in_its_template() {
+    let s = Scenario::new("batch-dry").numbers(5);
+    let out = s
+        .cmd(&[
+            "--url",
+            "http://127.0.0.1:9/batch/echo",
+            "--json-body",
+            "--batch",
+            "3",
+            "--batch-body",
+            r#"{{"requests": {items}}}"#,
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    // With --json the requests go to stderr, stdout being the summary's.
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("# the first batch: 3 item(s), lines 1-3"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"{"requests": [{"n":1},{"n":2},{"n":3}]}"#),
+        "{text}"
+    );
+    assert!(!text.contains(KEY), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reserve_counts_the_items_of_a_batch_not_the_call() {
+    let s = Scenario::new("batch-reserve")
+        .with_sim(&["--limit", "none", "--credits", "1000"])
+        .numbers(2000);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "50",
+        "--limit",
+        "none",
+        "--reserve",
+        "300",
+        "--allow-partial",
+    ]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    let left = stats["credits_remaining"].as_u64().unwrap();
+    assert!(left >= 300, "the reserve was kept: {stats}");
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(
+        r.summary["done"].as_u64().unwrap(),
+        1000 - left,
+        "{}",
+        r.summary
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_whose_answer_is_lost_is_resent_under_its_key_and_replayed() {
+    let s = Scenario::new("batch-resets")
+        .with_sim(&["--limit", "none", "--reset-rate", "0.3", "--seed", "7"])
+        .numbers(400);
+    let url = batch_url(&s);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "20",
+        "--limit",
+        "none",
+        "--max-attempts",
+        "20",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 400);
+    assert_own_elements(&s);
+    let stats = s.sim().stats().await;
+    assert!(stats["resets"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["idempotent_replays"].as_u64().unwrap() > 0, "{stats}");
+    assert_side_effects(&stats, 400);
+}
+
+/// A batch API that answers one result fewer than the items it got, for
+/// the first `short` answers of each batch key.
+async fn short_answers(short: usize) -> String {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let app = axum::Router::new().route(
+        "/batch",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap,
+                  axum::Json(items): axum::Json<Vec<serde_json::Value>>| {
+                let seen = seen.clone();
+                async move {
+                    let key = headers["idempotency-key"].to_str().unwrap().to_string();
+                    let n = {
+                        let mut seen = seen.lock().unwrap();
+                        let n = seen.entry(key).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    let mut results: Vec<serde_json::Value> = items
+                        .into_iter()
+                        .map(|data| serde_json::json!({"status": 200, "data": data}))
+                        .collect();
+                    if n <= short {
+                        results.pop();
+                    }
+                    axum::Json(serde_json::json!({ "results": results }))
+                }
+            },
+        ),
+    );
+    format!("http://{}/batch", serve(app).await)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_of_the_wrong_length_pairs_nothing_and_is_resent_under_its_key() {
+    let s = Scenario::new("batch-short").numbers(30);
+    let url = short_answers(1).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["retries"], 3, "one per batch: {}", r.summary);
+    assert_each_item_once(&s.out_path(), 30);
+    for row in jsonl(&s.out_path()) {
+        assert_eq!(row["body"]["data"], row["input"], "{row}");
+    }
+    // Never right: every item fails with the reason, its outcome unknown.
+    let s = Scenario::new("batch-short-always").numbers(20);
+    let url = short_answers(usize::MAX).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--max-attempts",
+        "2",
+    ]);
+    assert_eq!(r.summary["failed"], 20, "{}", r.summary);
+    for f in jsonl(&s.failures_path()) {
+        let reason = f["reason"].as_str().unwrap();
+        assert!(reason.contains("holds 9 results for 10 items"), "{f}");
+        assert!(reason.contains("outcome unknown"), "{f}");
+    }
+    assert!(jsonl(&s.out_path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_credits_a_batch_run_resumes_after_a_top_up() {
+    let s = Scenario::new("batch-wait")
+        .with_sim(&["--limit", "none", "--credits", "120"])
+        .numbers(300);
+    let url = batch_url(&s);
+    let child = s
+        .cmd(&[
+            "--url",
+            &url,
+            "--json-body",
+            "--batch",
+            "50",
+            "--limit",
+            "none",
+            "--wait-for-credits",
+            "--probe-every",
+            "200ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stats(s.sim(), 30, |st| st["side_effects"] == 120).await;
+    s.sim().topup(1000).await;
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("waiting for credits"), "{stderr}");
+    assert_each_item_once(&s.out_path(), 300);
+    assert_own_elements(&s);
+    assert_side_effects(&s.sim().stats().await, 300);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_failed_sends_the_failed_items_again_in_a_batch_of_their_own() {
+    let s = Scenario::new("batch-retry-failed").numbers(40);
+    let sim = Sim::start(&["--limit", "none", "--refuse", "n=7", "--refuse", "n=30"]);
+    let url = format!("{}/batch/echo", sim.url);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+    ];
+    let r = s.run(&args);
+    assert_eq!(
+        (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
+        (Some(38), Some(2))
+    );
+    // The same API, without the refusals.
+    let addr = sim.url.trim_start_matches("http://").to_string();
+    drop(sim);
+    let sim = Sim::start_on(&addr, &["--limit", "none"]);
+    let mut again = args.to_vec();
+    again.push("--retry-failed");
+    let r = s.run(&again);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.summary["requests"], 1,
+        "the two in one batch: {}",
+        r.summary
+    );
+    assert_each_item_once(&s.out_path(), 40);
+    assert_own_elements(&s);
+    assert_side_effects(&sim.stats().await, 2);
+}
