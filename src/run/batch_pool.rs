@@ -10,7 +10,7 @@
 //! key, and the server replays what it settled.
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::batch::{self, Member};
@@ -30,8 +30,6 @@ use crate::transport::Request;
 pub struct Batching {
     spec: BatchSpec,
     size: AtomicUsize,
-    /// "Too large" was said (once per run).
-    said: AtomicBool,
 }
 
 impl Batching {
@@ -40,7 +38,6 @@ impl Batching {
         Arc::new(Batching {
             size: AtomicUsize::new(spec.size.max(1)),
             spec,
-            said: AtomicBool::new(false),
         })
     }
 
@@ -51,9 +48,13 @@ impl Batching {
 
     /// A batch of `len` was too large: at most half of it from now on.
     /// The new size, when it is smaller than before.
-    fn halve(&self, len: usize) -> Option<usize> {
+    /// The first halving of the run is the one said: it alone sees the
+    /// size it was started with (one atomic step, so two workers refused
+    /// at once cannot both claim it, nor say the second halving first).
+    fn halve(&self, len: usize) -> Option<(usize, bool)> {
         let to = (len / 2).max(1);
-        (self.size.fetch_min(to, Ordering::Relaxed) > to).then_some(to)
+        let was = self.size.fetch_min(to, Ordering::Relaxed);
+        (was > to).then_some((to, was == self.spec.size.max(1)))
     }
 }
 
@@ -252,8 +253,8 @@ impl Pool {
                 Step::Done(Sent::Stop)
             }
             Outcome::Error(ref e, _) if too_large(e) && n > 1 => {
-                if let Some(to) = batching.halve(n) {
-                    if !batching.said.swap(true, Ordering::Relaxed) {
+                if let Some((to, first)) = batching.halve(n) {
+                    if first {
                         self.emit(Event::Note(format!(
                             "batchrun: the API says a batch of {n} items is too large: batches of at most {to} items for the rest of this run"
                         )));
