@@ -168,3 +168,53 @@ async fn spike_fleet_benchmark() {
         eprintln!("spike through Redis, {procs} process(es): {took:?}");
     }
 }
+
+/// Redis forgetting a `--pacer spike` fleet mid-run (a `FLUSHALL`, or a
+/// `DEL` of the limit hash that holds the mirror's state): the processes
+/// notice, the mirror starts again empty after a window's hold, they put
+/// their calls in flight back, and the gateway refuses nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
+    let redis = Redis::start();
+    let n = 80;
+    let sim = [
+        "--model",
+        "spike-arrest",
+        "--limit",
+        "20ps",
+        "--latency",
+        "20ms..60ms",
+    ];
+    for forget in ["flushall", "del"] {
+        let s = Scenario::new(&format!("fleet-spike-forgets-{forget}"))
+            .with_sim(&sim)
+            .numbers(n);
+        let name = fleet_name(forget);
+        let limit_key = batchrun::fleet::FleetKeys::named(&name).limit();
+        let cmds = (1..=2)
+            .map(|i| {
+                let shard = format!("{i}/2");
+                s.cmd(&spike_args(&redis.url, &name, "20ps", &shard))
+            })
+            .collect();
+        let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+        wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(30)).await;
+        let mut c = redis.conn();
+        match forget {
+            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
+            _ => redis::cmd("DEL")
+                .arg(&limit_key)
+                .query::<()>(&mut c)
+                .unwrap(),
+        }
+        let (runs, _) = runner.await.unwrap();
+        for r in &runs {
+            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
+            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
+        }
+        let stats = s.sim().stats().await;
+        assert_eq!(stats["rejected_rate"], 0, "{forget}: {stats}");
+        assert_side_effects(&stats, n);
+        assert_shards_did_each_item_once(&s, 2, n);
+    }
+}
