@@ -11,14 +11,20 @@ use super::support::{fleet_name, Redis};
 use super::{assert_never_limited, assert_shards_did_each_item_once, run_all};
 
 /// The fleet's args for one process on `name`, of shard `shard` ("": none).
-fn spike_args<'a>(redis: &'a str, name: &'a str, limit: &'a str, shard: &'a str) -> Vec<&'a str> {
+fn spike_args<'a>(
+    redis: &'a str,
+    name: &'a str,
+    limit: &'a str,
+    shard: &'a str,
+    concurrency: &'a str,
+) -> Vec<&'a str> {
     let mut v = vec![
         "--pacer",
         "spike",
         "--limit",
         limit,
         "--concurrency",
-        "5",
+        concurrency,
         "--redis",
         redis,
         "--fleet-key",
@@ -53,7 +59,7 @@ async fn spike_fleet(redis: &Redis, limit: &str, procs: u64, n: u64) -> Duration
     };
     let cmds = shards
         .iter()
-        .map(|sh| s.cmd(&spike_args(&redis.url, &name, limit, sh)))
+        .map(|sh| s.cmd(&spike_args(&redis.url, &name, limit, sh, "5")))
         .collect();
     let (runs, took) = run_all(cmds);
     for r in &runs {
@@ -176,14 +182,21 @@ async fn spike_fleet_benchmark() {
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
     let redis = Redis::start();
-    let n = 80;
+    // A bucket of 10, and calls that reach the gateway up to 80 ms after
+    // their send: were the fleet to start again full with its calls in
+    // flight forgotten, they would clump with a bucket's worth of new ones.
+    let n = 200;
     let sim = [
         "--model",
         "spike-arrest",
         "--limit",
-        "20ps",
+        "100ps",
+        "--concurrency",
+        "20",
+        "--latency-in",
+        "0ms..80ms",
         "--latency",
-        "20ms..60ms",
+        "1ms..5ms",
     ];
     for forget in ["flushall", "del"] {
         let s = Scenario::new(&format!("fleet-spike-forgets-{forget}"))
@@ -194,11 +207,17 @@ async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
         let cmds = (1..=2)
             .map(|i| {
                 let shard = format!("{i}/2");
-                s.cmd(&spike_args(&redis.url, &name, "20ps", &shard))
+                s.cmd(&spike_args(&redis.url, &name, "100ps", &shard, "20"))
             })
             .collect();
         let runner = tokio::task::spawn_blocking(move || run_all(cmds));
-        wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(30)).await;
+        let out = s
+            .input_path()
+            .with_file_name("items.shard-1-of-2.results.jsonl");
+        wait_until(30, "30 results of shard 1", || {
+            std::fs::read_to_string(&out).is_ok_and(|t| t.lines().count() >= 30)
+        })
+        .await;
         let mut c = redis.conn();
         match forget {
             "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
