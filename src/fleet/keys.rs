@@ -12,7 +12,7 @@
 //! | `batchrun:{ID}:window` | sorted set | one member per call occupying the window; score = unix ms when it stops occupying |
 //! | `batchrun:{ID}:leases` | sorted set | one member per call in flight; score = unix ms when its concurrency lease expires |
 //! | `batchrun:{ID}:pause` | string | unix ms when the current rate-limit pause ends |
-//! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at` |
+//! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at`, the `epoch`, and the drip rules' state (`s_*` SpikeArrest, `b_*` token bucket) |
 //! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
 
 use crate::util::sha_hex;

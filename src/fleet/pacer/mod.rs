@@ -5,7 +5,7 @@
 //! the token bucket's ([`FleetRule`]); the scenarios of
 //! [`crate::rate::scenario`] hold each to its in-process twin.
 //!
-//! Each decision is one atomic run of `pacer.lua` on Redis's own clock
+//! Each decision is one atomic run of the script (`lua/*.lua`) on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
 //! set (and one concurrency lease) from its send until W after its response
 //! arrived, exactly as in-process: `tests/it/fleet/rule.rs` runs the
@@ -34,7 +34,7 @@ use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
 use crate::rate::{Limit, Rate};
-use rule::{Sized, Verb};
+use rule::{ScriptRule, Verb};
 use tasks::{heartbeat, settler};
 
 mod face;
@@ -88,7 +88,7 @@ pub struct FleetPacer {
 struct Inner {
     fleet: Fleet,
     /// The rule kept in Redis, sized for the limit after the headroom.
-    rule: Sized,
+    rule: ScriptRule,
     script: redis::Script,
     keys: [String; 5],
     args: ScriptArgs,
@@ -130,7 +130,7 @@ impl FleetPacer {
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
         FleetPacer::build(fleet, cfg, |_| {
-            Ok::<_, std::convert::Infallible>(Sized::Window)
+            Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
     }
@@ -142,13 +142,13 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, |rate| Sized::new(rule, rate))
+        FleetPacer::build(fleet, cfg, |rate| ScriptRule::new(rule, rate))
     }
 
     fn build<E>(
         fleet: Fleet,
         cfg: FleetPacing,
-        size: impl FnOnce(Option<Rate>) -> Result<Sized, E>,
+        size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
             Limit::Rate(r) => (r.period, r.count),
@@ -327,7 +327,7 @@ impl Inner {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
         let (a, b) = match self.rule {
-            Sized::Window => (cap.to_string(), self.headroom.to_string()),
+            ScriptRule::Window => (cap.to_string(), self.headroom.to_string()),
             drip => drip.params(),
         };
         let result: Result<Vec<i64>, PaceError> = self
