@@ -95,6 +95,13 @@ impl FleetKeys {
         format!("{}:alert:{cycle}:{id}", self.prefix)
     }
 
+    /// The window of a further limit of `count` calls per `window_ms`
+    /// (`--limit` given more than once): the script reads both from the
+    /// name, so processes on different further limits never share one.
+    pub fn further(&self, count: u64, window_ms: u64) -> String {
+        format!("{}:window:{count}:{window_ms}", self.prefix)
+    }
+
     /// The keys of the pacer script, in its KEYS order.
     pub fn pacer(&self) -> [String; 5] {
         [

@@ -90,7 +90,8 @@ struct Inner {
     /// The rule kept in Redis, sized for the limit after the headroom.
     rule: ScriptRule,
     script: redis::Script,
-    keys: [String; 5],
+    /// The script's keys: the fleet's five, then a further window each.
+    keys: Vec<String>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -129,7 +130,7 @@ impl FleetPacer {
     /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, |_| {
+        FleetPacer::build(fleet, cfg, &[], |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -142,12 +143,23 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, |rate| ScriptRule::new(rule, rate))
+        FleetPacer::build(fleet, cfg, &[], |rate| ScriptRule::new(rule, rate))
+    }
+
+    /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
+    /// and for each of `further` as well (`--limit` given more than once):
+    /// a call must fit in every window, and only the first one learns.
+    pub fn with_limits(fleet: Fleet, cfg: FleetPacing, further: &[Rate]) -> FleetPacer {
+        FleetPacer::build(fleet, cfg, further, |_| {
+            Ok::<_, std::convert::Infallible>(ScriptRule::Window)
+        })
+        .unwrap_or_else(|never| match never {})
     }
 
     fn build<E>(
         fleet: Fleet,
         cfg: FleetPacing,
+        further: &[Rate],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -167,7 +179,15 @@ impl FleetPacer {
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),
-            keys: fleet.keys().pacer(),
+            keys: fleet
+                .keys()
+                .pacer()
+                .into_iter()
+                .chain(further.iter().map(|r| {
+                    let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+                    fleet.keys().further(scaled(r.count, headroom), ms)
+                }))
+                .collect(),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,
@@ -505,12 +525,18 @@ pub fn for_fleet(
     fleet: Fleet,
     cfg: FleetPacing,
     rule: FleetRule,
+    further: &[Rate],
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let pause = match cfg.limit {
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    Ok((Arc::new(FleetPacer::with_rule(fleet, cfg, rule)?), pause))
+    let pacer = if further.is_empty() {
+        FleetPacer::with_rule(fleet, cfg, rule)?
+    } else {
+        FleetPacer::with_limits(fleet, cfg, further)
+    };
+    Ok((Arc::new(pacer), pause))
 }
 
 #[cfg(test)]

@@ -237,3 +237,43 @@ async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
         assert_shards_did_each_item_once(&s, 2, n);
     }
 }
+
+/// Two limits at once through Redis (`--limit 20/1s --limit 30/3s`), two
+/// processes on one key against a sim that keeps both: a call goes only
+/// when both fleet-wide windows have room, so neither limit refuses one.
+#[tokio::test(flavor = "multi_thread")]
+async fn several_limits_through_redis_keep_every_window_for_two_processes() {
+    let redis = Redis::start();
+    let n = 90;
+    let limits = ["--limit", "20/1s", "--limit", "30/3s"];
+    let mut sim = limits.to_vec();
+    sim.extend(["--concurrency", "8", "--latency", "1ms..10ms"]);
+    let s = Scenario::new("fleet-two-limits").with_sim(&sim).numbers(n);
+    let name = fleet_name("limits");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut args = limits.to_vec();
+            args.extend(["--concurrency", "8", "--redis", &redis.url]);
+            args.extend(["--fleet-key", &name, "--shard", &shard]);
+            s.cmd(&args)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 20);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 2, n);
+    // The faster limit has a window of its own in Redis (the slower one,
+    // 10 a second, is the primary).
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(batchrun::fleet::FleetKeys::named(&name).further(20, 1000))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}

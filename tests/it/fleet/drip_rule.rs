@@ -196,6 +196,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                 Scenario {
                     limit,
                     window,
+                    further: Vec::new(),
                     steps,
                 },
             )
@@ -233,6 +234,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
     let s = Scenario {
         limit: 10,
         window: 1000,
+        further: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);
