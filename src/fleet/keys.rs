@@ -12,7 +12,7 @@
 //! | `batchrun:{ID}:window` | sorted set | one member per call occupying the window; score = unix ms when it stops occupying |
 //! | `batchrun:{ID}:leases` | sorted set | one member per call in flight; score = unix ms when its concurrency lease expires |
 //! | `batchrun:{ID}:pause` | string | unix ms when the current rate-limit pause ends |
-//! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at` |
+//! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at`, the `epoch`, and the drip rules' state (`s_*` SpikeArrest, `b_*` token bucket) |
 //! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
 
 use crate::util::sha_hex;
@@ -93,6 +93,13 @@ impl FleetKeys {
     pub fn alert(&self, cycle: Option<u64>, id: &str) -> String {
         let cycle = cycle.map_or_else(|| "none".to_string(), |c| c.to_string());
         format!("{}:alert:{cycle}:{id}", self.prefix)
+    }
+
+    /// The window of a further limit of `count` calls per `window_ms`
+    /// (`--limit` given more than once): the script reads both from the
+    /// name, so processes on different further limits never share one.
+    pub fn further(&self, count: u64, window_ms: u64) -> String {
+        format!("{}:window:{count}:{window_ms}", self.prefix)
     }
 
     /// The keys of the pacer script, in its KEYS order.

@@ -36,7 +36,7 @@ impl ScriptArgs {
     pub fn invoke<'a>(
         &self,
         script: &'a redis::Script,
-        keys: &[String; 5],
+        keys: &[String],
         op: &str,
         clock: Option<u64>,
     ) -> redis::ScriptInvocation<'a> {

@@ -20,7 +20,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::exact::{ExactWindow, Learning, SlotId};
+use super::exact::{ExactWindow, Learning};
+use super::windows::{SetSlot, WindowSet};
 
 pub mod design;
 pub mod drip;
@@ -75,13 +76,21 @@ pub struct Scenario {
     pub limit: u64,
     /// The window (W), in ms.
     pub window: u64,
+    /// Further limits every call must keep as well (`--limit` given more
+    /// than once), as (L, W ms): the window rule only, and only the first
+    /// limit learns.
+    pub further: Vec<(u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
 
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{} per {} ms:", self.limit, self.window)?;
+        write!(f, "{} per {} ms", self.limit, self.window)?;
+        for (l, w) in &self.further {
+            write!(f, ", {l} per {w} ms")?;
+        }
+        writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
         let mut i = 0;
         while i < self.steps.len() {
@@ -254,11 +263,12 @@ impl Calls {
     }
 }
 
-/// The in-process store: an [`ExactWindow`] on the scenario's clock.
+/// The in-process store: an [`ExactWindow`] on the scenario's clock, in a
+/// [`WindowSet`] with one more for each further limit.
 pub struct InProcess {
-    w: ExactWindow,
+    w: WindowSet,
     t0: Instant,
-    slots: HashMap<u64, SlotId>,
+    slots: HashMap<u64, SetSlot>,
     /// Whether the learnt limit has settled, as its events said.
     settled: bool,
 }
@@ -268,7 +278,13 @@ impl InProcess {
     pub fn new(s: &Scenario) -> InProcess {
         let t0 = Instant::now();
         InProcess {
-            w: ExactWindow::new(s.limit, Duration::from_millis(s.window), t0),
+            w: WindowSet::new(
+                ExactWindow::new(s.limit, Duration::from_millis(s.window), t0),
+                s.further
+                    .iter()
+                    .map(|&(l, w)| ExactWindow::new(l, Duration::from_millis(w), t0))
+                    .collect(),
+            ),
             t0,
             slots: HashMap::new(),
             settled: false,
@@ -282,7 +298,7 @@ impl InProcess {
 
     /// Reads the learning events at `now`, where the fleet would hear them.
     fn hear(&mut self, now: Instant) {
-        while let Some(e) = self.w.take_event(now) {
+        while let Some(e) = self.w.primary_mut().take_event(now) {
             self.settled = matches!(e, Learning::Settled(_));
         }
     }
@@ -293,17 +309,18 @@ impl InProcess {
         match r {
             Ok(slot) => {
                 self.slots.insert(id, slot);
-                let learnt = self.w.learnt();
+                let p = self.w.primary();
+                let learnt = p.learnt();
                 Answer::Granted {
-                    limit: self.w.limit(),
-                    occupancy: self.w.occupancy(now),
+                    limit: p.limit(),
+                    occupancy: p.occupancy(now),
                     learnt: learnt.unwrap_or(0),
                     settled: learnt.is_some() && self.settled,
                 }
             }
             Err(until) => Answer::Wait {
                 ms: self.ms_from(now, until),
-                paused: self.w.paused_until(now).is_some(),
+                paused: self.w.primary().paused_until(now).is_some(),
             },
         }
     }
@@ -333,19 +350,21 @@ impl Store for InProcess {
             }
             Call::RateLimited(pause) => {
                 let learnt = self.w.rate_limited(t);
-                self.w.pause_until(t + Duration::from_millis(pause));
+                self.w
+                    .primary_mut()
+                    .pause_until(t + Duration::from_millis(pause));
                 self.hear(t);
-                let until = self.w.paused_until(t).unwrap_or(t);
+                let until = self.w.primary().paused_until(t).unwrap_or(t);
                 Answer::Paused {
                     ms: self.ms_from(t, until),
                     learnt: learnt.unwrap_or(0),
                 }
             }
             Call::InForce(l) => Answer::InForce {
-                lowered: self.w.set_limit_in_force(l, t),
+                lowered: self.w.primary_mut().set_limit_in_force(l, t),
             },
             Call::Full => {
-                let until = self.w.remaining_zero(t);
+                let until = self.w.primary_mut().remaining_zero(t);
                 Answer::Held {
                     ms: self.ms_from(t, until),
                 }

@@ -239,6 +239,7 @@ fn build_pacer(
                 timeout: settings.timeout,
             },
             crate::fleet::pacer::FleetRule::of(settings.pacer, settings.burst),
+            &settings.further_limits,
         )
         .map_err(|e| RunError::Usage(e.to_string())),
         None => pace::for_limits(

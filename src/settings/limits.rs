@@ -72,7 +72,7 @@ pub fn all_limits(args: &RunArgs) -> Vec<Limit> {
 
 /// The limits beyond the primary one, refused where they cannot be kept:
 /// each must be a rate, the window pacer is the one that keeps several,
-/// and the fleet does not hold several yet.
+/// and a fleet (`--redis`) keeps each in Redis.
 pub(super) fn further_limits(args: &RunArgs) -> Result<Vec<Rate>, RunError> {
     let all = all_limits(args);
     if all.len() < 2 {
@@ -86,11 +86,6 @@ pub(super) fn further_limits(args: &RunArgs) -> Result<Vec<Rate>, RunError> {
     if args.pacer != PacerKind::Window {
         return Err(super::usage(
             "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
-        ));
-    }
-    if args.redis.as_ref().is_some_and(|u| !u.trim().is_empty()) {
-        return Err(super::usage(
-            "the fleet (--redis) paces to one limit for now: give one --limit with --redis, or run without --redis".to_string(),
         ));
     }
     Ok(all[1..].iter().filter_map(Limit::rate).collect())

@@ -135,8 +135,6 @@ fn refused(tag: &str, extra: &[&str]) -> String {
 
 #[test]
 fn several_limits_are_refused_where_they_cannot_be_kept() {
-    let e = refused("limits-redis", &["--redis", "redis://127.0.0.1:1"]);
-    assert!(e.contains("the fleet (--redis) paces to one limit"), "{e}");
     let e = refused("limits-bucket", &["--pacer", "bucket"]);
     assert!(e.contains("window pacer only"), "{e}");
     let e = refused("limits-none", &["--limit", "none"]);

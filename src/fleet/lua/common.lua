@@ -34,6 +34,10 @@
 --                       is losing the epoch too
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
 --                       flight only)
+-- KEYS[6...] further windows (--limit given more than once), each a ZSET
+--                       as KEYS[1], named `...:window:L:Wms`: the key says its
+--                       own limit and window. The window rule only: a call
+--                       must fit in each, and only KEYS[1] learns.
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
@@ -63,6 +67,17 @@ if not now then
 end
 local fake = round == 0
 local limit_ttl = math.max(W * 10, 3600000)
+
+-- The further windows, from their keys' names. In each, an in-flight call
+-- occupies for `hold` less W plus its own window.
+local further = {}
+for k = 6, #KEYS do
+  local l, w = string.match(KEYS[k], ':(%d+):(%d+)$')
+  if l then
+    local fw = tonumber(w)
+    further[#further + 1] = {key = KEYS[k], L = tonumber(l), W = fw, hold = hold - W + fw}
+  end
+end
 
 -- Keys expire on Redis's own clock: under a test's clock, which runs
 -- slower, they could go early, so there they stay (expiry only collects
@@ -106,7 +121,12 @@ local function restore(i, leases_only)
   for _ = 1, n do
     local id, left, flying = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
     i = i + 3
-    if not leases_only then redis.call('ZADD', KEYS[1], 'NX', now + left, id) end
+    if not leases_only then
+      redis.call('ZADD', KEYS[1], 'NX', now + left, id)
+      for _, f in ipairs(further) do
+        if left - W + f.W > 0 then redis.call('ZADD', f.key, 'NX', now + left - W + f.W, id) end
+      end
+    end
     if flying == '1' then
       redis.call('ZADD', KEYS[2], 'NX', now + lease, id)
     end
@@ -114,6 +134,7 @@ local function restore(i, leases_only)
   if n > 0 then
     keep(KEYS[1], hold + 1000)
     keep(KEYS[2], lease + 1000)
+    for _, f in ipairs(further) do keep(f.key, math.max(hold, f.hold) + 1000) end
   end
   return i
 end

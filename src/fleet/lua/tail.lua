@@ -15,6 +15,12 @@ if op == 'beat' then
       if not leases_only and s < now + hold then
         redis.call('ZADD', KEYS[1], now + hold, id)
       end
+      for _, f in ipairs(further) do
+        local sf = tonumber(redis.call('ZSCORE', f.key, id) or '0')
+        if not leases_only and sf < now + f.hold then
+          redis.call('ZADD', f.key, now + f.hold, id)
+        end
+      end
       renewed = renewed + 1
     end
   end

@@ -31,6 +31,13 @@ local function settle(i)
     else
       redis.call('ZADD', KEYS[1], 'XX', back + W + round, id)
     end
+    for _, f in ipairs(further) do
+      if ago < 0 then
+        redis.call('ZREM', f.key, id)
+      else
+        redis.call('ZADD', f.key, 'XX', back + f.W + round, id)
+      end
+    end
     redis.call('ZREM', KEYS[2], id)
   end
   return i
@@ -96,6 +103,15 @@ end
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
 -- back). After the restore block, the loss check's three arguments (see
 -- forgotten); with them, every answer ends with the fleet's epoch.
+-- How long until a window `key` holding n >= lim occupancies has room:
+-- until the occupancy whose end makes room ends. A call still in flight has
+-- only a provisional end, far off; it may come back at any moment and end w
+-- after, and no other process can wake this one then: look again by w.
+local function full_wait(key, n, lim, w)
+  local e = redis.call('ZRANGE', key, n - lim, n - lim, 'WITHSCORES')
+  return math.max(1, math.min(tonumber(e[2]) - now, w + round))
+end
+
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -111,21 +127,32 @@ if op == 'take' then
   -- A retried take whose first answer was lost: it was granted.
   if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
-  if p > now then return answer({0, p - now, 1}, epoch) end
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
-  if held > now then return answer({0, held - now, 2}, epoch) end
-  -- Only a take that may go counts towards a clean window used in full:
-  -- one during a pause or hold is before that window began.
-  if learning and lim > 0 and occ + 1 >= lim then
-    redis.call('HSET', KEYS[4], 'pressed', 1)
+  local wait, why = 0, 0
+  if p > now then
+    wait, why = p - now, 1
+  elseif held > now then
+    wait, why = held - now, 2
+  else
+    -- Only a take that may go counts towards a clean window used in full:
+    -- one during a pause or hold is before that window began.
+    if learning and lim > 0 and occ + 1 >= lim then
+      redis.call('HSET', KEYS[4], 'pressed', 1)
+    end
+    if lim > 0 and occ >= lim then
+      wait, why = full_wait(KEYS[1], occ, lim, W), 2
+    end
   end
-  if lim > 0 and occ >= lim then
-    -- The occupancy whose end makes room. A call still in flight has only
-    -- a provisional end, far off; it may come back at any moment and end W
-    -- after, and no other process can wake this one then: look again by W.
-    local e = redis.call('ZRANGE', KEYS[1], occ - lim, occ - lim, 'WITHSCORES')
-    return answer({0, math.max(1, math.min(tonumber(e[2]) - now, W + round)), 2}, epoch)
+  -- Every further window must admit the call too: the latest answer wins.
+  for _, f in ipairs(further) do
+    redis.call('ZREMRANGEBYSCORE', f.key, '-inf', now)
+    local n = redis.call('ZCARD', f.key)
+    if n >= f.L then
+      wait = math.max(wait, full_wait(f.key, n, f.L, f.W))
+      if why == 0 then why = 2 end
+    end
   end
+  if why > 0 then return answer({0, wait, why}, epoch) end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     if redis.call('ZCARD', KEYS[2]) >= ceiling then
@@ -134,6 +161,10 @@ if op == 'take' then
     end
   end
   redis.call('ZADD', KEYS[1], now + hold, id)
+  for _, f in ipairs(further) do
+    redis.call('ZADD', f.key, now + f.hold, id)
+    keep(f.key, f.hold + 1000)
+  end
   redis.call('ZADD', KEYS[2], now + lease, id)
   redis.call('HSET', KEYS[5], id, now)
   keep(KEYS[1], hold + 1000)

@@ -5,7 +5,7 @@
 //! the token bucket's ([`FleetRule`]); the scenarios of
 //! [`crate::rate::scenario`] hold each to its in-process twin.
 //!
-//! Each decision is one atomic run of `pacer.lua` on Redis's own clock
+//! Each decision is one atomic run of the script (`lua/*.lua`) on Redis's own clock
 //! (`TIME`), never a client's. A permit is one member of the window sorted
 //! set (and one concurrency lease) from its send until W after its response
 //! arrived, exactly as in-process: `tests/it/fleet/rule.rs` runs the
@@ -31,13 +31,13 @@ use tokio::time::Instant;
 use super::local::{Local, Restore};
 use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
-use crate::pace::{PaceError, PaceNote, Pacer, Permit};
+use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
 use crate::rate::{Limit, Rate};
-use crate::util::BoxFuture;
-use rule::{Sized, Verb};
-use tasks::{heartbeat, settler, Abandon, SharedTicket};
+use rule::{ScriptRule, Verb};
+use tasks::{heartbeat, settler};
 
+mod face;
 mod rule;
 mod tasks;
 
@@ -54,7 +54,7 @@ const HOLD_SLACK: Duration = Duration::from_secs(1);
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 /// How long the end of a run waits to hand back what it owes.
-pub(super) const FLUSH_WITHIN: Duration = Duration::from_secs(3);
+const FLUSH_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]
@@ -88,9 +88,10 @@ pub struct FleetPacer {
 struct Inner {
     fleet: Fleet,
     /// The rule kept in Redis, sized for the limit after the headroom.
-    rule: Sized,
+    rule: ScriptRule,
     script: redis::Script,
-    keys: [String; 5],
+    /// The script's keys: the fleet's five, then a further window each.
+    keys: Vec<String>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -129,8 +130,8 @@ impl FleetPacer {
     /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, |_| {
-            Ok::<_, std::convert::Infallible>(Sized::Window)
+        FleetPacer::build(fleet, cfg, &[], |_| {
+            Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
     }
@@ -142,13 +143,24 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, |rate| Sized::new(rule, rate))
+        FleetPacer::build(fleet, cfg, &[], |rate| ScriptRule::new(rule, rate))
+    }
+
+    /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
+    /// and for each of `further` as well (`--limit` given more than once):
+    /// a call must fit in every window, and only the first one learns.
+    pub fn with_limits(fleet: Fleet, cfg: FleetPacing, further: &[Rate]) -> FleetPacer {
+        FleetPacer::build(fleet, cfg, further, |_| {
+            Ok::<_, std::convert::Infallible>(ScriptRule::Window)
+        })
+        .unwrap_or_else(|never| match never {})
     }
 
     fn build<E>(
         fleet: Fleet,
         cfg: FleetPacing,
-        size: impl FnOnce(Option<Rate>) -> Result<Sized, E>,
+        further: &[Rate],
+        size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
             Limit::Rate(r) => (r.period, r.count),
@@ -167,7 +179,15 @@ impl FleetPacer {
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),
-            keys: fleet.keys().pacer(),
+            keys: fleet
+                .keys()
+                .pacer()
+                .into_iter()
+                .chain(further.iter().map(|r| {
+                    let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+                    fleet.keys().further(scaled(r.count, headroom), ms)
+                }))
+                .collect(),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,
@@ -327,7 +347,7 @@ impl Inner {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
         let (a, b) = match self.rule {
-            Sized::Window => (cap.to_string(), self.headroom.to_string()),
+            ScriptRule::Window => (cap.to_string(), self.headroom.to_string()),
             drip => drip.params(),
         };
         let result: Result<Vec<i64>, PaceError> = self
@@ -495,152 +515,6 @@ impl Inner {
     }
 }
 
-impl Pacer for FleetPacer {
-    fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let id = inner.next_id();
-            let mut abandon = Abandon {
-                inner,
-                id: Some(id.clone()),
-            };
-            // While there is room every worker asks at once; once it must
-            // wait, it queues behind this process's one waiter at Redis.
-            let mut front = None;
-            let mut poll = POLL_FIRST;
-            loop {
-                match inner.try_take(&id, inner.cap).await? {
-                    Took::Granted => {
-                        abandon.id = None;
-                        return Ok(Permit::tracked(Box::new(SharedTicket {
-                            inner: inner.clone(),
-                            id,
-                        })));
-                    }
-                    // Queued for a while: look again before sleeping.
-                    Took::Wait(..) if front.is_none() => {
-                        front = Some(inner.front.lock().await);
-                    }
-                    Took::Wait(d, Why::Ceiling) => {
-                        tokio::time::sleep(d.min(poll)).await;
-                        poll = (poll * 2).min(POLL_MAX);
-                    }
-                    Took::Wait(d, _) => tokio::time::sleep(d).await,
-                }
-            }
-        })
-    }
-
-    fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let learn = if inner.secret.load(Ordering::SeqCst) {
-                inner.cap
-            } else {
-                0
-            };
-            let settles = inner.take_settles();
-            let (a, b) = inner.rule.params();
-            let v: Result<Vec<i64>, PaceError> = inner
-                .run(
-                    inner.rule.op(Verb::Pause),
-                    inner.fleet.redis_timeout(),
-                    |inv| {
-                        inv.arg(millis(for_));
-                        // The window rule may learn a limit; a drip rule's state
-                        // is made on first use from its sizing.
-                        if inner.rule.windowed() {
-                            inv.arg(learn);
-                        } else {
-                            inv.arg(&a).arg(&b);
-                        }
-                        inv.arg(settles.len());
-                        for (id, ago) in &settles {
-                            inv.arg(id).arg(*ago);
-                        }
-                    },
-                )
-                .await;
-            let v = v.inspect_err(|_| inner.requeue(settles))?;
-            let left = v.first().copied().unwrap_or(0).max(0) as u64;
-            let mut l = inner.lock();
-            l.paused_until = Some(Instant::now() + Duration::from_millis(left));
-            // This process's 429 taught the fleet a limit.
-            if let Some(&learnt) = v.get(1).filter(|&&n| n > 0) {
-                l.heard(learnt as u64, false);
-            }
-            Ok(())
-        })
-    }
-
-    fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            if !inner.rule.windowed() {
-                let queued = inner.lock().notes.pop_front();
-                return inner.drip_in_force(headers).await.or(queued);
-            }
-            if headers.contains_key(crate::wire::RATE_LIMIT_LIMIT)
-                || headers.contains_key(crate::wire::RATE_LIMIT_REMAINING)
-            {
-                inner.secret.store(false, Ordering::SeqCst);
-            }
-            if crate::wire::limit_remaining(headers) == Some(0) {
-                inner.hold().await;
-            }
-            let queued = inner.lock().notes.pop_front();
-            let Some(l) = crate::wire::limit_in_force(headers) else {
-                return queued;
-            };
-            // Only a change costs a round trip: most responses repeat it.
-            if inner.reported.swap(l, Ordering::SeqCst) == l {
-                return queued;
-            }
-            let told: Result<i64, PaceError> = inner
-                .run("inforce", Duration::from_secs(2), |inv| {
-                    inv.arg(l);
-                })
-                .await;
-            if told.is_err() {
-                // Tell the fleet again with the next response.
-                inner.reported.store(0, Ordering::SeqCst);
-                return queued;
-            }
-            let below = inner.configured == 0 || l < inner.configured;
-            below.then_some(PaceNote::LimitInForce(l)).or(queued)
-        })
-    }
-
-    fn steady_per_min(&self) -> Option<f64> {
-        self.inner.rule.steady_per_min()
-    }
-
-    fn paused_until(&self) -> Option<Instant> {
-        let now = Instant::now();
-        self.inner.lock().paused_until.filter(|&u| u > now)
-    }
-
-    fn note(&self) -> Option<PaceNote> {
-        self.inner.lock().notes.pop_front()
-    }
-
-    fn learnt(&self) -> Option<u64> {
-        Some(self.inner.lock().learnt).filter(|&l| l > 0)
-    }
-
-    fn flush(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            // Redis already out of reach: one try, not a long wait.
-            let within = if self.inner.lock().lost {
-                Duration::ZERO
-            } else {
-                FLUSH_WITHIN
-            };
-            self.inner.flush_settles(within).await;
-        })
-    }
-}
-
 /// The pacer of a process in a fleet (`--redis`) keeping `rule`: the rule's
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
@@ -651,12 +525,18 @@ pub fn for_fleet(
     fleet: Fleet,
     cfg: FleetPacing,
     rule: FleetRule,
+    further: &[Rate],
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let pause = match cfg.limit {
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    Ok((Arc::new(FleetPacer::with_rule(fleet, cfg, rule)?), pause))
+    let pacer = if further.is_empty() {
+        FleetPacer::with_rule(fleet, cfg, rule)?
+    } else {
+        FleetPacer::with_limits(fleet, cfg, further)
+    };
+    Ok((Arc::new(pacer), pause))
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ impl FleetRule {
 
 /// A rule sized for the fleet's limit, as the script is told it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Sized {
+pub(super) enum ScriptRule {
     Window,
     /// messagesPerPeriod (the period is the script's W).
     Spike {
@@ -49,20 +49,20 @@ pub(super) enum Sized {
     },
 }
 
-impl Sized {
+impl ScriptRule {
     /// `rule` for `count` calls per `period` (after the headroom). `None`
     /// for no limit: every rule is then only the concurrency ceiling, which
     /// the window op keeps with no window limit.
-    pub(super) fn new(rule: FleetRule, rate: Option<Rate>) -> Result<Sized, SizingError> {
+    pub(super) fn new(rule: FleetRule, rate: Option<Rate>) -> Result<ScriptRule, SizingError> {
         let Some(r) = rate else {
-            return Ok(Sized::Window);
+            return Ok(ScriptRule::Window);
         };
         Ok(match rule {
-            FleetRule::Window => Sized::Window,
-            FleetRule::Spike => Sized::Spike { count: r.count },
+            FleetRule::Window => ScriptRule::Window,
+            FleetRule::Spike => ScriptRule::Spike { count: r.count },
             FleetRule::Bucket { burst } => {
                 let b = TokenBucket::for_limit(r, burst, false, std::time::Instant::now())?;
-                Sized::Bucket {
+                ScriptRule::Bucket {
                     capacity: b.capacity(),
                     rate: b.rate_per_sec(),
                 }
@@ -74,34 +74,34 @@ impl Sized {
     /// this rule.
     pub(super) fn op(&self, verb: Verb) -> &'static str {
         match (self, verb) {
-            (Sized::Window, Verb::Take) => "take",
-            (Sized::Window, Verb::Settle) => "settle",
-            (Sized::Window, Verb::Pause) => "pause",
-            (Sized::Window, Verb::InForce) => "inforce",
-            (Sized::Spike { .. }, Verb::Take) => "spike_take",
-            (Sized::Spike { .. }, Verb::Settle) => "spike_settle",
-            (Sized::Spike { .. }, Verb::Pause) => "spike_pause",
-            (Sized::Spike { .. }, Verb::InForce) => "spike_inforce",
-            (Sized::Bucket { .. }, Verb::Take) => "bucket_take",
-            (Sized::Bucket { .. }, Verb::Settle) => "bucket_settle",
-            (Sized::Bucket { .. }, Verb::Pause) => "bucket_pause",
-            (Sized::Bucket { .. }, Verb::InForce) => "bucket_inforce",
+            (ScriptRule::Window, Verb::Take) => "take",
+            (ScriptRule::Window, Verb::Settle) => "settle",
+            (ScriptRule::Window, Verb::Pause) => "pause",
+            (ScriptRule::Window, Verb::InForce) => "inforce",
+            (ScriptRule::Spike { .. }, Verb::Take) => "spike_take",
+            (ScriptRule::Spike { .. }, Verb::Settle) => "spike_settle",
+            (ScriptRule::Spike { .. }, Verb::Pause) => "spike_pause",
+            (ScriptRule::Spike { .. }, Verb::InForce) => "spike_inforce",
+            (ScriptRule::Bucket { .. }, Verb::Take) => "bucket_take",
+            (ScriptRule::Bucket { .. }, Verb::Settle) => "bucket_settle",
+            (ScriptRule::Bucket { .. }, Verb::Pause) => "bucket_pause",
+            (ScriptRule::Bucket { .. }, Verb::InForce) => "bucket_inforce",
         }
     }
 
     /// Whether the rule keeps a window of occupancies (else only leases).
     pub(super) fn windowed(&self) -> bool {
-        matches!(self, Sized::Window)
+        matches!(self, ScriptRule::Window)
     }
 
     /// The two arguments that describe a drip rule to the script (the
     /// window rule's take passes its cap and headroom there instead).
     pub(super) fn params(&self) -> (String, String) {
         match *self {
-            Sized::Window => ("0".into(), "0".into()),
-            Sized::Spike { count } => (count.to_string(), "0".into()),
+            ScriptRule::Window => ("0".into(), "0".into()),
+            ScriptRule::Spike { count } => (count.to_string(), "0".into()),
             // `{}` of an f64 is the shortest text that reads back to it.
-            Sized::Bucket { capacity, rate } => (capacity.to_string(), rate.to_string()),
+            ScriptRule::Bucket { capacity, rate } => (capacity.to_string(), rate.to_string()),
         }
     }
 
@@ -111,7 +111,7 @@ impl Sized {
     /// sized for it (it is then not followed, as in-process).
     pub(super) fn shrunk(&self, count: u64, period: Duration) -> Option<Vec<String>> {
         match self {
-            Sized::Bucket { .. } => {
+            ScriptRule::Bucket { .. } => {
                 let r = Rate { count, period };
                 let b = TokenBucket::for_limit(r, None, false, std::time::Instant::now()).ok()?;
                 let span = (period + skew_allowance(period)).as_micros();
@@ -128,7 +128,7 @@ impl Sized {
     /// The bucket's steady pace, in calls a minute.
     pub(super) fn steady_per_min(&self) -> Option<f64> {
         match self {
-            Sized::Bucket { rate, .. } => Some(rate * 60.0),
+            ScriptRule::Bucket { rate, .. } => Some(rate * 60.0),
             _ => None,
         }
     }
@@ -156,20 +156,23 @@ mod tests {
 
     #[test]
     fn each_rule_has_its_ops_and_a_bucket_is_sized_as_in_process() {
-        let w = Sized::new(FleetRule::Window, per_second(10)).unwrap();
+        let w = ScriptRule::new(FleetRule::Window, per_second(10)).unwrap();
         assert_eq!(w.op(Verb::Take), "take");
-        let s = Sized::new(FleetRule::Spike, per_second(10)).unwrap();
+        let s = ScriptRule::new(FleetRule::Spike, per_second(10)).unwrap();
         assert_eq!(s.op(Verb::Pause), "spike_pause");
         assert_eq!(s.params().0, "10");
-        let b = Sized::new(FleetRule::Bucket { burst: Some(3) }, per_second(30)).unwrap();
+        let b = ScriptRule::new(FleetRule::Bucket { burst: Some(3) }, per_second(30)).unwrap();
         assert_eq!(b.op(Verb::InForce), "bucket_inforce");
-        let Sized::Bucket { capacity, rate } = b else {
+        let ScriptRule::Bucket { capacity, rate } = b else {
             panic!("{b:?}")
         };
         assert_eq!(capacity, 3);
         assert_eq!(b.params().1.parse::<f64>().unwrap(), rate);
-        assert!(Sized::new(FleetRule::Bucket { burst: Some(30) }, per_second(30)).is_err());
+        assert!(ScriptRule::new(FleetRule::Bucket { burst: Some(30) }, per_second(30)).is_err());
         // No limit: the concurrency ceiling alone, whatever the pacer.
-        assert_eq!(Sized::new(FleetRule::Spike, None).unwrap(), Sized::Window);
+        assert_eq!(
+            ScriptRule::new(FleetRule::Spike, None).unwrap(),
+            ScriptRule::Window
+        );
     }
 }

@@ -12,6 +12,7 @@ impl Build {
         Build(Scenario {
             limit,
             window,
+            further: Vec::new(),
             steps: Vec::new(),
         })
     }
@@ -146,6 +147,19 @@ pub fn granted_at_the_lowering_10_per_1s() -> Scenario {
         .0
 }
 
+/// 10 per 1 s and 15 per 3 s (`--limit` twice): the second window refuses
+/// once 15 occupy it though the first has room, and its places free 3 s
+/// after their responses.
+pub fn two_limits_10_per_1s_and_15_per_3s() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(10, 0).calls(5, 1000);
+    b.0.further = vec![(15, 3000)];
+    b.at(1000, Op::Take)
+        .at(2000, Op::Take)
+        .at(3000, Op::Take)
+        .at(3001, Op::Take)
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -161,6 +175,10 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         (
             "granted_at_the_lowering_10_per_1s",
             granted_at_the_lowering_10_per_1s(),
+        ),
+        (
+            "two_limits_10_per_1s_and_15_per_3s",
+            two_limits_10_per_1s_and_15_per_3s(),
         ),
     ]
 }

@@ -144,6 +144,22 @@ fn a_call_granted_in_the_instant_of_a_lowering_is_from_before_it() {
 }
 
 #[test]
+fn a_further_limit_refuses_when_it_is_full_though_the_first_has_room() {
+    let a = answers(&two_limits_10_per_1s_and_15_per_3s());
+    // 15 in 3 s: the 16th waits until the first ten end, 3 s after their
+    // responses, though the 1 s window had room since 2 s.
+    assert_eq!(
+        a[15..],
+        [
+            wait(2000),
+            wait(1000),
+            granted(10, 1, 0, false),
+            granted(10, 2, 0, false)
+        ]
+    );
+}
+
+#[test]
 fn the_spike_mirror_never_pays_back_a_call_in_flight() {
     let s = spike_10_per_1s();
     let a: Vec<Answer> = run(&s, &mut drip::InProcessSpike::new(&s))

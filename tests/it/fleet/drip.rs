@@ -11,14 +11,20 @@ use super::support::{fleet_name, Redis};
 use super::{assert_never_limited, assert_shards_did_each_item_once, run_all};
 
 /// The fleet's args for one process on `name`, of shard `shard` ("": none).
-fn spike_args<'a>(redis: &'a str, name: &'a str, limit: &'a str, shard: &'a str) -> Vec<&'a str> {
+fn spike_args<'a>(
+    redis: &'a str,
+    name: &'a str,
+    limit: &'a str,
+    shard: &'a str,
+    concurrency: &'a str,
+) -> Vec<&'a str> {
     let mut v = vec![
         "--pacer",
         "spike",
         "--limit",
         limit,
         "--concurrency",
-        "5",
+        concurrency,
         "--redis",
         redis,
         "--fleet-key",
@@ -53,7 +59,7 @@ async fn spike_fleet(redis: &Redis, limit: &str, procs: u64, n: u64) -> Duration
     };
     let cmds = shards
         .iter()
-        .map(|sh| s.cmd(&spike_args(&redis.url, &name, limit, sh)))
+        .map(|sh| s.cmd(&spike_args(&redis.url, &name, limit, sh, "5")))
         .collect();
     let (runs, took) = run_all(cmds);
     for r in &runs {
@@ -167,4 +173,107 @@ async fn spike_fleet_benchmark() {
         let took = spike_fleet(&redis, "10ps", procs, 100).await;
         eprintln!("spike through Redis, {procs} process(es): {took:?}");
     }
+}
+
+/// Redis forgetting a `--pacer spike` fleet mid-run (a `FLUSHALL`, or a
+/// `DEL` of the limit hash that holds the mirror's state): the processes
+/// notice, the mirror starts again empty after a window's hold, they put
+/// their calls in flight back, and the gateway refuses nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
+    let redis = Redis::start();
+    // A bucket of 10, and calls that reach the gateway up to 80 ms after
+    // their send: were the fleet to start again full with its calls in
+    // flight forgotten, they would clump with a bucket's worth of new ones.
+    let n = 200;
+    let sim = [
+        "--model",
+        "spike-arrest",
+        "--limit",
+        "100ps",
+        "--concurrency",
+        "20",
+        "--latency-in",
+        "0ms..80ms",
+        "--latency",
+        "1ms..5ms",
+    ];
+    for forget in ["flushall", "del"] {
+        let s = Scenario::new(&format!("fleet-spike-forgets-{forget}"))
+            .with_sim(&sim)
+            .numbers(n);
+        let name = fleet_name(forget);
+        let limit_key = batchrun::fleet::FleetKeys::named(&name).limit();
+        let cmds = (1..=2)
+            .map(|i| {
+                let shard = format!("{i}/2");
+                s.cmd(&spike_args(&redis.url, &name, "100ps", &shard, "20"))
+            })
+            .collect();
+        let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+        let out = s
+            .input_path()
+            .with_file_name("items.shard-1-of-2.results.jsonl");
+        wait_until(30, "30 results of shard 1", || {
+            std::fs::read_to_string(&out).is_ok_and(|t| t.lines().count() >= 30)
+        })
+        .await;
+        let mut c = redis.conn();
+        match forget {
+            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
+            _ => redis::cmd("DEL")
+                .arg(&limit_key)
+                .query::<()>(&mut c)
+                .unwrap(),
+        }
+        let (runs, _) = runner.await.unwrap();
+        for r in &runs {
+            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
+            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
+        }
+        let stats = s.sim().stats().await;
+        assert_eq!(stats["rejected_rate"], 0, "{forget}: {stats}");
+        assert_side_effects(&stats, n);
+        assert_shards_did_each_item_once(&s, 2, n);
+    }
+}
+
+/// Two limits at once through Redis (`--limit 20/1s --limit 30/3s`), two
+/// processes on one key against a sim that keeps both: a call goes only
+/// when both fleet-wide windows have room, so neither limit refuses one.
+#[tokio::test(flavor = "multi_thread")]
+async fn several_limits_through_redis_keep_every_window_for_two_processes() {
+    let redis = Redis::start();
+    let n = 90;
+    let limits = ["--limit", "20/1s", "--limit", "30/3s"];
+    let mut sim = limits.to_vec();
+    sim.extend(["--concurrency", "8", "--latency", "1ms..10ms"]);
+    let s = Scenario::new("fleet-two-limits").with_sim(&sim).numbers(n);
+    let name = fleet_name("limits");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut args = limits.to_vec();
+            args.extend(["--concurrency", "8", "--redis", &redis.url]);
+            args.extend(["--fleet-key", &name, "--shard", &shard]);
+            s.cmd(&args)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 20);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 2, n);
+    // The faster limit has a window of its own in Redis (the slower one,
+    // 10 a second, is the primary).
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(batchrun::fleet::FleetKeys::named(&name).further(20, 1000))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
 }

@@ -196,6 +196,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                 Scenario {
                     limit,
                     window,
+                    further: Vec::new(),
                     steps,
                 },
             )
@@ -217,4 +218,58 @@ fn the_script_and_the_drip_rules_answer_every_scenario_alike() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// The loss check for a drip rule, op by op on the script's clock: after a
+/// `FLUSHALL` the next take hears the fleet was forgotten, the mirror
+/// starts again empty and the fleet is held one window, and once the
+/// process has put its call in flight back, the drip still cannot pay
+/// that call back. Without the check, the take after the flush would be
+/// granted at once from a full bucket, beside a call the gateway may not
+/// have seen yet.
+#[test]
+fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_flight() {
+    let redis = Redis::start();
+    // 10 per 1 s: a bucket of 1, one call per 100 ms.
+    let s = Scenario {
+        limit: 10,
+        window: 1000,
+        further: Vec::new(),
+        steps: Vec::new(),
+    };
+    let mut lua = Lua::new(&redis, &s);
+    // take: id, messagesPerPeriod, unused, no ceiling, no settles, then a
+    // restore block, then the loss check (epoch heard, fresh, witness).
+    let mut take = |now: u64, id: &str, restore: &[&str], check: [&str; 3]| -> Vec<i64> {
+        lua.op(now, "spike_take", |inv| {
+            inv.arg(id).arg(10).arg(0).arg(0).arg(0);
+            inv.arg(0).arg(restore.len());
+            for r in restore {
+                inv.arg(*r).arg(3_600_000).arg(1);
+            }
+            inv.arg(check[0]).arg(check[1]).arg(check[2]);
+        })
+    };
+    assert_eq!(take(0, "a", &[], ["", "7", ""]), [1, 10, 1, 0, 0, 7]);
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    // Heard epoch 7, with "a" in flight: forgotten, a new epoch (8).
+    assert_eq!(take(10, "b", &[], ["7", "8", "a"]), [0, 1, 4, 8]);
+    // Putting "a" back: held until a window after the loss.
+    assert_eq!(take(11, "b", &["a"], ["", "9", ""]), [0, 999, 2, 8]);
+    // After the hold the empty bucket has refilled, but "a" is still out.
+    assert_eq!(take(1010, "b", &[], ["8", "9", "a"]), [0, 100, 2, 8]);
+    let settled: i64 = lua.op(1010, "spike_settle", |inv| {
+        inv.arg(1).arg("a").arg(0);
+    });
+    assert_eq!(settled, 1);
+    let mut take = |now: u64| -> Vec<i64> {
+        lua.op(now, "spike_take", |inv| {
+            inv.arg("b").arg(10).arg(0).arg(0).arg(0).arg(0).arg(0);
+            inv.arg("8").arg("9").arg("");
+        })
+    };
+    assert_eq!(take(1109), [0, 1, 2, 8]);
+    assert_eq!(take(1110), [1, 10, 1, 0, 0, 8]);
 }

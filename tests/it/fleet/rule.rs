@@ -21,7 +21,7 @@ const BASE: u64 = 1_700_000_000_000;
 pub(super) struct Lua {
     conn: redis::Connection,
     script: redis::Script,
-    keys: [String; 5],
+    keys: Vec<String>,
     args: ScriptArgs,
     pub(super) limit: u64,
     /// No limit reported yet: a 429 teaches one, as in the fleet pacer.
@@ -34,7 +34,12 @@ impl Lua {
         Lua {
             conn: redis.conn(),
             script: redis::Script::new(SCRIPT),
-            keys: FleetKeys::named(&fleet_name("rule")).pacer(),
+            keys: {
+                let k = FleetKeys::named(&fleet_name("rule"));
+                let mut keys = k.pacer().to_vec();
+                keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
+                keys
+            },
             // Calls in flight and leases outlast any scenario: neither is
             // part of the rule both stores share.
             args: ScriptArgs {
@@ -156,26 +161,34 @@ pub(super) fn op(window: u64) -> impl Strategy<Value = Op> {
 /// Steps often in one instant, else a few ms apart, now and then a window
 /// or two; a limit reported in half the scenarios.
 fn scenarios() -> impl Strategy<Value = Scenario> {
-    (1u64..=8, 20u64..=1500, any::<bool>()).prop_flat_map(|(limit, window, reports)| {
-        let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
-        let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
-        let op = prop_oneof![40 => op(window), u32::from(reports) => inforce];
-        proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
-            let mut at = 0;
-            let steps = steps
-                .into_iter()
-                .map(|(gap, op)| {
-                    at += gap;
-                    Step { at, op }
-                })
-                .collect();
-            Scenario {
-                limit,
-                window,
-                steps,
-            }
-        })
-    })
+    // A further limit in a third of them, two now and then.
+    let further = prop_oneof![
+        4 => Just(Vec::new()),
+        2 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=2),
+    ];
+    (1u64..=8, 20u64..=1500, any::<bool>(), further).prop_flat_map(
+        |(limit, window, reports, further)| {
+            let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
+            let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
+            let op = prop_oneof![40 => op(window), u32::from(reports) => inforce];
+            proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
+                let mut at = 0;
+                let steps = steps
+                    .into_iter()
+                    .map(|(gap, op)| {
+                        at += gap;
+                        Step { at, op }
+                    })
+                    .collect();
+                Scenario {
+                    limit,
+                    window,
+                    further: further.clone(),
+                    steps,
+                }
+            })
+        },
+    )
 }
 
 #[test]

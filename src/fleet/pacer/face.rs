@@ -1,0 +1,161 @@
+//! The fleet pacer's face to the pool: the [`Pacer`] the workers call,
+//! each method one or two runs of the script (see the parent module).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use tokio::time::Instant;
+
+use super::rule::Verb;
+use super::tasks::{Abandon, SharedTicket};
+use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
+use crate::fleet::script::millis;
+use crate::pace::{PaceError, PaceNote, Pacer, Permit};
+use crate::util::BoxFuture;
+
+impl Pacer for FleetPacer {
+    fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let id = inner.next_id();
+            let mut abandon = Abandon {
+                inner,
+                id: Some(id.clone()),
+            };
+            // While there is room every worker asks at once; once it must
+            // wait, it queues behind this process's one waiter at Redis.
+            let mut front = None;
+            let mut poll = POLL_FIRST;
+            loop {
+                match inner.try_take(&id, inner.cap).await? {
+                    Took::Granted => {
+                        abandon.id = None;
+                        return Ok(Permit::tracked(Box::new(SharedTicket {
+                            inner: inner.clone(),
+                            id,
+                        })));
+                    }
+                    // Queued for a while: look again before sleeping.
+                    Took::Wait(..) if front.is_none() => {
+                        front = Some(inner.front.lock().await);
+                    }
+                    Took::Wait(d, Why::Ceiling) => {
+                        tokio::time::sleep(d.min(poll)).await;
+                        poll = (poll * 2).min(POLL_MAX);
+                    }
+                    Took::Wait(d, _) => tokio::time::sleep(d).await,
+                }
+            }
+        })
+    }
+
+    fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let learn = if inner.secret.load(Ordering::SeqCst) {
+                inner.cap
+            } else {
+                0
+            };
+            let settles = inner.take_settles();
+            let (a, b) = inner.rule.params();
+            let v: Result<Vec<i64>, PaceError> = inner
+                .run(
+                    inner.rule.op(Verb::Pause),
+                    inner.fleet.redis_timeout(),
+                    |inv| {
+                        inv.arg(millis(for_));
+                        // The window rule may learn a limit; a drip rule's state
+                        // is made on first use from its sizing.
+                        if inner.rule.windowed() {
+                            inv.arg(learn);
+                        } else {
+                            inv.arg(&a).arg(&b);
+                        }
+                        inv.arg(settles.len());
+                        for (id, ago) in &settles {
+                            inv.arg(id).arg(*ago);
+                        }
+                    },
+                )
+                .await;
+            let v = v.inspect_err(|_| inner.requeue(settles))?;
+            let left = v.first().copied().unwrap_or(0).max(0) as u64;
+            let mut l = inner.lock();
+            l.paused_until = Some(Instant::now() + Duration::from_millis(left));
+            // This process's 429 taught the fleet a limit.
+            if let Some(&learnt) = v.get(1).filter(|&&n| n > 0) {
+                l.heard(learnt as u64, false);
+            }
+            Ok(())
+        })
+    }
+
+    fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            if !inner.rule.windowed() {
+                let queued = inner.lock().notes.pop_front();
+                return inner.drip_in_force(headers).await.or(queued);
+            }
+            if headers.contains_key(crate::wire::RATE_LIMIT_LIMIT)
+                || headers.contains_key(crate::wire::RATE_LIMIT_REMAINING)
+            {
+                inner.secret.store(false, Ordering::SeqCst);
+            }
+            if crate::wire::limit_remaining(headers) == Some(0) {
+                inner.hold().await;
+            }
+            let queued = inner.lock().notes.pop_front();
+            let Some(l) = crate::wire::limit_in_force(headers) else {
+                return queued;
+            };
+            // Only a change costs a round trip: most responses repeat it.
+            if inner.reported.swap(l, Ordering::SeqCst) == l {
+                return queued;
+            }
+            let told: Result<i64, PaceError> = inner
+                .run("inforce", Duration::from_secs(2), |inv| {
+                    inv.arg(l);
+                })
+                .await;
+            if told.is_err() {
+                // Tell the fleet again with the next response.
+                inner.reported.store(0, Ordering::SeqCst);
+                return queued;
+            }
+            let below = inner.configured == 0 || l < inner.configured;
+            below.then_some(PaceNote::LimitInForce(l)).or(queued)
+        })
+    }
+
+    fn steady_per_min(&self) -> Option<f64> {
+        self.inner.rule.steady_per_min()
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.inner.lock().paused_until.filter(|&u| u > now)
+    }
+
+    fn note(&self) -> Option<PaceNote> {
+        self.inner.lock().notes.pop_front()
+    }
+
+    fn learnt(&self) -> Option<u64> {
+        Some(self.inner.lock().learnt).filter(|&l| l > 0)
+    }
+
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // Redis already out of reach: one try, not a long wait.
+            let within = if self.inner.lock().lost {
+                Duration::ZERO
+            } else {
+                FLUSH_WITHIN
+            };
+            self.inner.flush_settles(within).await;
+        })
+    }
+}
