@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::input::Format;
 use crate::pace::PacerKind;
-use crate::rate::{Limit, Plan};
+use crate::rate::Plan;
 
 /// Push a file of items through a metered, rate-limited API as fast as the
 /// plan allows, without tripping it; stop cleanly when credits run out and
@@ -205,10 +205,12 @@ pub struct RunArgs {
     #[arg(long, value_enum, short = 'p', help_heading = "Pace")]
     pub plan: Option<Plan>,
 
-    /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
-    /// Repeatable (--limit 10/1s --limit 1000/1h): every call keeps each.
+    /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none,
+    /// optionally shaped: RATE[,sliding|fixed|bucket][,burst=N][,tokens] (30/1s,burst=5,
+    /// 1000/1d,fixed, 90000/1m,tokens). Repeatable (--limit 10/1s --limit 1000/1h):
+    /// every call keeps each.
     #[arg(long, short = 'l', action = clap::ArgAction::Append, help_heading = "Pace")]
-    pub limit: Vec<Limit>,
+    pub limit: Vec<crate::rate::policy::PolicySpec>,
 
     /// Workers (calls in flight at once), overriding the plan. Without it,
     /// --limit sizes the pool to the measured latency.

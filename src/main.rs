@@ -88,7 +88,10 @@ async fn run(args: RunArgs) -> i32 {
         let (_, concurrency) = settings::plan_limits(&args);
         let sim_args = batchrun::sim::SimArgs {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            limit: settings::all_limits(&args),
+            limit: settings::all_limits(&args)
+                .iter()
+                .map(|p| p.limit)
+                .collect(),
             concurrency: Some(concurrency),
             ..batchrun::sim::SimArgs::default()
         };

@@ -14,8 +14,9 @@ use tokio::time::Instant;
 
 use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::{ExactWindow, Learning};
+use crate::rate::policies::{Heard, PolicySet};
+use crate::rate::policy::PolicySpec;
 use crate::rate::spike_pace::SpikePace;
-use crate::rate::windows::{Heard, WindowSet};
 use crate::rate::{Limit, Rate};
 use crate::util::BoxFuture;
 
@@ -177,6 +178,12 @@ impl Default for Weight {
 pub trait Ticket: Send {
     /// The call's response arrived (or it gave up waiting) at `arrived`.
     fn complete(self: Box<Self>, arrived: Instant);
+    /// [`complete`](Self::complete), with the tokens the call really used
+    /// when the response said so. Pacers that count no tokens ignore it.
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+        let _ = used;
+        self.complete(arrived);
+    }
     /// The call was never sent: its place is free again.
     fn cancel(self: Box<Self>);
 }
@@ -214,6 +221,15 @@ impl Permit {
             t.complete(arrived);
         }
     }
+
+    /// [`complete`](Self::complete), settling the call at the tokens it
+    /// really `used` (from the response; `None`: the estimate stands), so
+    /// that a token policy counts what was spent.
+    pub fn complete_used(mut self, arrived: Instant, used: Option<u64>) {
+        if let Some(t) = self.ticket.take() {
+            t.complete_used(arrived, used);
+        }
+    }
 }
 
 impl Drop for Permit {
@@ -244,14 +260,15 @@ pub fn for_limit(
     for_limits(kind, limit, &[], burst, learnt, last_active, now_unix)
 }
 
-/// [`for_limit`] with `further` limits every call must keep as well
-/// (`--limit` given more than once; the window pacer only, which settings
-/// make sure of). `limit` is the primary one: it learns, and its pause is
-/// the pause of a 429.
+/// [`for_limit`] with the `policies` every call must keep (`--limit`,
+/// possibly several, with their shapes; the window pacer only, which
+/// settings make sure of), the primary one first; empty means a sliding
+/// window at `limit`. `limit` is the primary one's rate: its window learns,
+/// and its pause is the pause of a 429.
 pub fn for_limits(
     kind: PacerKind,
     limit: Limit,
-    further: &[Rate],
+    policies: &[PolicySpec],
     burst: Option<u64>,
     learnt: Option<u64>,
     last_active: Duration,
@@ -276,22 +293,26 @@ pub fn for_limits(
             Arc::new(BucketPacer::new(bucket, r.period))
         }
         PacerKind::Window => {
-            let mut w = ExactWindow::new(r.count, r.period, now).with_learnt(learnt);
+            let one = [PolicySpec::sliding(limit)];
+            let policies = if policies.is_empty() {
+                &one[..]
+            } else {
+                policies
+            };
+            let mut set = policy_set(policies, r, learnt, now);
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).
-            let shortest = further
+            let shortest = policies
                 .iter()
+                .filter_map(PolicySpec::rate)
                 .map(|f| f.period)
                 .fold(r.period, Duration::min);
             if !last_active.is_zero() && !busy_for(shortest).is_zero() {
-                w.hold_until(crate::rate::exact::later(now, busy_for(shortest)));
+                set.primary_mut()
+                    .hold_until(crate::rate::exact::later(now, busy_for(shortest)));
             }
-            let others = further
-                .iter()
-                .map(|f| ExactWindow::new(f.count, f.period, now))
-                .collect();
-            Arc::new(WindowPacer::of(WindowSet::new(w, others)))
+            Arc::new(WindowPacer::of(set))
         }
         PacerKind::Spike => {
             let p = if recent {
@@ -303,6 +324,33 @@ pub fn for_limits(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
+}
+
+/// The set of `policies` (the primary one first, of rate `r`): its
+/// sliding windows of calls as exact windows, the primary one first (the
+/// envelope of the primary policy when it is of another shape, see
+/// [`envelope`](crate::rate::kept::envelope)), every other shape kept.
+fn policy_set(
+    policies: &[PolicySpec],
+    r: Rate,
+    learnt: Option<u64>,
+    now: std::time::Instant,
+) -> PolicySet {
+    use crate::rate::kept::{envelope, is_sliding_calls, Kept};
+    let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
+    let primary = ExactWindow::new(n, w, now).with_learnt(learnt);
+    let others = policies[1..]
+        .iter()
+        .filter(|p| is_sliding_calls(p))
+        .filter_map(PolicySpec::rate)
+        .map(|f| ExactWindow::new(f.count, f.period, now))
+        .collect();
+    let kept = policies
+        .iter()
+        .filter(|p| !is_sliding_calls(p))
+        .filter_map(|p| Kept::new(*p))
+        .collect();
+    PolicySet::new(primary, others).with_kept(kept)
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic

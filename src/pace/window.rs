@@ -1,6 +1,7 @@
-//! The exact sliding-window pacer: the async face of
-//! [`WindowSet`](crate::rate::windows::WindowSet), one
-//! [`ExactWindow`](crate::rate::exact::ExactWindow) per limit. Waiting is a
+//! The default pacer: the async face of
+//! [`PolicySet`](crate::rate::policies::PolicySet), one
+//! [`ExactWindow`](crate::rate::exact::ExactWindow) per sliding window of
+//! calls and a [`Kept`](crate::rate::kept::Kept) policy per other shape. Waiting is a
 //! sleep until the instant the state machine names, cut short when a call
 //! ends or gives its place back.
 
@@ -10,23 +11,25 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
+use super::{
+    now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket, Weight,
+};
 use crate::rate::exact::ExactWindow;
-use crate::rate::windows::{Heard, Note, SetSlot, WindowSet};
+use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
-    guarded: Arc<Guarded<WindowSet>>,
+    guarded: Arc<Guarded<PolicySet>>,
 }
 
 impl WindowPacer {
     /// Paces to `window`.
     pub fn new(window: ExactWindow) -> WindowPacer {
-        WindowPacer::of(WindowSet::new(window, Vec::new()))
+        WindowPacer::of(PolicySet::new(window, Vec::new()))
     }
 
     /// Paces to every window of `set`.
-    pub fn of(set: WindowSet) -> WindowPacer {
+    pub fn of(set: PolicySet) -> WindowPacer {
         WindowPacer {
             guarded: Guarded::new(set),
         }
@@ -35,13 +38,19 @@ impl WindowPacer {
 
 /// One call's place in every window.
 struct WindowTicket {
-    guarded: Arc<Guarded<WindowSet>>,
+    guarded: Arc<Guarded<PolicySet>>,
     slot: SetSlot,
 }
 
 impl Ticket for WindowTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
-        self.guarded.lock().complete(self.slot, arrived.into_std());
+        self.complete_used(arrived, None);
+    }
+
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+        self.guarded
+            .lock()
+            .complete_used(self.slot, arrived.into_std(), used);
         // The place now has a known end, possibly sooner than a waiter
         // assumed for a call in flight.
         self.guarded.notify();
@@ -62,6 +71,7 @@ fn to_note(n: Note) -> PaceNote {
         Note::Heard(Heard::Lowered {
             quota,
             window: None,
+            tokens: false,
             ..
         }) => PaceNote::LimitInForce(quota),
         Note::Heard(h) => PaceNote::Heard(h),
@@ -70,8 +80,15 @@ fn to_note(n: Note) -> PaceNote {
 
 impl Pacer for WindowPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        self.take_weighted(Weight::default())
+    }
+
+    fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            let slot = self.guarded.take(|w, now| w.try_take(now)).await;
+            let slot = self
+                .guarded
+                .take(|w, now| w.try_take_weighted(now, weight.calls, weight.tokens))
+                .await;
             Ok(Permit::tracked(Box::new(WindowTicket {
                 guarded: self.guarded.clone(),
                 slot,
@@ -247,7 +264,11 @@ mod tests {
                 &rest[..],
                 [
                     PaceNote::Heard(Heard::Added { quota: 30, .. }),
-                    PaceNote::Heard(Heard::Tokens { .. })
+                    PaceNote::Heard(Heard::Added {
+                        quota: 9,
+                        tokens: true,
+                        ..
+                    })
                 ]
             ),
             "{rest:?}"

@@ -231,7 +231,7 @@ fn build_pacer(
         None => pace::for_limits(
             settings.pacer,
             settings.limit,
-            &settings.further_limits,
+            &settings.policies,
             settings.burst,
             meta.learnt_limit,
             Duration::from_millis(meta.last_active_unix_ms),

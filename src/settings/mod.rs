@@ -7,7 +7,7 @@
 mod limits;
 pub mod values;
 
-use limits::further_limits;
+use limits::checked_limits;
 pub use limits::{all_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START};
 
 use std::path::{Path, PathBuf};
@@ -22,7 +22,8 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::{Limit, Rate};
+use crate::rate::policy::PolicySpec;
+use crate::rate::Limit;
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 
@@ -68,9 +69,10 @@ pub struct Settings {
     pub concurrency: usize,
     /// Whether the calls in flight start at `concurrency` or grow to it.
     pub pool: PoolSize,
-    /// Limits every call must keep as well (`--limit` given more than once),
-    /// beyond the primary `limit`: the window pacer keeps them all.
-    pub further_limits: Vec<Rate>,
+    /// Every policy a call must keep (`--limit`, possibly several, with
+    /// their shapes), the primary one (whose rate is `limit`) first: the
+    /// window pacer keeps them all.
+    pub policies: Vec<PolicySpec>,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -288,7 +290,7 @@ impl Settings {
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
         let (limit, concurrency) = plan_limits(args);
-        let further_limits = further_limits(args)?;
+        let policies = checked_limits(args)?;
         if let (Some(b), Limit::Rate(r), PacerKind::Bucket) = (args.burst, limit, args.pacer) {
             TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
                 .map_err(|e| usage(e.to_string()))?;
@@ -338,19 +340,19 @@ impl Settings {
             input_name: input_name(&args.input),
             spooled: None,
             api_key_env: args.api_key_env.clone(),
-            limit_source: match (args.limit.is_empty(), further_limits.is_empty()) {
+            limit_source: match (args.limit.is_empty(), policies.len() < 2) {
                 (true, _) => format!("plan {}", args.plan().name()),
                 (false, true) => "--limit".to_string(),
                 (false, false) => format!(
                     "--limit, with {} too",
-                    further_limits
+                    policies[1..]
                         .iter()
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             },
-            further_limits,
+            policies,
             dry_run: args.dry_run,
             verbose: args.verbose,
             json: args.json,
@@ -679,16 +681,48 @@ mod tests {
         let a = limit_args(&["--limit", "20/1s", "--limit", "30/3s", "--limit", "1000/1h"]);
         let all: Vec<String> = all_limits(&a).iter().map(ToString::to_string).collect();
         assert_eq!(all, ["1000/1h", "30/3s", "20ps"]);
-        assert_eq!(further_limits(&a).unwrap().len(), 2);
+        assert_eq!(checked_limits(&a).unwrap().len(), 3);
         assert_eq!(
             all_limits(&limit_args(&[]))[0],
-            crate::rate::Plan::Free.limit()
+            PolicySpec::sliding(crate::rate::Plan::Free.limit())
         );
-        assert!(further_limits(&limit_args(&["--limit", "5ps"]))
-            .unwrap()
-            .is_empty());
+        assert_eq!(
+            checked_limits(&limit_args(&["--limit", "5ps"]))
+                .unwrap()
+                .len(),
+            1
+        );
         // One --limit with --redis is the fleet's usual case.
-        assert!(further_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+        assert!(checked_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+    }
+
+    #[test]
+    fn shapes_are_refused_where_they_cannot_be_kept() {
+        // A token policy is never the primary one while a call policy is given.
+        let a = limit_args(&["--limit", "90000/1m,tokens", "--limit", "30/1s,burst=5"]);
+        assert_eq!(all_limits(&a)[0].to_string(), "30ps,burst=5");
+        assert!(checked_limits(&a).is_ok());
+        for (extra, says) in [
+            (
+                &["--limit", "30/1s,burst=5", "--pacer", "bucket"][..],
+                "window pacer",
+            ),
+            (
+                &["--limit", "1000/1d,fixed", "--pacer", "spike"][..],
+                "window pacer",
+            ),
+            (
+                &["--limit", "9000/1m,tokens", "--redis", "redis://h"][..],
+                "--redis",
+            ),
+            (
+                &["--limit", "30/1s,bucket", "--redis", "redis://h"][..],
+                "--redis",
+            ),
+        ] {
+            let e = checked_limits(&limit_args(extra)).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra:?}: {e}");
+        }
     }
 
     #[test]
