@@ -224,6 +224,16 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "window", help_heading = "Pace")]
     pub pacer: PacerKind,
 
+    /// A call's estimated cost in tokens, from its item, for --limit ...,tokens:
+    /// numbers, field paths, chars(FIELD), + - * / (e.g. 'max_tokens + chars(prompt)/4').
+    #[arg(long, value_name = "EXPR", value_parser = crate::cli::parse_cost, help_heading = "Pace")]
+    pub cost: Option<crate::cost::CostExpr>,
+
+    /// Where a response body's JSON says what a call really cost (a JSON pointer;
+    /// token policies count it instead of the estimate).
+    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, help_heading = "Pace")]
+    pub usage: String,
+
     /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
     #[arg(long, help_heading = "Pace")]
     pub burst: Option<u64>,
@@ -498,6 +508,12 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--cost`: a usage error naming the expression when it cannot be read.
+pub(crate) fn parse_cost(s: &str) -> Result<crate::cost::CostExpr, String> {
+    s.parse()
+        .map_err(|e: crate::cost::CostParseError| e.to_string())
 }
 
 #[cfg(test)]

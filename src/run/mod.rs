@@ -292,6 +292,7 @@ fn build_pool(
                 max_wait: settings.max_wait,
             },
             verbose: settings.verbose,
+            cost: settings.costing.clone().map(Arc::new),
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),

@@ -18,7 +18,7 @@ use super::watch::{Heard, Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
-use crate::pace::{PaceError, Pacer, Permit};
+use crate::pace::{PaceError, Pacer, Permit, Weight};
 use crate::report::calls::Answer;
 use crate::request::RequestSpec;
 use crate::transport::{FailureKind, Request, Response, Transport};
@@ -32,6 +32,8 @@ pub struct PoolConfig {
     pub policy: Policy,
     /// One line per call (`-v`).
     pub verbose: bool,
+    /// What a call costs against token policies (`--cost`, `--usage`).
+    pub cost: Option<Arc<crate::cost::Costing>>,
 }
 
 /// Everything the workers share.
@@ -150,7 +152,21 @@ impl Pool {
                 }
                 return;
             };
-            let Some(permit) = self.pace(probing).await else {
+            let weight = match self.weigh(&item) {
+                Ok(w) => w,
+                Err(reason) => {
+                    self.emit(Event::Failed {
+                        line: item.line,
+                        status: None,
+                        reason,
+                        attempts: 0,
+                        unknown: false,
+                        digest: item.digest(),
+                    });
+                    return;
+                }
+            };
+            let Some(permit) = self.pace(probing, weight).await else {
                 return;
             };
             if !probing && !self.gate.is_running() {
@@ -171,6 +187,15 @@ impl Pool {
                 Next::Finished => return,
             }
         }
+    }
+
+    /// What the item's call weighs: one call, and its `--cost` in tokens.
+    fn weigh(&self, item: &Item) -> Result<Weight, String> {
+        let tokens = match &self.cfg.cost {
+            Some(c) => c.estimate(item)?,
+            None => 0,
+        };
+        Ok(Weight { calls: 1, tokens })
     }
 
     /// Acts on one call's outcome: [`react`] decides, this carries it out.
@@ -377,9 +402,9 @@ impl Pool {
 
     /// Waits for the pacer. None when the run stopped first (or the pacer
     /// failed, which stops it).
-    async fn pace(&self, probing: bool) -> Option<Permit> {
+    async fn pace(&self, probing: bool, weight: Weight) -> Option<Permit> {
         let taken = tokio::select! {
-            t = self.pacer.take() => t,
+            t = self.pacer.take_weighted(weight) => t,
             _ = self.gate.until_stopped() => {
                 if probing { self.gate.release_probe(); }
                 return None;
@@ -461,7 +486,8 @@ impl Pool {
         }
         let outcome = match result {
             Ok(resp) => {
-                permit.complete(Instant::now());
+                let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
+                permit.complete_used(Instant::now(), used);
                 self.read(resp).await
             }
             Err(e) if e.kind == FailureKind::Resources => {

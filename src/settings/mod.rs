@@ -73,6 +73,9 @@ pub struct Settings {
     /// their shapes), the primary one (whose rate is `limit`) first: the
     /// window pacer keeps them all.
     pub policies: Vec<PolicySpec>,
+    /// How calls are weighed in tokens, when a policy counts tokens or
+    /// `--cost` is given.
+    pub costing: Option<crate::cost::Costing>,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -352,6 +355,7 @@ impl Settings {
                         .join(", ")
                 ),
             },
+            costing: costing(args, &policies),
             policies,
             dry_run: args.dry_run,
             verbose: args.verbose,
@@ -571,6 +575,19 @@ fn fleet_settings(
         keys,
         redis_timeout: args.redis_timeout,
     }))
+}
+
+/// How calls are weighed in tokens: when a policy counts tokens or
+/// `--cost` is given.
+fn costing(args: &RunArgs, policies: &[PolicySpec]) -> Option<crate::cost::Costing> {
+    let tokens = policies
+        .iter()
+        .any(|p| p.unit == crate::rate::policy::Unit::Tokens);
+    (tokens || args.cost.is_some()).then(|| crate::cost::Costing {
+        expr: args.cost.clone(),
+        usage: args.usage.clone(),
+        file: input_name(&args.input),
+    })
 }
 
 #[cfg(test)]
