@@ -431,6 +431,11 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Credits")]
     pub wait_for_credits: bool,
 
+    /// When the server says a quota is used up until more than 15 minutes
+    /// from now (a daily limit), wait for it instead of halting (exit 75).
+    #[arg(long, help_heading = "Pace")]
+    pub wait_for_quota: bool,
+
     /// How often to probe while waiting for credits.
     #[arg(long, default_value = "5m", value_parser = parse_positive_duration, help_heading = "Credits")]
     pub probe_every: Duration,

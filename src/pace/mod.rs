@@ -52,6 +52,17 @@ pub enum PaceError {
     /// resumably instead.
     #[error("the pacer is unavailable: {0}")]
     Unavailable(String),
+    /// The server says a quota is used up and resets too far away to wait
+    /// for (`--wait-for-quota` waits): the run stops resumably.
+    #[error("the server says its limit {name:?} is used up until {resets_at} (in {}): halted rather than wait (--wait-for-quota waits for it)", humantime::format_duration(*in_))]
+    QuotaExhausted {
+        /// The policy's name in the headers.
+        name: String,
+        /// When it resets (RFC 3339, UTC).
+        resets_at: String,
+        /// How long until then, in whole seconds.
+        in_: Duration,
+    },
 }
 
 /// Something a pacer learnt that the operator should hear. A pacer never
@@ -257,7 +268,11 @@ pub fn for_limit(
     last_active: Duration,
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
-    for_limits(kind, limit, &[], burst, learnt, last_active, now_unix)
+    let p = Policies {
+        specs: &[],
+        wait_for_quota: false,
+    };
+    for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
 }
 
 /// [`for_limit`] with the `policies` every call must keep (`--limit`,
@@ -268,7 +283,7 @@ pub fn for_limit(
 pub fn for_limits(
     kind: PacerKind,
     limit: Limit,
-    policies: &[PolicySpec],
+    policies: Policies<'_>,
     burst: Option<u64>,
     learnt: Option<u64>,
     last_active: Duration,
@@ -294,10 +309,11 @@ pub fn for_limits(
         }
         PacerKind::Window => {
             let one = [PolicySpec::sliding(limit)];
-            let policies = if policies.is_empty() {
+            let wait_for_quota = policies.wait_for_quota;
+            let policies = if policies.specs.is_empty() {
                 &one[..]
             } else {
-                policies
+                policies.specs
             };
             let mut set = policy_set(policies, r, learnt, now);
             // Held for the shortest window only: a burst overruns that one,
@@ -312,7 +328,7 @@ pub fn for_limits(
                 set.primary_mut()
                     .hold_until(crate::rate::exact::later(now, busy_for(shortest)));
             }
-            Arc::new(WindowPacer::of(set))
+            Arc::new(WindowPacer::of(set).waiting_for_quota(wait_for_quota))
         }
         PacerKind::Spike => {
             let p = if recent {
@@ -324,6 +340,17 @@ pub fn for_limits(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
+}
+
+/// The policies a window pacer keeps, and what it does when one is used up.
+#[derive(Debug, Clone, Copy)]
+pub struct Policies<'a> {
+    /// Every policy, the primary one first (empty: a sliding window at the
+    /// primary limit).
+    pub specs: &'a [PolicySpec],
+    /// `--wait-for-quota`: wait for a used-up quota however far its reset,
+    /// instead of failing takes (which halts the run resumably).
+    pub wait_for_quota: bool,
 }
 
 /// The set of `policies` (the primary one first, of rate `r`): its

@@ -20,6 +20,8 @@ use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
     guarded: Arc<Guarded<PolicySet>>,
+    /// `--wait-for-quota`: a used-up quota is waited for, however long.
+    wait_for_quota: bool,
 }
 
 impl WindowPacer {
@@ -32,7 +34,15 @@ impl WindowPacer {
     pub fn of(set: PolicySet) -> WindowPacer {
         WindowPacer {
             guarded: Guarded::new(set),
+            wait_for_quota: false,
         }
+    }
+
+    /// Waits for a used-up quota however far away it resets, instead of
+    /// failing takes (which halts the run resumably).
+    pub fn waiting_for_quota(mut self, wait: bool) -> WindowPacer {
+        self.wait_for_quota = wait;
+        self
     }
 }
 
@@ -63,6 +73,17 @@ impl Ticket for WindowTicket {
     }
 }
 
+/// The error a take fails with while a quota is used up beyond the bound.
+fn quota_error(e: &crate::rate::policies::Exhausted, now: std::time::Instant) -> PaceError {
+    let in_ = Duration::from_secs(e.until.saturating_duration_since(now).as_secs());
+    let at = std::time::SystemTime::now() + in_;
+    PaceError::QuotaExhausted {
+        name: e.name.clone(),
+        resets_at: humantime::format_rfc3339_seconds(at).to_string(),
+        in_,
+    }
+}
+
 /// A note for the run: a lowering of the primary window without a stated
 /// window is said as it always was.
 fn to_note(n: Note) -> PaceNote {
@@ -85,10 +106,16 @@ impl Pacer for WindowPacer {
 
     fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
+            let wait = self.wait_for_quota;
             let slot = self
                 .guarded
-                .take(|w, now| w.try_take_weighted(now, weight.calls, weight.tokens))
-                .await;
+                .take(|w, now| match w.exhausted(now) {
+                    Some(e) if !wait => Ok(Err(quota_error(e, now))),
+                    _ => w
+                        .try_take_weighted(now, weight.calls, weight.tokens)
+                        .map(Ok),
+                })
+                .await?;
             Ok(Permit::tracked(Box::new(WindowTicket {
                 guarded: self.guarded.clone(),
                 slot,
@@ -110,7 +137,10 @@ impl Pacer for WindowPacer {
         let policies = crate::rate::announce::read(headers, crate::util::unix_now());
         let mut s = self.guarded.lock();
         // A report can replace a lower learnt limit; then waiters may go.
+        let exhausted = s.exhausted(now).is_some();
         let grew = s.announce(&policies, now);
+        // Waiters held by the quota learn it is too far away to wait for.
+        let grew = grew || (!exhausted && s.exhausted(now).is_some());
         let note = s.take_note(now).map(to_note);
         drop(s);
         if grew {
@@ -337,5 +367,28 @@ mod tests {
         let t0 = Instant::now();
         let a = greedy(p.clone(), 4, 0, t0 + Duration::from_millis(900)).await;
         assert_eq!(a.len(), 3, "paced to the learnt limit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quota_used_up_for_an_hour_fails_takes_unless_told_to_wait() {
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-limit", "100".parse().unwrap());
+        h.insert("x-ratelimit-remaining", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset", "3600".parse().unwrap());
+        let p = pacer(100, Duration::from_secs(60));
+        p.observe(&h).await;
+        let e = p.take().await.unwrap_err();
+        assert!(
+            matches!(&e, PaceError::QuotaExhausted { in_, .. } if *in_ == Duration::from_secs(3600)),
+            "{e}"
+        );
+        let waits = Arc::new(
+            WindowPacer::new(ExactWindow::new(100, Duration::from_secs(60), now_std()))
+                .waiting_for_quota(true),
+        );
+        waits.observe(&h).await;
+        let t0 = Instant::now();
+        call(waits.as_ref()).await;
+        assert_eq!(Instant::now(), t0 + Duration::from_secs(3600));
     }
 }

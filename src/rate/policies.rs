@@ -36,6 +36,22 @@ pub const MAX_WINDOWS: usize = 8;
 /// A hold longer than this is worth telling the operator about.
 const LONG_HOLD: Duration = Duration::from_secs(60);
 
+/// A used-up quota that resets further away than this cannot refill within
+/// a run worth waiting in: the run halts resumably instead (unless told to
+/// wait), as it does when credits run out.
+pub const QUOTA_BOUND: Duration = Duration::from_secs(15 * 60);
+
+/// A policy the server says is used up, resetting beyond [`QUOTA_BOUND`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    /// The policy's name in the headers.
+    pub name: String,
+    /// How long from when it was heard until it resets.
+    pub for_: Duration,
+    /// When it resets.
+    pub until: Instant,
+}
+
 /// One call's place in every window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SetSlot(u64);
@@ -67,6 +83,8 @@ pub struct PolicySet {
     announced: bool,
     /// What was said already.
     said: HashSet<String>,
+    /// The latest used-up quota resetting beyond [`QUOTA_BOUND`].
+    exhausted: Option<Exhausted>,
     heard: VecDeque<Heard>,
 }
 
@@ -84,6 +102,7 @@ impl PolicySet {
             next: 0,
             announced: false,
             said: HashSet::new(),
+            exhausted: None,
             heard: VecDeque::new(),
         }
     }
@@ -278,6 +297,7 @@ impl PolicySet {
                 }
                 Some(r) => {
                     w.hold_until(later(now, r));
+                    self.used_up(p, r, now);
                     if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                         self.heard.push_back(Heard::Exhausted {
                             name: p.name.clone(),
@@ -287,6 +307,23 @@ impl PolicySet {
                 }
             }
         }
+    }
+
+    /// A used-up quota that resets in `r`: remembered when beyond the bound.
+    fn used_up(&mut self, p: &Announced, r: Duration, now: Instant) {
+        let until = later(now, r);
+        if r > QUOTA_BOUND && self.exhausted.as_ref().map_or(true, |e| e.until < until) {
+            self.exhausted = Some(Exhausted {
+                name: p.name.clone(),
+                for_: r,
+                until,
+            });
+        }
+    }
+
+    /// The used-up quota that resets beyond [`QUOTA_BOUND`], while it lasts.
+    pub fn exhausted(&self, now: Instant) -> Option<&Exhausted> {
+        self.exhausted.as_ref().filter(|e| e.until > now)
     }
 
     /// The window a quota without a window is read against: the one whose

@@ -231,7 +231,10 @@ fn build_pacer(
         None => pace::for_limits(
             settings.pacer,
             settings.limit,
-            &settings.policies,
+            pace::Policies {
+                specs: &settings.policies,
+                wait_for_quota: settings.wait_for_quota,
+            },
             settings.burst,
             meta.learnt_limit,
             Duration::from_millis(meta.last_active_unix_ms),

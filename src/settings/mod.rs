@@ -76,6 +76,8 @@ pub struct Settings {
     /// How calls are weighed in tokens, when a policy counts tokens or
     /// `--cost` is given.
     pub costing: Option<crate::cost::Costing>,
+    /// `--wait-for-quota`: wait for a used-up quota however far its reset.
+    pub wait_for_quota: bool,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -356,6 +358,7 @@ impl Settings {
                 ),
             },
             costing: costing(args, &policies),
+            wait_for_quota: args.wait_for_quota,
             policies,
             dry_run: args.dry_run,
             verbose: args.verbose,

@@ -148,3 +148,16 @@ async fn an_item_its_cost_cannot_be_read_from_fails_naming_its_line() {
     assert!(failures.contains("in.jsonl:2"), "{failures}");
     assert!(failures.contains("max_tokens"), "{failures}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
+    let s = Scenario::new("policies-daily")
+        .with_sim(&["--limit", "5/1d", "--dialect", "github"])
+        .numbers(8);
+    let r = s.run(&["--limit", "5/1d", "--concurrency", "1"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert!(r.stderr.contains("used up until"), "{}", r.stderr);
+    assert!(r.stderr.contains("--wait-for-quota"), "{}", r.stderr);
+}

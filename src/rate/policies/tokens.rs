@@ -116,6 +116,7 @@ impl PolicySet {
         }
         if p.remaining == Some(0) {
             self.kept[i].hold_until(later(now, reset));
+            self.used_up(p, reset, now);
             if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                 self.heard.push_back(Heard::Exhausted {
                     name: p.name.clone(),
