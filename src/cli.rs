@@ -231,7 +231,7 @@ pub struct RunArgs {
 
     /// Where a response body's JSON says what a call really cost (a JSON pointer;
     /// token policies count it instead of the estimate).
-    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, help_heading = "Pace")]
+    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, value_parser = crate::cli::parse_usage, help_heading = "Pace")]
     pub usage: String,
 
     /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
@@ -513,6 +513,15 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.
+pub(crate) fn parse_usage(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.starts_with('/') {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a JSON pointer: it starts with / (such as /usage/total_tokens), or is empty for none"))
+    }
 }
 
 /// `--cost`: a usage error naming the expression when it cannot be read.

@@ -13,11 +13,11 @@ use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
 use crate::rate::bucket::{SizingError, TokenBucket};
-use crate::rate::exact::{ExactWindow, Learning};
-use crate::rate::policies::{Heard, PolicySet};
+use crate::rate::exact::Learning;
+use crate::rate::policies::Heard;
 use crate::rate::policy::PolicySpec;
 use crate::rate::spike_pace::SpikePace;
-use crate::rate::{Limit, Rate};
+use crate::rate::Limit;
 use crate::util::BoxFuture;
 
 mod bucket;
@@ -28,7 +28,7 @@ mod window;
 pub use bucket::BucketPacer;
 pub use spike::SpikePacer;
 pub use unpaced::Unpaced;
-pub use window::WindowPacer;
+pub use window::{Policies, WindowPacer};
 
 /// Which pacer paces a limited run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -315,7 +315,7 @@ pub fn for_limits(
             } else {
                 policies.specs
             };
-            let mut set = policy_set(policies, r, learnt, now);
+            let mut set = window::policy_set(policies, r, learnt, now);
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).
@@ -340,44 +340,6 @@ pub fn for_limits(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
-}
-
-/// The policies a window pacer keeps, and what it does when one is used up.
-#[derive(Debug, Clone, Copy)]
-pub struct Policies<'a> {
-    /// Every policy, the primary one first (empty: a sliding window at the
-    /// primary limit).
-    pub specs: &'a [PolicySpec],
-    /// `--wait-for-quota`: wait for a used-up quota however far its reset,
-    /// instead of failing takes (which halts the run resumably).
-    pub wait_for_quota: bool,
-}
-
-/// The set of `policies` (the primary one first, of rate `r`): its
-/// sliding windows of calls as exact windows, the primary one first (the
-/// envelope of the primary policy when it is of another shape, see
-/// [`envelope`](crate::rate::kept::envelope)), every other shape kept.
-fn policy_set(
-    policies: &[PolicySpec],
-    r: Rate,
-    learnt: Option<u64>,
-    now: std::time::Instant,
-) -> PolicySet {
-    use crate::rate::kept::{envelope, is_sliding_calls, Kept};
-    let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
-    let primary = ExactWindow::new(n, w, now).with_learnt(learnt);
-    let others = policies[1..]
-        .iter()
-        .filter(|p| is_sliding_calls(p))
-        .filter_map(PolicySpec::rate)
-        .map(|f| ExactWindow::new(f.count, f.period, now))
-        .collect();
-    let kept = policies
-        .iter()
-        .filter(|p| !is_sliding_calls(p))
-        .filter_map(|p| Kept::new(*p))
-        .collect();
-    PolicySet::new(primary, others).with_kept(kept)
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic

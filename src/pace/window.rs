@@ -16,6 +16,8 @@ use super::{
 };
 use crate::rate::exact::ExactWindow;
 use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
+use crate::rate::policy::PolicySpec;
+use crate::rate::Rate;
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
@@ -44,6 +46,45 @@ impl WindowPacer {
         self.wait_for_quota = wait;
         self
     }
+}
+
+/// The policies a window pacer keeps, and what it does when one is used up.
+#[derive(Debug, Clone, Copy)]
+pub struct Policies<'a> {
+    /// Every policy, the primary one first (empty: a sliding window at the
+    /// primary limit).
+    pub specs: &'a [PolicySpec],
+    /// `--wait-for-quota`: wait for a used-up quota however far its reset,
+    /// instead of failing takes (which halts the run resumably).
+    pub wait_for_quota: bool,
+}
+
+/// The set of `policies` (the primary one first, of rate `r`): its
+/// sliding windows of calls as exact windows, the primary one first (the
+/// envelope of the primary policy when it is of another shape, see
+/// [`envelope`](crate::rate::kept::envelope)), every other shape kept.
+pub(super) fn policy_set(
+    policies: &[PolicySpec],
+    r: Rate,
+    learnt: Option<u64>,
+    now: std::time::Instant,
+) -> PolicySet {
+    use crate::rate::kept::{envelope, is_sliding_calls, Kept};
+    use crate::rate::policy::PolicySpec;
+    let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
+    let primary = ExactWindow::new(n, w, now).with_learnt(learnt);
+    let others = policies[1..]
+        .iter()
+        .filter(|p| is_sliding_calls(p))
+        .filter_map(PolicySpec::rate)
+        .map(|f| ExactWindow::new(f.count, f.period, now))
+        .collect();
+    let kept = policies
+        .iter()
+        .filter(|p| !is_sliding_calls(p))
+        .filter_map(|p| Kept::new(*p))
+        .collect();
+    PolicySet::new(primary, others).with_kept(kept)
 }
 
 /// One call's place in every window.

@@ -109,7 +109,9 @@ proptest! {
 
     #[test]
     fn several_policies_at_once_are_each_kept(
-        f in fates(400, ms(300)),
+        // Latency varying within the bucket's allowance (50 ms): the
+        // windows' own tests take any latency.
+        f in fates(400, ms(50)),
         workers in 1usize..16,
         plan in proptest::collection::vec(0u64..=60, 1..8),
     ) {
@@ -149,8 +151,6 @@ proptest! {
             prop_assert_eq!(judge_fixed(&by_call, 50, ms(3000), t0 + ms(phase)), Ok(()));
             prop_assert_eq!(judge_fixed(&by_token, 2000, ms(10_000), t0 + ms(phase * 3)), Ok(()));
         }
-        // The bucket's own allowance is 50 ms; these latencies vary more,
-        // but the 20/1s window keeps the bucket of 25/1s far from full.
         prop_assert_eq!(judge_gcra(&by_call, crate::rate::Rate { count: 25, period: ms(1000) }, 8), Ok(()));
         prop_assert_eq!(judge_sliding(&by_token, 300, ms(1000)), Ok(()));
     }
