@@ -88,9 +88,17 @@ async fn run(args: RunArgs) -> i32 {
         let (_, concurrency) = settings::plan_limits(&args);
         let sim_args = batchrun::sim::SimArgs {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            // Until the sim models every shape, a rehearsal's sim keeps each
+            // policy's envelope: the most calls any span of its window can
+            // hold, which the client never exceeds.
             limit: settings::all_limits(&args)
                 .iter()
-                .map(|p| p.limit)
+                .map(|p| match batchrun::rate::kept::envelope(p) {
+                    Some((count, period)) => {
+                        batchrun::rate::Limit::Rate(batchrun::rate::Rate { count, period })
+                    }
+                    None => p.limit,
+                })
                 .collect(),
             concurrency: Some(concurrency),
             ..batchrun::sim::SimArgs::default()

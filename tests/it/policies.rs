@@ -161,3 +161,21 @@ async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
     assert!(r.stderr.contains("used up until"), "{}", r.stderr);
     assert!(r.stderr.contains("--wait-for-quota"), "{}", r.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rehearsal_of_a_bucket_told_its_burst_sees_no_429() {
+    let s = Scenario::new("policies-rehearsal").numbers(40);
+    let out = bin()
+        .arg(s.input_path())
+        .args(["--sim", "--limit", "30/1s,burst=5", "-c", "5", "--json"])
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .env_remove("BATCHRUN_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 40, "{summary}");
+    assert_eq!(summary["rate_limited"], 0, "{summary}");
+}
