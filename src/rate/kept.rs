@@ -171,6 +171,15 @@ impl Kept {
         }
     }
 
+    /// Units occupying at `now`, for a window (`None` for a bucket).
+    pub fn used(&mut self, now: Instant) -> Option<u64> {
+        match &mut self.rule {
+            Rule::Sliding(t, _) => Some(t.used(now)),
+            Rule::Fixed(f) => Some(f.tally_mut().used(now)),
+            Rule::Bucket(_) => None,
+        }
+    }
+
     /// Whether this is a fixed window.
     pub fn is_fixed(&self) -> bool {
         matches!(self.rule, Rule::Fixed(_))

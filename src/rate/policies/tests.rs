@@ -319,3 +319,32 @@ impl Client for Announcing {
         self.set.cancel(slot);
     }
 }
+
+#[test]
+fn a_token_remaining_below_what_was_counted_counts_the_rest_as_spent() {
+    let t0 = Instant::now();
+    let mut s = set(&[(100, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(
+        "1000/1m,tokens".parse().unwrap(),
+    )
+    .unwrap()]);
+    let slot = s.try_take_weighted(t0, 1, 100).unwrap();
+    s.complete(slot, t0);
+    // The server says 300 are left of 1000: 600 more were spent elsewhere.
+    let tokens = Announced {
+        unit: Unit::Tokens,
+        ..calls_policy(1000, None, Some(300))
+    };
+    s.announce(std::slice::from_ref(&tokens), t0);
+    assert!(s.try_take_weighted(t0, 1, 301).is_err());
+    let slot = s.try_take_weighted(t0, 1, 300).unwrap();
+    s.complete(slot, t0);
+    // Said again with what this client spent since: nothing more counts.
+    s.announce(
+        &[Announced {
+            remaining: Some(0),
+            ..tokens
+        }],
+        t0,
+    );
+    assert_eq!(s.kept()[0].clone().used(t0), Some(1000));
+}

@@ -98,6 +98,7 @@ impl PolicySet {
                 });
             }
         }
+        self.spent_elsewhere(i, p, now);
         let Some(reset) = p.reset_in.filter(|r| !r.is_zero()) else {
             return;
         };
@@ -123,6 +124,22 @@ impl PolicySet {
                     for_: reset,
                 });
             }
+        }
+    }
+
+    /// The server says less is left than this client counts spent: the
+    /// rest was spent elsewhere (another client on the key, or calls that
+    /// cost more than estimated), and counts as spent now. Counting what
+    /// this client spent itself again only errs on the slow side.
+    fn spent_elsewhere(&mut self, i: usize, p: &Announced, now: Instant) {
+        let k = &mut self.kept[i];
+        let (Some(left), Some(ours)) = (p.remaining, k.used(now)) else {
+            return;
+        };
+        let quota = p.quota.unwrap_or(k.quota()).min(k.quota());
+        let spent = quota.saturating_sub(left);
+        if spent > ours {
+            k.admit_answered(now, spent - ours);
         }
     }
 
