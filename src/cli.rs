@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::input::Format;
 use crate::pace::PacerKind;
-use crate::rate::{Limit, Plan};
+use crate::rate::Plan;
 
 /// Push a file of items through a metered, rate-limited API as fast as the
 /// plan allows, without tripping it; stop cleanly when credits run out and
@@ -205,10 +205,12 @@ pub struct RunArgs {
     #[arg(long, value_enum, short = 'p', help_heading = "Pace")]
     pub plan: Option<Plan>,
 
-    /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none.
-    /// Repeatable (--limit 10/1s --limit 1000/1h): every call keeps each.
+    /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none,
+    /// optionally shaped: RATE[,sliding|fixed|bucket][,burst=N][,tokens] (30/1s,burst=5,
+    /// 1000/1d,fixed, 90000/1m,tokens). Repeatable (--limit 10/1s --limit 1000/1h):
+    /// every call keeps each.
     #[arg(long, short = 'l', action = clap::ArgAction::Append, help_heading = "Pace")]
-    pub limit: Vec<Limit>,
+    pub limit: Vec<crate::rate::policy::PolicySpec>,
 
     /// Workers (calls in flight at once), overriding the plan. Without it,
     /// --limit sizes the pool to the measured latency.
@@ -221,6 +223,16 @@ pub struct RunArgs {
     /// policy's messagesPerPeriod).
     #[arg(long, value_enum, default_value = "window", help_heading = "Pace")]
     pub pacer: PacerKind,
+
+    /// A call's estimated cost in tokens, from its item, for --limit ...,tokens:
+    /// numbers, field paths, chars(FIELD), + - * / (e.g. 'max_tokens + chars(prompt)/4').
+    #[arg(long, value_name = "EXPR", value_parser = crate::cli::parse_cost, help_heading = "Pace")]
+    pub cost: Option<crate::cost::CostExpr>,
+
+    /// Where a response body's JSON says what a call really cost (a JSON pointer;
+    /// token policies count it instead of the estimate).
+    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, value_parser = crate::cli::parse_usage, help_heading = "Pace")]
+    pub usage: String,
 
     /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
     #[arg(long, help_heading = "Pace")]
@@ -474,6 +486,11 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Credits")]
     pub wait_for_credits: bool,
 
+    /// When the server says a quota is used up until more than 15 minutes
+    /// from now (a daily limit), wait for it instead of halting (exit 75).
+    #[arg(long, help_heading = "Pace")]
+    pub wait_for_quota: bool,
+
     /// How often to probe while waiting for credits.
     #[arg(long, default_value = "5m", value_parser = parse_positive_duration, help_heading = "Credits")]
     pub probe_every: Duration,
@@ -551,6 +568,21 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.
+pub(crate) fn parse_usage(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.starts_with('/') {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a JSON pointer: it starts with / (such as /usage/total_tokens), or is empty for none"))
+    }
+}
+
+/// `--cost`: a usage error naming the expression when it cannot be read.
+pub(crate) fn parse_cost(s: &str) -> Result<crate::cost::CostExpr, String> {
+    s.parse()
+        .map_err(|e: crate::cost::CostParseError| e.to_string())
 }
 
 #[cfg(test)]

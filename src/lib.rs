@@ -17,6 +17,7 @@
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
+pub mod cost;
 pub mod credits;
 pub mod exit;
 pub mod fleet;

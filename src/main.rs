@@ -88,10 +88,7 @@ async fn run(args: RunArgs) -> i32 {
         let (_, concurrency) = settings::plan_limits(&args);
         let sim_args = batchrun::sim::SimArgs {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            limit: settings::all_limits(&args)
-                .into_iter()
-                .map(batchrun::rate::policy::PolicySpec::from)
-                .collect(),
+            limit: settings::all_limits(&args),
             concurrency: Some(concurrency),
             ..batchrun::sim::SimArgs::default()
         };

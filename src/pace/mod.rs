@@ -13,10 +13,11 @@ use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
 use crate::rate::bucket::{SizingError, TokenBucket};
-use crate::rate::exact::{ExactWindow, Learning};
+use crate::rate::exact::Learning;
+use crate::rate::policies::Heard;
+use crate::rate::policy::PolicySpec;
 use crate::rate::spike_pace::SpikePace;
-use crate::rate::windows::{Heard, WindowSet};
-use crate::rate::{Limit, Rate};
+use crate::rate::Limit;
 use crate::util::BoxFuture;
 
 mod bucket;
@@ -27,7 +28,7 @@ mod window;
 pub use bucket::BucketPacer;
 pub use spike::SpikePacer;
 pub use unpaced::Unpaced;
-pub use window::WindowPacer;
+pub use window::{Policies, WindowPacer};
 
 /// Which pacer paces a limited run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -51,6 +52,17 @@ pub enum PaceError {
     /// resumably instead.
     #[error("the pacer is unavailable: {0}")]
     Unavailable(String),
+    /// The server says a quota is used up and resets too far away to wait
+    /// for (`--wait-for-quota` waits): the run stops resumably.
+    #[error("the server says its limit {name:?} is used up until {resets_at} (in {}): halted rather than wait (--wait-for-quota waits for it)", humantime::format_duration(*in_))]
+    QuotaExhausted {
+        /// The policy's name in the headers.
+        name: String,
+        /// When it resets (RFC 3339, UTC).
+        resets_at: String,
+        /// How long until then, in whole seconds.
+        in_: Duration,
+    },
 }
 
 /// Something a pacer learnt that the operator should hear. A pacer never
@@ -177,6 +189,12 @@ impl Default for Weight {
 pub trait Ticket: Send {
     /// The call's response arrived (or it gave up waiting) at `arrived`.
     fn complete(self: Box<Self>, arrived: Instant);
+    /// [`complete`](Self::complete), with the tokens the call really used
+    /// when the response said so. Pacers that count no tokens ignore it.
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+        let _ = used;
+        self.complete(arrived);
+    }
     /// The call was never sent: its place is free again.
     fn cancel(self: Box<Self>);
 }
@@ -214,6 +232,15 @@ impl Permit {
             t.complete(arrived);
         }
     }
+
+    /// [`complete`](Self::complete), settling the call at the tokens it
+    /// really `used` (from the response; `None`: the estimate stands), so
+    /// that a token policy counts what was spent.
+    pub fn complete_used(mut self, arrived: Instant, used: Option<u64>) {
+        if let Some(t) = self.ticket.take() {
+            t.complete_used(arrived, used);
+        }
+    }
 }
 
 impl Drop for Permit {
@@ -241,17 +268,22 @@ pub fn for_limit(
     last_active: Duration,
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
-    for_limits(kind, limit, &[], burst, learnt, last_active, now_unix)
+    let p = Policies {
+        specs: &[],
+        wait_for_quota: false,
+    };
+    for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
 }
 
-/// [`for_limit`] with `further` limits every call must keep as well
-/// (`--limit` given more than once; the window pacer only, which settings
-/// make sure of). `limit` is the primary one: it learns, and its pause is
-/// the pause of a 429.
+/// [`for_limit`] with the `policies` every call must keep (`--limit`,
+/// possibly several, with their shapes; the window pacer only, which
+/// settings make sure of), the primary one first; empty means a sliding
+/// window at `limit`. `limit` is the primary one's rate: its window learns,
+/// and its pause is the pause of a 429.
 pub fn for_limits(
     kind: PacerKind,
     limit: Limit,
-    further: &[Rate],
+    policies: Policies<'_>,
     burst: Option<u64>,
     learnt: Option<u64>,
     last_active: Duration,
@@ -276,22 +308,27 @@ pub fn for_limits(
             Arc::new(BucketPacer::new(bucket, r.period))
         }
         PacerKind::Window => {
-            let mut w = ExactWindow::new(r.count, r.period, now).with_learnt(learnt);
+            let one = [PolicySpec::sliding(limit)];
+            let wait_for_quota = policies.wait_for_quota;
+            let policies = if policies.specs.is_empty() {
+                &one[..]
+            } else {
+                policies.specs
+            };
+            let mut set = window::policy_set(policies, r, learnt, now);
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).
-            let shortest = further
+            let shortest = policies
                 .iter()
+                .filter_map(PolicySpec::rate)
                 .map(|f| f.period)
                 .fold(r.period, Duration::min);
             if !last_active.is_zero() && !busy_for(shortest).is_zero() {
-                w.hold_until(crate::rate::exact::later(now, busy_for(shortest)));
+                set.primary_mut()
+                    .hold_until(crate::rate::exact::later(now, busy_for(shortest)));
             }
-            let others = further
-                .iter()
-                .map(|f| ExactWindow::new(f.count, f.period, now))
-                .collect();
-            Arc::new(WindowPacer::of(WindowSet::new(w, others)))
+            Arc::new(WindowPacer::of(set).waiting_for_quota(wait_for_quota))
         }
         PacerKind::Spike => {
             let p = if recent {

@@ -1,6 +1,7 @@
-//! The exact sliding-window pacer: the async face of
-//! [`WindowSet`](crate::rate::windows::WindowSet), one
-//! [`ExactWindow`](crate::rate::exact::ExactWindow) per limit. Waiting is a
+//! The default pacer: the async face of
+//! [`PolicySet`](crate::rate::policies::PolicySet), one
+//! [`ExactWindow`](crate::rate::exact::ExactWindow) per sliding window of
+//! calls and a [`Kept`](crate::rate::kept::Kept) policy per other shape. Waiting is a
 //! sleep until the instant the state machine names, cut short when a call
 //! ends or gives its place back.
 
@@ -10,38 +11,97 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket};
+use super::{
+    now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket, Weight,
+};
 use crate::rate::exact::ExactWindow;
-use crate::rate::windows::{Heard, Note, SetSlot, WindowSet};
+use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
+use crate::rate::policy::PolicySpec;
+use crate::rate::Rate;
 
 /// The exact sliding-window pacer, shared by every worker.
 pub struct WindowPacer {
-    guarded: Arc<Guarded<WindowSet>>,
+    guarded: Arc<Guarded<PolicySet>>,
+    /// `--wait-for-quota`: a used-up quota is waited for, however long.
+    wait_for_quota: bool,
 }
 
 impl WindowPacer {
     /// Paces to `window`.
     pub fn new(window: ExactWindow) -> WindowPacer {
-        WindowPacer::of(WindowSet::new(window, Vec::new()))
+        WindowPacer::of(PolicySet::new(window, Vec::new()))
     }
 
     /// Paces to every window of `set`.
-    pub fn of(set: WindowSet) -> WindowPacer {
+    pub fn of(set: PolicySet) -> WindowPacer {
         WindowPacer {
             guarded: Guarded::new(set),
+            wait_for_quota: false,
         }
     }
+
+    /// Waits for a used-up quota however far away it resets, instead of
+    /// failing takes (which halts the run resumably).
+    pub fn waiting_for_quota(mut self, wait: bool) -> WindowPacer {
+        self.wait_for_quota = wait;
+        self
+    }
+}
+
+/// The policies a window pacer keeps, and what it does when one is used up.
+#[derive(Debug, Clone, Copy)]
+pub struct Policies<'a> {
+    /// Every policy, the primary one first (empty: a sliding window at the
+    /// primary limit).
+    pub specs: &'a [PolicySpec],
+    /// `--wait-for-quota`: wait for a used-up quota however far its reset,
+    /// instead of failing takes (which halts the run resumably).
+    pub wait_for_quota: bool,
+}
+
+/// The set of `policies` (the primary one first, of rate `r`): its
+/// sliding windows of calls as exact windows, the primary one first (the
+/// envelope of the primary policy when it is of another shape, see
+/// [`envelope`](crate::rate::kept::envelope)), every other shape kept.
+pub(super) fn policy_set(
+    policies: &[PolicySpec],
+    r: Rate,
+    learnt: Option<u64>,
+    now: std::time::Instant,
+) -> PolicySet {
+    use crate::rate::kept::{envelope, is_sliding_calls, Kept};
+    use crate::rate::policy::PolicySpec;
+    let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
+    let primary = ExactWindow::new(n, w, now).with_learnt(learnt);
+    let others = policies[1..]
+        .iter()
+        .filter(|p| is_sliding_calls(p))
+        .filter_map(PolicySpec::rate)
+        .map(|f| ExactWindow::new(f.count, f.period, now))
+        .collect();
+    let kept = policies
+        .iter()
+        .filter(|p| !is_sliding_calls(p))
+        .filter_map(|p| Kept::new(*p))
+        .collect();
+    PolicySet::new(primary, others).with_kept(kept)
 }
 
 /// One call's place in every window.
 struct WindowTicket {
-    guarded: Arc<Guarded<WindowSet>>,
+    guarded: Arc<Guarded<PolicySet>>,
     slot: SetSlot,
 }
 
 impl Ticket for WindowTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
-        self.guarded.lock().complete(self.slot, arrived.into_std());
+        self.complete_used(arrived, None);
+    }
+
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+        self.guarded
+            .lock()
+            .complete_used(self.slot, arrived.into_std(), used);
         // The place now has a known end, possibly sooner than a waiter
         // assumed for a call in flight.
         self.guarded.notify();
@@ -54,6 +114,17 @@ impl Ticket for WindowTicket {
     }
 }
 
+/// The error a take fails with while a quota is used up beyond the bound.
+fn quota_error(e: &crate::rate::policies::Exhausted, now: std::time::Instant) -> PaceError {
+    let in_ = Duration::from_secs(e.until.saturating_duration_since(now).as_secs());
+    let at = std::time::SystemTime::now() + in_;
+    PaceError::QuotaExhausted {
+        name: e.name.clone(),
+        resets_at: humantime::format_rfc3339_seconds(at).to_string(),
+        in_,
+    }
+}
+
 /// A note for the run: a lowering of the primary window without a stated
 /// window is said as it always was.
 fn to_note(n: Note) -> PaceNote {
@@ -62,6 +133,7 @@ fn to_note(n: Note) -> PaceNote {
         Note::Heard(Heard::Lowered {
             quota,
             window: None,
+            tokens: false,
             ..
         }) => PaceNote::LimitInForce(quota),
         Note::Heard(h) => PaceNote::Heard(h),
@@ -70,8 +142,21 @@ fn to_note(n: Note) -> PaceNote {
 
 impl Pacer for WindowPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        self.take_weighted(Weight::default())
+    }
+
+    fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
-            let slot = self.guarded.take(|w, now| w.try_take(now)).await;
+            let wait = self.wait_for_quota;
+            let slot = self
+                .guarded
+                .take(|w, now| match w.exhausted(now) {
+                    Some(e) if !wait => Ok(Err(quota_error(e, now))),
+                    _ => w
+                        .try_take_weighted(now, weight.calls, weight.tokens)
+                        .map(Ok),
+                })
+                .await?;
             Ok(Permit::tracked(Box::new(WindowTicket {
                 guarded: self.guarded.clone(),
                 slot,
@@ -93,7 +178,10 @@ impl Pacer for WindowPacer {
         let policies = crate::rate::announce::read(headers, crate::util::unix_now());
         let mut s = self.guarded.lock();
         // A report can replace a lower learnt limit; then waiters may go.
+        let exhausted = s.exhausted(now).is_some();
         let grew = s.announce(&policies, now);
+        // Waiters held by the quota learn it is too far away to wait for.
+        let grew = grew || (!exhausted && s.exhausted(now).is_some());
         let note = s.take_note(now).map(to_note);
         drop(s);
         if grew {
@@ -247,7 +335,11 @@ mod tests {
                 &rest[..],
                 [
                     PaceNote::Heard(Heard::Added { quota: 30, .. }),
-                    PaceNote::Heard(Heard::Tokens { .. })
+                    PaceNote::Heard(Heard::Added {
+                        quota: 9,
+                        tokens: true,
+                        ..
+                    })
                 ]
             ),
             "{rest:?}"
@@ -316,5 +408,28 @@ mod tests {
         let t0 = Instant::now();
         let a = greedy(p.clone(), 4, 0, t0 + Duration::from_millis(900)).await;
         assert_eq!(a.len(), 3, "paced to the learnt limit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quota_used_up_for_an_hour_fails_takes_unless_told_to_wait() {
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-limit", "100".parse().unwrap());
+        h.insert("x-ratelimit-remaining", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset", "3600".parse().unwrap());
+        let p = pacer(100, Duration::from_secs(60));
+        p.observe(&h).await;
+        let e = p.take().await.unwrap_err();
+        assert!(
+            matches!(&e, PaceError::QuotaExhausted { in_, .. } if *in_ == Duration::from_secs(3600)),
+            "{e}"
+        );
+        let waits = Arc::new(
+            WindowPacer::new(ExactWindow::new(100, Duration::from_secs(60), now_std()))
+                .waiting_for_quota(true),
+        );
+        waits.observe(&h).await;
+        let t0 = Instant::now();
+        call(waits.as_ref()).await;
+        assert_eq!(Instant::now(), t0 + Duration::from_secs(3600));
     }
 }

@@ -1,6 +1,6 @@
 //! Pure rate logic: limits and plans, the client pacers (token bucket, exact
-//! sliding window, spike-arrest mirror), the server-side sliding window and
-//! spike-arrest models, backoff and Retry-After parsing.
+//! sliding window, fixed window, GCRA bucket, the set of policies of every
+//! shape, spike-arrest mirror), backoff and Retry-After parsing.
 //!
 //! Nothing in here sleeps or reads a clock: every function that depends on time
 //! takes `now` as an argument, so it is tested on a fake clock with no runtime.
@@ -9,13 +9,17 @@ pub mod announce;
 pub mod backoff;
 pub mod bucket;
 pub mod exact;
+pub mod fixed;
+pub mod gcra;
+pub mod kept;
+pub mod policies;
 pub mod policy;
 pub mod retry_after;
 pub mod scenario;
 pub mod spike_pace;
+pub mod tally;
 #[cfg(test)]
 pub(crate) mod testing;
-pub mod windows;
 
 use std::fmt;
 use std::str::FromStr;

@@ -21,7 +21,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::exact::{ExactWindow, Learning};
-use super::windows::{SetSlot, WindowSet};
+use super::policies::{PolicySet, SetSlot};
 
 pub mod design;
 pub mod drip;
@@ -264,9 +264,9 @@ impl Calls {
 }
 
 /// The in-process store: an [`ExactWindow`] on the scenario's clock, in a
-/// [`WindowSet`] with one more for each further limit.
+/// [`PolicySet`] with one more for each further limit.
 pub struct InProcess {
-    w: WindowSet,
+    w: PolicySet,
     t0: Instant,
     slots: HashMap<u64, SetSlot>,
     /// Whether the learnt limit has settled, as its events said.
@@ -278,7 +278,7 @@ impl InProcess {
     pub fn new(s: &Scenario) -> InProcess {
         let t0 = Instant::now();
         InProcess {
-            w: WindowSet::new(
+            w: PolicySet::new(
                 ExactWindow::new(s.limit, Duration::from_millis(s.window), t0),
                 s.further
                     .iter()

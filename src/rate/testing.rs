@@ -196,3 +196,158 @@ pub fn check_windows(calls: &[Call], window: Duration) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A call as the server saw it, with its weight: (arrival, weight).
+pub type Weighed = (Instant, u64);
+
+/// The arrivals of `calls` that reached the server, with the weight each
+/// was taken with, sorted by arrival.
+pub fn weighed(calls: &[Call], weights: &[u64]) -> Vec<Weighed> {
+    let mut a: Vec<Weighed> = calls
+        .iter()
+        .zip(weights)
+        .filter_map(|(c, &w)| c.arrival.map(|a| (a, w)))
+        .collect();
+    a.sort();
+    a
+}
+
+/// A reference server counting a sliding window: no span shorter than
+/// `window` holds more than `quota` units.
+pub fn judge_sliding(a: &[Weighed], quota: u64, window: Duration) -> Result<(), String> {
+    let mut from = 0;
+    let mut sum = 0u64;
+    for (i, &(t, w)) in a.iter().enumerate() {
+        sum += w;
+        while t - a[from].0 >= window {
+            sum -= a[from].1;
+            from += 1;
+        }
+        if sum > quota {
+            return Err(format!("{sum} units within {window:?} up to arrival {i}"));
+        }
+    }
+    Ok(())
+}
+
+/// A reference server counting fixed windows `[origin + k·W, …)`.
+pub fn judge_fixed(
+    a: &[Weighed],
+    quota: u64,
+    window: Duration,
+    origin: Instant,
+) -> Result<(), String> {
+    let mut counts = std::collections::HashMap::<i128, u64>::new();
+    for &(t, w) in a {
+        let d = if t >= origin {
+            (t - origin).as_nanos() as i128
+        } else {
+            -((origin - t).as_nanos() as i128)
+        };
+        let k = d.div_euclid(window.as_nanos() as i128);
+        let c = counts.entry(k).or_default();
+        *c += w;
+        if *c > quota {
+            return Err(format!("{c} units in fixed window {k}"));
+        }
+    }
+    Ok(())
+}
+
+/// A reference GCRA as nginx keeps it (the sim's level arithmetic): a
+/// call of `w` units passes when `max(0, level − drained) + w ≤ burst + 1`.
+pub fn judge_gcra(a: &[Weighed], rate: super::Rate, burst: u64) -> Result<(), String> {
+    let unit = rate.period.as_nanos();
+    let per_nano = u128::from(rate.count);
+    let cap = u128::from(burst + 1) * unit;
+    let mut level = 0u128;
+    let mut last: Option<Instant> = None;
+    for (i, &(t, w)) in a.iter().enumerate() {
+        let drained = last.map_or(0, |l| (t - l).as_nanos() * per_nano);
+        let next = level.saturating_sub(drained) + u128::from(w) * unit;
+        if next > cap {
+            return Err(format!(
+                "arrival {i} refused: level {:.3} over {}",
+                next as f64 / unit as f64,
+                burst + 1
+            ));
+        }
+        level = next;
+        last = Some(t);
+    }
+    Ok(())
+}
+
+/// Greedy calls of given weights through any pacer with weights: the
+/// [`Client`] face of `take(now, weight)`, remembering the weight of each
+/// call sent, in the order [`drive`] records them.
+pub struct Weights<S, T, C, X> {
+    /// The pacer.
+    pub inner: S,
+    /// Weights to give calls, in turn (cycled).
+    pub plan: Vec<u64>,
+    /// The weight of each call sent (not cancelled), in send order.
+    pub sent: Vec<u64>,
+    taken: usize,
+    take: T,
+    complete: C,
+    cancel: X,
+    open: Vec<(u64, usize)>,
+}
+
+impl<S, T, C, X> Weights<S, T, C, X>
+where
+    T: FnMut(&mut S, Instant, u64) -> Result<u64, Instant>,
+    C: FnMut(&mut S, u64, Instant),
+    X: FnMut(&mut S, u64),
+{
+    /// Wraps `inner`.
+    pub fn new(inner: S, plan: Vec<u64>, take: T, complete: C, cancel: X) -> Self {
+        Weights {
+            inner,
+            plan,
+            sent: Vec::new(),
+            taken: 0,
+            take,
+            complete,
+            cancel,
+            open: Vec::new(),
+        }
+    }
+}
+
+impl<S, T, C, X> Client for Weights<S, T, C, X>
+where
+    T: FnMut(&mut S, Instant, u64) -> Result<u64, Instant>,
+    C: FnMut(&mut S, u64, Instant),
+    X: FnMut(&mut S, u64),
+{
+    type Slot = u64;
+
+    fn try_take(&mut self, now: Instant) -> Result<u64, Instant> {
+        let w = self.plan[self.taken % self.plan.len()];
+        let id = (self.take)(&mut self.inner, now, w)?;
+        self.taken += 1;
+        self.open.push((id, self.sent.len()));
+        self.sent.push(w);
+        Ok(id)
+    }
+
+    fn complete(&mut self, slot: u64, at: Instant, _refused: bool) {
+        (self.complete)(&mut self.inner, slot, at);
+    }
+
+    fn cancel(&mut self, slot: u64) {
+        (self.cancel)(&mut self.inner, slot);
+        // The driver records no call for it: forget its weight.
+        if let Some(p) = self.open.iter().position(|&(id, _)| id == slot) {
+            let (_, i) = self.open.remove(p);
+            self.sent.remove(i);
+            for o in &mut self.open {
+                if o.1 > i {
+                    o.1 -= 1;
+                }
+            }
+        }
+    }
+}

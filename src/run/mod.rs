@@ -239,13 +239,21 @@ fn build_pacer(
                 timeout: settings.timeout,
             },
             crate::fleet::pacer::FleetRule::of(settings.pacer, settings.burst),
-            &settings.further_limits,
+            &settings
+                .policies
+                .iter()
+                .skip(1)
+                .filter_map(|p| p.rate())
+                .collect::<Vec<_>>(),
         )
         .map_err(|e| RunError::Usage(e.to_string())),
         None => pace::for_limits(
             settings.pacer,
             settings.limit,
-            &settings.further_limits,
+            pace::Policies {
+                specs: &settings.policies,
+                wait_for_quota: settings.wait_for_quota,
+            },
             settings.burst,
             meta.learnt_limit,
             Duration::from_millis(meta.last_active_unix_ms),
@@ -306,6 +314,7 @@ fn build_pool(
                 max_wait: settings.max_wait,
             },
             verbose: settings.verbose,
+            cost: settings.costing.clone().map(Arc::new),
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),

@@ -32,6 +32,8 @@ pub struct PoolConfig {
     pub policy: Policy,
     /// One line per call (`-v`).
     pub verbose: bool,
+    /// What a call costs against token policies (`--cost`, `--usage`).
+    pub cost: Option<Arc<crate::cost::Costing>>,
 }
 
 /// Everything the workers share.
@@ -150,7 +152,21 @@ impl Pool {
                 }
                 return;
             };
-            let Some(permit) = self.pace(probing, Weight::default()).await else {
+            let weight = match self.weigh(&item) {
+                Ok(w) => w,
+                Err(reason) => {
+                    self.emit(Event::Failed {
+                        line: item.line,
+                        status: None,
+                        reason,
+                        attempts: 0,
+                        unknown: false,
+                        digest: item.digest(),
+                    });
+                    return;
+                }
+            };
+            let Some(permit) = self.pace(probing, weight).await else {
                 return;
             };
             if !probing && !self.gate.is_running() {
@@ -171,6 +187,15 @@ impl Pool {
                 Next::Finished => return,
             }
         }
+    }
+
+    /// What the item's call weighs: one call, and its `--cost` in tokens.
+    fn weigh(&self, item: &Item) -> Result<Weight, String> {
+        let tokens = match &self.cfg.cost {
+            Some(c) => c.estimate(item)?,
+            None => 0,
+        };
+        Ok(Weight { calls: 1, tokens })
     }
 
     /// Acts on one call's outcome: [`react`] decides, this carries it out.
@@ -480,7 +505,8 @@ impl Pool {
         }
         let outcome = match result {
             Ok(resp) => {
-                permit.complete(Instant::now());
+                let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
+                permit.complete_used(Instant::now(), used);
                 self.read(resp, batch).await
             }
             Err(e) if e.kind == FailureKind::Resources => {

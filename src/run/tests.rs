@@ -63,6 +63,7 @@ async fn run_pool(
                 max_wait: Duration::from_secs(600),
             },
             verbose: false,
+            cost: None,
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),

@@ -1,10 +1,12 @@
-//! The limits and the pool size the options ask for: the primary limit
-//! and the further ones, and how many calls go in flight.
+//! The limits and the pool size the options ask for: the policies
+//! (`--limit`, with their shapes), the primary one among them, and how
+//! many calls go in flight.
 
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::pace::PacerKind;
-use crate::rate::{Limit, Plan, Rate};
+use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::{Limit, Plan};
 
 /// The most calls in flight a pool sized by `--limit` grows to when no plan
 /// bounds it: enough for 100 calls a second at a second's latency.
@@ -20,7 +22,7 @@ pub const GROWN_POOL_START: usize = 4;
 /// limit's need ([`pool_size`]): at most the plan's ceiling when a plan is
 /// given, else [`GROWN_POOL_CAP`] (never more than a window holds).
 pub fn plan_limits(args: &RunArgs) -> (Limit, usize) {
-    let limit = all_limits(args)[0];
+    let limit = all_limits(args)[0].limit;
     let given = (!args.limit.is_empty()).then_some(limit);
     let most = match (args.concurrency, args.plan, given) {
         (Some(c), _, _) => c,
@@ -45,48 +47,65 @@ pub enum PoolSize {
 
 /// How `args` size the pool, given the most calls in flight `most`.
 pub fn pool_size(args: &RunArgs, most: usize) -> PoolSize {
-    match (args.concurrency, args.limit.first()) {
+    match (args.concurrency, args.limit.first().map(|p| p.limit)) {
         (None, Some(Limit::Rate(_))) => PoolSize::Grows(GROWN_POOL_START.min(most)),
         _ => PoolSize::Fixed,
     }
 }
 
-/// Every limit the options ask for, the primary one first (the plan's
-/// when no `--limit` is given). Never empty.
-pub fn all_limits(args: &RunArgs) -> Vec<Limit> {
+/// Every policy the options ask for, the primary one first (the plan's
+/// sliding window when no `--limit` is given): the slowest policy of calls
+/// in calls per second, else the first. Never empty.
+pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
     let mut all = args.limit.clone();
     if all.is_empty() {
-        all.push(args.plan().limit());
+        all.push(PolicySpec::sliding(args.plan().limit()));
     }
+    let per_second = |p: &PolicySpec| match (p.unit, p.rate()) {
+        (Unit::Calls, Some(r)) => r.per_second(),
+        _ => f64::INFINITY,
+    };
     let slowest = all
         .iter()
         .enumerate()
-        .min_by(|a, b| {
-            let per_second = |l: &Limit| l.rate().map_or(f64::INFINITY, |r| r.per_second());
-            per_second(a.1).total_cmp(&per_second(b.1))
-        })
+        .min_by(|a, b| per_second(a.1).total_cmp(&per_second(b.1)))
         .map_or(0, |(i, _)| i);
     all.swap(0, slowest);
     all
 }
 
-/// The limits beyond the primary one, refused where they cannot be kept:
-/// each must be a rate, the window pacer is the one that keeps several,
-/// and a fleet (`--redis`) keeps each in Redis.
-pub(super) fn further_limits(args: &RunArgs) -> Result<Vec<Rate>, RunError> {
+/// Every policy, the primary first, refused where they cannot be kept:
+/// `none` stands alone, the window pacer is the one that keeps several and
+/// every shape, and the fleet keeps one sliding window of calls for now.
+pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
-    if all.len() < 2 {
-        return Ok(Vec::new());
-    }
-    if all.contains(&Limit::Unlimited) {
+    let shaped: Vec<String> = all
+        .iter()
+        .filter(|p| p.shape != Shape::Sliding || p.unit != Unit::Calls)
+        .map(ToString::to_string)
+        .collect();
+    let fleet = args.redis.as_ref().is_some_and(|u| !u.trim().is_empty());
+    if all.len() > 1 && all.iter().any(|p| p.limit == Limit::Unlimited) {
         return Err(super::usage(
             "--limit none cannot be combined with other --limit values".to_string(),
         ));
     }
-    if args.pacer != PacerKind::Window {
+    if args.pacer != PacerKind::Window && !shaped.is_empty() {
+        return Err(super::usage(format!(
+            "--limit {} names a shape or tokens, which the window pacer keeps only: drop --pacer, or give a plain rate such as 30/1s",
+            shaped.join(", ")
+        )));
+    }
+    if all.len() > 1 && args.pacer != PacerKind::Window {
         return Err(super::usage(
             "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
         ));
     }
-    Ok(all[1..].iter().filter_map(Limit::rate).collect())
+    if fleet && !shaped.is_empty() {
+        return Err(super::usage(format!(
+            "the fleet (--redis) paces to sliding windows of calls for now: --limit {} cannot be kept with --redis",
+            shaped.join(", ")
+        )));
+    }
+    Ok(all)
 }

@@ -7,7 +7,7 @@
 mod limits;
 pub mod values;
 
-use limits::further_limits;
+use limits::checked_limits;
 pub use limits::{all_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START};
 
 use std::path::{Path, PathBuf};
@@ -22,7 +22,8 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::{Limit, Rate};
+use crate::rate::policy::PolicySpec;
+use crate::rate::Limit;
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
 
@@ -65,9 +66,15 @@ pub struct Settings {
     pub concurrency: usize,
     /// Whether the calls in flight start at `concurrency` or grow to it.
     pub pool: PoolSize,
-    /// Limits every call must keep as well (`--limit` given more than once),
-    /// beyond the primary `limit`: the window pacer keeps them all.
-    pub further_limits: Vec<Rate>,
+    /// Every policy a call must keep (`--limit`, possibly several, with
+    /// their shapes), the primary one (whose rate is `limit`) first: the
+    /// window pacer keeps them all.
+    pub policies: Vec<PolicySpec>,
+    /// How calls are weighed in tokens, when a policy counts tokens or
+    /// `--cost` is given.
+    pub costing: Option<crate::cost::Costing>,
+    /// `--wait-for-quota`: wait for a used-up quota however far its reset.
+    pub wait_for_quota: bool,
     /// Which pacer paces a limited run.
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
@@ -316,7 +323,7 @@ impl Settings {
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
         let (limit, concurrency) = plan_limits(args);
-        let further_limits = further_limits(args)?;
+        let policies = checked_limits(args)?;
         if let (Some(b), Limit::Rate(r), PacerKind::Bucket) = (args.burst, limit, args.pacer) {
             TokenBucket::for_limit(r, Some(b), false, std::time::Instant::now())
                 .map_err(|e| usage(e.to_string()))?;
@@ -366,19 +373,21 @@ impl Settings {
             input_name: input_name(&args.input),
             spooled: None,
             api_key_env: args.api_key_env.clone(),
-            limit_source: match (args.limit.is_empty(), further_limits.is_empty()) {
+            limit_source: match (args.limit.is_empty(), policies.len() < 2) {
                 (true, _) => format!("plan {}", args.plan().name()),
                 (false, true) => "--limit".to_string(),
                 (false, false) => format!(
                     "--limit, with {} too",
-                    further_limits
+                    policies[1..]
                         .iter()
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             },
-            further_limits,
+            costing: costing(args, &policies),
+            wait_for_quota: args.wait_for_quota,
+            policies,
             dry_run: args.dry_run,
             batch: batch_spec(args)?,
             verbose: args.verbose,
@@ -585,6 +594,19 @@ fn fleet_settings(
     }))
 }
 
+/// How calls are weighed in tokens: when a policy counts tokens or
+/// `--cost` is given.
+fn costing(args: &RunArgs, policies: &[PolicySpec]) -> Option<crate::cost::Costing> {
+    let tokens = policies
+        .iter()
+        .any(|p| p.unit == crate::rate::policy::Unit::Tokens);
+    (tokens || args.cost.is_some()).then(|| crate::cost::Costing {
+        expr: args.cost.clone(),
+        usage: args.usage.clone(),
+        file: input_name(&args.input),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -693,16 +715,48 @@ mod tests {
         let a = limit_args(&["--limit", "20/1s", "--limit", "30/3s", "--limit", "1000/1h"]);
         let all: Vec<String> = all_limits(&a).iter().map(ToString::to_string).collect();
         assert_eq!(all, ["1000/1h", "30/3s", "20ps"]);
-        assert_eq!(further_limits(&a).unwrap().len(), 2);
+        assert_eq!(checked_limits(&a).unwrap().len(), 3);
         assert_eq!(
             all_limits(&limit_args(&[]))[0],
-            crate::rate::Plan::Free.limit()
+            PolicySpec::sliding(crate::rate::Plan::Free.limit())
         );
-        assert!(further_limits(&limit_args(&["--limit", "5ps"]))
-            .unwrap()
-            .is_empty());
+        assert_eq!(
+            checked_limits(&limit_args(&["--limit", "5ps"]))
+                .unwrap()
+                .len(),
+            1
+        );
         // One --limit with --redis is the fleet's usual case.
-        assert!(further_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+        assert!(checked_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+    }
+
+    #[test]
+    fn shapes_are_refused_where_they_cannot_be_kept() {
+        // A token policy is never the primary one while a call policy is given.
+        let a = limit_args(&["--limit", "90000/1m,tokens", "--limit", "30/1s,burst=5"]);
+        assert_eq!(all_limits(&a)[0].to_string(), "30ps,burst=5");
+        assert!(checked_limits(&a).is_ok());
+        for (extra, says) in [
+            (
+                &["--limit", "30/1s,burst=5", "--pacer", "bucket"][..],
+                "window pacer",
+            ),
+            (
+                &["--limit", "1000/1d,fixed", "--pacer", "spike"][..],
+                "window pacer",
+            ),
+            (
+                &["--limit", "9000/1m,tokens", "--redis", "redis://h"][..],
+                "--redis",
+            ),
+            (
+                &["--limit", "30/1s,bucket", "--redis", "redis://h"][..],
+                "--redis",
+            ),
+        ] {
+            let e = checked_limits(&limit_args(extra)).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra:?}: {e}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod identity;
 mod nightly;
 mod operator;
 mod pacing;
+mod policies;
 mod pool;
 mod reruns;
 mod run;

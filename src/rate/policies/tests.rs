@@ -6,10 +6,10 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn set(limits: &[(u64, u64)], now: Instant) -> WindowSet {
+fn set(limits: &[(u64, u64)], now: Instant) -> PolicySet {
     let mut ws = limits.iter().map(|&(l, w)| ExactWindow::new(l, ms(w), now));
     let primary = ws.next().unwrap();
-    WindowSet::new(primary, ws.collect())
+    PolicySet::new(primary, ws.collect())
 }
 
 fn calls_policy(quota: u64, window_ms: Option<u64>, remaining: Option<u64>) -> Announced {
@@ -24,7 +24,7 @@ fn calls_policy(quota: u64, window_ms: Option<u64>, remaining: Option<u64>) -> A
 }
 
 /// Takes and answers at once, until a take is refused: how many went.
-fn at_once(s: &mut WindowSet, now: Instant) -> u64 {
+fn at_once(s: &mut PolicySet, now: Instant) -> u64 {
     let mut n = 0;
     while let Ok(slot) = s.try_take(now) {
         s.complete(slot, now);
@@ -149,23 +149,37 @@ fn used_up_holds_until_the_reset_in_any_dialect() {
 }
 
 #[test]
-fn tokens_are_said_not_paced() {
+fn an_announced_token_policy_is_paced_and_said_once() {
     let t0 = Instant::now();
     let mut s = set(&[(10, 1000)], t0);
     let tokens = Announced {
         unit: Unit::Tokens,
-        remaining: Some(0),
-        ..calls_policy(5, Some(1000), Some(0))
+        ..calls_policy(50, Some(1000), Some(50))
     };
     s.announce(std::slice::from_ref(&tokens), t0);
     s.announce(&[tokens], t0);
     assert!(matches!(
         s.take_note(t0),
-        Some(Note::Heard(Heard::Tokens { .. }))
+        Some(Note::Heard(Heard::Added {
+            quota: 50,
+            tokens: true,
+            ..
+        }))
     ));
     assert_eq!(s.take_note(t0), None);
-    assert_eq!(s.windows().len(), 1);
-    assert_eq!(at_once(&mut s, t0), 10);
+    assert_eq!((s.windows().len(), s.kept().len()), (1, 1));
+    // Calls of 20 tokens each: two fit in 50.
+    let mut n = 0;
+    while let Ok(slot) = s.try_take_weighted(t0, 1, 20) {
+        s.complete(slot, t0);
+        n += 1;
+    }
+    assert_eq!(n, 2);
+    // A call that used less than estimated leaves the rest for others.
+    let t1 = t0 + ms(1000);
+    let slot = s.try_take_weighted(t1, 1, 40).unwrap();
+    s.complete_used(slot, t1, Some(5));
+    assert!(s.try_take_weighted(t1, 1, 45).is_ok());
 }
 
 #[test]
@@ -184,7 +198,7 @@ fn announcements_stop_the_learning_and_the_set_is_bounded() {
 }
 
 /// The set as the driver sees it.
-struct Set(WindowSet);
+struct Set(PolicySet);
 
 impl Client for Set {
     type Slot = SetSlot;
@@ -275,7 +289,7 @@ proptest! {
 
 /// A client whose every response announces the server's policies.
 struct Announcing {
-    set: WindowSet,
+    set: PolicySet,
     limits: Vec<(u64, u64)>,
     /// When each call was sent, in the driver's order.
     sent: Vec<Instant>,
@@ -304,4 +318,33 @@ impl Client for Announcing {
         self.sent.pop();
         self.set.cancel(slot);
     }
+}
+
+#[test]
+fn a_token_remaining_below_what_was_counted_counts_the_rest_as_spent() {
+    let t0 = Instant::now();
+    let mut s = set(&[(100, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(
+        "1000/1m,tokens".parse().unwrap(),
+    )
+    .unwrap()]);
+    let slot = s.try_take_weighted(t0, 1, 100).unwrap();
+    s.complete(slot, t0);
+    // The server says 300 are left of 1000: 600 more were spent elsewhere.
+    let tokens = Announced {
+        unit: Unit::Tokens,
+        ..calls_policy(1000, None, Some(300))
+    };
+    s.announce(std::slice::from_ref(&tokens), t0);
+    assert!(s.try_take_weighted(t0, 1, 301).is_err());
+    let slot = s.try_take_weighted(t0, 1, 300).unwrap();
+    s.complete(slot, t0);
+    // Said again with what this client spent since: nothing more counts.
+    s.announce(
+        &[Announced {
+            remaining: Some(0),
+            ..tokens
+        }],
+        t0,
+    );
+    assert_eq!(s.kept()[0].clone().used(t0), Some(1000));
 }

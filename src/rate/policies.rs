@@ -1,12 +1,13 @@
-//! Several sliding-window limits at once (`--limit 10/1s --limit 1000/1h`,
-//! or policies the server announces): a call may start only when every
-//! window admits it, so the lowest applicable limit always wins.
+//! Several policies at once (`--limit 10/1s --limit 1000/1h,fixed
+//! --limit 90000/1m,tokens`, or policies the server announces): a call may
+//! start only when every policy admits it, so the lowest applicable limit
+//! always wins.
 //!
-//! Each window is an [`ExactWindow`] with its own L and W; the set takes a
-//! place in each, waits for the latest of their answers, and settles every
-//! permit in all of them. The window theorem of [`crate::rate::exact`] then
-//! holds for each window separately: no server window of any policy holds
-//! more arrivals than its limit.
+//! Each sliding window of calls is an [`ExactWindow`] with its own L and W;
+//! every other policy (a fixed window, a bucket, anything counting tokens)
+//! is a [`Kept`]. The set takes a place in each, waits for the latest of
+//! their answers, and settles every permit in all of them. Each policy's
+//! own guarantee then holds separately: no server policy is exceeded.
 //!
 //! The first window is the *primary* one: the slowest configured limit in
 //! calls per second. Pauses start from it, and only it learns a limit from
@@ -15,14 +16,18 @@
 //! lowers the window whose configured limit is nearest to it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::announce::{Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
+use super::kept::Kept;
 
+mod heard;
 #[cfg(test)]
 mod tests;
+mod tokens;
+
+pub use heard::Heard;
 
 /// At most this many windows: each take asks all of them, and a server
 /// announcing dozens of policies is not one to follow blindly.
@@ -31,105 +36,25 @@ pub const MAX_WINDOWS: usize = 8;
 /// A hold longer than this is worth telling the operator about.
 const LONG_HOLD: Duration = Duration::from_secs(60);
 
+/// A used-up quota that resets further away than this cannot refill within
+/// a run worth waiting in: the run halts resumably instead (unless told to
+/// wait), as it does when credits run out.
+pub const QUOTA_BOUND: Duration = Duration::from_secs(15 * 60);
+
+/// A policy the server says is used up, resetting beyond [`QUOTA_BOUND`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    /// The policy's name in the headers.
+    pub name: String,
+    /// How long from when it was heard until it resets.
+    pub for_: Duration,
+    /// When it resets.
+    pub until: Instant,
+}
+
 /// One call's place in every window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SetSlot(u64);
-
-/// What the set heard from a server's headers that the operator should
-/// hear too. Each is said once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Heard {
-    /// The server keeps a policy it was not told of: paced to as well.
-    Added {
-        /// The policy's name in the headers.
-        name: String,
-        /// Its quota per window.
-        quota: u64,
-        /// Its window.
-        window: Duration,
-    },
-    /// The server's quota for a configured window is lower: paced to it.
-    Lowered {
-        /// The policy's name in the headers.
-        name: String,
-        /// The server's quota.
-        quota: u64,
-        /// The window, when the headers state it.
-        window: Option<Duration>,
-        /// The configured limit it replaces.
-        configured: u64,
-    },
-    /// The server's quota for a configured window is higher: the
-    /// configured limit is kept.
-    Above {
-        /// The policy's name in the headers.
-        name: String,
-        /// The server's quota.
-        quota: u64,
-        /// The window, when the headers state it.
-        window: Option<Duration>,
-        /// The configured limit that is kept.
-        configured: u64,
-    },
-    /// A token policy: read and reported, not paced (yet).
-    Tokens {
-        /// The policy's name in the headers.
-        name: String,
-        /// Its quota, when stated.
-        quota: Option<u64>,
-        /// Its window, when stated.
-        window: Option<Duration>,
-    },
-    /// A policy is used up: calls are held until it resets.
-    Exhausted {
-        /// The policy's name in the headers.
-        name: String,
-        /// How long calls are held.
-        for_: Duration,
-    },
-}
-
-fn per(window: Option<Duration>) -> String {
-    match window {
-        Some(w) => format!("per {}", humantime::format_duration(w)),
-        None => "per window".to_string(),
-    }
-}
-
-impl fmt::Display for Heard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Heard::Added { name, quota, window } => write!(
-                f,
-                "the server announces a further limit {name:?} of {quota} {}: pacing to it as well",
-                per(Some(*window))
-            ),
-            Heard::Lowered { name, quota, window, configured } => write!(
-                f,
-                "the server announces a limit {name:?} of {quota} {}, below the configured {configured}: slowing down to it",
-                per(*window)
-            ),
-            Heard::Above { name, quota, window, configured } => write!(
-                f,
-                "the server announces a limit {name:?} of {quota} {}, above the configured {configured}: keeping the configured one",
-                per(*window)
-            ),
-            Heard::Tokens { name, quota, window } => {
-                let quota = quota.map_or("a quota".to_string(), |q| format!("{q} tokens"));
-                write!(
-                    f,
-                    "the server announces a token limit {name:?} of {quota} {}: read, not paced (batchrun paces calls only)",
-                    per(*window)
-                )
-            }
-            Heard::Exhausted { name, for_ } => write!(
-                f,
-                "the server says its limit {name:?} is used up: holding calls for {}, until it resets",
-                humantime::format_duration(Duration::from_secs(for_.as_secs()))
-            ),
-        }
-    }
-}
 
 /// What the set has for the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,34 +67,56 @@ pub enum Note {
 
 /// Several exact sliding windows, every call counted in each.
 #[derive(Debug, Clone)]
-pub struct WindowSet {
+pub struct PolicySet {
     /// The primary window first, then the other configured ones, then those
     /// the server announced.
     windows: Vec<ExactWindow>,
-    /// Calls in flight: their place in each window, by window.
-    in_flight: HashMap<SetSlot, (Instant, Vec<SlotId>)>,
+    /// The policies that are not sliding windows of calls.
+    kept: Vec<Kept>,
+    /// Calls in flight: their place in each window and each kept policy.
+    in_flight: HashMap<SetSlot, (Instant, Vec<SlotId>, Vec<u64>)>,
+    /// The longest round trip seen: how early a reset measured at the
+    /// server may lie before the response that carried it.
+    rtt: Duration,
     next: u64,
     /// Whether a server announced a call policy: then 429s teach nothing.
     announced: bool,
     /// What was said already.
     said: HashSet<String>,
+    /// The latest used-up quota resetting beyond [`QUOTA_BOUND`].
+    exhausted: Option<Exhausted>,
     heard: VecDeque<Heard>,
 }
 
-impl WindowSet {
+impl PolicySet {
     /// A set of `primary` and `others`, all empty.
-    pub fn new(primary: ExactWindow, others: Vec<ExactWindow>) -> WindowSet {
+    pub fn new(primary: ExactWindow, others: Vec<ExactWindow>) -> PolicySet {
         let mut windows = vec![primary];
         windows.extend(others);
         windows.truncate(MAX_WINDOWS);
-        WindowSet {
+        PolicySet {
             windows,
+            kept: Vec::new(),
             in_flight: HashMap::new(),
+            rtt: Duration::ZERO,
             next: 0,
             announced: false,
             said: HashSet::new(),
+            exhausted: None,
             heard: VecDeque::new(),
         }
+    }
+
+    /// The set with the further policies `kept` as well.
+    pub fn with_kept(mut self, mut kept: Vec<Kept>) -> PolicySet {
+        kept.truncate(MAX_WINDOWS);
+        self.kept = kept;
+        self
+    }
+
+    /// The policies that are not sliding windows of calls.
+    pub fn kept(&self) -> &[Kept] {
+        &self.kept
     }
 
     /// The windows, the primary first.
@@ -189,9 +136,14 @@ impl WindowSet {
 
     /// Calls per second the set allows at most: the lowest of its windows.
     pub fn per_second(&self) -> f64 {
+        let kept = self
+            .kept
+            .iter()
+            .filter(|k| k.unit() == crate::rate::policy::Unit::Calls);
         self.windows
             .iter()
             .map(|w| w.limit() as f64 / w.window().as_secs_f64().max(1e-9))
+            .chain(kept.map(Kept::per_second))
             .fold(f64::INFINITY, f64::min)
     }
 
@@ -199,44 +151,82 @@ impl WindowSet {
     /// the latest of the refusing windows' answers, since every one of them
     /// must admit the call.
     pub fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
+        self.try_take_weighted(now, 1, 0)
+    }
+
+    /// [`try_take`](Self::try_take) for a call counting as `calls` calls
+    /// against the kept call policies (a sliding window of calls counts
+    /// one) and costing an estimated `tokens` against the token policies.
+    pub fn try_take_weighted(
+        &mut self,
+        now: Instant,
+        calls: u64,
+        tokens: u64,
+    ) -> Result<SetSlot, Instant> {
         let mut taken = Vec::with_capacity(self.windows.len());
+        let mut kept = Vec::with_capacity(self.kept.len());
         let mut wait: Option<Instant> = None;
+        let mut refused = |at: Instant| wait = Some(wait.map_or(at, |x: Instant| x.max(at)));
         for (i, w) in self.windows.iter_mut().enumerate() {
             match w.try_take(now) {
                 Ok(s) => taken.push((i, s)),
-                Err(at) => wait = Some(wait.map_or(at, |x: Instant| x.max(at))),
+                Err(at) => refused(at),
+            }
+        }
+        for (i, k) in self.kept.iter_mut().enumerate() {
+            match k.try_take(now, calls, tokens) {
+                Ok(id) => kept.push((i, id)),
+                Err(at) => refused(at),
             }
         }
         if let Some(at) = wait {
-            // The windows that granted give their places back.
+            // The policies that granted give their places back.
             for (i, s) in taken {
                 self.windows[i].cancel(s);
+            }
+            for (i, id) in kept {
+                self.kept[i].cancel(id);
             }
             return Err(at);
         }
         let taken = taken.into_iter().map(|(_, s)| s).collect();
+        let kept = kept.into_iter().map(|(_, id)| id).collect();
         let id = SetSlot(self.next);
         self.next += 1;
-        self.in_flight.insert(id, (now, taken));
+        self.in_flight.insert(id, (now, taken, kept));
         Ok(id)
     }
 
     /// The call in `slot` was answered (or gave up) at `arrived`.
     pub fn complete(&mut self, slot: SetSlot, arrived: Instant) {
-        if let Some((_, slots)) = self.in_flight.remove(&slot) {
+        self.complete_used(slot, arrived, None);
+    }
+
+    /// [`complete`](Self::complete), with the tokens the call really used
+    /// when the response said: the token policies count those instead of
+    /// the estimate.
+    pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>) {
+        if let Some((sent, slots, kept)) = self.in_flight.remove(&slot) {
+            self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));
             for (w, s) in self.windows.iter_mut().zip(slots) {
                 w.complete(s, arrived);
+            }
+            for (k, id) in self.kept.iter_mut().zip(kept) {
+                k.complete(id, arrived, used);
             }
         }
     }
 
     /// The call in `slot` was never sent. Returns whether it was in flight.
     pub fn cancel(&mut self, slot: SetSlot) -> bool {
-        let Some((_, slots)) = self.in_flight.remove(&slot) else {
+        let Some((_, slots, kept)) = self.in_flight.remove(&slot) else {
             return false;
         };
         for (w, s) in self.windows.iter_mut().zip(slots) {
             w.cancel(s);
+        }
+        for (k, id) in self.kept.iter_mut().zip(kept) {
+            k.cancel(id);
         }
         true
     }
@@ -273,16 +263,9 @@ impl WindowSet {
         let before: Vec<u64> = self.windows.iter().map(ExactWindow::limit).collect();
         for p in policies {
             match p.unit {
+                Unit::Calls if self.follow_kept(p, now) => {}
                 Unit::Calls => self.follow(p, now),
-                Unit::Tokens => {
-                    if self.said.insert(format!("tokens {}", p.name)) {
-                        self.heard.push_back(Heard::Tokens {
-                            name: p.name.clone(),
-                            quota: p.quota,
-                            window: p.window,
-                        });
-                    }
-                }
+                Unit::Tokens => self.follow_tokens(p, now),
                 Unit::Other => {}
             }
         }
@@ -314,6 +297,7 @@ impl WindowSet {
                 }
                 Some(r) => {
                     w.hold_until(later(now, r));
+                    self.used_up(p, r, now);
                     if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                         self.heard.push_back(Heard::Exhausted {
                             name: p.name.clone(),
@@ -323,6 +307,23 @@ impl WindowSet {
                 }
             }
         }
+    }
+
+    /// A used-up quota that resets in `r`: remembered when beyond the bound.
+    fn used_up(&mut self, p: &Announced, r: Duration, now: Instant) {
+        let until = later(now, r);
+        if r > QUOTA_BOUND && self.exhausted.as_ref().map_or(true, |e| e.until < until) {
+            self.exhausted = Some(Exhausted {
+                name: p.name.clone(),
+                for_: r,
+                until,
+            });
+        }
+    }
+
+    /// The used-up quota that resets beyond [`QUOTA_BOUND`], while it lasts.
+    pub fn exhausted(&self, now: Instant) -> Option<&Exhausted> {
+        self.exhausted.as_ref().filter(|e| e.until > now)
     }
 
     /// The window a quota without a window is read against: the one whose
@@ -349,6 +350,7 @@ impl WindowSet {
                 quota: q,
                 window: p.window,
                 configured,
+                tokens: false,
             });
         } else if q > configured && self.said.insert(format!("above {} {q}", p.name)) {
             self.heard.push_back(Heard::Above {
@@ -356,6 +358,7 @@ impl WindowSet {
                 quota: q,
                 window: p.window,
                 configured,
+                tokens: false,
             });
         }
     }
@@ -368,7 +371,7 @@ impl WindowSet {
             return None;
         }
         let mut x = ExactWindow::new(q, w, now);
-        for (sent, slots) in self.in_flight.values_mut() {
+        for (sent, slots, _) in self.in_flight.values_mut() {
             slots.push(x.admit_in_flight(*sent));
         }
         // Answered calls that may still be in the server's window: those the
@@ -390,6 +393,7 @@ impl WindowSet {
             name: p.name.clone(),
             quota: q,
             window: w,
+            tokens: false,
         });
         Some(self.windows.len() - 1)
     }

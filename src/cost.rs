@@ -1,0 +1,402 @@
+//! A call's estimated cost in tokens from its item (`--cost EXPR`), and
+//! what the response says it really cost (`--usage POINTER`).
+//!
+//! An expression is numbers, JSON field paths of the item (`max_tokens`,
+//! `params.max_tokens`, `messages[0].content`), `chars(PATH)` (the length
+//! of a field in characters), `+ - * /` and parentheses, e.g.
+//! `max_tokens + chars(prompt)/4`. A field that is a number counts as that
+//! number (a numeric string too, as CSV fields are); the result is rounded
+//! up, and never below zero.
+//!
+//! Pure: parsing and evaluating never panic on any input.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::Value;
+
+/// The default `--usage`: where OpenAI-style responses say what a call used.
+pub const DEFAULT_USAGE: &str = "/usage/total_tokens";
+
+/// A parsed `--cost` expression.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostExpr {
+    source: String,
+    root: Node,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Number(f64),
+    Field(Vec<Step>),
+    Chars(Vec<Step>),
+    Neg(Box<Node>),
+    Op(char, Box<Node>, Box<Node>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// Why an expression could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --cost {input:?}: {reason} (expected numbers, field paths, chars(FIELD), + - * / and parentheses, such as 'max_tokens + chars(prompt)/4')")]
+pub struct CostParseError {
+    input: String,
+    reason: String,
+}
+
+impl FromStr for CostExpr {
+    type Err = CostParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut p = Parser {
+            s: s.as_bytes(),
+            at: 0,
+            depth: 0,
+        };
+        let root = p.expr().and_then(|n| {
+            p.space();
+            match p.peek() {
+                None => Ok(n),
+                Some(c) => Err(format!("unexpected {:?} at {}", c as char, p.at + 1)),
+            }
+        });
+        root.map(|root| CostExpr {
+            source: s.to_string(),
+            root,
+        })
+        .map_err(|reason| CostParseError {
+            input: s.to_string(),
+            reason,
+        })
+    }
+}
+
+impl fmt::Display for CostExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl CostExpr {
+    /// The item's estimated cost, or why it cannot be evaluated on it.
+    pub fn eval(&self, item: &Value) -> Result<u64, String> {
+        let v = eval(&self.root, item)?;
+        if !v.is_finite() {
+            return Err(format!(
+                "--cost {:?} is not a finite number for this item",
+                self.source
+            ));
+        }
+        Ok(v.max(0.0).ceil().min(u64::MAX as f64) as u64)
+    }
+}
+
+fn eval(n: &Node, item: &Value) -> Result<f64, String> {
+    Ok(match n {
+        Node::Number(x) => *x,
+        Node::Field(path) => match lookup(item, path) {
+            Some(Value::Number(x)) => x.as_f64().unwrap_or(0.0),
+            Some(Value::String(s)) => s
+                .trim()
+                .parse()
+                .map_err(|_| format!("field {} is {s:?}, not a number", show(path)))?,
+            Some(other) => return Err(format!("field {} is {other}, not a number", show(path))),
+            None => return Err(format!("the item has no field {}", show(path))),
+        },
+        Node::Chars(path) => match lookup(item, path) {
+            Some(Value::String(s)) => s.chars().count() as f64,
+            Some(other) => other.to_string().chars().count() as f64,
+            None => return Err(format!("the item has no field {}", show(path))),
+        },
+        Node::Neg(a) => -eval(a, item)?,
+        Node::Op(op, a, b) => {
+            let (a, b) = (eval(a, item)?, eval(b, item)?);
+            match op {
+                '+' => a + b,
+                '-' => a - b,
+                '*' => a * b,
+                _ if b == 0.0 => return Err("--cost divides by zero for this item".into()),
+                _ => a / b,
+            }
+        }
+    })
+}
+
+fn lookup<'a>(v: &'a Value, path: &[Step]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, s| match s {
+        Step::Key(k) => v.get(k),
+        Step::Index(i) => v.get(i),
+    })
+}
+
+fn show(path: &[Step]) -> String {
+    let mut s = String::new();
+    for (i, p) in path.iter().enumerate() {
+        match p {
+            Step::Key(k) if i == 0 => s.push_str(k),
+            Step::Key(k) => s.push_str(&format!(".{k}")),
+            Step::Index(n) => s.push_str(&format!("[{n}]")),
+        }
+    }
+    s
+}
+
+/// What a response body says the call used, at the JSON `pointer`; `None`
+/// when the body is not JSON or has no whole number there.
+pub fn used(body: &str, pointer: &str) -> Option<u64> {
+    if pointer.is_empty() {
+        return None;
+    }
+    let v: Value = serde_json::from_str(body).ok()?;
+    v.pointer(pointer)?.as_u64()
+}
+
+/// How a run weighs its calls in tokens: the estimate from each item, and
+/// the correction from each response.
+#[derive(Debug, Clone)]
+pub struct Costing {
+    /// `--cost`; without it a call is estimated at zero and counted at
+    /// what its response says it used.
+    pub expr: Option<CostExpr>,
+    /// `--usage`: a JSON pointer into the response body.
+    pub usage: String,
+    /// The input's name, for messages naming FILE:LINE.
+    pub file: String,
+}
+
+impl Costing {
+    /// The estimated tokens of `item`, or the item's error naming its line.
+    pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
+        match &self.expr {
+            None => Ok(0),
+            Some(e) => e.eval(&item.value).map_err(|why| {
+                format!(
+                    "--cost {:?} at {}:{}: {why}",
+                    e.source, self.file, item.line
+                )
+            }),
+        }
+    }
+
+    /// What the response body says the call used, if it says.
+    pub fn used(&self, body: &str) -> Option<u64> {
+        used(body, &self.usage)
+    }
+}
+
+/// Parentheses nest at most this deep: a bound, so no input overflows the stack.
+const MAX_DEPTH: usize = 32;
+
+struct Parser<'a> {
+    s: &'a [u8],
+    at: usize,
+    depth: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        self.space();
+        let yes = self.peek() == Some(c);
+        if yes {
+            self.at += 1;
+        }
+        yes
+    }
+
+    fn expr(&mut self) -> Result<Node, String> {
+        let mut n = self.term()?;
+        loop {
+            let op = if self.eat(b'+') {
+                '+'
+            } else if self.eat(b'-') {
+                '-'
+            } else {
+                return Ok(n);
+            };
+            n = Node::Op(op, Box::new(n), Box::new(self.term()?));
+        }
+    }
+
+    fn term(&mut self) -> Result<Node, String> {
+        let mut n = self.factor()?;
+        loop {
+            let op = if self.eat(b'*') {
+                '*'
+            } else if self.eat(b'/') {
+                '/'
+            } else {
+                return Ok(n);
+            };
+            n = Node::Op(op, Box::new(n), Box::new(self.factor()?));
+        }
+    }
+
+    fn factor(&mut self) -> Result<Node, String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err("nested too deep".into());
+        }
+        let n = self.atom();
+        self.depth -= 1;
+        n
+    }
+
+    fn atom(&mut self) -> Result<Node, String> {
+        self.space();
+        match self.peek() {
+            Some(b'-') => {
+                self.at += 1;
+                Ok(Node::Neg(Box::new(self.factor()?)))
+            }
+            Some(b'(') => {
+                self.at += 1;
+                let n = self.expr()?;
+                if !self.eat(b')') {
+                    return Err("a '(' is not closed".into());
+                }
+                Ok(n)
+            }
+            Some(c) if c.is_ascii_digit() || c == b'.' => self.number(),
+            Some(c) if c.is_ascii_alphabetic() || c == b'_' => {
+                let path = self.path()?;
+                if path == [Step::Key("chars".into())] && self.eat(b'(') {
+                    let inner = self.path()?;
+                    if !self.eat(b')') {
+                        return Err("chars( is not closed".into());
+                    }
+                    return Ok(Node::Chars(inner));
+                }
+                Ok(Node::Field(path))
+            }
+            Some(c) => Err(format!("unexpected {:?} at {}", c as char, self.at + 1)),
+            None => Err("it ends where a value is expected".into()),
+        }
+    }
+
+    fn number(&mut self) -> Result<Node, String> {
+        let start = self.at;
+        while self.peek().is_some_and(|c| c.is_ascii_digit() || c == b'.') {
+            self.at += 1;
+        }
+        let t = std::str::from_utf8(&self.s[start..self.at]).unwrap_or("");
+        t.parse()
+            .map(Node::Number)
+            .map_err(|_| format!("{t:?} is not a number"))
+    }
+
+    fn ident(&mut self) -> Result<String, String> {
+        self.space();
+        let start = self.at;
+        while self
+            .peek()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-' && self.at > start)
+        {
+            self.at += 1;
+        }
+        if start == self.at {
+            return Err(format!("a field name is expected at {}", self.at + 1));
+        }
+        Ok(String::from_utf8_lossy(&self.s[start..self.at]).into_owned())
+    }
+
+    fn path(&mut self) -> Result<Vec<Step>, String> {
+        let mut path = vec![Step::Key(self.ident()?)];
+        loop {
+            match self.peek() {
+                Some(b'.') => {
+                    self.at += 1;
+                    path.push(Step::Key(self.ident()?));
+                }
+                Some(b'[') => {
+                    self.at += 1;
+                    let n = match self.number()? {
+                        Node::Number(n) => n,
+                        _ => return Err("an index is a whole number in [ ]".into()),
+                    };
+                    if n.fract() != 0.0 || !self.eat(b']') {
+                        return Err("an index is a whole number in [ ]".into());
+                    }
+                    path.push(Step::Index(n as usize));
+                }
+                _ => return Ok(path),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cost(e: &str, item: Value) -> Result<u64, String> {
+        e.parse::<CostExpr>().unwrap().eval(&item)
+    }
+
+    #[test]
+    fn the_documented_estimate_and_its_parts() {
+        let item =
+            json!({"max_tokens": 100, "prompt": "abcdefghij", "p": {"n": "7"}, "m": [{"c": "xy"}]});
+        assert_eq!(cost("max_tokens + chars(prompt)/4", item.clone()), Ok(103));
+        assert_eq!(cost("(1 + 2) * p.n - -1", item.clone()), Ok(22));
+        assert_eq!(cost("chars(m[0].c) * 10", item.clone()), Ok(20));
+        assert_eq!(cost("1 - 5", item.clone()), Ok(0), "never below zero");
+        assert_eq!(cost("2.5", item), Ok(3), "rounded up");
+    }
+
+    #[test]
+    fn a_row_it_cannot_be_evaluated_on_says_why() {
+        let item = json!({"prompt": "x", "n": "lots", "z": 0});
+        for (e, says) in [
+            ("max_tokens", "no field max_tokens"),
+            ("n + 1", "not a number"),
+            ("prompt * 2", "not a number"),
+            ("1 / z", "divides by zero"),
+        ] {
+            let err = cost(e, item.clone()).unwrap_err();
+            assert!(err.contains(says), "{e}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_expression_is_refused_naming_it() {
+        let deep = "(".repeat(100) + "1" + &")".repeat(100);
+        for bad in [
+            "",
+            "1 +",
+            "max_tokens +* 2",
+            "chars(prompt",
+            "(1",
+            "a[x]",
+            "1 2",
+            "$",
+            &deep,
+        ] {
+            let e = bad.parse::<CostExpr>().unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn usage_is_read_from_the_body_when_there() {
+        let body = r#"{"usage": {"total_tokens": 42}}"#;
+        assert_eq!(used(body, DEFAULT_USAGE), Some(42));
+        assert_eq!(used("not json", DEFAULT_USAGE), None);
+        assert_eq!(used(r#"{"usage": {}}"#, DEFAULT_USAGE), None);
+        assert_eq!(used(body, ""), None);
+    }
+}

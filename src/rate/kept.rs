@@ -1,0 +1,214 @@
+//! A policy of any shape other than a sliding window of calls (which
+//! [`ExactWindow`](crate::rate::exact::ExactWindow) keeps, learning
+//! included): a sliding window of tokens, a fixed window, or a bucket, of
+//! calls or of tokens. The [`PolicySet`](crate::rate::policies::PolicySet)
+//! asks each of them before a call starts.
+
+use std::time::{Duration, Instant};
+
+use super::exact::later;
+use super::fixed::{Align, FixedWindow};
+use super::gcra::Gcra;
+use super::policy::{PolicySpec, Shape, Unit};
+use super::tally::Tally;
+use super::Rate;
+
+/// How one policy keeps its quota.
+#[derive(Debug, Clone)]
+enum Rule {
+    /// At most the quota in any span of the window.
+    Sliding(Tally, Duration),
+    /// At most the quota per server window.
+    Fixed(FixedWindow),
+    /// GCRA.
+    Bucket(Gcra),
+}
+
+/// One policy and how it is kept.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    spec: PolicySpec,
+    rate: Rate,
+    rule: Rule,
+}
+
+impl Kept {
+    /// The policy `spec` asks for; `None` for `none`. A bucket whose burst
+    /// is not known is kept with none (the safe side).
+    pub fn new(spec: PolicySpec) -> Option<Kept> {
+        let rate = spec.rate()?;
+        let rule = match spec.shape {
+            Shape::Sliding => Rule::Sliding(Tally::new(rate.count), rate.period),
+            Shape::Fixed => Rule::Fixed(FixedWindow::new(rate.count, rate.period)),
+            Shape::Bucket { burst } => Rule::Bucket(Gcra::new(rate, burst.unwrap_or(0))),
+        };
+        Some(Kept { spec, rate, rule })
+    }
+
+    /// What the policy is.
+    pub fn spec(&self) -> PolicySpec {
+        self.spec
+    }
+
+    /// What it counts.
+    pub fn unit(&self) -> Unit {
+        self.spec.unit
+    }
+
+    /// Its window (a bucket's W of N per W).
+    pub fn window(&self) -> Duration {
+        self.rate.period
+    }
+
+    /// Its quota per window in force.
+    pub fn quota(&self) -> u64 {
+        match &self.rule {
+            Rule::Sliding(t, _) => t.quota(),
+            Rule::Fixed(f) => f.quota(),
+            Rule::Bucket(_) => self.rate.count,
+        }
+    }
+
+    /// Units per second it allows at most in the long run.
+    pub fn per_second(&self) -> f64 {
+        self.quota() as f64 / self.rate.period.as_secs_f64().max(1e-9)
+    }
+
+    /// What a call weighing `calls` calls and `tokens` tokens weighs here.
+    fn weight(&self, calls: u64, tokens: u64) -> u64 {
+        match self.spec.unit {
+            Unit::Calls => calls,
+            Unit::Tokens => tokens,
+        }
+    }
+
+    /// Claims a place for a call at `now`, or says when to look again.
+    pub fn try_take(&mut self, now: Instant, calls: u64, tokens: u64) -> Result<u64, Instant> {
+        let w = self.weight(calls, tokens);
+        match &mut self.rule {
+            Rule::Sliding(t, window) => t.try_take(now, w, *window),
+            Rule::Fixed(f) => f.try_take(now, w),
+            Rule::Bucket(g) => g.try_take(now, w),
+        }
+    }
+
+    /// Call `id` came back at `arrived`; `used` is the tokens it really
+    /// cost, when the response said (calls are counted as taken).
+    pub fn complete(&mut self, id: u64, arrived: Instant, used: Option<u64>) {
+        let used = used.filter(|_| self.spec.unit == Unit::Tokens);
+        match &mut self.rule {
+            Rule::Sliding(t, window) => {
+                let arrived = t.sent(id).map_or(arrived, |s| arrived.max(s));
+                t.complete(id, later(arrived, *window), used);
+            }
+            Rule::Fixed(f) => f.complete(id, arrived, used),
+            Rule::Bucket(g) => g.complete(id, used),
+        }
+    }
+
+    /// Call `id` was never sent.
+    pub fn cancel(&mut self, id: u64) {
+        match &mut self.rule {
+            Rule::Sliding(t, _) => {
+                t.cancel(id);
+            }
+            Rule::Fixed(f) => {
+                f.tally_mut().cancel(id);
+            }
+            Rule::Bucket(g) => {
+                g.cancel(id);
+            }
+        }
+    }
+
+    /// The server says the quota is used up: no call starts before `until`.
+    pub fn hold_until(&mut self, until: Instant) {
+        match &mut self.rule {
+            Rule::Sliding(t, _) => t.hold_until(until),
+            Rule::Fixed(f) => f.tally_mut().hold_until(until),
+            Rule::Bucket(g) => g.hold_until(until),
+        }
+    }
+
+    /// The server's quota for this policy is `q`: a window is lowered to
+    /// it (never raised); returns whether it fell. A bucket keeps its rate:
+    /// a quota per window says nothing of its burst.
+    pub fn lower_to(&mut self, q: u64) -> bool {
+        match &mut self.rule {
+            Rule::Sliding(t, _) => t.lower_to(q),
+            Rule::Fixed(f) => f.tally_mut().lower_to(q),
+            Rule::Bucket(_) => false,
+        }
+    }
+
+    /// The server says its window resets at `a.origin`: a fixed window
+    /// aligns to it. Returns whether it did.
+    pub fn align(&mut self, a: Align) -> bool {
+        match &mut self.rule {
+            Rule::Fixed(f) => f.align(a),
+            _ => false,
+        }
+    }
+
+    /// Counts `units` the server says were spent already, as answered at
+    /// `now` (a sliding window or a fixed one; a bucket takes them as sent
+    /// now).
+    pub fn admit_answered(&mut self, now: Instant, units: u64) {
+        if units == 0 {
+            return;
+        }
+        match &mut self.rule {
+            Rule::Sliding(t, window) => t.admit_answered(later(now, *window), units),
+            Rule::Fixed(f) => {
+                let id = f.tally_mut().admit_in_flight(now, units);
+                f.complete(id, now, None);
+            }
+            Rule::Bucket(g) => {
+                if let Ok(id) = g.try_take(now, 0) {
+                    g.complete(id, Some(units));
+                }
+            }
+        }
+    }
+
+    /// Units occupying at `now`, for a window (`None` for a bucket).
+    pub fn used(&mut self, now: Instant) -> Option<u64> {
+        match &mut self.rule {
+            Rule::Sliding(t, _) => Some(t.used(now)),
+            Rule::Fixed(f) => Some(f.tally_mut().used(now)),
+            Rule::Bucket(_) => None,
+        }
+    }
+
+    /// Whether this is a fixed window.
+    pub fn is_fixed(&self) -> bool {
+        matches!(self.rule, Rule::Fixed(_))
+    }
+}
+
+/// The sliding window of calls that stands first in a set for `spec`: the
+/// policy itself when it is one, else its envelope, the most calls any span
+/// of its window can hold (twice the quota for a fixed window, the quota
+/// plus the burst and one for a bucket, the quota for tokens, of which a
+/// call costs at least one): it never binds before the policy itself, and
+/// it is what pauses and learning act on.
+pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
+    let r = spec.rate()?;
+    let n = match (spec.unit, spec.shape) {
+        (Unit::Tokens, _) => r.count,
+        (Unit::Calls, Shape::Sliding) => r.count,
+        (Unit::Calls, Shape::Fixed) => r.count.saturating_mul(2),
+        (Unit::Calls, Shape::Bucket { burst }) => {
+            r.count.saturating_add(burst.unwrap_or(0)).saturating_add(1)
+        }
+    };
+    Some((n, r.period))
+}
+
+/// Whether `spec` is kept by an [`ExactWindow`](crate::rate::exact::ExactWindow).
+pub fn is_sliding_calls(spec: &PolicySpec) -> bool {
+    spec.shape == Shape::Sliding && spec.unit == Unit::Calls
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,174 @@
+//! Announced policies the set keeps as [`Kept`] policies: token policies
+//! (OpenAI's `x-ratelimit-*-tokens`, Anthropic's `*-tokens-*`, IETF
+//! `qu="tokens"`) and call policies of a configured fixed window or bucket.
+
+use std::time::{Duration, Instant};
+
+use super::{Heard, PolicySet, LONG_HOLD, MAX_WINDOWS};
+use crate::rate::announce::Announced;
+use crate::rate::exact::later;
+use crate::rate::fixed::Align;
+use crate::rate::kept::Kept;
+use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::{Limit, Rate};
+
+/// The window of a token quota whose headers do not state one: OpenAI and
+/// Anthropic both publish their token limits per minute.
+pub const TOKEN_WINDOW: Duration = Duration::from_secs(60);
+
+impl PolicySet {
+    /// A call policy that a kept policy answers for: one of the same
+    /// window, or, with no window stated, the policy whose configured
+    /// quota is nearest when that is a kept one. Returns whether it did.
+    pub(super) fn follow_kept(&mut self, p: &Announced, now: Instant) -> bool {
+        let Some(i) = self.kept_for(p, Unit::Calls) else {
+            return false;
+        };
+        if p.window.is_none() {
+            let q = p.quota.unwrap_or(u64::MAX);
+            let kept = distance(self.kept[i].spec().rate().map_or(1, |r| r.count), q);
+            let window = self.windows[self.nearest(q)].configured();
+            if p.quota.is_none() || distance(window, q) < kept {
+                return false;
+            }
+        }
+        self.announced |= p.quota.is_some();
+        self.keep(i, p, now, false);
+        true
+    }
+
+    /// A token policy: kept by the token policy of the same window (or the
+    /// nearest quota when none is stated), else added.
+    pub(super) fn follow_tokens(&mut self, p: &Announced, now: Instant) {
+        let i = match self.kept_for(p, Unit::Tokens) {
+            Some(i) => i,
+            None => match p.quota {
+                Some(q) if self.kept.len() < MAX_WINDOWS => {
+                    let window = p.window.unwrap_or(TOKEN_WINDOW);
+                    self.add_tokens(p, q, window, now)
+                }
+                _ => return,
+            },
+        };
+        self.keep(i, p, now, true);
+    }
+
+    /// The kept policy of `unit` an announcement is read against.
+    fn kept_for(&self, p: &Announced, unit: Unit) -> Option<usize> {
+        let of_unit = || {
+            self.kept
+                .iter()
+                .enumerate()
+                .filter(move |(_, k)| k.unit() == unit)
+        };
+        match p.window {
+            Some(w) => of_unit().find(|(_, k)| k.window() == w).map(|(i, _)| i),
+            None => {
+                let q = p.quota.unwrap_or(u64::MAX);
+                of_unit()
+                    .min_by(|a, b| {
+                        let d = |k: &Kept| distance(k.spec().rate().map_or(1, |r| r.count), q);
+                        d(a.1).total_cmp(&d(b.1))
+                    })
+                    .map(|(i, _)| i)
+            }
+        }
+    }
+
+    /// What the announcement says of kept policy `i`: its quota, its
+    /// reset, whether it is used up.
+    fn keep(&mut self, i: usize, p: &Announced, now: Instant, tokens: bool) {
+        let configured = self.kept[i].spec().rate().map_or(0, |r| r.count);
+        if let Some(q) = p.quota {
+            if self.kept[i].lower_to(q) {
+                self.heard.push_back(Heard::Lowered {
+                    name: p.name.clone(),
+                    quota: q,
+                    window: p.window,
+                    configured,
+                    tokens,
+                });
+            } else if q > configured && self.said.insert(format!("above {} {q}", p.name)) {
+                self.heard.push_back(Heard::Above {
+                    name: p.name.clone(),
+                    quota: q,
+                    window: p.window,
+                    configured,
+                    tokens,
+                });
+            }
+        }
+        self.spent_elsewhere(i, p, now);
+        let Some(reset) = p.reset_in.filter(|r| !r.is_zero()) else {
+            return;
+        };
+        if self.kept[i].is_fixed() {
+            // Whole seconds may be rounded either way.
+            let grain = if reset.subsec_nanos() == 0 {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(1)
+            };
+            self.kept[i].align(Align {
+                origin: later(now, reset),
+                early: self.rtt.saturating_add(grain),
+                late: grain,
+            });
+        }
+        if p.remaining == Some(0) {
+            self.kept[i].hold_until(later(now, reset));
+            self.used_up(p, reset, now);
+            if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
+                self.heard.push_back(Heard::Exhausted {
+                    name: p.name.clone(),
+                    for_: reset,
+                });
+            }
+        }
+    }
+
+    /// The server says less is left than this client counts spent: the
+    /// rest was spent elsewhere (another client on the key, or calls that
+    /// cost more than estimated), and counts as spent now. Counting what
+    /// this client spent itself again only errs on the slow side.
+    fn spent_elsewhere(&mut self, i: usize, p: &Announced, now: Instant) {
+        let k = &mut self.kept[i];
+        let (Some(left), Some(ours)) = (p.remaining, k.used(now)) else {
+            return;
+        };
+        let quota = p.quota.unwrap_or(k.quota()).min(k.quota());
+        let spent = quota.saturating_sub(left);
+        if spent > ours {
+            k.admit_answered(now, spent - ours);
+        }
+    }
+
+    /// A token policy of `q` per `window` the set did not have. What the
+    /// server says was used already counts as spent now.
+    fn add_tokens(&mut self, p: &Announced, q: u64, window: Duration, now: Instant) -> usize {
+        let spec = PolicySpec {
+            limit: Limit::Rate(Rate {
+                count: q.max(1),
+                period: window,
+            }),
+            shape: Shape::Sliding,
+            unit: Unit::Tokens,
+        };
+        let mut k = Kept::new(spec).expect("a rate");
+        let used = q.saturating_sub(p.remaining.unwrap_or(q));
+        k.admit_answered(now, used);
+        self.kept.push(k);
+        self.heard.push_back(Heard::Added {
+            name: p.name.clone(),
+            quota: q,
+            window,
+            tokens: true,
+        });
+        self.kept.len() - 1
+    }
+}
+
+/// How far apart two quotas are, by ratio.
+fn distance(configured: u64, q: u64) -> f64 {
+    (configured.max(1) as f64 / q.max(1) as f64).ln().abs()
+}
