@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+mod csv_out;
 mod damage;
 pub mod events;
 mod feeder;
@@ -337,6 +338,14 @@ fn start<F>(
 where
     F: Future<Output = Signal> + Send + 'static,
 {
+    // Before any call: a job log that cannot be written stops here.
+    let sinks = crate::report::sinks::Sinks::open(
+        &crate::report::sinks::SinkPaths {
+            joblog: settings.joblog.as_deref(),
+        },
+        shared.reporter.printer(),
+    )
+    .map_err(RunError::Usage)?;
     let committer = job
         .items
         .committer(job.meta.clone(), GroupCommit::default())
@@ -368,7 +377,7 @@ where
     for _ in 0..settings.concurrency {
         workers.spawn(pool.clone().worker(queue.clone()));
     }
-    let recorder = recorder(settings, job, pool, shared, meter, committer);
+    let recorder = recorder(settings, job, pool, shared, meter, committer, sinks);
     Ok(Running {
         workers,
         queue,
@@ -386,6 +395,7 @@ fn recorder(
     shared: &Shared,
     meter: CreditMeter,
     committer: Committer,
+    sinks: crate::report::sinks::Sinks,
 ) -> Recorder {
     let gauges = Gauges {
         slots: pool.slots.clone(),
@@ -412,6 +422,7 @@ fn recorder(
         announced_until: None,
         calls: Default::default(),
         ticks: Ticks::new(gauges, publish, shared.started, steady),
+        sinks,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{PaceError, Pacer, Permit};
-use crate::report::calls::Answer;
+use crate::report::calls::{Answer, CallId};
 use crate::request::RequestSpec;
 use crate::transport::{FailureKind, Request, Response, Transport};
 
@@ -164,7 +164,11 @@ impl Pool {
             };
             self.emit(Event::Sent);
             tries.n += 1;
-            let outcome = self.call(&req, permit, guard).await;
+            let id = CallId {
+                line: item.line,
+                attempt: tries.n,
+            };
+            let outcome = self.call(&req, permit, guard, id).await;
             drop(slot);
             match self.act(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
@@ -421,7 +425,7 @@ impl Pool {
     }
 
     /// Sends one call and reads what its response means.
-    async fn call(&self, req: &Request, permit: Permit, guard: InFlight) -> Outcome {
+    async fn call(&self, req: &Request, permit: Permit, guard: InFlight, id: CallId) -> Outcome {
         let sent = Instant::now();
         let result = self.transport.send(req).await;
         let latency = match &result {
@@ -438,6 +442,7 @@ impl Pool {
                 Err(e) => Answer::Failure(e.kind),
             },
             latency,
+            id,
         ));
         if self.cfg.verbose {
             let url = match &self.spec.key {

@@ -10,6 +10,7 @@ mod nightly;
 mod operator;
 mod pacing;
 mod pool;
+mod report;
 mod reruns;
 mod run;
 mod scale;
