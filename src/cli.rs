@@ -512,6 +512,11 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Forget the input's older jobs (made by earlier requests): every job
+    /// of INPUT but the one that ran last is removed, with its results.
+    #[arg(long, requires = "input")]
+    pub prune: bool,
 }
 
 #[cfg(test)]

@@ -408,6 +408,8 @@ fn recorder(
         job: job.meta.id.clone(),
         input: job.meta.input.clone(),
         total: job.scan.total,
+        started_unix_ms: crate::util::unix_now().as_millis() as u64,
+        before: (job.meta.requests, job.meta.rate_limited),
     };
     let steady = steady_per_min(settings);
     Recorder {
@@ -415,7 +417,12 @@ fn recorder(
         committer,
         reporter: shared.reporter.clone(),
         alerter: shared.alerter.clone(),
-        meta: job.meta.clone(),
+        meta: {
+            // This run's record, on disk with the job's first save.
+            let mut meta = job.meta.clone();
+            meta.start_run(crate::util::unix_now().as_millis() as u64);
+            meta
+        },
         meter,
         origin: settings.origin.clone(),
         fleet_alerts: shared.fleet_alerts.clone(),

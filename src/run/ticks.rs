@@ -41,6 +41,10 @@ pub struct Publish {
     pub input: String,
     /// Items in the input.
     pub total: u64,
+    /// When the run started (unix ms).
+    pub started_unix_ms: u64,
+    /// Calls and rate-limit 429s of the job's earlier runs.
+    pub before: (u64, u64),
 }
 
 /// The progress display and the progress file, redrawn every tick.
@@ -121,6 +125,10 @@ impl Ticks {
             credits_remaining: self.gauges.ledger.last().map(|s| s.remaining),
             pid: std::process::id(),
             updated_unix: crate::util::unix_now().as_secs(),
+            started_unix_ms: p.started_unix_ms,
+            done_this_run: Stats::get(&stats.done_this_run),
+            requests_before: p.before.0,
+            rate_limited_before: p.before.1,
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = progress.publish(&p.state_dir);

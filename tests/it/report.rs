@@ -140,3 +140,104 @@ async fn results_as_csv_read_back_to_the_same_items_as_the_jsonl() {
         assert_eq!(body, j["body"]);
     }
 }
+
+/// The keys of a `status --json` job object.
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old_jobs() {
+    let s = Scenario::new("status-runs")
+        .with_sim(&["--limit", "4/1s"])
+        .numbers(24);
+    let mut child = s
+        .cmd(&["--limit", "4/1s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let live = loop {
+        let v = s.status_json().unwrap_or_default();
+        if let Some(job) = v.as_array().and_then(|a| a.first()) {
+            if job["running"] == true && job["last_run"]["done"].as_u64().unwrap_or(0) >= 2 {
+                break job.clone();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never seen running: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(child.wait().unwrap().success());
+    assert_eq!(live["last_run"]["state"], "running");
+    assert!(live["last_run"]["ended_unix_ms"].is_null());
+    assert!(live["rate_per_min"].as_f64().unwrap() > 0.0, "{live}");
+    assert!(live["eta_s"].as_f64().is_some(), "{live}");
+    let after = s.status_json().unwrap()[0].clone();
+    assert_eq!(keys(&live), keys(&after), "one shape: {live} / {after}");
+    assert_eq!(
+        keys(&live["last_run"]),
+        keys(&after["last_run"]),
+        "one shape"
+    );
+    let run = &after["last_run"];
+    assert_eq!(after["running"], false);
+    assert_eq!(run["state"], "done");
+    assert_eq!(run["exit_code"], 0);
+    assert_eq!(run["done"], 24);
+    assert_eq!(run["requests"], after["requests"]);
+    let (start, end) = (
+        run["started_unix_ms"].as_u64().unwrap(),
+        run["ended_unix_ms"].as_u64().unwrap(),
+    );
+    assert!(end >= start, "{run}");
+    let took = run["duration_s"].as_f64().unwrap();
+    assert!((took - (end - start) as f64 / 1000.0).abs() < 0.01, "{run}");
+    assert!(took >= 4.0, "24 items at 4/s take over 4 seconds: {run}");
+
+    // Another job on the same input (another endpoint, its own outputs).
+    let other_out = s.dir().path().join("other.results.jsonl");
+    let url = format!("{}/v1/echo?m={{n}}", s.sim().url);
+    let r = s.run(&[
+        "--limit",
+        "100/1s",
+        "--url",
+        &url,
+        "--out",
+        &other_out.to_string_lossy(),
+        "--failures",
+        &s.dir()
+            .path()
+            .join("other.failures.jsonl")
+            .to_string_lossy(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let both = s.status_json().unwrap();
+    assert_eq!(both.as_array().unwrap().len(), 2, "{both}");
+    let newest = both
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|j| j["last_run"]["started_unix_ms"].as_u64())
+        .unwrap()["job"]
+        .clone();
+    let pruned = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .arg("--prune")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&pruned.stdout);
+    assert!(pruned.status.success(), "{text}");
+    assert!(text.contains("forgot job"), "{text}");
+    let left = s.status_json().unwrap();
+    assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+    assert_eq!(left[0]["job"], newest);
+}
