@@ -16,6 +16,7 @@ pub mod joblog;
 pub mod progress;
 pub mod published;
 pub mod sinks;
+pub mod timeline;
 
 pub use progress::{Reporter, View};
 

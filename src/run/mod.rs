@@ -342,6 +342,11 @@ where
     let sinks = crate::report::sinks::Sinks::open(
         &crate::report::sinks::SinkPaths {
             joblog: settings.joblog.as_deref(),
+            timeline: Some(&crate::report::timeline::path(
+                &settings.state_dir,
+                &job.meta.id,
+            )),
+            limit: settings.limit.rate().map(|r| (r.count, r.period)),
         },
         shared.reporter.printer(),
     )

@@ -134,12 +134,12 @@ impl Recorder {
                         self.take(Event::Pace(note), &mut saving);
                     }
                     self.ticks.tick(&self.stats, &self.reporter);
-                    self.sinks.tick();
+                    self.sinks.tick(self.ticks.moment());
                 }
             }
         }
         self.ticks.end();
-        self.sinks.end();
+        self.sinks.end(self.ticks.moment());
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
@@ -251,6 +251,7 @@ impl Recorder {
         let stats = &self.stats;
         match ev {
             Event::Sent => {
+                self.sinks.sent();
                 Stats::bump(&stats.requests);
                 self.meta.last_active_unix_ms = unix_now().as_millis() as u64;
             }
@@ -295,7 +296,10 @@ impl Recorder {
                 pause,
                 concurrency,
                 message,
-            } => self.rate_limited(pause, concurrency, message),
+            } => {
+                self.sinks.rate_limited(concurrency);
+                self.rate_limited(pause, concurrency, message);
+            }
             Event::Answered(answer, latency, id) => {
                 self.sinks.answered(id, answer, latency);
                 self.calls.add(answer, latency);

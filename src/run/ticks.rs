@@ -105,6 +105,18 @@ impl Ticks {
         });
     }
 
+    /// What the run's timeline reads besides the events: the pause, the
+    /// wait for credits, the learnt limit and the balance.
+    pub fn moment(&self) -> crate::report::timeline::Moment {
+        let (g, now) = (&self.gauges, Instant::now());
+        crate::report::timeline::Moment {
+            paused: g.pacer.paused_until().is_some_and(|u| u > now),
+            waiting_credits: g.gate.waiting_probe_in(now).is_some(),
+            learnt: g.pacer.learnt(),
+            credits: g.ledger.last().map(|s| s.remaining),
+        }
+    }
+
     /// The run no longer holds the checkpoint: `batchrun status` reads it.
     pub fn end(&self) {
         let path =

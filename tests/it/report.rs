@@ -241,3 +241,65 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
     assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
     assert_eq!(left[0]["job"], newest);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_timeline_has_one_record_per_second_and_marks_every_pause() {
+    use batchrun::report::timeline::{self, pause};
+    let s = Scenario::new("timeline")
+        .with_sim(&[
+            "--limit",
+            "20/1s",
+            "--concurrency",
+            "10",
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(60);
+    fill_window(&s, 20).await;
+    let r = s.run(&["--limit", "100/1s", "--concurrency", "5", "--burst", "10"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let dir = s.state_dir();
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("timeline-") && name.ends_with(".bin")
+        })
+        .expect("a timeline in the state dir");
+    let secs = timeline::read(&file).unwrap();
+    let elapsed = r.summary["elapsed_s"].as_f64().unwrap();
+    // One record per second the run lasted, no second missing.
+    assert!(
+        (secs.len() as f64 - elapsed).abs() <= 2.0,
+        "{} records for {elapsed}s",
+        secs.len()
+    );
+    for w in secs.windows(2) {
+        assert_eq!(w[1].t, w[0].t + 1, "contiguous seconds");
+    }
+    let sum = |f: fn(&timeline::Second) -> u32| secs.iter().map(f).sum::<u32>() as u64;
+    assert_eq!(sum(|s| s.sent), r.summary["requests"].as_u64().unwrap());
+    assert_eq!(sum(|s| s.ok), 60);
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    assert!(limited >= 1, "{}", r.summary);
+    assert_eq!(sum(|s| s.rate_limited), limited);
+    // Every pause the run announced is marked in the second it began.
+    let announced = r.stderr.matches("pausing every worker").count();
+    let marked = secs
+        .iter()
+        .filter(|s| s.pause & pause::RATE_LIMIT != 0)
+        .count();
+    assert!(
+        marked >= announced && announced >= 1,
+        "{marked} < {announced}"
+    );
+    for s in secs.iter().filter(|s| s.rate_limited > 0) {
+        assert!(s.pause & pause::RATE_LIMIT != 0, "{s:?}");
+    }
+    assert!(secs.iter().all(|s| s.limit == Some(100)));
+    assert!(secs
+        .iter()
+        .any(|s| s.p50_us.is_some() && s.credits.is_some()));
+}
