@@ -337,6 +337,35 @@ mod tests {
         p
     }
 
+    /// What keeping the timeline costs a call (docs/performance.md):
+    /// `cargo test --release --lib timeline_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn timeline_cost() {
+        let p = tmp("cost");
+        let calls = 2_000_000u64;
+        let mut tl = Timeline::open(&p, Some((600, Duration::from_secs(6))), 0).unwrap();
+        let took = std::time::Instant::now();
+        for i in 0..calls {
+            // 50,000 calls a second of the run, a tick every 250 ms of it.
+            let t = i / 50_000;
+            tl.sent(t).unwrap();
+            tl.answered(
+                Answer::Status(200),
+                Some(Duration::from_micros(900 + i % 300)),
+                t,
+            )
+            .unwrap();
+            if i % 12_500 == 0 {
+                tl.tick(Moment::default(), t).unwrap();
+            }
+        }
+        tl.end(Moment::default(), calls / 50_000).unwrap();
+        let ns = took.elapsed().as_nanos() as f64 / calls as f64;
+        println!("timeline: {ns:.1} ns per call");
+        let _ = std::fs::remove_file(&p);
+    }
+
     #[test]
     fn a_record_reads_back_as_written() {
         let s = Second {
