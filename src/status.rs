@@ -297,8 +297,11 @@ fn when(ms: Option<u64>) -> String {
     }
 }
 
-/// Seconds, as a person reads them (`1m 12s`).
+/// Seconds, as a person reads them (`0.4s`, `1m 12s`).
 fn took(s: f64) -> String {
+    if s < 60.0 {
+        return format!("{s:.1}s");
+    }
     humantime::format_duration(Duration::from_secs(s.round() as u64)).to_string()
 }
 
@@ -504,6 +507,12 @@ fn describe_job(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_run_keeps_its_tenths_and_a_long_one_its_minutes() {
+        assert_eq!(took(0.44), "0.4s");
+        assert_eq!(took(72.4), "1m 12s");
+    }
 
     #[test]
     fn plans_table_shows_the_derived_bucket() {
