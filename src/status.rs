@@ -306,8 +306,9 @@ fn took(s: f64) -> String {
 }
 
 /// `batchrun status INPUT --prune`: forgets every job of INPUT but the one
-/// that ran last (jobs made by earlier requests), with their results.
-fn prune(store: &Store, input: &str, out: &mut String) -> anyhow::Result<()> {
+/// that ran last (jobs made by earlier requests), with their results and
+/// timelines.
+fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Result<()> {
     let mut jobs = store.jobs_for_input(input)?;
     let last_ran = |m: &JobMeta| {
         m.last_run()
@@ -321,6 +322,8 @@ fn prune(store: &Store, input: &str, out: &mut String) -> anyhow::Result<()> {
     };
     for m in &jobs {
         store.discard_job(&m.id)?;
+        // Its timeline goes with it (a file that is not there is fine).
+        let _ = std::fs::remove_file(crate::report::timeline::path(dir, &m.id));
         let _ = writeln!(
             out,
             "forgot job {} (last ran {}; {} done, {} failed of {})",
@@ -390,7 +393,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             Err(e) => return Err(e.into()),
         };
         if let (true, Some(a)) = (args.prune, &abs) {
-            prune(&store, a, &mut out)?;
+            prune(&store, &dir, a, &mut out)?;
             continue;
         }
         let jobs = match &abs {

@@ -240,6 +240,14 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
     let left = s.status_json().unwrap();
     assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
     assert_eq!(left[0]["job"], newest);
+    let timelines: Vec<String> = std::fs::read_dir(s.state_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("timeline-"))
+        .collect();
+    let kept = format!("timeline-{}.bin", newest.as_str().unwrap());
+    assert_eq!(timelines, [kept], "the forgotten job's timeline goes too");
 }
 
 #[tokio::test(flavor = "multi_thread")]
