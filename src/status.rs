@@ -286,6 +286,30 @@ impl JobStatus {
     }
 }
 
+/// The last run's line in the text of a stopped job.
+fn last_run_lines(st: &JobStatus, out: &mut String) {
+    if let Some(r) = &st.last_run {
+        let ended = match r.ended_unix_ms {
+            Some(_) => format!("ended {}", when(r.ended_unix_ms)),
+            None => "never ended (killed, or still running)".to_string(),
+        };
+        let code = r
+            .exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "            started {}, {ended}, {}{code}; {} done, {} failed, {} requests, {} rate-limited",
+            when(Some(r.started_unix_ms)),
+            took(r.duration_s),
+            r.done,
+            r.failed,
+            r.requests,
+            r.rate_limited
+        );
+    }
+}
+
 /// A unix time in ms, as RFC 3339 (UTC, to the second).
 fn when(ms: Option<u64>) -> String {
     match ms {
@@ -459,26 +483,7 @@ fn describe_job(
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
-    if let Some(r) = &st.last_run {
-        let ended = match r.ended_unix_ms {
-            Some(_) => format!("ended {}", when(r.ended_unix_ms)),
-            None => "never ended (killed, or still running)".to_string(),
-        };
-        let code = r
-            .exit_code
-            .map(|c| format!(", exit code {c}"))
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "            started {}, {ended}, {}{code}; {} done, {} failed, {} requests, {} rate-limited",
-            when(Some(r.started_unix_ms)),
-            took(r.duration_s),
-            r.done,
-            r.failed,
-            r.requests,
-            r.rate_limited
-        );
-    }
+    last_run_lines(&st, out);
     match last {
         Some(s) => {
             let _ = writeln!(
