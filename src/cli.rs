@@ -353,6 +353,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", help_heading = "State and output")]
     pub failures: Option<PathBuf>,
 
+    /// The results file's format: jsonl, or csv (a header, then line,
+    /// status, the input's own columns, the body as JSON text)
+    /// [default: csv for an --out ending in .csv, else jsonl].
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        help_heading = "State and output"
+    )]
+    pub out_format: Option<crate::settings::values::OutFormat>,
+
+    /// Append one tab-separated line per call to FILE as it completes (GNU
+    /// parallel's joblog: Line, Starttime, JobRuntime, Status, Attempt, Outcome).
+    #[arg(long, value_name = "FILE", help_heading = "State and output")]
+    pub joblog: Option<PathBuf>,
+
     /// Calls per item for transient failures (5xx, timeouts) before it is recorded as failed.
     #[arg(long, default_value = "5", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Request")]
     pub max_attempts: u32,
@@ -568,6 +584,11 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Forget the input's older jobs (made by earlier requests): every job
+    /// of INPUT but the one that ran last is removed, with its results.
+    #[arg(long, requires = "input")]
+    pub prune: bool,
 }
 
 /// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use serde::Serialize;
 
 use std::path::{Path, PathBuf};
 
@@ -116,32 +117,255 @@ impl Progress {
         out: &mut String,
         json: &mut Vec<serde_json::Value>,
     ) {
+        let st = JobStatus::running(self, shard);
+        if as_json {
+            json.push(serde_json::to_value(&st).unwrap_or_default());
+            return;
+        }
         let age = crate::util::unix_now()
             .as_secs()
             .saturating_sub(self.updated_unix);
-        let pending = self.total.saturating_sub(self.done + self.failed);
-        if as_json {
-            let mut v = serde_json::to_value(self).unwrap_or_default();
-            v["running"] = serde_json::Value::Bool(true);
-            v["pending"] = pending.into();
-            v["shard"] = shard.map(|s| s.to_string()).into();
-            json.push(v);
-            return;
-        }
         let who = shard.map(|s| format!("shard {s}, ")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "job {} ({who}running, pid {}; as of {age}s ago): {} done, {} failed, {pending} pending of {}; {} requests, {} rate-limited{}",
+            "job {} ({who}running, pid {}; as of {age}s ago): {} done, {} failed, {} pending of {}; {} requests, {} rate-limited{}",
             self.job,
             self.pid,
             self.done,
             self.failed,
+            st.pending,
             self.total,
             self.requests,
             self.rate_limited,
             self.credits_remaining.map(|c| format!("; credits {c}")).unwrap_or_default(),
         );
+        if let Some(run) = &st.last_run {
+            let _ = writeln!(
+                out,
+                "  started {}, running for {}{}{}",
+                when(Some(run.started_unix_ms)),
+                took(run.duration_s),
+                st.rate_per_min
+                    .map(|r| format!("; {r:.1} items/min"))
+                    .unwrap_or_default(),
+                st.eta_s
+                    .map(|e| format!(", about {} to go", took(e)))
+                    .unwrap_or_default()
+            );
+        }
     }
+}
+
+/// One job as `status --json` shows it: a running job (from what it
+/// publishes) and a stopped one (from its checkpoint) in the same shape,
+/// what one of them cannot know left null.
+#[derive(Debug, Serialize)]
+struct JobStatus {
+    job: String,
+    input: String,
+    shard: Option<String>,
+    running: bool,
+    /// The running process.
+    pid: Option<u32>,
+    total: u64,
+    done: u64,
+    failed: u64,
+    pending: u64,
+    /// Over every run of the job.
+    requests: u64,
+    /// Over every run of the job.
+    rate_limited: u64,
+    credits_remaining: Option<i64>,
+    renewal: Option<u64>,
+    alerts_fired: Vec<String>,
+    last_state: Option<String>,
+    halt_reason: Option<String>,
+    /// The run going on, or the last one.
+    last_run: Option<RunStatus>,
+    /// A running job's pace so far (items per minute).
+    rate_per_min: Option<f64>,
+    /// A running job's time to go at that pace, in seconds.
+    eta_s: Option<f64>,
+}
+
+/// One run in `status`.
+#[derive(Debug, Serialize)]
+struct RunStatus {
+    started_unix_ms: u64,
+    ended_unix_ms: Option<u64>,
+    duration_s: f64,
+    /// running, done, halted, interrupted, failed; null for a run killed
+    /// before it could say.
+    state: Option<String>,
+    exit_code: Option<i32>,
+    done: u64,
+    failed: u64,
+    requests: u64,
+    rate_limited: u64,
+}
+
+impl JobStatus {
+    fn running(p: &Progress, shard: Option<Shard>) -> JobStatus {
+        let pending = p.total.saturating_sub(p.done + p.failed);
+        let now_ms = p.updated_unix * 1000;
+        let last_run = (p.started_unix_ms > 0).then(|| RunStatus {
+            started_unix_ms: p.started_unix_ms,
+            ended_unix_ms: None,
+            duration_s: now_ms.saturating_sub(p.started_unix_ms) as f64 / 1000.0,
+            state: Some("running".into()),
+            exit_code: None,
+            done: p.done_this_run,
+            failed: 0,
+            requests: p.requests,
+            rate_limited: p.rate_limited,
+        });
+        let rate_per_min = last_run
+            .as_ref()
+            .filter(|r| r.duration_s > 0.0 && r.done > 0)
+            .map(|r| (r.done as f64 * 60.0 / r.duration_s * 10.0).round() / 10.0);
+        JobStatus {
+            job: p.job.clone(),
+            input: p.input.clone(),
+            shard: shard.map(|s| s.to_string()),
+            running: true,
+            pid: Some(p.pid),
+            total: p.total,
+            done: p.done,
+            failed: p.failed,
+            pending,
+            requests: p.requests_before + p.requests,
+            rate_limited: p.rate_limited_before + p.rate_limited,
+            credits_remaining: p.credits_remaining,
+            renewal: None,
+            alerts_fired: Vec::new(),
+            last_state: None,
+            halt_reason: None,
+            last_run,
+            eta_s: rate_per_min.map(|r| (pending as f64 * 60.0 / r).round()),
+            rate_per_min,
+        }
+    }
+
+    fn stopped(meta: &JobMeta, shard: Option<Shard>) -> JobStatus {
+        let c = meta.counts();
+        let last = meta.meter.last;
+        let now_ms = crate::util::unix_now().as_millis() as u64;
+        JobStatus {
+            job: meta.id.clone(),
+            input: meta.input.clone(),
+            shard: shard.map(|s| s.to_string()),
+            running: false,
+            pid: None,
+            total: meta.total,
+            done: c.done,
+            failed: c.failed,
+            pending: meta.total.saturating_sub(c.done + c.failed),
+            requests: meta.requests,
+            rate_limited: meta.rate_limited,
+            credits_remaining: last.map(|s| s.remaining),
+            renewal: last.and_then(|s| s.renewal),
+            alerts_fired: meta.meter.fired.clone(),
+            last_state: meta.last_state.clone(),
+            halt_reason: meta.halt_reason.clone(),
+            last_run: meta.last_run().map(|r| RunStatus {
+                started_unix_ms: r.started_unix_ms,
+                ended_unix_ms: r.ended_unix_ms,
+                // A killed run: until its last call.
+                duration_s: r
+                    .duration_s(now_ms.min(meta.last_active_unix_ms.max(r.started_unix_ms))),
+                state: r.state.clone(),
+                exit_code: r.exit_code,
+                done: r.done,
+                failed: r.failed,
+                requests: r.requests,
+                rate_limited: r.rate_limited,
+            }),
+            rate_per_min: None,
+            eta_s: None,
+        }
+    }
+}
+
+/// The last run's line in the text of a stopped job.
+fn last_run_lines(st: &JobStatus, out: &mut String) {
+    if let Some(r) = &st.last_run {
+        let ended = match r.ended_unix_ms {
+            Some(_) => format!("ended {}", when(r.ended_unix_ms)),
+            None => "never ended (killed, or still running)".to_string(),
+        };
+        let code = r
+            .exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "            started {}, {ended}, {}{code}; {} done, {} failed, {} requests, {} rate-limited",
+            when(Some(r.started_unix_ms)),
+            took(r.duration_s),
+            r.done,
+            r.failed,
+            r.requests,
+            r.rate_limited
+        );
+    }
+}
+
+/// A unix time in ms, as RFC 3339 (UTC, to the second).
+fn when(ms: Option<u64>) -> String {
+    match ms {
+        Some(ms) => {
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
+                .to_string()
+        }
+        None => "-".into(),
+    }
+}
+
+/// Seconds, as a person reads them (`0.4s`, `1m 12s`).
+fn took(s: f64) -> String {
+    if s < 60.0 {
+        return format!("{s:.1}s");
+    }
+    humantime::format_duration(Duration::from_secs(s.round() as u64)).to_string()
+}
+
+/// `batchrun status INPUT --prune`: forgets every job of INPUT but the one
+/// that ran last (jobs made by earlier requests), with their results and
+/// timelines.
+fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Result<()> {
+    let mut jobs = store.jobs_for_input(input)?;
+    let last_ran = |m: &JobMeta| {
+        m.last_run()
+            .map_or(0, |r| r.started_unix_ms)
+            .max(m.last_active_unix_ms)
+            .max(m.created_unix * 1000)
+    };
+    jobs.sort_by_key(last_ran);
+    let Some(kept) = jobs.pop() else {
+        return Ok(());
+    };
+    for m in &jobs {
+        store.discard_job(&m.id)?;
+        // Its timeline goes with it (a file that is not there is fine).
+        let _ = std::fs::remove_file(crate::report::timeline::path(dir, &m.id));
+        let _ = writeln!(
+            out,
+            "forgot job {} (last ran {}; {} done, {} failed of {})",
+            m.id,
+            when(Some(last_ran(m))),
+            m.done,
+            m.failed,
+            m.total
+        );
+    }
+    store.flush()?;
+    let _ = writeln!(
+        out,
+        "kept job {} ({} older job(s) forgotten)",
+        kept.id,
+        jobs.len()
+    );
+    Ok(())
 }
 
 /// `batchrun status INPUT`: progress from the checkpoint (and every shard's);
@@ -192,6 +416,10 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             }
             Err(e) => return Err(e.into()),
         };
+        if let (true, Some(a)) = (args.prune, &abs) {
+            prune(&store, &dir, a, &mut out)?;
+            continue;
+        }
         let jobs = match &abs {
             Some(a) => store.jobs_for_input(a)?,
             None => store.jobs()?,
@@ -207,7 +435,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             .map_or("any input".to_string(), |i| i.display().to_string());
         anyhow::bail!("no job for {what} in {}", state_dir.display());
     }
-    if args.json {
+    if args.json && !args.prune {
         // Always an array, whatever the number of jobs: a script reads one shape.
         out = format!("{}\n", serde_json::Value::Array(json));
     }
@@ -225,20 +453,9 @@ fn describe_job(
     let c = meta.counts();
     let pending = meta.total.saturating_sub(c.done + c.failed);
     let last = meta.meter.last;
+    let st = JobStatus::stopped(meta, shard);
     if as_json {
-        let mut v = serde_json::json!({
-            "job": meta.id, "input": meta.input, "total": meta.total,
-            "done": c.done, "failed": c.failed, "pending": pending,
-            "credits_remaining": last.map(|s| s.remaining),
-            "renewal": last.and_then(|s| s.renewal),
-            "alerts_fired": meta.meter.fired,
-            "last_state": meta.last_state, "halt_reason": meta.halt_reason,
-            "requests": meta.requests, "rate_limited": meta.rate_limited,
-        });
-        if let Some(s) = shard {
-            v["shard"] = serde_json::Value::String(s.to_string());
-        }
-        json.push(v);
+        json.push(serde_json::to_value(&st)?);
         return Ok(());
     }
     let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
@@ -266,6 +483,7 @@ fn describe_job(
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
+    last_run_lines(&st, out);
     match last {
         Some(s) => {
             let _ = writeln!(
@@ -297,6 +515,12 @@ fn describe_job(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_run_keeps_its_tenths_and_a_long_one_its_minutes() {
+        assert_eq!(took(0.44), "0.4s");
+        assert_eq!(took(72.4), "1m 12s");
+    }
 
     #[test]
     fn plans_table_shows_the_derived_bucket() {

@@ -33,12 +33,14 @@ mod commit;
 mod index;
 mod items;
 mod log;
+mod runs;
 mod states;
 
 pub use chunks::LINES_PER_CHUNK;
 pub use commit::{Backlog, Committed, Committer, GroupCommit, Record};
 pub use items::{JobItems, Results};
 pub use log::Entry;
+pub use runs::{RunRecord, RUNS_KEPT};
 pub use states::LineStates;
 
 /// The layout of the item records this version writes (see the module docs).
@@ -156,6 +158,9 @@ pub struct JobMeta {
     /// What `--out` and `--failures` were last written from.
     #[serde(default)]
     pub outputs: Option<OutputStamp>,
+    /// The job's last runs, oldest first ([`RunRecord`]).
+    #[serde(default)]
+    pub runs: Vec<RunRecord>,
 }
 
 impl JobMeta {

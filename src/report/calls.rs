@@ -43,6 +43,16 @@ impl Answer {
     }
 }
 
+/// Which call this was: the item's line and the call's attempt for it
+/// (1 for the first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallId {
+    /// The item's line in the input.
+    pub line: u64,
+    /// The attempt, from 1.
+    pub attempt: u32,
+}
+
 /// Counts and latencies of the calls of one run.
 #[derive(Debug, Clone)]
 pub struct CallStats {

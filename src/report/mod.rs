@@ -12,8 +12,11 @@ use crate::credits::Alert;
 use crate::exit::RunState;
 
 pub mod calls;
+pub mod joblog;
 pub mod progress;
 pub mod published;
+pub mod sinks;
+pub mod timeline;
 
 pub use progress::{Reporter, View};
 

@@ -27,6 +27,18 @@ pub struct Progress {
     pub pid: u32,
     /// When this was written (unix seconds).
     pub updated_unix: u64,
+    /// When this run started (unix ms).
+    #[serde(default)]
+    pub started_unix_ms: u64,
+    /// Items done by this run.
+    #[serde(default)]
+    pub done_this_run: u64,
+    /// Calls the job's earlier runs sent.
+    #[serde(default)]
+    pub requests_before: u64,
+    /// Rate-limit 429s of the job's earlier runs.
+    #[serde(default)]
+    pub rate_limited_before: u64,
 }
 
 /// Where job `job` of a run in `state_dir` publishes its progress.

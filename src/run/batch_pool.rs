@@ -22,6 +22,7 @@ use super::watch::{Systemic, Verdict};
 use crate::classify::CallError;
 use crate::input::Item;
 use crate::pace::Weight;
+use crate::report::calls::CallId;
 use crate::request::{BatchSpec, BatchWeight};
 use crate::transport::Request;
 
@@ -208,7 +209,14 @@ impl Pool {
             for e in &mut chunk {
                 e.tries.n += 1;
             }
-            let outcome = self.call(&req, permit, guard, Some(&batching.spec)).await;
+            // The job log has one line per call: a batch's names its first item.
+            let id = CallId {
+                line: chunk[0].item.line,
+                attempt: chunk[0].tries.n,
+            };
+            let outcome = self
+                .call(&req, permit, guard, id, Some(&batching.spec))
+                .await;
             drop(slot);
             match self.answer(outcome, chunk, &req, batching, probing).await {
                 Step::Again(back) => chunk = back,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::credits::{Alert, CreditSnapshot};
 use crate::pace::PaceNote;
-use crate::report::calls::Answer;
+use crate::report::calls::{Answer, CallId};
 
 /// One thing that happened in the pool.
 #[derive(Debug, PartialEq)]
@@ -57,8 +57,8 @@ pub enum Event {
         message: Option<String>,
     },
     /// A call came back (or failed to), after this long; no latency for a
-    /// call that never left.
-    Answered(Answer, Option<Duration>),
+    /// call that never left; which call it was.
+    Answered(Answer, Option<Duration>, CallId),
     /// A transient failure will be retried.
     Retry,
     /// A newer credit balance.

@@ -164,6 +164,7 @@ pub async fn finish(
         _ => exit::for_state(state, counts.failed),
     };
     close_record(&e, &mut meta, state, &halt_reason);
+    close_run(&e, &mut meta, state, exit_code);
     // A run stopped by failures before it finished anything (a mistyped
     // URL) has nothing to put in place of results already there.
     let keep_old = matches!(halt, Some(Halt::Systemic(_)))
@@ -239,6 +240,23 @@ fn close_record(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, why: &Optio
         .and_then(|v| v.as_str().map(str::to_string));
 }
 
+/// This run's record: when it ended, how, and what it did.
+fn close_run(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, exit_code: i32) {
+    let failed = meta.failed;
+    let Some(run) = meta.last_run_mut() else {
+        return;
+    };
+    run.ended_unix_ms = Some(crate::util::unix_now().as_millis() as u64);
+    run.state = serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string));
+    run.exit_code = Some(exit_code);
+    run.done = Stats::get(&e.stats.done_this_run);
+    run.failed = failed.saturating_sub(run.failed_before);
+    run.requests = Stats::get(&e.stats.requests);
+    run.rate_limited = Stats::get(&e.stats.rate_limited);
+}
+
 /// The run fails on an error recording results (unless the halt already
 /// says the storage failed) or reading the input.
 fn fatal(record_err: Option<anyhow::Error>, feeder: FeederResult) -> Result<(), RunError> {
@@ -303,6 +321,10 @@ fn record_halt(e: &Ending<'_>, why: &str) {
     if let Ok(Some(mut meta)) = e.items.job() {
         meta.last_state = Some("halted".into());
         meta.halt_reason = Some(why.to_string());
+        if let Some(run) = meta.last_run_mut() {
+            run.state = Some("halted".into());
+            run.exit_code = Some(exit::HALTED);
+        }
         let _ = e.store.save_job(&meta).and_then(|()| e.store.flush());
     }
 }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 mod batch;
 mod batch_pool;
+mod csv_out;
 mod damage;
 pub mod events;
 mod feeder;
@@ -360,6 +361,19 @@ fn start<F>(
 where
     F: Future<Output = Signal> + Send + 'static,
 {
+    // Before any call: a job log that cannot be written stops here.
+    let sinks = crate::report::sinks::Sinks::open(
+        &crate::report::sinks::SinkPaths {
+            joblog: settings.joblog.as_deref(),
+            timeline: Some(&crate::report::timeline::path(
+                &settings.state_dir,
+                &job.meta.id,
+            )),
+            limit: settings.limit.rate().map(|r| (r.count, r.period)),
+        },
+        shared.reporter.printer(),
+    )
+    .map_err(RunError::Usage)?;
     let committer = job
         .items
         .committer(job.meta.clone(), GroupCommit::default())
@@ -397,7 +411,7 @@ where
             None => workers.spawn(pool.clone().worker(queue.clone())),
         };
     }
-    let recorder = recorder(settings, job, pool, shared, meter, committer);
+    let recorder = recorder(settings, job, pool, shared, meter, committer, sinks);
     Ok(Running {
         workers,
         queue,
@@ -415,6 +429,7 @@ fn recorder(
     shared: &Shared,
     meter: CreditMeter,
     committer: Committer,
+    sinks: crate::report::sinks::Sinks,
 ) -> Recorder {
     let gauges = Gauges {
         slots: pool.slots.clone(),
@@ -427,6 +442,8 @@ fn recorder(
         job: job.meta.id.clone(),
         input: job.meta.input.clone(),
         total: job.scan.total,
+        started_unix_ms: crate::util::unix_now().as_millis() as u64,
+        before: (job.meta.requests, job.meta.rate_limited),
     };
     let steady = steady_per_min(settings);
     Recorder {
@@ -434,13 +451,19 @@ fn recorder(
         committer,
         reporter: shared.reporter.clone(),
         alerter: shared.alerter.clone(),
-        meta: job.meta.clone(),
+        meta: {
+            // This run's record, on disk with the job's first save.
+            let mut meta = job.meta.clone();
+            meta.start_run(crate::util::unix_now().as_millis() as u64);
+            meta
+        },
         meter,
         origin: settings.origin.clone(),
         fleet_alerts: shared.fleet_alerts.clone(),
         announced_until: None,
         calls: Default::default(),
         ticks: Ticks::new(gauges, publish, shared.started, steady),
+        sinks,
     }
 }
 

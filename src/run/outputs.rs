@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use super::job::{current_stamp, grew};
 use crate::checkpoint::{CheckpointError, Entry, ItemState, JobItems, JobMeta};
 use crate::input::{self, InputError, Item};
+use crate::settings::values::OutFormat;
 use crate::settings::Settings;
 
 /// Why the outputs were not written.
@@ -128,7 +129,7 @@ fn write_both(
     items: &JobItems,
     meta: &mut JobMeta,
 ) -> Result<(), OutputError> {
-    let mut out = create(&settings.out)?;
+    let mut out = Results::create(settings)?;
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
     let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
@@ -176,7 +177,7 @@ fn write_both(
         written(
             settings,
             match e.state {
-                ItemState::Done => done_line(&mut out, &item, &e, keyed),
+                ItemState::Done => out.done(&item, &e, keyed),
                 ItemState::Failed => {
                     failed_line(&mut fail, (item.line, Some(&item.value)), &e, keyed)
                 }
@@ -204,6 +205,7 @@ fn write_both(
             settings.failures.display()
         )));
     }
+    let out = written(settings, out.into_inner())?;
     put_in_place([(out, &settings.out), (fail, &settings.failures)], meta)?;
     if let Some(stamp) = current_stamp(settings, meta.revision) {
         items.save_outputs(stamp)?;
@@ -211,8 +213,42 @@ fn write_both(
     Ok(())
 }
 
-/// A line written to the outputs, or why not.
-fn written(settings: &Settings, r: anyhow::Result<()>) -> Result<(), OutputError> {
+/// The results file being written, in its format.
+enum Results {
+    Jsonl(BufWriter<File>),
+    Csv(Box<super::csv_out::CsvOut>),
+}
+
+impl Results {
+    fn create(settings: &Settings) -> Result<Results, OutputError> {
+        match settings.out_format {
+            OutFormat::Jsonl => Ok(Results::Jsonl(create(&settings.out)?)),
+            OutFormat::Csv => {
+                let columns = super::csv_out::columns(settings)?;
+                let w = create(&settings.out)?;
+                let csv = super::csv_out::CsvOut::new(w, columns);
+                Ok(Results::Csv(Box::new(written(settings, csv)?)))
+            }
+        }
+    }
+
+    fn done(&mut self, item: &Item, e: &Entry<'_>, keyed: Keyed) -> anyhow::Result<()> {
+        match self {
+            Results::Jsonl(w) => done_line(w, item, e, keyed),
+            Results::Csv(c) => c.row(item, e),
+        }
+    }
+
+    fn into_inner(self) -> anyhow::Result<BufWriter<File>> {
+        match self {
+            Results::Jsonl(w) => Ok(w),
+            Results::Csv(c) => c.into_inner(),
+        }
+    }
+}
+
+/// What was written to the outputs, or why not.
+fn written<T>(settings: &Settings, r: anyhow::Result<T>) -> Result<T, OutputError> {
     r.with_context(|| format!("writing {}", settings.out.display()))
         .map_err(OutputError::Write)
 }

@@ -19,7 +19,7 @@ use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{PaceError, Pacer, Permit, Weight};
-use crate::report::calls::Answer;
+use crate::report::calls::{Answer, CallId};
 use crate::request::{BatchSpec, RequestSpec};
 use crate::transport::{FailureKind, Request, Response, Transport};
 
@@ -180,7 +180,11 @@ impl Pool {
             };
             self.emit(Event::Sent);
             tries.n += 1;
-            let outcome = self.call(&req, permit, guard, None).await;
+            let id = CallId {
+                line: item.line,
+                attempt: tries.n,
+            };
+            let outcome = self.call(&req, permit, guard, id, None).await;
             drop(slot);
             match self.act(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
@@ -458,12 +462,13 @@ impl Pool {
     }
 
     /// Sends one call and reads what its response means; `batch` when it
-    /// carries a batch of items.
+    /// carries a batch of items (`id` then names its first item).
     pub(super) async fn call(
         &self,
         req: &Request,
         permit: Permit,
         guard: InFlight,
+        id: CallId,
         batch: Option<&BatchSpec>,
     ) -> Outcome {
         let sent = Instant::now();
@@ -482,6 +487,7 @@ impl Pool {
                 Err(e) => Answer::Failure(e.kind),
             },
             latency,
+            id,
         ));
         if self.cfg.verbose {
             let url = match &self.spec.key {

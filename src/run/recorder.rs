@@ -52,6 +52,8 @@ pub struct Recorder {
     pub calls: CallStats,
     /// The progress, redrawn every tick.
     pub ticks: Ticks,
+    /// The observers that keep a record of the run (`--joblog`).
+    pub sinks: crate::report::sinks::Sinks,
 }
 
 /// What the recorder tells the workers' supervisor when a signal comes:
@@ -132,10 +134,12 @@ impl Recorder {
                         self.take(Event::Pace(note), &mut saving);
                     }
                     self.ticks.tick(&self.stats, &self.reporter);
+                    self.sinks.tick(self.ticks.moment());
                 }
             }
         }
         self.ticks.end();
+        self.sinks.end(self.ticks.moment());
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
@@ -247,6 +251,7 @@ impl Recorder {
         let stats = &self.stats;
         match ev {
             Event::Sent => {
+                self.sinks.sent();
                 Stats::bump(&stats.requests);
                 self.meta.last_active_unix_ms = unix_now().as_millis() as u64;
             }
@@ -292,8 +297,14 @@ impl Recorder {
                 pause,
                 concurrency,
                 message,
-            } => self.rate_limited(pause, concurrency, message),
-            Event::Answered(answer, latency) => self.calls.add(answer, latency),
+            } => {
+                self.sinks.rate_limited(concurrency);
+                self.rate_limited(pause, concurrency, message);
+            }
+            Event::Answered(answer, latency, id) => {
+                self.sinks.answered(id, answer, latency);
+                self.calls.add(answer, latency);
+            }
             Event::Retry => Stats::bump(&stats.retries),
             Event::Credits(s) => return Ok(self.credits(s)),
             Event::Pace(note) => return Ok(self.pace_note(note)),

@@ -41,6 +41,10 @@ pub struct Publish {
     pub input: String,
     /// Items in the input.
     pub total: u64,
+    /// When the run started (unix ms).
+    pub started_unix_ms: u64,
+    /// Calls and rate-limit 429s of the job's earlier runs.
+    pub before: (u64, u64),
 }
 
 /// The progress display and the progress file, redrawn every tick.
@@ -101,6 +105,18 @@ impl Ticks {
         });
     }
 
+    /// What the run's timeline reads besides the events: the pause, the
+    /// wait for credits, the learnt limit and the balance.
+    pub fn moment(&self) -> crate::report::timeline::Moment {
+        let (g, now) = (&self.gauges, Instant::now());
+        crate::report::timeline::Moment {
+            paused: g.pacer.paused_until().is_some_and(|u| u > now),
+            waiting_credits: g.gate.waiting_probe_in(now).is_some(),
+            learnt: g.pacer.learnt(),
+            credits: g.ledger.last().map(|s| s.remaining),
+        }
+    }
+
     /// The run no longer holds the checkpoint: `batchrun status` reads it.
     pub fn end(&self) {
         let path =
@@ -121,6 +137,10 @@ impl Ticks {
             credits_remaining: self.gauges.ledger.last().map(|s| s.remaining),
             pid: std::process::id(),
             updated_unix: crate::util::unix_now().as_secs(),
+            started_unix_ms: p.started_unix_ms,
+            done_this_run: Stats::get(&stats.done_this_run),
+            requests_before: p.before.0,
+            rate_limited_before: p.before.1,
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = progress.publish(&p.state_dir);

@@ -89,6 +89,10 @@ pub struct Settings {
     pub out: PathBuf,
     /// The failures file.
     pub failures: PathBuf,
+    /// The results file's format.
+    pub out_format: crate::settings::values::OutFormat,
+    /// `--joblog`: one line per call, appended.
+    pub joblog: Option<PathBuf>,
     /// Where the checkpoint lives.
     pub state_dir: PathBuf,
     /// What to send for each item.
@@ -355,6 +359,8 @@ impl Settings {
                     .unwrap_or_default(),
             format,
             input: args.input.clone(),
+            out_format: crate::settings::values::OutFormat::for_out(args.out_format, &out),
+            joblog: args.joblog.clone(),
             out,
             failures,
             state_dir,

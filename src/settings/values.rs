@@ -88,3 +88,24 @@ pub enum ColorChoice {
     /// Never.
     Never,
 }
+
+/// The results file's format (`--out-format`, else `--out`'s extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum OutFormat {
+    /// One JSON object per line (the default).
+    #[default]
+    Jsonl,
+    /// A header, then one row per item: line, status, the input's own
+    /// columns, the body as JSON text.
+    Csv,
+}
+
+impl OutFormat {
+    /// The format asked for, else the one `out`'s extension names.
+    pub fn for_out(asked: Option<OutFormat>, out: &std::path::Path) -> OutFormat {
+        asked.unwrap_or_else(|| match out.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("csv") => OutFormat::Csv,
+            _ => OutFormat::Jsonl,
+        })
+    }
+}

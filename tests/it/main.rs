@@ -12,6 +12,7 @@ mod operator;
 mod pacing;
 mod policies;
 mod pool;
+mod report;
 mod reruns;
 mod run;
 mod scale;

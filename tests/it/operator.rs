@@ -176,7 +176,7 @@ async fn status_works_while_the_job_runs_and_always_prints_an_array() {
         "one job, still an array: {after}"
     );
     assert_eq!(after[0]["done"], 24);
-    assert!(after[0].get("running").is_none(), "{after}");
+    assert_eq!(after[0]["running"], false, "{after}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

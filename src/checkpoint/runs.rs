@@ -1,0 +1,104 @@
+//! A job's runs, kept in its record: when each started and ended, how it
+//! ended and what it did, for `status` and the report. A record of a run
+//! that was killed has a start and no end. The field is new: an older job
+//! record has none and opens as a job with no runs recorded.
+
+use serde::{Deserialize, Serialize};
+
+use super::JobMeta;
+
+/// The most runs a job keeps: the oldest go first. A nightly job keeps
+/// three months of them in about 15 KB of its record.
+pub const RUNS_KEPT: usize = 100;
+
+/// One run of a job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// When it started (unix ms).
+    pub started_unix_ms: u64,
+    /// When it ended (unix ms); None for a run still going or killed.
+    #[serde(default)]
+    pub ended_unix_ms: Option<u64>,
+    /// How it ended: done, halted, interrupted, failed.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// Its exit code.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Items it finished.
+    #[serde(default)]
+    pub done: u64,
+    /// Items it recorded as failed.
+    #[serde(default)]
+    pub failed: u64,
+    /// Calls it sent.
+    #[serde(default)]
+    pub requests: u64,
+    /// Rate-limit 429s it received.
+    #[serde(default)]
+    pub rate_limited: u64,
+    /// The job's failed items when it started, to count its own at the end.
+    #[serde(skip)]
+    pub failed_before: u64,
+}
+
+impl RunRecord {
+    /// How long it ran (until `now_ms` if it has not ended), in seconds.
+    pub fn duration_s(&self, now_ms: u64) -> f64 {
+        let end = self.ended_unix_ms.unwrap_or(now_ms);
+        end.saturating_sub(self.started_unix_ms) as f64 / 1000.0
+    }
+}
+
+impl JobMeta {
+    /// A run starts now: its record goes at the end (the oldest one past
+    /// [`RUNS_KEPT`] is dropped).
+    pub fn start_run(&mut self, now_unix_ms: u64) {
+        self.runs.push(RunRecord {
+            started_unix_ms: now_unix_ms,
+            failed_before: self.failed,
+            ..RunRecord::default()
+        });
+        let over = self.runs.len().saturating_sub(RUNS_KEPT);
+        self.runs.drain(..over);
+    }
+
+    /// The last run's record, if any was kept.
+    pub fn last_run(&self) -> Option<&RunRecord> {
+        self.runs.last()
+    }
+
+    /// The current run's record, to close it.
+    pub fn last_run_mut(&mut self) -> Option<&mut RunRecord> {
+        self.runs.last_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_record_opens_with_no_runs_and_a_new_one_keeps_them() {
+        let old = r#"{"id":"j","input":"/x","fingerprint":"f","total":3,"template":"t",
+            "created_unix":1,"last_active_unix_ms":2,"meter":{"last":null,"fired":[],"cycle_renewal":null},"halt_reason":null,
+            "last_state":"done","requests":3,"rate_limited":0,"retries":0,"cost_per_item":null}"#;
+        let mut meta: JobMeta = serde_json::from_str(old).unwrap();
+        assert!(meta.runs.is_empty());
+        meta.start_run(1_000);
+        meta.last_run_mut().unwrap().ended_unix_ms = Some(3_500);
+        let back: JobMeta = serde_json::from_slice(&serde_json::to_vec(&meta).unwrap()).unwrap();
+        assert_eq!(back.runs, meta.runs);
+        assert_eq!(back.last_run().unwrap().duration_s(0), 2.5);
+    }
+
+    #[test]
+    fn only_the_last_runs_are_kept() {
+        let mut meta = JobMeta::default();
+        for i in 0..(RUNS_KEPT as u64 + 5) {
+            meta.start_run(i);
+        }
+        assert_eq!(meta.runs.len(), RUNS_KEPT);
+        assert_eq!(meta.runs[0].started_unix_ms, 5);
+    }
+}
