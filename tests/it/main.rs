@@ -15,4 +15,5 @@ mod run;
 mod scale;
 mod sim;
 mod sim_modes;
+mod sim_shapes;
 mod trust;
