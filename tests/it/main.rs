@@ -18,4 +18,5 @@ mod run;
 mod scale;
 mod sim;
 mod sim_modes;
+mod sim_shapes;
 mod trust;

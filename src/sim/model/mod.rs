@@ -23,6 +23,8 @@ mod limiter;
 pub mod policy;
 pub mod refusals;
 #[cfg(test)]
+mod shape_props;
+#[cfg(test)]
 mod shape_tests;
 pub mod sliding_window;
 pub mod spike_arrest;

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# batchrun against real nginx `limit_req`, the most common front door of an
+# HTTP API (issue 19): nginx at rate=30r/s, once with `burst=5 nodelay` and
+# once with no burst, answering 429 (`limit_req_status 429`), proxying to an
+# unlimited `batchrun sim`. batchrun is told `--limit 30/1s -c 5` and runs
+# 210 items with the default pacer and with `--pacer bucket`.
+#
+# Prints one row per (nginx config, pacer): wall time, the ideal time (the
+# burst at once, then the rate), their ratio, and the 429s nginx answered
+# (from its access log, so retries count).
+#
+#   examples/nginx_bench.sh                       # target/release/batchrun
+#   BIN=/work/target-rel/release/batchrun examples/nginx_bench.sh
+#   ITEMS=420 PACERS="window bucket spike" examples/nginx_bench.sh
+#
+# Needs nginx (`apt-get install -y nginx`); runs it as the current user on
+# loopback ports chosen here, with everything under a temporary directory.
+set -euo pipefail
+
+BIN=${BIN:-target/release/batchrun}
+ITEMS=${ITEMS:-210}
+PACERS=${PACERS:-"window bucket"}
+RATE=30
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+
+[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
+[ -x "$NGINX" ] || { echo "no nginx (apt-get install -y nginx)" >&2; exit 2; }
+
+TMP=$(mktemp -d /tmp/nginx_bench.XXXXXX)
+SIM_PID=""
+NGINX_PID=""
+cleanup() {
+    [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
+    [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# The unlimited sim behind nginx: it must never be what limits.
+"$BIN" sim --listen 127.0.0.1:0 --model window --limit none --concurrency 1000 \
+    --credits 1000000000 >"$TMP/sim.out" 2>"$TMP/sim.err" &
+SIM_PID=$!
+for _ in $(seq 100); do
+    grep -q '^listening on' "$TMP/sim.out" 2>/dev/null && break
+    sleep 0.05
+done
+SIM=$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)
+[ -n "$SIM" ] || { echo "the sim did not start: $(cat "$TMP/sim.err")" >&2; exit 1; }
+
+for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
+
+# $1: the limit_req burst clause ("burst=5 nodelay" or "").
+start_nginx() {
+    local port=$1 clause=$2
+    mkdir -p "$TMP/nginx"
+    : >"$TMP/nginx/access.log"
+    cat >"$TMP/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log $TMP/nginx/access.log;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    limit_req_zone \$binary_remote_addr zone=api:1m rate=${RATE}r/s;
+    upstream sim { server $SIM; keepalive 16; }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            limit_req zone=api $clause;
+            limit_req_status 429;
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    # As root nginx would switch its worker to `nobody`; stay who we are.
+    if [ "$(id -u)" = 0 ]; then sed -i '1i user root;' "$TMP/nginx/nginx.conf"; fi
+    "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' \
+        2>>"$TMP/nginx/stderr" &
+    NGINX_PID=$!
+    for _ in $(seq 100); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.2)" \
+            2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "nginx did not start: $(cat "$TMP/nginx/stderr" "$TMP/nginx/error.log")" >&2
+    exit 1
+}
+
+stop_nginx() {
+    kill "$NGINX_PID" 2>/dev/null || true
+    wait "$NGINX_PID" 2>/dev/null || true
+    NGINX_PID=""
+}
+
+printf '%-22s %-7s %8s %8s %6s %5s %5s\n' "nginx" "pacer" "wall_s" "ideal_s" "ratio" "429s" "exit"
+run=0
+for burst in 5 0; do
+    if [ "$burst" = 0 ]; then clause=""; name="rate=30r/s, no burst"; else
+        clause="burst=$burst nodelay"; name="rate=30r/s, burst=$burst"; fi
+    # The ideal: the burst and one at once, then the rate.
+    ideal=$(python3 -c "print(f'{max(0, $ITEMS - $burst - 1) / $RATE:.2f}')")
+    for pacer in $PACERS; do
+        run=$((run + 1))
+        port=$(free_port)
+        # A fresh nginx per run: its zone starts empty, as for a new client.
+        start_nginx "$port" "$clause"
+        t0=$(date +%s.%N)
+        set +e
+        BATCHRUN_API_KEY=bench "$BIN" "$TMP/items.jsonl" \
+            --url "http://127.0.0.1:$port/v1/echo?n={n}" \
+            --limit 30/1s -c 5 --pacer "$pacer" --quiet \
+            --state-dir "$TMP/state-$run" --out "$TMP/out-$run.jsonl" \
+            --failures "$TMP/failures-$run.jsonl" >"$TMP/run-$run.out" 2>"$TMP/run-$run.err"
+        code=$?
+        set -e
+        t1=$(date +%s.%N)
+        stop_nginx
+        refused=$(awk '$9 == 429' "$TMP/nginx/access.log" | wc -l)
+        python3 - "$name" "$pacer" "$t0" "$t1" "$ideal" "$refused" "$code" <<'EOF'
+import sys
+name, pacer, t0, t1, ideal, refused, code = sys.argv[1:]
+wall = float(t1) - float(t0)
+print(f"{name:<22} {pacer:<7} {wall:8.2f} {float(ideal):8.2f} {wall / float(ideal):5.2f}x {refused:>5} {code:>5}")
+EOF
+    done
+done
