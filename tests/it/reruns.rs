@@ -422,3 +422,48 @@ fn the_man_page_and_completions_know_runs_options() {
         .unwrap_or_default();
     assert!(top.contains("--plan"), "{top}");
 }
+
+/// A pipe that grew is named as the pipe, not as its spooled copy (a
+/// digest-named file the run removes), and only the added row is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grown_pipe_is_named_as_the_pipe_and_sends_only_its_new_row() {
+    let s = Scenario::new("pipe-named").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("piped.results.jsonl");
+    let rows = |n: u64| -> String { (1..=n).map(|i| format!("{{\"n\": {i}}}\n")).collect() };
+    let r = piped(&s, &rows(5), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = piped(&s, &rows(6), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the piped input (stdin) grew by 1 item(s)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("spool"), "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 6);
+}
+
+/// A reserve halt's reason reads as one sentence: the alert's words go on
+/// after the reason's (";"), not as a sentence in lower case.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reserve_halt_reason_is_one_sentence() {
+    let s = Scenario::new("reserve-words")
+        .with_sim(&["--limit", "600/1s", "--credits", "15"])
+        .numbers(10);
+    let r = s.run(&["--limit", "600/1s", "--concurrency", "1", "--reserve", "10"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    let reason = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("reserve reached: 10 credits left"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("with one call; halted to keep the reserve of 10 credits"),
+        "{reason}"
+    );
+    assert!(!reason.contains(". halted"), "{reason}");
+    assert_side_effects(&s.sim().stats().await, 5);
+}
