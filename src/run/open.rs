@@ -139,8 +139,8 @@ fn changed_request(
         meta.key_base = Some(located.id.clone());
         store.save_job(&meta).context("writing the checkpoint")?;
         crate::report::err_line(&format!(
-            "batchrun: --keep-done: the request changed; the {} item(s) job {} finished under \
-             the earlier one stay done, and the pending ones go under the new request",
+            "batchrun: --keep-done: the request changed; the {} item(s) of job {} finished \
+             under the earlier request stay done, and the pending ones go under the new one",
             old.done + old.failed,
             old.id
         ));
