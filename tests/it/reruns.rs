@@ -467,3 +467,39 @@ async fn a_reserve_halt_reason_is_one_sentence() {
     assert!(!reason.contains(". halted"), "{reason}");
     assert_side_effects(&s.sim().stats().await, 5);
 }
+
+/// `--skip-invalid` with a row that parses but lacks a field the URL needs
+/// (beside a row that does not parse): both are failures with their
+/// reason, the rest are sent once, and the run finishes (exit 3) rather
+/// than calling the untouched input changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_invalid_passes_a_row_missing_a_field_and_finishes() {
+    let s = Scenario::new("skip-field")
+        .with_sim(&["--limit", "none"])
+        .input(
+            "items.jsonl",
+            "{\"n\": 1}\n{\"n\": 2\n{\"m\": 3}\n{\"n\": 4}\n{\"n\": 5}\n",
+        );
+    let r = s.run(&["--limit", "none", "--skip-invalid"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("changed while the job ran"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["done"], 3, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 2, "{}", r.summary);
+    let failures = jsonl(&s.failures_path());
+    let reasons: Vec<&str> = failures
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(lines_of(&s.failures_path()), [2, 3], "{reasons:?}");
+    assert!(reasons[1].contains("no field \"n\""), "{reasons:?}");
+    assert_eq!(lines_of(&s.out_path()), [1, 4, 5]);
+    assert_side_effects(&s.sim().stats().await, 3);
+    // The next night, the same command: nothing is sent again.
+    let r = s.run(&["--limit", "none", "--skip-invalid"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+}
