@@ -503,3 +503,34 @@ async fn skip_invalid_passes_a_row_missing_a_field_and_finishes() {
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 0, "{}", r.summary);
 }
+
+/// A new job whose state dir cannot be written (a file size limit stands
+/// in for a full disk) is told so without a word about a checkpoint to
+/// resume, since there is none yet; nothing is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_for_a_new_job_speaks_of_no_checkpoint() {
+    let s = Scenario::new("full-new")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(5);
+    let mut c = s.cmd(&["--limit", "600/1s"]);
+    with_file_size_limit(&mut c, 0);
+    let r = finish(c);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot be read or written"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("it holds no checkpoint yet"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("resumes where it stopped"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("is damaged"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
