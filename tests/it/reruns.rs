@@ -534,3 +534,25 @@ async fn a_full_disk_for_a_new_job_speaks_of_no_checkpoint() {
     assert!(!r.stderr.contains("is damaged"), "{}", r.stderr);
     assert_eq!(s.sim().stats().await["requests"], 0);
 }
+
+/// An input regenerated with rows removed and none changed or added sends
+/// nothing, and says so plainly (not "the other 0 ... are pending").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shrunk_input_sends_nothing_and_says_none_is_new() {
+    let s = Scenario::new("shrunk")
+        .with_sim(&["--limit", "none"])
+        .numbers(6);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    numbers(s.dir(), "items.jsonl", 4);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("4 item(s) it still holds keep their results (matched by content); none is changed or new"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 6);
+}
