@@ -178,12 +178,13 @@ Examples:
 Exit codes:
   0    every item done
   1    fatal: the key was rejected, the job fails the same way on every call,
-       the input changed (before or during the run), a damaged checkpoint, a bug
+       the input changed while the job ran, a damaged checkpoint, a bug
   2    bad options or bad input (file, line and reason given); nothing sent
   3    finished, but some items failed (see the failures file)
   75   halted resumably: credits exhausted, reserve reached, nothing but 429s,
-       the fleet's Redis out of reach, or the checkpoint or the outputs could
-       not be written; run the same command to resume
+       the last calls all timed out, the fleet's Redis out of reach, or the
+       checkpoint or the outputs could not be written; run the same command
+  129  stopped by SIGHUP (the terminal closed); run the same command to resume
   130  interrupted by Ctrl-C; run the same command to resume
   143  stopped by SIGTERM; run the same command to resume";
 

@@ -77,10 +77,21 @@ fn unusable(dir: &Path, io: &std::io::Error, what: &str) -> anyhow::Error {
         r if r.starts_with("Os {") => io.kind().to_string(),
         r => r,
     };
+    // A new job has no checkpoint to reassure about, nor a place to resume.
+    // Its open may have made the directories and empty files before the
+    // first write failed: a checkpoint that ever held anything has a
+    // non-empty database file.
+    let held = std::fs::metadata(dir.join("checkpoint").join("db")).is_ok_and(|m| m.len() > 0);
+    let (state, way_on) = match held {
+        true => (
+            "this is no sign of damage to the checkpoint in it",
+            "the job resumes where it stopped",
+        ),
+        false => ("it holds no checkpoint yet", "the job starts"),
+    };
     anyhow::anyhow!(
-        "the state directory {} cannot be read or written ({reason}); this is no sign of \
-         damage to the checkpoint in it. {what}. Free space there or fix its permissions, then \
-         run the same command: the job resumes where it stopped",
+        "the state directory {} cannot be read or written ({reason}); {state}. {what}. Free \
+         space there or fix its permissions, then run the same command: {way_on}",
         dir.display()
     )
 }

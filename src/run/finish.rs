@@ -62,7 +62,9 @@ fn billing_alert(
         Some(Halt::Reserve(why)) => {
             let nth = meter.times_fired(crate::credits::ID_RESERVE) + 1;
             let mut a = Alert::reserve(reserve, last, nth);
-            a.message = format!("{why}. {}", a.message);
+            // One sentence: the alert's words go on after the reason, not as
+            // a new one that starts in lower case.
+            a.message = format!("{why}; {}", a.message);
             Some(a)
         }
         _ => None,

@@ -155,6 +155,17 @@ pub(super) fn request_diff(old: &str, new: &str) -> Vec<String> {
     out
 }
 
+/// The input as the user gave it: a pipe's spooled copy is named by its
+/// digest and removed when the run ends, so a message naming that path
+/// would point at nothing the user knows.
+pub(super) fn shown_input(settings: &Settings) -> String {
+    if settings.spooled.is_some() {
+        "the piped input (stdin)".to_string()
+    } else {
+        settings.input.display().to_string()
+    }
+}
+
 fn file_len(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.len())
 }
@@ -198,7 +209,7 @@ pub fn open(
             // lines are the same items, and the appended ones are pending.
             crate::report::err_line(&format!(
                 "batchrun: {} grew by {} item(s) since its checkpoint was made: they are added to the job",
-                settings.input.display(),
+                shown_input(settings),
                 scan.total.saturating_sub(meta.total)
             ));
             meta.fingerprint = scan.fingerprint.clone();

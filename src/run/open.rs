@@ -139,8 +139,8 @@ fn changed_request(
         meta.key_base = Some(located.id.clone());
         store.save_job(&meta).context("writing the checkpoint")?;
         crate::report::err_line(&format!(
-            "batchrun: --keep-done: the request changed; the {} item(s) job {} finished under \
-             the earlier one stay done, and the pending ones go under the new request",
+            "batchrun: --keep-done: the request changed; the {} item(s) of job {} finished \
+             under the earlier request stay done, and the pending ones go under the new one",
             old.done + old.failed,
             old.id
         ));
@@ -202,12 +202,18 @@ fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Inv
         false => None,
     };
     let check = &mut |item: &input::Item| {
-        in_shard.set(in_shard.get() + u64::from(ours(item.line)));
-        match states.state(item.line) {
+        let checked = match states.state(item.line) {
             Some(ItemState::Done) => Ok(()),
             Some(ItemState::Failed) if !retry_failed => Ok(()),
             _ => spec.render(item).map(|_| ()),
+        };
+        // A row that does not render is counted by `skip` (with
+        // --skip-invalid): counted here too, the feeder would look for an
+        // item more than the file holds and call the input changed.
+        if checked.is_ok() {
+            in_shard.set(in_shard.get() + u64::from(ours(item.line)));
         }
+        checked
     };
     let mut scan = tokio::task::block_in_place(|| {
         input::scan_with(&settings.input, settings.format, check, skip)

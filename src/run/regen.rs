@@ -75,11 +75,14 @@ pub(super) fn by_content(
         .context("discarding the checkpoint")?;
     store.flush().context("flushing the checkpoint")?;
     super::owner::hand_over(settings, &old.id, &new_id);
+    let rest = match scan.total.saturating_sub(kept) {
+        0 => "none is changed or new".to_string(),
+        n => format!("the other {n} (changed or new) are pending"),
+    };
     crate::report::err_line(&format!(
         "batchrun: {} changed since its checkpoint was made: {kept} item(s) it still holds \
-         keep their results (matched by content); the other {} (changed or new) are pending",
+         keep their results (matched by content); {rest}",
         settings.input.display(),
-        scan.total.saturating_sub(kept)
     ));
     Ok(new_id)
 }

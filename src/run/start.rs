@@ -84,7 +84,7 @@ pub(super) fn start_line(
     format!(
         "batchrun: {rehearsal}job {}: {} ({pending} of {total} items pending); limit {} ({}{learnt}), {}; state in {}; results to {}, failures to {}{projected}{}",
         meta.id,
-        settings.input.display(),
+        super::job::shown_input(settings),
         settings.limit,
         settings.limit_source,
         concurrency(settings),

@@ -422,3 +422,137 @@ fn the_man_page_and_completions_know_runs_options() {
         .unwrap_or_default();
     assert!(top.contains("--plan"), "{top}");
 }
+
+/// A pipe that grew is named as the pipe, not as its spooled copy (a
+/// digest-named file the run removes), and only the added row is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grown_pipe_is_named_as_the_pipe_and_sends_only_its_new_row() {
+    let s = Scenario::new("pipe-named").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("piped.results.jsonl");
+    let rows = |n: u64| -> String { (1..=n).map(|i| format!("{{\"n\": {i}}}\n")).collect() };
+    let r = piped(&s, &rows(5), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = piped(&s, &rows(6), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the piped input (stdin) grew by 1 item(s)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("spool"), "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 6);
+}
+
+/// A reserve halt's reason reads as one sentence: the alert's words go on
+/// after the reason's (";"), not as a sentence in lower case.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reserve_halt_reason_is_one_sentence() {
+    let s = Scenario::new("reserve-words")
+        .with_sim(&["--limit", "600/1s", "--credits", "15"])
+        .numbers(10);
+    let r = s.run(&["--limit", "600/1s", "--concurrency", "1", "--reserve", "10"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    let reason = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("reserve reached: 10 credits left"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("with one call; halted to keep the reserve of 10 credits"),
+        "{reason}"
+    );
+    assert!(!reason.contains(". halted"), "{reason}");
+    assert_side_effects(&s.sim().stats().await, 5);
+}
+
+/// `--skip-invalid` with a row that parses but lacks a field the URL needs
+/// (beside a row that does not parse): both are failures with their
+/// reason, the rest are sent once, and the run finishes (exit 3) rather
+/// than calling the untouched input changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_invalid_passes_a_row_missing_a_field_and_finishes() {
+    let s = Scenario::new("skip-field")
+        .with_sim(&["--limit", "none"])
+        .input(
+            "items.jsonl",
+            "{\"n\": 1}\n{\"n\": 2\n{\"m\": 3}\n{\"n\": 4}\n{\"n\": 5}\n",
+        );
+    let r = s.run(&["--limit", "none", "--skip-invalid"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("changed while the job ran"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["done"], 3, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 2, "{}", r.summary);
+    let failures = jsonl(&s.failures_path());
+    let reasons: Vec<&str> = failures
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(lines_of(&s.failures_path()), [2, 3], "{reasons:?}");
+    assert!(reasons[1].contains("no field \"n\""), "{reasons:?}");
+    assert_eq!(lines_of(&s.out_path()), [1, 4, 5]);
+    assert_side_effects(&s.sim().stats().await, 3);
+    // The next night, the same command: nothing is sent again.
+    let r = s.run(&["--limit", "none", "--skip-invalid"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+}
+
+/// A new job whose state dir cannot be written (a file size limit stands
+/// in for a full disk) is told so without a word about a checkpoint to
+/// resume, since there is none yet; nothing is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_for_a_new_job_speaks_of_no_checkpoint() {
+    let s = Scenario::new("full-new")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(5);
+    let mut c = s.cmd(&["--limit", "600/1s"]);
+    with_file_size_limit(&mut c, 0);
+    let r = finish(c);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot be read or written"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("it holds no checkpoint yet"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("resumes where it stopped"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("is damaged"), "{}", r.stderr);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+}
+
+/// An input regenerated with rows removed and none changed or added sends
+/// nothing, and says so plainly (not "the other 0 ... are pending").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shrunk_input_sends_nothing_and_says_none_is_new() {
+    let s = Scenario::new("shrunk")
+        .with_sim(&["--limit", "none"])
+        .numbers(6);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    numbers(s.dir(), "items.jsonl", 4);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("4 item(s) it still holds keep their results (matched by content); none is changed or new"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 6);
+}
