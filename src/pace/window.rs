@@ -122,6 +122,10 @@ impl Pacer for WindowPacer {
         self.guarded.lock().primary().learnt()
     }
 
+    fn learnt_burst(&self) -> Option<u64> {
+        self.guarded.lock().primary().learnt_burst()
+    }
+
     fn steady_per_min(&self) -> Option<f64> {
         let per_second = self.guarded.lock().per_second();
         per_second.is_finite().then_some(per_second * 60.0)

@@ -9,6 +9,7 @@ pub mod announce;
 pub mod backoff;
 pub mod bucket;
 pub mod exact;
+pub mod learn;
 pub mod policy;
 pub mod retry_after;
 pub mod scenario;
