@@ -182,17 +182,18 @@ impl ShapeLearner {
     }
 
     /// Whether the latest sends ran ahead of `limit` per window: some run
-    /// of them, up to the newest, holds more intervals than the told rate
-    /// fits in its span (the even pace, a tenth slower, never does). Two
-    /// calls at once are a burst to a bucket with none.
+    /// of them, up to the newest, holds more intervals than the even pace
+    /// fits in its span (the even pace itself never does). Two calls at
+    /// once are a burst to a bucket with none; so are calls at exactly the
+    /// told rate, which a bucket with none refuses at the least jitter.
     fn burst_before(&self, limit: u64) -> bool {
-        let per_second = limit as f64 / self.window.as_secs_f64();
+        let per_second = limit as f64 / self.window.as_secs_f64() / (1.0 + SKEW);
         let Some(&newest) = self.sends.back() else {
             return false;
         };
         self.sends.iter().rev().enumerate().any(|(i, &s)| {
             let span = newest.saturating_duration_since(s).as_secs_f64();
-            i as f64 > span * per_second
+            i as f64 > span * per_second + 1e-9
         })
     }
 
@@ -247,7 +248,12 @@ impl ShapeLearner {
                 self.searching = true;
                 self.held.max(limit / 2)
             }
-            Phase::Bucket { .. } => self.held,
+            // A count to go by: a pace that held below the burst's drain
+            // says nothing of the rate, so it is forgotten.
+            Phase::Bucket { .. } => {
+                self.held = 0;
+                0
+            }
             _ => 0,
         }
     }
