@@ -177,7 +177,9 @@ impl ShapeLearner {
         }
         if let Some((interval, _)) = self.pace(limit) {
             let from = self.tat.map_or(now, |t| t.max(now));
-            self.tat = Some(super::exact::later(from, interval));
+            // Past the clock's range (never, for an interval of a window):
+            // the window's own rule still holds.
+            self.tat = Some(from.checked_add(interval).unwrap_or(from));
         }
     }
 
