@@ -494,10 +494,15 @@ impl ExactWindow {
         if let Some(s) = self.shape.as_mut().filter(|_| self.learn.pressed) {
             s.held(learnt);
         }
-        if !self.learn.settled {
+        // A search (see learn::ShapeLearner::step) steps on from the window
+        // that settled the lower limit too: it is costly to stay low.
+        let searching = self.shape.as_ref().is_some_and(ShapeLearner::searching);
+        let was_settled = self.learn.settled;
+        if !was_settled {
             self.learn.settled = true;
             self.push_event(Learning::Settled(learnt));
-        } else if self.learn.pressed && learnt < ceiling {
+        }
+        if (searching || was_settled) && self.learn.pressed && learnt < ceiling {
             let step = self.shape.as_ref().map_or(1, |s| s.step(learnt, ceiling));
             self.learn.learnt = Some(learnt + step);
         }

@@ -205,7 +205,9 @@ impl ShapeLearner {
     pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant) -> Verdict {
         let burst = self.burst_before(limit);
         match self.phase {
-            Phase::Window if burst => {
+            // One call accepted says nothing of the rate either: a bucket
+            // with no burst refuses a second call just faster than it.
+            Phase::Window if burst || accepted <= 1 => {
                 self.phase = Phase::Probing {
                     since: now,
                     at_once: accepted,
@@ -258,6 +260,11 @@ impl ShapeLearner {
             }
             _ => 0,
         }
+    }
+
+    /// Whether the rate is being searched for by halving.
+    pub fn searching(&self) -> bool {
+        self.searching
     }
 
     /// How far a clean window raises a `learnt` limit below `ceiling` (the
