@@ -401,6 +401,11 @@ impl ExactWindow {
     /// one, so repeated 429s converge. Probing then raises it by one per
     /// full window that used the limit without a 429, never up to a limit
     /// that was refused in this run, and never above the configured one.
+    ///
+    /// With [`learning_shape`](Self::learning_shape), the shape learner
+    /// is asked first: a 429 after a burst keeps the limit and paces evenly
+    /// (see [`learn`](super::learn)), and a lowering at the even pace may
+    /// be a halving, or kept above a pace that held.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
         self.advance(now);
         self.learn.clean_since = self.learn.clean_since.max(now);

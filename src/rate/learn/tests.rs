@@ -432,3 +432,35 @@ fn survey() {
         eprintln!("scenario {scenario}: worst (took-1.5)/ideal {worst:.2}, most 429s by workers 1-5 {by_workers:?}");
     }
 }
+
+#[test]
+fn a_bucket_learnt_earlier_is_paced_evenly_from_the_start() {
+    let t0 = Instant::now();
+    let learnt = Learnt {
+        limit: 30,
+        burst: Some(5),
+    };
+    let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
+    // The burst and one, then one per W/30 plus the skew allowance.
+    for _ in 0..6 {
+        let s = w.try_take(t0).unwrap();
+        w.complete(s, t0);
+    }
+    let next = w.try_take(t0).unwrap_err();
+    assert!(next > t0 && next <= t0 + W.mul_f64(1.1 / 30.0), "{next:?}");
+    assert_eq!((w.learnt(), w.learnt_burst()), (Some(30), Some(5)));
+    // An older checkpoint's limit alone is a window, as before.
+    let mut old = ExactWindow::new(30, W, t0).learning_shape(Some(Learnt::from(4)));
+    assert_eq!(fill(&mut old, t0), 4);
+    assert_eq!(old.learnt_burst(), None);
+}
+
+/// Takes places at `now` until refused, answering each at once.
+fn fill(w: &mut ExactWindow, now: Instant) -> u64 {
+    let mut n = 0;
+    while let Ok(s) = w.try_take(now) {
+        w.complete(s, now);
+        n += 1;
+    }
+    n
+}
