@@ -134,6 +134,10 @@ pub struct JobMeta {
     /// resume starts from it instead of overrunning again.
     #[serde(default)]
     pub learnt_limit: Option<u64>,
+    /// The burst of the bucket the learnt limit was learnt to be; `None`
+    /// for a window, and in a checkpoint older than shape learning.
+    #[serde(default)]
+    pub learnt_burst: Option<u64>,
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,

@@ -316,3 +316,26 @@ fn the_counts_ride_in_a_small_progress_record_that_wins_only_when_newer() {
     drop((items, s));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
+    let dir = tmp("learnt-shape");
+    let s = Store::open(&dir).unwrap();
+    let mut meta = new_job(&s, "j9", 3);
+    meta.learnt_limit = Some(6);
+    // What an older version wrote: the learnt limit and no shape.
+    let mut old = serde_json::to_value(&meta).unwrap();
+    old.as_object_mut().unwrap().remove("learnt_burst");
+    s.jobs
+        .insert("j9", serde_json::to_vec(&old).unwrap())
+        .unwrap();
+    let read = s.job("j9").unwrap().unwrap();
+    assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), None));
+    // And a bucket learnt is kept with its burst.
+    meta.learnt_burst = Some(5);
+    s.save_job(&meta).unwrap();
+    let read = s.job("j9").unwrap().unwrap();
+    assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), Some(5)));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

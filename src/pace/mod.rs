@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::Learning;
+use crate::rate::learn::Learnt;
 use crate::rate::policies::Heard;
 use crate::rate::policy::PolicySpec;
 use crate::rate::spike_pace::SpikePace;
@@ -89,6 +90,15 @@ pub enum PaceNote {
     /// A full window passed without a 429 since the limit was learnt: it
     /// holds, and is worth keeping for a resumed run.
     LearntSettled(u64),
+    /// A burst was refused but an even pace at `limit` per window held: the
+    /// server keeps a bucket with `burst` (worth keeping, like a settled
+    /// limit).
+    LearntBucket {
+        /// Calls per window at the even pace.
+        limit: u64,
+        /// Calls at once beyond it.
+        burst: u64,
+    },
     /// What the server's rate-limit headers announce, when it changes or
     /// disagrees with what the pacer was told (each said once).
     Heard(Heard),
@@ -99,6 +109,7 @@ impl From<Learning> for PaceNote {
         match l {
             Learning::Lowered(n) => PaceNote::Learnt(n),
             Learning::Settled(n) => PaceNote::LearntSettled(n),
+            Learning::Bucket { limit, burst } => PaceNote::LearntBucket { limit, burst },
         }
     }
 }
@@ -148,6 +159,12 @@ pub trait Pacer: Send + Sync {
     /// The limit per window learnt from 429s of a server that does not
     /// report its limit, if any: what a resumed run should start from.
     fn learnt(&self) -> Option<u64> {
+        None
+    }
+
+    /// The burst of the bucket the limit was learnt to be (window pacer
+    /// only): kept with the learnt limit for a resumed run.
+    fn learnt_burst(&self) -> Option<u64> {
         None
     }
 
@@ -272,6 +289,7 @@ pub fn for_limit(
         specs: &[],
         wait_for_quota: false,
     };
+    let learnt = learnt.map(Learnt::from);
     for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
 }
 
@@ -285,7 +303,7 @@ pub fn for_limits(
     limit: Limit,
     policies: Policies<'_>,
     burst: Option<u64>,
-    learnt: Option<u64>,
+    learnt: Option<Learnt>,
     last_active: Duration,
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {

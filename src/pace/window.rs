@@ -15,6 +15,7 @@ use super::{
     now_std, ready, BoxFuture, Guarded, PaceError, PaceNote, Pacer, Permit, Ticket, Weight,
 };
 use crate::rate::exact::ExactWindow;
+use crate::rate::learn::Learnt;
 use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
 use crate::rate::policy::PolicySpec;
 use crate::rate::Rate;
@@ -66,13 +67,19 @@ pub struct Policies<'a> {
 pub(super) fn policy_set(
     policies: &[PolicySpec],
     r: Rate,
-    learnt: Option<u64>,
+    learnt: Option<Learnt>,
     now: std::time::Instant,
 ) -> PolicySet {
     use crate::rate::kept::{envelope, is_sliding_calls, Kept};
     use crate::rate::policy::PolicySpec;
     let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
-    let primary = ExactWindow::new(n, w, now).with_learnt(learnt);
+    // A bare rate says nothing of the server's shape: learn it. A policy
+    // told with its shape keeps it, and its envelope only learns the rate.
+    let primary = if is_sliding_calls(&policies[0]) {
+        ExactWindow::new(n, w, now).learning_shape(learnt)
+    } else {
+        ExactWindow::new(n, w, now).with_learnt(learnt.map(|l| l.limit))
+    };
     let others = policies[1..]
         .iter()
         .filter(|p| is_sliding_calls(p))
@@ -208,6 +215,10 @@ impl Pacer for WindowPacer {
 
     fn learnt(&self) -> Option<u64> {
         self.guarded.lock().primary().learnt()
+    }
+
+    fn learnt_burst(&self) -> Option<u64> {
+        self.guarded.lock().primary().learnt_burst()
     }
 
     fn steady_per_min(&self) -> Option<f64> {

@@ -39,12 +39,18 @@
 //! [`ExactWindow::rate_limited`] for which calls are counted and why, and
 //! [`Learning`] for what the caller hears.
 //!
+//! With [`ExactWindow::learning_shape`] (the default pacer's) it also
+//! tells a bucket from a window before it lowers anything: see
+//! [`learn`](super::learn).
+//!
 //! Memory is bounded: an occupancy entry is forgotten once it ends, so at
 //! most L completed calls are remembered, plus the calls in flight (at most
 //! the pool's size).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+use super::learn::{Learnt, Phase, ShapeLearner, Verdict};
 
 /// One call's place in the window, from [`ExactWindow::try_take`] until
 /// [`ExactWindow::complete`] or [`ExactWindow::cancel`].
@@ -60,6 +66,14 @@ pub enum Learning {
     /// A full window of calls passed without a 429 since the last lowering:
     /// the learnt limit holds (probing upward from it continues slowly).
     Settled(u64),
+    /// A burst was refused but an even pace at `limit` calls per window
+    /// held for a window: the server keeps a bucket with this burst.
+    Bucket {
+        /// Calls per window the bucket accepts when paced evenly.
+        limit: u64,
+        /// Calls it accepts at once beyond the even pace.
+        burst: u64,
+    },
 }
 
 /// How long after a call sent before the last lowering came back that a 429
@@ -107,6 +121,8 @@ pub struct ExactWindow {
     /// The lowest `x-rate-limit-limit` the server reported.
     reported: Option<u64>,
     learn: Learner,
+    /// Telling a bucket from a window, when enabled.
+    shape: Option<ShapeLearner>,
     /// Calls sent and not yet answered, with their send instants.
     in_flight: HashMap<SlotId, Instant>,
     /// Response instants of answered calls still occupying, oldest first.
@@ -134,6 +150,7 @@ impl ExactWindow {
                 settled: true,
                 pressed: false,
             },
+            shape: None,
             in_flight: HashMap::new(),
             done: VecDeque::new(),
             next_id: 0,
@@ -150,6 +167,27 @@ impl ExactWindow {
     pub fn with_learnt(mut self, learnt: Option<u64>) -> ExactWindow {
         self.learn.learnt = learnt.map(|l| l.clamp(1, self.configured));
         self
+    }
+
+    /// Starts from what an earlier run learnt, as
+    /// [`with_learnt`](Self::with_learnt), and learns the limit's shape
+    /// too: a 429 after a burst first paces evenly at the limit, and a
+    /// bucket an earlier run learnt is paced evenly from the start.
+    pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
+        let mut w = self.with_learnt(learnt.map(|l| l.limit));
+        let burst = learnt.and_then(|l| l.burst);
+        w.shape = Some(ShapeLearner::restored(w.window, burst));
+        w
+    }
+
+    /// Where the shape learning stands (`None` when not enabled).
+    pub fn shape(&self) -> Option<Phase> {
+        self.shape.as_ref().map(ShapeLearner::phase)
+    }
+
+    /// The burst of the bucket learnt, once the limit was learnt to be one.
+    pub fn learnt_burst(&self) -> Option<u64> {
+        self.shape.as_ref().and_then(ShapeLearner::burst)
     }
 
     /// The configured limit (L).
@@ -217,8 +255,16 @@ impl ExactWindow {
             self.learn.pressed = true;
             return Err(self.room_at(occupancy - limit + 1, now));
         }
+        if let Some(at) = self.shape.as_ref().and_then(|s| s.ready_at(limit, now)) {
+            // Held back by the even pace: the limit is what it uses.
+            self.learn.pressed = true;
+            return Err(at);
+        }
         if occupancy + 1 == limit {
             self.learn.pressed = true;
+        }
+        if let Some(s) = &mut self.shape {
+            s.sent(limit, now);
         }
         let id = SlotId(self.next_id);
         self.next_id += 1;
@@ -285,6 +331,9 @@ impl ExactWindow {
         self.paused_until = Some(self.paused_until.map_or(until, |p| p.max(until)));
         // The window without a 429 starts when calls may go again.
         self.learn.clean_since = self.learn.clean_since.max(until);
+        if let Some(s) = &mut self.shape {
+            s.paused_until(until);
+        }
     }
 
     /// Treats the window as full until `until`: for a job resumed soon
@@ -352,6 +401,11 @@ impl ExactWindow {
     /// one, so repeated 429s converge. Probing then raises it by one per
     /// full window that used the limit without a 429, never up to a limit
     /// that was refused in this run, and never above the configured one.
+    ///
+    /// With [`learning_shape`](Self::learning_shape), the shape learner
+    /// is asked first: a 429 after a burst keeps the limit and paces evenly
+    /// (see [`learn`](super::learn)), and a lowering at the even pace may
+    /// be a halving, or kept above a pace that held.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
         self.advance(now);
         self.learn.clean_since = self.learn.clean_since.max(now);
@@ -373,7 +427,20 @@ impl ExactWindow {
         }
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
-        let new = accepted.min(limit - 1).max(1);
+        if let Some(s) = &mut self.shape {
+            if s.refused(limit, accepted, now) == Verdict::Hold {
+                // Calls sent before now went at the old pace: their 429s
+                // teach nothing about the even one.
+                self.learn.lowered_at = Some(now);
+                self.learn.last_stale_done = None;
+                return None;
+            }
+        }
+        let floor = self
+            .shape
+            .as_mut()
+            .map_or(0, |s| s.lowering(limit, accepted));
+        let new = accepted.max(floor).min(limit - 1).max(1);
         if new >= limit {
             return None;
         }
@@ -415,6 +482,7 @@ impl ExactWindow {
     /// clock.
     fn advance(&mut self, now: Instant) {
         self.forget(now);
+        self.advance_shape(now);
         let Some(learnt) = self.learn.learnt else {
             return;
         };
@@ -428,14 +496,43 @@ impl ExactWindow {
             .refused_at
             .map_or(self.configured, |r| r.saturating_sub(1))
             .min(self.configured);
-        if !self.learn.settled {
+        if let Some(s) = self.shape.as_mut().filter(|_| self.learn.pressed) {
+            s.held(learnt);
+        }
+        // A search (see learn::ShapeLearner::step) steps on from the window
+        // that settled the lower limit too: it is costly to stay low.
+        let searching = self.shape.as_ref().is_some_and(ShapeLearner::searching);
+        let was_settled = self.learn.settled;
+        if !was_settled {
             self.learn.settled = true;
             self.push_event(Learning::Settled(learnt));
-        } else if self.learn.pressed && learnt < ceiling {
-            self.learn.learnt = Some(learnt + 1);
+        }
+        if (searching || was_settled) && self.learn.pressed && learnt < ceiling {
+            let step = self.shape.as_ref().map_or(1, |s| s.step(learnt, ceiling));
+            self.learn.learnt = Some(learnt + step);
         }
         self.learn.clean_since = now;
         self.learn.pressed = false;
+    }
+}
+
+impl ExactWindow {
+    /// Runs the shape learner's clock: once the even pace held, the limit
+    /// in force is learnt, as a bucket, and settled at once.
+    fn advance_shape(&mut self, now: Instant) {
+        if self.paused_until(now).is_some() {
+            return;
+        }
+        let Some(burst) = self.shape.as_mut().and_then(|s| s.advance(now)) else {
+            return;
+        };
+        let limit = self.limit();
+        let l = &mut self.learn;
+        l.learnt = Some(limit);
+        l.settled = true;
+        l.clean_since = now;
+        l.pressed = false;
+        self.push_event(Learning::Bucket { limit, burst });
     }
 }
 

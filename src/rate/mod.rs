@@ -12,6 +12,7 @@ pub mod exact;
 pub mod fixed;
 pub mod gcra;
 pub mod kept;
+pub mod learn;
 pub mod policies;
 pub mod policy;
 pub mod retry_after;

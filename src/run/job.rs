@@ -59,8 +59,9 @@ pub(super) struct Located {
     /// Jobs on the same input with nothing done: a new job replaces them.
     pub(super) idle: Vec<String>,
     /// When the last call of any job on the same API origin went out (unix
-    /// ms), and what it learnt of the limit: a new job starts from there.
-    pub(super) window: (u64, Option<u64>),
+    /// ms), and what it learnt of the limit (calls per window, and a
+    /// bucket's burst): a new job starts from there.
+    pub(super) window: (u64, Option<u64>, Option<u64>),
 }
 
 /// Finds the job for this input and request in `store`: the one made for
@@ -85,7 +86,9 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         .iter()
         .filter(|m| m.origin == settings.origin)
         .max_by_key(|m| m.last_active_unix_ms)
-        .map_or((0, None), |m| (m.last_active_unix_ms, m.learnt_limit));
+        .map_or((0, None, None), |m| {
+            (m.last_active_unix_ms, m.learnt_limit, m.learnt_burst)
+        });
     if let Some(m) = found {
         return Ok(Located {
             id: m.id.clone(),
@@ -191,7 +194,7 @@ pub fn open(
     settings: &Settings,
     scan: &input::Scan,
     (id, epoch): (&str, u32),
-    window: (u64, Option<u64>),
+    window: (u64, Option<u64>, Option<u64>),
 ) -> Result<JobMeta, RunError> {
     let abs = std::fs::canonicalize(&settings.input)
         .with_context(|| format!("{}", settings.input.display()))?
@@ -239,6 +242,7 @@ pub fn open(
         // last calls any job of this origin made.
         last_active_unix_ms: window.0,
         learnt_limit: window.1,
+        learnt_burst: window.2,
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),

@@ -256,7 +256,10 @@ fn build_pacer(
                 wait_for_quota: settings.wait_for_quota,
             },
             settings.burst,
-            meta.learnt_limit,
+            meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {
+                limit,
+                burst: meta.learnt_burst,
+            }),
             Duration::from_millis(meta.last_active_unix_ms),
             crate::util::unix_now(),
         )

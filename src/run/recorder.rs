@@ -143,6 +143,7 @@ impl Recorder {
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
+        self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
         self.wind_down(saving.err).await
     }
 
@@ -467,8 +468,14 @@ impl Recorder {
                 Some(l),
                 true,
             ),
+            PaceNote::LearntBucket { limit, burst } => (
+                format!("batchrun: the server keeps a bucket: {limit} calls per window paced evenly, with a burst of {burst}; pacing evenly to it"),
+                Some(limit),
+                true,
+            ),
         };
         self.meta.learnt_limit = learnt;
+        self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
         self.reporter.println(&line);
         flush
     }

@@ -71,10 +71,14 @@ pub(super) fn start_line(
         Some(per_min) if pending > 0 => projection(settings, per_min, pending),
         _ => String::new(),
     };
-    let learnt = meta
-        .learnt_limit
-        .map(|l| format!(", learnt {l} per window from the server"))
-        .unwrap_or_default();
+    let learnt = match (meta.learnt_limit, meta.learnt_burst, settings.limit.rate()) {
+        (Some(l), Some(b), Some(r)) => format!(
+            ", learnt earlier: a bucket of {l}/{} with burst {b}",
+            humantime::format_duration(r.period)
+        ),
+        (Some(l), ..) => format!(", learnt {l} per window from the server"),
+        _ => String::new(),
+    };
     // Said first: a rehearsal's URL and key are the sim's, whatever the
     // options or the environment name.
     let rehearsal = match settings.rehearsal {

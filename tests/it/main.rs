@@ -7,6 +7,7 @@ mod credits;
 mod dialects;
 mod fleet;
 mod identity;
+mod learning;
 mod nightly;
 mod operator;
 mod pacing;

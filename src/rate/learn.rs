@@ -1,0 +1,319 @@
+//! Learning a secret limit's shape: a bucket told from a window.
+//!
+//! A server that keeps its limit secret answers 429 when a call is one too
+//! many, and the exact window ([`ExactWindow`](super::exact::ExactWindow))
+//! learns the limit from the calls the server had accepted in the window.
+//! That is right for a window (sliding or fixed), whose count per window is
+//! the limit. It is wrong for a bucket (GCRA, as nginx `limit_req` and
+//! SpikeArrest keep it): a bucket refuses a burst above its small capacity
+//! although its *rate* is the one told, and the window would conclude
+//! "6 calls per window" where 30 a second are accepted when paced evenly.
+//!
+//! So a 429 that came after a burst (calls sent faster than the told rate)
+//! first changes how calls go, not how many: the window paces evenly, one
+//! call per W/L plus [`SKEW`], with no burst ([`Phase::Probing`]).
+//! - If even pacing holds for a whole window with no 429, the limit is a
+//!   bucket at that rate; its burst is taken as what was accepted at once
+//!   before the refusal, less one (erring low: a burst too large costs a
+//!   429 after every idle spell), and pacing stays even.
+//! - If even pacing is refused too, the rate itself is lower: the exact
+//!   window lowers its limit as it always did (from the calls accepted per
+//!   window), and pacing stays even at the lower limit, which a window of
+//!   that limit accepts as well as a bucket of that rate.
+//!
+//! A 429 after even pacing, or with no burst before it, says the rate is
+//! lower at once. Everything here is pure: every method takes `now`.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The even pace's allowance for latency varying between calls: a call
+/// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive
+/// a little closer; a bucket with no burst refuses the second.
+pub const SKEW: f64 = 0.1;
+
+/// At most this many sends are remembered for telling a burst (the last
+/// window's, as long as they are fewer).
+const MAX_SENDS: usize = 4096;
+
+/// What a 429 means, as the learner reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The burst was too big, not the rate: pace evenly and keep the limit.
+    Hold,
+    /// The rate is lower: lower the limit (the window's own learning).
+    Lower,
+}
+
+/// Where the learner stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Nothing refused after a burst: paced as a window.
+    Window,
+    /// A burst was refused: pacing evenly since `since` (the end of the
+    /// pause), to see whether the rate holds. `at_once` calls had been
+    /// accepted before the refusal.
+    Probing {
+        /// When the even pace started (or the last pause ended).
+        since: Instant,
+        /// Calls the server had accepted when it refused the burst.
+        at_once: u64,
+        /// Calls sent evenly since `since`.
+        sent: u64,
+    },
+    /// Paced evenly for good: a bucket, with `burst` calls at once beyond
+    /// the even pace after an idle spell.
+    Bucket {
+        /// The learnt burst (0 when even pacing was refused too).
+        burst: u64,
+    },
+}
+
+/// A limit learnt from a server, as a checkpoint keeps it for the next run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Learnt {
+    /// Calls per window.
+    pub limit: u64,
+    /// The bucket's burst, when the limit was learnt to be a bucket; `None`
+    /// for a window (and for a checkpoint older than shape learning).
+    pub burst: Option<u64>,
+}
+
+impl From<u64> for Learnt {
+    fn from(limit: u64) -> Learnt {
+        Learnt { limit, burst: None }
+    }
+}
+
+/// The shape learner of one window.
+#[derive(Debug, Clone)]
+pub struct ShapeLearner {
+    window: Duration,
+    phase: Phase,
+    /// Send instants within the last window, oldest first.
+    sends: VecDeque<Instant>,
+    /// The even pace's theoretical arrival time of the next call (GCRA).
+    tat: Option<Instant>,
+    /// The highest limit an even pace held a whole window at.
+    held: u64,
+    /// Whether an even pace was refused with nothing counted (a bucket
+    /// with no burst): the rate is then searched for by halving.
+    searching: bool,
+}
+
+impl ShapeLearner {
+    /// A learner for `window` that knows nothing yet.
+    pub fn new(window: Duration) -> ShapeLearner {
+        ShapeLearner {
+            window,
+            phase: Phase::Window,
+            sends: VecDeque::new(),
+            tat: None,
+            held: 0,
+            searching: false,
+        }
+    }
+
+    /// A learner that starts from a bucket an earlier run learnt (`burst`),
+    /// or from nothing.
+    pub fn restored(window: Duration, burst: Option<u64>) -> ShapeLearner {
+        let mut l = ShapeLearner::new(window);
+        if let Some(burst) = burst {
+            l.phase = Phase::Bucket { burst };
+        }
+        l
+    }
+
+    /// Where the learner stands.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The learnt bucket's burst, once even pacing held (or was refused
+    /// too); `None` while paced as a window or still probing.
+    pub fn burst(&self) -> Option<u64> {
+        match self.phase {
+            Phase::Bucket { burst } => Some(burst),
+            _ => None,
+        }
+    }
+
+    /// The even pace's interval at `limit` calls per window, and the burst
+    /// allowed beyond it; `None` when paced as a window.
+    fn pace(&self, limit: u64) -> Option<(Duration, u64)> {
+        let burst = match self.phase {
+            Phase::Window => return None,
+            Phase::Probing { .. } => 0,
+            Phase::Bucket { burst } => burst,
+        };
+        let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+        Some((interval, burst))
+    }
+
+    /// When the even pace lets the next call go, if later than `now`.
+    pub fn ready_at(&self, limit: u64, now: Instant) -> Option<Instant> {
+        let (interval, burst) = self.pace(limit)?;
+        let tat = self.tat?;
+        let ahead = interval.saturating_mul(u32::try_from(burst).unwrap_or(u32::MAX));
+        let at = tat.checked_sub(ahead).unwrap_or(now);
+        (at > now).then_some(at)
+    }
+
+    /// A call was sent at `now`, paced to `limit`.
+    pub fn sent(&mut self, limit: u64, now: Instant) {
+        while self
+            .sends
+            .front()
+            .is_some_and(|&s| now.saturating_duration_since(s) >= self.window)
+            || self.sends.len() >= MAX_SENDS
+        {
+            self.sends.pop_front();
+        }
+        self.sends.push_back(now);
+        if let Phase::Probing { since, sent, .. } = &mut self.phase {
+            if now >= *since {
+                *sent += 1;
+            }
+        }
+        if let Some((interval, _)) = self.pace(limit) {
+            let from = self.tat.map_or(now, |t| t.max(now));
+            // Past the clock's range (never, for an interval of a window):
+            // the window's own rule still holds.
+            self.tat = Some(from.checked_add(interval).unwrap_or(from));
+        }
+    }
+
+    /// Whether the latest sends ran ahead of `limit` per window: some run
+    /// of them, up to the newest, holds more intervals than the even pace
+    /// fits in its span (the even pace itself never does). Two calls at
+    /// once are a burst to a bucket with none; so are calls at exactly the
+    /// told rate, which a bucket with none refuses at the least jitter.
+    fn burst_before(&self, limit: u64) -> bool {
+        let per_second = limit as f64 / self.window.as_secs_f64() / (1.0 + SKEW);
+        let Some(&newest) = self.sends.back() else {
+            return false;
+        };
+        self.sends.iter().rev().enumerate().any(|(i, &s)| {
+            let span = newest.saturating_duration_since(s).as_secs_f64();
+            i as f64 > span * per_second + 1e-9
+        })
+    }
+
+    /// A rate-limit 429 at `now` that teaches (the window already left out
+    /// the ones that cannot): `accepted` calls had been accepted in the
+    /// window, paced to `limit`. Says whether the limit is to be lowered.
+    pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant) -> Verdict {
+        let burst = self.burst_before(limit);
+        match self.phase {
+            // One call accepted says nothing of the rate either: a bucket
+            // with no burst refuses a second call just faster than it.
+            Phase::Window if burst || accepted <= 1 => {
+                self.phase = Phase::Probing {
+                    since: now,
+                    at_once: accepted,
+                    sent: 0,
+                };
+                self.tat = None;
+                Verdict::Hold
+            }
+            // A bucket an earlier run learnt may have had its burst
+            // overestimated: keep the rate, drop the burst.
+            Phase::Bucket { burst: b } if b > 0 && burst => {
+                self.phase = Phase::Bucket { burst: 0 };
+                Verdict::Hold
+            }
+            Phase::Probing { .. } => {
+                self.phase = Phase::Bucket { burst: 0 };
+                Verdict::Lower
+            }
+            _ => Verdict::Lower,
+        }
+    }
+
+    /// A whole window passed at `limit` without a 429 (the window's own
+    /// learning clock says so).
+    pub fn held(&mut self, limit: u64) {
+        if self.pace(limit).is_some() {
+            self.held = self.held.max(limit);
+        }
+    }
+
+    /// A refusal lowers `limit`, with `accepted` calls accepted in the
+    /// window: the lowest it may go. A pace that held says the rate is at
+    /// least that. Paced evenly, the count is a window's size, or a
+    /// bucket's burst and what it drained meanwhile (the two cannot be told
+    /// apart from one refusal). But a bucket with no burst refuses the
+    /// second call of a pace too fast, so one accepted call says only that
+    /// the rate is lower: the limit is halved, and probing searches
+    /// between it and the refused one.
+    pub fn lowering(&mut self, limit: u64, accepted: u64) -> u64 {
+        match self.phase {
+            Phase::Bucket { .. } if accepted <= 1 => {
+                self.searching = true;
+                self.held.max(limit / 2)
+            }
+            // A count to go by: a pace that held below the burst's drain
+            // says nothing of the rate, so it is forgotten.
+            Phase::Bucket { .. } => {
+                self.held = 0;
+                0
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether the rate is being searched for by halving.
+    pub fn searching(&self) -> bool {
+        self.searching
+    }
+
+    /// How far a clean window raises a `learnt` limit below `ceiling` (the
+    /// last refused one, less one). Searching, halfway: a refusal there
+    /// falls back to the highest pace that held, so the search costs a 429
+    /// per halving at most, where one call per window would take as many
+    /// windows as the limit is wide. Otherwise one call, the window's slow
+    /// probe. Paced evenly, not at all once the gap is within the even
+    /// pace's [`SKEW`]: a 429 and a pause would cost more than it can win.
+    pub fn step(&self, learnt: u64, ceiling: u64) -> u64 {
+        let gap = ceiling.saturating_sub(learnt);
+        let even = self.pace(learnt).is_some();
+        match self.searching {
+            _ if even && gap as f64 <= learnt as f64 * SKEW => 0,
+            true => (gap / 2).max(1),
+            false => 1,
+        }
+    }
+
+    /// A pause until `until`: the even pace is judged from its end.
+    pub fn paused_until(&mut self, until: Instant) {
+        if let Phase::Probing { since, sent, .. } = &mut self.phase {
+            if until > *since {
+                *since = until;
+                *sent = 0;
+            }
+        }
+    }
+
+    /// Runs the learner's clock: once even pacing held a whole window with
+    /// at least two calls and no 429, the limit is a bucket. Returns its
+    /// burst then (once).
+    pub fn advance(&mut self, now: Instant) -> Option<u64> {
+        let Phase::Probing {
+            since,
+            at_once,
+            sent,
+        } = self.phase
+        else {
+            return None;
+        };
+        if sent < 2 || now.saturating_duration_since(since) < self.window {
+            return None;
+        }
+        let burst = at_once.saturating_sub(1);
+        self.phase = Phase::Bucket { burst };
+        Some(burst)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,50 @@
+//! A secret limit's shape, learnt by the default pacer from the sim's 429s.
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn told_only_the_rate_of_a_secret_bucket_it_learns_the_bucket_and_remembers_it() {
+    // SpikeArrest at 30 a second keeps a bucket of 3: the default pacer's
+    // first window at once is refused after a few calls. Told the true
+    // rate, it paces evenly instead of lowering it, and learns a bucket.
+    let s = Scenario::new("learn-bucket")
+        .with_sim(&[
+            "--model",
+            "spike-arrest",
+            "--limit",
+            "30ps",
+            "--secret-limit",
+            "--latency",
+            "1ms..3ms",
+        ])
+        .numbers(120);
+    let r = s.run(&["--limit", "30/1s", "--concurrency", "5"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The calls in flight when the burst was refused, and no more.
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    assert!((1..=5).contains(&limited), "{limited} 429s: {}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the server keeps a bucket: 30 calls per window"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("does not report its limit"),
+        "the rate was kept: {}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_each_item_once(&s.out_path(), 120);
+    assert_side_effects(&stats, 120);
+    // The shape is in the checkpoint: the same command again says so
+    // before it would send anything.
+    let again = s.run(&["--limit", "30/1s", "--concurrency", "5"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["requests"], 0);
+    let first_line = again.stderr.lines().next().unwrap_or_default();
+    assert!(
+        first_line.contains("learnt earlier: a bucket of 30/1s with burst "),
+        "{first_line}"
+    );
+}
