@@ -390,6 +390,23 @@ fn hash_rest(mut hashing: HashingReader<File>, path: String) -> Result<String, I
     Ok(hashing.finish())
 }
 
+/// The fingerprint of the whole file at `path`, as a scan computes it: a
+/// renamed input is known by it.
+pub fn file_fingerprint(path: &Path) -> Result<String, InputError> {
+    let file = open_file(path)?;
+    let mut hashing = HashingReader::new(file);
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        let n = io::Read::read(&mut hashing, &mut buf).map_err(|e| InputError::Io {
+            path: display(path),
+            reason: format!("read error: {}", io_reason(&e)),
+        })?;
+        if n == 0 {
+            return Ok(hashing.finish());
+        }
+    }
+}
+
 /// The fingerprint of the first `len` bytes of `path`, and whether they end
 /// with a line break; `None` when the file is not longer than `len`.
 pub fn prefix_fingerprint(path: &Path, len: u64) -> Result<Option<(String, bool)>, InputError> {

@@ -77,11 +77,32 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
                 Some(sha) => m.fingerprint == *sha || grew(settings, m),
             }
     };
-    let found = jobs.iter().find(|m| m.id == made).or_else(|| {
-        jobs.iter()
-            .filter(this_input)
-            .find(|m| m.template == settings.identity)
-    });
+    // A renamed file, or one reached through a link of another name, is
+    // found by its content: a job of this request whose input this file
+    // is, or starts with (what it sends is what it is, not its name).
+    let renamed = |m: &&JobMeta| {
+        settings.spooled.is_none()
+            && m.input_name != settings.input_name
+            && m.template == settings.identity
+            && m.done > 0
+            && (grew(settings, m)
+                || (m.input_len.is_some()
+                    && file_len(&settings.input) == m.input_len
+                    && input::file_fingerprint(&settings.input).is_ok_and(|f| f == m.fingerprint)))
+    };
+    let found = jobs
+        .iter()
+        .find(|m| m.id == made)
+        .or_else(|| {
+            jobs.iter()
+                .filter(this_input)
+                .find(|m| m.template == settings.identity)
+        })
+        .or_else(|| {
+            jobs.iter()
+                .filter(renamed)
+                .max_by_key(|m| m.last_active_unix_ms)
+        });
     let window = jobs
         .iter()
         .filter(|m| m.origin == settings.origin)

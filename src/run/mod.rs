@@ -323,7 +323,13 @@ fn build_pool(
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
-            watch::SilenceLimit::for_concurrency(settings.concurrency, settings.timeout),
+            watch::SilenceLimit::for_concurrency(
+                match settings.pool {
+                    PoolSize::Grows(start) => start,
+                    PoolSize::Fixed => settings.concurrency,
+                },
+                settings.timeout,
+            ),
         ),
         slots: Arc::new(slots(settings)),
     }))

@@ -471,7 +471,35 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
             .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned());
         (dir, name)
     };
-    dir.join(".batchrun").join(name)
+    let own = dir.join(".batchrun").join(&name);
+    if own.exists() || input == Path::new("-") {
+        return own;
+    }
+    renamed_from(&dir, input).unwrap_or(own)
+}
+
+/// The state dir of the same file under another name: a link of another
+/// name to it, or the name it had before a rename (a state dir whose input
+/// is gone; the newest such). The job inside is then found by content
+/// (`run::job`), so a renamed input resumes instead of sending its items
+/// again under new keys; a state dir of another content holds no job this
+/// input matches, and the run starts a new one beside the old.
+fn renamed_from(dir: &Path, input: &Path) -> Option<PathBuf> {
+    let this = std::fs::canonicalize(input).ok()?;
+    let states = std::fs::read_dir(dir.join(".batchrun")).ok()?;
+    let mut gone = Vec::new();
+    for state in states.flatten() {
+        let was = dir.join(state.file_name());
+        match std::fs::canonicalize(&was) {
+            Ok(p) if p == this => return Some(state.path()),
+            Ok(_) => {}
+            Err(_) => {
+                let at = state.metadata().and_then(|m| m.modified()).ok();
+                gone.push((at, state.path()));
+            }
+        }
+    }
+    gone.into_iter().max_by_key(|(at, _)| *at).map(|(_, p)| p)
 }
 
 /// A slow plan must not spend minutes proving its URL wrong: never more

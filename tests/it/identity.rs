@@ -90,6 +90,32 @@ async fn a_moved_directory_keeps_its_job_and_sends_nothing_again() {
     assert_side_effects(&s.sim().stats().await, 50);
 }
 
+/// A renamed input, and a link of another name to it, are the same job
+/// (issue 20: "reached by another path"): found by content, nothing sent
+/// twice, the results written beside the name given.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_input_and_a_link_of_another_name_keep_the_job() {
+    let s = Scenario::new("renamed").with_sim(&["--limit", "none"]);
+    let a = s.dir().path().join("a");
+    std::fs::create_dir_all(&a).unwrap();
+    let input = numbers(s.dir(), "a/items.jsonl", 50);
+    let r = finish(beside(s.sim(), &input));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let renamed = a.join("items-2026-12.jsonl");
+    std::fs::rename(&input, &renamed).unwrap();
+    let r = finish(beside(s.sim(), &renamed));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_each_item_once(&a.join("items-2026-12.results.jsonl"), 50);
+    let link = a.join("latest.jsonl");
+    std::os::unix::fs::symlink(&renamed, &link).unwrap();
+    let r = finish(beside(s.sim(), &link));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_each_item_once(&a.join("latest.results.jsonl"), 50);
+    assert_side_effects(&s.sim().stats().await, 50);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_symlinked_release_directory_is_the_same_job() {
     let s = Scenario::new("symlink").with_sim(&["--limit", "none"]);
