@@ -21,7 +21,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::exact::{ExactWindow, Learning};
+use super::kept::Kept;
 use super::policies::{PolicySet, SetSlot};
+use super::policy::{PolicySpec, Shape, Unit};
+use super::{Limit, Rate};
 
 pub mod design;
 pub mod drip;
@@ -80,6 +83,10 @@ pub struct Scenario {
     /// than once), as (L, W ms): the window rule only, and only the first
     /// limit learns.
     pub further: Vec<(u64, u64)>,
+    /// GCRA buckets every call must keep as well (`--limit N/W,burst=B`),
+    /// as (N, W ms, B): kept as [`Kept`] policies in-process, as the
+    /// script's `gcra` keys in Redis.
+    pub buckets: Vec<(u64, u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -89,6 +96,9 @@ impl fmt::Display for Scenario {
         write!(f, "{} per {} ms", self.limit, self.window)?;
         for (l, w) in &self.further {
             write!(f, ", {l} per {w} ms")?;
+        }
+        for (n, w, b) in &self.buckets {
+            write!(f, ", a bucket of {n} per {w} ms with burst {b}")?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -284,6 +294,12 @@ impl InProcess {
                     .iter()
                     .map(|&(l, w)| ExactWindow::new(l, Duration::from_millis(w), t0))
                     .collect(),
+            )
+            .with_kept(
+                s.buckets
+                    .iter()
+                    .filter_map(|&b| Kept::new(bucket(b)))
+                    .collect(),
             ),
             t0,
             slots: HashMap::new(),
@@ -291,9 +307,11 @@ impl InProcess {
         }
     }
 
+    /// Whole ms from `now` until `until`, rounded up as the script rounds
+    /// a bucket's wait (every other wait is in whole ms already).
     fn ms_from(&self, now: Instant, until: Instant) -> u64 {
         let d = until.saturating_duration_since(now);
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 
     /// Reads the learning events at `now`, where the fleet would hear them.
@@ -323,6 +341,18 @@ impl InProcess {
                 paused: self.w.primary().paused_until(now).is_some(),
             },
         }
+    }
+}
+
+/// The policy of a scenario's bucket (N, W ms, B).
+pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
+    PolicySpec {
+        limit: Limit::Rate(Rate {
+            count: n,
+            period: Duration::from_millis(w),
+        }),
+        shape: Shape::Bucket { burst: Some(b) },
+        unit: Unit::Calls,
     }
 }
 

@@ -33,6 +33,8 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
+use crate::rate::kept::{envelope, is_sliding_calls};
+use crate::rate::policy::{PolicySpec, Shape, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{ScriptRule, Verb};
 use tasks::{heartbeat, settler};
@@ -130,7 +132,7 @@ impl FleetPacer {
     /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, &[], |_| {
+        FleetPacer::build(fleet, cfg, &[], &[], |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -143,14 +145,21 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, &[], |rate| ScriptRule::new(rule, rate))
+        FleetPacer::build(fleet, cfg, &[], &[], |rate| ScriptRule::new(rule, rate))
     }
 
     /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
-    /// and for each of `further` as well (`--limit` given more than once):
-    /// a call must fit in every window, and only the first one learns.
-    pub fn with_limits(fleet: Fleet, cfg: FleetPacing, further: &[Rate]) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, further, |_| {
+    /// and for each of `further` as well (`--limit` given more than once),
+    /// and a GCRA bucket for each of `buckets` (rate, burst): a call must
+    /// fit in every window and every bucket, and only the first window
+    /// learns.
+    pub fn with_limits(
+        fleet: Fleet,
+        cfg: FleetPacing,
+        further: &[Rate],
+        buckets: &[(Rate, u64)],
+    ) -> FleetPacer {
+        FleetPacer::build(fleet, cfg, further, buckets, |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -160,6 +169,7 @@ impl FleetPacer {
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
+        buckets: &[(Rate, u64)],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -186,6 +196,10 @@ impl FleetPacer {
                 .chain(further.iter().map(|r| {
                     let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
                     fleet.keys().further(scaled(r.count, headroom), ms)
+                }))
+                .chain(buckets.iter().map(|&(r, burst)| {
+                    let count = scaled(r.count, headroom);
+                    fleet.keys().bucket(Rate { count, ..r }, burst)
                 }))
                 .collect(),
             args: ScriptArgs {
@@ -518,25 +532,63 @@ impl Inner {
 /// The pacer of a process in a fleet (`--redis`) keeping `rule`: the rule's
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
-/// the key. Returns the pause of a 429 without a usable Retry-After, as
-/// [`crate::pace::for_limit`] does; an error when `--burst` cannot be kept
-/// under the limit.
+/// the key. `policies`: every `--limit` past the primary one (a sliding
+/// window of calls or a GCRA bucket of calls). Returns the pause of a 429
+/// without a usable Retry-After, as [`crate::pace::for_limit`] does; an
+/// error when `--burst` cannot be kept under the limit.
 pub fn for_fleet(
     fleet: Fleet,
     cfg: FleetPacing,
     rule: FleetRule,
-    further: &[Rate],
+    policies: &[PolicySpec],
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let pause = match cfg.limit {
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    let pacer = if further.is_empty() {
+    let further: Vec<Rate> = policies
+        .iter()
+        .filter(|p| is_sliding_calls(p))
+        .filter_map(PolicySpec::rate)
+        .collect();
+    let buckets = buckets_of(policies);
+    let pacer = if further.is_empty() && buckets.is_empty() {
         FleetPacer::with_rule(fleet, cfg, rule)?
     } else {
-        FleetPacer::with_limits(fleet, cfg, further)
+        FleetPacer::with_limits(fleet, cfg, &further, &buckets)
     };
     Ok((Arc::new(pacer), pause))
+}
+
+/// The primary limit and every further policy the fleet keeps for
+/// `policies` (every `--limit`, the primary first), as in-process: the
+/// primary window is the primary policy's envelope when it is a bucket
+/// (see [`envelope`]), and every bucket is kept as one besides.
+pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<PolicySpec>) {
+    let Some(first) = policies.first() else {
+        return (limit, Vec::new());
+    };
+    let primary = match envelope(first) {
+        Some((count, period)) => Limit::Rate(Rate { count, period }),
+        None => limit,
+    };
+    let mut rest: Vec<PolicySpec> = policies[1..].to_vec();
+    if !is_sliding_calls(first) {
+        rest.push(*first);
+    }
+    (primary, rest)
+}
+
+/// The GCRA buckets of calls among `policies`, as (rate, burst).
+fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64)> {
+    policies
+        .iter()
+        .filter(|p| p.unit == Unit::Calls)
+        .filter_map(|p| match (p.shape, p.rate()) {
+            (Shape::Bucket { burst }, Some(r)) => Some((r, burst.unwrap_or(0))),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -185,3 +185,34 @@ fn the_drip_scenarios_run_in_process() {
         );
     }
 }
+
+#[test]
+fn a_bucket_lets_its_burst_less_the_allowance_go_then_one_each_interval() {
+    let a = answers(&bucket_30_per_1s_burst_5());
+    // 5 T = 166.7 ms of tolerance less D = 50 ms: 4 at once, the 5th when
+    // the TAT has drained to 4 T + D - 5 T after now, 16.7 ms on (rounded up).
+    let g = |occ| granted(36, occ, 0, false);
+    assert_eq!(a[..7], [g(1), g(2), g(3), g(4), wait(17), wait(17), g(5)]);
+    // The 6th one T after the 5th, 32 ms after 18 ms (rounded up).
+    assert_eq!(a[7], wait(32));
+}
+
+#[test]
+fn a_bucket_with_no_burst_spaces_its_calls_by_the_interval_and_the_allowance() {
+    let a = answers(&bucket_10_per_1s_under_2_per_1s());
+    let a: Vec<Answer> = a.into_iter().filter(|a| *a != Answer::Noted).collect();
+    // T + D after the first; at 995 ms the window refuses, and the idle
+    // bucket's TAT moves up to then: at 1000 ms the window has room but
+    // the bucket asks for D more.
+    assert_eq!(
+        a,
+        [
+            granted(2, 1, 0, false),
+            wait(110),
+            granted(2, 2, 0, false),
+            wait(5),
+            wait(5),
+            granted(2, 2, 0, false)
+        ]
+    );
+}

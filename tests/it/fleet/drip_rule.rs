@@ -197,6 +197,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                     limit,
                     window,
                     further: Vec::new(),
+                    buckets: Vec::new(),
                     steps,
                 },
             )
@@ -235,6 +236,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
         limit: 10,
         window: 1000,
         further: Vec::new(),
+        buckets: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);
