@@ -87,6 +87,11 @@ pub struct Scenario {
     /// as (N, W ms, B): kept as [`Kept`] policies in-process, as the
     /// script's `gcra` keys in Redis.
     pub buckets: Vec<(u64, u64, u64)>,
+    /// Fixed windows every call must keep as well (`--limit N/W,fixed`),
+    /// as (N, W ms): kept as [`Kept`] policies in-process, where a fixed
+    /// window no reset aligned is a sliding one, and as further windows by
+    /// the script (which never aligns one).
+    pub fixed: Vec<(u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -99,6 +104,9 @@ impl fmt::Display for Scenario {
         }
         for (n, w, b) in &self.buckets {
             write!(f, ", a bucket of {n} per {w} ms with burst {b}")?;
+        }
+        for (n, w) in &self.fixed {
+            write!(f, ", a fixed window of {n} per {w} ms")?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -298,7 +306,9 @@ impl InProcess {
             .with_kept(
                 s.buckets
                     .iter()
-                    .filter_map(|&b| Kept::new(bucket(b)))
+                    .map(|&b| bucket(b))
+                    .chain(s.fixed.iter().map(|&f| fixed(f)))
+                    .filter_map(Kept::new)
                     .collect(),
             ),
             t0,
@@ -352,6 +362,18 @@ pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
             period: Duration::from_millis(w),
         }),
         shape: Shape::Bucket { burst: Some(b) },
+        unit: Unit::Calls,
+    }
+}
+
+/// The policy of a scenario's fixed window (N, W ms).
+pub fn fixed((n, w): (u64, u64)) -> PolicySpec {
+    PolicySpec {
+        limit: Limit::Rate(Rate {
+            count: n,
+            period: Duration::from_millis(w),
+        }),
+        shape: Shape::Fixed,
         unit: Unit::Calls,
     }
 }

@@ -76,8 +76,7 @@ pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
 
 /// Every policy, the primary first, refused where they cannot be kept:
 /// `none` stands alone, the window pacer is the one that keeps several and
-/// every shape, and the fleet keeps sliding windows and GCRA buckets of
-/// calls for now.
+/// every shape, and the fleet keeps policies of calls only for now.
 pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
     let shaped: Vec<String> = all
@@ -104,12 +103,12 @@ pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError
     }
     let unkept: Vec<String> = all
         .iter()
-        .filter(|p| p.unit != Unit::Calls || p.shape == Shape::Fixed)
+        .filter(|p| p.unit != Unit::Calls)
         .map(ToString::to_string)
         .collect();
     if fleet && !unkept.is_empty() {
         return Err(super::usage(format!(
-            "the fleet (--redis) paces to sliding windows and buckets of calls for now: --limit {} cannot be kept with --redis",
+            "the fleet (--redis) paces to policies of calls for now: --limit {} cannot be kept with --redis",
             unkept.join(", ")
         )));
     }

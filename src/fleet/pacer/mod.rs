@@ -533,7 +533,7 @@ impl Inner {
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
 /// the key. `policies`: every `--limit` past the primary one (a sliding
-/// window of calls or a GCRA bucket of calls). Returns the pause of a 429
+/// or fixed window of calls, or a GCRA bucket of calls). Returns the pause of a 429
 /// without a usable Retry-After, as [`crate::pace::for_limit`] does; an
 /// error when `--burst` cannot be kept under the limit.
 pub fn for_fleet(
@@ -546,9 +546,11 @@ pub fn for_fleet(
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
+    // A fixed window of calls is kept as a sliding one, as in-process
+    // until a reset aligns it: the fleet reads no reset.
     let further: Vec<Rate> = policies
         .iter()
-        .filter(|p| is_sliding_calls(p))
+        .filter(|p| p.unit == Unit::Calls && matches!(p.shape, Shape::Sliding | Shape::Fixed))
         .filter_map(PolicySpec::rate)
         .collect();
     let buckets = buckets_of(policies);
@@ -562,8 +564,8 @@ pub fn for_fleet(
 
 /// The primary limit and every further policy the fleet keeps for
 /// `policies` (every `--limit`, the primary first), as in-process: the
-/// primary window is the primary policy's envelope when it is a bucket
-/// (see [`envelope`]), and every bucket is kept as one besides.
+/// primary window is the primary policy's envelope when it is of another
+/// shape (see [`envelope`]), and that policy is kept as well.
 pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<PolicySpec>) {
     let Some(first) = policies.first() else {
         return (limit, Vec::new());

@@ -14,6 +14,7 @@ impl Build {
             window,
             further: Vec::new(),
             buckets: Vec::new(),
+            fixed: Vec::new(),
             steps: Vec::new(),
         })
     }
@@ -202,6 +203,23 @@ pub fn bucket_10_per_1s_under_2_per_1s() -> Scenario {
         .0
 }
 
+/// `--limit 5/1s,fixed`: the primary window is its envelope (10 per
+/// 1 s) and the fixed window, no reset having aligned it, is kept as a
+/// sliding one of 5 per 1 s: the 6th call waits until the first ends, 1 s
+/// after its response.
+pub fn fixed_5_per_1s() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(5, 0);
+    b.0.fixed = vec![(5, 1000)];
+    b.at(0, Op::Take)
+        .at(500, Op::Take)
+        .at(1000, Op::Take)
+        .n(5, 1000, Op::Take)
+        .at(1100, OLDEST)
+        .at(1100, Op::Cancel { pick: 0 })
+        .at(1100, Op::Take)
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -227,6 +245,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             "bucket_10_per_1s_under_2_per_1s",
             bucket_10_per_1s_under_2_per_1s(),
         ),
+        ("fixed_5_per_1s", fixed_5_per_1s()),
     ]
 }
 

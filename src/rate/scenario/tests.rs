@@ -216,3 +216,14 @@ fn a_bucket_with_no_burst_spaces_its_calls_by_the_interval_and_the_allowance() {
         ]
     );
 }
+
+#[test]
+fn a_fixed_window_no_reset_aligned_is_kept_as_a_sliding_one() {
+    let a: Vec<Answer> = answers(&fixed_5_per_1s())
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    // 5 at 0 ms, answered at once: the 6th waits until 1000 ms, though the
+    // primary window (10 per 1 s) has room; at 1000 ms all 5 have ended.
+    assert_eq!(a[5..8], [wait(1000), wait(500), granted(10, 1, 0, false)]);
+}

@@ -198,6 +198,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                     window,
                     further: Vec::new(),
                     buckets: Vec::new(),
+                    fixed: Vec::new(),
                     steps,
                 },
             )
@@ -237,6 +238,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
         window: 1000,
         further: Vec::new(),
         buckets: Vec::new(),
+        fixed: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);
