@@ -33,17 +33,16 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
-use crate::rate::kept::{envelope, is_sliding_calls};
-use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate};
-use rule::{ScriptRule, Verb};
+use rule::{buckets_of, windows_of, ScriptRule, Verb};
 use tasks::{heartbeat, settler};
 
 mod face;
 mod rule;
 mod tasks;
 
-pub use rule::FleetRule;
+pub use rule::{fleet_policies, FleetRule};
 
 /// The window a limit reported for an unlimited plan is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
@@ -546,13 +545,7 @@ pub fn for_fleet(
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    // A fixed window of calls is kept as a sliding one, as in-process
-    // until a reset aligns it: the fleet reads no reset.
-    let further: Vec<Rate> = policies
-        .iter()
-        .filter(|p| p.unit == Unit::Calls && matches!(p.shape, Shape::Sliding | Shape::Fixed))
-        .filter_map(PolicySpec::rate)
-        .collect();
+    let further = windows_of(policies);
     let buckets = buckets_of(policies);
     let pacer = if further.is_empty() && buckets.is_empty() {
         FleetPacer::with_rule(fleet, cfg, rule)?
@@ -560,37 +553,6 @@ pub fn for_fleet(
         FleetPacer::with_limits(fleet, cfg, &further, &buckets)
     };
     Ok((Arc::new(pacer), pause))
-}
-
-/// The primary limit and every further policy the fleet keeps for
-/// `policies` (every `--limit`, the primary first), as in-process: the
-/// primary window is the primary policy's envelope when it is of another
-/// shape (see [`envelope`]), and that policy is kept as well.
-pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<PolicySpec>) {
-    let Some(first) = policies.first() else {
-        return (limit, Vec::new());
-    };
-    let primary = match envelope(first) {
-        Some((count, period)) => Limit::Rate(Rate { count, period }),
-        None => limit,
-    };
-    let mut rest: Vec<PolicySpec> = policies[1..].to_vec();
-    if !is_sliding_calls(first) {
-        rest.push(*first);
-    }
-    (primary, rest)
-}
-
-/// The GCRA buckets of calls among `policies`, as (rate, burst).
-fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64)> {
-    policies
-        .iter()
-        .filter(|p| p.unit == Unit::Calls)
-        .filter_map(|p| match (p.shape, p.rate()) {
-            (Shape::Bucket { burst }, Some(r)) => Some((r, burst.unwrap_or(0))),
-            _ => None,
-        })
-        .collect()
 }
 
 #[cfg(test)]
