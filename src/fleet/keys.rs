@@ -102,6 +102,18 @@ impl FleetKeys {
         format!("{}:window:{count}:{window_ms}", self.prefix)
     }
 
+    /// The GCRA bucket of `rate` with `burst` (`--limit N/W,burst=B`,
+    /// after `--headroom`), kept as in-process: its emission interval, its
+    /// tolerance and its skew allowance, in ns, are in its name, so
+    /// processes on different buckets never share one.
+    pub fn bucket(&self, rate: crate::rate::Rate, burst: u64) -> String {
+        use crate::rate::gcra::{interval, Gcra};
+        let t = interval(rate);
+        let d = Gcra::new(rate, burst).allowance().as_nanos();
+        let tau = t.as_nanos().saturating_mul(u128::from(burst));
+        format!("{}:gcra:{}:{tau}:{d}", self.prefix, t.as_nanos())
+    }
+
     /// The keys of the pacer script, in its KEYS order.
     pub fn pacer(&self) -> [String; 5] {
         [

@@ -21,7 +21,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::exact::{ExactWindow, Learning};
+use super::kept::Kept;
 use super::policies::{PolicySet, SetSlot};
+use super::policy::{PolicySpec, Shape, Unit};
+use super::{Limit, Rate};
 
 pub mod design;
 pub mod drip;
@@ -80,6 +83,15 @@ pub struct Scenario {
     /// than once), as (L, W ms): the window rule only, and only the first
     /// limit learns.
     pub further: Vec<(u64, u64)>,
+    /// GCRA buckets every call must keep as well (`--limit N/W,burst=B`),
+    /// as (N, W ms, B): kept as [`Kept`] policies in-process, as the
+    /// script's `gcra` keys in Redis.
+    pub buckets: Vec<(u64, u64, u64)>,
+    /// Fixed windows every call must keep as well (`--limit N/W,fixed`),
+    /// as (N, W ms): kept as [`Kept`] policies in-process, where a fixed
+    /// window no reset aligned is a sliding one, and as further windows by
+    /// the script (which never aligns one).
+    pub fixed: Vec<(u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -89,6 +101,12 @@ impl fmt::Display for Scenario {
         write!(f, "{} per {} ms", self.limit, self.window)?;
         for (l, w) in &self.further {
             write!(f, ", {l} per {w} ms")?;
+        }
+        for (n, w, b) in &self.buckets {
+            write!(f, ", a bucket of {n} per {w} ms with burst {b}")?;
+        }
+        for (n, w) in &self.fixed {
+            write!(f, ", a fixed window of {n} per {w} ms")?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -284,6 +302,14 @@ impl InProcess {
                     .iter()
                     .map(|&(l, w)| ExactWindow::new(l, Duration::from_millis(w), t0))
                     .collect(),
+            )
+            .with_kept(
+                s.buckets
+                    .iter()
+                    .map(|&b| bucket(b))
+                    .chain(s.fixed.iter().map(|&f| fixed(f)))
+                    .filter_map(Kept::new)
+                    .collect(),
             ),
             t0,
             slots: HashMap::new(),
@@ -291,9 +317,11 @@ impl InProcess {
         }
     }
 
+    /// Whole ms from `now` until `until`, rounded up as the script rounds
+    /// a bucket's wait (every other wait is in whole ms already).
     fn ms_from(&self, now: Instant, until: Instant) -> u64 {
         let d = until.saturating_duration_since(now);
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 
     /// Reads the learning events at `now`, where the fleet would hear them.
@@ -323,6 +351,30 @@ impl InProcess {
                 paused: self.w.primary().paused_until(now).is_some(),
             },
         }
+    }
+}
+
+/// The policy of a scenario's bucket (N, W ms, B).
+pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
+    PolicySpec {
+        limit: Limit::Rate(Rate {
+            count: n,
+            period: Duration::from_millis(w),
+        }),
+        shape: Shape::Bucket { burst: Some(b) },
+        unit: Unit::Calls,
+    }
+}
+
+/// The policy of a scenario's fixed window (N, W ms).
+pub fn fixed((n, w): (u64, u64)) -> PolicySpec {
+    PolicySpec {
+        limit: Limit::Rate(Rate {
+            count: n,
+            period: Duration::from_millis(w),
+        }),
+        shape: Shape::Fixed,
+        unit: Unit::Calls,
     }
 }
 

@@ -232,22 +232,21 @@ fn build_pacer(
     meta: &JobMeta,
 ) -> Result<Paced, RunError> {
     match fleet {
-        Some(f) => crate::fleet::pacer::for_fleet(
-            f.clone(),
-            crate::fleet::pacer::FleetPacing {
-                limit: settings.limit,
-                concurrency: settings.concurrency,
-                timeout: settings.timeout,
-            },
-            crate::fleet::pacer::FleetRule::of(settings.pacer, settings.burst),
-            &settings
-                .policies
-                .iter()
-                .skip(1)
-                .filter_map(|p| p.rate())
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| RunError::Usage(e.to_string())),
+        Some(f) => {
+            use crate::fleet::pacer::{fleet_policies, for_fleet, FleetPacing, FleetRule};
+            let (limit, rest) = fleet_policies(settings.limit, &settings.policies);
+            for_fleet(
+                f.clone(),
+                FleetPacing {
+                    limit,
+                    concurrency: settings.concurrency,
+                    timeout: settings.timeout,
+                },
+                FleetRule::of(settings.pacer, settings.burst),
+                &rest,
+            )
+            .map_err(|e| RunError::Usage(e.to_string()))
+        }
         None => pace::for_limits(
             settings.pacer,
             settings.limit,

@@ -76,7 +76,7 @@ pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
 
 /// Every policy, the primary first, refused where they cannot be kept:
 /// `none` stands alone, the window pacer is the one that keeps several and
-/// every shape, and the fleet keeps one sliding window of calls for now.
+/// every shape, and the fleet keeps policies of calls only for now.
 pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
     let shaped: Vec<String> = all
@@ -101,10 +101,15 @@ pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError
             "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
         ));
     }
-    if fleet && !shaped.is_empty() {
+    let unkept: Vec<String> = all
+        .iter()
+        .filter(|p| p.unit != Unit::Calls)
+        .map(ToString::to_string)
+        .collect();
+    if fleet && !unkept.is_empty() {
         return Err(super::usage(format!(
-            "the fleet (--redis) paces to sliding windows of calls for now: --limit {} cannot be kept with --redis",
-            shaped.join(", ")
+            "the fleet (--redis) paces to policies of calls for now: --limit {} cannot be kept with --redis",
+            unkept.join(", ")
         )));
     }
     Ok(all)

@@ -770,6 +770,11 @@ mod tests {
         let a = limit_args(&["--limit", "90000/1m,tokens", "--limit", "30/1s,burst=5"]);
         assert_eq!(all_limits(&a)[0].to_string(), "30ps,burst=5");
         assert!(checked_limits(&a).is_ok());
+        // The fleet keeps buckets and fixed windows of calls.
+        let bucket = limit_args(&["--limit", "30/1s,burst=5", "--redis", "redis://h"]);
+        assert!(checked_limits(&bucket).is_ok());
+        let fixed = limit_args(&["--limit", "1000/1d,fixed", "--redis", "redis://h"]);
+        assert!(checked_limits(&fixed).is_ok());
         for (extra, says) in [
             (
                 &["--limit", "30/1s,burst=5", "--pacer", "bucket"][..],
@@ -784,7 +789,7 @@ mod tests {
                 "--redis",
             ),
             (
-                &["--limit", "30/1s,bucket", "--redis", "redis://h"][..],
+                &["--limit", "30/1s,burst=5,tokens", "--redis", "redis://h"][..],
                 "--redis",
             ),
         ] {

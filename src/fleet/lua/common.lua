@@ -1,7 +1,8 @@
 -- batchrun fleet pacer: the pacing rules and the concurrency ceiling of
 -- one API key, shared by every process through Redis. One script, kept in
--- four files joined in this order (src/fleet/script.rs): common.lua (the
--- arguments, the clock, putting calls back, the loss check), window.lua
+-- five files joined in this order (src/fleet/script.rs): common.lua (the
+-- arguments, the clock, putting calls back, the loss check), gcra.lua (the
+-- GCRA buckets kept beside the window rule), window.lua
 -- (the exact sliding-window rule), drip.lua (the SpikeArrest mirror and
 -- the token bucket), tail.lua (the heartbeat and the probe).
 --
@@ -37,7 +38,8 @@
 -- KEYS[6...] further windows (--limit given more than once), each a ZSET
 --                       as KEYS[1], named `...:window:L:Wms`: the key says its
 --                       own limit and window. The window rule only: a call
---                       must fit in each, and only KEYS[1] learns.
+--                       must fit in each, and only KEYS[1] learns. Among
+--                       them, GCRA buckets named `...:gcra:T:TAU:D` (gcra.lua)
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
@@ -72,7 +74,7 @@ local limit_ttl = math.max(W * 10, 3600000)
 -- occupies for `hold` less W plus its own window.
 local further = {}
 for k = 6, #KEYS do
-  local l, w = string.match(KEYS[k], ':(%d+):(%d+)$')
+  local l, w = string.match(KEYS[k], ':window:(%d+):(%d+)$')
   if l then
     local fw = tonumber(w)
     further[#further + 1] = {key = KEYS[k], L = tonumber(l), W = fw, hold = hold - W + fw}

@@ -27,6 +27,8 @@ if op == 'beat' then
   if renewed > 0 then
     if not leases_only then keep(KEYS[1], hold + 1000) end
     keep(KEYS[2], lease + 1000)
+    -- A bucket's calls in flight stay known while they are out.
+    for _, b in ipairs(buckets) do keep(b.key, hold + 1000) end
   end
   return renewed
 end

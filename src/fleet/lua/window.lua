@@ -26,6 +26,7 @@ local function settle(i)
         redis.call('HSET', KEYS[4], 'stale_done', back)
       end
     end
+    buckets_settle(id, ago >= 0)
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
     else
@@ -152,14 +153,25 @@ if op == 'take' then
       if why == 0 then why = 2 end
     end
   end
-  if why > 0 then return answer({0, wait, why}, epoch) end
+  -- And every bucket.
+  local bw = buckets_wait()
+  if bw > 0 then
+    wait = math.max(wait, bw)
+    if why == 0 then why = 2 end
+  end
+  if why > 0 then
+    buckets_refused()
+    return answer({0, wait, why}, epoch)
+  end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     if redis.call('ZCARD', KEYS[2]) >= ceiling then
       local e = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      buckets_refused()
       return answer({0, math.max(1, tonumber(e[2]) - now), 3}, epoch)
     end
   end
+  buckets_grant(id)
   redis.call('ZADD', KEYS[1], now + hold, id)
   for _, f in ipairs(further) do
     redis.call('ZADD', f.key, now + f.hold, id)

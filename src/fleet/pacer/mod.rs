@@ -33,15 +33,16 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
+use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate};
-use rule::{ScriptRule, Verb};
+use rule::{buckets_of, windows_of, ScriptRule, Verb};
 use tasks::{heartbeat, settler};
 
 mod face;
 mod rule;
 mod tasks;
 
-pub use rule::FleetRule;
+pub use rule::{fleet_policies, FleetRule};
 
 /// The window a limit reported for an unlimited plan is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
@@ -130,7 +131,7 @@ impl FleetPacer {
     /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, &[], |_| {
+        FleetPacer::build(fleet, cfg, &[], &[], |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -143,14 +144,21 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, &[], |rate| ScriptRule::new(rule, rate))
+        FleetPacer::build(fleet, cfg, &[], &[], |rate| ScriptRule::new(rule, rate))
     }
 
     /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
-    /// and for each of `further` as well (`--limit` given more than once):
-    /// a call must fit in every window, and only the first one learns.
-    pub fn with_limits(fleet: Fleet, cfg: FleetPacing, further: &[Rate]) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, further, |_| {
+    /// and for each of `further` as well (`--limit` given more than once),
+    /// and a GCRA bucket for each of `buckets` (rate, burst): a call must
+    /// fit in every window and every bucket, and only the first window
+    /// learns.
+    pub fn with_limits(
+        fleet: Fleet,
+        cfg: FleetPacing,
+        further: &[Rate],
+        buckets: &[(Rate, u64)],
+    ) -> FleetPacer {
+        FleetPacer::build(fleet, cfg, further, buckets, |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -160,6 +168,7 @@ impl FleetPacer {
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
+        buckets: &[(Rate, u64)],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -186,6 +195,10 @@ impl FleetPacer {
                 .chain(further.iter().map(|r| {
                     let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
                     fleet.keys().further(scaled(r.count, headroom), ms)
+                }))
+                .chain(buckets.iter().map(|&(r, burst)| {
+                    let count = scaled(r.count, headroom);
+                    fleet.keys().bucket(Rate { count, ..r }, burst)
                 }))
                 .collect(),
             args: ScriptArgs {
@@ -518,23 +531,26 @@ impl Inner {
 /// The pacer of a process in a fleet (`--redis`) keeping `rule`: the rule's
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
-/// the key. Returns the pause of a 429 without a usable Retry-After, as
-/// [`crate::pace::for_limit`] does; an error when `--burst` cannot be kept
-/// under the limit.
+/// the key. `policies`: every `--limit` past the primary one (a sliding
+/// or fixed window of calls, or a GCRA bucket of calls). Returns the pause of a 429
+/// without a usable Retry-After, as [`crate::pace::for_limit`] does; an
+/// error when `--burst` cannot be kept under the limit.
 pub fn for_fleet(
     fleet: Fleet,
     cfg: FleetPacing,
     rule: FleetRule,
-    further: &[Rate],
+    policies: &[PolicySpec],
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let pause = match cfg.limit {
         Limit::Rate(r) => r.period.min(Duration::from_secs(60)),
         Limit::Unlimited => Duration::from_secs(30),
     };
-    let pacer = if further.is_empty() {
+    let further = windows_of(policies);
+    let buckets = buckets_of(policies);
+    let pacer = if further.is_empty() && buckets.is_empty() {
         FleetPacer::with_rule(fleet, cfg, rule)?
     } else {
-        FleetPacer::with_limits(fleet, cfg, further)
+        FleetPacer::with_limits(fleet, cfg, &further, &buckets)
     };
     Ok((Arc::new(pacer), pause))
 }

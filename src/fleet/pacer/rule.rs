@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::pace::PacerKind;
 use crate::rate::bucket::{skew_allowance, SizingError, TokenBucket};
-use crate::rate::Rate;
+use crate::rate::kept::{envelope, is_sliding_calls};
+use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::{Limit, Rate};
 
 /// What a fleet asks of its pacer, as `--pacer` and `--burst` say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +136,48 @@ impl ScriptRule {
     }
 }
 
+/// The primary limit and every further policy the fleet keeps for
+/// `policies` (every `--limit`, the primary first), as in-process: the
+/// primary window is the primary policy's envelope when it is of another
+/// shape (see [`envelope`]), and that policy is kept as well.
+pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<PolicySpec>) {
+    let Some(first) = policies.first() else {
+        return (limit, Vec::new());
+    };
+    let primary = match envelope(first) {
+        Some((count, period)) => Limit::Rate(Rate { count, period }),
+        None => limit,
+    };
+    let mut rest: Vec<PolicySpec> = policies[1..].to_vec();
+    if !is_sliding_calls(first) {
+        rest.push(*first);
+    }
+    (primary, rest)
+}
+
+/// The windows of calls among `policies`. A fixed window is kept as a
+/// sliding one, as in-process until a reset aligns it: the fleet reads no
+/// reset.
+pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<Rate> {
+    policies
+        .iter()
+        .filter(|p| p.unit == Unit::Calls && matches!(p.shape, Shape::Sliding | Shape::Fixed))
+        .filter_map(PolicySpec::rate)
+        .collect()
+}
+
+/// The GCRA buckets of calls among `policies`, as (rate, burst).
+pub(super) fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64)> {
+    policies
+        .iter()
+        .filter(|p| p.unit == Unit::Calls)
+        .filter_map(|p| match (p.shape, p.rate()) {
+            (Shape::Bucket { burst }, Some(r)) => Some((r, burst.unwrap_or(0))),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What a script op does, whichever rule it is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verb {
@@ -152,6 +196,29 @@ mod tests {
             count,
             period: Duration::from_secs(1),
         })
+    }
+
+    fn specs(all: &[&str]) -> Vec<PolicySpec> {
+        all.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_bucket_or_a_fixed_window_first_stands_as_its_envelope_and_is_kept_as_well() {
+        let given = Limit::Rate(per_second(30).unwrap());
+        let (primary, rest) = fleet_policies(given, &specs(&["30/1s,burst=5"]));
+        assert_eq!(primary, Limit::Rate(per_second(36).unwrap()));
+        assert_eq!(buckets_of(&rest), [(per_second(30).unwrap(), 5)]);
+        assert!(windows_of(&rest).is_empty());
+        let (primary, rest) = fleet_policies(given, &specs(&["20/1s,fixed", "100/1m"]));
+        assert_eq!(primary, Limit::Rate(per_second(40).unwrap()));
+        let w = windows_of(&rest);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w.contains(&per_second(20).unwrap()));
+        // A sliding window first is the primary as given, and tokens are
+        // never a window or a bucket of calls.
+        let (primary, rest) = fleet_policies(given, &specs(&["30/1s", "900/1m,tokens"]));
+        assert_eq!(primary, given);
+        assert!(windows_of(&rest).is_empty() && buckets_of(&rest).is_empty());
     }
 
     #[test]

@@ -13,6 +13,8 @@ impl Build {
             limit,
             window,
             further: Vec::new(),
+            buckets: Vec::new(),
+            fixed: Vec::new(),
             steps: Vec::new(),
         })
     }
@@ -160,6 +162,64 @@ pub fn two_limits_10_per_1s_and_15_per_3s() -> Scenario {
         .0
 }
 
+/// `--limit 30/1s,burst=5`: the primary window is the bucket's envelope
+/// (36 per 1 s, as in-process) and the bucket is GCRA with T = 33.3 ms and
+/// a tolerance of 5 T less the skew allowance (50 ms): 4 go at once, the
+/// next 17 ms later, then one each T; a call never sent gives its unit
+/// back, and a take the window or a pause refuses moves an idle TAT up.
+pub fn bucket_30_per_1s_burst_5() -> Scenario {
+    let mut b = Build::new(36, 1000).n(6, 0, Op::Take);
+    b.0.buckets = vec![(30, 1000, 5)];
+    b.at(17, Op::Take)
+        .at(18, Op::Take)
+        .at(20, Op::Cancel { pick: 0 })
+        .at(20, Op::Take)
+        .at(40, OLDEST)
+        .at(51, Op::Take)
+        .at(51, Op::RateLimited { pause: 100 })
+        .at(60, Op::Take)
+        .at(151, Op::Take)
+        .at(152, Op::Take)
+        .at(1500, Op::Full)
+        .n(3, 1500, Op::Take)
+        .n(6, 3000, Op::Take)
+        .0
+}
+
+/// A bucket with no burst under a window of 2 per 1 s: its calls are
+/// spaced T + D (110 ms), and a take the full window refuses still moves
+/// the bucket's TAT up to now.
+pub fn bucket_10_per_1s_under_2_per_1s() -> Scenario {
+    let mut b = Build::new(2, 1000);
+    b.0.buckets = vec![(10, 1000, 0)];
+    b.at(0, Op::Take)
+        .at(0, OLDEST)
+        .at(0, Op::Take)
+        .at(200, Op::Take)
+        .at(200, OLDEST)
+        .at(995, Op::Take)
+        .at(1000, Op::Take)
+        .at(1005, Op::Take)
+        .0
+}
+
+/// `--limit 5/1s,fixed`: the primary window is its envelope (10 per
+/// 1 s) and the fixed window, no reset having aligned it, is kept as a
+/// sliding one of 5 per 1 s: the 6th call waits until the first ends, 1 s
+/// after its response.
+pub fn fixed_5_per_1s() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(5, 0);
+    b.0.fixed = vec![(5, 1000)];
+    b.at(0, Op::Take)
+        .at(500, Op::Take)
+        .at(1000, Op::Take)
+        .n(5, 1000, Op::Take)
+        .at(1100, OLDEST)
+        .at(1100, Op::Cancel { pick: 0 })
+        .at(1100, Op::Take)
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -180,6 +240,12 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             "two_limits_10_per_1s_and_15_per_3s",
             two_limits_10_per_1s_and_15_per_3s(),
         ),
+        ("bucket_30_per_1s_burst_5", bucket_30_per_1s_burst_5()),
+        (
+            "bucket_10_per_1s_under_2_per_1s",
+            bucket_10_per_1s_under_2_per_1s(),
+        ),
+        ("fixed_5_per_1s", fixed_5_per_1s()),
     ]
 }
 

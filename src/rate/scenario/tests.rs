@@ -185,3 +185,45 @@ fn the_drip_scenarios_run_in_process() {
         );
     }
 }
+
+#[test]
+fn a_bucket_lets_its_burst_less_the_allowance_go_then_one_each_interval() {
+    let a = answers(&bucket_30_per_1s_burst_5());
+    // 5 T = 166.7 ms of tolerance less D = 50 ms: 4 at once, the 5th when
+    // the TAT has drained to 4 T + D - 5 T after now, 16.7 ms on (rounded up).
+    let g = |occ| granted(36, occ, 0, false);
+    assert_eq!(a[..7], [g(1), g(2), g(3), g(4), wait(17), wait(17), g(5)]);
+    // The 6th one T after the 5th, 32 ms after 18 ms (rounded up).
+    assert_eq!(a[7], wait(32));
+}
+
+#[test]
+fn a_bucket_with_no_burst_spaces_its_calls_by_the_interval_and_the_allowance() {
+    let a = answers(&bucket_10_per_1s_under_2_per_1s());
+    let a: Vec<Answer> = a.into_iter().filter(|a| *a != Answer::Noted).collect();
+    // T + D after the first; at 995 ms the window refuses, and the idle
+    // bucket's TAT moves up to then: at 1000 ms the window has room but
+    // the bucket asks for D more.
+    assert_eq!(
+        a,
+        [
+            granted(2, 1, 0, false),
+            wait(110),
+            granted(2, 2, 0, false),
+            wait(5),
+            wait(5),
+            granted(2, 2, 0, false)
+        ]
+    );
+}
+
+#[test]
+fn a_fixed_window_no_reset_aligned_is_kept_as_a_sliding_one() {
+    let a: Vec<Answer> = answers(&fixed_5_per_1s())
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    // 5 at 0 ms, answered at once: the 6th waits until 1000 ms, though the
+    // primary window (10 per 1 s) has room; at 1000 ms all 5 have ended.
+    assert_eq!(a[5..8], [wait(1000), wait(500), granted(10, 1, 0, false)]);
+}

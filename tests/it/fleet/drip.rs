@@ -277,3 +277,107 @@ async fn several_limits_through_redis_keep_every_window_for_two_processes() {
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
 }
+
+/// A GCRA bucket through Redis (`--limit 30/1s,burst=5`, nginx's
+/// `limit_req` with a burst), two processes on one key against a sim that
+/// keeps that bucket: the fleet keeps one TAT for both, so the bucket
+/// never refuses a call, and every item is done once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_through_redis_is_kept_for_two_processes() {
+    let redis = Redis::start();
+    let n = 90;
+    let limit = ["--limit", "30/1s,burst=5"];
+    // No rate headers: the fleet keeps only what it is told.
+    let mut sim = limit.to_vec();
+    sim.extend([
+        "--concurrency",
+        "8",
+        "--latency",
+        "1ms..10ms",
+        "--dialect",
+        "none",
+    ]);
+    let s = Scenario::new("fleet-bucket").with_sim(&sim).numbers(n);
+    let name = fleet_name("bucket");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut args = limit.to_vec();
+            args.extend(["--concurrency", "8", "--redis", &redis.url]);
+            args.extend(["--fleet-key", &name, "--shard", &shard]);
+            s.cmd(&args)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    // A bucket of 30 a second with a burst of 5 lets 36 into a second.
+    assert_never_limited(&stats, 36);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 2, n);
+    // The bucket has a key of its own in Redis, beside the primary window
+    // (the bucket's envelope, 36 a second).
+    let mut c = redis.conn();
+    let rate = batchrun::rate::Rate {
+        count: 30,
+        period: Duration::from_secs(1),
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(batchrun::fleet::FleetKeys::named(&name).bucket(rate, 5))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+/// A fixed window through Redis (`--limit 20/1s,fixed`, as
+/// express-rate-limit keeps it), two processes on one key against a sim
+/// that keeps it: the fleet keeps it as a sliding window of 20 a second
+/// (it reads no reset to align to, as in-process before one is heard),
+/// which no fixed window of the server can overrun.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_window_through_redis_is_kept_for_two_processes() {
+    let redis = Redis::start();
+    let n = 60;
+    let limit = ["--limit", "20/1s,fixed"];
+    // No rate headers: the fleet keeps only what it is told.
+    let mut sim = limit.to_vec();
+    sim.extend([
+        "--concurrency",
+        "8",
+        "--latency",
+        "1ms..10ms",
+        "--dialect",
+        "none",
+    ]);
+    let s = Scenario::new("fleet-fixed").with_sim(&sim).numbers(n);
+    let name = fleet_name("fixed");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut args = limit.to_vec();
+            args.extend(["--concurrency", "8", "--redis", &redis.url]);
+            args.extend(["--fleet-key", &name, "--shard", &shard]);
+            s.cmd(&args)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, 20);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(&s, 2, n);
+    // The sliding window of 20 a second has a key of its own, beside the
+    // primary window (the fixed window's envelope, 40 a second).
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(batchrun::fleet::FleetKeys::named(&name).further(20, 1000))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}

@@ -197,6 +197,8 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                     limit,
                     window,
                     further: Vec::new(),
+                    buckets: Vec::new(),
+                    fixed: Vec::new(),
                     steps,
                 },
             )
@@ -235,6 +237,8 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
         limit: 10,
         window: 1000,
         further: Vec::new(),
+        buckets: Vec::new(),
+        fixed: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);

@@ -38,6 +38,13 @@ impl Lua {
                 let k = FleetKeys::named(&fleet_name("rule"));
                 let mut keys = k.pacer().to_vec();
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
+                // A fixed window no reset aligned: a further window.
+                keys.extend(s.fixed.iter().map(|&(l, w)| k.further(l, w)));
+                keys.extend(s.buckets.iter().filter_map(|&b| {
+                    let spec = scenario::bucket(b);
+                    let (rate, burst) = (spec.rate()?, b.2);
+                    Some(k.bucket(rate, burst))
+                }));
                 keys
             },
             // Calls in flight and leases outlast any scenario: neither is
@@ -166,8 +173,24 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
         4 => Just(Vec::new()),
         2 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=2),
     ];
-    (1u64..=8, 20u64..=1500, any::<bool>(), further).prop_flat_map(
-        |(limit, window, reports, further)| {
+    // A GCRA bucket in a third of them (N, W ms, burst), now and then two.
+    let buckets = prop_oneof![
+        4 => Just(Vec::new()),
+        2 => proptest::collection::vec((1u64..=12, 20u64..=3000, 0u64..=4), 1..=2),
+    ];
+    // A fixed window in a sixth of them.
+    let fixed = prop_oneof![
+        5 => Just(Vec::new()),
+        1 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=1),
+    ];
+    (
+        1u64..=8,
+        20u64..=1500,
+        any::<bool>(),
+        further,
+        (buckets, fixed),
+    )
+        .prop_flat_map(|(limit, window, reports, further, (buckets, fixed))| {
             let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
             let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
             let op = prop_oneof![40 => op(window), u32::from(reports) => inforce];
@@ -184,11 +207,12 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     limit,
                     window,
                     further: further.clone(),
+                    buckets: buckets.clone(),
+                    fixed: fixed.clone(),
                     steps,
                 }
             })
-        },
-    )
+        })
 }
 
 #[test]
