@@ -295,6 +295,7 @@ impl Pool {
             limited_for: limited_since.map(|since| tokio::time::Instant::now() - since),
             jitter: fastrand::f64(),
             got_through: self.got_through.load(Ordering::Relaxed),
+            may_defer: false,
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         let spent = tries.n - reaction.tries.n;
@@ -323,7 +324,8 @@ impl Pool {
                 Step::Done(Sent::Stop)
             }
             action => match self.follow(action, req).await {
-                Next::Again => Step::Again(chunk),
+                // A batch never sets its items aside (`may_defer` is off).
+                Next::Again | Next::Defer => Step::Again(chunk),
                 Next::Finished => Step::Done(Sent::Stop),
             },
         }

@@ -321,6 +321,7 @@ fn build_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
+        deferred: Default::default(),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
             watch::SilenceLimit::for_concurrency(
                 match settings.pool {

@@ -56,6 +56,9 @@ pub struct Pool {
     pub limited_since: std::sync::Mutex<Option<Instant>>,
     /// A call of this run has succeeded (the key works).
     pub got_through: std::sync::atomic::AtomicBool,
+    /// An item was set aside for a refusal before any call got through
+    /// (once per run: a second such refusal is the key's).
+    pub deferred: std::sync::atomic::AtomicBool,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.
@@ -93,6 +96,7 @@ impl Pool {
 
     /// One worker: takes items until the queue closes or the run stops.
     pub async fn worker(self: Arc<Self>, queue: Queue) {
+        let mut held: Option<Queued> = None;
         loop {
             if self.gate.is_stopped() {
                 return;
@@ -105,42 +109,38 @@ impl Pool {
                 }
             };
             let Some(queued) = item else {
+                // The queue is done: a lone item set aside goes again, and
+                // with nothing to tell the key from it, its refusal halts.
+                if let Some(h) = held.take() {
+                    self.process(h).await;
+                }
                 return;
             };
-            self.process(queued).await;
+            let aside = self.process(queued).await;
+            // The item after the one set aside has had its answer: the one
+            // set aside goes again, its refusal now its own if the key works.
+            if let Some(h) = held.take() {
+                self.process(h).await;
+            }
+            held = aside;
         }
     }
 
-    /// Drives one item until it is done, failed, or left pending by a stop.
-    pub async fn process(self: &Arc<Self>, queued: Queued) {
+    /// Drives one item until it is done, failed, or left pending by a stop;
+    /// gives it back when it is set aside ([`Action::Defer`]).
+    pub async fn process(self: &Arc<Self>, queued: Queued) -> Option<Queued> {
         let Queued {
             item,
             generation,
             maybe_ran,
         } = queued;
-        let req = match self.spec.render(&item) {
-            Ok(r) => {
-                let idem = self.cfg.keys.key(item.line, generation, &r);
-                r.with_idempotency_key(&idem)
-            }
-            Err(reason) => {
-                self.emit(Event::Failed {
-                    line: item.line,
-                    status: None,
-                    reason,
-                    attempts: 0,
-                    unknown: false,
-                    digest: item.digest(),
-                });
-                return;
-            }
-        };
+        let req = self.render(&item, generation)?;
         let mut tries = Tries { n: 0, maybe_ran };
         loop {
             let probing = match self.gate.pass().await {
                 Pass::Run => false,
                 Pass::Probe => true,
-                Pass::Stop => return,
+                Pass::Stop => return None,
             };
             let slot = tokio::select! {
                 s = self.slots.acquire() => s,
@@ -150,7 +150,7 @@ impl Pool {
                 if probing {
                     self.gate.release_probe();
                 }
-                return;
+                return None;
             };
             let weight = match self.weigh(&item) {
                 Ok(w) => w,
@@ -163,18 +163,16 @@ impl Pool {
                         unknown: false,
                         digest: item.digest(),
                     });
-                    return;
+                    return None;
                 }
             };
-            let Some(permit) = self.pace(probing, weight).await else {
-                return;
-            };
+            let permit = self.pace(probing, weight).await?;
             if !probing && !self.gate.is_running() {
                 continue;
             }
             let Some(guard) = self.admit(probing, 1).await else {
                 if self.gate.is_stopped() {
-                    return;
+                    return None;
                 }
                 continue;
             };
@@ -188,7 +186,36 @@ impl Pool {
             drop(slot);
             match self.act(outcome, &item, &req, &mut tries, probing).await {
                 Next::Again => continue,
-                Next::Finished => return,
+                Next::Finished => return None,
+                Next::Defer => {
+                    return Some(Queued {
+                        item,
+                        generation,
+                        maybe_ran: tries.maybe_ran,
+                    })
+                }
+            }
+        }
+    }
+
+    /// The item's request under its Idempotency-Key; an item that cannot
+    /// be rendered is failed with the reason, and None.
+    fn render(&self, item: &Item, generation: u32) -> Option<Request> {
+        match self.spec.render(item) {
+            Ok(r) => {
+                let idem = self.cfg.keys.key(item.line, generation, &r);
+                Some(r.with_idempotency_key(&idem))
+            }
+            Err(reason) => {
+                self.emit(Event::Failed {
+                    line: item.line,
+                    status: None,
+                    reason,
+                    attempts: 0,
+                    unknown: false,
+                    digest: item.digest(),
+                });
+                None
             }
         }
     }
@@ -212,13 +239,24 @@ impl Pool {
         probing: bool,
     ) -> Next {
         let limited_since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
+        let got_through = self.got_through.load(std::sync::atomic::Ordering::Relaxed);
+        // One item is set aside per run, claimed here: a second refusal
+        // before any call got through (two workers refused at once, or the
+        // item after the one set aside) is the key's.
+        let may_defer = !probing
+            && !got_through
+            && matches!(outcome, Outcome::Error(CallError::Refused { .. }, _))
+            && !self
+                .deferred
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
         let call = Call {
             item,
             tries: *tries,
             probing,
             limited_for: limited_since.map(|since| Instant::now() - since),
             jitter: fastrand::f64(),
-            got_through: self.got_through.load(std::sync::atomic::Ordering::Relaxed),
+            got_through,
+            may_defer,
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         *tries = reaction.tries;
@@ -278,6 +316,12 @@ impl Pool {
                     false => self.start_waiting("credits exhausted"),
                 }
                 Next::Again
+            }
+            Action::Defer => {
+                self.emit(Event::Note(
+                    "batchrun: the first answer refused its item: sending the next item to tell the key's refusal from the item's".to_string(),
+                ));
+                Next::Defer
             }
         }
     }
@@ -648,6 +692,8 @@ fn truncated_body(kept: &str) -> String {
 pub(super) enum Next {
     Again,
     Finished,
+    /// The item is set aside: it goes again after the worker's next item.
+    Defer,
 }
 
 /// The halt of a pacer that cannot hand out permits: resumable, since the

@@ -72,6 +72,10 @@ pub(super) struct Call<'a> {
     /// A call of this run has succeeded: the key works, so a refusal is
     /// about its item.
     pub(super) got_through: bool,
+    /// No item of the run was set aside yet for a refusal before any call
+    /// got through: this one may be, while the next item tells whether the
+    /// key works.
+    pub(super) may_defer: bool,
 }
 
 /// What the pool does next.
@@ -108,6 +112,10 @@ pub(super) enum Action {
     /// Credits ran out and the run waits for them: the item goes again
     /// once they are back. `probe_failed`: this call was the probe.
     WaitForCredits { probe_failed: bool },
+    /// Refused (401, 402 with credits left, 403) before any call got
+    /// through: the key's or this item's? Set the item aside and send the
+    /// next; it goes again after that one, when a refusal is its own.
+    Defer,
 }
 
 /// What a call's outcome leads to.
@@ -203,6 +211,9 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             },
             false => stop(Halt::Exhausted),
         },
+        CallError::Refused { .. } if !call.got_through && call.may_defer && !probing => {
+            Action::Defer
+        }
         CallError::Refused { status, reason } if !call.got_through => {
             refused_first(status, reason, item, probing, policy)
         }
@@ -411,6 +422,7 @@ mod tests {
             limited_for: None,
             jitter: 0.5,
             got_through: false,
+            may_defer: false,
         };
         react(outcome, call, policy)
     }
@@ -505,6 +517,7 @@ mod tests {
                 limited_for: None,
                 jitter,
                 got_through: false,
+                may_defer: false,
             };
             react(Outcome::OutOfHandles, call, &policy()).action
         };
@@ -553,6 +566,7 @@ mod tests {
                 limited_for,
                 jitter: 0.5,
                 got_through: false,
+                may_defer: false,
             };
             let e = CallError::RateLimited {
                 retry_after: None,
@@ -628,6 +642,7 @@ mod tests {
             limited_for: None,
             jitter: 0.5,
             got_through: true,
+            may_defer: false,
         };
         react(outcome, call, policy)
     }
@@ -754,6 +769,7 @@ mod tests {
             limited_for: None,
             jitter: 0.5,
             got_through: false,
+            may_defer: false,
         };
         let r = react(error(transient("HTTP 503", false)), call, &p);
         match r.action {

@@ -94,15 +94,12 @@ pub struct SilenceLimit {
 }
 
 impl SilenceLimit {
-    /// Every call in flight (`in_flight`, the pool's size at the start)
-    /// timing out once, and never fewer than 2: a whole round unanswered
-    /// is silence, while one slow answer among many in flight is not. One
-    /// round keeps the halt within about one `--timeout` of the server
-    /// going quiet (two for a pool of one).
-    pub fn for_concurrency(in_flight: usize, timeout: Duration) -> SilenceLimit {
-        let calls = u32::try_from(in_flight).unwrap_or(u32::MAX);
+    /// Every call in flight timing out twice over, and never fewer than 5:
+    /// one slow answer among many in flight does not make a silent server.
+    pub fn for_concurrency(concurrency: usize, timeout: Duration) -> SilenceLimit {
+        let calls = u32::try_from(concurrency.saturating_mul(2)).unwrap_or(u32::MAX);
         SilenceLimit {
-            calls: calls.max(2),
+            calls: calls.max(5),
             timeout,
         }
     }
@@ -529,7 +526,7 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(off.heard(false), Heard::Nothing);
         }
-        assert_eq!(SilenceLimit::for_concurrency(1, Duration::ZERO).calls, 2);
-        assert_eq!(SilenceLimit::for_concurrency(20, Duration::ZERO).calls, 20);
+        assert_eq!(SilenceLimit::for_concurrency(1, Duration::ZERO).calls, 5);
+        assert_eq!(SilenceLimit::for_concurrency(20, Duration::ZERO).calls, 40);
     }
 }

@@ -312,7 +312,9 @@ fn numbers_text(n: u64) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rejected_key_stops_every_night_with_exit_1_and_pages_each_time() {
     let s = Scenario::new("nightlykey")
-        .with_sim(&["--limit", "200/1s", "--refuse", "n=1:401"])
+        .with_sim(&[
+            "--limit", "200/1s", "--refuse", "n=1:401", "--refuse", "n=2:401",
+        ])
         .numbers(5);
     let hook = Receiver::start().await;
     let night = [
@@ -330,7 +332,7 @@ async fn a_rejected_key_stops_every_night_with_exit_1_and_pages_each_time() {
         assert_eq!(r.summary["done"], 0);
         assert!(
             r.stderr
-                .contains("ALERT [key_rejected] the API rejected the key (HTTP 401 for line 1"),
+                .contains("ALERT [key_rejected] the API rejected the key (HTTP 401 for line 2"),
             "night {n}: {}",
             r.stderr
         );

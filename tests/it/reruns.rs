@@ -89,13 +89,16 @@ async fn one_items_refusal_fails_that_item_and_the_run_goes_on() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refusal_before_any_success_stops_the_run_naming_line_and_words() {
     let s = Scenario::new("refused-first")
-        .with_sim(&["--limit", "600/1s", "--refuse", "n=1:401"])
+        .with_sim(&[
+            "--limit", "600/1s", "--refuse", "n=1:401", "--refuse", "n=2:401",
+        ])
         .numbers(5);
     let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert_eq!(r.summary["failed"], 0);
+    // Line 1 was set aside; line 2, refused too, told the key's refusal.
     assert!(
-        r.stderr.contains("rejected the key (HTTP 401 for line 1"),
+        r.stderr.contains("rejected the key (HTTP 401 for line 2"),
         "{}",
         r.stderr
     );
@@ -555,4 +558,45 @@ async fn a_shrunk_input_sends_nothing_and_says_none_is_new() {
     );
     assert_eq!(r.summary["requests"], 0, "{}", r.summary);
     assert_side_effects(&s.sim().stats().await, 6);
+}
+
+/// The first answer of a run refuses its item (a 402 with credits left, a
+/// 403), with one call in flight: the item is set aside, the next one goes
+/// and succeeds, so the refusal was the item's: it is one failure with the
+/// server's words, and a nightly job is no longer blocked by it (issue 20).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_first_item_is_that_items_failure_once_the_next_goes_through() {
+    for (refuse, status) in [("n=1:402", 402), ("n=1", 403)] {
+        let s = Scenario::new("refused-first")
+            .with_sim(&["--limit", "600/1s", "--refuse", refuse])
+            .numbers(10);
+        let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
+        assert_eq!(r.code, 3, "{refuse}: {}", r.stderr);
+        assert_eq!(r.summary["state"], "done", "{}", r.stderr);
+        assert_eq!(
+            (r.summary["done"].as_u64(), r.summary["failed"].as_u64()),
+            (Some(9), Some(1)),
+            "{refuse}: {}",
+            r.summary
+        );
+        let failures = jsonl(&s.failures_path());
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0]["line"], 1, "{failures:?}");
+        assert_eq!(failures[0]["status"], status, "{failures:?}");
+        assert_side_effects(&s.sim().stats().await, 9);
+    }
+}
+
+/// A key every call refuses still halts as the key's (exit 1, nothing
+/// failed), after at most the one further call that told it apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_key_still_halts_after_one_more_call() {
+    let s = Scenario::new("refused-key")
+        .with_sim(&["--limit", "600/1s", "--refuse", "n=1", "--refuse", "n=2"])
+        .numbers(10);
+    let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    assert!(jsonl(&s.failures_path()).is_empty());
 }
