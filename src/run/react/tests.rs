@@ -1,0 +1,395 @@
+use super::*;
+
+fn policy() -> Policy {
+    Policy {
+        max_attempts: 3,
+        default_pause: Duration::from_secs(30),
+        backoff: Backoff::default(),
+        wait_for_credits: false,
+        max_wait: Duration::from_secs(600),
+    }
+}
+
+fn item() -> Item {
+    Item {
+        line: 7,
+        value: serde_json::json!({ "n": 7 }),
+    }
+}
+
+/// The reaction to `outcome` on the item's `n`th call.
+fn on(outcome: Outcome, n: u32, probing: bool, policy: &Policy) -> Reaction {
+    let item = item();
+    let call = Call {
+        item: &item,
+        tries: Tries {
+            n,
+            maybe_ran: false,
+        },
+        probing,
+        limited_for: None,
+        jitter: 0.5,
+        got_through: false,
+        may_defer: false,
+    };
+    react(outcome, call, policy)
+}
+
+fn error(e: CallError) -> Outcome {
+    Outcome::Error(e, None)
+}
+
+fn transient(reason: &str, unknown: bool) -> CallError {
+    CallError::Transient {
+        reason: reason.into(),
+        status: reason.strip_prefix("HTTP ").and_then(|s| s.parse().ok()),
+        retry_after: None,
+        unknown,
+    }
+}
+
+fn tries(n: u32) -> Tries {
+    Tries {
+        n,
+        maybe_ran: false,
+    }
+}
+
+#[test]
+fn a_done_call_records_the_item_with_its_attempts() {
+    let r = on(Outcome::Done(200, "{}".into()), 2, false, &policy());
+    let event = done(&item(), 200, "{}".into(), 2);
+    let expected = Action::Record {
+        event,
+        systemic: None,
+    };
+    assert_eq!(r.action, expected);
+    assert_eq!((r.tries, r.release_probe), (tries(2), false));
+}
+
+#[test]
+fn a_probe_that_goes_through_is_told_apart() {
+    let r = on(Outcome::Done(200, "ok".into()), 1, true, &policy());
+    assert_eq!(
+        r.action,
+        Action::ProbeDone(done(&item(), 200, "ok".into(), 1))
+    );
+    assert!(!r.release_probe, "the probe's end is decided by the pool");
+}
+
+#[test]
+fn a_refusal_stops_the_run_and_keeps_a_done_call() {
+    let why = "the reserve".to_string();
+    let r = on(
+        Outcome::Refused {
+            done: Some((200, "{}".into())),
+            why: why.clone(),
+        },
+        1,
+        false,
+        &policy(),
+    );
+    let expected = Action::Stop {
+        record: Some(done(&item(), 200, "{}".into(), 1)),
+        halt: Halt::Reserve(why.clone()),
+    };
+    assert_eq!(r.action, expected);
+    let r = on(
+        Outcome::Refused {
+            done: None,
+            why: why.clone(),
+        },
+        1,
+        true,
+        &policy(),
+    );
+    let expected = Action::Stop {
+        record: None,
+        halt: Halt::Reserve(why),
+    };
+    assert_eq!(r.action, expected);
+    assert!(!r.release_probe);
+}
+
+#[test]
+fn out_of_handles_spends_no_attempt_and_waits_50_to_250_ms() {
+    let r = on(Outcome::OutOfHandles, 2, true, &policy());
+    assert_eq!(r.tries, tries(1));
+    assert!(r.release_probe);
+    let item = item();
+    let wait = |jitter| {
+        let call = Call {
+            item: &item,
+            tries: tries(1),
+            probing: false,
+            limited_for: None,
+            jitter,
+            got_through: false,
+            may_defer: false,
+        };
+        react(Outcome::OutOfHandles, call, &policy()).action
+    };
+    assert_eq!(wait(0.0), Action::OutOfHandles(Duration::from_millis(50)));
+    assert_eq!(
+        wait(0.999_999),
+        Action::OutOfHandles(Duration::from_millis(250))
+    );
+}
+
+#[test]
+fn a_rate_limit_pauses_for_its_retry_after_at_least_a_second() {
+    let limited = |retry_after| {
+        error(CallError::RateLimited {
+            retry_after,
+            message: Some("slow".into()),
+        })
+    };
+    let pause_of = |r: Reaction| match r.action {
+        Action::Pause { pause, message } => {
+            assert_eq!(message.as_deref(), Some("slow"));
+            assert_eq!(r.tries, tries(1), "no attempt spent");
+            pause
+        }
+        other => panic!("{other:?}"),
+    };
+    let p = policy();
+    let secs = |s| Some(Duration::from_secs(s));
+    assert_eq!(
+        pause_of(on(limited(secs(3)), 2, false, &p)),
+        secs(3).unwrap()
+    );
+    assert_eq!(pause_of(on(limited(secs(0)), 2, false, &p)), MIN_PAUSE);
+    assert_eq!(pause_of(on(limited(None), 2, false, &p)), p.default_pause);
+    assert!(on(limited(None), 2, true, &p).release_probe);
+}
+
+#[test]
+fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
+    let item = item();
+    let after = |limited_for| {
+        let call = Call {
+            item: &item,
+            tries: tries(1),
+            probing: false,
+            limited_for,
+            jitter: 0.5,
+            got_through: false,
+            may_defer: false,
+        };
+        let e = CallError::RateLimited {
+            retry_after: None,
+            message: None,
+        };
+        react(error(e), call, &policy()).action
+    };
+    let max = policy().max_wait;
+    assert!(matches!(
+        after(Some(max - Duration::from_secs(1))),
+        Action::Pause { .. }
+    ));
+    let expected = Action::Stop {
+        record: None,
+        halt: Halt::Stalled(max),
+    };
+    assert_eq!(after(Some(max)), expected);
+}
+
+#[test]
+fn a_concurrency_429_means_fewer_in_flight_for_its_retry_after() {
+    let c = |retry_after| error(CallError::Concurrency { retry_after });
+    let r = on(c(None), 1, false, &policy());
+    assert_eq!(r.action, Action::FewerInFlight(Duration::from_secs(1)));
+    assert_eq!(r.tries, tries(0));
+    let r = on(c(Some(Duration::from_secs(4))), 1, true, &policy());
+    assert_eq!(r.action, Action::FewerInFlight(Duration::from_secs(4)));
+    assert!(r.release_probe);
+    let r = on(c(Some(Duration::ZERO)), 1, false, &policy());
+    assert_eq!(r.action, Action::FewerInFlight(MIN_PAUSE));
+}
+
+#[test]
+fn exhaustion_halts_or_waits_and_keeps_the_probe() {
+    let out = || error(CallError::CreditsExhausted { status: 402 });
+    let r = on(out(), 1, false, &policy());
+    let halt = Action::Stop {
+        record: None,
+        halt: Halt::Exhausted,
+    };
+    assert_eq!(r.action, halt);
+    let waiting = Policy {
+        wait_for_credits: true,
+        ..policy()
+    };
+    let r = on(out(), 2, false, &waiting);
+    let expected = Action::WaitForCredits {
+        probe_failed: false,
+    };
+    assert_eq!((r.action, r.tries), (expected, tries(1)));
+    let r = on(out(), 1, true, &waiting);
+    assert_eq!(r.action, Action::WaitForCredits { probe_failed: true });
+    assert!(
+        !r.release_probe,
+        "the probe found credits gone: it stays held"
+    );
+}
+
+fn refused(status: u16) -> Outcome {
+    error(CallError::Refused {
+        status,
+        reason: "needs the Geo add-on".into(),
+    })
+}
+
+/// As [`on`], after another call of the run got through.
+fn on_after_success(outcome: Outcome, probing: bool, policy: &Policy) -> Reaction {
+    let item = item();
+    let call = Call {
+        item: &item,
+        tries: tries(1),
+        probing,
+        limited_for: None,
+        jitter: 0.5,
+        got_through: true,
+        may_defer: false,
+    };
+    react(outcome, call, policy)
+}
+
+#[test]
+fn a_refusal_before_any_success_stops_the_run_and_marks_nothing() {
+    for status in [401, 403] {
+        let r = on(refused(status), 1, true, &policy());
+        let expected = Action::Stop {
+            record: None,
+            halt: Halt::Auth {
+                status,
+                line: 7,
+                reason: "\"needs the Geo add-on\"".into(),
+            },
+        };
+        assert_eq!(r.action, expected);
+        assert!(!r.release_probe);
+        assert_eq!(r.tries, tries(0), "no attempt spent");
+    }
+    let r = on(refused(402), 1, false, &policy());
+    let expected = Action::Stop {
+        record: None,
+        halt: Halt::Exhausted,
+    };
+    assert_eq!(r.action, expected);
+}
+
+#[test]
+fn a_refusal_after_a_success_fails_only_its_item_with_the_servers_words() {
+    for status in [401, 402, 403] {
+        let r = on_after_success(refused(status), true, &policy());
+        let Action::Record {
+            event:
+                Event::Failed {
+                    line,
+                    status: s,
+                    reason,
+                    ..
+                },
+            ..
+        } = r.action
+        else {
+            panic!("{:?}", r.action)
+        };
+        assert_eq!((line, s), (7, Some(status)));
+        assert!(reason.contains("\"needs the Geo add-on\""), "{reason}");
+        assert!(reason.starts_with(&format!("HTTP {status}")), "{reason}");
+        assert!(r.release_probe);
+    }
+}
+
+#[test]
+fn a_permanent_error_fails_the_item_with_its_cause() {
+    let e = CallError::Permanent {
+        status: 404,
+        reason: "no such thing".into(),
+    };
+    let systemic = Some(Systemic::Status(404));
+    let r = on(Outcome::Error(e, systemic.clone()), 1, true, &policy());
+    let event = Event::Failed {
+        line: 7,
+        status: Some(404),
+        reason: "HTTP 404: no such thing".into(),
+        attempts: 1,
+        unknown: false,
+        digest: item().digest(),
+    };
+    assert_eq!(r.action, Action::Record { event, systemic });
+    assert!(r.release_probe);
+}
+
+#[test]
+fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
+    let p = policy();
+    let r = on(error(transient("HTTP 503", false)), 2, true, &p);
+    let after = p.backoff.wait(2, None, 0.5);
+    assert_eq!(
+        r.action,
+        Action::Retry {
+            after,
+            systemic: None
+        }
+    );
+    assert!(r.release_probe);
+    let e = CallError::Transient {
+        reason: "busy".into(),
+        status: Some(503),
+        retry_after: Some(Duration::from_secs(2)),
+        unknown: false,
+    };
+    let r = on(error(e), 1, false, &p);
+    let expected = Action::Retry {
+        after: Duration::from_secs(2),
+        systemic: None,
+    };
+    assert_eq!(r.action, expected, "the server's Retry-After wins");
+    let r = on(error(transient("HTTP 503", false)), 3, false, &p);
+    let event = Event::Failed {
+        line: 7,
+        status: Some(503),
+        reason: "HTTP 503 (gave up after 3 attempts)".into(),
+        attempts: 3,
+        unknown: false,
+        digest: item().digest(),
+    };
+    let systemic = None;
+    assert_eq!(r.action, Action::Record { event, systemic });
+}
+
+#[test]
+fn once_a_call_may_have_run_the_item_stays_unknown() {
+    let p = policy();
+    let r = on(error(transient("timed out", true)), 1, false, &p);
+    assert!(r.tries.maybe_ran);
+    let item = item();
+    let call = Call {
+        item: &item,
+        tries: Tries {
+            n: 3,
+            maybe_ran: true,
+        },
+        probing: false,
+        limited_for: None,
+        jitter: 0.5,
+        got_through: false,
+        may_defer: false,
+    };
+    let r = react(error(transient("HTTP 503", false)), call, &p);
+    match r.action {
+        Action::Record {
+            event: Event::Failed {
+                unknown, reason, ..
+            },
+            ..
+        } => {
+            assert!(unknown);
+            assert!(reason.starts_with("outcome unknown: HTTP 503"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

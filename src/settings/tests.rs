@@ -1,0 +1,210 @@
+use super::*;
+
+fn run_args(args: &[&str]) -> RunArgs {
+    let argv = ["batchrun"]
+        .iter()
+        .chain(args)
+        .map(std::ffi::OsString::from);
+    match crate::cli::Cli::parse_with_default(argv).command {
+        crate::cli::Command::Run(a) => *a,
+        _ => panic!("not a run"),
+    }
+}
+
+#[test]
+fn a_limit_without_concurrency_grows_the_pool_within_the_plan() {
+    let sized = |args: &[&str]| {
+        let a = run_args(args);
+        let (_, most) = plan_limits(&a);
+        (most, pool_size(&a, most))
+    };
+    assert_eq!(sized(&["in.jsonl"]), (1, PoolSize::Fixed), "the free plan");
+    assert_eq!(sized(&["in.jsonl", "-p", "pro"]), (20, PoolSize::Fixed));
+    assert_eq!(
+        sized(&["in.jsonl", "-l", "600/6s"]),
+        (GROWN_POOL_CAP, PoolSize::Grows(GROWN_POOL_START))
+    );
+    assert_eq!(
+        sized(&["in.jsonl", "-l", "600/6s", "-p", "starter"]),
+        (5, PoolSize::Grows(4)),
+        "the plan's ceiling bounds it"
+    );
+    assert_eq!(
+        sized(&["in.jsonl", "-l", "2/1s"]),
+        (2, PoolSize::Grows(2)),
+        "never more than a window holds"
+    );
+    assert_eq!(
+        sized(&["in.jsonl", "-l", "600/6s", "-c", "3"]),
+        (3, PoolSize::Fixed)
+    );
+    assert_eq!(
+        sized(&["in.jsonl", "-l", "none"]),
+        (GROWN_POOL_START, PoolSize::Fixed)
+    );
+}
+
+#[test]
+fn default_outputs_sit_beside_the_input() {
+    assert_eq!(
+        default_output(Path::new("/data/items.jsonl"), "results"),
+        PathBuf::from("/data/items.results.jsonl")
+    );
+    assert_eq!(
+        default_output(Path::new("items.csv"), "failures"),
+        PathBuf::from("items.failures.jsonl")
+    );
+    assert_eq!(
+        default_output(Path::new("-"), "results"),
+        PathBuf::from("stdin.results.jsonl")
+    );
+    assert_eq!(
+        default_output(Path::new("/dev/fd/63"), "failures"),
+        PathBuf::from("batchrun.failures.jsonl")
+    );
+}
+
+#[test]
+fn outputs_that_would_clobber_the_input_or_each_other_are_refused() {
+    let dir = std::env::temp_dir().join(format!("batchrun-outs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("items.jsonl");
+    std::fs::write(&input, "{}\n").unwrap();
+    let other = dir.join("out.jsonl");
+    let same = dir.join(".").join("items.jsonl");
+    let e = check_outputs(&input, &same, &other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is the input file"), "{e}");
+    let e = check_outputs(&input, &other, &input)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--failures"), "{e}");
+    let e = check_outputs(&input, &other, &other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("same file"), "{e}");
+    let e = check_outputs(&input, &dir, &other).unwrap_err().to_string();
+    assert!(e.contains("is a directory"), "{e}");
+    assert!(check_outputs(&input, &other, &dir.join("f.jsonl")).is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn limit_args(extra: &[&str]) -> RunArgs {
+    let argv = ["batchrun", "run", "in.jsonl"].iter().chain(extra);
+    let argv = argv.map(std::ffi::OsString::from);
+    match crate::cli::Cli::parse_with_default(argv).command {
+        crate::cli::Command::Run(a) => *a,
+        _ => panic!("expected run"),
+    }
+}
+
+#[test]
+fn the_primary_limit_is_the_slowest_and_the_others_follow() {
+    let a = limit_args(&["--limit", "20/1s", "--limit", "30/3s", "--limit", "1000/1h"]);
+    let all: Vec<String> = all_limits(&a).iter().map(ToString::to_string).collect();
+    assert_eq!(all, ["1000/1h", "30/3s", "20ps"]);
+    assert_eq!(checked_limits(&a).unwrap().len(), 3);
+    assert_eq!(
+        all_limits(&limit_args(&[]))[0],
+        PolicySpec::sliding(crate::rate::Plan::Free.limit())
+    );
+    assert_eq!(
+        checked_limits(&limit_args(&["--limit", "5ps"]))
+            .unwrap()
+            .len(),
+        1
+    );
+    // One --limit with --redis is the fleet's usual case.
+    assert!(checked_limits(&limit_args(&["--limit", "5ps", "--redis", "redis://h"])).is_ok());
+}
+
+#[test]
+fn shapes_are_refused_where_they_cannot_be_kept() {
+    // A token policy is never the primary one while a call policy is given.
+    let a = limit_args(&["--limit", "90000/1m,tokens", "--limit", "30/1s,burst=5"]);
+    assert_eq!(all_limits(&a)[0].to_string(), "30ps,burst=5");
+    assert!(checked_limits(&a).is_ok());
+    // The fleet keeps buckets and fixed windows of calls.
+    let bucket = limit_args(&["--limit", "30/1s,burst=5", "--redis", "redis://h"]);
+    assert!(checked_limits(&bucket).is_ok());
+    let fixed = limit_args(&["--limit", "1000/1d,fixed", "--redis", "redis://h"]);
+    assert!(checked_limits(&fixed).is_ok());
+    for (extra, says) in [
+        (
+            &["--limit", "30/1s,burst=5", "--pacer", "bucket"][..],
+            "window pacer",
+        ),
+        (
+            &["--limit", "1000/1d,fixed", "--pacer", "spike"][..],
+            "window pacer",
+        ),
+        (
+            &["--limit", "9000/1m,tokens", "--redis", "redis://h"][..],
+            "--redis",
+        ),
+        (
+            &["--limit", "30/1s,burst=5,tokens", "--redis", "redis://h"][..],
+            "--redis",
+        ),
+    ] {
+        let e = checked_limits(&limit_args(extra)).unwrap_err().to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+}
+
+#[test]
+fn a_rehearsal_keeps_only_the_path_and_query_of_an_absolute_url() {
+    assert_eq!(path_of("/v1/echo?n={n}"), "/v1/echo?n={n}");
+    assert_eq!(
+        path_of("https://api.example.com:8443/v1/x?n={n}"),
+        "/v1/x?n={n}"
+    );
+    assert_eq!(path_of("https://api.example.com?n={n}"), "/?n={n}");
+    assert_eq!(path_of("https://api.example.com"), "/");
+    assert_eq!(path_of("api.example.com/v1/x"), "/v1/x");
+}
+
+proptest::proptest! {
+    /// Whatever `--url` says, a rehearsal's URL is the sim's origin
+    /// followed by a path: nothing in it can name another host.
+    #[test]
+    fn a_rehearsal_url_never_names_another_host(
+        u in "((https?|ftp)://)?[a-z0-9@:./\\[\\]]{0,16}([/?#][ -~]{0,24})?|.*"
+    ) {
+        let path = path_of(&u);
+        proptest::prop_assert!(path.starts_with('/'), "{path:?}");
+    }
+}
+
+#[test]
+fn a_rehearsal_sends_the_sim_key_never_the_exported_one() {
+    // A variable of this test's own: no other test reads it.
+    std::env::set_var("BATCHRUN_TEST_REHEARSAL_KEY", "sk_live_REAL");
+    let cli = crate::cli::Cli::parse_with_default(
+        [
+            "batchrun",
+            "items.jsonl",
+            "--sim",
+            "--api-key-env",
+            "BATCHRUN_TEST_REHEARSAL_KEY",
+            "--url",
+            "https://api.example.com/v1/x?n={n}",
+        ]
+        .map(std::ffi::OsString::from),
+    );
+    let crate::cli::Command::Run(args) = cli.command else {
+        panic!("not a run")
+    };
+    let s = Settings::from_cli(&args, Some("http://127.0.0.1:9")).unwrap();
+    let key = s.request.key.as_ref().unwrap();
+    assert_eq!(key.expose(), SIM_KEY);
+    assert!(s.rehearsal);
+    assert_eq!(s.origin, "sim");
+    assert_eq!(s.request.url.as_str(), "http://127.0.0.1:9/v1/x?n={n}");
+}
+
+#[test]
+fn the_key_never_shows_in_debug() {
+    assert_eq!(format!("{:?}", Secret::new("sk_live_123")), "Secret(***)");
+}
