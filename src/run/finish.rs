@@ -115,6 +115,27 @@ pub(crate) fn end_state(
     (h.state(), Some(reason))
 }
 
+/// Saves the job record and brings the outputs up to date, unless a run
+/// stopped by failures before it finished anything (a mistyped URL): that
+/// one has nothing to put in place of results already there.
+fn write(e: &Ending<'_>, meta: &JobMeta, halt: &Option<Halt>, done: u64) -> Result<(), Ended> {
+    let keep_old = matches!(halt, Some(Halt::Systemic(_)))
+        && done == 0
+        && std::fs::metadata(&e.settings.out).is_ok_and(|m| m.len() > 0);
+    if keep_old {
+        e.reporter.println(&format!(
+            "batchrun: {} is left as it was: this run finished no item",
+            e.settings.out.display()
+        ));
+    }
+    save(e, meta).and_then(|()| match keep_old {
+        true => Ok(()),
+        false => {
+            super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(e, err))
+        }
+    })
+}
+
 /// Ends the run: see the module docs.
 pub async fn finish(
     e: Ending<'_>,
@@ -167,23 +188,7 @@ pub async fn finish(
     };
     close_record(&e, &mut meta, state, &halt_reason);
     close_run(&e, &mut meta, state, exit_code);
-    // A run stopped by failures before it finished anything (a mistyped
-    // URL) has nothing to put in place of results already there.
-    let keep_old = matches!(halt, Some(Halt::Systemic(_)))
-        && counts.done == 0
-        && std::fs::metadata(&e.settings.out).is_ok_and(|m| m.len() > 0);
-    if keep_old {
-        e.reporter.println(&format!(
-            "batchrun: {} is left as it was: this run finished no item",
-            e.settings.out.display()
-        ));
-    }
-    let written = save(&e, &meta).and_then(|()| match keep_old {
-        true => Ok(()),
-        false => {
-            super::outputs::write_outputs(e.settings, e.items).map_err(|err| output_failed(&e, err))
-        }
-    });
+    let written = write(&e, &meta, &halt, counts.done);
     match written {
         Ok(()) => {}
         // The storage already failed: what is on disk is what was

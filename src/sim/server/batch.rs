@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::super::model::{refusals, Admission, Settled, Ticket};
 use super::conn::ConnCtl;
-use super::respond::{metered_headers, rejected};
+use super::respond::{metered_headers, rejected, Echo};
 use super::{dialect, App, Shared};
 use crate::wire;
 
@@ -50,6 +50,43 @@ fn items(body: &Bytes) -> Result<Vec<Value>, String> {
     }
 }
 
+/// The caller's key and the batch's items, or the answer refusing them
+/// (no key, a body that is not a batch, a batch too large).
+fn read_batch(
+    app: &Shared,
+    echo: &Echo,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(String, Vec<Value>), Box<Response>> {
+    let Some(key) = headers
+        .get(wire::API_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+    else {
+        app.lock().note_unauthorized();
+        let r = echo.error(StatusCode::UNAUTHORIZED, "missing x-api-key header");
+        return Err(Box::new(r));
+    };
+    let parsed = body.map_err(|e| e.to_string()).and_then(|b| items(&b));
+    let batch = match parsed {
+        Ok(b) => b,
+        Err(e) => {
+            app.lock().note_bad_request();
+            return Err(Box::new(echo.error(StatusCode::BAD_REQUEST, &e)));
+        }
+    };
+    let max = app.lock().config().max_batch;
+    if batch.len() > max {
+        app.lock().note_bad_request();
+        let message = format!("batch too large: {} items, at most {max}", batch.len());
+        return Err(Box::new(
+            echo.error(StatusCode::PAYLOAD_TOO_LARGE, &message),
+        ));
+    }
+    Ok((key.to_string(), batch))
+}
+
 /// `POST /batch/<name>`; see the module docs.
 pub(super) async fn batch_post(
     State(app): State<Shared>,
@@ -59,29 +96,11 @@ pub(super) async fn batch_post(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let echo = app.echo(&headers);
-    let Some(key) = headers
-        .get(wire::API_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-    else {
-        app.lock().note_unauthorized();
-        return echo.error(StatusCode::UNAUTHORIZED, "missing x-api-key header");
+    let (key, batch) = match read_batch(&app, &echo, &headers, body) {
+        Ok(read) => read,
+        Err(refused) => return *refused,
     };
-    let parsed = body.map_err(|e| e.to_string()).and_then(|b| items(&b));
-    let batch = match parsed {
-        Ok(b) => b,
-        Err(e) => {
-            app.lock().note_bad_request();
-            return echo.error(StatusCode::BAD_REQUEST, &e);
-        }
-    };
-    let max = app.lock().config().max_batch;
-    if batch.len() > max {
-        app.lock().note_bad_request();
-        let message = format!("batch too large: {} items, at most {max}", batch.len());
-        return echo.error(StatusCode::PAYLOAD_TOO_LARGE, &message);
-    }
+    let key = key.as_str();
     let idem = headers
         .get(wire::IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
