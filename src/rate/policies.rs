@@ -65,6 +65,10 @@ pub enum Note {
     Heard(Heard),
 }
 
+/// A call in flight: when it was sent, its places in each window (one per
+/// call it counts as), and its ids in the kept policies.
+type Places = (Instant, Vec<Vec<SlotId>>, Vec<u64>);
+
 /// Several exact sliding windows, every call counted in each.
 #[derive(Debug, Clone)]
 pub struct PolicySet {
@@ -74,7 +78,7 @@ pub struct PolicySet {
     /// The policies that are not sliding windows of calls.
     kept: Vec<Kept>,
     /// Calls in flight: their place in each window and each kept policy.
-    in_flight: HashMap<SetSlot, (Instant, Vec<SlotId>, Vec<u64>)>,
+    in_flight: HashMap<SetSlot, Places>,
     /// The longest round trip seen: how early a reset measured at the
     /// server may lie before the response that carried it.
     rtt: Duration,
@@ -155,8 +159,9 @@ impl PolicySet {
     }
 
     /// [`try_take`](Self::try_take) for a call counting as `calls` calls
-    /// against the kept call policies (a sliding window of calls counts
-    /// one) and costing an estimated `tokens` against the token policies.
+    /// against every call policy (a batch whose API counts its items; at
+    /// most a window's limit, so that it can ever fit) and costing an
+    /// estimated `tokens` against the token policies.
     pub fn try_take_weighted(
         &mut self,
         now: Instant,
@@ -168,10 +173,18 @@ impl PolicySet {
         let mut wait: Option<Instant> = None;
         let mut refused = |at: Instant| wait = Some(wait.map_or(at, |x: Instant| x.max(at)));
         for (i, w) in self.windows.iter_mut().enumerate() {
-            match w.try_take(now) {
-                Ok(s) => taken.push((i, s)),
-                Err(at) => refused(at),
+            let n = calls.clamp(1, w.limit().max(1));
+            let mut slots = Vec::new();
+            for _ in 0..n {
+                match w.try_take(now) {
+                    Ok(s) => slots.push(s),
+                    Err(at) => {
+                        refused(at);
+                        break;
+                    }
+                }
             }
+            taken.push((i, slots));
         }
         for (i, k) in self.kept.iter_mut().enumerate() {
             match k.try_take(now, calls, tokens) {
@@ -181,8 +194,10 @@ impl PolicySet {
         }
         if let Some(at) = wait {
             // The policies that granted give their places back.
-            for (i, s) in taken {
-                self.windows[i].cancel(s);
+            for (i, slots) in taken {
+                for s in slots {
+                    self.windows[i].cancel(s);
+                }
             }
             for (i, id) in kept {
                 self.kept[i].cancel(id);
@@ -208,8 +223,10 @@ impl PolicySet {
     pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>) {
         if let Some((sent, slots, kept)) = self.in_flight.remove(&slot) {
             self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));
-            for (w, s) in self.windows.iter_mut().zip(slots) {
-                w.complete(s, arrived);
+            for (w, slots) in self.windows.iter_mut().zip(slots) {
+                for s in slots {
+                    w.complete(s, arrived);
+                }
             }
             for (k, id) in self.kept.iter_mut().zip(kept) {
                 k.complete(id, arrived, used);
@@ -222,8 +239,10 @@ impl PolicySet {
         let Some((_, slots, kept)) = self.in_flight.remove(&slot) else {
             return false;
         };
-        for (w, s) in self.windows.iter_mut().zip(slots) {
-            w.cancel(s);
+        for (w, slots) in self.windows.iter_mut().zip(slots) {
+            for s in slots {
+                w.cancel(s);
+            }
         }
         for (k, id) in self.kept.iter_mut().zip(kept) {
             k.cancel(id);
@@ -372,7 +391,8 @@ impl PolicySet {
         }
         let mut x = ExactWindow::new(q, w, now);
         for (sent, slots, _) in self.in_flight.values_mut() {
-            slots.push(x.admit_in_flight(*sent));
+            let weight = slots.first().map_or(1, Vec::len);
+            slots.push((0..weight).map(|_| x.admit_in_flight(*sent)).collect());
         }
         // Answered calls that may still be in the server's window: those the
         // server says it counts beyond the ones in flight, and at least
@@ -382,8 +402,13 @@ impl PolicySet {
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
         let primary = &self.windows[0];
         let answered_here = primary.occupancy(now) - primary.in_flight() as u64;
+        let calls_in_flight: usize = self
+            .in_flight
+            .values()
+            .map(|(_, slots, _)| slots.first().map_or(1, Vec::len))
+            .sum();
         let answered = used
-            .saturating_sub(self.in_flight.len() as u64)
+            .saturating_sub(calls_in_flight as u64)
             .max(answered_here);
         for _ in 0..answered.min(q) {
             x.admit_answered(now);

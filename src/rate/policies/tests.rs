@@ -348,3 +348,26 @@ fn a_token_remaining_below_what_was_counted_counts_the_rest_as_spent() {
     );
     assert_eq!(s.kept()[0].clone().used(t0), Some(1000));
 }
+
+#[test]
+fn a_call_weighing_several_takes_as_many_places_in_every_window() {
+    // --batch-weight items: a batch of 4 counts 4 calls in a 10/1s window.
+    let t0 = Instant::now();
+    let mut set = PolicySet::new(ExactWindow::new(10, Duration::from_secs(1), t0), vec![]);
+    let a = set.try_take_weighted(t0, 4, 0).expect("4 of 10");
+    let b = set.try_take_weighted(t0, 4, 0).expect("8 of 10");
+    assert!(set.try_take_weighted(t0, 4, 0).is_err(), "12 would overrun");
+    assert_eq!(set.primary().occupancy(t0), 8, "a refused take leaves nothing");
+    set.try_take_weighted(t0, 2, 0).expect("10 of 10");
+    // A batch larger than the window can ever hold takes the whole window.
+    let later = t0 + Duration::from_secs(5);
+    set.complete(a, t0);
+    set.complete(b, t0);
+    let big = set.try_take_weighted(later, 50, 0);
+    assert!(big.is_err(), "the first window still holds the 2 in flight");
+    assert!(set.cancel(SetSlot(2)));
+    let big = set.try_take_weighted(later, 50, 0).expect("capped at the limit");
+    assert_eq!(set.primary().occupancy(later), 10);
+    assert!(set.cancel(big));
+    assert_eq!(set.primary().occupancy(later), 0);
+}
