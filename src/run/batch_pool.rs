@@ -4,10 +4,12 @@
 //! each item, and each is recorded on its own (all of one call's in one
 //! commit).
 //!
-//! A worker waits for N items (or the end of the input) before it sends:
-//! batches are then the same consecutive runs of pending items in any run,
-//! so a batch left unrecorded by a crash is formed again, with the same
-//! key, and the server replays what it settled.
+//! A batch holds the pending items of one block of N input lines (lines
+//! 1-N, N+1-2N, ...), and the items of a block that come back transient go
+//! again together: whatever else settled meanwhile, any run forms a batch
+//! left unrecorded by a crash again from the same items, with the same key,
+//! and the server replays what it settled. (Consecutive runs of pending
+//! items would not: one item settled out of turn shifts every later batch.)
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +33,9 @@ use crate::transport::Request;
 pub struct Batching {
     spec: BatchSpec,
     size: AtomicUsize,
+    /// The item taken from the queue that belongs to the next block: read
+    /// and written only under the queue's lock.
+    next: std::sync::Mutex<Option<Queued>>,
 }
 
 impl Batching {
@@ -39,12 +44,21 @@ impl Batching {
         Arc::new(Batching {
             size: AtomicUsize::new(spec.size.max(1)),
             spec,
+            next: std::sync::Mutex::new(None),
         })
     }
 
     /// Items per call now.
     pub fn size(&self) -> usize {
         self.size.load(Ordering::Relaxed)
+    }
+
+    /// The block of `--batch` lines an item belongs to: a batch holds the
+    /// pending items of one block, so that a batch whose outcome is unknown
+    /// (a crash, a lost connection) is formed again by a resume from the
+    /// same items, under the same key, whatever else settled meanwhile.
+    fn block(&self, item: &Item) -> u64 {
+        item.line.saturating_sub(1) / self.spec.size.max(1) as u64
     }
 
     /// A batch of `len` was too large: at most half of it from now on.
@@ -92,26 +106,34 @@ impl Pool {
             if self.gate.is_stopped() {
                 return;
             }
-            let taken = self.take_batch(&queue, batching.size()).await;
+            let taken = self.take_batch(&queue, &batching).await;
             if taken.is_empty() || !self.run_batch(taken, &batching).await {
                 return;
             }
         }
     }
 
-    /// The next `n` items of the queue (fewer only at its end). Nothing
-    /// when the run stops meanwhile: the items taken were never sent.
-    async fn take_batch(&self, queue: &Queue, n: usize) -> Vec<Queued> {
+    /// The pending items of the next block of lines (see
+    /// [`Batching::block`]); the queue yields them in line order. Nothing
+    /// when the run stops meanwhile: the items taken were never sent, and
+    /// an item of the next block put aside stays pending too.
+    async fn take_batch(&self, queue: &Queue, batching: &Batching) -> Vec<Queued> {
         let mut q = queue.lock().await;
-        let mut taken = Vec::with_capacity(n);
-        while taken.len() < n {
-            let next = tokio::select! {
+        // Only ever touched under the queue's lock: no one else looks.
+        let put_aside = || batching.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut taken: Vec<Queued> = put_aside().take().into_iter().collect();
+        loop {
+            let it = tokio::select! {
                 it = q.recv() => it,
                 _ = self.gate.until_stopped() => return Vec::new(),
             };
-            match next {
-                Some(it) => taken.push(it),
-                None => break,
+            let Some(it) = it else { break };
+            match taken.first() {
+                Some(first) if batching.block(&it.item) != batching.block(&first.item) => {
+                    *put_aside() = Some(it);
+                    break;
+                }
+                _ => taken.push(it),
             }
         }
         taken

@@ -357,7 +357,11 @@ fn a_call_weighing_several_takes_as_many_places_in_every_window() {
     let a = set.try_take_weighted(t0, 4, 0).expect("4 of 10");
     let b = set.try_take_weighted(t0, 4, 0).expect("8 of 10");
     assert!(set.try_take_weighted(t0, 4, 0).is_err(), "12 would overrun");
-    assert_eq!(set.primary().occupancy(t0), 8, "a refused take leaves nothing");
+    assert_eq!(
+        set.primary().occupancy(t0),
+        8,
+        "a refused take leaves nothing"
+    );
     set.try_take_weighted(t0, 2, 0).expect("10 of 10");
     // A batch larger than the window can ever hold takes the whole window.
     let later = t0 + Duration::from_secs(5);
@@ -366,7 +370,9 @@ fn a_call_weighing_several_takes_as_many_places_in_every_window() {
     let big = set.try_take_weighted(later, 50, 0);
     assert!(big.is_err(), "the first window still holds the 2 in flight");
     assert!(set.cancel(SetSlot(2)));
-    let big = set.try_take_weighted(later, 50, 0).expect("capped at the limit");
+    let big = set
+        .try_take_weighted(later, 50, 0)
+        .expect("capped at the limit");
     assert_eq!(set.primary().occupancy(later), 10);
     assert!(set.cancel(big));
     assert_eq!(set.primary().occupancy(later), 0);
