@@ -12,6 +12,7 @@
 #   examples/nginx_bench.sh                       # target/release/batchrun
 #   BIN=/work/target-rel/release/batchrun examples/nginx_bench.sh
 #   ITEMS=420 PACERS="window bucket spike" examples/nginx_bench.sh
+#   PACERS="told window" examples/nginx_bench.sh   # told the burst too
 #
 # Needs nginx (`apt-get install -y nginx`); runs it as the current user on
 # loopback ports chosen here, with everything under a temporary directory.
@@ -119,9 +120,12 @@ for burst in 5 0; do
         start_nginx "$port" "$clause"
         t0=$(date +%s.%N)
         set +e
+        # `told`: the default pacer told nginx's shape, `30/1s,burst=B`.
+        limit=30/1s; kind=$pacer
+        if [ "$pacer" = told ]; then limit="30/1s,burst=$burst"; kind=window; fi
         BATCHRUN_API_KEY=bench "$BIN" "$TMP/items.jsonl" \
             --url "http://127.0.0.1:$port/v1/echo?n={n}" \
-            --limit 30/1s -c 5 --pacer "$pacer" --quiet \
+            --limit "$limit" -c 5 --pacer "$kind" --quiet \
             --state-dir "$TMP/state-$run" --out "$TMP/out-$run.jsonl" \
             --failures "$TMP/failures-$run.jsonl" >"$TMP/run-$run.out" 2>"$TMP/run-$run.err"
         code=$?
