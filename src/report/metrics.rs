@@ -200,6 +200,12 @@ impl Metrics {
             "Latency of this run's answered calls",
             m.latency.clone(),
         );
+        // Every series from the start, at 0: `increase()` and an alert
+        // need the 0 before the first pause, not a series that appears.
+        for c in ["rate_limit", "credits"] {
+            m.pauses.get_or_create(&cause(c));
+            m.paused.get_or_create(&cause(c));
+        }
         m.registry = Arc::new(Mutex::new(reg));
         m
     }
@@ -346,5 +352,75 @@ async fn scrape(
         )
             .into_response(),
         Err(_) => axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(m: &Metrics) -> String {
+        let mut out = String::new();
+        let reg = m.registry.lock().unwrap();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        out
+    }
+
+    fn moment(paused: bool, credits: Option<i64>) -> Moment {
+        Moment {
+            paused,
+            waiting_credits: false,
+            learnt: None,
+            credits,
+        }
+    }
+
+    #[test]
+    fn one_overrun_is_one_pause_and_no_balance_is_no_series() {
+        let items = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let read = items.clone();
+        let mut m = Metrics::registered(
+            "127.0.0.1:0".parse().unwrap(),
+            Box::new(move || Items {
+                done: read.load(std::sync::atomic::Ordering::Relaxed),
+                failed: 0,
+                total: 10,
+            }),
+        );
+        for _ in 0..3 {
+            m.sent();
+        }
+        // Three 429s of one overrun, then one after the pause ended.
+        for _ in 0..3 {
+            m.rate_limited(false);
+        }
+        m.tick(&moment(true, None));
+        m.tick(&moment(false, None));
+        m.rate_limited(false);
+        m.answered(Answer::Status(200), Some(Duration::from_millis(3)));
+        items.store(4, std::sync::atomic::Ordering::Relaxed);
+        m.tick(&moment(false, None));
+        let t = text(&m);
+        assert!(t.contains("batchrun_rate_limited_total 4\n"), "{t}");
+        assert!(
+            t.contains("batchrun_pauses_total{cause=\"rate_limit\"} 2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("batchrun_pauses_total{cause=\"credits\"} 0\n"),
+            "{t}"
+        );
+        assert!(t.contains("batchrun_calls_in_flight 2\n"), "{t}");
+        assert!(t.contains("batchrun_items_done_total 4\n"), "{t}");
+        assert!(t.contains("batchrun_items_pending 6\n"), "{t}");
+        assert!(
+            t.contains("batchrun_call_duration_seconds_bucket{le=\"0.005\"} 1\n"),
+            "{t}"
+        );
+        assert!(!t.contains("batchrun_credits_remaining"), "{t}");
+        m.end(&moment(false, Some(7)));
+        let t = text(&m);
+        assert!(t.contains("batchrun_credits_remaining 7\n"), "{t}");
+        assert!(t.contains("batchrun_running 0\n"), "{t}");
     }
 }
