@@ -151,6 +151,21 @@ impl Metrics {
             was_paused: false,
             was_waiting: false,
         };
+        m.register(&mut reg);
+        // Every series from the start, at 0: `increase()` and an alert
+        // need the 0 before the first pause, not a series that appears.
+        for c in ["rate_limit", "credits"] {
+            m.pauses.get_or_create(&cause(c)).inc_by(0);
+            m.paused.get_or_create(&cause(c)).set(0);
+        }
+        m.registry = Arc::new(Mutex::new(reg));
+        m
+    }
+
+    /// Registers every metric but the balance (see [`Metrics::credits_gauge`])
+    /// and the limit, with its help text.
+    fn register(&self, reg: &mut Registry) {
+        let m = self;
         let c = |x: &Counter| x.clone();
         reg.register(
             "batchrun_items_done",
@@ -200,14 +215,6 @@ impl Metrics {
             "Latency of this run's answered calls",
             m.latency.clone(),
         );
-        // Every series from the start, at 0: `increase()` and an alert
-        // need the 0 before the first pause, not a series that appears.
-        for c in ["rate_limit", "credits"] {
-            m.pauses.get_or_create(&cause(c));
-            m.paused.get_or_create(&cause(c));
-        }
-        m.registry = Arc::new(Mutex::new(reg));
-        m
     }
 
     /// Where the metrics are served.
