@@ -114,6 +114,19 @@ async fn scrape(url: &str) -> Samples {
     parse(&r.text().await.unwrap())
 }
 
+/// The child's stderr, line by line as it comes.
+fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            assert!(!l.contains(KEY), "the API key leaked into stderr");
+            let _ = tx.send(l);
+        }
+    });
+    lines
+}
+
 /// Waits (up to 30 s) for a stderr line containing `what`; returns it.
 fn line_with(lines: &mpsc::Receiver<String>, what: &str) -> String {
     loop {
@@ -152,14 +165,7 @@ async fn the_metrics_parse_during_the_run_and_end_equal_to_the_summary() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, lines) = mpsc::channel();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for l in stderr.lines().map_while(Result::ok) {
-            assert!(!l.contains(KEY), "the API key leaked into stderr");
-            let _ = tx.send(l);
-        }
-    });
+    let lines = stderr_lines(&mut child);
     let said = line_with(&lines, "batchrun: metrics on http://");
     let url = said[said.find("http://").unwrap()..].trim().to_string();
     assert!(url.ends_with("/metrics"), "{said}");
@@ -227,4 +233,41 @@ async fn a_taken_metrics_address_is_a_usage_error_before_any_call() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--metrics-addr"), "{}", r.stderr);
     assert_eq!(s.sim().stats().await["accepted"], 0, "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_ends_the_linger_with_the_run_s_own_exit_code() {
+    let s = Scenario::new("metrics-linger").with_sim(&[]).numbers(5);
+    let mut child = s
+        .cmd(&["--metrics-addr", "127.0.0.1:0", "--metrics-linger", "10m"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    line_with(&lines, "serving the final metrics for 10m");
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still lingering 20 s after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The run was over: its summary and its exit code stand.
+    assert_eq!(status.code(), Some(0));
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(summary["done"], 5);
 }
