@@ -188,6 +188,9 @@ async fn the_metrics_parse_during_the_run_and_end_equal_to_the_summary() {
     // After the summary, within the linger: the final values.
     line_with(&lines, "serving the final metrics for 10s");
     let end = scrape(&url).await;
+    // Scraped: the rest of the linger is not needed (a signal ends it).
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let mut stdout = String::new();
     child
         .stdout
