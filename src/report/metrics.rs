@@ -324,13 +324,22 @@ pub async fn linger(d: Duration, reporter: &super::Reporter) {
     if d.is_zero() {
         return;
     }
+    // Listening before the line is said: a signal sent on seeing it is
+    // heard (a signal stream only hears what comes after its first poll).
+    let stop = crate::sys::stop_signal();
+    tokio::pin!(stop);
+    tokio::select! {
+        biased;
+        _ = &mut stop => return,
+        () = std::future::ready(()) => {}
+    }
     reporter.println(&format!(
         "batchrun: serving the final metrics for {} (--metrics-linger)",
         humantime::format_duration(d)
     ));
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
-        _ = crate::sys::stop_signal() => {}
+        _ = stop => {}
     }
 }
 
