@@ -370,6 +370,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", help_heading = "State and output")]
     pub joblog: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics while the run goes
+    /// (e.g. 127.0.0.1:9464; port 0 picks one, said on stderr).
+    #[arg(long, value_name = "ADDR", help_heading = "State and output")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// With --metrics-addr: keep serving the final values for DUR after the
+    /// summary, so a scraper's next visit sees a short run's end.
+    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = parse_duration, help_heading = "State and output")]
+    pub metrics_linger: Duration,
+
     /// Calls per item for transient failures (5xx, timeouts) before it is recorded as failed.
     #[arg(long, default_value = "5", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Request")]
     pub max_attempts: u32,

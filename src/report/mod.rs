@@ -13,6 +13,7 @@ use crate::exit::RunState;
 
 pub mod calls;
 pub mod joblog;
+pub mod metrics;
 pub mod progress;
 pub mod published;
 pub mod sinks;

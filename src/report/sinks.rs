@@ -1,5 +1,5 @@
-//! The run's observers beyond the progress display: the job log and the
-//! timeline, which keep a record of the run for later. They only consume what the
+//! The run's observers beyond the progress display: the job log, the
+//! timeline and the `--metrics-addr` server, which keep a record of the run for later. They only consume what the
 //! recording loop shows them, one hook per kind of event, and decide
 //! nothing: a failing observer warns once and is given up, never the run.
 
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::calls::{Answer, CallId};
 use super::joblog::JobLog;
+use super::metrics::Metrics;
 use super::timeline::{Moment, Timeline};
 use crate::util::unix_now;
 
@@ -29,6 +30,7 @@ pub struct SinkPaths<'a> {
 pub struct Sinks {
     joblog: Option<JobLog>,
     timeline: Option<Timeline>,
+    metrics: Option<Metrics>,
     say: Say,
 }
 
@@ -38,6 +40,7 @@ impl Sinks {
         Sinks {
             joblog: None,
             timeline: None,
+            metrics: None,
             say: Box::new(|_| {}),
         }
     }
@@ -62,18 +65,31 @@ impl Sinks {
         Ok(Sinks {
             joblog,
             timeline,
+            metrics: None,
             say,
         })
     }
 
+    /// Adds the `--metrics-addr` server, already bound.
+    pub fn with_metrics(mut self, metrics: Option<Metrics>) -> Sinks {
+        self.metrics = metrics;
+        self
+    }
+
     /// A call went out.
     pub fn sent(&mut self) {
+        if let Some(m) = &mut self.metrics {
+            m.sent();
+        }
         let r = self.timeline.as_mut().map(|t| t.sent(now_s()));
         self.timeline_did(r);
     }
 
     /// A 429 paused the run (or one worker, for concurrency).
     pub fn rate_limited(&mut self, concurrency: bool) {
+        if let Some(m) = &mut self.metrics {
+            m.rate_limited(concurrency);
+        }
         let r = self
             .timeline
             .as_mut()
@@ -93,6 +109,9 @@ impl Sinks {
 
     /// A call came back (or failed to).
     pub fn answered(&mut self, id: CallId, answer: Answer, latency: Option<Duration>) {
+        if let Some(m) = &mut self.metrics {
+            m.answered(answer, latency);
+        }
         let r = self
             .timeline
             .as_mut()
@@ -107,6 +126,9 @@ impl Sinks {
 
     /// A tick of the recording loop: what is buffered goes to disk.
     pub fn tick(&mut self, m: Moment) {
+        if let Some(x) = &mut self.metrics {
+            x.tick(&m);
+        }
         if let Some(w) = self.joblog.as_mut().and_then(JobLog::flush) {
             (self.say)(&w);
         }
@@ -116,6 +138,9 @@ impl Sinks {
 
     /// The run is over.
     pub fn end(&mut self, m: Moment) {
+        if let Some(x) = &mut self.metrics {
+            x.end(&m);
+        }
         if let Some(w) = self.joblog.as_mut().and_then(JobLog::flush) {
             (self.say)(&w);
         }

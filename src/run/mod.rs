@@ -112,7 +112,35 @@ where
     // 6. Wait for the pool, or a signal; then end the run.
     supervise(&pool, &mut running.workers, stopped).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
-    finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await
+    let summary = finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await?;
+    if settings.metrics_addr.is_some() {
+        crate::report::metrics::linger(settings.metrics_linger, &shared.reporter).await;
+    }
+    Ok(summary)
+}
+
+/// `--metrics-addr`: the server, bound before any call (a taken address is
+/// a usage error), reading the run's own item counters.
+fn metrics(
+    settings: &Settings,
+    job: &Opened,
+    shared: &Shared,
+) -> Result<Option<crate::report::metrics::Metrics>, RunError> {
+    let Some(addr) = settings.metrics_addr else {
+        return Ok(None);
+    };
+    let (stats, total) = (shared.stats.clone(), job.scan.total);
+    let items = Box::new(move || crate::report::metrics::Items {
+        done: Stats::get(&stats.done),
+        failed: Stats::get(&stats.failed),
+        total,
+    });
+    let limit = settings.limit.rate().map(|r| (r.count, r.period));
+    let m = crate::report::metrics::Metrics::serve(addr, limit, items).map_err(RunError::Usage)?;
+    shared
+        .reporter
+        .say(&format!("batchrun: metrics on http://{}/metrics", m.addr()));
+    Ok(Some(m))
 }
 
 /// A pipe can be read only once: it is copied into the state dir first
@@ -382,7 +410,8 @@ where
         },
         shared.reporter.printer(),
     )
-    .map_err(RunError::Usage)?;
+    .map_err(RunError::Usage)?
+    .with_metrics(metrics(settings, job, shared)?);
     let committer = job
         .items
         .committer(job.meta.clone(), GroupCommit::default())

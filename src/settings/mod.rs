@@ -93,6 +93,10 @@ pub struct Settings {
     pub out_format: crate::settings::values::OutFormat,
     /// `--joblog`: one line per call, appended.
     pub joblog: Option<PathBuf>,
+    /// `--metrics-addr`: where Prometheus metrics are served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--metrics-linger`: how long the final metrics stay served.
+    pub metrics_linger: std::time::Duration,
     /// Where the checkpoint lives.
     pub state_dir: PathBuf,
     /// What to send for each item.
@@ -361,6 +365,8 @@ impl Settings {
             input: args.input.clone(),
             out_format: crate::settings::values::OutFormat::for_out(args.out_format, &out),
             joblog: args.joblog.clone(),
+            metrics_addr: args.metrics_addr,
+            metrics_linger: args.metrics_linger,
             out,
             failures,
             state_dir,

@@ -8,6 +8,7 @@ mod dialects;
 mod fleet;
 mod identity;
 mod learning;
+mod metrics;
 mod nightly;
 mod operator;
 mod pacing;
