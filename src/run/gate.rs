@@ -39,6 +39,17 @@ pub enum Halt {
     /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
     /// call may go out without a slot, so the run stops resumably.
     PacerUnavailable(String),
+    /// The server says a quota is used up and resets too far away to wait
+    /// for (no `--wait-for-quota`): not the pacer's failure, so it has its
+    /// own halt, which names the quota and when it resets.
+    QuotaExhausted {
+        /// The quota's name in the server's headers.
+        name: String,
+        /// When it resets (RFC 3339, UTC).
+        resets_at: String,
+        /// How long until then, in whole seconds.
+        in_: Duration,
+    },
     /// The server accepted calls and answered none of the last ones: the
     /// items stay pending and the run stops resumably (the reason says so).
     Silent(String),
@@ -56,6 +67,7 @@ impl Halt {
             | Halt::Reserve(_)
             | Halt::Stalled(_)
             | Halt::PacerUnavailable(_)
+            | Halt::QuotaExhausted { .. }
             | Halt::Silent(_)
             | Halt::Checkpoint(_) => RunState::Halted,
             Halt::Auth { .. } | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,

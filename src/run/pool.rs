@@ -645,9 +645,21 @@ pub(super) enum Next {
 }
 
 /// The halt of a pacer that cannot hand out permits: resumable, since the
-/// items stay pending and nothing went out without a slot.
+/// items stay pending and nothing went out without a slot. A used-up quota
+/// is the server's word, not the pacer's failure, and halts as such.
 fn unavailable(e: &PaceError) -> Halt {
-    Halt::PacerUnavailable(format!(
-        "{e}; the checkpoint is saved: run the same command to resume"
-    ))
+    match e {
+        PaceError::QuotaExhausted {
+            name,
+            resets_at,
+            in_,
+        } => Halt::QuotaExhausted {
+            name: name.clone(),
+            resets_at: resets_at.clone(),
+            in_: *in_,
+        },
+        PaceError::Unavailable(_) => Halt::PacerUnavailable(format!(
+            "{e}; the checkpoint is saved: run the same command to resume"
+        )),
+    }
 }
