@@ -18,7 +18,7 @@ use super::watch::{Heard, Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
-use crate::pace::{PaceError, Pacer, Permit, Weight};
+use crate::pace::{Pacer, Permit, Weight};
 use crate::report::calls::Answer;
 use crate::request::{BatchSpec, RequestSpec};
 use crate::transport::{FailureKind, Request, Response, Transport};
@@ -286,7 +286,7 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(Instant::now);
         if let Err(e) = self.pacer.pause(pause).await {
-            self.gate.stop(unavailable(&e));
+            self.gate.stop(Halt::of_pace_error(&e));
             return Next::Finished;
         }
         self.emit(Event::RateLimited {
@@ -425,7 +425,7 @@ impl Pool {
             Ok(p) if !self.gate.is_stopped() => Some(p),
             Ok(_) => None,
             Err(e) => {
-                self.gate.stop(unavailable(&e));
+                self.gate.stop(Halt::of_pace_error(&e));
                 None
             }
         }
@@ -642,24 +642,4 @@ fn truncated_body(kept: &str) -> String {
 pub(super) enum Next {
     Again,
     Finished,
-}
-
-/// The halt of a pacer that cannot hand out permits: resumable, since the
-/// items stay pending and nothing went out without a slot. A used-up quota
-/// is the server's word, not the pacer's failure, and halts as such.
-fn unavailable(e: &PaceError) -> Halt {
-    match e {
-        PaceError::QuotaExhausted {
-            name,
-            resets_at,
-            in_,
-        } => Halt::QuotaExhausted {
-            name: name.clone(),
-            resets_at: resets_at.clone(),
-            in_: *in_,
-        },
-        PaceError::Unavailable(_) => Halt::PacerUnavailable(format!(
-            "{e}; the checkpoint is saved: run the same command to resume"
-        )),
-    }
 }

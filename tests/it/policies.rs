@@ -161,8 +161,8 @@ async fn a_stated_limit_is_kept_after_the_first_response(dialect: &str) {
     let refused = r.summary["rate_limited"].as_u64().unwrap();
     assert!(refused <= 12, "{dialect}: {refused} 429s: {}", r.summary);
     let stats = s.sim().stats().await;
-    let sim_refused = stats["rejected_rate"].as_u64().unwrap()
-        + stats["rejected_cooldown"].as_u64().unwrap();
+    let sim_refused =
+        stats["rejected_rate"].as_u64().unwrap() + stats["rejected_cooldown"].as_u64().unwrap();
     assert!(sim_refused <= 12, "{dialect}: {stats}");
     assert_each_item_once(&s.out_path(), 30);
     assert_side_effects(&stats, 30);
