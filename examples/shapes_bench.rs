@@ -48,6 +48,10 @@ struct Bench {
     /// A cell still running after this long is stopped and said so.
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     cell_timeout: Duration,
+    /// Only the shapes whose name contains this (`sliding`, `fixed`,
+    /// `burst 5`, `no burst`).
+    #[arg(long)]
+    shape: Option<String>,
     /// Only the token budget row.
     #[arg(long)]
     tokens_only: bool,
@@ -390,7 +394,8 @@ fn main() -> anyhow::Result<()> {
         );
         println!("| shape | dialect | knows | pacer | wall / ideal | 429s | bar | holds |");
         println!("|---|---|---|---|---|---|---|---|");
-        for shape in &SHAPES {
+        let wanted = |s: &&Shape| b.shape.as_ref().is_none_or(|w| s.name.contains(w.as_str()));
+        for shape in SHAPES.iter().filter(wanted) {
             let mut kinds: Vec<(&str, &str)> = vec![("told", "batchrun")];
             if shape.name != "sliding" {
                 kinds.push(("rate", "batchrun"));
