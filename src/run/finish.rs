@@ -106,6 +106,14 @@ pub(crate) fn end_state(
             "the server answered nothing but rate limits (429) for {}; halted with the checkpoint saved: run the same command to resume later, or raise --max-wait",
             humantime::format_duration(std::time::Duration::from_secs(for_.as_secs_f64().round() as u64))
         ),
+        Halt::QuotaExhausted {
+            name,
+            resets_at,
+            in_,
+        } => format!(
+            "the server's quota {name:?} is used up until {resets_at} (in {}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
+            humantime::format_duration(*in_)
+        ),
         Halt::Internal(why)
         | Halt::Systemic(why)
         | Halt::PacerUnavailable(why)

@@ -39,6 +39,17 @@ pub enum Halt {
     /// The pacer's shared state (the fleet's Redis) stayed out of reach: no
     /// call may go out without a slot, so the run stops resumably.
     PacerUnavailable(String),
+    /// The server says a quota is used up and resets too far away to wait
+    /// for (no `--wait-for-quota`): not the pacer's failure, so it has its
+    /// own halt, which names the quota and when it resets.
+    QuotaExhausted {
+        /// The quota's name in the server's headers.
+        name: String,
+        /// When it resets (RFC 3339, UTC).
+        resets_at: String,
+        /// How long until then, in whole seconds.
+        in_: Duration,
+    },
     /// The server accepted calls and answered none of the last ones: the
     /// items stay pending and the run stops resumably (the reason says so).
     Silent(String),
@@ -49,6 +60,28 @@ pub enum Halt {
 }
 
 impl Halt {
+    /// The halt of a pacer that cannot hand out permits: resumable, since
+    /// the items stay pending and nothing went out without a slot. A
+    /// used-up quota is the server's word, not the pacer's failure, and
+    /// halts as such.
+    pub fn of_pace_error(e: &crate::pace::PaceError) -> Halt {
+        use crate::pace::PaceError;
+        match e {
+            PaceError::QuotaExhausted {
+                name,
+                resets_at,
+                in_,
+            } => Halt::QuotaExhausted {
+                name: name.clone(),
+                resets_at: resets_at.clone(),
+                in_: *in_,
+            },
+            PaceError::Unavailable(_) => Halt::PacerUnavailable(format!(
+                "{e}; the checkpoint is saved: run the same command to resume"
+            )),
+        }
+    }
+
     /// The end state this halt leads to.
     pub fn state(&self) -> RunState {
         match self {
@@ -56,6 +89,7 @@ impl Halt {
             | Halt::Reserve(_)
             | Halt::Stalled(_)
             | Halt::PacerUnavailable(_)
+            | Halt::QuotaExhausted { .. }
             | Halt::Silent(_)
             | Halt::Checkpoint(_) => RunState::Halted,
             Halt::Auth { .. } | Halt::Internal(_) | Halt::Systemic(_) => RunState::Failed,
@@ -286,5 +320,19 @@ mod tests {
         let h = Halt::PacerUnavailable("lost Redis".into());
         assert_eq!(h.state(), RunState::Halted);
         assert_eq!(crate::exit::for_state(h.state(), 0), crate::exit::HALTED);
+    }
+
+    #[test]
+    fn a_used_up_quota_is_its_own_resumable_halt() {
+        let e = crate::pace::PaceError::QuotaExhausted {
+            name: "core".into(),
+            resets_at: "2026-12-03T00:00:00Z".into(),
+            in_: Duration::from_secs(3600),
+        };
+        let h = Halt::of_pace_error(&e);
+        assert!(matches!(&h, Halt::QuotaExhausted { name, .. } if name == "core"));
+        assert_eq!(crate::exit::for_state(h.state(), 0), crate::exit::HALTED);
+        let lost = Halt::of_pace_error(&crate::pace::PaceError::Unavailable("lost Redis".into()));
+        assert!(matches!(lost, Halt::PacerUnavailable(why) if why.contains("resume")));
     }
 }

@@ -18,7 +18,7 @@ use super::watch::{Heard, Systemic, Verdict, Watch};
 use crate::classify::{self, CallError};
 use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
-use crate::pace::{PaceError, Pacer, Permit, Weight};
+use crate::pace::{Pacer, Permit, Weight};
 use crate::report::calls::{Answer, CallId};
 use crate::request::{BatchSpec, RequestSpec};
 use crate::transport::{FailureKind, Request, Response, Transport};
@@ -334,7 +334,7 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(Instant::now);
         if let Err(e) = self.pacer.pause(pause).await {
-            self.gate.stop(unavailable(&e));
+            self.gate.stop(Halt::of_pace_error(&e));
             return Next::Finished;
         }
         self.emit(Event::RateLimited {
@@ -473,7 +473,7 @@ impl Pool {
             Ok(p) if !self.gate.is_stopped() => Some(p),
             Ok(_) => None,
             Err(e) => {
-                self.gate.stop(unavailable(&e));
+                self.gate.stop(Halt::of_pace_error(&e));
                 None
             }
         }
@@ -694,12 +694,4 @@ pub(super) enum Next {
     Finished,
     /// The item is set aside: it goes again after the worker's next item.
     Defer,
-}
-
-/// The halt of a pacer that cannot hand out permits: resumable, since the
-/// items stay pending and nothing went out without a slot.
-fn unavailable(e: &PaceError) -> Halt {
-    Halt::PacerUnavailable(format!(
-        "{e}; the checkpoint is saved: run the same command to resume"
-    ))
 }

@@ -1,24 +1,33 @@
 //! Policies of every shape end to end: the real binary told a limit's
 //! shape (`--limit 30/1s,burst=5`, several `--limit`, a token budget)
-//! against a real `batchrun sim`.
-//!
-//! The sim on this branch models sliding windows (and SpikeArrest) only:
-//! the bucket and the token budget are judged here by the sim's window
-//! stats and by wall time, and exactly (against reference GCRA, fixed and
-//! token counters) by the property tests of `rate::kept`.
+//! against a real `batchrun sim` keeping the same shapes, judged by the
+//! sim's per-policy stats (`policies[i]`: `max_in_window`,
+//! `max_in_fixed_window`, `max_excess`); and a limit the server states in
+//! each dialect, told three times too much.
 
 use std::time::Instant;
 
 use crate::common::*;
 
+/// The sim's stats of its `i`th policy (in `--limit` order).
+fn policy(stats: &serde_json::Value, i: usize) -> &serde_json::Value {
+    &stats["policies"][i]
+}
+
+fn at_most(v: &serde_json::Value, field: &str, bound: u64) {
+    let got = v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} in {v}"));
+    assert!(got <= bound, "{field} {got} > {bound}: {v}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn told_a_bucket_and_its_burst_it_sends_the_burst_then_the_rate() {
-    // nginx `rate=30r/s burst=5`: at most 1 + 5 + 30 calls in any second,
-    // which a window of 40 a second never refuses.
+    // nginx `rate=30r/s burst=5`, kept by the sim as a GCRA bucket.
     let s = Scenario::new("policies-bucket")
         .with_sim(&[
             "--limit",
-            "40/1s",
+            "30/1s,burst=5",
             "--concurrency",
             "10",
             "--latency",
@@ -32,7 +41,7 @@ async fn told_a_bucket_and_its_burst_it_sends_the_burst_then_the_rate() {
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
-    assert!(stats["max_in_window"].as_u64().unwrap() <= 36, "{stats}");
+    at_most(policy(&stats, 0), "max_excess", 5);
     // Ideal: (96 − 6) / 30 = 3 s; paced to the bucket, not the window.
     assert!((2.8..4.5).contains(&took), "took {took:.2} s");
     assert_each_item_once(&s.out_path(), 96);
@@ -40,63 +49,158 @@ async fn told_a_bucket_and_its_burst_it_sends_the_burst_then_the_rate() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn several_limits_of_several_shapes_are_each_kept() {
-    let s = Scenario::new("policies-several")
-        .with_sim(&[
-            "--limit",
-            "20/1s",
-            "--limit",
-            "30/2s",
-            "--concurrency",
-            "10",
-            "--latency",
-            "1ms..20ms",
-            "--cooldown",
-            "1s",
-        ])
-        .numbers(70);
-    let r = s.run(&[
-        "--limit",
-        "20/1s",
-        "--limit",
-        "30/2s,fixed",
-        "--limit",
-        "25/1s,burst=10",
-        "--concurrency",
-        "10",
-    ]);
+async fn told_a_fixed_window_it_keeps_the_sims_fixed_window() {
+    let s = Scenario::new("policies-fixed")
+        .with_sim(&["--limit", "20/1s,fixed", "--concurrency", "10"])
+        .numbers(60);
+    let r = s.run(&["--limit", "20/1s,fixed", "--concurrency", "10"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
-    assert!(stats["max_in_window"].as_u64().unwrap() <= 20, "{stats}");
+    at_most(policy(&stats, 0), "max_in_fixed_window", 20);
+    assert_each_item_once(&s.out_path(), 60);
+    assert_side_effects(&stats, 60);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_limits_of_several_shapes_are_each_kept() {
+    let limits = ["20/1s", "30/2s,fixed", "25/1s,burst=10"];
+    let mut sim = vec!["--concurrency", "10", "--latency", "1ms..20ms"];
+    let mut told = vec!["--concurrency", "10"];
+    for l in limits {
+        sim.extend(["--limit", l]);
+        told.extend(["--limit", l]);
+    }
+    sim.extend(["--cooldown", "1s"]);
+    let s = Scenario::new("policies-several").with_sim(&sim).numbers(70);
+    let r = s.run(&told);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    at_most(policy(&stats, 0), "max_in_window", 20);
+    at_most(policy(&stats, 1), "max_in_fixed_window", 30);
+    at_most(policy(&stats, 2), "max_excess", 10);
     assert_each_item_once(&s.out_path(), 70);
     assert_side_effects(&stats, 70);
 }
 
+/// Items with a prompt and a `max_tokens`, of varied sizes.
+fn prompts(n: u64) -> String {
+    (1..=n)
+        .map(|i| {
+            let prompt = "word ".repeat((i % 7) as usize * 4 + 1);
+            let max_tokens = 10 + (i % 5) * 8;
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_token_budget_paces_calls_by_their_cost() {
-    // 60 calls of 10 tokens against 200 tokens a second: 600 tokens, the
-    // first 200 at once, so at least 2 s, where calls alone would take none.
+async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
+    // The sim checks each call's max_tokens + prompt/4 against 400 tokens
+    // a second and charges what its answer's usage says.
     let s = Scenario::new("policies-tokens")
-        .with_sim(&["--limit", "1000/1s", "--concurrency", "10"])
-        .numbers(60);
+        .with_sim(&[
+            "--limit",
+            "1000/1s",
+            "--limit",
+            "400/1s,tokens",
+            "--concurrency",
+            "10",
+        ])
+        .input("prompts.jsonl", &prompts(60));
     let t0 = Instant::now();
     let r = s.run(&[
         "--limit",
         "1000/1s",
         "--limit",
-        "200/1s,tokens",
+        "400/1s,tokens",
         "--cost",
-        "n - n + 10",
+        "max_tokens + chars(prompt)/4",
+        "--json-body",
         "--concurrency",
         "10",
     ]);
     let took = t0.elapsed().as_secs_f64();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    assert!((1.9..4.0).contains(&took), "took {took:.2} s");
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    at_most(policy(&stats, 1), "max_in_window", 400);
+    // Paced by tokens, not calls: the charge beyond the first second's
+    // budget takes its time at 400 a second.
+    let charged = stats["tokens_charged"].as_u64().unwrap();
+    assert!(charged > 800, "{stats}");
+    let ideal = (charged - 400) as f64 / 400.0;
+    assert!(took >= ideal * 0.9, "took {took:.2} s, ideal {ideal:.2} s");
     assert_each_item_once(&s.out_path(), 60);
+}
+
+/// Told three times the limit the sim states in `dialect`, with more
+/// calls in flight than the limit: only the first flight (sent before any
+/// response said the limit) may be refused.
+async fn a_stated_limit_is_kept_after_the_first_response(dialect: &str) {
+    let s = Scenario::new(&format!("policies-stated-{dialect}"))
+        .with_sim(&[
+            "--limit",
+            "10/1s",
+            "--dialect",
+            dialect,
+            "--concurrency",
+            "20",
+            "--latency",
+            "20ms..40ms",
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(30);
+    let r = s.run(&["--limit", "30/1s", "--concurrency", "12"]);
+    assert_eq!(r.code, 0, "{dialect}: {}", r.stderr);
+    let refused = r.summary["rate_limited"].as_u64().unwrap();
+    assert!(refused <= 12, "{dialect}: {refused} 429s: {}", r.summary);
+    let stats = s.sim().stats().await;
+    let sim_refused =
+        stats["rejected_rate"].as_u64().unwrap() + stats["rejected_cooldown"].as_u64().unwrap();
+    assert!(sim_refused <= 12, "{dialect}: {stats}");
+    assert_each_item_once(&s.out_path(), 30);
+    assert_side_effects(&stats, 30);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_batchruns_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("batchrun").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_the_ietf_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("ietf").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_the_old_ietf_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("ietf-old").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_x_ratelimit_headers_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("x-ratelimit").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_githubs_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("github").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_openais_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("openai").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_in_anthropics_dialect_is_kept() {
+    a_stated_limit_is_kept_after_the_first_response("anthropic").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -160,6 +264,15 @@ async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     assert!(r.stderr.contains("used up until"), "{}", r.stderr);
     assert!(r.stderr.contains("--wait-for-quota"), "{}", r.stderr);
+    // Its own halt: the quota and when it resets, not "the pacer is
+    // unavailable".
+    let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("quota") && why.contains("is used up until"),
+        "{}",
+        r.summary
+    );
+    assert!(!why.contains("unavailable"), "{}", r.summary);
 }
 
 #[tokio::test(flavor = "multi_thread")]
