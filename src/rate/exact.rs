@@ -376,6 +376,31 @@ impl ExactWindow {
         until
     }
 
+    /// A rate-limit 429 from a server that states its limit: the rate is
+    /// what it says, so nothing is lowered, but a 429 after a burst within
+    /// the stated quota says the server keeps a bucket (its headers state
+    /// one as a quota per window): the shape learner paces evenly.
+    pub fn rate_limited_stated(&mut self, now: Instant) {
+        self.advance(now);
+        if self.paused_until(now).is_some() || self.done.is_empty() {
+            return;
+        }
+        if let Some(at) = self.learn.lowered_at {
+            // The calls sent before the switch went at the old pace.
+            if self.in_flight.values().any(|&s| s <= at) {
+                return;
+            }
+        }
+        let limit = self.limit();
+        let accepted = (self.done.len() as u64).saturating_sub(1);
+        if let Some(s) = &mut self.shape {
+            if s.refused(limit, accepted, now) == Verdict::Hold {
+                self.learn.lowered_at = Some(now);
+                self.learn.last_stale_done = None;
+            }
+        }
+    }
+
     /// A rate-limit 429 arrived at `now`, for a call already
     /// [`complete`](Self::complete)d (before any pause it causes). Returns
     /// the new limit when it taught one.

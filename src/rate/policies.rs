@@ -250,10 +250,12 @@ impl PolicySet {
         true
     }
 
-    /// A rate-limit 429 at `now`: the primary window learns from it, unless
-    /// a server announced its policies (then there is nothing to learn).
+    /// A rate-limit 429 at `now`: the primary window learns from it; when a
+    /// server announced its policies, only the shape (a bucket stated as a
+    /// quota per window is paced evenly), never a lower rate.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
         if self.announced {
+            self.windows[0].rate_limited_stated(now);
             return None;
         }
         self.windows[0].rate_limited(now)
