@@ -293,6 +293,17 @@ fn batch_spec(args: &RunArgs) -> Result<Option<crate::request::BatchSpec>, RunEr
             "{flag} {p:?} is not a JSON pointer (it starts with '/', e.g. /results)"
         ))),
     };
+    // Only the default pacer in one process counts a batch as its items:
+    // anywhere else, a batch counted as one call would overrun an API that
+    // counts each item.
+    let fleet = args.redis.as_ref().is_some_and(|u| !u.trim().is_empty());
+    if args.batch_weight == crate::request::BatchWeight::Items
+        && (fleet || args.pacer != crate::pace::PacerKind::Window)
+    {
+        return Err(usage(
+            "--batch-weight items is kept by the default pacer in one process only: drop --pacer and --redis, or count a batch as one call".to_string(),
+        ));
+    }
     Ok(Some(crate::request::BatchSpec {
         size: usize::try_from(size).unwrap_or(usize::MAX),
         body: match &args.batch_body {

@@ -208,3 +208,17 @@ fn a_rehearsal_sends_the_sim_key_never_the_exported_one() {
 fn the_key_never_shows_in_debug() {
     assert_eq!(format!("{:?}", Secret::new("sk_live_123")), "Secret(***)");
 }
+
+#[test]
+fn batch_weight_items_is_refused_where_it_cannot_be_kept() {
+    let args = |extra: &[&str]| {
+        let mut v = vec!["--batch", "10", "--batch-weight", "items"];
+        v.extend_from_slice(extra);
+        limit_args(&v)
+    };
+    for extra in [&["--pacer", "bucket"][..], &["--redis", "redis://h"][..]] {
+        let e = batch_spec(&args(extra)).unwrap_err().to_string();
+        assert!(e.contains("--batch-weight items"), "{extra:?}: {e}");
+    }
+    assert!(batch_spec(&args(&[])).is_ok());
+}
