@@ -193,7 +193,7 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
         chart.draw_series(limited).map_err(err)?;
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
@@ -265,7 +265,7 @@ fn lines(
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
