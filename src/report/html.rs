@@ -35,6 +35,13 @@ pub fn default_path(input: &Path, format: Format) -> PathBuf {
 
 /// The job of `input` (its canonical path) in `state_dir` that ran last.
 fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
+    // Opening a store makes one: a report must leave no state behind.
+    if !state_dir.join("checkpoint").exists() {
+        anyhow::bail!(
+            "no checkpoint in {} (was the job run with another --state-dir?)",
+            state_dir.display()
+        );
+    }
     let store = Store::open(state_dir).with_context(|| {
         format!(
             "cannot open the checkpoint in {} (is the job running?)",

@@ -171,3 +171,28 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
     well_formed(&svg).expect("the SVG is well-formed");
     assert_eq!(class_count(&svg, SECOND_CLASS), secs.len());
 }
+
+#[test]
+fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
+    let s = Scenario::new("report-none").numbers(3);
+    let out = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("batchrun report: error: no checkpoint in"),
+        "{err}"
+    );
+    assert!(!s.state_dir().exists(), "no state dir made");
+    let missing = bin()
+        .args(["report", "/nonexistent/x.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
