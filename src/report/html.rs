@@ -155,15 +155,60 @@ fn page(meta: &JobMeta, secs: &[Second]) -> anyhow::Result<String> {
         );
         let _ = writeln!(
             h,
-            "<h2>Latency</h2>\n<figure id=\"latency\">{}</figure>\n<h2>Credits</h2>\n<figure id=\"credits\">{}</figure>",
+            "<h2>Latency</h2>\n<figure id=\"latency\">{}</figure>\n<h2>Credits</h2>\n<figure id=\"credits\">{}<figcaption>{}</figcaption></figure>",
             charts::latency(secs)?,
-            charts::credits(secs)?
+            charts::credits(secs)?,
+            esc(&credits_note(meta, secs))
         );
         outcomes(secs, &mut h);
     }
     runs_table(&meta.runs, meta.last_active_unix_ms, &mut h);
     h.push_str("</body>\n</html>\n");
     Ok(h)
+}
+
+/// Credits spent per second of running: the balance's falls between
+/// consecutive seconds, over those seconds (a top-up or a renewal, a rise,
+/// counts as none spent; the time between runs is not running).
+fn burn_per_s(secs: &[Second]) -> Option<f64> {
+    let (mut spent, mut seconds) = (0i64, 0u64);
+    for w in secs.windows(2) {
+        if let (Some(a), Some(b), true) = (w[0].credits, w[1].credits, w[1].t == w[0].t + 1) {
+            spent += (a - b).max(0);
+            seconds += 1;
+        }
+    }
+    (seconds > 0 && spent > 0).then(|| spent as f64 / seconds as f64)
+}
+
+/// The balance last seen, the renewal, and how long the balance lasts at
+/// the pace the job spent it, against the renewal.
+fn credits_note(meta: &JobMeta, secs: &[Second]) -> String {
+    let Some(last) = meta.meter.last else {
+        return "No metered response seen: the credit balance is unknown.".into();
+    };
+    let mut note = format!(
+        "Last seen: {} of {} remaining; {}.",
+        last.remaining,
+        last.max,
+        crate::credits::describe_renewal(last.renewal)
+    );
+    if let (Some(burn), true) = (burn_per_s(secs), last.remaining > 0) {
+        let lasts = (last.remaining as f64 / burn).round() as u64;
+        let _ = write!(
+            note,
+            " At this job's pace ({:.1} credits a second of running) they last {} of running",
+            burn,
+            humantime::format_duration(Duration::from_secs(lasts))
+        );
+        let ends = meta.last_active_unix_ms / 1000 + lasts;
+        note.push_str(match last.renewal {
+            Some(r) if ends < r => ", so they run out before the renewal if it keeps running.",
+            Some(_) => ": enough until the renewal.",
+            None => ".",
+        });
+    }
+    note
 }
 
 /// Calls by what they got back, over the timeline.
@@ -223,6 +268,19 @@ fn input_label(meta: &JobMeta) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_burn_counts_falls_over_running_seconds_only() {
+        let s = |t, c| Second {
+            t,
+            credits: Some(c),
+            ..Second::default()
+        };
+        // 100 -> 90 -> 80, a top-up to 500, then a gap between runs.
+        let secs = [s(1, 100), s(2, 90), s(3, 80), s(4, 500), s(50, 10)];
+        assert_eq!(burn_per_s(&secs), Some(20.0 / 3.0));
+        assert_eq!(burn_per_s(&secs[..1]), None);
+    }
 
     #[test]
     fn text_is_escaped_and_the_default_path_sits_beside_the_input() {
