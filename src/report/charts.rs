@@ -5,6 +5,7 @@
 //! counts are drawn in colours used for nothing else and then given a class
 //! (`br-second`, `br-pause`, `br-429`), so they can be found in the file.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::timeline::{pause, Second};
@@ -105,6 +106,36 @@ fn max_of(secs: &[Second], f: impl Fn(&Second) -> u32) -> u32 {
     secs.iter().map(f).max().unwrap_or(0)
 }
 
+/// The pacing picture's marks on its primary axes: a band per pause (under
+/// the lines, so drawn first) and a triangle at the top over each second
+/// that got a rate-limit 429.
+fn marks(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    secs: &[Second],
+    calls_max: f64,
+) -> Result<(), ChartError> {
+    for p in pauses(secs) {
+        let color = match p.cause & pause::RATE_LIMIT {
+            0 => WAITING,
+            _ => PAUSED,
+        };
+        let (x0, x1) = (p.from as f64, (p.from + p.len) as f64);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, 0.0), (x1, calls_max)],
+                color.filled(),
+            )))
+            .map_err(err)?;
+    }
+    let limited = secs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.rate_limited > 0)
+        .map(|(i, _)| TriangleMarker::new((i as f64 + 0.5, calls_max * 0.97), 5, LIMITED.filled()));
+    chart.draw_series(limited).map_err(err)?;
+    Ok(())
+}
+
 /// The pacing picture: calls sent per second (one point per second, left
 /// axis), the window's occupancy and the limit in force (right axis), the
 /// pauses as bands and the seconds that got a 429 marked at the top.
@@ -141,19 +172,7 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
             .y_desc("calls in the window")
             .draw()
             .map_err(err)?;
-        for p in pauses(secs) {
-            let color = match p.cause & pause::RATE_LIMIT {
-                0 => WAITING,
-                _ => PAUSED,
-            };
-            let (x0, x1) = (p.from as f64, (p.from + p.len) as f64);
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(x0, 0.0), (x1, calls_max)],
-                    color.filled(),
-                )))
-                .map_err(err)?;
-        }
+        marks(&mut chart, secs, calls_max)?;
         let xy = |i: usize, v: u32| (i as f64 + 0.5, v as f64);
         let limit = secs
             .iter()
@@ -183,14 +202,6 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
         chart
             .draw_series(sent.iter().map(|&p| Circle::new(p, 2, CALLS.filled())))
             .map_err(err)?;
-        let limited = secs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.rate_limited > 0)
-            .map(|(i, _)| {
-                TriangleMarker::new((i as f64 + 0.5, calls_max * 0.97), 5, LIMITED.filled())
-            });
-        chart.draw_series(limited).map_err(err)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)
