@@ -33,6 +33,8 @@ pub enum Command {
     Plans,
     /// Print a job's progress from its checkpoint, without calling the API.
     Status(StatusArgs),
+    /// Write a job's report: one self-contained HTML file with its charts.
+    Report(ReportArgs),
     /// Print a shell completion script: batchrun completions bash > /etc/bash_completion.d/batchrun
     Completions {
         /// The shell.
@@ -43,11 +45,12 @@ pub enum Command {
     Man,
 }
 
-const SUBCOMMANDS: [&str; 7] = [
+const SUBCOMMANDS: [&str; 8] = [
     "run",
     "sim",
     "plans",
     "status",
+    "report",
     "completions",
     "man",
     "help",
@@ -600,6 +603,27 @@ pub struct StatusArgs {
     /// of INPUT but the one that ran last is removed, with its results.
     #[arg(long, requires = "input")]
     pub prune: bool,
+}
+
+/// Options of `batchrun report`.
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// The input file the job was started with.
+    #[arg(value_name = "INPUT")]
+    pub input: PathBuf,
+
+    /// Where to write the report [default: `<input stem>.report.html`
+    /// (`.report.svg` with `--format svg`) beside the input].
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// `html`: the whole report; `svg`: the pacing picture alone.
+    #[arg(long, value_enum, default_value = "html")]
+    pub format: crate::report::html::Format,
+
+    /// Where the checkpoint lives [default: the input's, as for run].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.

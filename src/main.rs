@@ -58,9 +58,32 @@ fn main() -> ExitCode {
                     exit::FATAL
                 }
             },
+            Command::Report(args) => match report(&args) {
+                Ok(line) => {
+                    err_line(&format!("batchrun: {line}"));
+                    exit::OK
+                }
+                Err(e) => {
+                    err_line(&format!("batchrun report: error: {e:#}"));
+                    exit::FATAL
+                }
+            },
         }
     });
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// `batchrun report INPUT`: the input's state dir found as `run` finds it.
+fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let abs = std::fs::canonicalize(&args.input)
+        .with_context(|| format!("{}: cannot read", args.input.display()))?;
+    let state_dir = settings::state_dir_for(&args.input, args.state_dir.as_deref());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| batchrun::report::html::default_path(&args.input, args.format));
+    batchrun::report::html::write(&state_dir, &abs.to_string_lossy(), &out, args.format)
 }
 
 /// The async runtime. A run's per-call work is small next to what the

@@ -12,6 +12,8 @@ use crate::credits::Alert;
 use crate::exit::RunState;
 
 pub mod calls;
+pub mod charts;
+pub mod html;
 pub mod joblog;
 pub mod metrics;
 pub mod progress;

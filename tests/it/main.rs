@@ -15,6 +15,7 @@ mod pacing;
 mod policies;
 mod pool;
 mod report;
+mod report_html;
 mod reruns;
 mod run;
 mod scale;

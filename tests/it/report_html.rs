@@ -1,0 +1,198 @@
+//! `batchrun report`: the HTML report of a real sim run.
+
+use crate::common::*;
+use batchrun::report::charts::{self, LIMITED_CLASS, PAUSE_CLASS, SECOND_CLASS};
+use batchrun::report::timeline;
+
+/// Checks that `xml` is well-formed enough: every element closed in order,
+/// attributes quoted, one root. Returns the number of elements.
+fn well_formed(xml: &str) -> Result<usize, String> {
+    let mut stack: Vec<&str> = Vec::new();
+    let (mut rest, mut count, mut roots) = (xml, 0, 0);
+    while let Some(at) = rest.find('<') {
+        let tail = &rest[at + 1..];
+        let end = tail.find('>').ok_or("an unclosed tag")?;
+        let tag = &tail[..end];
+        rest = &tail[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            match stack.pop() {
+                Some(open) if open == name.trim() => {}
+                other => return Err(format!("</{name}> closes {other:?}")),
+            }
+            continue;
+        }
+        let name = tag
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/');
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(format!("a bad tag <{tag}>"));
+        }
+        if tag.matches('"').count() % 2 != 0 {
+            return Err(format!("an unbalanced quote in <{tag}>"));
+        }
+        count += 1;
+        if stack.is_empty() {
+            roots += 1;
+        }
+        if !tag.ends_with('/') {
+            stack.push(name);
+        }
+    }
+    match (stack.is_empty(), roots) {
+        (true, 1) => Ok(count),
+        _ => Err(format!("{roots} root(s), unclosed: {stack:?}")),
+    }
+}
+
+/// Every `<svg …>…</svg>` in `html`.
+fn svgs(html: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find("<svg") {
+        let end = rest[at..].find("</svg>").map_or(rest.len(), |e| at + e + 6);
+        out.push(&rest[at..end]);
+        rest = &rest[end..];
+    }
+    out
+}
+
+fn class_count(svg: &str, class: &str) -> usize {
+    svg.matches(&format!("class=\"{class}\"")).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pause() {
+    let s = Scenario::new("report-html")
+        .with_sim(&[
+            "--limit",
+            "20/1s",
+            "--concurrency",
+            "10",
+            "--cooldown",
+            "1s",
+        ])
+        .numbers(60);
+    let client = reqwest::Client::new();
+    // Live traffic on the same key fills the sim's window: the run meets 429s.
+    for i in 0..20 {
+        let r = client
+            .get(format!("{}/v1/echo?live={i}", s.sim().url))
+            .header("x-api-key", KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = s.run(&["--limit", "100/1s", "--concurrency", "5", "--burst", "10"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.summary["rate_limited"].as_u64().unwrap() >= 1,
+        "{}",
+        r.summary
+    );
+
+    let report = |extra: &[&str]| {
+        let out = bin()
+            .arg("report")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    report(&[]);
+    let stem = s
+        .input_path()
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let path = s.input_path().with_file_name(format!("{stem}.report.html"));
+    let html = std::fs::read_to_string(&path).expect("the report beside the input");
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert_eq!(html.matches("<html").count(), 1);
+    assert_eq!(html.matches("</html>").count(), 1);
+    // Nothing to fetch: the only URLs are the SVG namespace.
+    let namespaces = html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count();
+    assert_eq!(html.matches("http").count(), namespaces);
+    assert!(!html.contains("src="));
+    let body = html
+        .trim_start_matches("<!DOCTYPE html>")
+        .replace("<meta charset=\"utf-8\">", "");
+    well_formed(&body).expect("the page is well-formed");
+    let charts = svgs(&html);
+    assert_eq!(charts.len(), 3, "pacing, latency, credits");
+    for svg in &charts {
+        assert!(well_formed(svg).unwrap() > 10);
+    }
+
+    // Against the timeline the run kept: one point per second, one band
+    // per pause, one marker per second that got a 429.
+    let file = std::fs::read_dir(s.state_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("timeline-")
+        })
+        .expect("a timeline");
+    let secs = timeline::read(&file).unwrap();
+    let pacing = charts[0];
+    assert_eq!(class_count(pacing, SECOND_CLASS), secs.len());
+    let pauses = charts::pauses(&secs);
+    assert!(!pauses.is_empty(), "the 429s paused the run");
+    assert_eq!(class_count(pacing, PAUSE_CLASS), pauses.len());
+    let limited = secs.iter().filter(|s| s.rate_limited > 0).count();
+    assert!(limited >= 1);
+    assert_eq!(class_count(pacing, LIMITED_CLASS), limited);
+    // The runs table has the run, with its exit code and counts.
+    let runs = &html[html.find("<table id=\"runs\"").unwrap()..];
+    let row = runs.lines().nth(1).unwrap();
+    assert!(
+        row.contains("<td>done</td><td>0</td><td>60</td><td>0</td>"),
+        "{row}"
+    );
+
+    // --format svg: the pacing picture alone, to -o.
+    let svg_path = s.dir().path().join("pacing.svg");
+    report(&["--format", "svg", "-o", svg_path.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    well_formed(&svg).expect("the SVG is well-formed");
+    assert_eq!(class_count(&svg, SECOND_CLASS), secs.len());
+}
+
+#[test]
+fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
+    let s = Scenario::new("report-none").numbers(3);
+    let out = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("batchrun report: error: no checkpoint in"),
+        "{err}"
+    );
+    assert!(!s.state_dir().exists(), "no state dir made");
+    let missing = bin()
+        .args(["report", "/nonexistent/x.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
