@@ -394,17 +394,7 @@ fn hash_rest(mut hashing: HashingReader<File>, path: String) -> Result<String, I
 /// renamed input is known by it.
 pub fn file_fingerprint(path: &Path) -> Result<String, InputError> {
     let file = open_file(path)?;
-    let mut hashing = HashingReader::new(file);
-    let mut buf = [0u8; 64 * 1024];
-    loop {
-        let n = io::Read::read(&mut hashing, &mut buf).map_err(|e| InputError::Io {
-            path: display(path),
-            reason: format!("read error: {}", io_reason(&e)),
-        })?;
-        if n == 0 {
-            return Ok(hashing.finish());
-        }
-    }
+    hash_through(path, HashingReader::new(file)).map(|(fp, _)| fp)
 }
 
 /// The fingerprint of the first `len` bytes of `path`, and whether they end
@@ -415,8 +405,16 @@ pub fn prefix_fingerprint(path: &Path, len: u64) -> Result<Option<(String, bool)
     if size <= len {
         return Ok(None);
     }
-    let mut hashing = HashingReader::new(io::Read::take(file, len));
-    let mut last = [0u8; 1];
+    let (fp, last) = hash_through(path, HashingReader::new(io::Read::take(file, len)))?;
+    Ok(Some((fp, last == b'\n')))
+}
+
+/// Reads `hashing` to its end: its fingerprint, and the last byte read.
+fn hash_through<R: io::Read>(
+    path: &Path,
+    mut hashing: HashingReader<R>,
+) -> Result<(String, u8), InputError> {
+    let mut last = 0u8;
     let mut buf = [0u8; 64 * 1024];
     loop {
         let n = io::Read::read(&mut hashing, &mut buf).map_err(|e| InputError::Io {
@@ -424,11 +422,10 @@ pub fn prefix_fingerprint(path: &Path, len: u64) -> Result<Option<(String, bool)
             reason: format!("read error: {}", io_reason(&e)),
         })?;
         if n == 0 {
-            break;
+            return Ok((hashing.finish(), last));
         }
-        last[0] = buf[n - 1];
+        last = buf[n - 1];
     }
-    Ok(Some((hashing.finish(), last[0] == b'\n')))
 }
 
 /// The item stream [`Reader`] yields, over any reader and with the JSONL line

@@ -155,14 +155,7 @@ impl Pool {
             let weight = match self.weigh(&item) {
                 Ok(w) => w,
                 Err(reason) => {
-                    self.emit(Event::Failed {
-                        line: item.line,
-                        status: None,
-                        reason,
-                        attempts: 0,
-                        unknown: false,
-                        digest: item.digest(),
-                    });
+                    self.fail_unsent(&item, reason);
                     return None;
                 }
             };
@@ -207,17 +200,23 @@ impl Pool {
                 Some(r.with_idempotency_key(&idem))
             }
             Err(reason) => {
-                self.emit(Event::Failed {
-                    line: item.line,
-                    status: None,
-                    reason,
-                    attempts: 0,
-                    unknown: false,
-                    digest: item.digest(),
-                });
+                self.fail_unsent(item, reason);
                 None
             }
         }
+    }
+
+    /// The item could not be made into a call (its request, its cost): it
+    /// fails with the reason, nothing sent.
+    fn fail_unsent(&self, item: &Item, reason: String) {
+        self.emit(Event::Failed {
+            line: item.line,
+            status: None,
+            reason,
+            attempts: 0,
+            unknown: false,
+            digest: item.digest(),
+        });
     }
 
     /// What the item's call weighs: one call, and its `--cost` in tokens.
