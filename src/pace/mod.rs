@@ -288,6 +288,7 @@ pub fn for_limit(
     let p = Policies {
         specs: &[],
         wait_for_quota: false,
+        learn_shape: true,
     };
     let learnt = learnt.map(Learnt::from);
     for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
@@ -327,13 +328,13 @@ pub fn for_limits(
         }
         PacerKind::Window => {
             let one = [PolicySpec::sliding(limit)];
-            let wait_for_quota = policies.wait_for_quota;
+            let (wait_for_quota, learn_shape) = (policies.wait_for_quota, policies.learn_shape);
             let policies = if policies.specs.is_empty() {
                 &one[..]
             } else {
                 policies.specs
             };
-            let mut set = window::policy_set(policies, r, learnt, now);
+            let mut set = window::policy_set(policies, r, learnt, learn_shape, now);
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).

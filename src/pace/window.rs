@@ -58,6 +58,10 @@ pub struct Policies<'a> {
     /// `--wait-for-quota`: wait for a used-up quota however far its reset,
     /// instead of failing takes (which halts the run resumably).
     pub wait_for_quota: bool,
+    /// Learn a bare rate's shape (a bucket paced evenly): off when a call
+    /// may weigh several (`--batch-weight items`), whose places an even
+    /// pace could never hand out at once.
+    pub learn_shape: bool,
 }
 
 /// The set of `policies` (the primary one first, of rate `r`): its
@@ -68,6 +72,7 @@ pub(super) fn policy_set(
     policies: &[PolicySpec],
     r: Rate,
     learnt: Option<Learnt>,
+    learn_shape: bool,
     now: std::time::Instant,
 ) -> PolicySet {
     use crate::rate::kept::{envelope, is_sliding_calls, Kept};
@@ -75,7 +80,7 @@ pub(super) fn policy_set(
     let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
     // A bare rate says nothing of the server's shape: learn it. A policy
     // told with its shape keeps it, and its envelope only learns the rate.
-    let primary = if is_sliding_calls(&policies[0]) {
+    let primary = if learn_shape && is_sliding_calls(&policies[0]) {
         ExactWindow::new(n, w, now).learning_shape(learnt)
     } else {
         ExactWindow::new(n, w, now).with_learnt(learnt.map(|l| l.limit))

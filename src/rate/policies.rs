@@ -171,27 +171,39 @@ impl PolicySet {
         let mut taken = Vec::with_capacity(self.windows.len());
         let mut kept = Vec::with_capacity(self.kept.len());
         let mut wait: Option<Instant> = None;
-        let mut refused = |at: Instant| wait = Some(wait.map_or(at, |x: Instant| x.max(at)));
-        for (i, w) in self.windows.iter_mut().enumerate() {
+        let refused = |wait: &mut Option<Instant>, at: Instant| {
+            *wait = Some(wait.map_or(at, |x: Instant| x.max(at)));
+        };
+        for (i, k) in self.kept.iter_mut().enumerate() {
+            match k.try_take(now, calls, tokens) {
+                Ok(id) => kept.push((i, id)),
+                Err(at) => refused(&mut wait, at),
+            }
+        }
+        // The primary window last, and only once every other policy has
+        // admitted the call: its shape learner records each place it hands
+        // out as a send, which a place given back does not undo.
+        let order: Vec<usize> = (1..self.windows.len()).chain(0..1).collect();
+        for i in order {
+            if i == 0 && wait.is_some() {
+                break;
+            }
+            let w = &mut self.windows[i];
             let n = calls.clamp(1, w.limit().max(1));
             let mut slots = Vec::new();
             for _ in 0..n {
                 match w.try_take(now) {
                     Ok(s) => slots.push(s),
                     Err(at) => {
-                        refused(at);
+                        refused(&mut wait, at);
                         break;
                     }
                 }
             }
             taken.push((i, slots));
         }
-        for (i, k) in self.kept.iter_mut().enumerate() {
-            match k.try_take(now, calls, tokens) {
-                Ok(id) => kept.push((i, id)),
-                Err(at) => refused(at),
-            }
-        }
+        // In window order, as the calls in flight keep them.
+        taken.sort_by_key(|(i, _)| *i);
         if let Some(at) = wait {
             // The policies that granted give their places back.
             for (i, slots) in taken {

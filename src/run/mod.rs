@@ -281,6 +281,10 @@ fn build_pacer(
             pace::Policies {
                 specs: &settings.policies,
                 wait_for_quota: settings.wait_for_quota,
+                learn_shape: !settings
+                    .batch
+                    .as_ref()
+                    .is_some_and(|b| b.weight == crate::request::BatchWeight::Items),
             },
             settings.burst,
             meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {

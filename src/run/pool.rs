@@ -135,6 +135,15 @@ impl Pool {
             maybe_ran,
         } = queued;
         let req = self.render(&item, generation)?;
+        // Before any slot or probe is held: an item whose cost cannot be
+        // read fails with nothing to give back.
+        let weight = match self.weigh(&item) {
+            Ok(w) => w,
+            Err(reason) => {
+                self.fail_unsent(&item, reason);
+                return None;
+            }
+        };
         let mut tries = Tries { n: 0, maybe_ran };
         loop {
             let probing = match self.gate.pass().await {
@@ -151,13 +160,6 @@ impl Pool {
                     self.gate.release_probe();
                 }
                 return None;
-            };
-            let weight = match self.weigh(&item) {
-                Ok(w) => w,
-                Err(reason) => {
-                    self.fail_unsent(&item, reason);
-                    return None;
-                }
             };
             let permit = self.pace(probing, weight).await?;
             if !probing && !self.gate.is_running() {

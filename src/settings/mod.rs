@@ -497,7 +497,7 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
 
 /// The state dir of the same file under another name: a link of another
 /// name to it, or the name it had before a rename (a state dir whose input
-/// is gone; the newest such). The job inside is then found by content
+/// is gone and which holds a job of this content; the newest such). The job inside is then found by content
 /// (`run::job`), so a renamed input resumes instead of sending its items
 /// again under new keys; a state dir of another content holds no job this
 /// input matches, and the run starts a new one beside the old.
@@ -516,7 +516,16 @@ fn renamed_from(dir: &Path, input: &Path) -> Option<PathBuf> {
             }
         }
     }
-    gone.into_iter().max_by_key(|(at, _)| *at).map(|(_, p)| p)
+    // A gone name's state dir is this input's only if it holds a job of
+    // this very content: an unrelated new input never borrows one (its job
+    // would be made there, and lost when another name goes).
+    let content = crate::input::file_fingerprint(input).ok()?;
+    gone.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    gone.into_iter().map(|(_, p)| p).find(|dir| {
+        crate::checkpoint::Store::open(dir)
+            .and_then(|store| store.jobs())
+            .is_ok_and(|jobs| jobs.iter().any(|j| j.fingerprint == content))
+    })
 }
 
 /// A slow plan must not spend minutes proving its URL wrong: never more
