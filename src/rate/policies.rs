@@ -174,21 +174,9 @@ impl PolicySet {
         let refused = |wait: &mut Option<Instant>, at: Instant| {
             *wait = Some(wait.map_or(at, |x: Instant| x.max(at)));
         };
-        for (i, k) in self.kept.iter_mut().enumerate() {
-            match k.try_take(now, calls, tokens) {
-                Ok(id) => kept.push((i, id)),
-                Err(at) => refused(&mut wait, at),
-            }
-        }
-        // The primary window last, and only once every other policy has
-        // admitted the call: its shape learner records each place it hands
-        // out as a send, which a place given back does not undo.
-        let order: Vec<usize> = (1..self.windows.len()).chain(0..1).collect();
-        for i in order {
-            if i == 0 && wait.is_some() {
-                break;
-            }
-            let w = &mut self.windows[i];
+        // Every policy is asked, so that the wait is the latest of all
+        // their answers (as the fleet's script answers too).
+        for (i, w) in self.windows.iter_mut().enumerate() {
             let n = calls.clamp(1, w.limit().max(1));
             let mut slots = Vec::new();
             for _ in 0..n {
@@ -202,8 +190,12 @@ impl PolicySet {
             }
             taken.push((i, slots));
         }
-        // In window order, as the calls in flight keep them.
-        taken.sort_by_key(|(i, _)| *i);
+        for (i, k) in self.kept.iter_mut().enumerate() {
+            match k.try_take(now, calls, tokens) {
+                Ok(id) => kept.push((i, id)),
+                Err(at) => refused(&mut wait, at),
+            }
+        }
         if let Some(at) = wait {
             // The policies that granted give their places back.
             for (i, slots) in taken {
