@@ -34,6 +34,7 @@ pub mod pool;
 mod react;
 pub mod recorder;
 mod regen;
+mod send;
 mod slots;
 mod start;
 #[cfg(test)]

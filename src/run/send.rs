@@ -1,0 +1,221 @@
+//! Sending one call and reading its answer: the transport, the latency
+//! the pool sizes itself by, whether the server spoke at all (the silence
+//! breaker), and what the response means for the item or the batch.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::events::Event;
+use super::gate::Halt;
+use super::pool::Pool;
+use super::react::Outcome;
+use super::slots::Resized;
+use super::watch::{Heard, Systemic};
+use crate::classify::{self, CallError};
+use crate::credits::{self, InFlight};
+use crate::pace::Permit;
+use crate::report::calls::{Answer, CallId};
+use crate::request::BatchSpec;
+use crate::transport::{FailureKind, Request, Response};
+
+impl Pool {
+    /// Tells the watch whether the server answered this call; a silent
+    /// server halts the run.
+    fn heard(&self, result: &Result<Response, crate::transport::TransportError>) {
+        let answered = match result {
+            Ok(_) => true,
+            Err(e) if e.kind == FailureKind::Timeout => false,
+            Err(_) => return,
+        };
+        match self.watch.heard(answered) {
+            Heard::Nothing => {}
+            Heard::Released(verdict) => {
+                self.carry_out(verdict);
+            }
+            Heard::Silent(why) => self.gate.stop(Halt::Silent(why)),
+        }
+    }
+
+    /// Sends one call and reads what its response means; `batch` when it
+    /// carries a batch of items (`id` then names its first item).
+    pub(super) async fn call(
+        &self,
+        req: &Request,
+        permit: Permit,
+        guard: InFlight,
+        id: CallId,
+        batch: Option<&BatchSpec>,
+    ) -> Outcome {
+        let sent = Instant::now();
+        let result = self.transport.send(req).await;
+        let latency = match &result {
+            Err(e) if matches!(e.kind, FailureKind::Connect | FailureKind::Resources) => None,
+            _ => Some(sent.elapsed()),
+        };
+        self.heard(&result);
+        self.emit(Event::Answered(
+            match &result {
+                Ok(r) if r.status == 429 && crate::wire::exhausted_by_headers(&r.headers) => {
+                    Answer::CreditsExhausted(r.status)
+                }
+                Ok(r) => Answer::Status(r.status),
+                Err(e) => Answer::Failure(e.kind),
+            },
+            latency,
+            id,
+        ));
+        if self.cfg.verbose {
+            let url = match &self.spec.key {
+                Some(k) => k.redact(&req.url),
+                None => req.url.clone(),
+            };
+            let what = match &result {
+                Ok(r) => format!("HTTP {}", r.status),
+                Err(e) => e.reason.clone(),
+            };
+            self.emit(Event::Note(format!(
+                "batchrun: {} {url} -> {what} in {} ms",
+                req.method,
+                sent.elapsed().as_millis()
+            )));
+        }
+        if let (Ok(r), Some(l)) = (&result, latency) {
+            if (200..300).contains(&r.status) {
+                self.sized(l);
+            }
+        }
+        let outcome = match result {
+            Ok(resp) => {
+                let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
+                permit.complete_used(Instant::now(), used);
+                self.read(resp, batch).await
+            }
+            Err(e) if e.kind == FailureKind::Resources => {
+                drop(permit);
+                Outcome::OutOfHandles
+            }
+            // No connection, so the server never saw the call: its place in
+            // the window is free again, and a wrong host fails fast.
+            Err(e) if e.kind == FailureKind::Connect => {
+                drop(permit);
+                Outcome::Error(classify::transport(&e), Some(Systemic::Connect(e.reason)))
+            }
+            Err(e) => {
+                permit.complete(Instant::now());
+                Outcome::Error(classify::transport(&e), None)
+            }
+        };
+        // Only now is this call's charge visible in the balance the
+        // reserve reads, so only now does it stop counting as in flight.
+        drop(guard);
+        outcome
+    }
+
+    /// Feeds one answered call's latency to the slots (only a success's:
+    /// a refusal comes back faster than the work), and says what changed.
+    fn sized(&self, latency: Duration) {
+        let ms = |d: Duration| d.as_millis().max(1);
+        match self.slots.measured(latency) {
+            Some(Resized::Grew(n)) => self.emit(Event::Note(format!(
+                "batchrun: calls take ~{} ms: up to {n} calls in flight to keep the limit's pace",
+                ms(latency)
+            ))),
+            Some(Resized::Bound {
+                size,
+                need,
+                latency,
+                per_min,
+            }) => self.emit(Event::Note(format!(
+                "batchrun: note: calls take ~{} ms, so {size} call(s) in flight make ~{per_min:.0}/min; \
+                 the limit's pace needs ~{need}: concurrency, not the limit, bounds this run \
+                 (-c sets it, within what the API allows)",
+                ms(latency)
+            ))),
+            None => {}
+        }
+    }
+
+    async fn read(&self, resp: Response, batch: Option<&BatchSpec>) -> Outcome {
+        let Response {
+            status,
+            headers,
+            body,
+            truncated,
+        } = resp;
+        // A server may echo the key back (in an error, a debug field), even
+        // JSON-escaped or cut by --max-body: it must never reach the
+        // checkpoint, the outputs, a failure reason or the pause line.
+        let body = match self
+            .spec
+            .key
+            .as_ref()
+            .and_then(|k| k.scrub(&body, truncated))
+        {
+            Some(clean) => clean,
+            None => body,
+        };
+        let body = if truncated {
+            truncated_body(&body)
+        } else {
+            body
+        };
+        if let Some(note) = self.pacer.observe(&headers).await {
+            self.emit(Event::Pace(note));
+        }
+        let c = classify::classify(
+            reqwest::StatusCode::from_u16(status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY),
+            &headers,
+            &body,
+            SystemTime::now(),
+            self.spec.key.as_ref(),
+        );
+        if c.is_ok() {
+            self.got_through
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if !matches!(c, Err(CallError::RateLimited { .. })) {
+            *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
+        // A batch is charged per item: the items it settled count.
+        let done = match (batch, c.is_ok()) {
+            (Some(b), true) => super::batch::settled(b, status, &body),
+            (None, ok) => u64::from(ok),
+            (Some(_), false) => 0,
+        };
+        let snapshot = credits::snapshot_from_headers(&headers);
+        let seen = self.ledger.observe_items(snapshot, done, charged);
+        if let Some(s) = seen.newer {
+            self.emit(Event::Credits(s));
+        }
+        if let Some(line) = seen.note {
+            self.emit(Event::Note(line));
+        }
+        if let Some(a) = seen.alert {
+            self.emit(Event::Alert(a));
+        }
+        match (c, seen.refusal) {
+            (c, Some(why)) => Outcome::Refused {
+                done: c.ok().map(|()| (status, body)),
+                why,
+            },
+            (Ok(()), None) => Outcome::Done(status, body),
+            (Err(e), None) => {
+                let systemic = matches!(status, 404 | 405).then_some(Systemic::Status(status));
+                Outcome::Error(e, systemic)
+            }
+        }
+    }
+}
+
+/// What is kept of a body cut at `--max-body`: its beginning, and a mark
+/// that says so, as one JSON object in place of the body.
+fn truncated_body(kept: &str) -> String {
+    serde_json::json!({
+        "batchrun_truncated": true,
+        "bytes_kept": kept.len(),
+        "head": kept,
+    })
+    .to_string()
+}

@@ -1,0 +1,93 @@
+//! Where a run keeps its state and writes its outputs: the state dir beside
+//! the input (or the one given, or a renamed input's), and a shard's own.
+
+use std::path::{Path, PathBuf};
+
+use super::{check_outputs, default_output};
+use crate::cli::RunArgs;
+use crate::exit::RunError;
+
+/// The state dir and the outputs. A shard keeps its own checkpoint and
+/// outputs: N processes on one machine cannot share one sled directory,
+/// nor one results file.
+pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunError> {
+    let base = state_dir_for(&args.input, args.state_dir.as_deref());
+    let (state_dir, out_suffix) = match args.shard {
+        Some(s) => (base.join(s.tag()), format!("{}.", s.tag())),
+        None => (base, String::new()),
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}results")));
+    let failures = args
+        .failures
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
+    check_outputs(&args.input, &out, &failures)?;
+    Ok((state_dir, out, failures))
+}
+
+/// The state dir of a job on `input`: the one given, else
+/// `.batchrun/<file name>` beside the input, so the same input resumes the
+/// same job whatever the current directory, and two inputs in one folder
+/// never share (and lock) one checkpoint. A `./.batchrun` made by earlier
+/// versions, whose default it was, is still used while the new place does
+/// not exist: its jobs must resume, not start again.
+pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
+    if let Some(d) = given {
+        return d.to_path_buf();
+    }
+    let (dir, name) = if input == Path::new("-") {
+        (PathBuf::from("."), "stdin".to_string())
+    } else {
+        let dir = input
+            .parent()
+            .filter(|d| {
+                !d.as_os_str().is_empty() && !d.starts_with("/dev") && !d.starts_with("/proc")
+            })
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let name = input
+            .file_name()
+            .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned());
+        (dir, name)
+    };
+    let own = dir.join(".batchrun").join(&name);
+    if own.exists() || input == Path::new("-") {
+        return own;
+    }
+    renamed_from(&dir, input).unwrap_or(own)
+}
+
+/// The state dir of the same file under another name: a link of another
+/// name to it, or the name it had before a rename (a state dir whose input
+/// is gone and which holds a job of this content; the newest such). The job inside is then found by content
+/// (`run::job`), so a renamed input resumes instead of sending its items
+/// again under new keys; a state dir of another content holds no job this
+/// input matches, and the run starts a new one beside the old.
+fn renamed_from(dir: &Path, input: &Path) -> Option<PathBuf> {
+    let this = std::fs::canonicalize(input).ok()?;
+    let states = std::fs::read_dir(dir.join(".batchrun")).ok()?;
+    let mut gone = Vec::new();
+    for state in states.flatten() {
+        let was = dir.join(state.file_name());
+        match std::fs::canonicalize(&was) {
+            Ok(p) if p == this => return Some(state.path()),
+            Ok(_) => {}
+            Err(_) => {
+                let at = state.metadata().and_then(|m| m.modified()).ok();
+                gone.push((at, state.path()));
+            }
+        }
+    }
+    // A gone name's state dir is this input's only if it holds a job of
+    // this very content: an unrelated new input never borrows one (its job
+    // would be made there, and lost when another name goes).
+    let content = crate::input::file_fingerprint(input).ok()?;
+    gone.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    gone.into_iter().map(|(_, p)| p).find(|dir| {
+        crate::checkpoint::Store::open(dir)
+            .and_then(|store| store.jobs())
+            .is_ok_and(|jobs| jobs.iter().any(|j| j.fingerprint == content))
+    })
+}
