@@ -168,6 +168,13 @@ pub trait Pacer: Send + Sync {
         None
     }
 
+    /// How full each policy it keeps is now (the window pacer only; empty
+    /// where the pacer keeps no policies of its own, and the run's
+    /// observers count the configured limit themselves).
+    fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
+        Vec::new()
+    }
+
     /// Calls per minute the pacer allows now (the limit in force, or the one
     /// learnt), when it knows better than the configured limit: the
     /// progress display's ETA follows it.

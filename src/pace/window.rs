@@ -96,7 +96,11 @@ pub(super) fn policy_set(
         .filter(|p| !is_sliding_calls(p))
         .filter_map(|p| Kept::new(*p))
         .collect();
-    PolicySet::new(primary, others).with_kept(kept)
+    let set = PolicySet::new(primary, others).with_kept(kept);
+    match is_sliding_calls(&policies[0]) {
+        true => set,
+        false => set.primary_is_envelope(),
+    }
 }
 
 /// One call's place in every window.
@@ -224,6 +228,10 @@ impl Pacer for WindowPacer {
 
     fn learnt_burst(&self) -> Option<u64> {
         self.guarded.lock().primary().learnt_burst()
+    }
+
+    fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
+        self.guarded.lock().occupancy(now_std())
     }
 
     fn steady_per_min(&self) -> Option<f64> {

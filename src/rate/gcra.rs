@@ -101,6 +101,16 @@ impl Gcra {
         1.0 / self.interval.as_secs_f64().max(1e-12)
     }
 
+    /// The units' worth the bucket holds at `now`: how many of its
+    /// [`burst`](Gcra::burst) and one are taken.
+    pub fn level(&self, now: Instant) -> u64 {
+        let ahead = self
+            .tat
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+        let t = self.interval.as_nanos().max(1);
+        ahead.as_nanos().div_ceil(t).min(u64::MAX as u128) as u64
+    }
+
     /// Claims `weight` units at `now`, or says when to look again.
     pub fn try_take(&mut self, now: Instant, weight: u64) -> Result<u64, Instant> {
         if let Some(h) = self.held_until.filter(|&h| h > now) {

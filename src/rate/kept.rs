@@ -180,6 +180,16 @@ impl Kept {
         }
     }
 
+    /// What it allows and what occupies it at `now`: a window's quota and
+    /// the units in it; a bucket's capacity (its burst and one) and the
+    /// units' worth it holds.
+    pub fn occupancy(&mut self, now: Instant) -> (u64, u64) {
+        match &mut self.rule {
+            Rule::Bucket(g) => (g.burst().saturating_add(1), g.level(now)),
+            _ => (self.quota(), self.used(now).unwrap_or(0)),
+        }
+    }
+
     /// Whether this is a fixed window.
     pub fn is_fixed(&self) -> bool {
         matches!(self.rule, Rule::Fixed(_))

@@ -101,6 +101,22 @@ impl fmt::Display for Limit {
     }
 }
 
+/// How full one policy is at a moment: what the run's timeline, its
+/// metrics and `batchrun report` show against every limit in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The policy as `--limit` spells it (`30ps`, `1000/1h,fixed`,
+    /// `30ps,burst=5`, `90000/1m,tokens`); one the server stated ends in
+    /// ` (stated)`.
+    pub policy: String,
+    /// What it allows: calls (or tokens) per window in force (a learnt
+    /// limit when one was learnt), or a bucket's capacity, its burst and one.
+    pub limit: u64,
+    /// What occupies it: the units in its window, or the calls' worth a
+    /// bucket holds.
+    pub used: u64,
+}
+
 /// Why a `--limit` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid limit {input:?}: {reason} (expected N/DURATION such as 60/1m or 600/6s, Nps, Npm, or none)")]

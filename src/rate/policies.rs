@@ -23,6 +23,7 @@ use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
 
 mod heard;
+mod occupancy;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -90,6 +91,10 @@ pub struct PolicySet {
     /// The latest used-up quota resetting beyond [`QUOTA_BOUND`].
     exhausted: Option<Exhausted>,
     heard: VecDeque<Heard>,
+    /// Windows and kept policies configured (those after were stated).
+    configured: (usize, usize),
+    /// The primary window is only the envelope of the first kept policy.
+    envelope_first: bool,
 }
 
 impl PolicySet {
@@ -108,14 +113,31 @@ impl PolicySet {
             said: HashSet::new(),
             exhausted: None,
             heard: VecDeque::new(),
+            configured: (0, 0),
+            envelope_first: false,
         }
+        .configured_now()
+    }
+
+    /// What the set holds now is what was configured.
+    fn configured_now(mut self) -> PolicySet {
+        self.configured = (self.windows.len(), self.kept.len());
+        self
+    }
+
+    /// The primary window stands only as the envelope of the first kept
+    /// policy (a bucket or fixed window told first): it is not shown as a
+    /// policy of its own.
+    pub fn primary_is_envelope(mut self) -> PolicySet {
+        self.envelope_first = true;
+        self
     }
 
     /// The set with the further policies `kept` as well.
     pub fn with_kept(mut self, mut kept: Vec<Kept>) -> PolicySet {
         kept.truncate(MAX_WINDOWS);
         self.kept = kept;
-        self
+        self.configured_now()
     }
 
     /// The policies that are not sliding windows of calls.

@@ -16,11 +16,19 @@ pub const SECOND_CLASS: &str = "br-second";
 pub const PAUSE_CLASS: &str = "br-pause";
 /// Class of the marker drawn for each second that got a rate-limit 429.
 pub const LIMITED_CLASS: &str = "br-429";
+/// Class of the line drawn for each policy in force.
+pub const POLICY_CLASS: &str = "br-policy";
 
 const SIZE: (u32, u32) = (1100, 380);
 /// Calls per second: one point per second, in this colour only.
 const CALLS: RGBColor = RGBColor(0x1F, 0x77, 0xB4);
-const OCCUPANCY: RGBColor = RGBColor(0xFF, 0x7F, 0x0E);
+/// One colour per policy in force, in their order.
+const POLICIES: [RGBColor; 4] = [
+    RGBColor(0xFF, 0x7F, 0x0E),
+    RGBColor(0x8C, 0x56, 0x4B),
+    RGBColor(0xE3, 0x77, 0xC2),
+    RGBColor(0x7F, 0x7F, 0x7F),
+];
 const LIMIT: RGBColor = RGBColor(0xD6, 0x27, 0x28);
 /// A rate-limit pause's band.
 const PAUSED: RGBColor = RGBColor(0xFD, 0xD4, 0x9E);
@@ -83,7 +91,12 @@ pub fn pauses(secs: &[Second]) -> Vec<Pause> {
 
 /// Gives `class` to every `<tag …>` element whose fill is `color`.
 fn classify(svg: &str, tag: &str, color: RGBColor, class: &str) -> String {
-    let fill = format!("fill=\"#{:02X}{:02X}{:02X}\"", color.0, color.1, color.2);
+    classify_by(svg, tag, "fill", color, class)
+}
+
+/// Gives `class` to every `<tag …>` element whose `attr` is `color`.
+fn classify_by(svg: &str, tag: &str, attr: &str, color: RGBColor, class: &str) -> String {
+    let fill = format!("{attr}=\"#{:02X}{:02X}{:02X}\"", color.0, color.1, color.2);
     let open = format!("<{tag} ");
     let mut out = String::with_capacity(svg.len() + 1024);
     let mut rest = svg;
@@ -143,8 +156,12 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
     let mut svg = String::new();
     let n = secs.len().max(1) as f64;
     let calls_max = (max_of(secs, |s| s.sent) as f64 * 1.15).max(1.0);
-    let window_max =
-        (max_of(secs, |s| s.occupancy.max(s.limit.unwrap_or(0))) as f64 * 1.1).max(1.0);
+    let shown = shares(secs);
+    let share_max = shown
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .fold(100.0f64, f64::max)
+        * 1.1;
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
@@ -159,7 +176,7 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
             .right_y_label_area_size(64)
             .build_cartesian_2d(0f64..n, 0f64..calls_max)
             .map_err(err)?
-            .set_secondary_coord(0f64..n, 0f64..window_max);
+            .set_secondary_coord(0f64..n, 0f64..share_max);
         chart
             .configure_mesh()
             .x_desc("seconds since the first run started")
@@ -169,26 +186,27 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
             .map_err(err)?;
         chart
             .configure_secondary_axes()
-            .y_desc("calls in the window")
+            .y_desc("% of each limit in force")
             .draw()
             .map_err(err)?;
         marks(&mut chart, secs, calls_max)?;
         let xy = |i: usize, v: u32| (i as f64 + 0.5, v as f64);
-        let limit = secs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.limit.map(|l| xy(i, l)));
+        let full = [(0.0, 100.0), (n, 100.0)];
         chart
-            .draw_secondary_series(LineSeries::new(limit, LIMIT.stroke_width(2)))
+            .draw_secondary_series(LineSeries::new(full, LIMIT.stroke_width(1)))
             .map_err(err)?
-            .label("limit in force (right)")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], LIMIT.stroke_width(2)));
-        let occ = secs.iter().enumerate().map(|(i, s)| xy(i, s.occupancy));
-        chart
-            .draw_secondary_series(LineSeries::new(occ, OCCUPANCY.stroke_width(2)))
-            .map_err(err)?
-            .label("window occupancy (right)")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], OCCUPANCY.stroke_width(2)));
+            .label("a limit, full (right)")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], LIMIT.stroke_width(1)));
+        for ((name, pts), color) in shown.iter().zip(POLICIES) {
+            chart
+                .draw_secondary_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(format!("{name} (right)"))
+                // A square, not a line: the lines of that colour are the data.
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 4), (x + 18, y + 4)], color.filled())
+                });
+        }
         let sent: Vec<(f64, f64)> = secs
             .iter()
             .enumerate()
@@ -213,13 +231,71 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
     }
     let svg = classify(&svg, "circle", CALLS, SECOND_CLASS);
     let svg = classify(&svg, "rect", PAUSED, PAUSE_CLASS);
-    let svg = classify(&svg, "rect", WAITING, PAUSE_CLASS);
+    let mut svg = classify(&svg, "rect", WAITING, PAUSE_CLASS);
+    for color in POLICIES {
+        svg = classify_by(&svg, "polyline", "stroke", color, POLICY_CLASS);
+    }
     Ok(classify(&svg, "polygon", LIMITED, LIMITED_CLASS))
+}
+
+/// Each policy shown (at most four, in the order they first appear) and
+/// its occupancy per second, in % of its limit. A timeline that shows none
+/// (nothing was limited) has none.
+fn shares(secs: &[Second]) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut out: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for (i, s) in secs.iter().enumerate() {
+        for (name, permille) in &s.policies {
+            let at = match out.iter().position(|(n, _)| n == name) {
+                Some(at) => at,
+                None if out.len() < POLICIES.len() => {
+                    out.push((name.clone(), Vec::new()));
+                    out.len() - 1
+                }
+                None => continue,
+            };
+            out[at]
+                .1
+                .push((i as f64 + 0.5, f64::from(*permille) / 10.0));
+        }
+    }
+    // A learnt limit is the one in force: say so beside its policy.
+    let learnt = secs.iter().rev().find_map(|s| s.limit);
+    let configured = secs.iter().find_map(|s| s.limit);
+    if let (Some((name, _)), Some(l), Some(c)) = (out.first_mut(), learnt, configured) {
+        if l != c {
+            name.push_str(&format!(", {l} learnt"));
+        }
+    }
+    out
 }
 
 /// A line of a chart: its name, its colour, its value in a second (None
 /// where that second has none).
 type Series<'a> = (&'a str, RGBColor, &'a dyn Fn(&Second) -> Option<f64>);
+
+/// A chart's drawing area on the seconds of the run.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// What a line chart draws beyond its series: how far its x axis goes,
+/// the highest value it must show, and the drawing.
+struct Beyond<'a> {
+    x_max: f64,
+    y_max: f64,
+    draw: &'a dyn Fn(&mut Chart<'_, '_>) -> Result<(), ChartError>,
+}
+
+/// The credits ahead: the job's pace of spending, and when they renew.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ahead {
+    /// Credits spent per second of running.
+    pub per_s: f64,
+    /// Seconds from the timeline's last second to the renewal, if known.
+    pub renewal_in: Option<f64>,
+}
+
+/// How much further than the run a projection is drawn at most: a renewal
+/// weeks away would squeeze the run itself into a line.
+const AHEAD_SPAN: f64 = 4.0;
 
 /// One line chart over the run's seconds: each series a name, a colour and
 /// its value per second (None where it has none).
@@ -228,15 +304,21 @@ fn lines(
     y_desc: &str,
     secs: &[Second],
     series: &[Series],
+    beyond: Option<Beyond<'_>>,
 ) -> Result<String, ChartError> {
     let mut svg = String::new();
-    let n = secs.len().max(1) as f64;
+    let n = beyond
+        .as_ref()
+        .map_or(0.0, |b| b.x_max)
+        .max(secs.len().max(1) as f64);
     let values = || {
         series
             .iter()
             .flat_map(|(_, _, f)| secs.iter().filter_map(f))
     };
-    let hi = values().fold(f64::MIN, f64::max);
+    let hi = values()
+        .chain(beyond.as_ref().map(|b| b.y_max))
+        .fold(f64::MIN, f64::max);
     let lo = values().fold(f64::MAX, f64::min).min(0.0);
     let hi = if hi > lo {
         hi + (hi - lo) * 0.1
@@ -274,6 +356,9 @@ fn lines(
                     PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2))
                 });
         }
+        if let Some(b) = &beyond {
+            (b.draw)(&mut chart)?;
+        }
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -297,11 +382,53 @@ pub fn latency(secs: &[Second]) -> Result<String, ChartError> {
             ("p50", P50, &|s: &Second| ms(s.p50_us)),
             ("p99", P99, &|s: &Second| ms(s.p99_us)),
         ],
+        None,
     )
 }
 
-/// The credit balance last seen, per second.
-pub fn credits(secs: &[Second]) -> Result<String, ChartError> {
+/// The credit balance last seen, per second, and with `ahead` the
+/// balance projected at the job's pace from the last one seen: to the
+/// renewal (a vertical line) or to none left, whichever comes first, drawn
+/// at most [`AHEAD_SPAN`] times the run's length further.
+pub fn credits(secs: &[Second], ahead: Option<Ahead>) -> Result<String, ChartError> {
+    let last = secs
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, s)| s.credits.map(|c| (i as f64 + 0.5, c as f64)));
+    let line = ahead.zip(last).map(|(a, (x0, v0))| {
+        let empty_in = v0.max(0.0) / a.per_s.max(1e-12);
+        let until = a.renewal_in.map_or(empty_in, |r| r.max(0.0).min(empty_in));
+        let span = until.min(secs.len().max(1) as f64 * AHEAD_SPAN);
+        let renewal = a.renewal_in.filter(|r| *r <= span).map(|r| x0 + r);
+        ((x0, v0), (x0 + span, v0 - a.per_s * span), renewal)
+    });
+    let draw = |chart: &mut Chart<'_, '_>| -> Result<(), ChartError> {
+        let Some((from, to, renewal)) = line else {
+            return Ok(());
+        };
+        chart
+            .draw_series(DashedLineSeries::new(
+                [from, to],
+                6,
+                4,
+                CREDITS.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label("projected at the job's pace")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], CREDITS.stroke_width(1)));
+        if let Some(x) = renewal {
+            chart
+                .draw_series(LineSeries::new(
+                    [(x, 0.0), (x, from.1)],
+                    LIMIT.stroke_width(1),
+                ))
+                .map_err(err)?
+                .label("the credits renew")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], LIMIT.stroke_width(1)));
+        }
+        Ok(())
+    };
     lines(
         "Credits remaining",
         "credits",
@@ -309,6 +436,11 @@ pub fn credits(secs: &[Second]) -> Result<String, ChartError> {
         &[("credits remaining", CREDITS, &|s: &Second| {
             s.credits.map(|c| c as f64)
         })],
+        line.map(|(from, to, _)| Beyond {
+            x_max: to.0.ceil(),
+            y_max: from.1,
+            draw: &draw,
+        }),
     )
 }
 
@@ -363,6 +495,53 @@ mod tests {
             30
         );
         assert_eq!(svg.matches(&format!("class=\"{PAUSE_CLASS}\"")).count(), 1);
-        assert!(latency(&[]).is_ok() && credits(&secs).is_ok());
+        assert!(latency(&[]).is_ok() && credits(&secs, None).is_ok());
+    }
+
+    #[test]
+    fn every_policy_shown_has_its_line_and_its_name() {
+        let secs: Vec<Second> = (0..20)
+            .map(|t| Second {
+                policies: vec![
+                    ("10ps".to_string(), 900),
+                    ("1000/1h,fixed".to_string(), (t * 10) as u32),
+                ],
+                ..sec(t, 0, 9)
+            })
+            .collect();
+        let svg = pacing(&secs).unwrap();
+        assert_eq!(svg.matches(&format!("class=\"{POLICY_CLASS}\"")).count(), 2);
+        assert!(svg.contains("10ps (right)") && svg.contains("1000/1h,fixed (right)"));
+    }
+
+    #[test]
+    fn the_credits_projection_ends_at_the_renewal_or_at_none_left() {
+        let secs: Vec<Second> = (0..10)
+            .map(|t| Second {
+                credits: Some(1000 - 10 * t as i64),
+                ..sec(t, 0, 1)
+            })
+            .collect();
+        // 910 left at 10 a second: none left 91 s on, drawn 40 s (4x) on.
+        let svg = credits(
+            &secs,
+            Some(Ahead {
+                per_s: 10.0,
+                renewal_in: None,
+            }),
+        )
+        .unwrap();
+        assert!(svg.contains("projected at the job"), "{svg}");
+        assert!(!svg.contains("the credits renew"));
+        // A renewal 20 s on is drawn, and the line stops there.
+        let svg = credits(
+            &secs,
+            Some(Ahead {
+                per_s: 10.0,
+                renewal_in: Some(20.0),
+            }),
+        )
+        .unwrap();
+        assert!(svg.contains("the credits renew"), "{svg}");
     }
 }

@@ -157,7 +157,7 @@ fn page(meta: &JobMeta, secs: &[Second]) -> anyhow::Result<String> {
             h,
             "<h2>Latency</h2>\n<figure id=\"latency\">{}</figure>\n<h2>Credits</h2>\n<figure id=\"credits\">{}<figcaption>{}</figcaption></figure>",
             charts::latency(secs)?,
-            charts::credits(secs)?,
+            charts::credits(secs, ahead(meta, secs))?,
             esc(&credits_note(meta, secs))
         );
         outcomes(secs, &mut h);
@@ -179,6 +179,19 @@ fn burn_per_s(secs: &[Second]) -> Option<f64> {
         }
     }
     (seconds > 0 && spent > 0).then(|| spent as f64 / seconds as f64)
+}
+
+/// The job's pace of spending and the renewal, for the credits chart's
+/// projection.
+fn ahead(meta: &JobMeta, secs: &[Second]) -> Option<charts::Ahead> {
+    let per_s = burn_per_s(secs)?;
+    let last_t = secs.last()?.t as f64;
+    let renewal_in = meta
+        .meter
+        .last
+        .and_then(|l| l.renewal)
+        .map(|r| r as f64 - last_t);
+    Some(charts::Ahead { per_s, renewal_in })
 }
 
 /// The balance last seen, the renewal, and how long the balance lasts at

@@ -51,6 +51,13 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.005, 2.0, 14)
 }
 
+/// The credits' burn-rate forecast as gauges.
+struct ProjectionGauges {
+    per_hour: Gauge<f64, AtomicU64>,
+    runs_out_in: Gauge<f64, AtomicU64>,
+    before_renewal: Gauge,
+}
+
 /// The metrics of one run, and the server that shows them.
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
@@ -67,6 +74,11 @@ pub struct Metrics {
     in_flight: Gauge,
     learnt: Gauge,
     credits: Option<Gauge>,
+    /// Each policy in force: what it allows and what occupies it.
+    policy_limit: Family<Labels, Gauge>,
+    policy_used: Family<Labels, Gauge>,
+    /// The credits' forecast, registered with the first one.
+    projection: Option<ProjectionGauges>,
     running: Gauge,
     latency: Histogram,
     /// Calls sent and answered, for the calls in flight.
@@ -144,6 +156,9 @@ impl Metrics {
             in_flight: Gauge::default(),
             learnt: Gauge::default(),
             credits: None,
+            policy_limit: Family::default(),
+            policy_used: Family::default(),
+            projection: None,
             running: Gauge::default(),
             latency: Histogram::new(latency_buckets()),
             sent_answered: (0, 0),
@@ -209,6 +224,16 @@ impl Metrics {
             "The limit the pacer learnt from 429s, per window (0 until it learns one)",
             m.learnt.clone(),
         );
+        reg.register(
+            "batchrun_policy_limit",
+            "What each policy in force allows, by policy (as --limit spells it): calls or tokens per window (a learnt limit once learnt), or a bucket's burst and one",
+            m.policy_limit.clone(),
+        );
+        reg.register(
+            "batchrun_policy_used",
+            "What occupies each policy in force now: the calls or tokens in its window, or the calls' worth a bucket holds",
+            m.policy_used.clone(),
+        );
         reg.register("batchrun_running", "1 while the run goes, 0 once it ended (while --metrics-linger serves the final values)", m.running.clone());
         reg.register(
             "batchrun_call_duration_seconds",
@@ -270,6 +295,48 @@ impl Metrics {
         if let Some(c) = m.credits {
             self.credits_gauge().set(c);
         }
+        for p in &m.policies {
+            let l = vec![("policy", p.policy.clone())];
+            let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            self.policy_limit.get_or_create(&l).set(n(p.limit));
+            self.policy_used.get_or_create(&l).set(n(p.used));
+        }
+        if let Some(p) = m.projection {
+            let g = self.projection_gauges();
+            g.per_hour.set(p.per_hour);
+            g.runs_out_in.set(p.runs_out_in.as_secs_f64());
+            g.before_renewal.set(i64::from(p.before_renewal.is_some()));
+        }
+    }
+
+    /// The forecast's gauges, registered with the first forecast (it needs
+    /// half an hour of spending: a 0 before would say "run out now").
+    fn projection_gauges(&mut self) -> &ProjectionGauges {
+        let registry = &self.registry;
+        self.projection.get_or_insert_with(|| {
+            let g = ProjectionGauges {
+                per_hour: Gauge::default(),
+                runs_out_in: Gauge::default(),
+                before_renewal: Gauge::default(),
+            };
+            let mut reg = registry.lock().unwrap_or_else(|p| p.into_inner());
+            reg.register(
+                "batchrun_credits_burn_per_hour",
+                "Credits spent per hour over the trailing --burn-window",
+                g.per_hour.clone(),
+            );
+            reg.register(
+                "batchrun_credits_runs_out_in_seconds",
+                "How long the balance lasts at that burn rate",
+                g.runs_out_in.clone(),
+            );
+            reg.register(
+                "batchrun_credits_run_out_before_renewal",
+                "1 when at that burn rate the balance runs out before the credits renew",
+                g.before_renewal.clone(),
+            );
+            g
+        })
     }
 
     /// The run is over: the final values stay served.
@@ -385,9 +452,8 @@ mod tests {
     fn moment(paused: bool, credits: Option<i64>) -> Moment {
         Moment {
             paused,
-            waiting_credits: false,
-            learnt: None,
             credits,
+            ..Moment::default()
         }
     }
 
@@ -438,5 +504,47 @@ mod tests {
         let t = text(&m);
         assert!(t.contains("batchrun_credits_remaining 7\n"), "{t}");
         assert!(t.contains("batchrun_running 0\n"), "{t}");
+    }
+
+    #[test]
+    fn every_policy_in_force_and_the_forecast_are_gauges() {
+        let mut m = Metrics::registered("127.0.0.1:0".parse().unwrap(), Box::new(Items::default));
+        let occ = |policy: &str, limit, used| crate::rate::Occupancy {
+            policy: policy.to_string(),
+            limit,
+            used,
+        };
+        m.tick(&Moment {
+            policies: vec![occ("10ps", 10, 7), occ("1000/1h,fixed", 1000, 412)],
+            ..Moment::default()
+        });
+        let t = text(&m);
+        assert!(
+            t.contains("batchrun_policy_used{policy=\"1000/1h,fixed\"} 412\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("batchrun_policy_limit{policy=\"10ps\"} 10\n"),
+            "{t}"
+        );
+        assert!(!t.contains("batchrun_credits_runs_out_in_seconds"), "{t}");
+        m.tick(&Moment {
+            projection: Some(crate::credits::Projection {
+                per_hour: 250.0,
+                runs_out_in: Duration::from_secs(7200),
+                before_renewal: Some(Duration::from_secs(60)),
+            }),
+            ..Moment::default()
+        });
+        let t = text(&m);
+        assert!(
+            t.contains("batchrun_credits_runs_out_in_seconds 7200.0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("batchrun_credits_run_out_before_renewal 1\n"),
+            "{t}"
+        );
+        assert!(t.contains("batchrun_credits_burn_per_hour 250.0\n"), "{t}");
     }
 }

@@ -124,8 +124,19 @@ impl Sinks {
         }
     }
 
+    /// A pacer that keeps no policies of its own (a bucket, SpikeArrest,
+    /// the fleet) has the configured limit counted from the calls sent.
+    fn counted(&self, mut m: Moment) -> Moment {
+        if m.policies.is_empty() {
+            m.policies
+                .extend(self.timeline.as_ref().and_then(Timeline::counted));
+        }
+        m
+    }
+
     /// A tick of the recording loop: what is buffered goes to disk.
     pub fn tick(&mut self, m: Moment) {
+        let m = self.counted(m);
         if let Some(x) = &mut self.metrics {
             x.tick(&m);
         }
@@ -138,6 +149,7 @@ impl Sinks {
 
     /// The run is over.
     pub fn end(&mut self, m: Moment) {
+        let m = self.counted(m);
         if let Some(x) = &mut self.metrics {
             x.end(&m);
         }

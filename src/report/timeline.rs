@@ -1,19 +1,26 @@
-//! The run's timeline: one fixed 48-byte record per second of the run, in
+//! The run's timeline: one fixed 56-byte record per second of the run, in
 //! `timeline-<job>.bin` in the state directory, appended as the run goes
 //! (flushed on every tick of the recording loop), so a killed run keeps its
 //! picture up to its last second. Runs of the job follow one another in
 //! the file; `batchrun report` and the tests read it back with [`read`].
 //!
-//! 48 bytes a second is 4.0 MiB for a 24-hour run (86,400 records), and
-//! the file never holds more than its seconds: it is bounded by the run's
-//! length, whatever its rate. Counts are per second and saturate at 65,535.
+//! 56 bytes a second is 4.6 MiB for a 24-hour run (86,400 records), and
+//! the file never holds more than its seconds (and a record naming each
+//! policy shown, when the set changes): it is bounded by the run's length,
+//! whatever its rate. Counts are per second and saturate at 65,535.
 //!
 //! A record, little-endian: `t` (u32 unix seconds); `sent`, `ok`,
 //! `rate_limited`, `credits_exhausted`, `client_error`, `server_error`,
 //! `no_response`, `in_flight` (u16 each); `pause` (u8, [`pause`] bits); a
 //! u8 of flags (1: a limit is known, 2: credits are known); 2 bytes unused;
 //! `limit` and `occupancy` (u32); `p50_us` and `p99_us` (u32, 0 when no
-//! call came back that second); `credits` (i64).
+//! call came back that second); `credits` (i64); then, for each of up to
+//! four policies in force, its highest occupancy in the second in
+//! thousandths of its limit (u16 each, 65,535 where no policy is shown).
+//!
+//! A record whose `t` is 0 names a policy instead: byte 4 its slot (0-3),
+//! byte 5 the name's length, then the name (`30ps,burst=5`), which the
+//! seconds after it are shown against (an empty name clears the slot).
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -24,9 +31,13 @@ use std::time::Duration;
 use super::calls::Answer;
 
 /// The file's first bytes: its kind and layout version.
-pub const MAGIC: &[u8; 8] = b"BRTL\x01\0\0\0";
+pub const MAGIC: &[u8; 8] = b"BRTL\x02\0\0\0";
 /// Bytes per second of the run.
-pub const RECORD: usize = 48;
+pub const RECORD: usize = 56;
+/// Policies a second shows the occupancy of.
+pub const SLOTS: usize = 4;
+/// A slot with no policy.
+const NO_SHARE: u16 = u16::MAX;
 /// The most empty seconds filled in at once (a machine suspended for
 /// hours must not write hours of zeros in one tick).
 const MAX_GAP: u64 = 3600;
@@ -74,6 +85,9 @@ pub struct Second {
     pub p99_us: Option<u32>,
     /// The credit balance last seen.
     pub credits: Option<i64>,
+    /// Each policy in force shown (as `--limit` spells it) and its highest
+    /// occupancy in the second, in thousandths of its limit.
+    pub policies: Vec<(String, u32)>,
 }
 
 fn sat16(n: u32) -> [u8; 2] {
@@ -81,7 +95,7 @@ fn sat16(n: u32) -> [u8; 2] {
 }
 
 impl Second {
-    fn encode(&self) -> [u8; RECORD] {
+    fn encode(&self, shares: &[u16; SLOTS]) -> [u8; RECORD] {
         let mut b = [0u8; RECORD];
         b[0..4].copy_from_slice(&(self.t.min(u32::MAX as u64) as u32).to_le_bytes());
         let counts = [
@@ -104,16 +118,21 @@ impl Second {
         b[32..36].copy_from_slice(&self.p50_us.unwrap_or(0).to_le_bytes());
         b[36..40].copy_from_slice(&self.p99_us.unwrap_or(0).to_le_bytes());
         b[40..48].copy_from_slice(&self.credits.unwrap_or(0).to_le_bytes());
+        for (i, v) in shares.iter().enumerate() {
+            b[48 + 2 * i..50 + 2 * i].copy_from_slice(&v.to_le_bytes());
+        }
         b
     }
 
-    fn decode(b: &[u8; RECORD]) -> Second {
+    /// The second, and its policies' shares by slot.
+    fn decode(b: &[u8; RECORD]) -> (Second, [u16; SLOTS]) {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as u32;
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let some = |v: u32| (v > 0).then_some(v);
         let mut credits = [0u8; 8];
         credits.copy_from_slice(&b[40..48]);
-        Second {
+        let shares = std::array::from_fn(|i| u16_at(48 + 2 * i) as u16);
+        let second = Second {
             t: u32_at(0) as u64,
             sent: u16_at(4),
             ok: u16_at(6),
@@ -129,8 +148,23 @@ impl Second {
             p50_us: some(u32_at(32)),
             p99_us: some(u32_at(36)),
             credits: (b[21] & 2 != 0).then(|| i64::from_le_bytes(credits)),
-        }
+            policies: Vec::new(),
+        };
+        (second, shares)
     }
+}
+
+/// The record naming slot `slot`'s policy `name` (cut to 50 bytes).
+fn name_record(slot: usize, name: &str) -> [u8; RECORD] {
+    let mut b = [0u8; RECORD];
+    let mut end = name.len().min(RECORD - 6);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    b[4] = slot as u8;
+    b[5] = end as u8;
+    b[6..6 + end].copy_from_slice(&name.as_bytes()[..end]);
+    b
 }
 
 /// Where job `job` keeps its timeline.
@@ -138,25 +172,46 @@ pub fn path(state_dir: &Path, job: &str) -> PathBuf {
     state_dir.join(format!("timeline-{job}.bin"))
 }
 
-/// Every second recorded, oldest first. A torn last record (a kill in the
-/// middle of a write) is left out.
+/// Every second recorded, oldest first, each with the policies it shows.
+/// A torn last record (a kill in the middle of a write) is left out.
 pub fn read(path: &Path) -> std::io::Result<Vec<Second>> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
     if !bytes.starts_with(MAGIC) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{} is not a batchrun timeline", path.display()),
+            format!(
+                "{} is not a batchrun timeline of this version",
+                path.display()
+            ),
         ));
     }
-    Ok(bytes[MAGIC.len()..]
-        .chunks_exact(RECORD)
-        .map(|c| Second::decode(c.try_into().unwrap_or(&[0; RECORD])))
-        .collect())
+    let mut names: [Option<String>; SLOTS] = Default::default();
+    let mut out = Vec::new();
+    for c in bytes[MAGIC.len()..].chunks_exact(RECORD) {
+        let c: &[u8; RECORD] = c.try_into().unwrap_or(&[0; RECORD]);
+        if c[0..4] == [0; 4] {
+            let (slot, len) = (c[4] as usize, (c[5] as usize).min(RECORD - 6));
+            if let Some(n) = names.get_mut(slot) {
+                let name = String::from_utf8_lossy(&c[6..6 + len]).into_owned();
+                *n = (!name.is_empty()).then_some(name);
+            }
+            continue;
+        }
+        let (mut s, shares) = Second::decode(c);
+        s.policies = names
+            .iter()
+            .zip(shares)
+            .filter(|(_, v)| *v != NO_SHARE)
+            .filter_map(|(n, v)| n.clone().map(|n| (n, v as u32)))
+            .collect();
+        out.push(s);
+    }
+    Ok(out)
 }
 
 /// What a tick of the recording loop shows the timeline besides the events.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Moment {
     /// The pacer holds every worker (a rate-limit pause).
     pub paused: bool,
@@ -166,6 +221,11 @@ pub struct Moment {
     pub learnt: Option<u64>,
     /// The last balance seen.
     pub credits: Option<i64>,
+    /// How full each policy the pacer keeps is (empty when it keeps none:
+    /// the configured limit is counted from the calls sent instead).
+    pub policies: Vec<crate::rate::Occupancy>,
+    /// The credits' burn-rate forecast, once there is one.
+    pub projection: Option<crate::credits::Projection>,
 }
 
 /// The timeline being written.
@@ -178,8 +238,14 @@ pub struct Timeline {
     last: Moment,
     /// The configured limit and its window, in whole seconds (at least 1).
     limit: Option<(u64, u64)>,
+    /// The configured limit as `--limit` spells it.
+    limit_name: Option<String>,
     /// Calls sent per second within the window, for the occupancy.
     recent: VecDeque<(u64, u32)>,
+    /// The policy named in each slot, as last written.
+    names: [Option<String>; SLOTS],
+    /// Each slot's highest share in the second being gathered.
+    peaks: [u16; SLOTS],
 }
 
 impl Timeline {
@@ -190,6 +256,7 @@ impl Timeline {
         limit: Option<(u64, Duration)>,
         now_s: u64,
     ) -> std::io::Result<Timeline> {
+        set_aside_other_layout(path)?;
         let f = OpenOptions::new().create(true).append(true).open(path)?;
         let new = f.metadata()?.len() == 0;
         let mut w = BufWriter::with_capacity(16 * 1024, f);
@@ -206,7 +273,30 @@ impl Timeline {
             in_flight: 0,
             last: Moment::default(),
             limit: limit.map(|(n, w)| (n, w.as_secs_f64().ceil().max(1.0) as u64)),
+            limit_name: limit
+                .map(|(count, period)| crate::rate::Rate { count, period }.to_string()),
             recent: VecDeque::new(),
+            names: Default::default(),
+            peaks: [NO_SHARE; SLOTS],
+        })
+    }
+
+    /// The configured limit's occupancy as the calls sent count it (in
+    /// whole seconds): what stands for the policies of a pacer that keeps
+    /// none of its own.
+    pub fn counted(&self) -> Option<crate::rate::Occupancy> {
+        let (n, w) = self.limit?;
+        let t = self.cur.t;
+        let before: u32 = self
+            .recent
+            .iter()
+            .filter(|(s, _)| s + w > t)
+            .map(|(_, n)| n)
+            .sum();
+        Some(crate::rate::Occupancy {
+            policy: self.limit_name.clone()?,
+            limit: self.last.learnt.unwrap_or(n),
+            used: u64::from(before + self.cur.sent),
         })
     }
 
@@ -256,9 +346,32 @@ impl Timeline {
     /// A tick: the gauges read, the seconds past written and flushed.
     pub fn tick(&mut self, m: Moment, now_s: u64) -> std::io::Result<()> {
         self.roll(now_s)?;
+        self.cur.pause |= pause_of(&m);
+        self.share(&m.policies)?;
         self.last = m;
-        self.cur.pause |= pause_of(m);
         self.w.flush()
+    }
+
+    /// Each policy's occupancy into its slot's peak, naming a slot whose
+    /// policy changed first.
+    fn share(&mut self, policies: &[crate::rate::Occupancy]) -> std::io::Result<()> {
+        for slot in 0..SLOTS {
+            let p = policies.get(slot);
+            if self.names[slot].as_deref() != p.map(|p| p.policy.as_str()) {
+                self.w
+                    .write_all(&name_record(slot, p.map_or("", |p| &p.policy)))?;
+                self.names[slot] = p.map(|p| p.policy.clone());
+                self.peaks[slot] = NO_SHARE;
+            }
+            if let Some(p) = p {
+                let peak = &mut self.peaks[slot];
+                *peak = match *peak {
+                    NO_SHARE => share_of(p),
+                    v => v.max(share_of(p)),
+                };
+            }
+        }
+        Ok(())
     }
 
     /// The run is over: its last second too is written.
@@ -278,11 +391,11 @@ impl Timeline {
         let gap_from = self.cur.t.max(now_s.saturating_sub(MAX_GAP));
         for t in gap_from..now_s {
             self.cur.t = t;
-            self.cur.pause = pause_of(self.last);
+            self.cur.pause = pause_of(&self.last);
             self.close()?;
         }
         self.cur.t = now_s;
-        self.cur.pause = pause_of(self.last);
+        self.cur.pause = pause_of(&self.last);
         Ok(())
     }
 
@@ -310,13 +423,45 @@ impl Timeline {
             ..std::mem::take(&mut self.cur)
         };
         self.latencies.clear();
-        self.w.write_all(&done.encode())?;
+        // A second no tick looked at (its ticks came before it) shows what
+        // the last tick saw.
+        for (slot, peak) in self.peaks.iter_mut().enumerate() {
+            if *peak == NO_SHARE {
+                if let Some(p) = self.last.policies.get(slot) {
+                    *peak = share_of(p);
+                }
+            }
+        }
+        self.w.write_all(&done.encode(&self.peaks))?;
+        self.peaks = [NO_SHARE; SLOTS];
         self.cur.t = t + 1;
         Ok(())
     }
 }
 
-fn pause_of(m: Moment) -> u8 {
+/// A timeline of another layout is renamed `<name>.old` rather than
+/// appended to (which would garble it) or replaced (which would lose it).
+fn set_aside_other_layout(path: &Path) -> std::io::Result<()> {
+    let mut head = [0u8; 8];
+    let n = match File::open(path) {
+        Ok(mut f) => f.read(&mut head)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if n == 0 || head == *MAGIC {
+        return Ok(());
+    }
+    let mut old = path.as_os_str().to_owned();
+    old.push(".old");
+    std::fs::rename(path, old)
+}
+
+/// A policy's occupancy in thousandths of its limit.
+fn share_of(p: &crate::rate::Occupancy) -> u16 {
+    (p.used.saturating_mul(1000) / p.limit.max(1)).min(NO_SHARE as u64 - 1) as u16
+}
+
+fn pause_of(m: &Moment) -> u8 {
     let mut p = 0;
     if m.paused {
         p |= pause::RATE_LIMIT;
@@ -345,6 +490,17 @@ mod tests {
         let p = tmp("cost");
         let calls = 2_000_000u64;
         let mut tl = Timeline::open(&p, Some((600, Duration::from_secs(6))), 0).unwrap();
+        // Two policies in force, as the window pacer reports them.
+        let at = Moment {
+            policies: ["600/6s", "90000/1m,tokens"]
+                .map(|p| crate::rate::Occupancy {
+                    policy: p.to_string(),
+                    limit: 1000,
+                    used: 500,
+                })
+                .to_vec(),
+            ..Moment::default()
+        };
         let took = std::time::Instant::now();
         for i in 0..calls {
             // 50,000 calls a second of the run, a tick every 250 ms of it.
@@ -357,7 +513,7 @@ mod tests {
             )
             .unwrap();
             if i % 12_500 == 0 {
-                tl.tick(Moment::default(), t).unwrap();
+                tl.tick(at.clone(), t).unwrap();
             }
         }
         tl.end(Moment::default(), calls / 50_000).unwrap();
@@ -382,8 +538,13 @@ mod tests {
             credits: Some(-3),
             ..Second::default()
         };
-        let back = Second::decode(&s.encode());
-        assert_eq!(back, Second { sent: 65_535, ..s }, "counts saturate");
+        let shares = [5, 1000, 65_534, NO_SHARE];
+        let back = Second::decode(&s.encode(&shares));
+        assert_eq!(
+            back,
+            (Second { sent: 65_535, ..s }, shares),
+            "counts saturate"
+        );
     }
 
     #[test]
@@ -400,7 +561,7 @@ mod tests {
             credits: Some(50),
             ..Moment::default()
         };
-        tl.tick(m, 101).unwrap();
+        tl.tick(m.clone(), 101).unwrap();
         tl.sent(104).unwrap();
         tl.end(m, 104).unwrap();
         drop(tl);
@@ -418,5 +579,75 @@ mod tests {
         assert_eq!((s[4].sent, s[4].limit), (1, Some(10)));
         assert_eq!(s[5].limit, None);
         let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn each_second_shows_its_policies_peak_by_name_and_a_change_renames() {
+        let p = tmp("policies");
+        let occ = |policy: &str, limit, used| crate::rate::Occupancy {
+            policy: policy.to_string(),
+            limit,
+            used,
+        };
+        let at = |policies| Moment {
+            policies,
+            ..Moment::default()
+        };
+        let mut tl = Timeline::open(&p, None, 100).unwrap();
+        tl.tick(
+            at(vec![occ("10ps", 10, 4), occ("900/1m,tokens", 900, 90)]),
+            100,
+        )
+        .unwrap();
+        tl.tick(
+            at(vec![occ("10ps", 10, 9), occ("900/1m,tokens", 900, 45)]),
+            100,
+        )
+        .unwrap();
+        // A stated policy joins; the tokens one gives way to it in slot 1.
+        tl.tick(
+            at(vec![occ("10ps", 10, 2), occ("50/1s (stated)", 50, 50)]),
+            101,
+        )
+        .unwrap();
+        tl.end(at(vec![occ("10ps", 10, 1)]), 103).unwrap();
+        let s = read(&p).unwrap();
+        let ts: Vec<u64> = s.iter().map(|s| s.t).collect();
+        assert_eq!(ts, [100, 101, 102, 103]);
+        let shown = |i: usize| -> Vec<(&str, u32)> {
+            s[i].policies
+                .iter()
+                .map(|(n, v)| (n.as_str(), *v))
+                .collect()
+        };
+        assert_eq!(
+            shown(0),
+            [("10ps", 900), ("900/1m,tokens", 100)],
+            "the peaks"
+        );
+        assert_eq!(shown(1), [("10ps", 200), ("50/1s (stated)", 1000)]);
+        assert_eq!(
+            shown(2),
+            [("10ps", 200), ("50/1s (stated)", 1000)],
+            "a quiet second shows the last tick"
+        );
+        assert_eq!(shown(3), [("10ps", 100)]);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_timeline_of_another_layout_is_set_aside_not_garbled() {
+        let p = tmp("layout");
+        std::fs::write(&p, b"BRTL\x01\0\0\0old").unwrap();
+        Timeline::open(&p, None, 5)
+            .unwrap()
+            .end(Moment::default(), 5)
+            .unwrap();
+        assert_eq!(read(&p).unwrap().len(), 1);
+        let mut old = p.clone().into_os_string();
+        old.push(".old");
+        assert_eq!(std::fs::read(&old).unwrap(), b"BRTL\x01\0\0\0old");
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&old);
     }
 }

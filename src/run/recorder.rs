@@ -134,17 +134,26 @@ impl Recorder {
                         self.take(Event::Pace(note), &mut saving);
                     }
                     self.ticks.tick(&self.stats, &self.reporter);
-                    self.sinks.tick(self.ticks.moment());
+                    self.sinks.tick(self.moment());
                 }
             }
         }
         self.ticks.end();
-        self.sinks.end(self.ticks.moment());
+        self.sinks.end(self.moment());
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
         self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
         self.wind_down(saving.err).await
+    }
+
+    /// What the observers see on a tick: the gauges, and the credits'
+    /// forecast the meter keeps.
+    fn moment(&self) -> crate::report::timeline::Moment {
+        crate::report::timeline::Moment {
+            projection: self.meter.projection(SystemTime::now()),
+            ..self.ticks.moment()
+        }
     }
 
     /// A signal came (the `heard`th before it): the first stops the run

@@ -114,6 +114,8 @@ impl Ticks {
             waiting_credits: g.gate.waiting_probe_in(now).is_some(),
             learnt: g.pacer.learnt(),
             credits: g.ledger.last().map(|s| s.remaining),
+            policies: g.pacer.occupancy(),
+            projection: None,
         }
     }
 

@@ -79,17 +79,40 @@ fn valid_name(n: &str) -> bool {
         && cs.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
 
-/// `{k="v",k2="v2"}` (values without quotes or backslashes, which is all
-/// batchrun's labels are).
+/// `{k="v",k2="v2"}`: a value is quoted and may hold commas, spaces and
+/// escaped quotes or backslashes.
 fn valid_labels(l: &str) -> bool {
-    let Some(inner) = l.strip_prefix('{').and_then(|l| l.strip_suffix('}')) else {
+    let Some(mut rest) = l.strip_prefix('{').and_then(|l| l.strip_suffix('}')) else {
         return false;
     };
-    inner.split(',').all(|pair| {
-        pair.split_once('=').is_some_and(|(k, v)| {
-            valid_name(k) && v.len() >= 2 && v.starts_with('"') && v.ends_with('"')
-        })
-    })
+    while !rest.is_empty() {
+        let Some((k, v)) = rest.split_once("=\"") else {
+            return false;
+        };
+        if !valid_name(k) {
+            return false;
+        }
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in v.char_indices() {
+            match (escaped, c) {
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let Some(end) = end else { return false };
+        rest = &v[end + 1..];
+        if let Some(r) = rest.strip_prefix(',') {
+            rest = r;
+        } else if !rest.is_empty() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The sim's window filled by live traffic on the same key.
@@ -152,6 +175,8 @@ async fn the_metrics_parse_during_the_run_and_end_equal_to_the_summary() {
         .cmd(&[
             "--limit",
             "100/1s",
+            "--limit",
+            "30000/1m,fixed",
             "--concurrency",
             "5",
             "--burst",
@@ -210,6 +235,15 @@ async fn the_metrics_parse_during_the_run_and_end_equal_to_the_summary() {
     assert!(n("rate_limited") > 0.0, "the run met the sim's limit");
     assert!(end["batchrun_pauses_total{cause=\"rate_limit\"}"] >= 1.0);
     assert_eq!(end["batchrun_calls_in_flight"], 0.0);
+    // Every limit in force, with what occupies it: the minute's fixed window
+    // holds every call of the run.
+    assert_eq!(
+        end["batchrun_policy_limit{policy=\"30000/1m,fixed\"}"],
+        30000.0
+    );
+    let minute = end["batchrun_policy_used{policy=\"30000/1m,fixed\"}"];
+    assert!(minute >= n("done") && minute <= n("requests"), "{minute}");
+    assert!(end["batchrun_policy_limit{policy=\"100ps\"}"] <= 100.0);
     for (outcome, count) in summary["status_counts"].as_object().unwrap() {
         let series = format!("batchrun_responses_total{{outcome=\"{outcome}\"}}");
         assert_eq!(end[&series], count.as_f64().unwrap(), "{series}");

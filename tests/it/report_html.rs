@@ -1,7 +1,7 @@
 //! `batchrun report`: the HTML report of a real sim run.
 
 use crate::common::*;
-use batchrun::report::charts::{self, LIMITED_CLASS, PAUSE_CLASS, SECOND_CLASS};
+use batchrun::report::charts::{self, LIMITED_CLASS, PAUSE_CLASS, POLICY_CLASS, SECOND_CLASS};
 use batchrun::report::timeline;
 
 /// Checks that `xml` is well-formed enough: every element closed in order,
@@ -85,7 +85,16 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let r = s.run(&["--limit", "100/1s", "--concurrency", "5", "--burst", "10"]);
+    let r = s.run(&[
+        "--limit",
+        "100/1s",
+        "--limit",
+        "30000/1m,fixed",
+        "--concurrency",
+        "5",
+        "--burst",
+        "10",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
         r.summary["rate_limited"].as_u64().unwrap() >= 1,
@@ -156,6 +165,13 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
     let limited = secs.iter().filter(|s| s.rate_limited > 0).count();
     assert!(limited >= 1);
     assert_eq!(class_count(pacing, LIMITED_CLASS), limited);
+    // Every limit in force has its line, named as --limit spells it.
+    // (A tick names them: a first second closed before the first tick
+    // may show none.)
+    let shown = secs.iter().filter(|s| s.policies.len() == 2).count();
+    assert!(shown + 1 >= secs.len(), "{shown} of {}", secs.len());
+    assert_eq!(class_count(pacing, POLICY_CLASS), 2);
+    assert!(pacing.contains("100ps") && pacing.contains("30000/1m,fixed (right)"));
     // The runs table has the run, with its exit code and counts.
     let runs = &html[html.find("<table id=\"runs\"").unwrap()..];
     let row = runs.lines().nth(1).unwrap();
