@@ -167,7 +167,7 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(
-                "Pacing: calls per second and the window against the limit",
+                "Pacing: calls per second and every limit in force",
                 ("sans-serif", 18),
             )
             .margin(12)
@@ -396,6 +396,8 @@ pub fn credits(secs: &[Second], ahead: Option<Ahead>) -> Result<String, ChartErr
         .enumerate()
         .rev()
         .find_map(|(i, s)| s.credits.map(|c| (i as f64 + 0.5, c as f64)));
+    // None left, nothing to project (a credit halt ends there).
+    let last = last.filter(|(_, v)| *v > 0.0);
     let line = ahead.zip(last).map(|(a, (x0, v0))| {
         let empty_in = v0.max(0.0) / a.per_s.max(1e-12);
         let until = a.renewal_in.map_or(empty_in, |r| r.max(0.0).min(empty_in));
