@@ -102,6 +102,13 @@ impl FleetKeys {
         format!("{}:window:{count}:{window_ms}", self.prefix)
     }
 
+    /// The token window of `quota` tokens per `window_ms`
+    /// (`--limit Q/W,tokens`, after `--headroom`): a hash of each call's
+    /// weight and end; the script reads both from the name.
+    pub fn tokens(&self, quota: u64, window_ms: u64) -> String {
+        format!("{}:tokens:{quota}:{window_ms}", self.prefix)
+    }
+
     /// The GCRA bucket of `rate` with `burst` (`--limit N/W,burst=B`,
     /// after `--headroom`), kept as in-process: its emission interval, its
     /// tolerance and its skew allowance, in ns, are in its name, so

@@ -15,8 +15,9 @@ pub(super) struct Local {
     pub(super) in_flight: HashSet<String>,
     /// Completed calls still occupying the window, with when they stop.
     pub(super) recent: VecDeque<(String, Instant)>,
-    /// Completions and cancellations not yet in Redis.
-    pub(super) settles: Vec<(String, Option<Instant>)>,
+    /// Completions and cancellations not yet in Redis, with the tokens a
+    /// response said its call used.
+    pub(super) settles: Vec<(String, Option<Instant>, Option<u64>)>,
     /// Redis failed since the last take that put our calls back.
     pub(super) lost: bool,
     pub(super) paused_until: Option<Instant>,

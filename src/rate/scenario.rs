@@ -43,6 +43,21 @@ pub enum Op {
         /// How long ago its response arrived.
         ago: u64,
     },
+    /// A worker asks for a place for a call estimated at `tokens` tokens
+    /// (against the scenario's token windows).
+    TakeTokens {
+        /// The estimate.
+        tokens: u64,
+    },
+    /// As [`Op::Settle`], the response saying the call used `used` tokens.
+    SettleUsed {
+        /// Which call still out.
+        pick: usize,
+        /// How long ago its response arrived.
+        ago: u64,
+        /// The tokens it used.
+        used: u64,
+    },
     /// A call still out (as for [`Op::Settle`]) was never sent.
     Cancel {
         /// Which call still out.
@@ -92,6 +107,10 @@ pub struct Scenario {
     /// window no reset aligned is a sliding one, and as further windows by
     /// the script (which never aligns one).
     pub fixed: Vec<(u64, u64)>,
+    /// Token windows every call must keep as well (`--limit Q/W,tokens`),
+    /// as (Q, W ms): kept as [`Kept`] policies (a weighted tally)
+    /// in-process, as the script's `tokens` keys in Redis.
+    pub tokens: Vec<(u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -107,6 +126,9 @@ impl fmt::Display for Scenario {
         }
         for (n, w) in &self.fixed {
             write!(f, ", a fixed window of {n} per {w} ms")?;
+        }
+        for (q, w) in &self.tokens {
+            write!(f, ", {q} tokens per {w} ms")?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -130,10 +152,11 @@ impl fmt::Display for Scenario {
 /// Call ids are 0, 1, 2… in the order takes are asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
-    /// A take for call `id`.
-    Take(u64),
-    /// Call `id` was answered `ago` ms before now.
-    Settle(u64, u64),
+    /// A take for call `id`, estimated at this many tokens.
+    Take(u64, u64),
+    /// Call `id` was answered `ago` ms before now, having used this many
+    /// tokens when the response said.
+    Settle(u64, u64, Option<u64>),
     /// Call `id` was never sent.
     Cancel(u64),
     /// A 429, then a pause of this many ms.
@@ -236,7 +259,7 @@ fn drive(s: &Scenario, stores: &mut [&mut dyn Store]) -> Result<Vec<Answer>, Str
             m += &format!("  {}: {:?}", stores[j].name(), answers[j]);
             return Err(m);
         }
-        if let (Call::Take(id), Answer::Granted { .. }) = (call, first) {
+        if let (Call::Take(id, _), Answer::Granted { .. }) = (call, first) {
             calls.out.push((id, step.at));
         }
         out.push((step.at, call, first));
@@ -257,14 +280,22 @@ impl Calls {
     /// with no call out.
     fn resolve(&mut self, step: &Step) -> Option<Call> {
         Some(match step.op {
-            Op::Take => {
+            Op::Take | Op::TakeTokens { .. } => {
                 self.next += 1;
-                Call::Take(self.next - 1)
+                let tokens = match step.op {
+                    Op::TakeTokens { tokens } => tokens,
+                    _ => 0,
+                };
+                Call::Take(self.next - 1, tokens)
             }
-            Op::Settle { pick, ago } => {
+            Op::Settle { pick, ago } | Op::SettleUsed { pick, ago, .. } => {
                 let (id, sent) = self.pick(pick)?;
                 let ago = ago.min(step.at - sent + 2).min(step.at);
-                Call::Settle(id, ago)
+                let used = match step.op {
+                    Op::SettleUsed { used, .. } => Some(used),
+                    _ => None,
+                };
+                Call::Settle(id, ago, used)
             }
             Op::Cancel { pick } => Call::Cancel(self.pick(pick)?.0),
             Op::RateLimited { pause } => Call::RateLimited(pause),
@@ -308,6 +339,7 @@ impl InProcess {
                     .iter()
                     .map(|&b| bucket(b))
                     .chain(s.fixed.iter().map(|&f| fixed(f)))
+                    .chain(s.tokens.iter().map(|&t| tokens(t)))
                     .filter_map(Kept::new)
                     .collect(),
             ),
@@ -331,8 +363,8 @@ impl InProcess {
         }
     }
 
-    fn take(&mut self, id: u64, now: Instant) -> Answer {
-        let r = self.w.try_take(now);
+    fn take(&mut self, id: u64, tokens: u64, now: Instant) -> Answer {
+        let r = self.w.try_take_weighted(now, 1, tokens);
         self.hear(now);
         match r {
             Ok(slot) => {
@@ -366,6 +398,18 @@ pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
     }
 }
 
+/// The policy of a scenario's token window (Q, W ms).
+pub fn tokens((q, w): (u64, u64)) -> PolicySpec {
+    PolicySpec {
+        limit: Limit::Rate(Rate {
+            count: q,
+            period: Duration::from_millis(w),
+        }),
+        shape: Shape::Sliding,
+        unit: Unit::Tokens,
+    }
+}
+
 /// The policy of a scenario's fixed window (N, W ms).
 pub fn fixed((n, w): (u64, u64)) -> PolicySpec {
     PolicySpec {
@@ -387,10 +431,10 @@ impl Store for InProcess {
         let at = |ms: u64| self.t0 + Duration::from_millis(ms);
         let t = at(now);
         match call {
-            Call::Take(id) => self.take(id, t),
-            Call::Settle(id, ago) => {
+            Call::Take(id, tokens) => self.take(id, tokens, t),
+            Call::Settle(id, ago, used) => {
                 if let Some(slot) = self.slots.remove(&id) {
-                    self.w.complete(slot, at(now - ago));
+                    self.w.complete_used(slot, at(now - ago), used);
                 }
                 Answer::Noted
             }

@@ -41,7 +41,7 @@ pub async fn join(
         String::new()
     };
     err_line(&format!(
-        "batchrun: fleet: sharing the limit{share}, the concurrency ceiling and the alerts of this key \
+        "batchrun: fleet: sharing the limit{share} (every --limit, token windows included), the concurrency ceiling and the alerts of this key \
          with every process on {} (keys {}:*)",
         fleet.at(),
         fleet.keys().prefix()

@@ -76,7 +76,7 @@ pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
 
 /// Every policy, the primary first, refused where they cannot be kept:
 /// `none` stands alone, the window pacer is the one that keeps several and
-/// every shape, and the fleet keeps policies of calls only for now.
+/// every shape, and the fleet keeps every one but a bucket of tokens.
 pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
     let shaped: Vec<String> = all
@@ -101,14 +101,15 @@ pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError
             "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
         ));
     }
+    // The fleet keeps windows of tokens, not buckets of them.
     let unkept: Vec<String> = all
         .iter()
-        .filter(|p| p.unit != Unit::Calls)
+        .filter(|p| p.unit == Unit::Tokens && matches!(p.shape, Shape::Bucket { .. }))
         .map(ToString::to_string)
         .collect();
     if fleet && !unkept.is_empty() {
         return Err(super::usage(format!(
-            "the fleet (--redis) paces to policies of calls for now: --limit {} cannot be kept with --redis",
+            "the fleet (--redis) keeps windows of tokens, not buckets of them: --limit {} cannot be kept with --redis",
             unkept.join(", ")
         )));
     }

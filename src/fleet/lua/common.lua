@@ -1,8 +1,9 @@
 -- batchrun fleet pacer: the pacing rules and the concurrency ceiling of
 -- one API key, shared by every process through Redis. One script, kept in
--- five files joined in this order (src/fleet/script.rs): common.lua (the
+-- six files joined in this order (src/fleet/script.rs): common.lua (the
 -- arguments, the clock, putting calls back, the loss check), gcra.lua (the
--- GCRA buckets kept beside the window rule), window.lua
+-- GCRA buckets kept beside the window rule), tokens.lua (the weighted
+-- token windows kept beside it), window.lua
 -- (the exact sliding-window rule), drip.lua (the SpikeArrest mirror and
 -- the token bucket), tail.lua (the heartbeat and the probe).
 --
@@ -40,6 +41,7 @@
 --                       own limit and window. The window rule only: a call
 --                       must fit in each, and only KEYS[1] learns. Among
 --                       them, GCRA buckets named `...:gcra:T:TAU:D` (gcra.lua)
+--                       and token windows `...:tokens:Q:Wms` (tokens.lua)
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua

@@ -21,6 +21,7 @@ if op == 'beat' then
           redis.call('ZADD', f.key, now + f.hold, id)
         end
       end
+      if not leases_only then tallies_beat(id) end
       renewed = renewed + 1
     end
   end

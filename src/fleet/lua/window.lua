@@ -12,7 +12,12 @@ local function settle(i)
   i = i + 1
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   for _ = 1, n do
-    local id, ago = ARGV[i], tonumber(ARGV[i + 1])
+    -- ago may carry the tokens the call used: 'ago/used'.
+    local id, ago, used = ARGV[i], tonumber(ARGV[i + 1]), nil
+    if not ago then
+      local a, u = string.match(ARGV[i + 1], '^(%-?%d+)/(%d+)$')
+      ago, used = tonumber(a), tonumber(u)
+    end
     i = i + 2
     local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
     redis.call('HDEL', KEYS[5], id)
@@ -27,6 +32,7 @@ local function settle(i)
       end
     end
     buckets_settle(id, ago >= 0)
+    if ago >= 0 then tallies_settle(id, back, used) else tallies_settle(id, nil, nil) end
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
     else
@@ -97,7 +103,9 @@ local function stale()
 end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
--- ARGV[10] concurrency ceiling (0: none), then a settle list, then a restore
+-- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
+-- tokens (tokens.lua; 0 without token windows), then a settle list (an
+-- ago may be 'ago/used', the tokens the response said the call used), then a restore
 -- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
 -- when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
@@ -116,9 +124,10 @@ end
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local lost, epoch = forgotten(after_blocks(11), KEYS[1])
+  local weight = tonumber(ARGV[11])
+  local lost, epoch = forgotten(after_blocks(12), KEYS[1])
   if lost then return {0, 1, 4, epoch} end
-  local i = settle(11)
+  local i = settle(12)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local lim, learning, learnt, settled = effective(cap, headroom)
@@ -159,6 +168,12 @@ if op == 'take' then
     wait = math.max(wait, bw)
     if why == 0 then why = 2 end
   end
+  -- And every token window.
+  local tw = tallies_wait(weight)
+  if tw > 0 then
+    wait = math.max(wait, tw)
+    if why == 0 then why = 2 end
+  end
   if why > 0 then
     buckets_refused()
     return answer({0, wait, why}, epoch)
@@ -172,6 +187,7 @@ if op == 'take' then
     end
   end
   buckets_grant(id)
+  tallies_grant(id, weight)
   redis.call('ZADD', KEYS[1], now + hold, id)
   for _, f in ipairs(further) do
     redis.call('ZADD', f.key, now + f.hold, id)

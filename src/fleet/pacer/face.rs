@@ -11,11 +11,15 @@ use super::rule::Verb;
 use super::tasks::{Abandon, SharedTicket};
 use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
 use crate::fleet::script::millis;
-use crate::pace::{PaceError, PaceNote, Pacer, Permit};
+use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::util::BoxFuture;
 
 impl Pacer for FleetPacer {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        self.take_weighted(Weight::default())
+    }
+
+    fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
             let inner = &self.inner;
             let id = inner.next_id();
@@ -28,7 +32,7 @@ impl Pacer for FleetPacer {
             let mut front = None;
             let mut poll = POLL_FIRST;
             loop {
-                match inner.try_take(&id, inner.cap).await? {
+                match inner.try_take(&id, inner.cap, weight.tokens).await? {
                     Took::Granted => {
                         abandon.id = None;
                         return Ok(Permit::tracked(Box::new(SharedTicket {
@@ -75,7 +79,7 @@ impl Pacer for FleetPacer {
                         }
                         inv.arg(settles.len());
                         for (id, ago) in &settles {
-                            inv.arg(id).arg(*ago);
+                            inv.arg(id).arg(ago);
                         }
                     },
                 )

@@ -35,7 +35,7 @@ use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
 use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate};
-use rule::{buckets_of, windows_of, ScriptRule, Verb};
+use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use tasks::{heartbeat, settler};
 
 mod face;
@@ -93,6 +93,9 @@ struct Inner {
     script: redis::Script,
     /// The script's keys: the fleet's five, then a further window each.
     keys: Vec<String>,
+    /// Whether a token window is among them: settles then carry the
+    /// tokens a call used.
+    weighed: bool,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -131,7 +134,7 @@ impl FleetPacer {
     /// A pacer on `fleet` for `cfg` keeping the window rule. Spawns its
     /// settler and heartbeat tasks, which end when the pacer is dropped.
     pub fn new(fleet: Fleet, cfg: FleetPacing) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, &[], &[], |_| {
+        FleetPacer::build(fleet, cfg, &[], &[], &[], |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -144,21 +147,25 @@ impl FleetPacer {
         cfg: FleetPacing,
         rule: FleetRule,
     ) -> Result<FleetPacer, SizingError> {
-        FleetPacer::build(fleet, cfg, &[], &[], |rate| ScriptRule::new(rule, rate))
+        FleetPacer::build(fleet, cfg, &[], &[], &[], |rate| {
+            ScriptRule::new(rule, rate)
+        })
     }
 
     /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
     /// and for each of `further` as well (`--limit` given more than once),
     /// and a GCRA bucket for each of `buckets` (rate, burst): a call must
     /// fit in every window and every bucket, and only the first window
-    /// learns.
+    /// learns; and a token window for each of `tokens`, which a call's
+    /// estimate must fit in and its usage corrects.
     pub fn with_limits(
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
         buckets: &[(Rate, u64)],
+        tokens: &[Rate],
     ) -> FleetPacer {
-        FleetPacer::build(fleet, cfg, further, buckets, |_| {
+        FleetPacer::build(fleet, cfg, further, buckets, tokens, |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
         })
         .unwrap_or_else(|never| match never {})
@@ -169,6 +176,7 @@ impl FleetPacer {
         cfg: FleetPacing,
         further: &[Rate],
         buckets: &[(Rate, u64)],
+        tokens: &[Rate],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -200,7 +208,12 @@ impl FleetPacer {
                     let count = scaled(r.count, headroom);
                     fleet.keys().bucket(Rate { count, ..r }, burst)
                 }))
+                .chain(tokens.iter().map(|r| {
+                    let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+                    fleet.keys().tokens(scaled(r.count, headroom), ms)
+                }))
                 .collect(),
+            weighed: !tokens.is_empty(),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,
@@ -286,28 +299,34 @@ impl Inner {
     }
 
     /// Pending completions as (id, ms since the response arrived; -1 for a
-    /// call never sent).
-    fn take_settles(&self) -> Vec<(String, i64)> {
+    /// call never sent; `ago/used` when the response said the tokens it
+    /// used and a token window counts them), with the tokens apart for a
+    /// requeue.
+    fn take_settles(&self) -> Vec<(String, String)> {
         let now = Instant::now();
+        let weighed = self.weighed;
         std::mem::take(&mut self.lock().settles)
             .into_iter()
-            .map(|(id, at)| {
+            .map(|(id, at, used)| {
                 let ago = at.map_or(-1, |a| millis(now.saturating_duration_since(a)) as i64);
-                (id, ago)
+                match used.filter(|_| weighed && ago >= 0) {
+                    Some(u) => (id, format!("{ago}/{u}")),
+                    None => (id, ago.to_string()),
+                }
             })
             .collect()
     }
 
     /// Puts completions back after Redis could not take them. The ages are
     /// lost; treating them as just arrived only makes them occupy longer.
-    fn requeue(&self, settles: Vec<(String, i64)>) {
+    fn requeue(&self, settles: Vec<(String, String)>) {
         let now = Instant::now();
         let mut l = self.lock();
-        l.settles.extend(
-            settles
-                .into_iter()
-                .map(|(id, ago)| (id, (ago >= 0).then_some(now))),
-        );
+        l.settles.extend(settles.into_iter().map(|(id, ago)| {
+            let sent = !ago.starts_with('-');
+            let used = ago.split_once('/').and_then(|(_, u)| u.parse().ok());
+            (id, sent.then_some(now), used)
+        }));
     }
 
     /// What this process puts back when Redis lost its data: its pause, its
@@ -356,7 +375,7 @@ impl Inner {
         (heard, witness)
     }
 
-    async fn try_take(&self, id: &str, cap: u64) -> Result<Took, PaceError> {
+    async fn try_take(&self, id: &str, cap: u64, tokens: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
         let (a, b) = match self.rule {
@@ -369,9 +388,13 @@ impl Inner {
                 self.fleet.redis_timeout(),
                 |inv| {
                     inv.arg(id).arg(&a).arg(&b).arg(self.ceiling);
+                    // Only the window rule's take weighs its call.
+                    if self.rule.windowed() {
+                        inv.arg(tokens);
+                    }
                     inv.arg(settles.len());
                     for (sid, ago) in &settles {
-                        inv.arg(sid).arg(*ago);
+                        inv.arg(sid).arg(ago);
                     }
                     // Built afresh for every attempt: a failed attempt may have
                     // been Redis restarting empty.
@@ -445,7 +468,7 @@ impl Inner {
             .run(self.rule.op(Verb::Settle), within, |inv| {
                 inv.arg(settles.len());
                 for (id, ago) in &settles {
-                    inv.arg(id).arg(*ago);
+                    inv.arg(id).arg(ago);
                 }
             })
             .await;
@@ -457,7 +480,7 @@ impl Inner {
     }
 
     /// A permit was completed (`arrived`) or dropped unused (`None`).
-    fn settled(&self, id: String, arrived: Option<Instant>) {
+    fn settled(&self, id: String, arrived: Option<Instant>, used: Option<u64>) {
         {
             let mut l = self.lock();
             l.in_flight.remove(&id);
@@ -469,7 +492,7 @@ impl Inner {
                 }
                 l.recent.push_back((id.clone(), end));
             }
-            l.settles.push((id, arrived));
+            l.settles.push((id, arrived, used));
         }
         self.wake.notify_one();
     }
@@ -532,7 +555,8 @@ impl Inner {
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
 /// the key. `policies`: every `--limit` past the primary one (a sliding
-/// or fixed window of calls, or a GCRA bucket of calls). Returns the pause of a 429
+/// or fixed window of calls, a GCRA bucket of calls, or a sliding or
+/// fixed window of tokens). Returns the pause of a 429
 /// without a usable Retry-After, as [`crate::pace::for_limit`] does; an
 /// error when `--burst` cannot be kept under the limit.
 pub fn for_fleet(
@@ -547,52 +571,14 @@ pub fn for_fleet(
     };
     let further = windows_of(policies);
     let buckets = buckets_of(policies);
-    let pacer = if further.is_empty() && buckets.is_empty() {
+    let tokens = tokens_of(policies);
+    let pacer = if further.is_empty() && buckets.is_empty() && tokens.is_empty() {
         FleetPacer::with_rule(fleet, cfg, rule)?
     } else {
-        FleetPacer::with_limits(fleet, cfg, &further, &buckets)
+        FleetPacer::with_limits(fleet, cfg, &further, &buckets, &tokens)
     };
     Ok((Arc::new(pacer), pause))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn leases_follow_the_timeout_within_bounds() {
-        assert_eq!(
-            lease_for(Duration::from_millis(200)),
-            Duration::from_secs(3)
-        );
-        assert_eq!(lease_for(Duration::from_secs(2)), Duration::from_secs(6));
-        assert_eq!(lease_for(Duration::from_secs(30)), Duration::from_secs(15));
-    }
-
-    #[test]
-    fn headroom_scales_down_and_never_to_zero() {
-        assert_eq!(scaled(60, 1.0), 60);
-        assert_eq!(scaled(60, 0.9), 54);
-        assert_eq!(scaled(10, 0.7), 7);
-        assert_eq!(scaled(5, 0.1), 1);
-    }
-
-    #[test]
-    fn the_script_names_every_op_the_pacer_sends() {
-        for op in [
-            "'take'",
-            "'settle'",
-            "'beat'",
-            "'pause'",
-            "'inforce'",
-            "'full'",
-        ] {
-            assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
-        }
-        // The drip rules' ops are `spike_<verb>` and `bucket_<verb>`.
-        for verb in ["'take'", "'settle'", "'pause'", "'inforce'"] {
-            assert!(SCRIPT.contains(&format!("verb == {verb}")), "{verb}");
-        }
-        assert!(SCRIPT.contains("redis.call('TIME')"));
-    }
-}
+mod tests;

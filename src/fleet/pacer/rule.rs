@@ -166,6 +166,17 @@ pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<Rate> {
         .collect()
 }
 
+/// The windows of tokens among `policies`, each kept as the in-process
+/// token window (`rate/tally.rs`); a fixed one as a sliding one, as the
+/// windows of calls.
+pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<Rate> {
+    policies
+        .iter()
+        .filter(|p| p.unit == Unit::Tokens && matches!(p.shape, Shape::Sliding | Shape::Fixed))
+        .filter_map(PolicySpec::rate)
+        .collect()
+}
+
 /// The GCRA buckets of calls among `policies`, as (rate, burst).
 pub(super) fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64)> {
     policies

@@ -58,11 +58,15 @@ pub(super) struct SharedTicket {
 
 impl Ticket for SharedTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
-        self.inner.settled(self.id, Some(arrived));
+        self.inner.settled(self.id, Some(arrived), None);
+    }
+
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+        self.inner.settled(self.id, Some(arrived), used);
     }
 
     fn cancel(self: Box<Self>) {
-        self.inner.settled(self.id, None);
+        self.inner.settled(self.id, None, None);
     }
 }
 
@@ -76,7 +80,7 @@ pub(super) struct Abandon<'a> {
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.inner.settled(id, None);
+            self.inner.settled(id, None, None);
         }
     }
 }

@@ -15,6 +15,7 @@ impl Build {
             further: Vec::new(),
             buckets: Vec::new(),
             fixed: Vec::new(),
+            tokens: Vec::new(),
             steps: Vec::new(),
         })
     }
@@ -220,6 +221,32 @@ pub fn fixed_5_per_1s() -> Scenario {
         .0
 }
 
+/// 100 tokens per 1 s beside 10 calls per 1 s (`--limit 100/1s,tokens`):
+/// an estimate waits on calls in flight for W; a response's usage
+/// corrects its call's weight, which frees room at once; a call that does
+/// not fit waits until enough answered weight ends, and one heavier than
+/// the whole budget waits until nothing occupies.
+pub fn tokens_100_per_1s() -> Scenario {
+    let mut b = Build::new(10, 1000);
+    b.0.tokens = vec![(100, 1000)];
+    let take = |tokens| Op::TakeTokens { tokens };
+    b.at(0, take(60))
+        .at(0, take(50))
+        .at(
+            10,
+            Op::SettleUsed {
+                pick: 0,
+                ago: 0,
+                used: 30,
+            },
+        )
+        .at(10, take(50))
+        .at(20, take(30))
+        .at(20, take(150))
+        .at(1010, take(20))
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -246,6 +273,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             bucket_10_per_1s_under_2_per_1s(),
         ),
         ("fixed_5_per_1s", fixed_5_per_1s()),
+        ("tokens_100_per_1s", tokens_100_per_1s()),
     ]
 }
 

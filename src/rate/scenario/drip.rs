@@ -93,7 +93,7 @@ impl Store for InProcessSpike {
         let rate = self.rate;
         let p = self.p.get_or_insert_with(|| SpikePace::new(rate, t));
         match call {
-            Call::Take(_) => match p.try_take(t) {
+            Call::Take(..) => match p.try_take(t) {
                 Ok(()) => Answer::Granted {
                     limit: p.rate().count,
                     occupancy: p.in_flight(),
@@ -105,7 +105,7 @@ impl Store for InProcessSpike {
                     paused: p.paused_until(t).is_some(),
                 },
             },
-            Call::Settle(_, ago) => {
+            Call::Settle(_, ago, _) => {
                 p.complete(at(now - ago));
                 Answer::Noted
             }
@@ -171,7 +171,7 @@ impl Store for InProcessBucket {
     fn apply(&mut self, now: u64, call: Call) -> Answer {
         let t = self.t0 + Duration::from_millis(now);
         match call {
-            Call::Take(id) => {
+            Call::Take(id, _) => {
                 let b = self.bucket(t);
                 match b.try_take(t) {
                     Ok(()) => {
@@ -190,7 +190,7 @@ impl Store for InProcessBucket {
                     },
                 }
             }
-            Call::Settle(id, _) => {
+            Call::Settle(id, ..) => {
                 self.out.remove(&id);
                 Answer::Noted
             }

@@ -227,3 +227,15 @@ fn a_fixed_window_no_reset_aligned_is_kept_as_a_sliding_one() {
     // primary window (10 per 1 s) has room; at 1000 ms all 5 have ended.
     assert_eq!(a[5..8], [wait(1000), wait(500), granted(10, 1, 0, false)]);
 }
+
+#[test]
+fn a_token_window_weighs_estimates_and_corrects_them_by_usage() {
+    let a: Vec<Answer> = answers(&tokens_100_per_1s())
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    let g = |occ| granted(10, occ, 0, false);
+    // 60 in flight: 50 more waits W; corrected to 30, 50 more fits; 30
+    // more waits until the 30 end; 150 waits on the call in flight.
+    assert_eq!(a, [g(1), wait(1000), g(2), wait(990), wait(1000), g(2)]);
+}

@@ -73,7 +73,7 @@ impl Store for DripLua {
 
     fn apply(&mut self, now: u64, call: Call) -> Answer {
         match call {
-            Call::Take(id) => {
+            Call::Take(id, _) => {
                 let v: Vec<i64> = self.op(now, "take", |inv, a, b| {
                     // No ceiling, no settles, nothing to put back.
                     inv.arg(id.to_string()).arg(a).arg(b).arg(0);
@@ -93,7 +93,7 @@ impl Store for DripLua {
                     _ => panic!("take answered {v:?}"),
                 }
             }
-            Call::Settle(id, ago) => {
+            Call::Settle(id, ago, _) => {
                 let _: i64 = self.op(now, "settle", |inv, _, _| {
                     inv.arg(1).arg(id.to_string()).arg(ago as i64);
                 });
@@ -199,6 +199,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                     further: Vec::new(),
                     buckets: Vec::new(),
                     fixed: Vec::new(),
+                    tokens: Vec::new(),
                     steps,
                 },
             )
@@ -239,6 +240,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
         further: Vec::new(),
         buckets: Vec::new(),
         fixed: Vec::new(),
+        tokens: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);

@@ -8,6 +8,7 @@ mod drip_rule;
 mod pacer;
 mod rule;
 mod support;
+mod tokens;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};

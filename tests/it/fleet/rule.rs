@@ -40,6 +40,7 @@ impl Lua {
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
                 // A fixed window no reset aligned: a further window.
                 keys.extend(s.fixed.iter().map(|&(l, w)| k.further(l, w)));
+                keys.extend(s.tokens.iter().map(|&(q, w)| k.tokens(q, w)));
                 keys.extend(s.buckets.iter().filter_map(|&b| {
                     let spec = scenario::bucket(b);
                     let (rate, burst) = (spec.rate()?, b.2);
@@ -74,7 +75,11 @@ impl Lua {
     }
 }
 
-fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64) {
+fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64, used: Option<u64>) {
+    let ago = match used {
+        Some(u) => format!("{ago}/{u}"),
+        None => ago.to_string(),
+    };
     inv.arg(1).arg(id.to_string()).arg(ago);
 }
 
@@ -85,11 +90,12 @@ impl Store for Lua {
 
     fn apply(&mut self, now: u64, call: Call) -> Answer {
         match call {
-            Call::Take(id) => {
+            Call::Take(id, tokens) => {
                 let cap = self.limit;
                 let v: Vec<i64> = self.op(now, "take", |inv| {
-                    // Headroom 1, no ceiling, no settles, nothing to put back.
-                    inv.arg(id.to_string()).arg(cap).arg(1).arg(0);
+                    // Headroom 1, no ceiling, the estimate, no settles,
+                    // nothing to put back.
+                    inv.arg(id.to_string()).arg(cap).arg(1).arg(0).arg(tokens);
                     inv.arg(0).arg(0).arg(0);
                 });
                 match v[..] {
@@ -106,12 +112,12 @@ impl Store for Lua {
                     _ => panic!("take answered {v:?}"),
                 }
             }
-            Call::Settle(id, ago) => {
-                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, ago as i64));
+            Call::Settle(id, ago, used) => {
+                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, ago as i64, used));
                 Answer::Noted
             }
             Call::Cancel(id) => {
-                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, -1));
+                let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, -1, None));
                 Answer::Noted
             }
             Call::RateLimited(pause) => {
@@ -183,36 +189,55 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
         5 => Just(Vec::new()),
         1 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=1),
     ];
+    // Token windows (Q, W ms) in a third of them, now and then two, with
+    // weighed takes and settles that correct them.
+    let tokens = prop_oneof![
+        4 => Just(Vec::new()),
+        2 => proptest::collection::vec((1u64..=200, 20u64..=3000), 1..=2),
+    ];
     (
         1u64..=8,
         20u64..=1500,
         any::<bool>(),
         further,
-        (buckets, fixed),
+        (buckets, fixed, tokens),
     )
-        .prop_flat_map(|(limit, window, reports, further, (buckets, fixed))| {
-            let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
-            let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
-            let op = prop_oneof![40 => op(window), u32::from(reports) => inforce];
-            proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
-                let mut at = 0;
-                let steps = steps
-                    .into_iter()
-                    .map(|(gap, op)| {
-                        at += gap;
-                        Step { at, op }
-                    })
-                    .collect();
-                Scenario {
-                    limit,
-                    window,
-                    further: further.clone(),
-                    buckets: buckets.clone(),
-                    fixed: fixed.clone(),
-                    steps,
-                }
-            })
-        })
+        .prop_flat_map(
+            |(limit, window, reports, further, (buckets, fixed, tokens))| {
+                let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
+                let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
+                let weighed = if tokens.is_empty() { 1 } else { 20 };
+                let weighed_op = prop_oneof![
+                    (0u64..=250).prop_map(|tokens| Op::TakeTokens { tokens }),
+                    (0usize..8, 0..=window, 0u64..=250)
+                        .prop_map(|(pick, ago, used)| Op::SettleUsed { pick, ago, used }),
+                ];
+                let op = prop_oneof![
+                    40 => op(window),
+                    u32::from(reports) => inforce,
+                    weighed => weighed_op,
+                ];
+                proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
+                    let mut at = 0;
+                    let steps = steps
+                        .into_iter()
+                        .map(|(gap, op)| {
+                            at += gap;
+                            Step { at, op }
+                        })
+                        .collect();
+                    Scenario {
+                        limit,
+                        window,
+                        further: further.clone(),
+                        buckets: buckets.clone(),
+                        fixed: fixed.clone(),
+                        tokens: tokens.clone(),
+                        steps,
+                    }
+                })
+            },
+        )
 }
 
 #[test]

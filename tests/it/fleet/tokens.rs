@@ -1,0 +1,53 @@
+//! A token budget through Redis: two processes on one key, each call
+//! weighed by its estimate and corrected by its usage, against a sim that
+//! keeps the budget.
+
+use super::support::{fleet_name, Redis};
+use super::{assert_shards_did_each_item_once, run_all};
+use crate::common::*;
+
+/// Items with a prompt and a `max_tokens`, of varied sizes.
+fn prompts(n: u64) -> String {
+    (1..=n)
+        .map(|i| {
+            let prompt = "word ".repeat((i % 7) as usize * 4 + 1);
+            let max_tokens = 10 + (i % 5) * 8;
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_on_one_key_never_exceed_a_token_budget() {
+    let redis = Redis::start();
+    let n = 60;
+    let limits = ["--limit", "1000/1s", "--limit", "300/1s,tokens"];
+    let mut sim = limits.to_vec();
+    sim.extend(["--concurrency", "20", "--latency", "5ms..20ms"]);
+    let s = Scenario::new("fleet-tokens")
+        .with_sim(&sim)
+        .input("items.jsonl", &prompts(n));
+    let name = fleet_name("tokens");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut a = limits.to_vec();
+            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
+            a.extend(["--concurrency", "8", "--redis", &redis.url]);
+            a.extend(["--fleet-key", &name, "--shard", &shard]);
+            s.cmd(&a)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    let most = stats["policies"][1]["max_in_window"].as_u64().unwrap();
+    assert!(most <= 300, "{most} tokens in one window: {stats}");
+    // Paced by tokens: more was charged than one window's budget.
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 600, "{stats}");
+    assert_shards_did_each_item_once(&s, 2, n);
+}
