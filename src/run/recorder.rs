@@ -258,6 +258,18 @@ impl Recorder {
 
     /// Records one event. True when the fired-alert set changed.
     fn handle(&mut self, ev: Event) -> anyhow::Result<bool> {
+        let ev = match record_of(ev) {
+            Ok(record) => {
+                let done = record.state == ItemState::Done;
+                self.committer.record(record)?;
+                if done {
+                    return Ok(self.done());
+                }
+                Stats::bump(&self.stats.failed);
+                return Ok(false);
+            }
+            Err(ev) => ev,
+        };
         let stats = &self.stats;
         match ev {
             Event::Sent => {
@@ -265,43 +277,8 @@ impl Recorder {
                 Stats::bump(&stats.requests);
                 self.meta.last_active_unix_ms = unix_now().as_millis() as u64;
             }
-            Event::Done {
-                line,
-                status,
-                body,
-                attempts,
-                digest,
-            } => {
-                self.committer.record(Record {
-                    line,
-                    state: ItemState::Done,
-                    status: Some(status),
-                    attempts,
-                    payload: body,
-                    unknown: false,
-                    digest,
-                })?;
-                return Ok(self.done());
-            }
-            Event::Failed {
-                line,
-                status,
-                reason,
-                attempts,
-                unknown,
-                digest,
-            } => {
-                self.committer.record(Record {
-                    line,
-                    state: ItemState::Failed,
-                    status,
-                    attempts,
-                    payload: reason.into_bytes(),
-                    unknown,
-                    digest,
-                })?;
-                Stats::bump(&stats.failed);
-            }
+            // Taken as records above.
+            Event::Done { .. } | Event::Failed { .. } => {}
             Event::Settled(events) => return self.settled(events),
             Event::RateLimited {
                 pause,
@@ -330,51 +307,19 @@ impl Recorder {
         let mut records = Vec::with_capacity(events.len());
         let (mut done, mut failed) = (0, 0);
         for ev in events {
-            let r = match ev {
-                Event::Done {
-                    line,
-                    status,
-                    body,
-                    attempts,
-                    digest,
-                } => {
-                    done += 1;
-                    Record {
-                        line,
-                        state: ItemState::Done,
-                        status: Some(status),
-                        attempts,
-                        payload: body,
-                        unknown: false,
-                        digest,
+            match record_of(ev) {
+                Ok(r) => {
+                    match r.state {
+                        ItemState::Done => done += 1,
+                        _ => failed += 1,
                     }
-                }
-                Event::Failed {
-                    line,
-                    status,
-                    reason,
-                    attempts,
-                    unknown,
-                    digest,
-                } => {
-                    failed += 1;
-                    Record {
-                        line,
-                        state: ItemState::Failed,
-                        status,
-                        attempts,
-                        payload: reason.into_bytes(),
-                        unknown,
-                        digest,
-                    }
+                    records.push(r);
                 }
                 // Only items are settled together; anything else on its own.
-                other => {
+                Err(other) => {
                     self.handle(other)?;
-                    continue;
                 }
-            };
-            records.push(r);
+            }
         }
         self.committer.record_all(records)?;
         self.stats
@@ -488,4 +433,43 @@ impl Recorder {
         self.reporter.println(&line);
         flush
     }
+}
+
+/// The checkpoint record of an item's outcome (`Done` or `Failed`); any
+/// other event is given back.
+fn record_of(ev: Event) -> Result<Record, Event> {
+    Ok(match ev {
+        Event::Done {
+            line,
+            status,
+            body,
+            attempts,
+            digest,
+        } => Record {
+            line,
+            state: ItemState::Done,
+            status: Some(status),
+            attempts,
+            payload: body,
+            unknown: false,
+            digest,
+        },
+        Event::Failed {
+            line,
+            status,
+            reason,
+            attempts,
+            unknown,
+            digest,
+        } => Record {
+            line,
+            state: ItemState::Failed,
+            status,
+            attempts,
+            payload: reason.into_bytes(),
+            unknown,
+            digest,
+        },
+        other => return Err(other),
+    })
 }
