@@ -105,9 +105,15 @@ where
     // 5. Feed the pool (unless the reserve refuses before any call), and
     //    record what it reports and hear the signals.
     let (stops, stopped) = mpsc::unbounded_channel();
+    // Listening before the first call goes out: a signal stream hears only
+    // what comes after its first poll, and until then a Ctrl-C kills the
+    // process instead of stopping the run cleanly.
+    let mut first = Box::pin(signals());
+    let heard_already = futures_util::FutureExt::now_or_never(first.as_mut()).is_some();
     let signals = Signals {
         next: Box::new(signals),
         stops,
+        first: (!heard_already).then_some(first),
     };
     let mut running = start(&settings, &job, &pool, &shared, meter, (reports, signals))?;
     // 6. Wait for the pool, or a signal; then end the run.

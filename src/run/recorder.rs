@@ -71,6 +71,9 @@ pub enum Stop {
 pub struct Signals<F> {
     /// Waits for the next signal.
     pub next: Box<dyn Fn() -> F + Send>,
+    /// The first wait, already listening (polled once before any call went
+    /// out), if it was.
+    pub first: Option<std::pin::Pin<Box<F>>>,
     /// The supervisor of the workers. Closed once the pool is over, after
     /// which a signal changes nothing.
     pub stops: mpsc::UnboundedSender<Stop>,
@@ -105,7 +108,7 @@ impl Recorder {
     pub async fn run<F>(
         mut self,
         mut rx: mpsc::UnboundedReceiver<Event>,
-        signals: Signals<F>,
+        mut signals: Signals<F>,
     ) -> Recorded
     where
         F: Future<Output = Signal> + Send + 'static,
@@ -117,7 +120,10 @@ impl Recorder {
             stamped: false,
             err: None,
         };
-        let mut signal = Box::pin((signals.next)());
+        let mut signal = match signals.first.take() {
+            Some(first) => first,
+            None => Box::pin((signals.next)()),
+        };
         let mut heard = 0;
         loop {
             tokio::select! {
