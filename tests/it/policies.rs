@@ -214,7 +214,7 @@ async fn shapes_where_they_cannot_be_kept_and_bad_costs_are_usage_errors() {
         (
             &[
                 "--limit",
-                "30/1s,tokens",
+                "30/1s,burst=5,tokens",
                 "--redis",
                 "redis://127.0.0.1:1/0",
             ][..],
