@@ -296,6 +296,7 @@ pub fn for_limit(
         specs: &[],
         wait_for_quota: false,
         learn_shape: true,
+        start: false,
     };
     let learnt = learnt.map(Learnt::from);
     for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
@@ -335,13 +336,16 @@ pub fn for_limits(
         }
         PacerKind::Window => {
             let one = [PolicySpec::sliding(limit)];
-            let (wait_for_quota, learn_shape) = (policies.wait_for_quota, policies.learn_shape);
-            let policies = if policies.specs.is_empty() {
-                &one[..]
-            } else {
-                policies.specs
+            let wait_for_quota = policies.wait_for_quota;
+            let policies = Policies {
+                specs: match policies.specs.is_empty() {
+                    true => &one[..],
+                    false => policies.specs,
+                },
+                ..policies
             };
-            let mut set = window::policy_set(policies, r, learnt, learn_shape, now);
+            let mut set = window::policy_set(policies, r, learnt, now);
+            let policies = policies.specs;
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).

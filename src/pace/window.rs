@@ -62,26 +62,35 @@ pub struct Policies<'a> {
     /// may weigh several (`--batch-weight items`), whose places an even
     /// pace could never hand out at once.
     pub learn_shape: bool,
+    /// Whether the shape is unknown from the start (a rate given with
+    /// `--limit`, not a plan's window): the first window then sends few
+    /// calls ahead of the even pace (see
+    /// [`START_AHEAD`](crate::rate::learn::START_AHEAD)).
+    pub start: bool,
 }
 
-/// The set of `policies` (the primary one first, of rate `r`): its
+/// The set of `p`'s policies (the primary one first, of rate `r`): its
 /// sliding windows of calls as exact windows, the primary one first (the
 /// envelope of the primary policy when it is of another shape, see
 /// [`envelope`](crate::rate::kept::envelope)), every other shape kept.
 pub(super) fn policy_set(
-    policies: &[PolicySpec],
+    p: Policies<'_>,
     r: Rate,
     learnt: Option<Learnt>,
-    learn_shape: bool,
     now: std::time::Instant,
 ) -> PolicySet {
+    let policies = p.specs;
     use crate::rate::kept::{envelope, is_sliding_calls, Kept};
     use crate::rate::policy::PolicySpec;
     let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
     // A bare rate says nothing of the server's shape: learn it. A policy
     // told with its shape keeps it, and its envelope only learns the rate.
-    let primary = if learn_shape && is_sliding_calls(&policies[0]) {
-        ExactWindow::new(n, w, now).learning_shape(learnt)
+    let primary = if p.learn_shape && is_sliding_calls(&policies[0]) {
+        let w = ExactWindow::new(n, w, now).learning_shape(learnt);
+        match p.start {
+            true => w,
+            false => w.without_start(),
+        }
     } else {
         ExactWindow::new(n, w, now).with_learnt(learnt.map(|l| l.limit))
     };

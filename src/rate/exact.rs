@@ -180,6 +180,19 @@ impl ExactWindow {
         w
     }
 
+    /// The shape learner (if any) with no start: the limit is known to be
+    /// a window (a plan's), so its first span goes at once.
+    pub fn without_start(mut self) -> ExactWindow {
+        self.shape = self.shape.map(ShapeLearner::without_start);
+        self
+    }
+
+    /// Whether calls go at an even pace (a bucket was seen, or is being
+    /// probed for), not as a window.
+    pub fn paced_evenly(&self) -> bool {
+        self.shape().is_some_and(|p| p != Phase::Window)
+    }
+
     /// Where the shape learning stands (`None` when not enabled).
     pub fn shape(&self) -> Option<Phase> {
         self.shape.as_ref().map(ShapeLearner::phase)
@@ -260,14 +273,21 @@ impl ExactWindow {
             self.learn.pressed = true;
             return Err(at);
         }
+        let ahead = match &self.shape {
+            Some(s) => s.start_gate(now)?,
+            None => false,
+        };
         if occupancy + 1 == limit {
             self.learn.pressed = true;
         }
-        if let Some(s) = &mut self.shape {
-            s.sent(limit, now);
-        }
         let id = SlotId(self.next_id);
         self.next_id += 1;
+        if let Some(s) = &mut self.shape {
+            s.sent(limit, now);
+            if ahead {
+                s.sent_ahead(id.0);
+            }
+        }
         self.in_flight.insert(id, now);
         Ok(id)
     }
@@ -304,6 +324,9 @@ impl ExactWindow {
         let Some(sent) = self.in_flight.remove(&slot) else {
             return;
         };
+        if let Some(s) = &mut self.shape {
+            s.answered(slot.0);
+        }
         // A response cannot precede its send; two threads reading the clock
         // in one order and locking in the other can make it look so.
         let arrived = arrived.max(sent);
@@ -323,6 +346,9 @@ impl ExactWindow {
     /// The call in `slot` was never sent: its place is free at once.
     /// Returns whether the slot was in flight.
     pub fn cancel(&mut self, slot: SlotId) -> bool {
+        if let Some(s) = &mut self.shape {
+            s.answered(slot.0);
+        }
         self.in_flight.remove(&slot).is_some()
     }
 
@@ -371,6 +397,14 @@ impl ExactWindow {
         // Not the learning clock: it runs where the fleet's script runs it
         // too (takes, 429s, events), so that both end clean windows alike.
         self.forget(now);
+        // Paced evenly (a bucket, or probing for one), nothing left is the
+        // bucket's burst spent, which its even pace refills: waiting for a
+        // window's room would send one call a window.
+        let limit = self.limit();
+        if let Some(at) = self.shape.as_ref().and_then(|s| s.unbursted_at(limit, now)) {
+            self.hold_until(at);
+            return at;
+        }
         let until = self.room_at(1, now);
         self.hold_until(until);
         until

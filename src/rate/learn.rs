@@ -32,6 +32,15 @@ use std::time::{Duration, Instant};
 /// a little closer; a bucket with no burst refuses the second.
 pub const SKEW: f64 = 0.1;
 
+/// While the shape is unknown (the first window of a bare rate), calls go
+/// *ahead* of the even pace in rounds of at most this many, a round only
+/// once the last one's have all come back. A bucket refuses no more than
+/// one round before its first 429 ends the start, and the bar for
+/// a bucket whose burst was not told is three 429s. Calls on the even pace
+/// go freely, so a slow API with many calls in flight is not held back; a
+/// window still fills its first span within a few round trips.
+pub const START_AHEAD: usize = 3;
+
 /// At most this many sends are remembered for telling a burst (the last
 /// window's, as long as they are fewer).
 const MAX_SENDS: usize = 4096;
@@ -99,6 +108,24 @@ pub struct ShapeLearner {
     /// Whether an even pace was refused with nothing counted (a bucket
     /// with no burst): the rate is then searched for by halving.
     searching: bool,
+    /// The start, while the shape is unknown; `None` once a window passed,
+    /// a 429 or a pause came, or an earlier run's bucket was restored.
+    start: Option<Start>,
+}
+
+/// The first window of a shape not yet known: the even pace, with rounds
+/// of [`START_AHEAD`] calls ahead of it.
+#[derive(Debug, Clone)]
+struct Start {
+    /// When the start ends: a window after its first send.
+    ends: Option<Instant>,
+    /// The even pace's next slot.
+    tat: Option<Instant>,
+    /// The current round's calls still in flight, by the caller's ids.
+    ahead: Vec<u64>,
+    /// Whether a call of the current round came back: the round is closed
+    /// to new calls until the rest of it has too.
+    closing: bool,
 }
 
 impl ShapeLearner {
@@ -111,6 +138,12 @@ impl ShapeLearner {
             tat: None,
             held: 0,
             searching: false,
+            start: Some(Start {
+                ends: None,
+                tat: None,
+                ahead: Vec::new(),
+                closing: false,
+            }),
         }
     }
 
@@ -120,8 +153,16 @@ impl ShapeLearner {
         let mut l = ShapeLearner::new(window);
         if let Some(burst) = burst {
             l.phase = Phase::Bucket { burst };
+            l.start = None;
         }
         l
+    }
+
+    /// The same learner with no start: for a limit known to be a window
+    /// (a plan's), whose first span may go at once.
+    pub fn without_start(mut self) -> ShapeLearner {
+        self.start = None;
+        self
     }
 
     /// Where the learner stands.
@@ -159,8 +200,65 @@ impl ShapeLearner {
         (at > now).then_some(at)
     }
 
+    /// When a call may go after a response said nothing is left
+    /// (`remaining: 0`) while paced evenly: the even pace's next slot with
+    /// no burst, as a bucket whose burst is spent allows. `None` when paced
+    /// as a window, where it means the window is full.
+    pub fn unbursted_at(&self, limit: u64, now: Instant) -> Option<Instant> {
+        self.pace(limit)?;
+        Some(self.tat.map_or(now, |t| t.max(now)))
+    }
+
+    /// Whether a call may go at `now` during the start: `Ok(true)` as one
+    /// more of the round ahead of the even pace (then say
+    /// [`sent_ahead`](Self::sent_ahead)), `Ok(false)` on the pace (or
+    /// after the start), `Err(at)` when only the pace's next slot at `at`
+    /// (or the round's last answer) lets it go.
+    pub fn start_gate(&self, now: Instant) -> Result<bool, Instant> {
+        let Some(start) = &self.start else {
+            return Ok(false);
+        };
+        let on_pace = start.tat.unwrap_or(now);
+        if on_pace <= now {
+            Ok(false)
+        } else if !start.closing && start.ahead.len() < START_AHEAD {
+            Ok(true)
+        } else {
+            Err(on_pace)
+        }
+    }
+
+    /// The call `id` (the caller's) went ahead of the even pace.
+    pub fn sent_ahead(&mut self, id: u64) {
+        if let Some(start) = &mut self.start {
+            start.ahead.push(id);
+        }
+    }
+
+    /// The call `id` came back or was given back: a call of the round
+    /// closes it until the rest of it is back too.
+    pub fn answered(&mut self, id: u64) {
+        if let Some(start) = &mut self.start {
+            if let Some(i) = start.ahead.iter().position(|&a| a == id) {
+                start.ahead.swap_remove(i);
+                start.closing = !start.ahead.is_empty();
+            }
+        }
+    }
+
     /// A call was sent at `now`, paced to `limit`.
     pub fn sent(&mut self, limit: u64, now: Instant) {
+        if let Some(start) = &mut self.start {
+            // Past the clock's range (never, for a window): no start at all.
+            start
+                .ends
+                .get_or_insert(now.checked_add(self.window).unwrap_or(now));
+            let on_pace = start.tat.map_or(true, |t| t <= now);
+            if on_pace {
+                let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+                start.tat = Some(now.checked_add(interval).unwrap_or(now));
+            }
+        }
         while self
             .sends
             .front()
@@ -203,6 +301,7 @@ impl ShapeLearner {
     /// the ones that cannot): `accepted` calls had been accepted in the
     /// window, paced to `limit`. Says whether the limit is to be lowered.
     pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant) -> Verdict {
+        self.start = None;
         let burst = self.burst_before(limit);
         match self.phase {
             // One call accepted says nothing of the rate either: a bucket
@@ -286,6 +385,7 @@ impl ShapeLearner {
 
     /// A pause until `until`: the even pace is judged from its end.
     pub fn paused_until(&mut self, until: Instant) {
+        self.start = None;
         if let Phase::Probing { since, sent, .. } = &mut self.phase {
             if until > *since {
                 *since = until;
@@ -298,6 +398,13 @@ impl ShapeLearner {
     /// at least two calls and no 429, the limit is a bucket. Returns its
     /// burst then (once).
     pub fn advance(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .start
+            .as_ref()
+            .is_some_and(|s| s.ends.is_some_and(|e| now >= e))
+        {
+            self.start = None;
+        }
         let Phase::Probing {
             since,
             at_once,

@@ -337,8 +337,16 @@ impl PolicySet {
         if p.remaining == Some(0) {
             let w = &mut self.windows[i];
             // The reset says when exactly; without one (or one rounded down
-            // to nothing), until one of this client's occupancies ends.
-            match p.reset_in.filter(|r| !r.is_zero()) {
+            // to nothing), until one of this client's occupancies ends. Paced
+            // evenly (a bucket seen), a reset within the window and the
+            // second a reset in whole seconds may be late by (the IETF
+            // fields, X-RateLimit-Reset, an RFC 3339 instant) is the
+            // bucket's next unit rounded up (or a window's end, which the
+            // even pace keeps anyway): the even pace governs.
+            let reset = p.reset_in.filter(|r| !r.is_zero());
+            let rounding = w.window() + Duration::from_secs(1);
+            let reset = reset.filter(|&r| r > rounding || !w.paced_evenly());
+            match reset {
                 None => {
                     w.remaining_zero(now);
                 }

@@ -377,3 +377,56 @@ fn a_call_weighing_several_takes_as_many_places_in_every_window() {
     assert!(set.cancel(big));
     assert_eq!(set.primary().occupancy(later), 0);
 }
+
+/// A bucket stating its limit in whole seconds (`RateLimit: r=0;t=1`, as
+/// the IETF fields and `X-RateLimit-Reset` do) says after each call that
+/// nothing is left for a second. Paced evenly, that is the bucket's next
+/// unit rounded up: the hold is the even pace's, not the second's. As a
+/// window (nothing refused yet), and for a reset beyond the window, the
+/// reset holds as stated.
+#[test]
+fn a_whole_second_reset_at_the_even_pace_holds_for_the_pace() {
+    let t0 = Instant::now();
+    let primary = ExactWindow::new(30, ms(1000), t0).learning_shape(None);
+    let mut s = PolicySet::new(primary, Vec::new());
+    let used_up = |reset: u64| Announced {
+        reset_in: Some(ms(reset)),
+        ..calls_policy(30, Some(1000), Some(0))
+    };
+    let first = s.try_take(t0).unwrap();
+    s.complete(first, t0 + ms(10));
+    s.announce(&[used_up(1000)], t0 + ms(10));
+    assert_eq!(
+        s.try_take(t0 + ms(20)),
+        Err(t0 + ms(1010)),
+        "a window: held"
+    );
+
+    // A burst refused: the set paces evenly from the pause's end.
+    let t1 = t0 + ms(2000);
+    let burst: Vec<_> = std::iter::from_fn(|| s.try_take(t1).ok()).collect();
+    for slot in burst {
+        s.complete(slot, t1 + ms(10));
+    }
+    s.rate_limited(t1 + ms(10));
+    let t2 = t1 + ms(1010);
+    s.primary_mut().pause_until(t2);
+    let slot = s.try_take(t2).unwrap();
+    s.complete(slot, t2 + ms(10));
+    // An RFC 3339 reset in whole seconds: up to a second late.
+    s.announce(&[used_up(1900)], t2 + ms(10));
+    let even = ms(1000).mul_f64(1.1 / 30.0);
+    assert_eq!(
+        s.try_take(t2 + ms(10)),
+        Err(t2 + even),
+        "the even pace's slot"
+    );
+    let slot = s.try_take(t2 + even).unwrap();
+    s.complete(slot, t2 + even + ms(10));
+    s.announce(&[used_up(5000)], t2 + even + ms(10));
+    assert_eq!(
+        s.try_take(t2 + even + ms(20)),
+        Err(t2 + even + ms(5010)),
+        "a reset beyond the window and its rounding holds as stated"
+    );
+}
