@@ -13,6 +13,7 @@
 #   BIN=/work/target-rel/release/batchrun examples/nginx_bench.sh
 #   ITEMS=420 PACERS="window bucket spike" examples/nginx_bench.sh
 #   PACERS="told window" examples/nginx_bench.sh   # told the burst too
+#   CONC=10 examples/nginx_bench.sh                # -c 10 instead of -c 5
 #
 # Needs nginx (`apt-get install -y nginx`); runs it as the current user on
 # loopback ports chosen here, with everything under a temporary directory.
@@ -21,6 +22,7 @@ set -euo pipefail
 BIN=${BIN:-target/release/batchrun}
 ITEMS=${ITEMS:-210}
 PACERS=${PACERS:-"window bucket"}
+CONC=${CONC:-5}
 RATE=30
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 
@@ -125,7 +127,7 @@ for burst in 5 0; do
         if [ "$pacer" = told ]; then limit="30/1s,burst=$burst"; kind=window; fi
         BATCHRUN_API_KEY=bench "$BIN" "$TMP/items.jsonl" \
             --url "http://127.0.0.1:$port/v1/echo?n={n}" \
-            --limit "$limit" -c 5 --pacer "$kind" --quiet \
+            --limit "$limit" -c "$CONC" --pacer "$kind" --quiet \
             --state-dir "$TMP/state-$run" --out "$TMP/out-$run.jsonl" \
             --failures "$TMP/failures-$run.jsonl" >"$TMP/run-$run.out" 2>"$TMP/run-$run.err"
         code=$?

@@ -436,7 +436,7 @@ fn survey() {
             by_workers.push(most);
             most = most.max(before);
         }
-        eprintln!("scenario {scenario}: worst (took-1.5)/ideal {worst:.2}, most 429s by workers 1-5 {by_workers:?}");
+        eprintln!("scenario {scenario}: worst (took-1.5)/ideal {worst:.2}, most 429s by workers 1, 3, 5, 10 {by_workers:?}");
     }
 }
 
