@@ -79,9 +79,9 @@ pub(super) fn policy_set(
     learnt: Option<Learnt>,
     now: std::time::Instant,
 ) -> PolicySet {
-    let policies = p.specs;
     use crate::rate::kept::{envelope, is_sliding_calls, Kept};
     use crate::rate::policy::PolicySpec;
+    let policies = p.specs;
     let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
     // A bare rate says nothing of the server's shape: learn it. A policy
     // told with its shape keeps it, and its envelope only learns the rate.
