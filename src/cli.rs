@@ -211,8 +211,10 @@ pub struct RunArgs {
 
     /// Rate limit, overriding the plan: N/DURATION (60/1m, 600/6s), Nps, Npm or none,
     /// optionally shaped: RATE[,sliding|fixed|bucket][,burst=N][,tokens] (30/1s,burst=5,
-    /// 1000/1d,fixed, 90000/1m,tokens). Repeatable (--limit 10/1s --limit 1000/1h):
-    /// every call keeps each.
+    /// 1000/1d,fixed, 90000/1m,tokens). A bare rate's shape is learnt, its first
+    /// window sent with few calls ahead of an even pace; name it (30/1s,sliding) to
+    /// send that window at once. Repeatable (--limit 10/1s --limit 1000/1h): every
+    /// call keeps each.
     #[arg(long, short = 'l', action = clap::ArgAction::Append, help_heading = "Pace")]
     pub limit: Vec<crate::rate::policy::PolicySpec>,
 

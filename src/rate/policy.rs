@@ -52,8 +52,9 @@ pub enum Unit {
     Tokens,
 }
 
-/// One policy: a rate, its shape and what it counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One policy: a rate, its shape and what it counts. Two are equal when
+/// they are the same policy, whether or not the shape was named.
+#[derive(Debug, Clone, Copy)]
 pub struct PolicySpec {
     /// The rate (or `none`).
     pub limit: Limit,
@@ -61,6 +62,10 @@ pub struct PolicySpec {
     pub shape: Shape,
     /// What it counts.
     pub unit: Unit,
+    /// Whether the shape was named (`30/1s,sliding`, a plan's window), not
+    /// taken for a bare rate's default: only an unnamed one is learnt from
+    /// the start (see [`START_AHEAD`](super::learn::START_AHEAD)).
+    pub named: bool,
 }
 
 impl PolicySpec {
@@ -70,6 +75,15 @@ impl PolicySpec {
             limit,
             shape: Shape::Sliding,
             unit: Unit::Calls,
+            named: false,
+        }
+    }
+
+    /// The same policy, its shape named.
+    pub fn named(self) -> PolicySpec {
+        PolicySpec {
+            named: true,
+            ..self
         }
     }
 
@@ -78,6 +92,14 @@ impl PolicySpec {
         self.limit.rate()
     }
 }
+
+impl PartialEq for PolicySpec {
+    fn eq(&self, other: &PolicySpec) -> bool {
+        (self.limit, self.shape, self.unit) == (other.limit, other.shape, other.unit)
+    }
+}
+
+impl Eq for PolicySpec {}
 
 impl From<Limit> for PolicySpec {
     fn from(limit: Limit) -> PolicySpec {
@@ -173,6 +195,7 @@ impl FromStr for PolicySpec {
         }
         Ok(PolicySpec {
             limit,
+            named: shape.is_some(),
             shape: shape.unwrap_or_default(),
             unit: unit.unwrap_or_default(),
         })

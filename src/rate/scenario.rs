@@ -395,6 +395,7 @@ pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
         }),
         shape: Shape::Bucket { burst: Some(b) },
         unit: Unit::Calls,
+        named: true,
     }
 }
 
@@ -407,6 +408,7 @@ pub fn tokens((q, w): (u64, u64)) -> PolicySpec {
         }),
         shape: Shape::Sliding,
         unit: Unit::Tokens,
+        named: true,
     }
 }
 
@@ -419,6 +421,7 @@ pub fn fixed((n, w): (u64, u64)) -> PolicySpec {
         }),
         shape: Shape::Fixed,
         unit: Unit::Calls,
+        named: true,
     }
 }
 

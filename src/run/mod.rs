@@ -292,7 +292,7 @@ fn build_pacer(
                     .batch
                     .as_ref()
                     .is_some_and(|b| b.weight == crate::request::BatchWeight::Items),
-                start: settings.limit_told,
+                start: settings.shape_unknown,
             },
             settings.burst,
             meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {

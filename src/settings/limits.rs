@@ -59,7 +59,8 @@ pub fn pool_size(args: &RunArgs, most: usize) -> PoolSize {
 pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
     let mut all = args.limit.clone();
     if all.is_empty() {
-        all.push(PolicySpec::sliding(args.plan().limit()));
+        // The seed's API keeps its plans as sliding windows: a known shape.
+        all.push(PolicySpec::sliding(args.plan().limit()).named());
     }
     let per_second = |p: &PolicySpec| match (p.unit, p.rate()) {
         (Unit::Calls, Some(r)) => r.per_second(),

@@ -73,9 +73,9 @@ pub struct Settings {
     /// their shapes), the primary one (whose rate is `limit`) first: the
     /// window pacer keeps them all.
     pub policies: Vec<PolicySpec>,
-    /// Whether the limit was given with `--limit` (its shape then unknown
-    /// unless named) rather than by a plan (APIVerve's sliding window).
-    pub limit_told: bool,
+    /// Whether the primary policy is a bare rate (`--limit 30/1s`), its
+    /// shape not named (`30/1s,sliding`, a plan's window are named).
+    pub shape_unknown: bool,
     /// How calls are weighed in tokens, when a policy counts tokens or
     /// `--cost` is given.
     pub costing: Option<crate::cost::Costing>,
@@ -416,8 +416,8 @@ impl Settings {
             },
             costing: costing(args, &policies),
             wait_for_quota: args.wait_for_quota,
+            shape_unknown: !policies[0].named,
             policies,
-            limit_told: !args.limit.is_empty(),
             dry_run: args.dry_run,
             batch: batch_spec(args)?,
             verbose: args.verbose,

@@ -223,3 +223,20 @@ fn batch_weight_items_is_refused_where_it_cannot_be_kept() {
     }
     assert!(batch_spec(&args(&[])).is_ok());
 }
+
+/// Only a bare rate's shape is unknown: a plan's window and a shape named
+/// with `--limit` are not learnt from the start.
+#[test]
+fn a_bare_rate_alone_leaves_the_shape_unknown() {
+    let primary_named = |extra: &[&str]| all_limits(&limit_args(extra))[0].named;
+    assert!(!primary_named(&["--limit", "30/1s"]));
+    assert!(primary_named(&["--limit", "30/1s,sliding"]));
+    assert!(primary_named(&["--limit", "30/1s,burst=5"]));
+    assert!(primary_named(&["--plan", "starter"]));
+    assert!(primary_named(&[]), "the default plan");
+    // A bare rate and a named sliding window are the same policy otherwise.
+    let bare = all_limits(&limit_args(&["--limit", "30/1s"]))[0];
+    let named = all_limits(&limit_args(&["--limit", "30/1s,sliding"]))[0];
+    assert_eq!(bare, named);
+    assert_eq!(bare.to_string(), named.to_string());
+}

@@ -153,6 +153,7 @@ impl PolicySet {
             }),
             shape: Shape::Sliding,
             unit: Unit::Tokens,
+            named: true,
         };
         let mut k = Kept::new(spec).expect("a rate");
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
