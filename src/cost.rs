@@ -166,19 +166,30 @@ pub struct Costing {
     pub usage: String,
     /// The input's name, for messages naming FILE:LINE.
     pub file: String,
+    /// The most tokens one call may be estimated at, and the `--limit`
+    /// that says so: the least that any told policy of tokens admits at
+    /// once (a window's quota, a bucket's burst and one). A server keeping
+    /// that policy refuses a heavier call every time, so it is failed
+    /// unsent rather than sent again after each 429.
+    pub most: Option<(u64, String)>,
 }
 
 impl Costing {
     /// The estimated tokens of `item`, or the item's error naming its line.
     pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
-        match &self.expr {
-            None => Ok(0),
-            Some(e) => e.eval(&item.value).map_err(|why| {
-                format!(
-                    "--cost {:?} at {}:{}: {why}",
-                    e.source, self.file, item.line
-                )
-            }),
+        let Some(e) = &self.expr else { return Ok(0) };
+        let at = |why: String| {
+            format!(
+                "--cost {:?} at {}:{}: {why}",
+                e.source, self.file, item.line
+            )
+        };
+        let tokens = e.eval(&item.value).map_err(at)?;
+        match &self.most {
+            Some((most, limit)) if tokens > *most => Err(at(format!(
+                "the call is estimated at {tokens} tokens, more than --limit {limit} admits at once ({most}): a server keeping that limit never accepts it; lower the item's cost or raise the limit"
+            ))),
+            _ => Ok(tokens),
         }
     }
 

@@ -15,6 +15,7 @@
 //! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at`, the `epoch`, and the drip rules' state (`s_*` SpikeArrest, `b_*` token bucket) |
 //! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
 
+use crate::rate::policy::Unit;
 use crate::util::sha_hex;
 
 /// The longest `--fleet-key`.
@@ -110,15 +111,20 @@ impl FleetKeys {
     }
 
     /// The GCRA bucket of `rate` with `burst` (`--limit N/W,burst=B`,
-    /// after `--headroom`), kept as in-process: its emission interval, its
-    /// tolerance and its skew allowance, in ns, are in its name, so
-    /// processes on different buckets never share one.
-    pub fn bucket(&self, rate: crate::rate::Rate, burst: u64) -> String {
+    /// after `--headroom`), of calls or of tokens (`unit`), kept as
+    /// in-process: its emission interval, its tolerance and its skew
+    /// allowance, in ns, and a bucket of tokens's `:tokens` are in its
+    /// name, so processes on different buckets never share one.
+    pub fn bucket(&self, rate: crate::rate::Rate, burst: u64, unit: Unit) -> String {
         use crate::rate::gcra::{interval, Gcra};
         let t = interval(rate);
         let d = Gcra::new(rate, burst).allowance().as_nanos();
         let tau = t.as_nanos().saturating_mul(u128::from(burst));
-        format!("{}:gcra:{}:{tau}:{d}", self.prefix, t.as_nanos())
+        let of = match unit {
+            Unit::Calls => "",
+            Unit::Tokens => ":tokens",
+        };
+        format!("{}:gcra:{}:{tau}:{d}{of}", self.prefix, t.as_nanos())
     }
 
     /// The keys of the pacer script, in its KEYS order.

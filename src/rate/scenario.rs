@@ -111,6 +111,10 @@ pub struct Scenario {
     /// as (Q, W ms): kept as [`Kept`] policies (a weighted tally)
     /// in-process, as the script's `tokens` keys in Redis.
     pub tokens: Vec<(u64, u64)>,
+    /// Token buckets every call must keep as well
+    /// (`--limit Q/W,burst=B,tokens`), as (Q, W ms, B): kept as [`Kept`]
+    /// policies in-process, as the script's `gcra` keys of tokens in Redis.
+    pub token_buckets: Vec<(u64, u64, u64)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -129,6 +133,9 @@ impl fmt::Display for Scenario {
         }
         for (q, w) in &self.tokens {
             write!(f, ", {q} tokens per {w} ms")?;
+        }
+        for (q, w, b) in &self.token_buckets {
+            write!(f, ", a bucket of {q} tokens per {w} ms with burst {b}")?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -340,6 +347,7 @@ impl InProcess {
                     .map(|&b| bucket(b))
                     .chain(s.fixed.iter().map(|&f| fixed(f)))
                     .chain(s.tokens.iter().map(|&t| tokens(t)))
+                    .chain(s.token_buckets.iter().map(|&b| token_bucket(b)))
                     .filter_map(Kept::new)
                     .collect(),
             ),
@@ -396,6 +404,14 @@ pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
         shape: Shape::Bucket { burst: Some(b) },
         unit: Unit::Calls,
         named: true,
+    }
+}
+
+/// The policy of a scenario's token bucket (Q, W ms, B).
+pub fn token_bucket(b: (u64, u64, u64)) -> PolicySpec {
+    PolicySpec {
+        unit: Unit::Tokens,
+        ..bucket(b)
     }
 }
 

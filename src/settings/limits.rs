@@ -76,8 +76,8 @@ pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
 }
 
 /// Every policy, the primary first, refused where they cannot be kept:
-/// `none` stands alone, the window pacer is the one that keeps several and
-/// every shape, and the fleet keeps every one but a bucket of tokens.
+/// `none` stands alone, and the window pacer is the one that keeps several
+/// and every shape (the fleet's keeps every one too).
 pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
     let shaped: Vec<String> = all
@@ -85,7 +85,6 @@ pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError
         .filter(|p| p.shape != Shape::Sliding || p.unit != Unit::Calls)
         .map(ToString::to_string)
         .collect();
-    let fleet = args.redis.as_ref().is_some_and(|u| !u.trim().is_empty());
     if all.len() > 1 && all.iter().any(|p| p.limit == Limit::Unlimited) {
         return Err(super::usage(
             "--limit none cannot be combined with other --limit values".to_string(),
@@ -102,17 +101,23 @@ pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError
             "several --limit values are kept by the window pacer only: drop --pacer, or give one --limit".to_string(),
         ));
     }
-    // The fleet keeps windows of tokens, not buckets of them.
-    let unkept: Vec<String> = all
-        .iter()
-        .filter(|p| p.unit == Unit::Tokens && matches!(p.shape, Shape::Bucket { .. }))
-        .map(ToString::to_string)
-        .collect();
-    if fleet && !unkept.is_empty() {
-        return Err(super::usage(format!(
-            "the fleet (--redis) keeps windows of tokens, not buckets of them: --limit {} cannot be kept with --redis",
-            unkept.join(", ")
-        )));
-    }
     Ok(all)
+}
+
+/// The least that any policy of tokens among `policies` admits at once,
+/// with the policy: a window's quota, a bucket's burst and one. A bucket
+/// whose burst is not told sets none (what it admits is not known).
+pub(super) fn most_at_once(policies: &[PolicySpec]) -> Option<(u64, String)> {
+    policies
+        .iter()
+        .filter(|p| p.unit == Unit::Tokens)
+        .filter_map(|p| {
+            let rate = p.rate()?;
+            let most = match p.shape {
+                Shape::Sliding | Shape::Fixed => rate.count,
+                Shape::Bucket { burst } => burst?.saturating_add(1),
+            };
+            Some((most, p.to_string()))
+        })
+        .min_by_key(|&(most, _)| most)
 }

@@ -586,6 +586,7 @@ fn costing(args: &RunArgs, policies: &[PolicySpec]) -> Option<crate::cost::Costi
         expr: args.cost.clone(),
         usage: args.usage.clone(),
         file: input_name(&args.input),
+        most: limits::most_at_once(policies),
     })
 }
 

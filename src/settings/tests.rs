@@ -130,8 +130,12 @@ fn shapes_are_refused_where_they_cannot_be_kept() {
     assert!(checked_limits(&bucket).is_ok());
     let fixed = limit_args(&["--limit", "1000/1d,fixed", "--redis", "redis://h"]);
     assert!(checked_limits(&fixed).is_ok());
-    // And windows of tokens, sliding or fixed, but not buckets of them.
-    for t in ["9000/1m,tokens", "9000/1m,fixed,tokens"] {
+    // And windows and buckets of tokens.
+    for t in [
+        "9000/1m,tokens",
+        "9000/1m,fixed,tokens",
+        "9000/1m,burst=900,tokens",
+    ] {
         let a = limit_args(&["--limit", "30/1s", "--limit", t, "--redis", "redis://h"]);
         assert!(checked_limits(&a).is_ok(), "{t}");
     }
@@ -143,10 +147,6 @@ fn shapes_are_refused_where_they_cannot_be_kept() {
         (
             &["--limit", "1000/1d,fixed", "--pacer", "spike"][..],
             "window pacer",
-        ),
-        (
-            &["--limit", "30/1s,burst=5,tokens", "--redis", "redis://h"][..],
-            "--redis",
         ),
     ] {
         let e = checked_limits(&limit_args(extra)).unwrap_err().to_string();
@@ -239,4 +239,25 @@ fn a_bare_rate_alone_leaves_the_shape_unknown() {
     let named = all_limits(&limit_args(&["--limit", "30/1s,sliding"]))[0];
     assert_eq!(bare, named);
     assert_eq!(bare.to_string(), named.to_string());
+}
+
+#[test]
+fn the_most_a_call_may_weigh_is_the_least_a_told_policy_of_tokens_admits_at_once() {
+    let most = |all: &[&str]| {
+        let specs: Vec<PolicySpec> = all.iter().map(|s| s.parse().unwrap()).collect();
+        limits::most_at_once(&specs)
+    };
+    assert_eq!(most(&["30/1s"]), None);
+    assert_eq!(
+        most(&["30/1s", "900/1m,tokens"]),
+        Some((900, "900/1m,tokens".into()))
+    );
+    // A bucket admits its burst and one; one whose burst is not told, no
+    // known amount.
+    let b = most(&[
+        "900/1m,tokens",
+        "300/1s,burst=60,tokens",
+        "100/1s,bucket,tokens",
+    ]);
+    assert_eq!(b, Some((61, "300ps,burst=60,tokens".into())));
 }

@@ -211,15 +211,6 @@ async fn shapes_where_they_cannot_be_kept_and_bad_costs_are_usage_errors() {
             &["--limit", "30/1s,burst=5", "--pacer", "bucket"][..],
             "window pacer",
         ),
-        (
-            &[
-                "--limit",
-                "30/1s,burst=5,tokens",
-                "--redis",
-                "redis://127.0.0.1:1/0",
-            ][..],
-            "--redis",
-        ),
         (&["--limit", "30/1s,sideways"][..], "sideways"),
         (
             &["--limit", "30/1s,tokens", "--cost", "max_tokens +"][..],
@@ -251,6 +242,30 @@ async fn an_item_its_cost_cannot_be_read_from_fails_naming_its_line() {
     let failures = std::fs::read_to_string(s.failures_path()).unwrap();
     assert!(failures.contains("in.jsonl:2"), "{failures}");
     assert!(failures.contains("max_tokens"), "{failures}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_heavier_than_a_bucket_of_tokens_admits_fails_unsent_and_the_rest_run() {
+    // The sim's bucket admits 21 tokens at once: a call estimated at 50 is
+    // refused every time it is sent, so it is failed before it is.
+    let limits = ["--limit", "100/1s", "--limit", "100/1s,burst=20,tokens"];
+    let s = Scenario::new("policies-too-heavy")
+        .with_sim(&limits)
+        .input(
+            "in.jsonl",
+            "{\"n\": 1, \"max_tokens\": 5}\n{\"n\": 2, \"max_tokens\": 50}\n{\"n\": 3, \"max_tokens\": 5}\n",
+        );
+    let mut args = limits.to_vec();
+    args.extend(["--cost", "max_tokens", "--json-body"]);
+    let r = s.run(&args);
+    assert_eq!(r.summary["done"], 2, "{} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["failed"], 1, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let failures = std::fs::read_to_string(s.failures_path()).unwrap();
+    assert!(failures.contains("in.jsonl:2"), "{failures}");
+    assert!(failures.contains("admits at once (21)"), "{failures}");
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["requests"], 2, "nothing sent for line 2: {stats}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

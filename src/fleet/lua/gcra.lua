@@ -1,19 +1,30 @@
--- The GCRA buckets (`--limit N/W,burst=B`), each kept beside the window
--- rule as rate/gcra.rs keeps it in-process: a call must fit in every
--- window and in every bucket. KEYS[6...] named `...:gcra:T:TAU:D` (ns,
--- from the client's Gcra: T = W/N rounded up, TAU = B·T, D the skew
--- allowance), each a HASH: tat_ms + tat_ns = the theoretical arrival time
--- (unix ms and the ns within it: a double holds unix ms exactly, not unix
--- ns), c:ID = 1 per call in flight (so that a call never sent gives its
--- unit back once). Only calls are counted: a bucket of tokens is not kept
--- here. A bucket forgotten with the fleet (FLUSHALL, DEL of the limit) is
--- a loss the epoch tells; one evicted alone starts again full.
+-- The GCRA buckets (`--limit N/W,burst=B`, of calls or `,tokens`), each
+-- kept beside the window rule as rate/gcra.rs keeps it in-process: a call
+-- must fit in every window and in every bucket. KEYS[6...] named
+-- `...:gcra:T:TAU:D` (ns, from the client's Gcra: T = W/N rounded up, TAU
+-- = B·T, D the skew allowance), or `...:gcra:T:TAU:D:tokens` for a bucket
+-- of tokens, where T is one token's share and a call weighs its estimate
+-- until its response says what it used. Each is a HASH: tat_ms + tat_ns =
+-- the theoretical arrival time (unix ms and the ns within it: a double
+-- holds unix ms exactly, not unix ns), c:ID = the units of each call in
+-- flight (so that a call never sent gives them back once). A bucket
+-- forgotten with the fleet (FLUSHALL, DEL of the limit) is a loss the
+-- epoch tells; one evicted alone starts again full.
 local buckets = {}
 for k = 6, #KEYS do
-  local t, tau, d = string.match(KEYS[k], ':gcra:(%d+):(%d+):(%d+)$')
-  if t then
-    buckets[#buckets + 1] = {key = KEYS[k], T = tonumber(t), tau = tonumber(tau), D = tonumber(d)}
+  local t, tau, d, unit = string.match(KEYS[k], ':gcra:(%d+):(%d+):(%d+)(:?%a*)$')
+  if t and (unit == '' or unit == ':tokens') then
+    buckets[#buckets + 1] = {
+      key = KEYS[k], T = tonumber(t), tau = tonumber(tau), D = tonumber(d),
+      tokens = unit == ':tokens',
+    }
   end
+end
+
+-- The units a call estimated at `weight` tokens takes of bucket b.
+local function units(b, weight)
+  if b.tokens then return weight end
+  return 1
 end
 
 -- The TAT in ns after now (negative: before), or nil for an idle bucket.
@@ -28,52 +39,63 @@ local function set_tat(b, rel)
   redis.call('HSET', b.key, 'tat_ms', now + ms, 'tat_ns', rel - ms * 1e6)
 end
 
--- ns until bucket b admits one call (0: now): it passes when
--- max(TAT + D, now) <= now + TAU.
-local function bucket_due(b)
+-- ns until bucket b admits a call of w units (0: now): it passes when
+-- max(TAT + D, now) + (w-1)·T <= now + TAU; one heavier than the whole
+-- bucket goes alone, once the bucket is empty.
+local function bucket_due(b, w)
   local rel = tat_rel(b)
   if not rel then return 0 end
   local start = math.max(rel + b.D, 0)
-  if start > b.tau then return start - b.tau end
-  return 0
+  local extra = math.max(w - 1, 0) * b.T
+  if start + extra <= b.tau then return 0 end
+  if extra > b.tau then return start end
+  return start + extra - b.tau
 end
 
 -- A take refused elsewhere: a bucket that would have admitted the call
--- is left as in-process, where it granted and gave the unit back, which
+-- is left as in-process, where it granted and gave the units back, which
 -- moves a TAT in the past up to now.
-local function buckets_refused()
+local function buckets_refused(weight)
   for _, b in ipairs(buckets) do
-    if bucket_due(b) == 0 then set_tat(b, math.max(tat_rel(b) or 0, 0)) end
+    if bucket_due(b, units(b, weight)) == 0 then set_tat(b, math.max(tat_rel(b) or 0, 0)) end
   end
 end
 
--- The wait (ms, 0: none) the buckets ask of a take.
-local function buckets_wait()
+-- The wait (ms, 0: none) the buckets ask of a take estimated at `weight`.
+local function buckets_wait(weight)
   local wait = 0
   for _, b in ipairs(buckets) do
-    local due = bucket_due(b)
+    local due = bucket_due(b, units(b, weight))
     if due > 0 then wait = math.max(wait, math.ceil(due / 1e6)) end
   end
   return wait
 end
 
--- Call id is granted: TAT = max(TAT, now) + T in each bucket.
-local function buckets_grant(id)
+-- Call id is granted: TAT = max(TAT, now) + w·T in each bucket.
+local function buckets_grant(id, weight)
   for _, b in ipairs(buckets) do
-    set_tat(b, math.max(tat_rel(b) or 0, 0) + b.T)
-    redis.call('HSET', b.key, 'c:' .. id, 1)
+    local w = units(b, weight)
+    set_tat(b, math.max(tat_rel(b) or 0, 0) + w * b.T)
+    redis.call('HSET', b.key, 'c:' .. id, w)
     keep(b.key, hold + 1000)
   end
 end
 
--- Call id came back (sent: true) or was never sent: it leaves the
--- buckets; one never sent gives its unit back.
-local function buckets_settle(id, sent)
+-- Call id came back (sent: true, having used `used` tokens when its
+-- response said) or was never sent: it leaves the buckets. One never sent
+-- gives its units back; a bucket of tokens moves by what it used beyond
+-- (or short of) its estimate.
+local function buckets_settle(id, sent, used)
   for _, b in ipairs(buckets) do
-    if redis.call('HDEL', b.key, 'c:' .. id) == 1 and not sent then
+    local w = tonumber(redis.call('HGET', b.key, 'c:' .. id) or '-1')
+    if w >= 0 then
+      redis.call('HDEL', b.key, 'c:' .. id)
       local rel = tat_rel(b)
-      if rel then set_tat(b, rel - b.T) end
+      if rel and not sent then
+        set_tat(b, rel - w * b.T)
+      elseif rel and b.tokens and used then
+        set_tat(b, rel + (used - w) * b.T)
+      end
     end
   end
 end
-

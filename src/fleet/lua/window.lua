@@ -31,7 +31,7 @@ local function settle(i)
         redis.call('HSET', KEYS[4], 'stale_done', back)
       end
     end
-    buckets_settle(id, ago >= 0)
+    buckets_settle(id, ago >= 0, used)
     if ago >= 0 then tallies_settle(id, back, used) else tallies_settle(id, nil, nil) end
     if ago < 0 then
       redis.call('ZREM', KEYS[1], id)
@@ -163,7 +163,7 @@ if op == 'take' then
     end
   end
   -- And every bucket.
-  local bw = buckets_wait()
+  local bw = buckets_wait(weight)
   if bw > 0 then
     wait = math.max(wait, bw)
     if why == 0 then why = 2 end
@@ -175,18 +175,18 @@ if op == 'take' then
     if why == 0 then why = 2 end
   end
   if why > 0 then
-    buckets_refused()
+    buckets_refused(weight)
     return answer({0, wait, why}, epoch)
   end
   if ceiling > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     if redis.call('ZCARD', KEYS[2]) >= ceiling then
       local e = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-      buckets_refused()
+      buckets_refused(weight)
       return answer({0, math.max(1, tonumber(e[2]) - now), 3}, epoch)
     end
   end
-  buckets_grant(id)
+  buckets_grant(id, weight)
   tallies_grant(id, weight)
   redis.call('ZADD', KEYS[1], now + hold, id)
   for _, f in ipairs(further) do

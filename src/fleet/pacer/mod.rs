@@ -33,7 +33,7 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
-use crate::rate::policy::PolicySpec;
+use crate::rate::policy::{PolicySpec, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use tasks::{heartbeat, settler};
@@ -154,15 +154,16 @@ impl FleetPacer {
 
     /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
     /// and for each of `further` as well (`--limit` given more than once),
-    /// and a GCRA bucket for each of `buckets` (rate, burst): a call must
-    /// fit in every window and every bucket, and only the first window
-    /// learns; and a token window for each of `tokens`, which a call's
-    /// estimate must fit in and its usage corrects.
+    /// and a GCRA bucket for each of `buckets` (rate, burst, of calls or
+    /// of tokens): a call must fit in every window and every bucket, and
+    /// only the first window learns; and a token window for each of
+    /// `tokens`. A call's estimate must fit in each of tokens, and its
+    /// usage corrects them.
     pub fn with_limits(
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
-        buckets: &[(Rate, u64)],
+        buckets: &[(Rate, u64, Unit)],
         tokens: &[Rate],
     ) -> FleetPacer {
         FleetPacer::build(fleet, cfg, further, buckets, tokens, |_| {
@@ -175,7 +176,7 @@ impl FleetPacer {
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
-        buckets: &[(Rate, u64)],
+        buckets: &[(Rate, u64, Unit)],
         tokens: &[Rate],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
@@ -204,16 +205,16 @@ impl FleetPacer {
                     let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
                     fleet.keys().further(scaled(r.count, headroom), ms)
                 }))
-                .chain(buckets.iter().map(|&(r, burst)| {
+                .chain(buckets.iter().map(|&(r, burst, unit)| {
                     let count = scaled(r.count, headroom);
-                    fleet.keys().bucket(Rate { count, ..r }, burst)
+                    fleet.keys().bucket(Rate { count, ..r }, burst, unit)
                 }))
                 .chain(tokens.iter().map(|r| {
                     let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
                     fleet.keys().tokens(scaled(r.count, headroom), ms)
                 }))
                 .collect(),
-            weighed: !tokens.is_empty(),
+            weighed: !tokens.is_empty() || buckets.iter().any(|b| b.2 == Unit::Tokens),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,
@@ -555,8 +556,7 @@ impl Inner {
 /// state (a window, a SpikeArrest mirror or a bucket), the concurrency
 /// ceiling, the pause and the learnt limit are shared with every process on
 /// the key. `policies`: every `--limit` past the primary one (a sliding
-/// or fixed window of calls, a GCRA bucket of calls, or a sliding or
-/// fixed window of tokens). Returns the pause of a 429
+/// or fixed window, or a GCRA bucket, of calls or of tokens). Returns the pause of a 429
 /// without a usable Retry-After, as [`crate::pace::for_limit`] does; an
 /// error when `--burst` cannot be kept under the limit.
 pub fn for_fleet(

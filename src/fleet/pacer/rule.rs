@@ -177,13 +177,13 @@ pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<Rate> {
         .collect()
 }
 
-/// The GCRA buckets of calls among `policies`, as (rate, burst).
-pub(super) fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64)> {
+/// The GCRA buckets among `policies`, of calls or of tokens, as (rate,
+/// burst, what they count).
+pub(super) fn buckets_of(policies: &[PolicySpec]) -> Vec<(Rate, u64, Unit)> {
     policies
         .iter()
-        .filter(|p| p.unit == Unit::Calls)
         .filter_map(|p| match (p.shape, p.rate()) {
-            (Shape::Bucket { burst }, Some(r)) => Some((r, burst.unwrap_or(0))),
+            (Shape::Bucket { burst }, Some(r)) => Some((r, burst.unwrap_or(0), p.unit)),
             _ => None,
         })
         .collect()
@@ -218,7 +218,10 @@ mod tests {
         let given = Limit::Rate(per_second(30).unwrap());
         let (primary, rest) = fleet_policies(given, &specs(&["30/1s,burst=5"]));
         assert_eq!(primary, Limit::Rate(per_second(36).unwrap()));
-        assert_eq!(buckets_of(&rest), [(per_second(30).unwrap(), 5)]);
+        assert_eq!(
+            buckets_of(&rest),
+            [(per_second(30).unwrap(), 5, Unit::Calls)]
+        );
         assert!(windows_of(&rest).is_empty());
         let (primary, rest) = fleet_policies(given, &specs(&["20/1s,fixed", "100/1m"]));
         assert_eq!(primary, Limit::Rate(per_second(40).unwrap()));
@@ -226,10 +229,17 @@ mod tests {
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w.contains(&per_second(20).unwrap()));
         // A sliding window first is the primary as given, and tokens are
-        // never a window or a bucket of calls.
+        // never a window of calls; a bucket of tokens is a bucket of them.
         let (primary, rest) = fleet_policies(given, &specs(&["30/1s", "900/1m,tokens"]));
         assert_eq!(primary, given);
         assert!(windows_of(&rest).is_empty() && buckets_of(&rest).is_empty());
+        let (_, rest) = fleet_policies(given, &specs(&["30/1s", "900/1m,burst=100,tokens"]));
+        assert!(windows_of(&rest).is_empty() && tokens_of(&rest).is_empty());
+        let minute = Rate {
+            count: 900,
+            period: Duration::from_secs(60),
+        };
+        assert_eq!(buckets_of(&rest), [(minute, 100, Unit::Tokens)]);
     }
 
     #[test]

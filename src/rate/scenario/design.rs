@@ -16,6 +16,7 @@ impl Build {
             buckets: Vec::new(),
             fixed: Vec::new(),
             tokens: Vec::new(),
+            token_buckets: Vec::new(),
             steps: Vec::new(),
         })
     }
@@ -247,6 +248,34 @@ pub fn tokens_100_per_1s() -> Scenario {
         .0
 }
 
+/// A bucket of 100 tokens per 1 s with a burst of 50 beside 10 calls per
+/// 1 s (`--limit 100/1s,burst=50,tokens`): T = 10 ms a token and a
+/// tolerance of 500 ms, less D = 50 ms for the first call's TAT. A call
+/// takes its estimate's worth; a response's usage moves the TAT back by
+/// what it did not use, a call never sent gives all of it back, and one
+/// heavier than the whole bucket goes alone once the bucket is empty.
+pub fn token_bucket_100_per_1s_burst_50() -> Scenario {
+    let mut b = Build::new(10, 1000);
+    b.0.token_buckets = vec![(100, 1000, 50)];
+    let take = |tokens| Op::TakeTokens { tokens };
+    b.at(0, take(30))
+        .at(0, take(30))
+        .at(
+            10,
+            Op::SettleUsed {
+                pick: 0,
+                ago: 0,
+                used: 10,
+            },
+        )
+        .at(10, take(30))
+        .at(20, take(200))
+        .at(20, Op::Cancel { pick: 0 })
+        .at(460, take(200))
+        .at(470, take(1))
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -274,6 +303,10 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ),
         ("fixed_5_per_1s", fixed_5_per_1s()),
         ("tokens_100_per_1s", tokens_100_per_1s()),
+        (
+            "token_bucket_100_per_1s_burst_50",
+            token_bucket_100_per_1s_burst_50(),
+        ),
     ]
 }
 

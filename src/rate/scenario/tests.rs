@@ -239,3 +239,18 @@ fn a_token_window_weighs_estimates_and_corrects_them_by_usage() {
     // more waits until the 30 end; 150 waits on the call in flight.
     assert_eq!(a, [g(1), wait(1000), g(2), wait(990), wait(1000), g(2)]);
 }
+
+#[test]
+fn a_bucket_of_tokens_takes_each_estimate_and_gives_back_what_was_not_used() {
+    let a: Vec<Answer> = answers(&token_bucket_100_per_1s_burst_50())
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    let g = |occ| granted(10, occ, 0, false);
+    // 30 tokens: TAT 300 ms. 30 more would end at 350 + 290 ms, 140 ms
+    // past the tolerance. Corrected to 10 used, the TAT is 100 ms and 30
+    // fit; 200 (more than the bucket holds) waits until it is empty, at
+    // 450 ms, or 150 ms once the 30 in flight are given back; alone then,
+    // it runs the TAT 2 s ahead, and one token waits 1.54 s.
+    assert_eq!(a, [g(1), wait(140), g(2), wait(430), g(2), wait(1540)]);
+}

@@ -326,7 +326,11 @@ async fn a_bucket_through_redis_is_kept_for_two_processes() {
         period: Duration::from_secs(1),
     };
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(batchrun::fleet::FleetKeys::named(&name).bucket(rate, 5))
+        .arg(batchrun::fleet::FleetKeys::named(&name).bucket(
+            rate,
+            5,
+            batchrun::rate::policy::Unit::Calls,
+        ))
         .query(&mut c)
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");

@@ -200,6 +200,7 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
                     buckets: Vec::new(),
                     fixed: Vec::new(),
                     tokens: Vec::new(),
+                    token_buckets: Vec::new(),
                     steps,
                 },
             )
@@ -241,6 +242,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
         buckets: Vec::new(),
         fixed: Vec::new(),
         tokens: Vec::new(),
+        token_buckets: Vec::new(),
         steps: Vec::new(),
     };
     let mut lua = Lua::new(&redis, &s);

@@ -43,8 +43,11 @@ impl Lua {
                 keys.extend(s.tokens.iter().map(|&(q, w)| k.tokens(q, w)));
                 keys.extend(s.buckets.iter().filter_map(|&b| {
                     let spec = scenario::bucket(b);
-                    let (rate, burst) = (spec.rate()?, b.2);
-                    Some(k.bucket(rate, burst))
+                    Some(k.bucket(spec.rate()?, b.2, spec.unit))
+                }));
+                keys.extend(s.token_buckets.iter().filter_map(|&b| {
+                    let spec = scenario::token_bucket(b);
+                    Some(k.bucket(spec.rate()?, b.2, spec.unit))
                 }));
                 keys
             },
@@ -195,18 +198,28 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
         4 => Just(Vec::new()),
         2 => proptest::collection::vec((1u64..=200, 20u64..=3000), 1..=2),
     ];
+    // Token buckets (Q, W ms, burst) in a sixth of them: weighed as the
+    // token windows, a call heavier than the bucket now and then.
+    let token_buckets = prop_oneof![
+        5 => Just(Vec::new()),
+        1 => proptest::collection::vec((1u64..=300, 20u64..=3000, 0u64..=200), 1..=2),
+    ];
     (
         1u64..=8,
         20u64..=1500,
         any::<bool>(),
         further,
-        (buckets, fixed, tokens),
+        (buckets, fixed, tokens, token_buckets),
     )
         .prop_flat_map(
-            |(limit, window, reports, further, (buckets, fixed, tokens))| {
+            |(limit, window, reports, further, (buckets, fixed, tokens, token_buckets))| {
                 let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
                 let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
-                let weighed = if tokens.is_empty() { 1 } else { 20 };
+                let weighed = if tokens.is_empty() && token_buckets.is_empty() {
+                    1
+                } else {
+                    20
+                };
                 let weighed_op = prop_oneof![
                     (0u64..=250).prop_map(|tokens| Op::TakeTokens { tokens }),
                     (0usize..8, 0..=window, 0u64..=250)
@@ -233,6 +246,7 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                         buckets: buckets.clone(),
                         fixed: fixed.clone(),
                         tokens: tokens.clone(),
+                        token_buckets: token_buckets.clone(),
                         steps,
                     }
                 })
