@@ -79,6 +79,8 @@ struct Entry {
     req: Request,
     key: String,
     tries: Tries,
+    /// Its `--cost` estimate: a batch weighs its items' sum.
+    tokens: u64,
 }
 
 /// What became of a batch call's items.
@@ -144,8 +146,12 @@ impl Pool {
     async fn run_batch(self: &Arc<Self>, taken: Vec<Queued>, batching: &Batching) -> bool {
         let mut entries = Vec::with_capacity(taken.len());
         for q in taken {
-            match self.spec.render(&q.item) {
-                Ok(req) => entries.push(Entry {
+            let made = self.spec.render(&q.item).and_then(|req| {
+                let tokens = self.weigh(&q.item)?.tokens;
+                Ok((req, tokens))
+            });
+            match made {
+                Ok((req, tokens)) => entries.push(Entry {
                     key: self.cfg.keys.key(q.item.line, q.generation, &req),
                     item: q.item,
                     req,
@@ -153,6 +159,7 @@ impl Pool {
                         n: 0,
                         maybe_ran: q.maybe_ran,
                     },
+                    tokens,
                 }),
                 Err(reason) => self.emit(Event::Failed {
                     line: q.item.line,
@@ -164,8 +171,14 @@ impl Pool {
                 }),
             }
         }
+        let most = self
+            .cfg
+            .cost
+            .as_ref()
+            .and_then(|c| c.most.as_ref())
+            .map(|m| m.0);
         while !entries.is_empty() {
-            let rest = entries.split_off(batching.size().min(entries.len()));
+            let rest = entries.split_off(fitting(&entries, batching.size(), most));
             let chunk = std::mem::replace(&mut entries, rest);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
@@ -198,6 +211,10 @@ impl Pool {
                 calls: chunk.len() as u64,
                 tokens: 0,
             },
+        };
+        let weight = Weight {
+            tokens: chunk.iter().map(|e| e.tokens).fold(0, u64::saturating_add),
+            ..weight
         };
         loop {
             let probing = match self.gate.pass().await {
@@ -552,4 +569,21 @@ pub(super) fn show_first_batch(
     };
     let _ = writeln!(out, "{text}");
     Ok(())
+}
+/// How many of `entries` the next batch takes: at most `size`, and no
+/// more than fit together in `most` tokens (the least a told policy of
+/// tokens admits at once), one at the least: a batch heavier than that
+/// would be refused every time it is sent.
+fn fitting(entries: &[Entry], size: usize, most: Option<u64>) -> usize {
+    let size = size.min(entries.len());
+    let Some(most) = most else { return size };
+    let mut sum = 0u64;
+    let n = entries[..size]
+        .iter()
+        .take_while(|e| {
+            sum = sum.saturating_add(e.tokens);
+            sum <= most
+        })
+        .count();
+    n.max(1).min(size)
 }

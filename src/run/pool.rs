@@ -221,7 +221,7 @@ impl Pool {
     }
 
     /// What the item's call weighs: one call, and its `--cost` in tokens.
-    fn weigh(&self, item: &Item) -> Result<Weight, String> {
+    pub(super) fn weigh(&self, item: &Item) -> Result<Weight, String> {
         let tokens = match &self.cfg.cost {
             Some(c) => c.estimate(item)?,
             None => 0,

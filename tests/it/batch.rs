@@ -418,3 +418,38 @@ async fn retry_failed_sends_the_failed_items_again_one_batch_per_block() {
     assert_own_elements(&s);
     assert_side_effects(&sim.stats().await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_weigh_their_items_tokens_and_never_exceed_a_token_budget() {
+    // A batch of 8 of these needs about 400 tokens, more than the budget
+    // holds: batches are cut to fit, each weighed by its items' estimates.
+    let items: String = (1..=40)
+        .map(|i| {
+            let prompt = "word ".repeat((i % 7) * 4 + 1);
+            let max_tokens = 10 + (i % 5) * 8;
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect();
+    let limits = ["--limit", "100/1s", "--limit", "300/1s,tokens"];
+    let mut sim = limits.to_vec();
+    sim.extend(["--cooldown", "1s"]);
+    let s = Scenario::new("batch-tokens")
+        .with_sim(&sim)
+        .input("items.jsonl", &items);
+    let url = batch_url(&s);
+    let mut args = limits.to_vec();
+    args.extend(["--url", &url, "--json-body", "--batch", "8"]);
+    args.extend(["--cost", "max_tokens + chars(prompt)/4"]);
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 40, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    let most = stats["policies"][1]["max_in_window"].as_u64().unwrap();
+    assert!(most <= 300, "{most} tokens in one window: {stats}");
+    // Charged per item, in more calls than 40 / 8: cut to fit the budget.
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 600, "{stats}");
+    assert!(r.summary["requests"].as_u64().unwrap() > 5, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 40);
+}

@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::super::model::usage::Usage;
 use super::super::model::{refusals, Admission, Settled, Ticket};
 use super::conn::ConnCtl;
 use super::respond::{metered_headers, rejected, Echo};
@@ -106,10 +107,14 @@ pub(super) async fn batch_post(
         .and_then(|v| v.to_str().ok())
         .map(|k| k.trim().to_string())
         .filter(|k| !k.is_empty());
+    // With token policies a batch needs and is charged its items' sum, as
+    // an embeddings call with many inputs is.
+    let usage = app.tokens.then(|| total_usage(&batch, app.seed));
     let (admission, view, cost) = {
         let mut m = app.lock();
         let now = Instant::now();
-        let a = m.admit(key, &name, None, now);
+        let tokens = usage.map(|u| u.tokens()).unwrap_or_default();
+        let a = m.admit_tokens(key, &name, None, tokens, now);
         (a, m.policies(key, now), m.cost_of(&name))
     };
     let (ticket, rate, faults) = match admission {
@@ -158,10 +163,26 @@ pub(super) async fn batch_post(
         app.lock().note_reset();
         conn.kill();
     }
-    let mut r = echo.json(StatusCode::OK, json!({"status": "ok", "results": results}));
+    let mut answer = json!({"status": "ok", "results": results});
+    if let Some(u) = usage {
+        answer["usage"] = u.to_json();
+    }
+    let mut r = echo.json(StatusCode::OK, answer);
     metered_headers(r.headers_mut(), rate, credits);
     dialect::write(r.headers_mut(), app.dialect, &view);
     r
+}
+
+/// The tokens of a batch: the sum of its items' own.
+fn total_usage(batch: &[Value], seed: u64) -> Usage {
+    batch.iter().fold(Usage::default(), |sum, data| {
+        let u = Usage::of(data, seed);
+        Usage {
+            prompt: sum.prompt.saturating_add(u.prompt),
+            max_tokens: sum.max_tokens.saturating_add(u.max_tokens),
+            completion: sum.completion.saturating_add(u.completion),
+        }
+    })
 }
 
 /// Each item's element: refused by `--refuse`, or settled by the model.
