@@ -121,12 +121,28 @@ local function full_wait(key, n, lim, w)
   return math.max(1, math.min(tonumber(e[2]) - now, w + round))
 end
 
+-- How long (ms) the fleet is held once Redis forgot it, past the one
+-- window every process has to put its calls back: the token windows and
+-- buckets are not put back (no process keeps every call's weight), so
+-- the fleet waits until what the server still counts of them has left
+-- it, at most five minutes (a daily quota of tokens is the server's to
+-- refuse; one would not hold the fleet for a day).
+local function forgotten_span()
+  local span = W
+  for _, t in ipairs(tallies) do span = math.max(span, t.W + round) end
+  for _, b in ipairs(buckets) do span = math.max(span, math.ceil((b.tau + b.T + b.D) / 1e6)) end
+  return math.min(span, 300000)
+end
+
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
   local weight = tonumber(ARGV[11])
   local lost, epoch = forgotten(after_blocks(12), KEYS[1])
-  if lost then return {0, 1, 4, epoch} end
+  if lost then
+    hold_until(now + forgotten_span())
+    return {0, 1, 4, epoch}
+  end
   local i = settle(12)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

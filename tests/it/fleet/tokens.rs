@@ -67,3 +67,53 @@ async fn two_processes_on_one_key_never_overflow_a_bucket_of_tokens() {
     // 429 (checked in two_processes_on) is the bucket kept by the fleet.
     two_processes_on("300/1s,burst=100,tokens", "token-bucket").await;
 }
+
+/// Redis forgetting the fleet mid-run forgets what its token window of 3 s
+/// held as well: the fleet holds for that window, not only the primary
+/// window of calls (1 s), so the budget the server still counts is never
+/// overrun and nothing is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
+    let redis = Redis::start();
+    let n = 80;
+    let items: String = (1..=n)
+        .map(|i| format!("{{\"n\": {i}, \"max_tokens\": 20, \"prompt\": \"hi\"}}\n"))
+        .collect();
+    let limits = ["--limit", "100/1s", "--limit", "400/3s,tokens"];
+    let mut sim = limits.to_vec();
+    sim.extend([
+        "--concurrency",
+        "20",
+        "--latency",
+        "5ms..20ms",
+        "--cooldown",
+        "1s",
+    ]);
+    let s = Scenario::new("fleet-tokens-forgets")
+        .with_sim(&sim)
+        .input("items.jsonl", &items);
+    let key = fleet_name("tokens-forgets");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut a = limits.to_vec();
+            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
+            a.extend(["--concurrency", "8", "--redis", &redis.url]);
+            a.extend(["--fleet-key", &key, "--shard", &shard]);
+            s.cmd(&a)
+        })
+        .collect();
+    let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+    crate::common::wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(30)).await;
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    let (runs, _) = runner.await.unwrap();
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_shards_did_each_item_once(&s, 2, n);
+}
