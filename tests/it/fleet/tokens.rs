@@ -117,3 +117,50 @@ async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     assert_shards_did_each_item_once(&s, 2, n);
 }
+
+/// A fleet told more than the server allows follows the limit the server
+/// states, in any dialect: only calls sent before the first responses came
+/// back may be refused (two processes of 4 workers: at most 8).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_follows_a_limit_stated_in_every_dialect() {
+    let redis = Redis::start();
+    let n = 60;
+    for dialect in ["ietf", "x-ratelimit", "openai", "anthropic"] {
+        let s = Scenario::new(&format!("fleet-stated-{dialect}"))
+            .with_sim(&[
+                "--limit",
+                "20/1s",
+                "--dialect",
+                dialect,
+                "--latency",
+                "5ms..20ms",
+                "--cooldown",
+                "1s",
+            ])
+            .numbers(n);
+        let key = fleet_name(&format!("stated-{dialect}"));
+        let cmds = (1..=2)
+            .map(|i| {
+                let shard = format!("{i}/2");
+                let mut a = vec!["--limit", "60/1s", "--concurrency", "4"];
+                a.extend([
+                    "--redis",
+                    &redis.url,
+                    "--fleet-key",
+                    &key,
+                    "--shard",
+                    &shard,
+                ]);
+                s.cmd(&a)
+            })
+            .collect();
+        let (runs, _) = run_all(cmds);
+        let mut limited = 0;
+        for r in &runs {
+            assert_eq!(r.code, 0, "{dialect}: {}", r.stderr);
+            limited += r.summary["rate_limited"].as_u64().unwrap();
+        }
+        assert!(limited <= 8, "{dialect}: {limited} 429s");
+        assert_shards_did_each_item_once(&s, 2, n);
+    }
+}
