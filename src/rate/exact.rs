@@ -284,9 +284,7 @@ impl ExactWindow {
         self.next_id += 1;
         if let Some(s) = &mut self.shape {
             s.sent(limit, now);
-            if ahead {
-                s.sent_ahead(id.0);
-            }
+            s.sent_in_start(id.0, ahead, now);
         }
         self.in_flight.insert(id, now);
         Ok(id)

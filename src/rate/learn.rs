@@ -13,9 +13,10 @@
 //! first changes how calls go, not how many: the window paces evenly, one
 //! call per W/L plus [`SKEW`], with no burst ([`Phase::Probing`]).
 //! - If even pacing holds for a whole window with no 429, the limit is a
-//!   bucket at that rate; its burst is taken as what was accepted at once
-//!   before the refusal, less one (erring low: a burst too large costs a
-//!   429 after every idle spell), and pacing stays even.
+//!   bucket at that rate; its burst is taken as what was accepted before
+//!   the refusal, less what the rate drained over those sends and less one
+//!   (erring low: a burst too large costs a 429 after every idle spell),
+//!   and pacing stays even.
 //! - If even pacing is refused too, the rate itself is lower: the exact
 //!   window lowers its limit as it always did (from the calls accepted per
 //!   window), and pacing stays even at the lower limit, which a window of
@@ -65,7 +66,8 @@ pub enum Phase {
     Probing {
         /// When the even pace started (or the last pause ended).
         since: Instant,
-        /// Calls the server had accepted when it refused the burst.
+        /// Calls the server had accepted when it refused the burst, less
+        /// those a bucket at the limit drained meanwhile.
         at_once: u64,
         /// Calls sent evenly since `since`.
         sent: u64,
@@ -123,6 +125,10 @@ struct Start {
     tat: Option<Instant>,
     /// The current round's calls still in flight, by the caller's ids.
     ahead: Vec<u64>,
+    /// The start's calls on the even pace still in flight, with when they
+    /// went: a new round opens only once none sent before it is, as one of
+    /// them refused would say the round before used up the burst.
+    on_pace: Vec<(u64, Instant)>,
     /// Whether a call of the current round came back: the round is closed
     /// to new calls until the rest of it has too.
     closing: bool,
@@ -142,6 +148,7 @@ impl ShapeLearner {
                 ends: None,
                 tat: None,
                 ahead: Vec::new(),
+                on_pace: Vec::new(),
                 closing: false,
             }),
         }
@@ -210,28 +217,35 @@ impl ShapeLearner {
     }
 
     /// Whether a call may go at `now` during the start: `Ok(true)` as one
-    /// more of the round ahead of the even pace (then say
-    /// [`sent_ahead`](Self::sent_ahead)), `Ok(false)` on the pace (or
-    /// after the start), `Err(at)` when only the pace's next slot at `at`
-    /// (or the round's last answer) lets it go.
+    /// more of the round ahead of the even pace, `Ok(false)` on the pace
+    /// (or after the start), `Err(at)` when only the pace's next slot at
+    /// `at` (or the round's last answer) lets it go. A call that goes is
+    /// then told with [`sent_in_start`](Self::sent_in_start).
     pub fn start_gate(&self, now: Instant) -> Result<bool, Instant> {
         let Some(start) = &self.start else {
             return Ok(false);
         };
         let on_pace = start.tat.unwrap_or(now);
+        // A round opens with nothing of the start sent before it in flight,
+        // and takes calls until it has its three or one of them came back.
+        let opens = !start.ahead.is_empty() || start.on_pace.iter().all(|&(_, t)| t >= now);
         if on_pace <= now {
             Ok(false)
-        } else if !start.closing && start.ahead.len() < START_AHEAD {
+        } else if opens && !start.closing && start.ahead.len() < START_AHEAD {
             Ok(true)
         } else {
             Err(on_pace)
         }
     }
 
-    /// The call `id` (the caller's) went ahead of the even pace.
-    pub fn sent_ahead(&mut self, id: u64) {
+    /// The call `id` (the caller's) went during the start: `ahead` of the
+    /// even pace (a round's), or on it.
+    pub fn sent_in_start(&mut self, id: u64, ahead: bool, now: Instant) {
         if let Some(start) = &mut self.start {
-            start.ahead.push(id);
+            match ahead {
+                true => start.ahead.push(id),
+                false => start.on_pace.push((id, now)),
+            }
         }
     }
 
@@ -242,6 +256,8 @@ impl ShapeLearner {
             if let Some(i) = start.ahead.iter().position(|&a| a == id) {
                 start.ahead.swap_remove(i);
                 start.closing = !start.ahead.is_empty();
+            } else if let Some(i) = start.on_pace.iter().position(|&(a, _)| a == id) {
+                start.on_pace.swap_remove(i);
             }
         }
     }
@@ -297,6 +313,19 @@ impl ShapeLearner {
         })
     }
 
+    /// Whole calls a bucket at `limit` per window drained over the span of
+    /// the latest sends: of the calls it accepted before refusing, these
+    /// were its rate's, not its burst's (rounded down: a burst learnt too
+    /// large costs a 429 after every idle spell, one too small only a
+    /// little speed).
+    fn drained(&self, limit: u64) -> u64 {
+        let (Some(&first), Some(&last)) = (self.sends.front(), self.sends.back()) else {
+            return 0;
+        };
+        let span = last.saturating_duration_since(first).as_secs_f64();
+        (span * limit as f64 / self.window.as_secs_f64()).floor() as u64
+    }
+
     /// A rate-limit 429 at `now` that teaches (the window already left out
     /// the ones that cannot): `accepted` calls had been accepted in the
     /// window, paced to `limit`. Says whether the limit is to be lowered.
@@ -309,7 +338,7 @@ impl ShapeLearner {
             Phase::Window if burst || accepted <= 1 => {
                 self.phase = Phase::Probing {
                     since: now,
-                    at_once: accepted,
+                    at_once: accepted.saturating_sub(self.drained(limit)),
                     sent: 0,
                 };
                 self.tat = None;
