@@ -44,9 +44,11 @@ async fn a_limit_without_concurrency_grows_the_pool_to_keep_its_pace() {
     );
     assert!(!r.stderr.contains("bounds this run"), "{}", r.stderr);
     let stats = s.sim().stats().await;
+    // While the shape of a bare rate is unknown, its first window goes on
+    // the even pace, a tenth under the limit: 91 a second, 18 in flight.
     let most = stats["in_flight_max"].as_u64().unwrap();
     assert!(
-        (20..=60).contains(&most),
+        (15..=60).contains(&most),
         "calls in flight at most: {stats}"
     );
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);

@@ -17,6 +17,21 @@ fn prompts(n: u64) -> String {
         .collect()
 }
 
+/// Two shards of one job on fleet `key`, each told `limits` and weighing
+/// its calls by their prompts.
+fn shards(s: &Scenario, limits: &[&str], redis: &str, key: &str) -> Vec<std::process::Command> {
+    (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut a = limits.to_vec();
+            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
+            a.extend(["--concurrency", "8", "--redis", redis]);
+            a.extend(["--fleet-key", key, "--shard", &shard]);
+            s.cmd(&a)
+        })
+        .collect()
+}
+
 /// Two processes on one fleet key run `n` items against a sim keeping
 /// 1000 calls and `tokens` a second, each process told the same; returns
 /// the sim's stats after both end, having checked that neither met a 429
@@ -31,16 +46,7 @@ async fn two_processes_on(tokens: &str, name: &str) -> serde_json::Value {
         .with_sim(&sim)
         .input("items.jsonl", &prompts(n));
     let key = fleet_name(name);
-    let cmds = (1..=2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            let mut a = limits.to_vec();
-            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
-            a.extend(["--concurrency", "8", "--redis", &redis.url]);
-            a.extend(["--fleet-key", &key, "--shard", &shard]);
-            s.cmd(&a)
-        })
-        .collect();
+    let cmds = shards(&s, &limits, &redis.url, &key);
     let (runs, _) = run_all(cmds);
     for r in &runs {
         assert_eq!(r.code, 0, "{}", r.stderr);
@@ -93,16 +99,7 @@ async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
         .with_sim(&sim)
         .input("items.jsonl", &items);
     let key = fleet_name("tokens-forgets");
-    let cmds = (1..=2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            let mut a = limits.to_vec();
-            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
-            a.extend(["--concurrency", "8", "--redis", &redis.url]);
-            a.extend(["--fleet-key", &key, "--shard", &shard]);
-            s.cmd(&a)
-        })
-        .collect();
+    let cmds = shards(&s, &limits, &redis.url, &key);
     let runner = tokio::task::spawn_blocking(move || run_all(cmds));
     crate::common::wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(30)).await;
     redis::cmd("FLUSHALL")
