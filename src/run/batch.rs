@@ -20,6 +20,40 @@ use super::events::Event;
 use crate::request::BatchSpec;
 use crate::transport::Request;
 
+/// Cuts the next batch off the front of `pending`: at most `size` items,
+/// and no more than fit together in `most` tokens (the least a told
+/// policy of tokens admits at once), one at the least, since a batch
+/// heavier than that would be refused every time it is sent.
+///
+/// `pending` is put in line order first. A resume takes an interrupted
+/// block's pending items in line order, and a batch's key is made of its
+/// items' keys in order: a run that cut items sent back in the order they
+/// came back could form a batch that a resume never forms again, and then
+/// send an item it may have had executed under a second key.
+pub(super) fn cut<T>(
+    pending: &mut Vec<T>,
+    line: impl Fn(&T) -> u64,
+    tokens: impl Fn(&T) -> u64,
+    size: usize,
+    most: Option<u64>,
+) -> Vec<T> {
+    pending.sort_by_key(&line);
+    let mut n = size.min(pending.len());
+    if let Some(most) = most {
+        let mut sum = 0u64;
+        let fit = pending[..n]
+            .iter()
+            .take_while(|e| {
+                sum = sum.saturating_add(tokens(e));
+                sum <= most
+            })
+            .count();
+        n = fit.max(1).min(n);
+    }
+    let rest = pending.split_off(n);
+    std::mem::replace(pending, rest)
+}
+
 /// The Idempotency-Key of a batch of items with these keys, in order.
 pub(super) fn batch_key(keys: &[String]) -> String {
     let mut h = Sha256::new();

@@ -178,8 +178,13 @@ impl Pool {
             .and_then(|c| c.most.as_ref())
             .map(|m| m.0);
         while !entries.is_empty() {
-            let rest = entries.split_off(fitting(&entries, batching.size(), most));
-            let chunk = std::mem::replace(&mut entries, rest);
+            let chunk = batch::cut(
+                &mut entries,
+                |e| e.item.line,
+                |e| e.tokens,
+                batching.size(),
+                most,
+            );
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
                 Sent::Back(mut back) => {
@@ -205,16 +210,12 @@ impl Pool {
         };
         let keys: Vec<String> = chunk.iter().map(|e| e.key.clone()).collect();
         let req = req.with_idempotency_key(&batch::batch_key(&keys));
-        let weight = match batching.spec.weight {
-            BatchWeight::Calls => Weight::default(),
-            BatchWeight::Items => Weight {
-                calls: chunk.len() as u64,
-                tokens: 0,
-            },
-        };
         let weight = Weight {
+            calls: match batching.spec.weight {
+                BatchWeight::Calls => Weight::default().calls,
+                BatchWeight::Items => chunk.len() as u64,
+            },
             tokens: chunk.iter().map(|e| e.tokens).fold(0, u64::saturating_add),
-            ..weight
         };
         loop {
             let probing = match self.gate.pass().await {
@@ -569,21 +570,4 @@ pub(super) fn show_first_batch(
     };
     let _ = writeln!(out, "{text}");
     Ok(())
-}
-/// How many of `entries` the next batch takes: at most `size`, and no
-/// more than fit together in `most` tokens (the least a told policy of
-/// tokens admits at once), one at the least: a batch heavier than that
-/// would be refused every time it is sent.
-fn fitting(entries: &[Entry], size: usize, most: Option<u64>) -> usize {
-    let size = size.min(entries.len());
-    let Some(most) = most else { return size };
-    let mut sum = 0u64;
-    let n = entries[..size]
-        .iter()
-        .take_while(|e| {
-            sum = sum.saturating_add(e.tokens);
-            sum <= most
-        })
-        .count();
-    n.max(1).min(size)
 }

@@ -255,3 +255,65 @@ proptest! {
         }
     }
 }
+
+/// Items as (line, tokens) for [`cut`].
+fn cut_all(mut pending: Vec<(u64, u64)>, size: usize, most: Option<u64>) -> Vec<Vec<u64>> {
+    let mut batches = Vec::new();
+    while !pending.is_empty() {
+        let b = cut(&mut pending, |e| e.0, |e| e.1, size, most);
+        batches.push(b.iter().map(|e| e.0).collect());
+    }
+    batches
+}
+
+#[test]
+fn a_batch_is_cut_in_line_order_to_fit_the_tokens_a_policy_admits_at_once() {
+    // Sent back in the order they came back: the cut is the one a resume,
+    // which takes pending items in line order, makes too.
+    let pending = vec![(3, 70), (1, 40), (4, 20), (2, 90)];
+    assert_eq!(
+        cut_all(pending, 5, Some(100)),
+        vec![vec![1], vec![2], vec![3, 4]]
+    );
+    assert_eq!(
+        cut_all(vec![(2, 500), (1, 10)], 5, Some(100)),
+        vec![vec![1], vec![2]],
+        "an item heavier than the policy goes alone"
+    );
+    assert_eq!(
+        cut_all(vec![(5, 1), (1, 1), (3, 1)], 2, None),
+        vec![vec![1, 3], vec![5]]
+    );
+}
+
+proptest! {
+    /// Whatever order the pending items are in, the batches are the same,
+    /// each within `size`, and within `most` tokens unless it is one item.
+    #[test]
+    fn the_batches_cut_depend_on_the_pending_items_not_their_order(
+        items in proptest::collection::btree_map(1u64..200, 0u64..120, 1..30),
+        size in 1usize..8,
+        most in proptest::option::of(1u64..300),
+        seed in any::<u64>(),
+    ) {
+        let sorted: Vec<(u64, u64)> = items.into_iter().collect();
+        let mut shuffled = sorted.clone();
+        let mut x = seed | 1;
+        for i in (1..shuffled.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let tokens: HashMap<u64, u64> = sorted.iter().copied().collect();
+        let batches = cut_all(shuffled, size, most);
+        prop_assert_eq!(&batches, &cut_all(sorted, size, most));
+        for b in &batches {
+            prop_assert!(!b.is_empty() && b.len() <= size);
+            let sum: u64 = b.iter().map(|l| tokens[l]).sum();
+            if let (Some(most), true) = (most, b.len() > 1) {
+                prop_assert!(sum <= most, "{:?} weighs {} > {}", b, sum, most);
+            }
+        }
+    }
+}

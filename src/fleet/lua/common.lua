@@ -40,7 +40,7 @@
 --                       as KEYS[1], named `...:window:L:Wms`: the key says its
 --                       own limit and window. The window rule only: a call
 --                       must fit in each, and only KEYS[1] learns. Among
---                       them, GCRA buckets named `...:gcra:T:TAU:D` (gcra.lua)
+--                       them, GCRA buckets named `...:gcra:T:TAU:D[:tokens]` (gcra.lua)
 --                       and token windows `...:tokens:Q:Wms` (tokens.lua)
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | probe, and
@@ -151,10 +151,11 @@ end
 -- window, or for the drip rules the leases).
 -- Absent altogether (the rule's tests), nothing is checked. Returns
 -- whether it forgot, and the epoch now in force. Whoever finds the loss
--- first starts a new epoch and holds the fleet for one window, so that
--- every process has put its calls back before the window fills again;
--- the others see the new epoch and put theirs back, without holding again.
-local function forgotten(e, set)
+-- first starts a new epoch and holds the fleet for `span` ms (one window
+-- when nil), so that every process has put its calls back before the
+-- window fills again; the others see the new epoch and put theirs back,
+-- without holding again.
+local function forgotten(e, set, span)
   if ARGV[e] == nil then return false, nil end
   local heard, fresh, witness = ARGV[e], ARGV[e + 1], ARGV[e + 2]
   local epoch = redis.call('HGET', KEYS[4], 'epoch')
@@ -168,7 +169,7 @@ local function forgotten(e, set)
     epoch = fresh
     redis.call('HSET', KEYS[4], 'epoch', epoch)
   end
-  if lost then hold_until(now + W) end
+  if lost then hold_until(now + (span or W)) end
   keep(KEYS[4], limit_ttl)
   return lost, tonumber(epoch)
 end

@@ -34,9 +34,18 @@ local function tat_rel(b)
   return (tonumber(h[1]) - now) * 1e6 + tonumber(h[2])
 end
 
+-- Keeps bucket b for the hold and until its TAT (`rel` ns from now) has
+-- passed: expired sooner, it would start again full, and a bucket of
+-- tokens runs its TAT far ahead (a day's budget, a call that used more
+-- than it was estimated at).
+local function keep_bucket(b, rel)
+  keep(b.key, math.max(hold, math.ceil((rel or 0) / 1e6)) + 1000)
+end
+
 local function set_tat(b, rel)
   local ms = math.floor(rel / 1e6)
   redis.call('HSET', b.key, 'tat_ms', now + ms, 'tat_ns', rel - ms * 1e6)
+  keep_bucket(b, rel)
 end
 
 -- ns until bucket b admits a call of w units (0: now): it passes when
@@ -77,7 +86,6 @@ local function buckets_grant(id, weight)
     local w = units(b, weight)
     set_tat(b, math.max(tat_rel(b) or 0, 0) + w * b.T)
     redis.call('HSET', b.key, 'c:' .. id, w)
-    keep(b.key, hold + 1000)
   end
 end
 

@@ -29,7 +29,7 @@ if op == 'beat' then
     if not leases_only then keep(KEYS[1], hold + 1000) end
     keep(KEYS[2], lease + 1000)
     -- A bucket's calls in flight stay known while they are out.
-    for _, b in ipairs(buckets) do keep(b.key, hold + 1000) end
+    for _, b in ipairs(buckets) do keep_bucket(b, tat_rel(b)) end
   end
   return renewed
 end

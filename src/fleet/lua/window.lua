@@ -104,7 +104,7 @@ end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
--- tokens (tokens.lua; 0 without token windows), then a settle list (an
+-- tokens (tokens.lua, gcra.lua; 0 without token windows or buckets), then a settle list (an
 -- ago may be 'ago/used', the tokens the response said the call used), then a restore
 -- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
 -- when the call may start (its entry and lease are added), or {0, ms to
@@ -138,11 +138,8 @@ if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
   local weight = tonumber(ARGV[11])
-  local lost, epoch = forgotten(after_blocks(12), KEYS[1])
-  if lost then
-    hold_until(now + forgotten_span())
-    return {0, 1, 4, epoch}
-  end
+  local lost, epoch = forgotten(after_blocks(12), KEYS[1], forgotten_span())
+  if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
   restore(i)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

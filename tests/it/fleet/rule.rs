@@ -269,3 +269,46 @@ fn the_script_and_the_state_machine_answer_every_scenario_alike() {
         panic!("{e}");
     }
 }
+
+/// Redis forgetting the fleet, on the script's clock: the process that
+/// finds the loss holds the fleet for the longest token window (3 s), and
+/// a process hearing of the new epoch later puts its calls back without
+/// holding the fleet again from its own now.
+#[test]
+fn only_the_process_that_finds_a_loss_holds_the_fleet() {
+    let redis = Redis::start();
+    let s = Scenario {
+        limit: 10,
+        window: 1000,
+        further: Vec::new(),
+        buckets: Vec::new(),
+        fixed: Vec::new(),
+        tokens: vec![(100, 3000)],
+        token_buckets: Vec::new(),
+        steps: Vec::new(),
+    };
+    let mut lua = Lua::new(&redis, &s);
+    // take: id, cap, headroom 1, no ceiling, an estimate of 1 token, no
+    // settles, no pause, nothing to put back, then the loss check (epoch
+    // heard, fresh, witness).
+    let mut take = |now: u64, id: &str, check: [&str; 3]| -> Vec<i64> {
+        lua.op(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(1);
+            inv.arg(0).arg(0).arg(0);
+            inv.arg(check[0]).arg(check[1]).arg(check[2]);
+        })
+    };
+    let first = take(0, "a", ["", "7", ""]);
+    assert_eq!((first[0], first[first.len() - 1]), (1, 7), "{first:?}");
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    // Its call "a" gone: this process finds the loss (a new epoch, 8).
+    assert_eq!(take(10, "b", ["7", "8", "a"]), [0, 1, 4, 8]);
+    // Another process, still on epoch 7, hears of epoch 8 later.
+    assert_eq!(take(500, "c", ["7", "9", ""]), [0, 1, 4, 8]);
+    // Held until 3 s after the loss was found, not after it heard of it.
+    assert_eq!(take(501, "c", ["", "9", ""]), [0, 3010 - 501, 2, 8]);
+    let after = take(3010, "c", ["8", "9", ""]);
+    assert_eq!(after[0], 1, "{after:?}");
+}

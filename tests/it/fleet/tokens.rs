@@ -161,3 +161,53 @@ async fn a_fleet_follows_a_limit_stated_in_every_dialect() {
         assert_shards_did_each_item_once(&s, 2, n);
     }
 }
+
+/// A bucket of tokens whose arrival time runs further ahead than the
+/// fleet's hold (100 tokens spent at once, refilled at 10 a second) stays
+/// in Redis until that time: expired sooner, the next run would find it
+/// full and spend the burst again.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_keeps_a_bucket_of_tokens_until_it_has_refilled() {
+    let redis = Redis::start();
+    let items: String = (1..=4)
+        .map(|i| format!("{{\"n\": {i}, \"prompt\": \"{}\"}}\n", "word ".repeat(16)))
+        .collect();
+    let limits = ["--limit", "1000/1s", "--limit", "600/1m,burst=100,tokens"];
+    let s = Scenario::new("fleet-bucket-kept")
+        .with_sim(&limits)
+        .input("items.jsonl", &items);
+    let key = fleet_name("bucket-kept");
+    let mut a = limits.to_vec();
+    // Each prompt is 20 tokens, estimated and used alike.
+    a.extend(["--cost", "chars(prompt)/4", "--json-body"]);
+    // A short timeout keeps the fleet's hold (timeout + window) short.
+    a.extend([
+        "--timeout",
+        "1s",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &key,
+    ]);
+    let r = finish(s.cmd(&a));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("batchrun:{{name:{key}}}:gcra:*:tokens"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let tat_ms: i64 = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("tat_ms")
+        .query(&mut c)
+        .unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut c).unwrap();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut c).unwrap();
+    let ahead = tat_ms - (secs * 1000 + micros / 1000);
+    // 80 tokens at 100 ms each: most of 8 s of refill left.
+    assert!(ahead > 4000, "the bucket is {ahead} ms ahead");
+    assert!(ttl >= ahead, "kept {ttl} ms, refilled in {ahead} ms");
+}
