@@ -12,6 +12,7 @@ use super::tasks::{Abandon, SharedTicket};
 use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
+use crate::rate::announce::Unit;
 use crate::util::BoxFuture;
 
 impl Pacer for FleetPacer {
@@ -103,16 +104,15 @@ impl Pacer for FleetPacer {
                 let queued = inner.lock().notes.pop_front();
                 return inner.drip_in_force(headers).await.or(queued);
             }
-            if headers.contains_key(crate::wire::RATE_LIMIT_LIMIT)
-                || headers.contains_key(crate::wire::RATE_LIMIT_REMAINING)
-            {
+            let said = Said::of(headers, inner.window);
+            if said.told {
                 inner.secret.store(false, Ordering::SeqCst);
             }
-            if crate::wire::limit_remaining(headers) == Some(0) {
+            if said.used_up {
                 inner.hold().await;
             }
             let queued = inner.lock().notes.pop_front();
-            let Some(l) = crate::wire::limit_in_force(headers) else {
+            let Some(l) = said.limit else {
                 return queued;
             };
             // Only a change costs a round trip: most responses repeat it.
@@ -161,5 +161,40 @@ impl Pacer for FleetPacer {
             };
             self.inner.flush_settles(within).await;
         })
+    }
+}
+
+/// What a response says of the fleet's primary window, in any dialect
+/// (`rate::announce`): policies of calls stated for that window, or for no
+/// window (as `x-rate-limit-limit` always was read: the fleet keeps no
+/// other window of calls one could be). A policy stated for another
+/// window is left to the 429s, which teach the primary window a limit.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Said {
+    /// The lowest quota stated.
+    pub(super) limit: Option<u64>,
+    /// Whether a quota or what is left of one is stated at all: the limit
+    /// is then no secret to learn from 429s.
+    pub(super) told: bool,
+    /// Whether such a policy has nothing left: the fleet holds new calls
+    /// until its window has room.
+    pub(super) used_up: bool,
+}
+
+impl Said {
+    pub(super) fn of(headers: &HeaderMap, window: Duration) -> Said {
+        let mut said = Said::default();
+        let stated = crate::rate::announce::read(headers, crate::util::unix_now());
+        for p in stated {
+            if p.unit != Unit::Calls || p.window.is_some_and(|w| w != window) {
+                continue;
+            }
+            if let Some(q) = p.quota {
+                said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
+            }
+            said.told |= p.quota.is_some() || p.remaining.is_some();
+            said.used_up |= p.remaining == Some(0);
+        }
+        said
     }
 }

@@ -36,3 +36,66 @@ fn the_script_names_every_op_the_pacer_sends() {
     }
     assert!(SCRIPT.contains("redis.call('TIME')"));
 }
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.insert(
+            reqwest::header::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            reqwest::header::HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+#[test]
+fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
+    use face::Said;
+    let second = Duration::from_secs(1);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second);
+    let twenty = Said {
+        limit: Some(20),
+        told: true,
+        used_up: false,
+    };
+    assert_eq!(
+        said(&[("ratelimit-policy", r#""default";q=20;w=1"#)]),
+        twenty
+    );
+    assert_eq!(said(&[("x-ratelimit-limit", "20")]), twenty);
+    assert_eq!(said(&[("x-rate-limit-limit", "20")]), twenty);
+    assert_eq!(said(&[("ratelimit-limit", "20")]), twenty);
+    // Tokens are not calls: only the requests' quota is the window's.
+    assert_eq!(
+        said(&[
+            ("x-ratelimit-limit-requests", "20"),
+            ("x-ratelimit-limit-tokens", "150000"),
+        ]),
+        twenty
+    );
+    assert_eq!(
+        said(&[
+            ("anthropic-ratelimit-requests-limit", "20"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2023-08-09T14:28:03Z"),
+        ]),
+        Said {
+            used_up: true,
+            ..twenty
+        }
+    );
+    // The lowest of two policies of the window wins; one of another
+    // window is not the fleet's to follow (its 429s teach the window).
+    assert_eq!(
+        said(&[(
+            "ratelimit-policy",
+            r#""a";q=30;w=1,"b";q=20;w=1,"hour";q=5;w=3600"#
+        )]),
+        twenty
+    );
+    assert_eq!(
+        said(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
+        Said::default()
+    );
+    assert_eq!(said(&[]), Said::default());
+}

@@ -116,8 +116,9 @@ async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
 }
 
 /// A fleet told more than the server allows follows the limit the server
-/// states, in any dialect: only calls sent before the first responses came
-/// back may be refused (two processes of 4 workers: at most 8).
+/// states, in any dialect, from the first response: only calls sent
+/// before it came back could be refused, and two processes of 4 workers
+/// send 8, within the server's 20, so none is.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fleet_follows_a_limit_stated_in_every_dialect() {
     let redis = Redis::start();
@@ -157,7 +158,7 @@ async fn a_fleet_follows_a_limit_stated_in_every_dialect() {
             assert_eq!(r.code, 0, "{dialect}: {}", r.stderr);
             limited += r.summary["rate_limited"].as_u64().unwrap();
         }
-        assert!(limited <= 8, "{dialect}: {limited} 429s");
+        assert_eq!(limited, 0, "{dialect}: {limited} 429s");
         assert_shards_did_each_item_once(&s, 2, n);
     }
 }
