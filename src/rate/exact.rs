@@ -408,6 +408,28 @@ impl ExactWindow {
         until
     }
 
+    /// A response of a server that states its quota said nothing is left
+    /// of it at `now`, before [`remaining_zero`](Self::remaining_zero) or a
+    /// hold until its reset: in the start, with fewer calls sent than the
+    /// quota, the shape learner paces evenly from now (a bucket's burst is
+    /// spent; see [`ShapeLearner::spent_early`]). The calls sent before, at
+    /// the start's pace, are not the even pace's: a 429 of theirs teaches
+    /// nothing.
+    pub fn spent_early(&mut self, now: Instant) {
+        self.advance(now);
+        if self.reported.is_none() {
+            return;
+        }
+        let limit = self.limit();
+        let (accepted, in_flight) = (self.done.len() as u64, self.in_flight.len() as u64);
+        if let Some(s) = &mut self.shape {
+            if s.spent_early(limit, accepted, in_flight, now) {
+                self.learn.lowered_at = Some(now);
+                self.learn.last_stale_done = None;
+            }
+        }
+    }
+
     /// A rate-limit 429 from a server that states its limit: the rate is
     /// what it says, so nothing is lowered, but a 429 after a burst within
     /// the stated quota says the server keeps a bucket (its headers state

@@ -358,6 +358,41 @@ impl ShapeLearner {
         }
     }
 
+    /// A server stating a quota of `limit` said nothing is left of it at
+    /// `now`, during the start, with fewer calls sent in the whole run than
+    /// the quota, `accepted` of them answered: a bucket whose burst is
+    /// spent (or another client on the key). It paces evenly from now, as
+    /// after a 429 after a burst, without waiting for one: a window of the
+    /// stated quota would let the rest of it go at once when the hold
+    /// ends, into the bucket's refusals. Returns whether it began to.
+    ///
+    /// Only during the start (the run's first window): a server's count
+    /// then is at most the calls sent so far. Later, the count a response
+    /// carries is as old as its latency, and may still hold calls whose
+    /// place in this client's window has ended.
+    ///
+    /// The even pace's first slot leaves a unit for each of the
+    /// `in_flight` calls still on their way, which the bucket may grant.
+    pub fn spent_early(&mut self, limit: u64, accepted: u64, in_flight: u64, now: Instant) -> bool {
+        let in_start = self
+            .start
+            .as_ref()
+            .is_some_and(|s| s.ends.map_or(true, |e| now < e));
+        if self.phase != Phase::Window || !in_start || self.sends.len() as u64 >= limit {
+            return false;
+        }
+        self.start = None;
+        self.phase = Phase::Probing {
+            since: now,
+            at_once: accepted.saturating_sub(self.drained(limit)),
+            sent: 0,
+        };
+        let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+        let units = u32::try_from(in_flight.saturating_add(1)).unwrap_or(u32::MAX);
+        self.tat = now.checked_add(interval.saturating_mul(units));
+        true
+    }
+
     /// A whole window passed at `limit` without a 429 (the window's own
     /// learning clock says so).
     pub fn held(&mut self, limit: u64) {

@@ -336,6 +336,7 @@ impl PolicySet {
         }
         if p.remaining == Some(0) {
             let w = &mut self.windows[i];
+            w.spent_early(now);
             // The reset says when exactly; without one (or one rounded down
             // to nothing), until one of this client's occupancies ends. Paced
             // evenly (a bucket seen), a reset within the window and the

@@ -119,6 +119,23 @@ pub struct Scenario {
     pub steps: Vec<Step>,
 }
 
+impl Scenario {
+    /// `limit` calls per `window` ms and nothing else: no further policy
+    /// and no step yet.
+    pub fn of(limit: u64, window: u64) -> Scenario {
+        Scenario {
+            limit,
+            window,
+            further: Vec::new(),
+            buckets: Vec::new(),
+            fixed: Vec::new(),
+            tokens: Vec::new(),
+            token_buckets: Vec::new(),
+            steps: Vec::new(),
+        }
+    }
+}
+
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} per {} ms", self.limit, self.window)?;

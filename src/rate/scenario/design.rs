@@ -9,16 +9,7 @@ struct Build(Scenario);
 
 impl Build {
     fn new(limit: u64, window: u64) -> Build {
-        Build(Scenario {
-            limit,
-            window,
-            further: Vec::new(),
-            buckets: Vec::new(),
-            fixed: Vec::new(),
-            tokens: Vec::new(),
-            token_buckets: Vec::new(),
-            steps: Vec::new(),
-        })
+        Build(Scenario::of(limit, window))
     }
 
     fn at(mut self, at: u64, op: Op) -> Build {

@@ -194,14 +194,8 @@ fn scenarios() -> impl Strategy<Value = (DripRule, Scenario)> {
             (
                 rule,
                 Scenario {
-                    limit,
-                    window,
-                    further: Vec::new(),
-                    buckets: Vec::new(),
-                    fixed: Vec::new(),
-                    tokens: Vec::new(),
-                    token_buckets: Vec::new(),
                     steps,
+                    ..Scenario::of(limit, window)
                 },
             )
         })
@@ -235,16 +229,7 @@ fn the_script_and_the_drip_rules_answer_every_scenario_alike() {
 fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_flight() {
     let redis = Redis::start();
     // 10 per 1 s: a bucket of 1, one call per 100 ms.
-    let s = Scenario {
-        limit: 10,
-        window: 1000,
-        further: Vec::new(),
-        buckets: Vec::new(),
-        fixed: Vec::new(),
-        tokens: Vec::new(),
-        token_buckets: Vec::new(),
-        steps: Vec::new(),
-    };
+    let s = Scenario::of(10, 1000);
     let mut lua = Lua::new(&redis, &s);
     // take: id, messagesPerPeriod, unused, no ceiling, no settles, then a
     // restore block, then the loss check (epoch heard, fresh, witness).

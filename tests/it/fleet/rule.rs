@@ -278,14 +278,8 @@ fn the_script_and_the_state_machine_answer_every_scenario_alike() {
 fn only_the_process_that_finds_a_loss_holds_the_fleet() {
     let redis = Redis::start();
     let s = Scenario {
-        limit: 10,
-        window: 1000,
-        further: Vec::new(),
-        buckets: Vec::new(),
-        fixed: Vec::new(),
         tokens: vec![(100, 3000)],
-        token_buckets: Vec::new(),
-        steps: Vec::new(),
+        ..Scenario::of(10, 1000)
     };
     let mut lua = Lua::new(&redis, &s);
     // take: id, cap, headroom 1, no ceiling, an estimate of 1 token, no
