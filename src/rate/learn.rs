@@ -42,6 +42,10 @@ pub const SKEW: f64 = 0.1;
 /// window still fills its first span within a few round trips.
 pub const START_AHEAD: usize = 3;
 
+/// The longest window whose stated quota, used up early, is read as a
+/// bucket's burst spent (see [`ShapeLearner::spent_early`]).
+const SPENT_EARLY_WITHIN: Duration = Duration::from_secs(60);
+
 /// At most this many sends are remembered for telling a burst (the last
 /// window's, as long as they are fewer).
 const MAX_SENDS: usize = 4096;
@@ -369,7 +373,9 @@ impl ShapeLearner {
     /// Only during the start (the run's first window): a server's count
     /// then is at most the calls sent so far. Later, the count a response
     /// carries is as old as its latency, and may still hold calls whose
-    /// place in this client's window has ended.
+    /// place in this client's window has ended. And only for a window of a
+    /// minute at most: a longer quota used up (by an earlier run, say) is
+    /// a quota to wait for, not a bucket's rate to pace evenly to.
     ///
     /// The even pace's first slot leaves a unit for each of the
     /// `in_flight` calls still on their way, which the bucket may grant.
@@ -378,7 +384,8 @@ impl ShapeLearner {
             .start
             .as_ref()
             .is_some_and(|s| s.ends.map_or(true, |e| now < e));
-        if self.phase != Phase::Window || !in_start || self.sends.len() as u64 >= limit {
+        let short = self.window <= SPENT_EARLY_WITHIN;
+        if self.phase != Phase::Window || !in_start || !short || self.sends.len() as u64 >= limit {
             return false;
         }
         self.start = None;

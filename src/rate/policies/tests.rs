@@ -1,4 +1,5 @@
 use super::*;
+use crate::rate::learn::Phase;
 use crate::rate::testing::{check_windows, drive, fates, Call, Client, Fate};
 use proptest::prelude::*;
 
@@ -259,24 +260,23 @@ proptest! {
         let mut c = Announcing {
             set: set(&[(1000, limits[0].1)], t0),
             limits: limits.clone(),
-            sent: Vec::new(),
+            early: Vec::new(),
             first_back: None,
         };
         let calls = drive(&mut c, workers, &fates, t0, &mut |_| true);
-        prop_assert_eq!(calls.len(), c.sent.len());
+        prop_assert_eq!(calls.len(), c.early.len());
         // Calls sent before the first response could not be paced to the
         // policies: no window whose last-sent call is one of them is
         // checked. Every other window, early calls in it included, keeps
         // every policy.
-        let first = c.first_back.unwrap_or(t0);
-        let early = c.sent.iter().filter(|&&s| s < first).count();
+        let early = c.early.iter().filter(|&&e| e).count();
         prop_assert!(early <= workers, "{} sent before the first response", early);
         for &(l, w) in &limits {
             let judged: Vec<Call> = calls
                 .iter()
-                .zip(&c.sent)
-                .map(|(call, &s)| Call {
-                    limit: if s < first { u64::MAX } else { l },
+                .zip(&c.early)
+                .map(|(call, &early)| Call {
+                    limit: if early { u64::MAX } else { l },
                     ..call.clone()
                 })
                 .collect();
@@ -291,8 +291,10 @@ proptest! {
 struct Announcing {
     set: PolicySet,
     limits: Vec<(u64, u64)>,
-    /// When each call was sent, in the driver's order.
-    sent: Vec<Instant>,
+    /// Whether each call was sent before any response came back, in the
+    /// driver's order: by what had happened, not by the clock, since a
+    /// call may go at the very instant a response comes back, before it.
+    early: Vec<bool>,
     first_back: Option<Instant>,
 }
 
@@ -300,7 +302,7 @@ impl Client for Announcing {
     type Slot = SetSlot;
     fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
         let slot = self.set.try_take(now)?;
-        self.sent.push(now);
+        self.early.push(self.first_back.is_none());
         Ok(slot)
     }
     fn complete(&mut self, slot: SetSlot, at: Instant, _refused: bool) {
@@ -315,7 +317,7 @@ impl Client for Announcing {
     }
     fn cancel(&mut self, slot: SetSlot) {
         // The driver cancels right after the take, before any other.
-        self.sent.pop();
+        self.early.pop();
         self.set.cancel(slot);
     }
 }
@@ -463,4 +465,23 @@ fn nothing_left_of_a_stated_quota_after_one_call_paces_evenly() {
         assert!(s.try_take(at).is_err(), "one call per slot");
         at += even;
     }
+}
+
+/// A daily quota an earlier run used up says nothing is left on the first
+/// response: a quota to wait for (or halt on), not a bucket's burst spent,
+/// so the pacer does not go on to pace a day's quota evenly.
+#[test]
+fn nothing_left_of_a_daily_quota_is_no_bucket() {
+    let t0 = Instant::now();
+    let day = 86_400_000;
+    let primary = ExactWindow::new(1000, ms(day), t0).learning_shape(None);
+    let mut s = PolicySet::new(primary, Vec::new());
+    let first = s.try_take(t0).unwrap();
+    s.complete(first, t0 + ms(10));
+    let used_up = Announced {
+        reset_in: Some(ms(3_600_000)),
+        ..calls_policy(1000, Some(day), Some(0))
+    };
+    s.announce(&[used_up], t0 + ms(10));
+    assert_eq!(s.primary().shape(), Some(Phase::Window));
 }
