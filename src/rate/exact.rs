@@ -414,9 +414,9 @@ impl ExactWindow {
     /// quota, the shape learner paces evenly from now (a bucket's burst is
     /// spent; see [`ShapeLearner::spent_early`]). The calls sent before, at
     /// the start's pace, are not the even pace's: a 429 of theirs teaches
-    /// nothing.
+    /// nothing. Not the learning clock, as for `remaining_zero`: the
+    /// learner tells the start's end itself.
     pub fn spent_early(&mut self, now: Instant) {
-        self.advance(now);
         if self.reported.is_none() {
             return;
         }
