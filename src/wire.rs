@@ -63,11 +63,6 @@ pub fn limit_in_force(h: &HeaderMap) -> Option<u64> {
     whole(h, &RATE_LIMIT_LIMIT).filter(|&l| l > 0)
 }
 
-/// `x-rate-limit-remaining`, when present and a whole number.
-pub fn limit_remaining(h: &HeaderMap) -> Option<u64> {
-    whole(h, &RATE_LIMIT_REMAINING)
-}
-
 /// True when `x-api-remaining-credits` is present and reads zero or less.
 ///
 /// The classifier uses this to tell a credit-exhaustion 429 from a rate-limit
@@ -110,10 +105,6 @@ mod tests {
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "0")])), None);
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, "x")])), None);
         assert_eq!(limit_in_force(&map(&[(&RATE_LIMIT_LIMIT, " 7")])), Some(7));
-        assert_eq!(
-            limit_remaining(&map(&[(&RATE_LIMIT_REMAINING, "0")])),
-            Some(0)
-        );
     }
 
     fn bytes(pairs: &[(HeaderName, &[u8])]) -> HeaderMap {

@@ -65,6 +65,15 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
     assert_eq!(said(&[("x-ratelimit-limit", "20")]), twenty);
     assert_eq!(said(&[("x-rate-limit-limit", "20")]), twenty);
     assert_eq!(said(&[("ratelimit-limit", "20")]), twenty);
+    // What is left alone says the limit is no secret; nothing left holds.
+    assert_eq!(
+        said(&[("x-rate-limit-remaining", "0")]),
+        Said {
+            limit: None,
+            told: true,
+            used_up: true,
+        }
+    );
     // Tokens are not calls: only the requests' quota is the window's.
     assert_eq!(
         said(&[
