@@ -52,6 +52,12 @@ struct Bench {
     /// `burst 5`, `no burst`).
     #[arg(long)]
     shape: Option<String>,
+    /// Only these kinds of knowledge (`told`, `rate`, `stated`, `secret`).
+    #[arg(long, value_delimiter = ',')]
+    knows: Vec<String>,
+    /// Each cell this many times (its rows one after another).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     /// Only the token budget row.
     #[arg(long)]
     tokens_only: bool,
@@ -406,6 +412,7 @@ fn main() -> anyhow::Result<()> {
             }
             kinds.extend(b.dialects.iter().map(|d| ("stated", d.as_str())));
             kinds.push(("secret", "batchrun"));
+            kinds.retain(|(k, _)| b.knows.is_empty() || b.knows.iter().any(|w| w == k));
             for (knows, dialect) in kinds {
                 for pacer in &b.pacers {
                     if knows == "rate" && pacer != "window" {
@@ -417,7 +424,9 @@ fn main() -> anyhow::Result<()> {
                         knows,
                         pacer,
                     };
-                    cell(&b, &c, &input)?;
+                    for _ in 0..b.repeat {
+                        cell(&b, &c, &input)?;
+                    }
                 }
             }
         }

@@ -21,9 +21,13 @@
 //! D/T calls, and with no burst at all consecutive sends are spaced T + D.
 //! D is [`skew_allowance`](crate::rate::bucket::skew_allowance) (a
 //! twentieth of W, at most 200 ms, the allowance of the token-bucket
-//! pacer), but no more than the burst's own tolerance, nor less than a
-//! tenth of T: a bucket with no burst is then paced 10% under its rate,
-//! robust to a tenth of T of jitter.
+//! pacer), but no more than the burst's own tolerance, nor less than
+//! [`MIN_ALLOWANCE`] of T: a bucket with no burst is then paced 5% under
+//! its rate, robust to a twentieth of T of jitter (1.7 ms at 30 a second;
+//! on loopback the spread between sends and arrivals is well under that).
+//! A told bucket the server refuses anyway (a path that jitters more)
+//! [`widen`](Gcra::widen)s its allowance, doubling it up to one T: a 429
+//! costs a pause, so the first one buys a margin for the rest of the run.
 //!
 //! A call given back unsent takes its units back; a call that reports
 //! using more or fewer units than estimated moves the TAT by the
@@ -37,6 +41,12 @@ use std::time::{Duration, Instant};
 use super::bucket::skew_allowance;
 use super::exact::later;
 use super::Rate;
+
+/// The least skew allowance, as a share of T: the spacing a bucket with no
+/// burst keeps beyond its rate. A tenth cost 10% of the run against such a
+/// bucket; measured on loopback, a twentieth meets it with no 429
+/// (docs/performance.md), and a 429 widens it.
+pub const MIN_ALLOWANCE: u32 = 20;
 
 /// A client-side GCRA of `rate` with `burst`.
 #[derive(Debug, Clone)]
@@ -67,7 +77,9 @@ impl Gcra {
     /// A bucket of `rate` with room for `burst` beyond one, idle.
     pub fn new(rate: Rate, burst: u64) -> Gcra {
         let t = interval(rate);
-        let allowance = skew_allowance(rate.period).min(mul(t, burst)).max(t / 10);
+        let allowance = skew_allowance(rate.period)
+            .min(mul(t, burst))
+            .max(t / MIN_ALLOWANCE);
         Gcra::with_allowance(rate, burst, allowance)
     }
 
@@ -168,6 +180,23 @@ impl Gcra {
             self.tat = Some(tat.checked_sub(mul(self.interval, w)).unwrap_or(tat));
         }
         true
+    }
+
+    /// The server refused a call all the same: the spread between sends
+    /// and arrivals is wider than allowed for. The allowance doubles, up
+    /// to the larger of T and the burst's tolerance (a bucket with no
+    /// burst is then paced at half its rate at worst); returns whether it
+    /// grew.
+    pub fn widen(&mut self) -> bool {
+        let cap = self.interval.max(self.tolerance);
+        let wider = self
+            .allowance
+            .saturating_mul(2)
+            .max(Duration::from_nanos(1))
+            .min(cap);
+        let grew = wider > self.allowance;
+        self.allowance = self.allowance.max(wider);
+        grew
     }
 
     /// No call starts before `until`.

@@ -121,6 +121,16 @@ impl Kept {
         }
     }
 
+    /// A rate-limit 429 came: a bucket widens its skew allowance (see
+    /// [`Gcra::widen`]); a window keeps its count, which jitter cannot
+    /// push over. Returns whether anything changed.
+    pub fn refused(&mut self) -> bool {
+        match &mut self.rule {
+            Rule::Bucket(g) => g.widen(),
+            _ => false,
+        }
+    }
+
     /// The server says the quota is used up: no call starts before `until`.
     pub fn hold_until(&mut self, until: Instant) {
         match &mut self.rule {

@@ -278,8 +278,12 @@ impl PolicySet {
 
     /// A rate-limit 429 at `now`: the primary window learns from it; when a
     /// server announced its policies, only the shape (a bucket stated as a
-    /// quota per window is paced evenly), never a lower rate.
+    /// quota per window is paced evenly), never a lower rate. Every bucket
+    /// kept widens its allowance for jitter (a told one was refused).
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
+        for k in &mut self.kept {
+            k.refused();
+        }
         if self.announced {
             self.windows[0].rate_limited_stated(now);
             return None;

@@ -29,12 +29,34 @@ fn the_burst_less_the_allowance_goes_at_once_then_the_rate() {
 }
 
 #[test]
-fn no_burst_spaces_calls_a_tenth_more_than_the_rate() {
+fn no_burst_spaces_calls_a_twentieth_more_than_the_rate() {
     let t0 = Instant::now();
     let mut g = Gcra::new(rate(10, 1000), 0);
-    assert_eq!(g.allowance(), ms(10));
+    assert_eq!(g.allowance(), ms(5));
     assert!(g.try_take(t0, 1).is_ok());
-    assert_eq!(g.try_take(t0, 1), Err(t0 + ms(110)));
+    assert_eq!(g.try_take(t0, 1), Err(t0 + ms(105)));
+}
+
+#[test]
+fn a_refusal_widens_the_allowance_up_to_one_interval() {
+    let t0 = Instant::now();
+    let mut g = Gcra::new(rate(10, 1000), 0);
+    let mut seen = vec![g.allowance()];
+    while g.widen() {
+        seen.push(g.allowance());
+    }
+    assert_eq!(seen, [ms(5), ms(10), ms(20), ms(40), ms(80), ms(100)]);
+    assert!(g.try_take(t0, 1).is_ok());
+    assert_eq!(
+        g.try_take(t0, 1),
+        Err(t0 + ms(200)),
+        "half the rate at worst"
+    );
+    // With a burst, up to its tolerance: the burst is then kept for idle
+    // spells only.
+    let mut b = Gcra::new(rate(10, 1000), 5);
+    while b.widen() {}
+    assert_eq!(b.allowance(), ms(500));
 }
 
 #[test]

@@ -485,3 +485,27 @@ fn nothing_left_of_a_daily_quota_is_no_bucket() {
     s.announce(&[used_up], t0 + ms(10));
     assert_eq!(s.primary().shape(), Some(Phase::Window));
 }
+
+/// A told bucket with no burst is paced a twentieth of T apart beyond its
+/// rate; refused all the same (a path that jitters more than that), it
+/// doubles that allowance, so one 429 buys a margin for the rest of the run.
+#[test]
+fn a_told_bucket_refused_widens_its_allowance() {
+    let t0 = Instant::now();
+    let bucket = || crate::rate::kept::Kept::new("10/1s,burst=0".parse().unwrap()).unwrap();
+    let mut s = set(&[(100, 1000)], t0).with_kept(vec![bucket()]);
+    // The server states its window of 100, so a 429 teaches the primary
+    // window nothing: what changes is the bucket's.
+    s.announce(&[calls_policy(100, Some(1000), None)], t0);
+    let gap = |s: &mut PolicySet, at: Instant| {
+        let slot = s.try_take(at).unwrap();
+        s.complete(slot, at);
+        s.try_take(at).unwrap_err() - at
+    };
+    assert_eq!(gap(&mut s, t0), ms(105));
+    s.rate_limited(t0 + ms(200));
+    let t1 = t0 + ms(2000);
+    assert_eq!(gap(&mut s, t1), ms(110), "twice the allowance");
+    s.rate_limited(t1 + ms(200));
+    assert_eq!(gap(&mut s, t1 + ms(2000)), ms(120));
+}

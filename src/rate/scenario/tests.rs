@@ -201,18 +201,19 @@ fn a_bucket_lets_its_burst_less_the_allowance_go_then_one_each_interval() {
 fn a_bucket_with_no_burst_spaces_its_calls_by_the_interval_and_the_allowance() {
     let a = answers(&bucket_10_per_1s_under_2_per_1s());
     let a: Vec<Answer> = a.into_iter().filter(|a| *a != Answer::Noted).collect();
-    // T + D after the first; at 995 ms the window refuses, and the idle
-    // bucket's TAT moves up to then: at 1000 ms the window has room but
-    // the bucket asks for D more.
+    // T + D after the first (D a twentieth of T); at 995 ms the window
+    // refuses, and the idle bucket's TAT moves up to then: at 1000 ms both
+    // the window's room and the bucket's D are there; at 1005 ms the
+    // window is full until the call of 200 ms ends.
     assert_eq!(
         a,
         [
             granted(2, 1, 0, false),
-            wait(110),
+            wait(105),
             granted(2, 2, 0, false),
             wait(5),
-            wait(5),
-            granted(2, 2, 0, false)
+            granted(2, 2, 0, false),
+            wait(195)
         ]
     );
 }
