@@ -219,6 +219,12 @@ pub trait Ticket: Send {
         let _ = used;
         self.complete(arrived);
     }
+    /// The server refused the call with a rate-limit 429 at `arrived`:
+    /// [`complete`](Self::complete) for a pacer that learns nothing from
+    /// which calls were refused.
+    fn complete_refused(self: Box<Self>, arrived: Instant) {
+        self.complete(arrived);
+    }
     /// The call was never sent: its place is free again.
     fn cancel(self: Box<Self>);
 }
@@ -263,6 +269,15 @@ impl Permit {
     pub fn complete_used(mut self, arrived: Instant, used: Option<u64>) {
         if let Some(t) = self.ticket.take() {
             t.complete_used(arrived, used);
+        }
+    }
+
+    /// The server refused the call with a rate-limit 429 at `arrived`
+    /// (the pause comes apart, with [`Pacer::pause`]): a pacer learning a
+    /// secret limit's shape keeps which calls were refused.
+    pub fn complete_refused(mut self, arrived: Instant) {
+        if let Some(t) = self.ticket.take() {
+            t.complete_refused(arrived);
         }
     }
 }

@@ -132,6 +132,13 @@ impl Ticket for WindowTicket {
         self.guarded.notify();
     }
 
+    fn complete_refused(self: Box<Self>, arrived: Instant) {
+        self.guarded
+            .lock()
+            .complete_refused(self.slot, arrived.into_std());
+        self.guarded.notify();
+    }
+
     fn cancel(self: Box<Self>) {
         if self.guarded.lock().cancel(self.slot) {
             self.guarded.notify();

@@ -341,11 +341,22 @@ impl ExactWindow {
         self.done.insert(at, arrived);
     }
 
+    /// The call in `slot` was refused with a rate-limit 429 at `arrived`:
+    /// as [`complete`](Self::complete), and the shape learner keeps the
+    /// refusal as evidence of the server's bucket (the 429 itself comes
+    /// with [`rate_limited`](Self::rate_limited)).
+    pub fn complete_refused(&mut self, slot: SlotId, arrived: Instant) {
+        if let Some(s) = &mut self.shape {
+            s.refused_call(slot.0);
+        }
+        self.complete(slot, arrived);
+    }
+
     /// The call in `slot` was never sent: its place is free at once.
     /// Returns whether the slot was in flight.
     pub fn cancel(&mut self, slot: SlotId) -> bool {
         if let Some(s) = &mut self.shape {
-            s.answered(slot.0);
+            s.unsent(slot.0);
         }
         self.in_flight.remove(&slot).is_some()
     }
@@ -600,6 +611,21 @@ impl ExactWindow {
     /// in force is learnt, as a bucket, and settled at once.
     fn advance_shape(&mut self, now: Instant) {
         if self.paused_until(now).is_some() {
+            return;
+        }
+        // A bucket fitted to every answer replaces the lowering's count,
+        // and probing stops at the most any fit allows.
+        if let Some(f) = self.shape.as_mut().and_then(|s| s.take_fit(now)) {
+            let l = &mut self.learn;
+            l.learnt = Some(f.limit.clamp(1, self.configured));
+            l.refused_at = Some(f.most.saturating_add(1).min(self.configured));
+            l.settled = true;
+            l.clean_since = now;
+            l.pressed = false;
+            self.push_event(Learning::Bucket {
+                limit: f.limit,
+                burst: f.burst,
+            });
             return;
         }
         let Some(burst) = self.shape.as_mut().and_then(|s| s.advance(now)) else {

@@ -28,6 +28,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod fit;
+
 /// The even pace's allowance for latency varying between calls: a call
 /// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive
 /// a little closer; a bucket with no burst refuses the second.
@@ -49,6 +51,18 @@ const SPENT_EARLY_WITHIN: Duration = Duration::from_secs(60);
 /// At most this many sends are remembered for telling a burst (the last
 /// window's, as long as they are fewer).
 const MAX_SENDS: usize = 4096;
+
+/// After a burst was refused, the even pace starts at this share of its
+/// rate and rises to all of it over a window (a ramp): a rate far below
+/// the told one is then refused on a pace close to it, after a span
+/// longer than the burst's, and the two refusals tell the bucket's rate
+/// and burst apart (see [`fit`]). A bucket at the told rate loses a
+/// third of a window's calls to it, once.
+const RAMP_FROM: f64 = 0.25;
+
+/// The spread between a send and its arrival that a fit allows for, at
+/// least (and a tenth of the interval at the told rate).
+const FIT_SLACK: Duration = Duration::from_millis(2);
 
 /// What a 429 means, as the learner reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +89,9 @@ pub enum Phase {
         at_once: u64,
         /// Calls sent evenly since `since`.
         sent: u64,
+        /// Whether the pace rises from [`RAMP_FROM`] of the rate over the
+        /// first window (the rate is not known; a stated quota's is).
+        ramp: bool,
     },
     /// Paced evenly for good: a bucket, with `burst` calls at once beyond
     /// the even pace after an idle spell.
@@ -82,6 +99,18 @@ pub enum Phase {
         /// The learnt burst (0 when even pacing was refused too).
         burst: u64,
     },
+}
+
+/// A bucket fitted to the answers of the start and the ramp (see
+/// [`ShapeLearner::take_fit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fitted {
+    /// The limit per window whose even pace is the least rate that fits.
+    pub limit: u64,
+    /// The burst (the least that fits, less one).
+    pub burst: u64,
+    /// The limit per window of the greatest rate that fits.
+    pub most: u64,
 }
 
 /// A limit learnt from a server, as a checkpoint keeps it for the next run.
@@ -117,6 +146,11 @@ pub struct ShapeLearner {
     /// The start, while the shape is unknown; `None` once a window passed,
     /// a 429 or a pause came, or an earlier run's bucket was restored.
     start: Option<Start>,
+    /// The calls sent while the shape is unknown, with their answers.
+    evidence: fit::Evidence,
+    /// An even pace was refused with the limit at `.0`, at `.1`: a bucket
+    /// is fitted to the evidence once every call of it is answered.
+    pending_fit: Option<(u64, Instant)>,
 }
 
 /// The first window of a shape not yet known: the even pace, with rounds
@@ -155,6 +189,8 @@ impl ShapeLearner {
                 on_pace: Vec::new(),
                 closing: false,
             }),
+            evidence: fit::Evidence::default(),
+            pending_fit: None,
         }
     }
 
@@ -190,21 +226,28 @@ impl ShapeLearner {
         }
     }
 
-    /// The even pace's interval at `limit` calls per window, and the burst
-    /// allowed beyond it; `None` when paced as a window.
-    fn pace(&self, limit: u64) -> Option<(Duration, u64)> {
-        let burst = match self.phase {
+    /// The even pace's interval at `limit` calls per window at `now`, and
+    /// the burst allowed beyond it; `None` when paced as a window.
+    fn pace(&self, limit: u64, now: Instant) -> Option<(Duration, u64)> {
+        let (burst, share) = match self.phase {
             Phase::Window => return None,
-            Phase::Probing { .. } => 0,
-            Phase::Bucket { burst } => burst,
+            Phase::Probing {
+                since, ramp: true, ..
+            } => {
+                let done = now.saturating_duration_since(since).as_secs_f64()
+                    / self.window.as_secs_f64().max(1e-9);
+                (0, RAMP_FROM + (1.0 - RAMP_FROM) * done.min(1.0))
+            }
+            Phase::Probing { .. } => (0, 1.0),
+            Phase::Bucket { burst } => (burst, 1.0),
         };
-        let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+        let interval = self.window.mul_f64((1.0 + SKEW) / (limit.max(1) as f64 * share));
         Some((interval, burst))
     }
 
     /// When the even pace lets the next call go, if later than `now`.
     pub fn ready_at(&self, limit: u64, now: Instant) -> Option<Instant> {
-        let (interval, burst) = self.pace(limit)?;
+        let (interval, burst) = self.pace(limit, now)?;
         let tat = self.tat?;
         let ahead = interval.saturating_mul(u32::try_from(burst).unwrap_or(u32::MAX));
         let at = tat.checked_sub(ahead).unwrap_or(now);
@@ -216,7 +259,7 @@ impl ShapeLearner {
     /// no burst, as a bucket whose burst is spent allows. `None` when paced
     /// as a window, where it means the window is full.
     pub fn unbursted_at(&self, limit: u64, now: Instant) -> Option<Instant> {
-        self.pace(limit)?;
+        self.pace(limit, now)?;
         Some(self.tat.map_or(now, |t| t.max(now)))
     }
 
@@ -245,6 +288,9 @@ impl ShapeLearner {
     /// The call `id` (the caller's) went during the start: `ahead` of the
     /// even pace (a round's), or on it.
     pub fn sent_in_start(&mut self, id: u64, ahead: bool, now: Instant) {
+        if !matches!(self.phase, Phase::Bucket { .. }) {
+            self.evidence.sent(id, now);
+        }
         if let Some(start) = &mut self.start {
             match ahead {
                 true => start.ahead.push(id),
@@ -253,9 +299,22 @@ impl ShapeLearner {
         }
     }
 
+    /// The server refused call `id` (a rate-limit 429), which is told
+    /// before it is [`answered`](Self::answered).
+    pub fn refused_call(&mut self, id: u64) {
+        self.evidence.answered(id, false);
+    }
+
+    /// Call `id` was given back unsent: it is no evidence.
+    pub fn unsent(&mut self, id: u64) {
+        self.evidence.unsent(id);
+        self.answered(id);
+    }
+
     /// The call `id` came back or was given back: a call of the round
     /// closes it until the rest of it is back too.
     pub fn answered(&mut self, id: u64) {
+        self.evidence.answered(id, true);
         if let Some(start) = &mut self.start {
             if let Some(i) = start.ahead.iter().position(|&a| a == id) {
                 start.ahead.swap_remove(i);
@@ -293,7 +352,7 @@ impl ShapeLearner {
                 *sent += 1;
             }
         }
-        if let Some((interval, _)) = self.pace(limit) {
+        if let Some((interval, _)) = self.pace(limit, now) {
             let from = self.tat.map_or(now, |t| t.max(now));
             // Past the clock's range (never, for an interval of a window):
             // the window's own rule still holds.
@@ -334,8 +393,11 @@ impl ShapeLearner {
     /// the ones that cannot): `accepted` calls had been accepted in the
     /// window, paced to `limit`. Says whether the limit is to be lowered.
     pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant) -> Verdict {
-        self.start = None;
-        let burst = self.burst_before(limit);
+        // The run's first refusal, in its first window: whatever went
+        // before it, one refusal tells a bucket's burst from its rate no
+        // better than a window's count (see `fit`); the ramp tells them.
+        let first = self.start.take().is_some();
+        let burst = first || self.burst_before(limit);
         match self.phase {
             // One call accepted says nothing of the rate either: a bucket
             // with no burst refuses a second call just faster than it.
@@ -344,6 +406,7 @@ impl ShapeLearner {
                     since: now,
                     at_once: accepted.saturating_sub(self.drained(limit)),
                     sent: 0,
+                    ramp: true,
                 };
                 self.tat = None;
                 Verdict::Hold
@@ -354,12 +417,57 @@ impl ShapeLearner {
                 self.phase = Phase::Bucket { burst: 0 };
                 Verdict::Hold
             }
-            Phase::Probing { .. } => {
+            Phase::Probing { ramp, .. } => {
                 self.phase = Phase::Bucket { burst: 0 };
+                if ramp {
+                    self.pending_fit = Some((limit, now));
+                } else {
+                    self.evidence.clear();
+                }
                 Verdict::Lower
             }
             _ => Verdict::Lower,
         }
+    }
+
+    /// The bucket that fits every answer of the start and the ramp, once
+    /// they are all in (or a window after the ramp's refusal, without the
+    /// rest), if one fits and it is a bucket: its rate's share of a window
+    /// at least its burst; else the counts are a window's, and the
+    /// window's own lowering stands. Taken once.
+    pub fn take_fit(&mut self, now: Instant) -> Option<Fitted> {
+        let (limit, at) = self.pending_fit?;
+        if !self.evidence.answered_all() && now.saturating_duration_since(at) < self.window {
+            return None;
+        }
+        self.pending_fit = None;
+        let w = self.window.as_secs_f64().max(1e-9);
+        let told = limit as f64 / w;
+        let slack = FIT_SLACK.max(self.window.mul_f64(SKEW / limit.max(1) as f64));
+        let f = self.evidence.fit(told / 100.0, told, slack);
+        self.evidence.clear();
+        let f = f?;
+        if f.per_second * w < (f.burst + 1) as f64 || f.per_second * w < 1.0 {
+            return None;
+        }
+        // The fit already keeps `slack` from every spacing the server
+        // accepted, so its rate is paced as it is: the limit per window
+        // whose even pace (less SKEW) is that rate. The burst errs low, as
+        // one told from one refusal: the rates tried may miss the server's
+        // by a step, and a burst one too large costs a 429 after every
+        // idle spell.
+        let per_window = |r: f64| ((r * w * (1.0 + SKEW)).floor() as u64).clamp(1, limit);
+        let fitted = Fitted {
+            limit: per_window(f.per_second),
+            burst: f.burst.saturating_sub(1),
+            most: per_window(f.most).max(per_window(f.per_second)),
+        };
+        self.phase = Phase::Bucket {
+            burst: fitted.burst,
+        };
+        self.held = fitted.limit;
+        self.searching = false;
+        Some(fitted)
     }
 
     /// A server stating a quota of `limit` said nothing is left of it at
@@ -393,6 +501,7 @@ impl ShapeLearner {
             since: now,
             at_once: accepted.saturating_sub(self.drained(limit)),
             sent: 0,
+            ramp: false,
         };
         let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
         let units = u32::try_from(in_flight.saturating_add(1)).unwrap_or(u32::MAX);
@@ -403,7 +512,7 @@ impl ShapeLearner {
     /// A whole window passed at `limit` without a 429 (the window's own
     /// learning clock says so).
     pub fn held(&mut self, limit: u64) {
-        if self.pace(limit).is_some() {
+        if self.phase != Phase::Window {
             self.held = self.held.max(limit);
         }
     }
@@ -415,7 +524,8 @@ impl ShapeLearner {
     /// apart from one refusal). But a bucket with no burst refuses the
     /// second call of a pace too fast, so one accepted call says only that
     /// the rate is lower: the limit is halved, and probing searches
-    /// between it and the refused one.
+    /// between it and the refused one. (A bucket fitted to every answer
+    /// replaces either once the answers are in: [`take_fit`](Self::take_fit).)
     pub fn lowering(&mut self, limit: u64, accepted: u64) -> u64 {
         match self.phase {
             Phase::Bucket { .. } if accepted <= 1 => {
@@ -446,7 +556,7 @@ impl ShapeLearner {
     /// pace's [`SKEW`]: a 429 and a pause would cost more than it can win.
     pub fn step(&self, learnt: u64, ceiling: u64) -> u64 {
         let gap = ceiling.saturating_sub(learnt);
-        let even = self.pace(learnt).is_some();
+        let even = self.phase != Phase::Window;
         match self.searching {
             _ if even && gap as f64 <= learnt as f64 * SKEW => 0,
             true => (gap / 2).max(1),
@@ -480,15 +590,20 @@ impl ShapeLearner {
             since,
             at_once,
             sent,
+            ramp,
         } = self.phase
         else {
             return None;
         };
-        if sent < 2 || now.saturating_duration_since(since) < self.window {
+        // A ramp reaches the rate a window after it began: the rate holds
+        // once a whole window at it did.
+        let span = self.window.saturating_mul(if ramp { 2 } else { 1 });
+        if sent < 2 || now.saturating_duration_since(since) < span {
             return None;
         }
         let burst = at_once.saturating_sub(1);
         self.phase = Phase::Bucket { burst };
+        self.evidence.clear();
         Some(burst)
     }
 }

@@ -247,11 +247,24 @@ impl PolicySet {
     /// when the response said: the token policies count those instead of
     /// the estimate.
     pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>) {
+        self.settle(slot, arrived, used, false);
+    }
+
+    /// The call in `slot` was refused with a rate-limit 429 at `arrived`:
+    /// the primary window's shape learner keeps that as evidence.
+    pub fn complete_refused(&mut self, slot: SetSlot, arrived: Instant) {
+        self.settle(slot, arrived, None, true);
+    }
+
+    fn settle(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>, refused: bool) {
         if let Some((sent, slots, kept)) = self.in_flight.remove(&slot) {
             self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));
-            for (w, slots) in self.windows.iter_mut().zip(slots) {
+            for (i, (w, slots)) in self.windows.iter_mut().zip(slots).enumerate() {
                 for s in slots {
-                    w.complete(s, arrived);
+                    match refused && i == 0 {
+                        true => w.complete_refused(s, arrived),
+                        false => w.complete(s, arrived),
+                    }
                 }
             }
             for (k, id) in self.kept.iter_mut().zip(kept) {

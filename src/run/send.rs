@@ -87,8 +87,15 @@ impl Pool {
         }
         let outcome = match result {
             Ok(resp) => {
-                let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
-                permit.complete_used(Instant::now(), used);
+                let limited = resp.status == 429
+                    && !resp.headers.contains_key(crate::wire::CONCURRENCY_LIMIT);
+                match limited {
+                    true => permit.complete_refused(Instant::now()),
+                    false => {
+                        let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
+                        permit.complete_used(Instant::now(), used);
+                    }
+                }
                 self.read(resp, batch).await
             }
             Err(e) if e.kind == FailureKind::Resources => {

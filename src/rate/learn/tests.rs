@@ -166,10 +166,12 @@ impl Client for Paced {
         self.0.try_take(now)
     }
     fn complete(&mut self, slot: SlotId, at: Instant, refused: bool) {
-        self.0.complete(slot, at);
         if refused {
+            self.0.complete_refused(slot, at);
             self.0.rate_limited(at);
             self.0.pause_until(at + W);
+        } else {
+            self.0.complete(slot, at);
         }
     }
     fn cancel(&mut self, slot: SlotId) {
@@ -500,4 +502,39 @@ fn nothing_left_at_the_even_pace_waits_for_the_pace_not_the_window() {
     }
     // 30 a second less the even pace's tenth: 54 in two seconds.
     assert!((50..=56).contains(&sent), "{sent} calls in 2 s");
+}
+
+#[test]
+#[ignore = "debug trace"]
+fn trace() {
+    let scenario: u8 = std::env::var("SC").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let workers: usize = std::env::var("WK").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let fates = link(ITEMS + 60, ms(20), ms(2), 1);
+    let t0 = Instant::now();
+    let mut g = match scenario {
+        0 => Gcra::new(30.0, 0),
+        1 => Gcra::new(30.0, 5),
+        4 => Gcra::new(10.0, 0),
+        _ => Gcra::new(10.0, 3),
+    };
+    let mut sliding = Sliding { limit: 10, window: W, accepted: Default::default() };
+    let mut fixed = Fixed { limit: 10, window: W, t0, current: (0, 0) };
+    let mut server = |at| match scenario {
+        2 => sliding.admit(at),
+        3 => fixed.admit(at),
+        _ => g.admit(at),
+    };
+    let mut c = Paced(ExactWindow::new(30, W, t0).learning_shape(None));
+    let calls = drive(&mut c, workers, &fates, t0, &mut server);
+    let mut last_limit = 0;
+    let mut n = 0;
+    for call in &calls {
+        let Some(a) = call.arrival else { continue };
+        n += 1;
+        if call.refused || call.limit != last_limit {
+            eprintln!("{:8.3} #{n} limit {} {}", (a - t0).as_secs_f64(), call.limit, if call.refused { "REFUSED" } else { "" });
+            last_limit = call.limit;
+        }
+    }
+    eprintln!("learnt {:?} burst {:?}", c.0.learnt(), c.0.learnt_burst());
 }
