@@ -201,6 +201,7 @@ impl Pacer for WindowPacer {
         let mut s = self.guarded.lock();
         // Learning first: it must see whether an earlier pause still holds.
         s.rate_limited(now);
+        s.widen_buckets();
         s.primary_mut().pause_until(now + for_);
         ready(Ok(()))
     }

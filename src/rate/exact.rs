@@ -459,7 +459,8 @@ impl ExactWindow {
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
         if let Some(s) = &mut self.shape {
-            if s.refused(limit, accepted, now) == Verdict::Hold {
+            // The rate is stated: no ramp needed to tell it.
+            if s.refused(limit, accepted, now, false) == Verdict::Hold {
                 self.learn.lowered_at = Some(now);
                 self.learn.last_stale_done = None;
             }
@@ -518,7 +519,7 @@ impl ExactWindow {
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
         if let Some(s) = &mut self.shape {
-            if s.refused(limit, accepted, now) == Verdict::Hold {
+            if s.refused(limit, accepted, now, true) == Verdict::Hold {
                 // Calls sent before now went at the old pace: their 429s
                 // teach nothing about the even one.
                 self.learn.lowered_at = Some(now);

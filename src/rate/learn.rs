@@ -241,7 +241,9 @@ impl ShapeLearner {
             Phase::Probing { .. } => (0, 1.0),
             Phase::Bucket { burst } => (burst, 1.0),
         };
-        let interval = self.window.mul_f64((1.0 + SKEW) / (limit.max(1) as f64 * share));
+        let interval = self
+            .window
+            .mul_f64((1.0 + SKEW) / (limit.max(1) as f64 * share));
         Some((interval, burst))
     }
 
@@ -288,7 +290,9 @@ impl ShapeLearner {
     /// The call `id` (the caller's) went during the start: `ahead` of the
     /// even pace (a round's), or on it.
     pub fn sent_in_start(&mut self, id: u64, ahead: bool, now: Instant) {
-        if !matches!(self.phase, Phase::Bucket { .. }) {
+        // Evidence for a fit: the start's calls and the ramp's.
+        let ramp = matches!(self.phase, Phase::Probing { ramp: true, .. });
+        if self.start.is_some() || ramp {
             self.evidence.sent(id, now);
         }
         if let Some(start) = &mut self.start {
@@ -392,12 +396,17 @@ impl ShapeLearner {
     /// A rate-limit 429 at `now` that teaches (the window already left out
     /// the ones that cannot): `accepted` calls had been accepted in the
     /// window, paced to `limit`. Says whether the limit is to be lowered.
-    pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant) -> Verdict {
+    /// `secret`: the server states no limit, so an even pace after it
+    /// ramps up to tell the rate (see [`RAMP_FROM`]).
+    pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant, secret: bool) -> Verdict {
         // The run's first refusal, in its first window: whatever went
         // before it, one refusal tells a bucket's burst from its rate no
         // better than a window's count (see `fit`); the ramp tells them.
-        let first = self.start.take().is_some();
-        let burst = first || self.burst_before(limit);
+        let first = self
+            .start
+            .take()
+            .is_some_and(|s| s.ends.map_or(true, |e| now < e));
+        let burst = (first && secret) || self.burst_before(limit);
         match self.phase {
             // One call accepted says nothing of the rate either: a bucket
             // with no burst refuses a second call just faster than it.
@@ -406,7 +415,7 @@ impl ShapeLearner {
                     since: now,
                     at_once: accepted.saturating_sub(self.drained(limit)),
                     sent: 0,
-                    ramp: true,
+                    ramp: secret,
                 };
                 self.tat = None;
                 Verdict::Hold
@@ -584,7 +593,11 @@ impl ShapeLearner {
             .as_ref()
             .is_some_and(|s| s.ends.is_some_and(|e| now >= e))
         {
+            // A first window with no refusal: nothing to fit.
             self.start = None;
+            if self.phase == Phase::Window {
+                self.evidence.clear();
+            }
         }
         let Phase::Probing {
             since,

@@ -291,17 +291,25 @@ impl PolicySet {
 
     /// A rate-limit 429 at `now`: the primary window learns from it; when a
     /// server announced its policies, only the shape (a bucket stated as a
-    /// quota per window is paced evenly), never a lower rate. Every bucket
-    /// kept widens its allowance for jitter (a told one was refused).
+    /// quota per window is paced evenly), never a lower rate.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
-        for k in &mut self.kept {
-            k.refused();
-        }
         if self.announced {
             self.windows[0].rate_limited_stated(now);
             return None;
         }
         self.windows[0].rate_limited(now)
+    }
+
+    /// A rate-limit 429 came from a server whose buckets this set keeps:
+    /// each widens its allowance for jitter (see
+    /// [`Gcra::widen`](super::gcra::Gcra::widen)). The in-process pacer's
+    /// own adaptation: the fleet's buckets keep theirs in the key's name,
+    /// and the rule the two share ([`rate_limited`](Self::rate_limited))
+    /// leaves it alone.
+    pub fn widen_buckets(&mut self) {
+        for k in &mut self.kept {
+            k.refused();
+        }
     }
 
     /// The next thing heard, else the next learning event, oldest first.

@@ -48,3 +48,51 @@ async fn told_only_the_rate_of_a_secret_bucket_it_learns_the_bucket_and_remember
         "{first_line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn told_three_times_a_secret_buckets_rate_it_fits_the_rate_and_the_burst() {
+    // nginx's rule at 30 a second with a burst of 5, stating nothing,
+    // told 90/1s: one refusal cannot tell the burst from the rate, so the
+    // even pace ramps up until it is refused too, and the bucket that
+    // answers both as the server did is kept. (Learnt from the accepted
+    // count alone, it was about 8 calls a window.)
+    let s = Scenario::new("fit-bucket")
+        .with_sim(&[
+            "--limit",
+            "30/1s,burst=5",
+            "--secret-limit",
+            "--cooldown",
+            "1s",
+            "--latency",
+            "1ms..3ms",
+        ])
+        .numbers(120);
+    let r = s.run(&["--limit", "90/1s", "--concurrency", "5"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let said = r
+        .stderr
+        .lines()
+        .find_map(|l| l.split("the server keeps a bucket: ").nth(1))
+        .unwrap_or_else(|| panic!("no bucket said: {}", r.stderr));
+    let per_window: u64 = said
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    // Paced evenly at a tenth under the limit per window: at most 30 a
+    // second, and at least 27 (the fit keeps 2 ms from each spacing).
+    assert!((29..=33).contains(&per_window), "{said}");
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    assert!(limited <= 3, "{limited} 429s: {}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_each_item_once(&s.out_path(), 120);
+    assert_side_effects(&stats, 120);
+    // Remembered: the next run starts from the fitted bucket.
+    let again = s.run(&["--limit", "90/1s", "--concurrency", "5"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let first_line = again.stderr.lines().next().unwrap_or_default();
+    assert!(
+        first_line.contains(&format!("learnt earlier: a bucket of {per_window}/1s")),
+        "{first_line}"
+    );
+}

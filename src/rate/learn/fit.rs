@@ -54,23 +54,29 @@ pub struct Evidence {
 
 impl Evidence {
     /// Call `id` went at `now` (ignored once full: the replay starts from
-    /// the first call, so the oldest are never dropped).
+    /// the first call, so the oldest are never dropped). Ids grow.
     pub fn sent(&mut self, id: u64, now: Instant) {
-        if self.calls.len() < MAX_CALLS {
+        let after = self.calls.back().map_or(true, |c| c.0 < id);
+        if self.calls.len() < MAX_CALLS && after {
             self.calls.push_back((id, now, None));
         }
     }
 
+    /// Where call `id` is kept (ids grow with each send).
+    fn find(&self, id: u64) -> Option<usize> {
+        self.calls.binary_search_by_key(&id, |c| c.0).ok()
+    }
+
     /// Call `id` was answered: `accepted`, unless a refusal was said first.
     pub fn answered(&mut self, id: u64, accepted: bool) {
-        if let Some(c) = self.calls.iter_mut().rev().find(|c| c.0 == id) {
-            c.2.get_or_insert(accepted);
+        if let Some(i) = self.find(id) {
+            self.calls[i].2.get_or_insert(accepted);
         }
     }
 
     /// Call `id` was never sent.
     pub fn unsent(&mut self, id: u64) {
-        if let Some(i) = self.calls.iter().rposition(|c| c.0 == id) {
+        if let Some(i) = self.find(id) {
             self.calls.remove(i);
         }
     }
@@ -85,16 +91,22 @@ impl Evidence {
         self.calls = VecDeque::new();
     }
 
-    /// [`fit`] to the calls answered so far. Of calls sent at one instant
-    /// (a round's), the accepted ones are replayed first: which of them
-    /// reached the server first is not known, and a bucket accepts first.
+    /// [`fit`] to the calls answered so far. Calls sent within `slack` of
+    /// each other may have reached the server in either order, and a
+    /// bucket accepts before it refuses: an accepted call is replayed
+    /// before a refused one sent up to twice `slack` before it (a round's
+    /// calls go at one instant, and the server saw them in any order).
     pub fn fit(&self, floor: f64, ceiling: f64, slack: Duration) -> Option<Fit> {
         let mut answered: Vec<(Instant, bool)> = self
             .calls
             .iter()
             .filter_map(|&(_, at, ok)| ok.map(|ok| (at, ok)))
             .collect();
-        answered.sort_by_key(|&(at, ok)| (at, !ok));
+        let order = |&(at, ok): &(Instant, bool)| match ok {
+            true => (at.checked_sub(slack).unwrap_or(at), false),
+            false => (at + slack, true),
+        };
+        answered.sort_by_key(order);
         fit(&answered, floor, ceiling, slack)
     }
 }
@@ -104,7 +116,9 @@ impl Evidence {
 /// server did, sent in that order; `None` when none does (the server keeps
 /// something else: a window, or a limit shared with other clients).
 pub fn fit(calls: &[(Instant, bool)], floor: f64, ceiling: f64, slack: Duration) -> Option<Fit> {
-    if !(floor > 0.0 && ceiling >= floor) || !calls.iter().any(|&(_, ok)| !ok) {
+    // (Written so that a NaN bound is no range either.)
+    let range = floor > 0.0 && ceiling >= floor;
+    if !range || calls.iter().all(|&(_, ok)| ok) {
         return None;
     }
     let mut best: Option<Fit> = None;
@@ -218,6 +232,29 @@ mod tests {
         let f = fit(&calls, 1.0, 90.0, ms(1)).unwrap();
         assert!((27.0..=30.0 * STEP).contains(&f.per_second), "{f:?}");
         assert_eq!(f.burst, 0);
+    }
+
+    #[test]
+    fn a_rounds_calls_may_have_reached_the_server_in_any_order() {
+        // A round of four at one instant (microseconds apart): the server
+        // took three and refused the one sent second, which reached it
+        // last. A bucket with a burst of 2.
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        let round = [(0, 0, true), (1, 10, false), (2, 20, true), (3, 30, true)];
+        let mut e = Evidence::default();
+        for (id, at, _) in round {
+            e.sent(id, us(at));
+        }
+        for (id, _, ok) in round {
+            e.answered(id, ok);
+        }
+        assert!(e.answered_all());
+        assert_eq!(e.fit(1.0, 90.0, ms(2)).map(|f| f.burst), Some(2));
+        // Taken in the order sent, no bucket refuses the second and then
+        // takes the third and fourth.
+        let as_sent: Vec<_> = round.iter().map(|&(_, at, ok)| (us(at), ok)).collect();
+        assert_eq!(fit(&as_sent, 1.0, 90.0, ms(2)), None);
     }
 
     #[test]

@@ -17,19 +17,44 @@ fn a_429_after_a_burst_holds_the_limit_and_paces_evenly() {
         l.sent(30, t0);
     }
     assert_eq!(l.ready_at(30, t0), None, "a window has no even pace");
-    assert_eq!(l.refused(30, 6, t0 + ms(20)), Verdict::Hold);
+    assert_eq!(l.refused(30, 6, t0 + ms(20), true), Verdict::Hold);
     let until = t0 + ms(1020);
     l.paused_until(until);
-    // One call per W/30 plus the skew allowance, no burst.
+    // The ramp: one call per W/30 plus the skew allowance, at a quarter
+    // of the pace at first, no burst.
+    l.sent(30, until);
+    let next = until + W.mul_f64(1.1 / 30.0 / RAMP_FROM);
+    assert_eq!(l.ready_at(30, until), Some(next));
+    // A window on, the whole pace.
+    let later = until + W;
+    l.sent(30, later);
+    assert_eq!(l.ready_at(30, later), Some(later + W.mul_f64(1.1 / 30.0)));
+    assert_eq!(
+        l.advance(later),
+        None,
+        "the ramp's window and one at the rate"
+    );
+    assert_eq!(l.burst(), None);
+    assert_eq!(l.advance(until + 2 * W), Some(5), "six at once, less one");
+    assert_eq!(l.phase(), Phase::Bucket { burst: 5 });
+    assert_eq!(l.advance(until + 3 * W), None, "said once");
+}
+
+#[test]
+fn a_stated_limit_refused_after_a_burst_paces_evenly_with_no_ramp() {
+    let t0 = Instant::now();
+    let mut l = ShapeLearner::new(W);
+    for _ in 0..7 {
+        l.sent(30, t0);
+    }
+    assert_eq!(l.refused(30, 6, t0 + ms(20), false), Verdict::Hold);
+    let until = t0 + ms(1020);
+    l.paused_until(until);
     l.sent(30, until);
     let next = until + W.mul_f64(1.1 / 30.0);
     assert_eq!(l.ready_at(30, until), Some(next));
     l.sent(30, next);
-    assert_eq!(l.advance(next), None, "not a whole window yet");
-    assert_eq!(l.burst(), None);
-    assert_eq!(l.advance(until + W), Some(5), "six at once, less one");
-    assert_eq!(l.phase(), Phase::Bucket { burst: 5 });
-    assert_eq!(l.advance(until + W + W), None, "said once");
+    assert_eq!(l.advance(until + W), Some(5), "a window at the rate held");
 }
 
 #[test]
@@ -39,27 +64,41 @@ fn a_429_at_the_even_pace_says_the_rate_is_lower() {
     for _ in 0..5 {
         l.sent(30, t0);
     }
-    assert_eq!(l.refused(30, 1, t0 + ms(5)), Verdict::Hold);
+    assert_eq!(l.refused(30, 1, t0 + ms(5), true), Verdict::Hold);
     let mut now = t0 + ms(1005);
     l.paused_until(now);
     for _ in 0..10 {
         l.sent(30, now);
         now = l.ready_at(30, now).unwrap();
     }
-    assert_eq!(l.refused(30, 10, now), Verdict::Lower);
+    assert_eq!(l.refused(30, 10, now, true), Verdict::Lower);
     assert_eq!(l.burst(), Some(0), "paced evenly from now on");
 }
 
 #[test]
-fn a_429_without_a_burst_before_it_lowers_at_once() {
+fn a_429_without_a_burst_before_it_lowers_at_once_after_the_first_window() {
     let t0 = Instant::now();
     let mut l = ShapeLearner::new(W);
-    // Ten calls a tenth of a second apart: slower than 30 a second.
-    for i in 0..10 {
+    // Fifteen calls a tenth of a second apart: slower than 30 a second.
+    for i in 0..15 {
         l.sent(30, t0 + ms(100 * i));
     }
-    assert_eq!(l.refused(30, 9, t0 + ms(950)), Verdict::Lower);
+    assert_eq!(l.refused(30, 9, t0 + ms(1450), true), Verdict::Lower);
     assert_eq!(l.phase(), Phase::Window);
+}
+
+#[test]
+fn the_first_429_in_the_first_window_holds_whatever_went_before() {
+    // The start's calls on the even pace alone, refused: a bucket at a
+    // third of the rate refuses them as it would a burst, and only the
+    // ramp tells its rate from its burst.
+    let t0 = Instant::now();
+    let mut l = ShapeLearner::new(W);
+    for i in 0..9 {
+        l.sent(30, t0 + ms(37 * i));
+    }
+    assert_eq!(l.refused(30, 8, t0 + ms(320), true), Verdict::Hold);
+    assert!(matches!(l.phase(), Phase::Probing { ramp: true, .. }));
 }
 
 #[test]
@@ -72,7 +111,7 @@ fn a_restored_bucket_paces_evenly_and_loses_a_burst_that_was_refused() {
         l.sent(10, t0);
     }
     assert!(l.ready_at(10, t0).is_some());
-    assert_eq!(l.refused(10, 2, t0 + ms(5)), Verdict::Hold);
+    assert_eq!(l.refused(10, 2, t0 + ms(5), true), Verdict::Hold);
     assert_eq!(l.burst(), Some(0));
 }
 
@@ -330,7 +369,8 @@ fn the_bucket_is_said_as_an_event() {
     assert_eq!(w.rate_limited(t0 + ms(10)), None, "held, not lowered");
     w.pause_until(t0 + ms(1010));
     let mut now = t0 + ms(1010);
-    while now < t0 + ms(2100) {
+    // The ramp's window, then one at the rate.
+    while now < t0 + ms(3100) {
         match w.try_take(now) {
             Ok(s) => w.complete(s, now + ms(5)),
             Err(at) => now = at,
@@ -486,7 +526,9 @@ fn nothing_left_at_the_even_pace_waits_for_the_pace_not_the_window() {
     for s in first {
         w.complete(s, t0 + ms(10));
     }
-    assert_eq!(w.rate_limited(t0 + ms(10)), None, "held, not lowered");
+    // The server states its limit: a 429 changes the shape, not the rate.
+    w.rate_limited_stated(t0 + ms(10));
+    assert_eq!(w.limit(), 30, "held, not lowered");
     let from = t0 + ms(1010);
     w.pause_until(from);
     let (mut now, mut sent) = (from, 0);
@@ -502,39 +544,4 @@ fn nothing_left_at_the_even_pace_waits_for_the_pace_not_the_window() {
     }
     // 30 a second less the even pace's tenth: 54 in two seconds.
     assert!((50..=56).contains(&sent), "{sent} calls in 2 s");
-}
-
-#[test]
-#[ignore = "debug trace"]
-fn trace() {
-    let scenario: u8 = std::env::var("SC").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let workers: usize = std::env::var("WK").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let fates = link(ITEMS + 60, ms(20), ms(2), 1);
-    let t0 = Instant::now();
-    let mut g = match scenario {
-        0 => Gcra::new(30.0, 0),
-        1 => Gcra::new(30.0, 5),
-        4 => Gcra::new(10.0, 0),
-        _ => Gcra::new(10.0, 3),
-    };
-    let mut sliding = Sliding { limit: 10, window: W, accepted: Default::default() };
-    let mut fixed = Fixed { limit: 10, window: W, t0, current: (0, 0) };
-    let mut server = |at| match scenario {
-        2 => sliding.admit(at),
-        3 => fixed.admit(at),
-        _ => g.admit(at),
-    };
-    let mut c = Paced(ExactWindow::new(30, W, t0).learning_shape(None));
-    let calls = drive(&mut c, workers, &fates, t0, &mut server);
-    let mut last_limit = 0;
-    let mut n = 0;
-    for call in &calls {
-        let Some(a) = call.arrival else { continue };
-        n += 1;
-        if call.refused || call.limit != last_limit {
-            eprintln!("{:8.3} #{n} limit {} {}", (a - t0).as_secs_f64(), call.limit, if call.refused { "REFUSED" } else { "" });
-            last_limit = call.limit;
-        }
-    }
-    eprintln!("learnt {:?} burst {:?}", c.0.learnt(), c.0.learnt_burst());
 }
