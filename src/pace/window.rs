@@ -336,6 +336,40 @@ mod tests {
         assert!(p.paused_until().is_none());
     }
 
+    /// A told bucket with no burst refused all the same: the pause's end
+    /// spaces calls by twice the jitter allowance from then on.
+    #[tokio::test(start_paused = true)]
+    async fn a_429_widens_a_told_buckets_spacing() {
+        let spec: PolicySpec = "10/1s,burst=0".parse().unwrap();
+        let policies = Policies {
+            specs: &[spec],
+            wait_for_quota: false,
+            learn_shape: true,
+            start: false,
+        };
+        let r = spec.rate().unwrap();
+        let p = WindowPacer::of(policy_set(policies, r, None, now_std()));
+        async fn gap(p: &WindowPacer) -> Duration {
+            p.take().await.unwrap().complete(Instant::now());
+            let from = Instant::now();
+            p.take().await.unwrap().complete(Instant::now());
+            Instant::now() - from
+        }
+        let ms = |d: Duration| d.as_millis();
+        assert!((105..=106).contains(&ms(gap(&p).await)));
+        // A second of calls at that pace, then a 429 (the envelope learns
+        // what the window accepted, which the bucket's pace stays under).
+        for _ in 0..5 {
+            gap(&p).await;
+        }
+        p.pause(Duration::from_secs(1)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            (110..=111).contains(&ms(gap(&p).await)),
+            "twice the allowance"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_capped_key_shrinks_the_window_at_once() {
         let p = pacer(60, Duration::from_secs(1));
