@@ -541,7 +541,11 @@ impl ExactWindow {
         l.lowered_at = Some(now);
         l.last_stale_done = None;
         l.settled = false;
-        self.push_event(Learning::Lowered(new));
+        // A bucket about to be fitted is said once fitted (or, if none
+        // fits, this lowering then).
+        if !self.shape.as_ref().is_some_and(ShapeLearner::fit_pending) {
+            self.push_event(Learning::Lowered(new));
+        }
         Some(new)
     }
 
@@ -616,18 +620,26 @@ impl ExactWindow {
         }
         // A bucket fitted to every answer replaces the lowering's count,
         // and probing stops at the most any fit allows.
-        if let Some(f) = self.shape.as_mut().and_then(|s| s.take_fit(now)) {
-            let l = &mut self.learn;
-            l.learnt = Some(f.limit.clamp(1, self.configured));
-            l.refused_at = Some(f.most.saturating_add(1).min(self.configured));
-            l.settled = true;
-            l.clean_since = now;
-            l.pressed = false;
-            self.push_event(Learning::Bucket {
-                limit: f.limit,
-                burst: f.burst,
-            });
-            return;
+        match self.shape.as_mut().and_then(|s| s.take_fit(now)) {
+            None => {}
+            Some(None) => {
+                if let Some(learnt) = self.learn.learnt {
+                    self.push_event(Learning::Lowered(learnt));
+                }
+            }
+            Some(Some(f)) => {
+                let l = &mut self.learn;
+                l.learnt = Some(f.limit.clamp(1, self.configured));
+                l.refused_at = Some(f.most.saturating_add(1).min(self.configured));
+                l.settled = true;
+                l.clean_since = now;
+                l.pressed = false;
+                self.push_event(Learning::Bucket {
+                    limit: f.limit,
+                    burst: f.burst,
+                });
+                return;
+            }
         }
         let Some(burst) = self.shape.as_mut().and_then(|s| s.advance(now)) else {
             return;

@@ -441,15 +441,26 @@ impl ShapeLearner {
 
     /// The bucket that fits every answer of the start and the ramp, once
     /// they are all in (or a window after the ramp's refusal, without the
-    /// rest), if one fits and it is a bucket: its rate's share of a window
-    /// at least its burst; else the counts are a window's, and the
-    /// window's own lowering stands. Taken once.
-    pub fn take_fit(&mut self, now: Instant) -> Option<Fitted> {
+    /// rest): `None` until then (or with no fit pending), then once
+    /// `Some(fit)`, `Some(None)` when nothing fits or what fits is no
+    /// bucket (its rate's share of a window below its burst: the counts
+    /// are a window's, and the window's own lowering stands).
+    pub fn take_fit(&mut self, now: Instant) -> Option<Option<Fitted>> {
         let (limit, at) = self.pending_fit?;
         if !self.evidence.answered_all() && now.saturating_duration_since(at) < self.window {
             return None;
         }
         self.pending_fit = None;
+        Some(self.fitted(limit))
+    }
+
+    /// Whether a fit waits for the answers of calls still in flight.
+    pub fn fit_pending(&self) -> bool {
+        self.pending_fit.is_some()
+    }
+
+    /// [`take_fit`](Self::take_fit)'s bucket, told `limit` per window.
+    fn fitted(&mut self, limit: u64) -> Option<Fitted> {
         let w = self.window.as_secs_f64().max(1e-9);
         let told = limit as f64 / w;
         let slack = FIT_SLACK.max(self.window.mul_f64(SKEW / limit.max(1) as f64));
