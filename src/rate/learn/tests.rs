@@ -349,8 +349,9 @@ proptest! {
             _ => Duration::from_secs_f64((ITEMS - 1) as f64 / 10.0),
         };
         prop_assert!(within_bar(&o, ideal), "shape {} {:?} against {:?}", shape, o, ideal);
-        // Not the 3: the burst's calls in flight, the even pace's
-        // refusal, and the slow probe's (see docs/pacing.md).
+        // Not the 3: the start's calls in flight at three times
+        // the rate, the ramp's refusal, and a window's slow probe (see
+        // docs/pacing.md; a bucket's fit ends its learning).
         prop_assert!(o.refused <= workers + 4, "shape {} {:?}", shape, o);
         prop_assert!(o.highest <= 30 && o.learnt.map_or(true, |l| l <= 30));
     }
