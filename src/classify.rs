@@ -81,6 +81,15 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Whether a response is the rate limiter's refusal (what [`classify`]
+/// calls [`CallError::RateLimited`]): a 429 that says neither that the
+/// credits ran out nor that the concurrency ceiling was reached.
+pub fn is_rate_limited(code: u16, headers: &HeaderMap) -> bool {
+    code == 429
+        && !crate::wire::exhausted_by_headers(headers)
+        && !headers.contains_key("x-concurrency-limit")
+}
+
 /// Classifies a response by status and headers. `body` is used only to give
 /// a failure a readable reason, from which `key` is kept out.
 pub fn classify(
@@ -350,6 +359,33 @@ mod tests {
     fn success() {
         assert_eq!(c(200, &[], ""), Ok(()));
         assert_eq!(c(204, &[], ""), Ok(()));
+    }
+
+    /// The pacer is told a call was refused by the rate limiter exactly
+    /// when the classifier says so.
+    #[test]
+    fn is_rate_limited_agrees_with_the_classifier() {
+        let cases: [(u16, &[(&str, &str)]); 5] = [
+            (
+                429,
+                &[("retry-after", "7"), ("x-api-remaining-credits", "12")],
+            ),
+            (
+                429,
+                &[("retry-after", "7"), ("x-api-remaining-credits", "0")],
+            ),
+            (429, &[("retry-after", "1"), ("x-concurrency-limit", "5")]),
+            (429, &[]),
+            (503, &[("retry-after", "1")]),
+        ];
+        for (code, pairs) in cases {
+            let limited = matches!(c(code, pairs, ""), Err(CallError::RateLimited { .. }));
+            assert_eq!(
+                is_rate_limited(code, &h(pairs)),
+                limited,
+                "{code} {pairs:?}"
+            );
+        }
     }
 
     #[test]

@@ -87,9 +87,7 @@ impl Pool {
         }
         let outcome = match result {
             Ok(resp) => {
-                let limited = resp.status == 429
-                    && !resp.headers.contains_key(crate::wire::CONCURRENCY_LIMIT);
-                match limited {
+                match classify::is_rate_limited(resp.status, &resp.headers) {
                     true => permit.complete_refused(Instant::now()),
                     false => {
                         let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));
