@@ -123,11 +123,10 @@ impl Kept {
 
     /// A rate-limit 429 came: a bucket widens its skew allowance (see
     /// [`Gcra::widen`]); a window keeps its count, which jitter cannot
-    /// push over. Returns whether anything changed.
-    pub fn refused(&mut self) -> bool {
-        match &mut self.rule {
-            Rule::Bucket(g) => g.widen(),
-            _ => false,
+    /// push over.
+    pub fn widen(&mut self) {
+        if let Rule::Bucket(g) = &mut self.rule {
+            g.widen();
         }
     }
 

@@ -56,9 +56,9 @@ const MAX_SENDS: usize = 4096;
 /// rate and rises to all of it over a window (a ramp): a rate far below
 /// the told one is then refused on a pace close to it, after a span
 /// longer than the burst's, and the two refusals tell the bucket's rate
-/// and burst apart (see [`fit`]). A bucket at the told rate loses a
+/// and burst apart (see `learn/fit.rs`). A bucket at the told rate loses a
 /// third of a window's calls to it, once.
-const RAMP_FROM: f64 = 0.25;
+pub const RAMP_FROM: f64 = 0.25;
 
 /// The spread between a send and its arrival that a fit allows for, at
 /// least (and a tenth of the interval at the told rate).
@@ -480,7 +480,8 @@ impl ShapeLearner {
         let fitted = Fitted {
             limit: per_window(f.per_second),
             burst: f.burst.saturating_sub(1),
-            most: per_window(f.most).max(per_window(f.per_second)),
+            // f.most ≥ f.per_second: the greatest rate that fits.
+            most: per_window(f.most),
         };
         self.phase = Phase::Bucket {
             burst: fitted.burst,

@@ -308,7 +308,7 @@ impl PolicySet {
     /// leaves it alone.
     pub fn widen_buckets(&mut self) {
         for k in &mut self.kept {
-            k.refused();
+            k.widen();
         }
     }
 
