@@ -50,7 +50,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::learn::{Learnt, Phase, ShapeLearner, Verdict};
+use super::learn::{ShapeLearner, Verdict};
 
 /// One call's place in the window, from [`ExactWindow::try_take`] until
 /// [`ExactWindow::complete`] or [`ExactWindow::cancel`].
@@ -167,40 +167,6 @@ impl ExactWindow {
     pub fn with_learnt(mut self, learnt: Option<u64>) -> ExactWindow {
         self.learn.learnt = learnt.map(|l| l.clamp(1, self.configured));
         self
-    }
-
-    /// Starts from what an earlier run learnt, as
-    /// [`with_learnt`](Self::with_learnt), and learns the limit's shape
-    /// too: a 429 after a burst first paces evenly at the limit, and a
-    /// bucket an earlier run learnt is paced evenly from the start.
-    pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
-        let mut w = self.with_learnt(learnt.map(|l| l.limit));
-        let burst = learnt.and_then(|l| l.burst);
-        w.shape = Some(ShapeLearner::restored(w.window, burst));
-        w
-    }
-
-    /// The shape learner (if any) with no start: the limit is known to be
-    /// a window (a plan's), so its first span goes at once.
-    pub fn without_start(mut self) -> ExactWindow {
-        self.shape = self.shape.map(ShapeLearner::without_start);
-        self
-    }
-
-    /// Whether calls go at an even pace (a bucket was seen, or is being
-    /// probed for), not as a window.
-    pub fn paced_evenly(&self) -> bool {
-        self.shape().is_some_and(|p| p != Phase::Window)
-    }
-
-    /// Where the shape learning stands (`None` when not enabled).
-    pub fn shape(&self) -> Option<Phase> {
-        self.shape.as_ref().map(ShapeLearner::phase)
-    }
-
-    /// The burst of the bucket learnt, once the limit was learnt to be one.
-    pub fn learnt_burst(&self) -> Option<u64> {
-        self.shape.as_ref().and_then(ShapeLearner::burst)
     }
 
     /// The configured limit (L).
@@ -341,17 +307,6 @@ impl ExactWindow {
         self.done.insert(at, arrived);
     }
 
-    /// The call in `slot` was refused with a rate-limit 429 at `arrived`:
-    /// as [`complete`](Self::complete), and the shape learner keeps the
-    /// refusal as evidence of the server's bucket (the 429 itself comes
-    /// with [`rate_limited`](Self::rate_limited)).
-    pub fn complete_refused(&mut self, slot: SlotId, arrived: Instant) {
-        if let Some(s) = &mut self.shape {
-            s.refused_call(slot.0);
-        }
-        self.complete(slot, arrived);
-    }
-
     /// The call in `slot` was never sent: its place is free at once.
     /// Returns whether the slot was in flight.
     pub fn cancel(&mut self, slot: SlotId) -> bool {
@@ -417,54 +372,6 @@ impl ExactWindow {
         let until = self.room_at(1, now);
         self.hold_until(until);
         until
-    }
-
-    /// A response of a server that states its quota said nothing is left
-    /// of it at `now`, before [`remaining_zero`](Self::remaining_zero) or a
-    /// hold until its reset: in the start, with fewer calls sent than the
-    /// quota, the shape learner paces evenly from now (a bucket's burst is
-    /// spent; see [`ShapeLearner::spent_early`]). The calls sent before, at
-    /// the start's pace, are not the even pace's: a 429 of theirs teaches
-    /// nothing. Not the learning clock, as for `remaining_zero`: the
-    /// learner tells the start's end itself.
-    pub fn spent_early(&mut self, now: Instant) {
-        if self.reported.is_none() {
-            return;
-        }
-        let limit = self.limit();
-        let (accepted, in_flight) = (self.done.len() as u64, self.in_flight.len() as u64);
-        if let Some(s) = &mut self.shape {
-            if s.spent_early(limit, accepted, in_flight, now) {
-                self.learn.lowered_at = Some(now);
-                self.learn.last_stale_done = None;
-            }
-        }
-    }
-
-    /// A rate-limit 429 from a server that states its limit: the rate is
-    /// what it says, so nothing is lowered, but a 429 after a burst within
-    /// the stated quota says the server keeps a bucket (its headers state
-    /// one as a quota per window): the shape learner paces evenly.
-    pub fn rate_limited_stated(&mut self, now: Instant) {
-        self.advance(now);
-        if self.paused_until(now).is_some() || self.done.is_empty() {
-            return;
-        }
-        if let Some(at) = self.learn.lowered_at {
-            // The calls sent before the switch went at the old pace.
-            if self.in_flight.values().any(|&s| s <= at) {
-                return;
-            }
-        }
-        let limit = self.limit();
-        let accepted = (self.done.len() as u64).saturating_sub(1);
-        if let Some(s) = &mut self.shape {
-            // The rate is stated: no ramp needed to tell it.
-            if s.refused(limit, accepted, now, false) == Verdict::Hold {
-                self.learn.lowered_at = Some(now);
-                self.learn.last_stale_done = None;
-            }
-        }
     }
 
     /// A rate-limit 429 arrived at `now`, for a call already
@@ -611,54 +518,12 @@ impl ExactWindow {
     }
 }
 
-impl ExactWindow {
-    /// Runs the shape learner's clock: once the even pace held, the limit
-    /// in force is learnt, as a bucket, and settled at once.
-    fn advance_shape(&mut self, now: Instant) {
-        if self.paused_until(now).is_some() {
-            return;
-        }
-        // A bucket fitted to every answer replaces the lowering's count,
-        // and probing stops at the most any fit allows.
-        match self.shape.as_mut().and_then(|s| s.take_fit(now)) {
-            None => {}
-            Some(None) => {
-                if let Some(learnt) = self.learn.learnt {
-                    self.push_event(Learning::Lowered(learnt));
-                }
-            }
-            Some(Some(f)) => {
-                let l = &mut self.learn;
-                l.learnt = Some(f.limit.clamp(1, self.configured));
-                l.refused_at = Some(f.most.saturating_add(1).min(self.configured));
-                l.settled = true;
-                l.clean_since = now;
-                l.pressed = false;
-                self.push_event(Learning::Bucket {
-                    limit: f.limit,
-                    burst: f.burst,
-                });
-                return;
-            }
-        }
-        let Some(burst) = self.shape.as_mut().and_then(|s| s.advance(now)) else {
-            return;
-        };
-        let limit = self.limit();
-        let l = &mut self.learn;
-        l.learnt = Some(limit);
-        l.settled = true;
-        l.clean_since = now;
-        l.pressed = false;
-        self.push_event(Learning::Bucket { limit, burst });
-    }
-}
-
 /// `t + d`, saturating far in the future instead of overflowing.
 pub(crate) fn later(t: Instant, d: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
     t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
 }
 
+mod shape;
 #[cfg(test)]
 mod tests;
