@@ -287,8 +287,9 @@ impl ShapeLearner {
         }
     }
 
-    /// The call `id` (the caller's) went during the start: `ahead` of the
-    /// even pace (a round's), or on it.
+    /// The call `id` (the caller's) went at `now`: told of every call.
+    /// During the start, `ahead` of the even pace (a round's) or on it;
+    /// during the start and the ramp, kept as evidence for a fit.
     pub fn sent_in_start(&mut self, id: u64, ahead: bool, now: Instant) {
         // Evidence for a fit: the start's calls and the ramp's.
         let ramp = matches!(self.phase, Phase::Probing { ramp: true, .. });

@@ -143,7 +143,8 @@ pub fn fit(calls: &[(Instant, bool)], floor: f64, ceiling: f64, slack: Duration)
 fn bursts(calls: &[(Instant, bool)], per_second: f64, slack: Duration) -> Option<u64> {
     let t = 1.0 / per_second;
     let slack = slack.as_secs_f64();
-    let origin = calls.first()?.0;
+    // The earliest send: replayed first or not (see `Evidence::fit`).
+    let origin = calls.iter().map(|c| c.0).min()?;
     let mut tat: Option<f64> = None;
     // τ at least `need` (every accepted call conformed), less than `room`
     // (every refused one did not).
