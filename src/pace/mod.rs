@@ -99,6 +99,9 @@ pub enum PaceNote {
         /// Calls at once beyond it.
         burst: u64,
     },
+    /// The server's answers fit a fixed window of this many calls (and no
+    /// sliding one): paced as a sliding window of it, worth keeping.
+    LearntFixedWindow(u64),
     /// What the server's rate-limit headers announce, when it changes or
     /// disagrees with what the pacer was told (each said once).
     Heard(Heard),
@@ -110,6 +113,7 @@ impl From<Learning> for PaceNote {
             Learning::Lowered(n) => PaceNote::Learnt(n),
             Learning::Settled(n) => PaceNote::LearntSettled(n),
             Learning::Bucket { limit, burst } => PaceNote::LearntBucket { limit, burst },
+            Learning::FixedWindow(n) => PaceNote::LearntFixedWindow(n),
         }
     }
 }

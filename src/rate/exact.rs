@@ -74,6 +74,10 @@ pub enum Learning {
         /// Calls it accepts at once beyond the even pace.
         burst: u64,
     },
+    /// The answers of the first windows fit a fixed window of this many
+    /// calls and no sliding one: paced as a sliding window of it (which
+    /// the fixed one never refuses), settled at once.
+    FixedWindow(u64),
 }
 
 /// How long after a call sent before the last lowering came back that a 429

@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod fit;
+mod windows;
 
 /// The even pace's allowance for latency varying between calls: a call
 /// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive
@@ -37,9 +38,11 @@ pub const SKEW: f64 = 0.1;
 
 /// While the shape is unknown (the first window of a bare rate), calls go
 /// *ahead* of the even pace in rounds of at most this many, a round only
-/// once the last one's have all come back. A bucket refuses no more than
-/// one round before its first 429 ends the start, and the bar for
-/// a bucket whose burst was not told is three 429s. Calls on the even pace
+/// once the last one's have all come back. The first round is one call,
+/// the second two (a slow start): a bucket refuses no more than one round
+/// before its first 429 ends the start, and a bucket with no burst refuses
+/// the first round's call alone, where a round of three sent at once cost
+/// three 429s before the ramp's one. Calls on the even pace
 /// go freely, so a slow API with many calls in flight is not held back; a
 /// window still fills its first span within a few round trips.
 pub const START_AHEAD: usize = 3;
@@ -101,15 +104,18 @@ pub enum Phase {
     },
 }
 
-/// A bucket fitted to the answers of the start and the ramp (see
-/// [`ShapeLearner::take_fit`]).
+/// A bucket, or a fixed window, fitted to the answers of the start and
+/// the ramp (see [`ShapeLearner::take_fit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fitted {
-    /// The limit per window whose even pace is the least rate that fits.
+    /// A bucket's limit per window whose even pace is the least rate that
+    /// fits; a fixed window's least limit.
     pub limit: u64,
-    /// The burst (the least that fits, less one).
-    pub burst: u64,
-    /// The limit per window of the greatest rate that fits.
+    /// A bucket's burst (the least that fits, less one); `None` for a
+    /// fixed window, paced as a sliding one of its limit (which no fixed
+    /// window of that limit refuses, whatever its phase).
+    pub burst: Option<u64>,
+    /// The limit per window of the greatest rate (or count) that fits.
     pub most: u64,
 }
 
@@ -170,6 +176,16 @@ struct Start {
     /// Whether a call of the current round came back: the round is closed
     /// to new calls until the rest of it has too.
     closing: bool,
+    /// Rounds whose calls have all come back: the first takes one call,
+    /// the second two, the rest [`START_AHEAD`].
+    rounds: usize,
+}
+
+impl Start {
+    /// How many calls the current round takes.
+    fn round_size(&self) -> usize {
+        (self.rounds + 1).min(START_AHEAD)
+    }
 }
 
 impl ShapeLearner {
@@ -188,6 +204,7 @@ impl ShapeLearner {
                 ahead: Vec::new(),
                 on_pace: Vec::new(),
                 closing: false,
+                rounds: 0,
             }),
             evidence: fit::Evidence::default(),
             pending_fit: None,
@@ -276,11 +293,11 @@ impl ShapeLearner {
         };
         let on_pace = start.tat.unwrap_or(now);
         // A round opens with nothing of the start sent before it in flight,
-        // and takes calls until it has its three or one of them came back.
+        // and takes calls until it has its size or one of them came back.
         let opens = !start.ahead.is_empty() || start.on_pace.iter().all(|&(_, t)| t >= now);
         if on_pace <= now {
             Ok(false)
-        } else if opens && !start.closing && start.ahead.len() < START_AHEAD {
+        } else if opens && !start.closing && start.ahead.len() < start.round_size() {
             Ok(true)
         } else {
             Err(on_pace)
@@ -324,6 +341,7 @@ impl ShapeLearner {
             if let Some(i) = start.ahead.iter().position(|&a| a == id) {
                 start.ahead.swap_remove(i);
                 start.closing = !start.ahead.is_empty();
+                start.rounds += usize::from(start.ahead.is_empty());
             } else if let Some(i) = start.on_pace.iter().position(|&(a, _)| a == id) {
                 start.on_pace.swap_remove(i);
             }
@@ -440,19 +458,20 @@ impl ShapeLearner {
         }
     }
 
-    /// The bucket that fits every answer of the start and the ramp, once
-    /// they are all in (or a window after the ramp's refusal, without the
-    /// rest): `None` until then (or with no fit pending), then once
-    /// `Some(fit)`, `Some(None)` when nothing fits or what fits is no
-    /// bucket (its rate's share of a window below its burst: the counts
-    /// are a window's, and the window's own lowering stands).
+    /// The bucket (or fixed window) that fits every answer of the start
+    /// and the ramp, once they are all in (or a window after the ramp's
+    /// refusal, without the rest): `None` until then (or with no fit
+    /// pending), then once `Some(fit)`, `Some(None)` when nothing fits, or
+    /// a sliding window does (its count is the window's own lowering).
     pub fn take_fit(&mut self, now: Instant) -> Option<Option<Fitted>> {
         let (limit, at) = self.pending_fit?;
         if !self.evidence.answered_all() && now.saturating_duration_since(at) < self.window {
             return None;
         }
         self.pending_fit = None;
-        Some(self.fitted(limit))
+        let fitted = self.fitted(limit);
+        self.evidence.clear();
+        Some(fitted)
     }
 
     /// Whether a fit waits for the answers of calls still in flight.
@@ -460,17 +479,19 @@ impl ShapeLearner {
         self.pending_fit.is_some()
     }
 
-    /// [`take_fit`](Self::take_fit)'s bucket, told `limit` per window.
+    /// [`take_fit`](Self::take_fit)'s bucket or window, told `limit` per
+    /// window: a bucket when one fits, else a fixed window when one does
+    /// and no sliding one does.
     fn fitted(&mut self, limit: u64) -> Option<Fitted> {
         let w = self.window.as_secs_f64().max(1e-9);
         let told = limit as f64 / w;
         let slack = FIT_SLACK.max(self.window.mul_f64(SKEW / limit.max(1) as f64));
-        let f = self.evidence.fit(told / 100.0, told, slack);
-        self.evidence.clear();
-        let f = f?;
-        if f.per_second * w < (f.burst + 1) as f64 || f.per_second * w < 1.0 {
-            return None;
-        }
+        // A bucket whose rate's share of a window is below its burst is
+        // no bucket: the counts are a window's.
+        let bucket = self
+            .evidence
+            .fit(told / 100.0, told, slack)
+            .filter(|f| f.per_second * w >= ((f.burst + 1) as f64).max(1.0));
         // The fit already keeps `slack` from every spacing the server
         // accepted, so its rate is paced as it is: the limit per window
         // whose even pace (less SKEW) is that rate. The burst errs low, as
@@ -478,14 +499,30 @@ impl ShapeLearner {
         // by a step, and a burst one too large costs a 429 after every
         // idle spell.
         let per_window = |r: f64| ((r * w * (1.0 + SKEW)).floor() as u64).clamp(1, limit);
+        // A fixed window may fit a bucket's answers too, by resets placed
+        // where they are few: a bucket that fits comes first.
+        let Some(f) = bucket else {
+            let least = windows::fit_fixed(&self.evidence.answers(), self.window, slack)?;
+            // No probing above it: the least is the count of the server's
+            // fullest window, and a probe above a fixed window's limit is
+            // refused in every window it tries.
+            let least = least.clamp(1, limit);
+            self.phase = Phase::Window;
+            self.searching = false;
+            return Some(Fitted {
+                limit: least,
+                burst: None,
+                most: least,
+            });
+        };
         let fitted = Fitted {
             limit: per_window(f.per_second),
-            burst: f.burst.saturating_sub(1),
+            burst: Some(f.burst.saturating_sub(1)),
             // f.most ≥ f.per_second: the greatest rate that fits.
             most: per_window(f.most),
         };
         self.phase = Phase::Bucket {
-            burst: fitted.burst,
+            burst: f.burst.saturating_sub(1),
         };
         self.held = fitted.limit;
         self.searching = false;

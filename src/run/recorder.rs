@@ -428,6 +428,11 @@ impl Recorder {
                 Some(l),
                 true,
             ),
+            PaceNote::LearntFixedWindow(l) => (
+                format!("batchrun: the server keeps a fixed window of {l} calls: pacing to it"),
+                Some(l),
+                true,
+            ),
             PaceNote::LearntBucket { limit, burst } => (
                 format!("batchrun: the server keeps a bucket: {limit} calls per window paced evenly, with a burst of {burst}; pacing evenly to it"),
                 Some(limit),

@@ -118,7 +118,11 @@ impl ExactWindow {
             }
             Some(Some(f)) => {
                 self.learn.refused_at = Some(f.most.saturating_add(1).min(self.configured));
-                self.learnt_bucket(f.limit.clamp(1, self.configured), f.burst, now);
+                let limit = f.limit.clamp(1, self.configured);
+                match f.burst {
+                    Some(burst) => self.learnt_bucket(limit, burst, now),
+                    None => self.learnt_fixed(limit, now),
+                }
                 return;
             }
         }
@@ -137,5 +141,16 @@ impl ExactWindow {
         l.clean_since = now;
         l.pressed = false;
         self.push_event(Learning::Bucket { limit, burst });
+    }
+
+    /// The limit is learnt, as a fixed window of `limit` (paced as a
+    /// sliding one), settled at once, and said.
+    fn learnt_fixed(&mut self, limit: u64, now: Instant) {
+        let l = &mut self.learn;
+        l.learnt = Some(limit);
+        l.settled = true;
+        l.clean_since = now;
+        l.pressed = false;
+        self.push_event(Learning::FixedWindow(limit));
     }
 }

@@ -91,17 +91,21 @@ impl Evidence {
         self.calls = VecDeque::new();
     }
 
+    /// The calls answered so far: send instant, accepted.
+    pub fn answers(&self) -> Vec<(Instant, bool)> {
+        self.calls
+            .iter()
+            .filter_map(|&(_, at, ok)| ok.map(|ok| (at, ok)))
+            .collect()
+    }
+
     /// [`fit`] to the calls answered so far. Calls sent within `slack` of
     /// each other may have reached the server in either order, and a
     /// bucket accepts before it refuses: an accepted call is replayed
     /// before a refused one sent up to twice `slack` before it (a round's
     /// calls go at one instant, and the server saw them in any order).
     pub fn fit(&self, floor: f64, ceiling: f64, slack: Duration) -> Option<Fit> {
-        let mut answered: Vec<(Instant, bool)> = self
-            .calls
-            .iter()
-            .filter_map(|&(_, at, ok)| ok.map(|ok| (at, ok)))
-            .collect();
+        let mut answered = self.answers();
         let order = |&(at, ok): &(Instant, bool)| match ok {
             true => (at.checked_sub(slack).unwrap_or(at), false),
             false => (at + slack, true),
