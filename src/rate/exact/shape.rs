@@ -119,38 +119,30 @@ impl ExactWindow {
             Some(Some(f)) => {
                 self.learn.refused_at = Some(f.most.saturating_add(1).min(self.configured));
                 let limit = f.limit.clamp(1, self.configured);
-                match f.burst {
-                    Some(burst) => self.learnt_bucket(limit, burst, now),
-                    None => self.learnt_fixed(limit, now),
-                }
+                let said = match f.burst {
+                    Some(burst) => Learning::Bucket { limit, burst },
+                    None => Learning::FixedWindow(limit),
+                };
+                self.learnt_shape(limit, said, now);
                 return;
             }
         }
         let Some(burst) = self.shape.as_mut().and_then(|s| s.advance(now)) else {
             return;
         };
-        self.learnt_bucket(self.limit(), burst, now);
+        let limit = self.limit();
+        self.learnt_shape(limit, Learning::Bucket { limit, burst }, now);
     }
 
-    /// The limit is learnt, as a bucket of `limit` per window with
-    /// `burst`, settled at once, and said.
-    fn learnt_bucket(&mut self, limit: u64, burst: u64, now: Instant) {
+    /// The limit is learnt with its shape (`said`: a bucket, or a fixed
+    /// window paced as a sliding one), `limit` per window, settled at
+    /// once.
+    fn learnt_shape(&mut self, limit: u64, said: Learning, now: Instant) {
         let l = &mut self.learn;
         l.learnt = Some(limit);
         l.settled = true;
         l.clean_since = now;
         l.pressed = false;
-        self.push_event(Learning::Bucket { limit, burst });
-    }
-
-    /// The limit is learnt, as a fixed window of `limit` (paced as a
-    /// sliding one), settled at once, and said.
-    fn learnt_fixed(&mut self, limit: u64, now: Instant) {
-        let l = &mut self.learn;
-        l.learnt = Some(limit);
-        l.settled = true;
-        l.clean_since = now;
-        l.pressed = false;
-        self.push_event(Learning::FixedWindow(limit));
+        self.push_event(said);
     }
 }
