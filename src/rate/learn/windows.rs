@@ -17,6 +17,7 @@
 //! A call within `slack` of a reset may have reached the server in either
 //! window: it counts in neither, and a refused one there tells nothing.
 
+use std::ops::Bound::{self, Excluded, Included};
 use std::time::{Duration, Instant};
 
 /// Phases tried, evenly over one window.
@@ -35,11 +36,14 @@ pub fn fit_fixed(calls: &[(Instant, bool)], window: Duration, slack: Duration) -
         .collect();
     times.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
-    if w <= 2.0 * slack || times.iter().all(|c| c.1) || sliding_fits(&times, w, slack) {
+    let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
+    let all_accepted = accepted.len() == times.len();
+    if w <= 2.0 * slack || all_accepted || sliding_fits(&times, &accepted, w, slack) {
         return None;
     }
     let fits: Vec<(u64, u64)> = (0..PHASES)
-        .filter_map(|p| fixed_fits(&times, w, w * f64::from(p) / f64::from(PHASES), slack))
+        .map(|p| w * f64::from(p) / f64::from(PHASES))
+        .filter_map(|phase| fixed_fits(&times, &accepted, w, phase, slack))
         .collect();
     // At the server's own phase a refused call's window held the limit
     // before it, and so did the fullest window: its fit is exact. A phase
@@ -48,25 +52,32 @@ pub fn fit_fixed(calls: &[(Instant, bool)], window: Duration, slack: Duration) -
     exact.or_else(|| fits.iter().map(|f| f.0).min())
 }
 
-/// Whether a sliding window answers `times` (seconds from the first send,
-/// accepted; in send order) as the server did.
-fn sliding_fits(times: &[(f64, bool)], w: f64, slack: f64) -> bool {
-    let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
-    // Accepted sends within W less the slack reached the server within W.
-    let in_span = |from: f64, to: f64| {
-        let lo = accepted.partition_point(|&t| t <= from);
-        let hi = accepted.partition_point(|&t| t <= to);
-        (hi - lo) as u64
+/// How many of the sorted `accepted` send instants lie between `from`
+/// and `to`.
+fn held(accepted: &[f64], from: Bound<f64>, to: f64) -> u64 {
+    let lo = match from {
+        Included(f) => accepted.partition_point(|&t| t < f),
+        Excluded(f) => accepted.partition_point(|&t| t <= f),
+        Bound::Unbounded => 0,
     };
+    let hi = accepted.partition_point(|&t| t <= to);
+    hi.saturating_sub(lo) as u64
+}
+
+/// Whether a sliding window answers `times` (seconds from the first send,
+/// accepted; in send order; `accepted` the accepted ones' instants) as the
+/// server did.
+fn sliding_fits(times: &[(f64, bool)], accepted: &[f64], w: f64, slack: f64) -> bool {
+    // Accepted sends within W less the slack reached the server within W.
     let least = accepted
         .iter()
-        .map(|&t| in_span(t - (w - slack), t))
+        .map(|&t| held(accepted, Excluded(t - (w - slack)), t))
         .max()
         .unwrap_or(0);
     let most = times
         .iter()
         .filter(|c| !c.1)
-        .map(|&(t, _)| in_span(t - w - slack, t + slack))
+        .map(|&(t, _)| held(accepted, Excluded(t - w - slack), t + slack))
         .min()
         .unwrap_or(u64::MAX);
     least <= most
@@ -74,7 +85,13 @@ fn sliding_fits(times: &[(f64, bool)], w: f64, slack: f64) -> bool {
 
 /// The least and the greatest limit of a fixed window of `w` resetting at
 /// `phase` (and every W after) that answers `times` as the server did.
-fn fixed_fits(times: &[(f64, bool)], w: f64, phase: f64, slack: f64) -> Option<(u64, u64)> {
+fn fixed_fits(
+    times: &[(f64, bool)],
+    accepted: &[f64],
+    w: f64,
+    phase: f64,
+    slack: f64,
+) -> Option<(u64, u64)> {
     // Window k holds [k·W − phase, (k+1)·W − phase); a send within the
     // slack of either end is in no window for sure.
     let place = |t: f64| {
@@ -98,11 +115,7 @@ fn fixed_fits(times: &[(f64, bool)], w: f64, phase: f64, slack: f64) -> Option<(
             // window before it: from the slack before the window's reset
             // to the slack after the refused call.
             let from = k * w - phase - slack;
-            let held = times
-                .iter()
-                .filter(|&&(s, a)| a && s >= from && s <= t + slack)
-                .count() as u64;
-            most = most.min(held);
+            most = most.min(held(accepted, Included(from), t + slack));
         }
         if least > most {
             return None;
@@ -206,7 +219,8 @@ mod tests {
                 .map(|&(at, ok)| ((at - t0).as_secs_f64(), ok))
                 .collect();
             let origin = (phase + sends[0]) % 1000;
-            let fits = fixed_fits(&times, 1.0, origin as f64 / 1000.0, 0.002);
+            let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
+            let fits = fixed_fits(&times, &accepted, 1.0, origin as f64 / 1000.0, 0.002);
             assert!(fits.is_some_and(|(l, m)| l <= limit as u64 && m >= limit as u64));
         }
     }
