@@ -29,7 +29,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod fit;
+mod fitted;
 mod windows;
+
+pub use fitted::Fitted;
 
 /// The even pace's allowance for latency varying between calls: a call
 /// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive
@@ -59,13 +62,9 @@ const MAX_SENDS: usize = 4096;
 /// rate and rises to all of it over a window (a ramp): a rate far below
 /// the told one is then refused on a pace close to it, after a span
 /// longer than the burst's, and the two refusals tell the bucket's rate
-/// and burst apart (see `learn/fit.rs`). A bucket at the told rate loses a
+/// and burst apart (see `learn/fit.rs` and `learn/fitted.rs`). A bucket at the told rate loses a
 /// third of a window's calls to it, once.
 pub const RAMP_FROM: f64 = 0.25;
-
-/// The spread between a send and its arrival that a fit allows for, at
-/// least (and a tenth of the interval at the told rate).
-const FIT_SLACK: Duration = Duration::from_millis(2);
 
 /// What a 429 means, as the learner reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,21 +101,6 @@ pub enum Phase {
         /// The learnt burst (0 when even pacing was refused too).
         burst: u64,
     },
-}
-
-/// A bucket, or a fixed window, fitted to the answers of the start and
-/// the ramp (see [`ShapeLearner::take_fit`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fitted {
-    /// A bucket's limit per window whose even pace is the least rate that
-    /// fits; a fixed window's least limit.
-    pub limit: u64,
-    /// A bucket's burst (the least that fits, less one); `None` for a
-    /// fixed window, paced as a sliding one of its limit (which no fixed
-    /// window of that limit refuses, whatever its phase).
-    pub burst: Option<u64>,
-    /// The limit per window of the greatest rate (or count) that fits.
-    pub most: u64,
 }
 
 /// A limit learnt from a server, as a checkpoint keeps it for the next run.
@@ -456,77 +440,6 @@ impl ShapeLearner {
             }
             _ => Verdict::Lower,
         }
-    }
-
-    /// The bucket (or fixed window) that fits every answer of the start
-    /// and the ramp, once they are all in (or a window after the ramp's
-    /// refusal, without the rest): `None` until then (or with no fit
-    /// pending), then once `Some(fit)`, `Some(None)` when nothing fits, or
-    /// a sliding window does (its count is the window's own lowering).
-    pub fn take_fit(&mut self, now: Instant) -> Option<Option<Fitted>> {
-        let (limit, at) = self.pending_fit?;
-        if !self.evidence.answered_all() && now.saturating_duration_since(at) < self.window {
-            return None;
-        }
-        self.pending_fit = None;
-        let fitted = self.fitted(limit);
-        self.evidence.clear();
-        Some(fitted)
-    }
-
-    /// Whether a fit waits for the answers of calls still in flight.
-    pub fn fit_pending(&self) -> bool {
-        self.pending_fit.is_some()
-    }
-
-    /// [`take_fit`](Self::take_fit)'s bucket or window, told `limit` per
-    /// window: a bucket when one fits, else a fixed window when one does
-    /// and no sliding one does.
-    fn fitted(&mut self, limit: u64) -> Option<Fitted> {
-        let w = self.window.as_secs_f64().max(1e-9);
-        let told = limit as f64 / w;
-        let slack = FIT_SLACK.max(self.window.mul_f64(SKEW / limit.max(1) as f64));
-        // A bucket whose rate's share of a window is below its burst is
-        // no bucket: the counts are a window's.
-        let bucket = self
-            .evidence
-            .fit(told / 100.0, told, slack)
-            .filter(|f| f.per_second * w >= ((f.burst + 1) as f64).max(1.0));
-        // The fit already keeps `slack` from every spacing the server
-        // accepted, so its rate is paced as it is: the limit per window
-        // whose even pace (less SKEW) is that rate. The burst errs low, as
-        // one told from one refusal: the rates tried may miss the server's
-        // by a step, and a burst one too large costs a 429 after every
-        // idle spell.
-        let per_window = |r: f64| ((r * w * (1.0 + SKEW)).floor() as u64).clamp(1, limit);
-        // A fixed window may fit a bucket's answers too, by resets placed
-        // where they are few: a bucket that fits comes first.
-        let Some(f) = bucket else {
-            let least = windows::fit_fixed(&self.evidence.answers(), self.window, slack)?;
-            // No probing above it: the least is the count of the server's
-            // fullest window, and a probe above a fixed window's limit is
-            // refused in every window it tries.
-            let least = least.clamp(1, limit);
-            self.phase = Phase::Window;
-            self.searching = false;
-            return Some(Fitted {
-                limit: least,
-                burst: None,
-                most: least,
-            });
-        };
-        let fitted = Fitted {
-            limit: per_window(f.per_second),
-            burst: Some(f.burst.saturating_sub(1)),
-            // f.most ≥ f.per_second: the greatest rate that fits.
-            most: per_window(f.most),
-        };
-        self.phase = Phase::Bucket {
-            burst: f.burst.saturating_sub(1),
-        };
-        self.held = fitted.limit;
-        self.searching = false;
-        Some(fitted)
     }
 
     /// A server stating a quota of `limit` said nothing is left of it at
