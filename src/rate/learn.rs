@@ -62,8 +62,8 @@ const MAX_SENDS: usize = 4096;
 /// rate and rises to all of it over a window (a ramp): a rate far below
 /// the told one is then refused on a pace close to it, after a span
 /// longer than the burst's, and the two refusals tell the bucket's rate
-/// and burst apart (see `learn/fit.rs` and `learn/fitted.rs`). A bucket at the told rate loses a
-/// third of a window's calls to it, once.
+/// and burst apart (see `learn/fit.rs` and `learn/fitted.rs`). A bucket
+/// at the told rate loses a third of a window's calls to it, once.
 pub const RAMP_FROM: f64 = 0.25;
 
 /// What a 429 means, as the learner reads it.
