@@ -106,6 +106,18 @@ impl Kept {
         }
     }
 
+    /// Counts a call sent at `sent`, still in flight, estimated at
+    /// `tokens` (a policy added while it is out); its id, to complete it
+    /// with. `None` for a bucket, which keeps no calls in flight to add.
+    pub fn admit_in_flight(&mut self, sent: Instant, tokens: u64) -> Option<u64> {
+        let w = self.weight(1, tokens);
+        match &mut self.rule {
+            Rule::Sliding(t, _) => Some(t.admit_in_flight(sent, w)),
+            Rule::Fixed(f) => Some(f.tally_mut().admit_in_flight(sent, w)),
+            Rule::Bucket(_) => None,
+        }
+    }
+
     /// Call `id` was never sent.
     pub fn cancel(&mut self, id: u64) {
         match &mut self.rule {

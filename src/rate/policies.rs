@@ -29,6 +29,7 @@ mod tests;
 mod tokens;
 
 pub use heard::Heard;
+pub use tokens::TOKEN_WINDOW;
 
 /// At most this many windows: each take asks all of them, and a server
 /// announcing dozens of policies is not one to follow blindly.
@@ -67,8 +68,9 @@ pub enum Note {
 }
 
 /// A call in flight: when it was sent, its places in each window (one per
-/// call it counts as), and its ids in the kept policies.
-type Places = (Instant, Vec<Vec<SlotId>>, Vec<u64>);
+/// call it counts as), its ids in the kept policies, and its estimated
+/// tokens (which a token policy added while it is out counts).
+type Places = (Instant, Vec<Vec<SlotId>>, Vec<u64>, u64);
 
 /// Several exact sliding windows, every call counted in each.
 #[derive(Debug, Clone)]
@@ -234,7 +236,7 @@ impl PolicySet {
         let kept = kept.into_iter().map(|(_, id)| id).collect();
         let id = SetSlot(self.next);
         self.next += 1;
-        self.in_flight.insert(id, (now, taken, kept));
+        self.in_flight.insert(id, (now, taken, kept, tokens));
         Ok(id)
     }
 
@@ -257,7 +259,7 @@ impl PolicySet {
     }
 
     fn settle(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>, refused: bool) {
-        if let Some((sent, slots, kept)) = self.in_flight.remove(&slot) {
+        if let Some((sent, slots, kept, _)) = self.in_flight.remove(&slot) {
             self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));
             for (i, (w, slots)) in self.windows.iter_mut().zip(slots).enumerate() {
                 for s in slots {
@@ -275,7 +277,7 @@ impl PolicySet {
 
     /// The call in `slot` was never sent. Returns whether it was in flight.
     pub fn cancel(&mut self, slot: SetSlot) -> bool {
-        let Some((_, slots, kept)) = self.in_flight.remove(&slot) else {
+        let Some((_, slots, kept, _)) = self.in_flight.remove(&slot) else {
             return false;
         };
         for (w, slots) in self.windows.iter_mut().zip(slots) {
@@ -452,7 +454,7 @@ impl PolicySet {
             return None;
         }
         let mut x = ExactWindow::new(q, w, now);
-        for (sent, slots, _) in self.in_flight.values_mut() {
+        for (sent, slots, ..) in self.in_flight.values_mut() {
             let weight = slots.first().map_or(1, Vec::len);
             slots.push((0..weight).map(|_| x.admit_in_flight(*sent)).collect());
         }
@@ -467,7 +469,7 @@ impl PolicySet {
         let calls_in_flight: usize = self
             .in_flight
             .values()
-            .map(|(_, slots, _)| slots.first().map_or(1, Vec::len))
+            .map(|(_, slots, ..)| slots.first().map_or(1, Vec::len))
             .sum();
         let answered = used
             .saturating_sub(calls_in_flight as u64)

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::announce::Announced;
 use super::exact::{ExactWindow, Learning};
 use super::kept::Kept;
 use super::policies::{PolicySet, SetSlot};
@@ -76,6 +77,19 @@ pub enum Op {
     },
     /// A response said `x-rate-limit-remaining: 0`.
     Full,
+    /// A response stated a policy the store was not told of, in a window
+    /// none of its policies keeps: `quota` calls (or tokens) per `window`
+    /// ms, of which `used` are used already (less than the quota).
+    Stated {
+        /// Its quota.
+        quota: u64,
+        /// Its window, in ms.
+        window: u64,
+        /// How much of it the server says is used.
+        used: u64,
+        /// Whether it counts tokens (else calls).
+        tokens: bool,
+    },
 }
 
 /// An [`Op`] at `at` ms from the scenario's start.
@@ -189,6 +203,8 @@ pub enum Call {
     InForce(u64),
     /// `remaining: 0`.
     Full,
+    /// A stated policy: quota, window (ms), used, whether of tokens.
+    Stated(u64, u64, u64, bool),
 }
 
 /// What a store answered.
@@ -325,6 +341,12 @@ impl Calls {
             Op::RateLimited { pause } => Call::RateLimited(pause),
             Op::InForce { limit } => Call::InForce(limit),
             Op::Full => Call::Full,
+            Op::Stated {
+                quota,
+                window,
+                used,
+                tokens,
+            } => Call::Stated(quota, window, used, tokens),
         })
     }
 
@@ -500,6 +522,21 @@ impl Store for InProcess {
                 Answer::Held {
                     ms: self.ms_from(t, until),
                 }
+            }
+            Call::Stated(quota, window, used, tokens) => {
+                let stated = Announced {
+                    name: "stated".into(),
+                    unit: match tokens {
+                        true => crate::rate::announce::Unit::Tokens,
+                        false => crate::rate::announce::Unit::Calls,
+                    },
+                    quota: Some(quota),
+                    window: Some(Duration::from_millis(window)),
+                    remaining: Some(quota.saturating_sub(used)),
+                    reset_in: None,
+                };
+                self.w.announce(&[stated], t);
+                Answer::Noted
             }
         }
     }

@@ -1,9 +1,10 @@
 -- batchrun fleet pacer: the pacing rules and the concurrency ceiling of
 -- one API key, shared by every process through Redis. One script, kept in
--- six files joined in this order (src/fleet/script.rs): common.lua (the
+-- seven files joined in this order (src/fleet/script.rs): common.lua (the
 -- arguments, the clock, putting calls back, the loss check), gcra.lua (the
 -- GCRA buckets kept beside the window rule), tokens.lua (the weighted
--- token windows kept beside it), window.lua
+-- token windows kept beside it), stated.lua (policies a server states,
+-- adopted by the fleet), window.lua
 -- (the exact sliding-window rule), drip.lua (the SpikeArrest mirror and
 -- the token bucket), tail.lua (the heartbeat and the probe).
 --
@@ -33,8 +34,11 @@
 --                       or change tells a process Redis forgot the fleet;
 --                       s_* / b_* = the SpikeArrest mirror's / the token
 --                       bucket's state (drip.lua), here so that losing it
---                       is losing the epoch too
--- KEYS[5] sent    HASH  member = permit id, value = ms it was granted (in
+--                       is losing the epoch too; stated = the keys of
+--                       the policies adopted from what a server stated
+--                       (stated.lua), space-separated
+-- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and
+--                       after a space its estimated tokens when not 0 (in
 --                       flight only)
 -- KEYS[6...] further windows (--limit given more than once), each a ZSET
 --                       as KEYS[1], named `...:window:L:Wms`: the key says its
@@ -43,7 +47,7 @@
 --                       them, GCRA buckets named `...:gcra:T:TAU:D[:tokens]` (gcra.lua)
 --                       and token windows `...:tokens:Q:Wms` (tokens.lua)
 --
--- ARGV[1] op: take | settle | beat | pause | inforce | full | probe, and
+-- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
@@ -81,6 +85,15 @@ for k = 6, #KEYS do
     local fw = tonumber(w)
     further[#further + 1] = {key = KEYS[k], L = tonumber(l), W = fw, hold = hold - W + fw}
   end
+end
+
+-- A call's value in KEYS[5]: when it was granted (nil: not in flight), and
+-- its estimated tokens.
+local function sent_entry(v)
+  if not v then return nil, 0 end
+  local ms, w = string.match(v, '^(%-?%d+) (%d+)$')
+  if ms then return tonumber(ms), tonumber(w) end
+  return tonumber(v), 0
 end
 
 -- Keys expire on Redis's own clock: under a test's clock, which runs

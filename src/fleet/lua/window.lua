@@ -19,7 +19,7 @@ local function settle(i)
       ago, used = tonumber(a), tonumber(u)
     end
     i = i + 2
-    local sent = tonumber(redis.call('HGET', KEYS[5], id) or '-1')
+    local sent = sent_entry(redis.call('HGET', KEYS[5], id)) or -1
     redis.call('HDEL', KEYS[5], id)
     -- A response cannot precede its send; two threads of a client reading
     -- the clock in one order and settling in the other can make it look so.
@@ -97,7 +97,7 @@ local function stale()
   local back = tonumber(redis.call('HGET', KEYS[4], 'stale_done') or '0')
   if back > 0 and now - back < grace then return true end
   for _, v in ipairs(redis.call('HVALS', KEYS[5])) do
-    if tonumber(v) <= lowered then return true end
+    if sent_entry(v) <= lowered then return true end
   end
   return false
 end
@@ -110,7 +110,8 @@ end
 -- when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
--- back). After the restore block, the loss check's three arguments (see
+-- back), 5 a policy was adopted whose key this take did not pass (fetch
+-- KEYS[4] `stated`, stated.lua). After the restore block, the loss check's three arguments (see
 -- forgotten); with them, every answer ends with the fleet's epoch.
 -- How long until a window `key` holding n >= lim occupancies has room:
 -- until the occupancy whose end makes room ends. A call still in flight has
@@ -142,6 +143,9 @@ if op == 'take' then
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
   restore(i)
+  -- A policy adopted by another process (stated.lua) this take does not
+  -- pass: the caller fetches the list and asks again.
+  if stated_unknown() then return answer({0, 1, 5}, epoch) end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local lim, learning, learnt, settled = effective(cap, headroom)
   local occ = redis.call('ZCARD', KEYS[1])
@@ -207,7 +211,13 @@ if op == 'take' then
     keep(f.key, f.hold + 1000)
   end
   redis.call('ZADD', KEYS[2], now + lease, id)
-  redis.call('HSET', KEYS[5], id, now)
+  -- The estimate goes with the call, for a token window adopted while it
+  -- is out (stated.lua).
+  if weight > 0 then
+    redis.call('HSET', KEYS[5], id, now .. ' ' .. weight)
+  else
+    redis.call('HSET', KEYS[5], id, now)
+  end
   keep(KEYS[1], hold + 1000)
   keep(KEYS[2], lease + 1000)
   keep(KEYS[5], hold + 1000)
@@ -220,18 +230,19 @@ if op == 'settle' then
   return tonumber(ARGV[7])
 end
 
--- pause: ARGV[7] pause ms, ARGV[8] cap to learn under (0: the server
--- reports its limit, learn nothing), then a settle list. Every process waits until the pause
--- ends. Without limit headers, and unless a pause was already in force or
+-- pause: ARGV[7] pause ms, ARGV[8] the cap (0: none), ARGV[9] 1 to learn
+-- under it (0: the server states its limits, learn nothing), then a
+-- settle list. Every process waits until the pause ends. Learning, and
+-- unless a pause was already in force or
 -- a call from before the last lowering is in flight or just back (the 429
 -- may then be an older call's), the limit is lowered to the answered calls
 -- occupying the window less the refused one (the server counted neither it
 -- nor most calls still in flight), by at least one.
 -- Returns {ms until the pause ends, learnt limit or 0}.
 if op == 'pause' then
-  local ms, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local ms, cap, learning = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
   -- The caller's completions first: the refused call is among them.
-  settle(9)
+  settle(10)
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local learnt = 0
@@ -239,7 +250,7 @@ if op == 'pause' then
   -- now settles or probes before this 429 starts the next one.
   local lim = 0
   if cap > 0 then lim = effective(cap, 1) end
-  if cap > 0 and p <= now and not stale() then
+  if learning and cap > 0 and p <= now and not stale() then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
@@ -251,9 +262,11 @@ if op == 'pause' then
   end
   if p > ends then ends = p end
   set_for(KEYS[3], ends, math.max(1, ends - now))
-  -- The clean window starts when calls may go again.
+  -- The clean window starts when calls may go again. A 429 that may
+  -- teach (as in-process) also ends the window's use in full so far.
   if redis.call('HEXISTS', KEYS[4], 'learnt') == 1 then
-    redis.call('HSET', KEYS[4], 'learnt_at', ends, 'pressed', 0)
+    redis.call('HSET', KEYS[4], 'learnt_at', ends)
+    if learning then redis.call('HSET', KEYS[4], 'pressed', 0) end
     keep(KEYS[4], limit_ttl)
   end
   return {ends - now, learnt}

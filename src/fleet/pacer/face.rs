@@ -13,6 +13,7 @@ use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
+use crate::rate::policies::TOKEN_WINDOW;
 use crate::util::BoxFuture;
 
 impl Pacer for FleetPacer {
@@ -58,11 +59,7 @@ impl Pacer for FleetPacer {
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
         Box::pin(async move {
             let inner = &self.inner;
-            let learn = if inner.secret.load(Ordering::SeqCst) {
-                inner.cap
-            } else {
-                0
-            };
+            let learn = u8::from(inner.secret.load(Ordering::SeqCst));
             let settles = inner.take_settles();
             let (a, b) = inner.rule.params();
             let v: Result<Vec<i64>, PaceError> = inner
@@ -74,7 +71,7 @@ impl Pacer for FleetPacer {
                         // The window rule may learn a limit; a drip rule's state
                         // is made on first use from its sizing.
                         if inner.rule.windowed() {
-                            inv.arg(learn);
+                            inv.arg(inner.cap).arg(learn);
                         } else {
                             inv.arg(&a).arg(&b);
                         }
@@ -110,6 +107,11 @@ impl Pacer for FleetPacer {
             }
             if said.used_up {
                 inner.hold().await;
+            }
+            for p in &said.others {
+                if let Some(note) = inner.adopt(p).await {
+                    inner.lock().push(note);
+                }
             }
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
@@ -164,21 +166,38 @@ impl Pacer for FleetPacer {
     }
 }
 
-/// What a response says of the fleet's primary window, in any dialect
-/// (`rate::announce`): policies of calls stated for that window, or for no
-/// window (as `x-rate-limit-limit` always was read: the fleet keeps no
-/// other window of calls one could be). A policy stated for another
-/// window is left to the 429s, which teach the primary window a limit.
+/// What a response says, in any dialect (`rate::announce`), of the
+/// fleet's primary window (policies of calls stated for that window, or
+/// for no window, as `x-rate-limit-limit` always was read) and of the
+/// other policies a fleet adopts (`stated.rs`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Said {
-    /// The lowest quota stated.
+    /// The lowest quota stated for the primary window.
     pub(super) limit: Option<u64>,
-    /// Whether a quota or what is left of one is stated at all: the limit
-    /// is then no secret to learn from 429s.
+    /// Whether a quota of calls or what is left of one is stated at all:
+    /// the limit is then no secret to learn from 429s (as in-process).
     pub(super) told: bool,
-    /// Whether such a policy has nothing left: the fleet holds new calls
-    /// until its window has room.
+    /// Whether a policy of the primary window has nothing left: the fleet
+    /// holds new calls until its window has room.
     pub(super) used_up: bool,
+    /// Policies stated with a quota for another window of calls, or of
+    /// tokens.
+    pub(super) others: Vec<Stated>,
+}
+
+/// A policy a server states that is not the primary window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Stated {
+    /// Its name in the headers.
+    pub(super) name: String,
+    /// Whether it counts tokens (else calls).
+    pub(super) tokens: bool,
+    pub(super) quota: u64,
+    /// Its window; a token quota stated without one is per minute
+    /// ([`TOKEN_WINDOW`]), as in-process.
+    pub(super) window: Duration,
+    /// What the server says was used of it already.
+    pub(super) used: u64,
 }
 
 impl Said {
@@ -186,14 +205,36 @@ impl Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
-            if p.unit != Unit::Calls || p.window.is_some_and(|w| w != window) {
-                continue;
+            let used = |q: u64| q.saturating_sub(p.remaining.unwrap_or(q));
+            match (p.unit, p.window, p.quota) {
+                (Unit::Calls, Some(w), q) if w != window => {
+                    said.told |= q.is_some();
+                    if let Some(q) = q {
+                        said.others.push(Stated {
+                            used: used(q),
+                            name: p.name,
+                            tokens: false,
+                            quota: q,
+                            window: w,
+                        });
+                    }
+                }
+                (Unit::Calls, _, q) => {
+                    if let Some(q) = q {
+                        said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
+                    }
+                    said.told |= q.is_some() || p.remaining.is_some();
+                    said.used_up |= p.remaining == Some(0);
+                }
+                (Unit::Tokens, w, Some(q)) => said.others.push(Stated {
+                    used: used(q),
+                    name: p.name,
+                    tokens: true,
+                    quota: q,
+                    window: w.unwrap_or(TOKEN_WINDOW),
+                }),
+                _ => {}
             }
-            if let Some(q) = p.quota {
-                said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
-            }
-            said.told |= p.quota.is_some() || p.remaining.is_some();
-            said.used_up |= p.remaining == Some(0);
         }
         said
     }

@@ -20,11 +20,10 @@
 //! `<pid>-<random hex>`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use reqwest::header::HeaderMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -39,6 +38,7 @@ use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use tasks::{heartbeat, settler};
 
 mod face;
+mod heard;
 mod rule;
 mod tasks;
 
@@ -91,11 +91,15 @@ struct Inner {
     /// The rule kept in Redis, sized for the limit after the headroom.
     rule: ScriptRule,
     script: redis::Script,
-    /// The script's keys: the fleet's five, then a further window each.
-    keys: Vec<String>,
+    /// The script's keys: the fleet's five, then a further window, bucket
+    /// or token window each, configured or adopted from what a server
+    /// stated (`stated.rs`).
+    keys: RwLock<Vec<String>>,
     /// Whether a token window is among them: settles then carry the
     /// tokens a call used.
-    weighed: bool,
+    weighed: AtomicBool,
+    /// How many keys were configured (those after were adopted).
+    configured_keys: usize,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -197,24 +201,29 @@ impl FleetPacer {
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),
-            keys: fleet
-                .keys()
-                .pacer()
-                .into_iter()
-                .chain(further.iter().map(|r| {
-                    let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
-                    fleet.keys().further(scaled(r.count, headroom), ms)
-                }))
-                .chain(buckets.iter().map(|&(r, burst, unit)| {
-                    let count = scaled(r.count, headroom);
-                    fleet.keys().bucket(Rate { count, ..r }, burst, unit)
-                }))
-                .chain(tokens.iter().map(|r| {
-                    let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
-                    fleet.keys().tokens(scaled(r.count, headroom), ms)
-                }))
-                .collect(),
-            weighed: !tokens.is_empty() || buckets.iter().any(|b| b.2 == Unit::Tokens),
+            keys: RwLock::new(
+                fleet
+                    .keys()
+                    .pacer()
+                    .into_iter()
+                    .chain(further.iter().map(|r| {
+                        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+                        fleet.keys().further(scaled(r.count, headroom), ms)
+                    }))
+                    .chain(buckets.iter().map(|&(r, burst, unit)| {
+                        let count = scaled(r.count, headroom);
+                        fleet.keys().bucket(Rate { count, ..r }, burst, unit)
+                    }))
+                    .chain(tokens.iter().map(|r| {
+                        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+                        fleet.keys().tokens(scaled(r.count, headroom), ms)
+                    }))
+                    .collect(),
+            ),
+            configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
+            weighed: AtomicBool::new(
+                !tokens.is_empty() || buckets.iter().any(|b| b.2 == Unit::Tokens),
+            ),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,
@@ -260,7 +269,13 @@ impl Inner {
 
     /// One invocation of the script with the common arguments filled in.
     fn invocation(&self, op: &str) -> redis::ScriptInvocation<'_> {
-        self.args.invoke(&self.script, &self.keys, op, None)
+        self.args.invoke(&self.script, &self.keys(), op, None)
+    }
+
+    /// The script's keys as they are now.
+    fn keys(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
+        // A panic elsewhere leaves the list whole: it is only pushed to.
+        self.keys.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs one script op, retried while Redis is away for at most `within`.
@@ -305,7 +320,7 @@ impl Inner {
     /// requeue.
     fn take_settles(&self) -> Vec<(String, String)> {
         let now = Instant::now();
-        let weighed = self.weighed;
+        let weighed = self.weighed.load(Ordering::SeqCst);
         std::mem::take(&mut self.lock().settles)
             .into_iter()
             .map(|(id, at, used)| {
@@ -441,6 +456,12 @@ impl Inner {
                 self.lock().lost = true;
                 Ok(Took::Wait(Duration::from_millis(1), Why::Window))
             }
+            // Another process adopted a policy a server stated: its key
+            // first, then ask again.
+            [0, _, 5, ..] => {
+                self.fetch_stated().await?;
+                Ok(Took::Wait(Duration::ZERO, Why::Window))
+            }
             [0, ms, why, ..] => {
                 let wait = Duration::from_millis((*ms).max(1) as u64);
                 let why = match why {
@@ -496,55 +517,6 @@ impl Inner {
             l.settles.push((id, arrived, used));
         }
         self.wake.notify_one();
-    }
-
-    /// A response said `x-rate-limit-remaining: 0`: the fleet holds new
-    /// calls until its earliest occupancy ends. Workers that see it at once
-    /// tell Redis once: the hold is known here until it ends.
-    async fn hold(&self) {
-        let now = Instant::now();
-        {
-            let mut l = self.lock();
-            if l.held_until.is_some_and(|h| h > now) {
-                return;
-            }
-            // Claimed before the round trip, so concurrent responses skip.
-            l.held_until = Some(now + Duration::from_millis(50));
-        }
-        let held: Result<i64, PaceError> = self.run("full", Duration::from_secs(2), |_| {}).await;
-        if let Ok(ms) = held {
-            self.lock().held_until = Some(now + Duration::from_millis(ms.max(0) as u64));
-        }
-    }
-
-    /// A drip rule follows a lower limit a response reports, as its
-    /// in-process pacer does (and, like it, reads nothing else of the
-    /// headers). Only a change costs a round trip.
-    async fn drip_in_force(&self, headers: &HeaderMap) -> Option<PaceNote> {
-        let l = crate::wire::limit_in_force(headers)?;
-        if self.reported.swap(l, Ordering::SeqCst) == l {
-            return None;
-        }
-        let count = scaled(l, self.headroom);
-        let extra = self.rule.shrunk(count, self.window)?;
-        let (a, b) = self.rule.params();
-        let told: Result<i64, PaceError> = self
-            .run(self.rule.op(Verb::InForce), Duration::from_secs(2), |inv| {
-                inv.arg(count).arg(&a).arg(&b);
-                for e in &extra {
-                    inv.arg(e);
-                }
-            })
-            .await;
-        match told {
-            Ok(1) => Some(PaceNote::LimitInForce(l)),
-            Ok(_) => None,
-            Err(_) => {
-                // Tell the fleet again with the next response.
-                self.reported.store(0, Ordering::SeqCst);
-                None
-            }
-        }
     }
 
     fn next_id(&self) -> String {

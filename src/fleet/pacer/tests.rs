@@ -1,4 +1,5 @@
 use super::*;
+use reqwest::header::HeaderMap;
 
 #[test]
 fn leases_follow_the_timeout_within_bounds() {
@@ -27,6 +28,7 @@ fn the_script_names_every_op_the_pacer_sends() {
         "'pause'",
         "'inforce'",
         "'full'",
+        "'adopt'",
     ] {
         assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
     }
@@ -57,6 +59,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         limit: Some(20),
         told: true,
         used_up: false,
+        others: Vec::new(),
     };
     assert_eq!(
         said(&[("ratelimit-policy", r#""default";q=20;w=1"#)]),
@@ -72,15 +75,8 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
             limit: None,
             told: true,
             used_up: true,
+            others: Vec::new(),
         }
-    );
-    // Tokens are not calls: only the requests' quota is the window's.
-    assert_eq!(
-        said(&[
-            ("x-ratelimit-limit-requests", "20"),
-            ("x-ratelimit-limit-tokens", "150000"),
-        ]),
-        twenty
     );
     assert_eq!(
         said(&[
@@ -93,18 +89,53 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
             ..twenty
         }
     );
-    // The lowest of two policies of the window wins; one of another
-    // window is not the fleet's to follow (its 429s teach the window).
-    assert_eq!(
-        said(&[(
-            "ratelimit-policy",
-            r#""a";q=30;w=1,"b";q=20;w=1,"hour";q=5;w=3600"#
-        )]),
-        twenty
-    );
-    assert_eq!(
-        said(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
-        Said::default()
-    );
+    // The lowest of two policies of the window wins.
+    let two = said(&[(
+        "ratelimit-policy",
+        r#""a";q=30;w=1,"b";q=20;w=1,"hour";q=5;w=3600"#,
+    )]);
+    assert_eq!((two.limit, two.told, two.used_up), (Some(20), true, false));
     assert_eq!(said(&[]), Said::default());
+}
+
+/// The policies a fleet adopts (`heard.rs`): a window of calls other than
+/// its own, with what is used of it, and tokens, per minute when no window
+/// is stated; never the primary window's own.
+#[test]
+fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
+    use face::Said;
+    let second = Duration::from_secs(1);
+    let others = |pairs: &[(&str, &str)]| {
+        let s = Said::of(&headers(pairs), second);
+        let o: Vec<(bool, u64, u64, u64)> = s
+            .others
+            .iter()
+            .map(|p| (p.tokens, p.quota, p.window.as_secs(), p.used))
+            .collect();
+        (s.limit, s.told, o)
+    };
+    assert_eq!(
+        others(&[
+            ("ratelimit-policy", r#""s";q=20;w=1,"hour";q=500;w=3600"#),
+            ("ratelimit", r#""hour";r=440;t=900"#),
+        ]),
+        (Some(20), true, vec![(false, 500, 3600, 60)])
+    );
+    // A window of another length alone is no secret either.
+    assert_eq!(
+        others(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
+        (None, true, vec![(false, 5, 3600, 0)])
+    );
+    assert_eq!(
+        others(&[
+            ("x-ratelimit-limit-requests", "20"),
+            ("x-ratelimit-limit-tokens", "150000"),
+            ("x-ratelimit-remaining-tokens", "149000"),
+        ]),
+        (Some(20), true, vec![(true, 150000, 60, 1000)])
+    );
+    assert_eq!(
+        others(&[("ratelimit-policy", r#""t";q=900;w=10;qu="tokens""#)]),
+        (None, false, vec![(true, 900, 10, 0)])
+    );
 }

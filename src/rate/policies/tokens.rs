@@ -144,7 +144,8 @@ impl PolicySet {
     }
 
     /// A token policy of `q` per `window` the set did not have. What the
-    /// server says was used already counts as spent now.
+    /// server says was used already counts as spent now, and each call in
+    /// flight as its estimate.
     fn add_tokens(&mut self, p: &Announced, q: u64, window: Duration, now: Instant) -> usize {
         let spec = PolicySpec {
             limit: Limit::Rate(Rate {
@@ -158,6 +159,14 @@ impl PolicySet {
         let mut k = Kept::new(spec).expect("a rate");
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
         k.admit_answered(now, used);
+        // The calls out weigh their estimates until they are answered:
+        // the server counts them, and what it said was used did not.
+        let index = self.kept.len();
+        for (sent, _, ids, tokens) in self.in_flight.values_mut() {
+            if ids.len() == index {
+                ids.extend(k.admit_in_flight(*sent, *tokens));
+            }
+        }
         self.kept.push(k);
         self.heard.push_back(Heard::Added {
             name: p.name.clone(),

@@ -125,6 +125,8 @@ impl Store for InProcessSpike {
                 lowered: p.shrink_to(l, t),
             },
             Call::Full => Answer::Held { ms: 0 },
+            // The drip rules keep no stated policy, in-process or in Redis.
+            Call::Stated(..) => Answer::Noted,
         }
     }
 }
@@ -224,6 +226,8 @@ impl Store for InProcessBucket {
                 }
             }
             Call::Full => Answer::Held { ms: 0 },
+            // The drip rules keep no stated policy, in-process or in Redis.
+            Call::Stated(..) => Answer::Noted,
         }
     }
 }

@@ -143,6 +143,8 @@ impl Store for DripLua {
                 }
             }
             Call::Full => Answer::Held { ms: 0 },
+            // The drip rules keep no stated policy.
+            Call::Stated(..) => Answer::Noted,
         }
     }
 }

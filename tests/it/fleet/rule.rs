@@ -21,6 +21,7 @@ const BASE: u64 = 1_700_000_000_000;
 pub(super) struct Lua {
     conn: redis::Connection,
     script: redis::Script,
+    names: FleetKeys,
     keys: Vec<String>,
     args: ScriptArgs,
     pub(super) limit: u64,
@@ -31,11 +32,11 @@ pub(super) struct Lua {
 impl Lua {
     pub(super) fn new(redis: &Redis, s: &Scenario) -> Lua {
         let window = Duration::from_millis(s.window);
+        let k = FleetKeys::named(&fleet_name("rule"));
         Lua {
             conn: redis.conn(),
             script: redis::Script::new(SCRIPT),
             keys: {
-                let k = FleetKeys::named(&fleet_name("rule"));
                 let mut keys = k.pacer().to_vec();
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
                 // A fixed window no reset aligned: a further window.
@@ -51,6 +52,7 @@ impl Lua {
                 }));
                 keys
             },
+            names: k,
             // Calls in flight and leases outlast any scenario: neither is
             // part of the rule both stores share.
             args: ScriptArgs {
@@ -124,9 +126,9 @@ impl Store for Lua {
                 Answer::Noted
             }
             Call::RateLimited(pause) => {
-                let learn = if self.secret { self.limit } else { 0 };
+                let (cap, learn) = (self.limit, u8::from(self.secret));
                 let v: Vec<i64> = self.op(now, "pause", |inv| {
-                    inv.arg(pause).arg(learn).arg(0);
+                    inv.arg(pause).arg(cap).arg(learn).arg(0);
                 });
                 Answer::Paused {
                     ms: v[0] as u64,
@@ -145,6 +147,24 @@ impl Store for Lua {
             Call::Full => {
                 let ms: i64 = self.op(now, "full", |_| {});
                 Answer::Held { ms: ms as u64 }
+            }
+            Call::Stated(quota, window, used, tokens) => {
+                // As the fleet's pacer: a stated policy of calls means no
+                // secret limit to learn; the adopted key is passed from
+                // then on.
+                let key = match tokens {
+                    true => self.names.tokens(quota, window),
+                    false => self.names.further(quota, window),
+                };
+                self.secret &= tokens;
+                if !self.keys.contains(&key) {
+                    self.keys.push(key);
+                    let index = self.keys.len();
+                    let _: i64 = self.op(now, "adopt", |inv| {
+                        inv.arg(index).arg(used);
+                    });
+                }
+                Answer::Noted
             }
         }
     }
@@ -225,15 +245,45 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     (0usize..8, 0..=window, 0u64..=250)
                         .prop_map(|(pick, ago, used)| Op::SettleUsed { pick, ago, used }),
                 ];
+                // A policy stated in a window no policy of the scenario
+                // keeps (a fleet adopts it as a key of its own), once of
+                // calls and once of tokens at most.
+                let taken: Vec<u64> = std::iter::once(window)
+                    .chain(further.iter().chain(&fixed).chain(&tokens).map(|p| p.1))
+                    .chain(buckets.iter().chain(&token_buckets).map(|b| b.1))
+                    .collect();
+                let stated = (any::<bool>(), 1u64..=200, 20u64..=3000, 0.0..1.0f64).prop_map(
+                    move |(tokens, quota, mut window, used)| {
+                        let quota = if tokens { quota } else { quota % 8 + 1 };
+                        while taken.contains(&window) {
+                            window += 1;
+                        }
+                        let used = (quota as f64 * used) as u64;
+                        Op::Stated {
+                            quota,
+                            window,
+                            used,
+                            tokens,
+                        }
+                    },
+                );
                 let op = prop_oneof![
                     40 => op(window),
                     u32::from(reports) => inforce,
                     weighed => weighed_op,
+                    2 => stated,
                 ];
                 proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
                     let mut at = 0;
+                    let mut once = [false; 2];
                     let steps = steps
                         .into_iter()
+                        .filter(|(_, op)| match op {
+                            Op::Stated { tokens, .. } => {
+                                !std::mem::replace(&mut once[usize::from(*tokens)], true)
+                            }
+                            _ => true,
+                        })
                         .map(|(gap, op)| {
                             at += gap;
                             Step { at, op }
@@ -305,4 +355,46 @@ fn only_the_process_that_finds_a_loss_holds_the_fleet() {
     assert_eq!(take(501, "c", ["", "9", ""]), [0, 3010 - 501, 2, 8]);
     let after = take(3010, "c", ["8", "9", ""]);
     assert_eq!(after[0], 1, "{after:?}");
+}
+
+/// A policy one process adopted binds every process: a take that does not
+/// pass its key is granted nothing and told to fetch the fleet's list
+/// (answer 5); with the key, the window seeded with the call in flight and
+/// what the server said was used is full.
+#[test]
+fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    // take: id, cap, headroom 1, no ceiling, no tokens, no settles, no
+    // pause, nothing to put back.
+    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
+        lua.op(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+            inv.arg(0).arg(0).arg(0);
+        })
+    };
+    assert_eq!(take(&mut lua, 0, "a")[0], 1);
+    // Another process reads "2 calls per 5 s, 2 used" and adopts it.
+    let adopted = lua.names.further(2, 5000);
+    lua.keys.push(adopted.clone());
+    let index = lua.keys.len();
+    let adopt = |lua: &mut Lua, now: u64| -> i64 {
+        lua.op(now, "adopt", |inv| {
+            inv.arg(index).arg(2);
+        })
+    };
+    assert_eq!(adopt(&mut lua, 1), 1);
+    assert_eq!(adopt(&mut lua, 1), 0, "adopted once");
+    lua.keys.pop();
+    assert_eq!(take(&mut lua, 2, "b"), [0, 1, 5]);
+    let listed: String = redis::cmd("HGET")
+        .arg(lua.names.limit())
+        .arg("stated")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(listed.split_whitespace().any(|k| k == adopted), "{listed}");
+    // "a" in flight and one answered call the server counted besides.
+    lua.keys.push(adopted);
+    let full = take(&mut lua, 3, "b");
+    assert_eq!((full[0], full[2]), (0, 2), "{full:?}");
 }

@@ -212,3 +212,114 @@ async fn redis_keeps_a_bucket_of_tokens_until_it_has_refilled() {
     assert!(ahead > 4000, "the bucket is {ahead} ms ahead");
     assert!(ttl >= ahead, "kept {ttl} ms, refilled in {ahead} ms");
 }
+
+/// Two processes told only `--limit 100/1s`, against a sim keeping that
+/// and `30/2s` and stating both (IETF `RateLimit-Policy`): the fleet
+/// adopts the 2 s window from the first response, for both processes
+/// through Redis. The 8 calls sent before it came back are within 30, so
+/// nothing is refused and no 2 s window ever holds more than 30. (Not
+/// adopted, the fleet met the 2 s window with 429s and learnt a lower
+/// limit for its 1 s one.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_adopts_a_stated_window_it_was_not_told() {
+    let redis = Redis::start();
+    let n = 50;
+    let s = Scenario::new("fleet-adopts-window")
+        .with_sim(&[
+            "--limit",
+            "100/1s",
+            "--limit",
+            "30/2s",
+            "--dialect",
+            "ietf",
+            "--concurrency",
+            "20",
+            "--latency",
+            "5ms..20ms",
+        ])
+        .numbers(n);
+    let key = fleet_name("adopts-window");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            s.cmd(&[
+                "--limit",
+                "100/1s",
+                "--concurrency",
+                "4",
+                "--redis",
+                &redis.url,
+                "--fleet-key",
+                &key,
+                "--shard",
+                &shard,
+            ])
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    assert!(
+        runs.iter()
+            .any(|r| r.stderr.contains("pacing to it as well")),
+        "no process said it adopted the window: {}",
+        runs[0].stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    let most = stats["policies"][1]["max_in_window"].as_u64().unwrap();
+    assert!(most <= 30, "{most} calls in one 2 s window: {stats}");
+    assert_shards_did_each_item_once(&s, 2, n);
+}
+
+/// A token budget the fleet was not told (`--limit 1000/1s` only, with
+/// `--cost`), stated by the sim (`600/1s` of tokens, IETF `qu="tokens"`):
+/// adopted from the first response, every call weighed against it through
+/// Redis, the 8 calls out by then (at most 73 tokens each) among them.
+/// Nothing is refused, and the budget paces the run (more is charged than
+/// one second holds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_adopts_a_stated_token_budget_it_was_not_told() {
+    let redis = Redis::start();
+    let n = 60;
+    let mut sim = vec!["--limit", "1000/1s", "--limit", "600/1s,tokens"];
+    sim.extend([
+        "--dialect",
+        "ietf",
+        "--concurrency",
+        "20",
+        "--latency",
+        "5ms..20ms",
+    ]);
+    let s = Scenario::new("fleet-adopts-tokens")
+        .with_sim(&sim)
+        .input("items.jsonl", &prompts(n));
+    let key = fleet_name("adopts-tokens");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut a = vec!["--limit", "1000/1s", "--concurrency", "4"];
+            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
+            a.extend([
+                "--redis",
+                &redis.url,
+                "--fleet-key",
+                &key,
+                "--shard",
+                &shard,
+            ]);
+            s.cmd(&a)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    for r in &runs {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 600, "{stats}");
+    assert_shards_did_each_item_once(&s, 2, n);
+}

@@ -1,0 +1,167 @@
+//! What responses say, acted on for the whole fleet: `remaining: 0`
+//! holds it, a drip rule follows a lower limit, and a policy a server
+//! states that the fleet was not told (a window of calls other than the
+//! primary one, a window of tokens) is adopted as `lua/stated.lua` says,
+//! as in-process a [`PolicySet`](crate::rate::policies::PolicySet) adds
+//! it: paced to by every process from then on.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use tokio::time::Instant;
+
+use super::face::Stated;
+use super::rule::Verb;
+use super::{scaled, Inner};
+use crate::fleet::script::millis;
+use crate::pace::{PaceError, PaceNote};
+use crate::rate::policies::{Heard, MAX_WINDOWS};
+
+impl Inner {
+    /// A response said `x-rate-limit-remaining: 0`: the fleet holds new
+    /// calls until its earliest occupancy ends. Workers that see it at once
+    /// tell Redis once: the hold is known here until it ends.
+    pub(super) async fn hold(&self) {
+        let now = Instant::now();
+        {
+            let mut l = self.lock();
+            if l.held_until.is_some_and(|h| h > now) {
+                return;
+            }
+            // Claimed before the round trip, so concurrent responses skip.
+            l.held_until = Some(now + Duration::from_millis(50));
+        }
+        let held: Result<i64, PaceError> = self.run("full", Duration::from_secs(2), |_| {}).await;
+        if let Ok(ms) = held {
+            self.lock().held_until = Some(now + Duration::from_millis(ms.max(0) as u64));
+        }
+    }
+
+    /// A drip rule follows a lower limit a response reports, as its
+    /// in-process pacer does (and, like it, reads nothing else of the
+    /// headers). Only a change costs a round trip.
+    pub(super) async fn drip_in_force(&self, headers: &HeaderMap) -> Option<PaceNote> {
+        let l = crate::wire::limit_in_force(headers)?;
+        if self.reported.swap(l, Ordering::SeqCst) == l {
+            return None;
+        }
+        let count = scaled(l, self.headroom);
+        let extra = self.rule.shrunk(count, self.window)?;
+        let (a, b) = self.rule.params();
+        let told: Result<i64, PaceError> = self
+            .run(self.rule.op(Verb::InForce), Duration::from_secs(2), |inv| {
+                inv.arg(count).arg(&a).arg(&b);
+                for e in &extra {
+                    inv.arg(e);
+                }
+            })
+            .await;
+        match told {
+            Ok(1) => Some(PaceNote::LimitInForce(l)),
+            Ok(_) => None,
+            Err(_) => {
+                // Tell the fleet again with the next response.
+                self.reported.store(0, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    /// The key this process keeps for `p`, after `--headroom`.
+    fn stated_key(&self, p: &Stated) -> String {
+        let quota = scaled(p.quota, self.headroom);
+        let ms = millis(p.window);
+        match p.tokens {
+            true => self.fleet.keys().tokens(quota, ms),
+            false => self.fleet.keys().further(quota, ms),
+        }
+    }
+
+    /// Adopts `p` for the fleet unless this process keeps its key already
+    /// (at most [`MAX_WINDOWS`] adopted, as in-process). Returns what the
+    /// operator hears when this process took the key on; `None` when it
+    /// had it, or Redis did not answer (the next response tries again).
+    pub(super) async fn adopt(&self, p: &Stated) -> Option<PaceNote> {
+        let key = self.stated_key(p);
+        let mut keys = {
+            let keys = self.keys();
+            if keys.contains(&key) || keys.len() >= self.configured_keys + MAX_WINDOWS {
+                return None;
+            }
+            keys.clone()
+        };
+        keys.push(key.clone());
+        // Seeded with the key in the list before any take of this process
+        // passes it: a take that adds to it first would make it look
+        // adopted already, and leave it unseeded.
+        let seeded: Result<i64, _> = self
+            .fleet
+            .retry(
+                Duration::from_secs(2),
+                |mut c| {
+                    let mut inv = self.args.invoke(&self.script, &keys, "adopt", None);
+                    inv.arg(keys.len()).arg(p.used);
+                    async move { inv.invoke_async::<i64>(&mut c).await }
+                },
+                |e| self.lost_contact(e),
+            )
+            .await;
+        seeded.ok()?;
+        self.take_on(key).then(|| {
+            PaceNote::Heard(Heard::Added {
+                name: p.name.clone(),
+                quota: p.quota,
+                window: p.window,
+                tokens: p.tokens,
+            })
+        })
+    }
+
+    /// Passes `key` from now on; whether it was new to this process.
+    fn take_on(&self, key: String) -> bool {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        if keys.contains(&key) {
+            return false;
+        }
+        if key.contains(":tokens:") {
+            self.weighed.store(true, Ordering::SeqCst);
+        }
+        keys.push(key);
+        true
+    }
+
+    /// Takes on every key the fleet adopted (the limit hash's `stated`):
+    /// a take was told this process lacks one. Only names of this fleet's
+    /// windows are taken.
+    pub(super) async fn fetch_stated(&self) -> Result<(), PaceError> {
+        let limit = self.fleet.keys().limit();
+        let names: Option<String> = self
+            .fleet
+            .retry(
+                self.fleet.redis_timeout(),
+                |mut c| {
+                    let mut cmd = redis::cmd("HGET");
+                    cmd.arg(&limit).arg("stated");
+                    async move { cmd.query_async(&mut c).await }
+                },
+                |e| self.lost_contact(e),
+            )
+            .await
+            .map_err(|e| PaceError::Unavailable(e.to_string()))?;
+        let prefix = self.fleet.keys().prefix().to_string();
+        let ours = |n: &str| {
+            [":window:", ":tokens:"]
+                .iter()
+                .any(|k| n.starts_with(&format!("{prefix}{k}")))
+        };
+        for name in names
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter(|n| ours(n))
+        {
+            self.take_on(name.to_string());
+        }
+        Ok(())
+    }
+}
