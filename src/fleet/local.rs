@@ -28,6 +28,8 @@ pub(super) struct Local {
     pub(super) notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     pub(super) held_until: Option<Instant>,
+    /// The quotas whose long hold was said already (each said once).
+    pub(super) said: HashSet<String>,
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,

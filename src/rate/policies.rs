@@ -36,7 +36,7 @@ pub use tokens::TOKEN_WINDOW;
 pub const MAX_WINDOWS: usize = 8;
 
 /// A hold longer than this is worth telling the operator about.
-const LONG_HOLD: Duration = Duration::from_secs(60);
+pub const LONG_HOLD: Duration = Duration::from_secs(60);
 
 /// A used-up quota that resets further away than this cannot refill within
 /// a run worth waiting in: the run halts resumably instead (unless told to

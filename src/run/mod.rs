@@ -276,6 +276,7 @@ fn build_pacer(
                     limit,
                     concurrency: settings.concurrency,
                     timeout: settings.timeout,
+                    wait_for_quota: settings.wait_for_quota,
                 },
                 FleetRule::of(settings.pacer, settings.burst),
                 &rest,

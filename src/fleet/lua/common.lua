@@ -30,6 +30,8 @@
 --                       stale_done = when a call granted before that last
 --                       came back (ms), held_until = no call starts before
 --                       (ms), after a response said remaining: 0,
+--                       held_by = the name of the quota that reset then,
+--                       when a response said so (stated.lua),
 --                       epoch = the fleet's epoch (a number): its absence
 --                       or change tells a process Redis forgot the fleet;
 --                       s_* / b_* = the SpikeArrest mirror's / the token
@@ -112,12 +114,14 @@ local function set_for(key, value, ms)
 end
 
 -- Holds new calls until t (ms), unless a later hold is in force already.
--- Returns whether it moved the hold.
+-- Returns whether it moved the hold; a hold moved forgets the quota that
+-- made the last one (`held_by`, stated.lua).
 local function hold_until(t)
   if t <= tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0') then
     return false
   end
   redis.call('HSET', KEYS[4], 'held_until', t)
+  redis.call('HDEL', KEYS[4], 'held_by')
   return true
 end
 

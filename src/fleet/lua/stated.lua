@@ -6,8 +6,9 @@
 -- listed in KEYS[4] `stated`. Every take checks that list (window.lua):
 -- a process that does not pass a listed key is told to fetch the list
 -- first, so no call is granted outside a policy the fleet adopted, and a
--- call granted before the adoption occupies KEYS[1], whence the seeding
--- counts it.
+-- call granted before the adoption is in KEYS[1] and KEYS[5], whence the
+-- seeding counts it. And a policy of any kind said to have nothing left
+-- holds the fleet until it resets (`hold`).
 
 -- Whether KEYS[4] lists an adopted key this run was not given.
 local function stated_unknown()
@@ -85,4 +86,16 @@ if op == 'adopt' then
     if t.key == key then seed_tokens(t, used) end
   end
   return 1
+end
+
+-- hold: ARGV[7] ms until a policy a response said has nothing left resets,
+-- ARGV[8] its name. No call of the fleet starts before then (a later hold
+-- in force stays); a take meanwhile is told why (6) and the name is kept
+-- for the process that halts on it. Returns the ms the fleet is held.
+if op == 'hold' then
+  if hold_until(now + tonumber(ARGV[7])) then
+    redis.call('HSET', KEYS[4], 'held_by', ARGV[8])
+  end
+  keep(KEYS[4], limit_ttl)
+  return tonumber(redis.call('HGET', KEYS[4], 'held_until')) - now
 end

@@ -111,7 +111,8 @@ end
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
 -- back), 5 a policy was adopted whose key this take did not pass (fetch
--- KEYS[4] `stated`, stated.lua). After the restore block, the loss check's three arguments (see
+-- KEYS[4] `stated`, stated.lua), 6 held until a used-up quota resets
+-- (KEYS[4] `held_by` names it, stated.lua). After the restore block, the loss check's three arguments (see
 -- forgotten); with them, every answer ends with the fleet's epoch.
 -- How long until a window `key` holding n >= lim occupancies has room:
 -- until the occupancy whose end makes room ends. A call still in flight has
@@ -160,6 +161,7 @@ if op == 'take' then
     wait, why = p - now, 1
   elseif held > now then
     wait, why = held - now, 2
+    if redis.call('HEXISTS', KEYS[4], 'held_by') == 1 then why = 6 end
   else
     -- Only a take that may go counts towards a clean window used in full:
     -- one during a pause or hold is before that window began.

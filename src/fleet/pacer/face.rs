@@ -13,7 +13,7 @@ use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
-use crate::rate::policies::TOKEN_WINDOW;
+use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
 use crate::util::BoxFuture;
 
 impl Pacer for FleetPacer {
@@ -35,6 +35,9 @@ impl Pacer for FleetPacer {
             let mut poll = POLL_FIRST;
             loop {
                 match inner.try_take(&id, inner.cap, weight.tokens).await? {
+                    Took::Wait(d, Why::Quota) if d > QUOTA_BOUND && !inner.wait_for_quota => {
+                        return Err(inner.quota_error(d).await);
+                    }
                     Took::Granted => {
                         abandon.id = None;
                         return Ok(Permit::tracked(Box::new(SharedTicket {
@@ -113,6 +116,9 @@ impl Pacer for FleetPacer {
                     inner.lock().push(note);
                 }
             }
+            for (name, reset) in &said.spent {
+                inner.hold_for(name, *reset).await;
+            }
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
                 return queued;
@@ -183,6 +189,9 @@ pub(super) struct Said {
     /// Policies stated with a quota for another window of calls, or of
     /// tokens.
     pub(super) others: Vec<Stated>,
+    /// Policies of any kind with nothing left, and how long until each
+    /// resets: the fleet holds new calls until then.
+    pub(super) spent: Vec<(String, Duration)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -205,6 +214,12 @@ impl Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
+            if let Some(r) = p
+                .reset_in
+                .filter(|r| p.remaining == Some(0) && !r.is_zero())
+            {
+                said.spent.push((p.name.clone(), r));
+            }
             let used = |q: u64| q.saturating_sub(p.remaining.unwrap_or(q));
             match (p.unit, p.window, p.quota) {
                 (Unit::Calls, Some(w), q) if w != window => {

@@ -16,7 +16,7 @@ use super::rule::Verb;
 use super::{scaled, Inner};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
-use crate::rate::policies::{Heard, MAX_WINDOWS};
+use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 
 impl Inner {
     /// A response said `x-rate-limit-remaining: 0`: the fleet holds new
@@ -163,5 +163,57 @@ impl Inner {
             self.take_on(name.to_string());
         }
         Ok(())
+    }
+
+    /// A response said policy `name` has nothing left until `reset` from
+    /// now: the fleet holds new calls until then. A hold of more than a
+    /// minute is said once.
+    pub(super) async fn hold_for(&self, name: &str, reset: Duration) {
+        let until = Instant::now() + reset;
+        if self.lock().held_until.is_some_and(|h| h >= until) {
+            return;
+        }
+        let held: Result<i64, PaceError> = self
+            .run("hold", Duration::from_secs(2), |inv| {
+                inv.arg(millis(reset)).arg(name);
+            })
+            .await;
+        let Ok(ms) = held else { return };
+        let mut l = self.lock();
+        l.held_until = Some(Instant::now() + Duration::from_millis(ms.max(0) as u64));
+        if reset > LONG_HOLD && l.said.insert(name.to_string()) {
+            l.push(PaceNote::Heard(Heard::Exhausted {
+                name: name.to_string(),
+                for_: reset,
+            }));
+        }
+    }
+
+    /// The error a take fails with while the fleet is held for `left` by a
+    /// used-up quota beyond the bound: the run halts resumably and says
+    /// when it resets.
+    pub(super) async fn quota_error(&self, left: Duration) -> PaceError {
+        let limit = self.fleet.keys().limit();
+        let name: Option<String> = self
+            .fleet
+            .retry(
+                Duration::from_secs(2),
+                |mut c| {
+                    let mut cmd = redis::cmd("HGET");
+                    cmd.arg(&limit).arg("held_by");
+                    async move { cmd.query_async(&mut c).await }
+                },
+                |_| {},
+            )
+            .await
+            .ok()
+            .flatten();
+        let in_ = Duration::from_secs(left.as_secs());
+        let at = std::time::SystemTime::now() + in_;
+        PaceError::QuotaExhausted {
+            name: name.unwrap_or_else(|| "a quota".into()),
+            resets_at: humantime::format_rfc3339_seconds(at).to_string(),
+            in_,
+        }
     }
 }

@@ -67,6 +67,10 @@ pub struct FleetPacing {
     /// The per-call timeout: a call in flight occupies the window for at
     /// most this long past its permit, plus W.
     pub timeout: Duration,
+    /// `--wait-for-quota`: a quota said to be used up until beyond
+    /// [`QUOTA_BOUND`](crate::rate::policies::QUOTA_BOUND) is waited for
+    /// rather than halted on.
+    pub wait_for_quota: bool,
 }
 
 /// How long a concurrency lease lasts without a heartbeat: three per-call
@@ -107,6 +111,7 @@ struct Inner {
     configured: u64,
     headroom: f64,
     ceiling: u64,
+    wait_for_quota: bool,
     tag: String,
     seq: AtomicU64,
     local: Mutex<Local>,
@@ -127,6 +132,8 @@ enum Why {
     Paused,
     Window,
     Ceiling,
+    /// Held until a quota a response said was used up resets.
+    Quota,
 }
 
 enum Took {
@@ -235,6 +242,7 @@ impl FleetPacer {
             configured,
             headroom,
             ceiling: cfg.concurrency as u64,
+            wait_for_quota: cfg.wait_for_quota,
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
             local: Mutex::new(Local::default()),
@@ -467,6 +475,7 @@ impl Inner {
                 let why = match why {
                     1 => Why::Paused,
                     2 => Why::Window,
+                    6 => Why::Quota,
                     _ => Why::Ceiling,
                 };
                 if why == Why::Paused {

@@ -60,6 +60,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         told: true,
         used_up: false,
         others: Vec::new(),
+        spent: Vec::new(),
     };
     assert_eq!(
         said(&[("ratelimit-policy", r#""default";q=20;w=1"#)]),
@@ -76,6 +77,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
             told: true,
             used_up: true,
             others: Vec::new(),
+            spent: Vec::new(),
         }
     );
     assert_eq!(
@@ -138,4 +140,33 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
         others(&[("ratelimit-policy", r#""t";q=900;w=10;qu="tokens""#)]),
         (None, false, vec![(true, 900, 10, 0)])
     );
+}
+
+/// A policy of any kind with nothing left and a reset holds the fleet
+/// until then: what is said of it, in delta seconds or as an instant.
+#[test]
+fn a_used_up_policy_with_a_reset_is_said_with_its_reset() {
+    use face::Said;
+    let second = Duration::from_secs(1);
+    let spent = |pairs: &[(&str, &str)]| -> Vec<u64> {
+        let s = Said::of(&headers(pairs), second);
+        s.spent.iter().map(|(_, r)| r.as_secs()).collect()
+    };
+    assert_eq!(
+        spent(&[
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "3600")
+        ]),
+        [3600]
+    );
+    assert_eq!(
+        spent(&[
+            ("ratelimit-policy", r#""day";q=500;w=86400,"s";q=9;w=1"#),
+            ("ratelimit", r#""day";r=0;t=7200,"s";r=4;t=1"#),
+        ]),
+        [7200]
+    );
+    // Something left, or no reset: nothing to hold for here.
+    assert!(spent(&[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "60")]).is_empty());
+    assert!(spent(&[("x-ratelimit-remaining", "0")]).is_empty());
 }

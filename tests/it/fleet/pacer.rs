@@ -29,6 +29,7 @@ fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
             limit: limit.parse::<Limit>().unwrap(),
             concurrency: 100,
             timeout: Duration::from_secs(1),
+            wait_for_quota: false,
         },
     ))
 }

@@ -323,3 +323,57 @@ async fn a_fleet_adopts_a_stated_token_budget_it_was_not_told() {
     assert!(stats["tokens_charged"].as_u64().unwrap() > 600, "{stats}");
     assert_shards_did_each_item_once(&s, 2, n);
 }
+
+/// A daily quota the sim states (6 a day, IETF), the fleet told only
+/// `--limit 100/1s`: adopted from the first response, it keeps the fleet
+/// to 6 calls, and the response that says none is left holds the fleet
+/// until the reset. Beyond the bound, each process halts resumably (exit
+/// 75), saying which quota and when it resets, with no 429 and each item
+/// done at most once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_halts_resumably_on_a_daily_quota_a_server_states() {
+    let redis = Redis::start();
+    let n = 20;
+    let s = Scenario::new("fleet-daily-quota")
+        .with_sim(&[
+            "--limit",
+            "100/1s",
+            "--limit",
+            "6/1d",
+            "--dialect",
+            "ietf",
+            "--concurrency",
+            "20",
+        ])
+        .numbers(n);
+    let key = fleet_name("daily-quota");
+    let cmds = (1..=2)
+        .map(|i| {
+            let shard = format!("{i}/2");
+            let mut a = vec!["--limit", "100/1s", "--concurrency", "2"];
+            a.extend([
+                "--redis",
+                &redis.url,
+                "--fleet-key",
+                &key,
+                "--shard",
+                &shard,
+            ]);
+            s.cmd(&a)
+        })
+        .collect();
+    let (runs, _) = run_all(cmds);
+    let mut done = 0;
+    for r in &runs {
+        assert_eq!(r.code, 75, "{}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+        let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+        assert!(why.contains("is used up until"), "{}", r.summary);
+        assert!(r.stderr.contains("--wait-for-quota"), "{}", r.stderr);
+        done += r.summary["done"].as_u64().unwrap();
+    }
+    assert_eq!(done, 6, "the day's quota, no more");
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["accepted"], 6, "{stats}");
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+}
