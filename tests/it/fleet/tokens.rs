@@ -1,6 +1,8 @@
-//! A token budget through Redis: two processes on one key, each call
-//! weighed by its estimate and corrected by its usage, against a sim that
-//! keeps the budget.
+//! Token budgets and stated limits through Redis: two processes on one
+//! key, each call weighed by its estimate and corrected by its usage,
+//! against a sim that keeps the budget; and the policies a sim states in
+//! its headers (of the primary window, of another window, of tokens, a
+//! used-up daily quota), followed by the whole fleet.
 
 use super::support::{fleet_name, Redis};
 use super::{assert_shards_did_each_item_once, run_all};
