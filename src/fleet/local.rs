@@ -13,8 +13,9 @@ use crate::rate::exact::MAX_EVENTS;
 pub(super) struct Local {
     /// Permits not yet completed: their leases are renewed.
     pub(super) in_flight: HashSet<String>,
-    /// Completed calls still occupying the window, with when they stop.
-    pub(super) recent: VecDeque<(String, Instant)>,
+    /// Completed calls still occupying the window, with when they stop
+    /// and the tokens their responses said they used.
+    pub(super) recent: VecDeque<(String, Instant, Option<u64>)>,
     /// Completions and cancellations not yet in Redis, with the tokens a
     /// response said its call used.
     pub(super) settles: Vec<(String, Option<Instant>, Option<u64>)>,

@@ -128,7 +128,31 @@ impl Inner {
             self.weighed.store(true, Ordering::SeqCst);
         }
         keys.push(key);
+        drop(keys);
+        self.resettle();
         true
+    }
+
+    /// Hands Redis again the completions of this process's calls still
+    /// occupying the window. One in flight when another process adopted a
+    /// policy is in that policy's key with the provisional end of a call
+    /// in flight (far off); if it came back before this process passed the
+    /// key, its settle left that end there. Settling again is harmless to
+    /// everything else (each rule moves a call only while it is in flight,
+    /// and the window to the same end).
+    fn resettle(&self) {
+        let gap = self.window + Duration::from_millis(1);
+        {
+            let mut l = self.lock();
+            let again: Vec<_> = l
+                .recent
+                .iter()
+                .map(|(id, end, used)| (id.clone(), end.checked_sub(gap), *used))
+                .filter(|(_, arrived, _)| arrived.is_some())
+                .collect();
+            l.settles.extend(again);
+        }
+        self.wake.notify_one();
     }
 
     /// Takes on every key the fleet adopted (the limit hash's `stated`):

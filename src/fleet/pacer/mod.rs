@@ -361,7 +361,7 @@ impl Inner {
         if !l.lost {
             return None;
         }
-        while l.recent.front().is_some_and(|(_, end)| *end <= now) {
+        while l.recent.front().is_some_and(|r| r.1 <= now) {
             l.recent.pop_front();
         }
         let paused = l
@@ -375,7 +375,7 @@ impl Inner {
             .collect();
         // A drip rule keeps no window: only the calls in flight go back.
         if self.rule.windowed() {
-            entries.extend(l.recent.iter().map(|(id, end)| {
+            entries.extend(l.recent.iter().map(|(id, end, _)| {
                 (
                     id.clone(),
                     millis(end.saturating_duration_since(now)) + 1,
@@ -518,10 +518,10 @@ impl Inner {
             if let Some(a) = arrived {
                 let end = a + self.window + Duration::from_millis(1);
                 let now = Instant::now();
-                while l.recent.front().is_some_and(|(_, e)| *e <= now) {
+                while l.recent.front().is_some_and(|r| r.1 <= now) {
                     l.recent.pop_front();
                 }
-                l.recent.push_back((id.clone(), end));
+                l.recent.push_back((id.clone(), end, used));
             }
             l.settles.push((id, arrived, used));
         }

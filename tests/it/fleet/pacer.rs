@@ -316,3 +316,59 @@ async fn remaining_zero_holds_every_process_until_a_place_frees() {
         t0.elapsed()
     );
 }
+
+/// Redis's own clock, in unix ms.
+fn redis_ms(c: &mut redis::Connection) -> f64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    (s * 1000) as f64 + us as f64 / 1000.0
+}
+
+/// One process's call that came back after another process adopted a
+/// stated window (100 per 10 s), but before its own process passed that
+/// window's key, is settled there again once it does: it then ends 10 s
+/// after its response, not where a call in flight would (its timeout and
+/// the window's slack further).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_back_before_its_process_took_on_an_adopted_window_is_settled_there() {
+    let redis = Redis::start();
+    let name = fleet_name("resettle");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let mut stated = reqwest::header::HeaderMap::new();
+    stated.insert(
+        "ratelimit-policy",
+        r#""s";q=50;w=1, "m";q=100;w=10"#.parse().unwrap(),
+    );
+    let permit = b.take().await.unwrap();
+    let note = a.observe(&stated).await;
+    assert!(
+        matches!(&note, Some(PaceNote::Heard(_))),
+        "A said it adopted the window: {note:?}"
+    );
+    let key = FleetKeys::named(&name).further(100, 10_000);
+    let mut c = redis.conn();
+    let end_of = |c: &mut redis::Connection| -> f64 {
+        let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(c)
+            .unwrap();
+        assert_eq!(v.len(), 1, "B's call alone: {v:?}");
+        v[0].1
+    };
+    permit.complete(tokio::time::Instant::now());
+    b.flush().await;
+    let back = redis_ms(&mut c);
+    // Settled without the key: still a call in flight's end, 12 s on.
+    assert!(
+        end_of(&mut c) - back > 11_000.0,
+        "{}",
+        end_of(&mut c) - back
+    );
+    b.observe(&stated).await;
+    b.flush().await;
+    let left = end_of(&mut c) - back;
+    assert!((9_000.0..=10_050.0).contains(&left), "{left} ms left");
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# A fleet following policies the server states but it was not told (issue
+# 19): two processes on one Redis key, each told only `--limit 100/1s`,
+# against `batchrun sim` keeping 100/1s and a second policy that it states
+# in the chosen dialect: a window of 30 calls per 2 s ("window"), or a
+# budget of 600 tokens a second ("tokens", the calls weighed by `--cost`).
+# One process alone (no Redis) runs the same job for comparison.
+#
+# Prints one row per (policy, dialect, how): wall time, the ideal time
+# (the first window at once, then the policy's pace), their ratio, the
+# 429s and the most the sim counted in any window of the stated policy.
+#
+#   examples/fleet_stated_bench.sh                 # target/release/batchrun
+#   DIALECTS="ietf" ITEMS=300 examples/fleet_stated_bench.sh
+#
+# Needs redis-server on PATH; runs it on a free loopback port under a
+# temporary directory.
+set -euo pipefail
+
+BIN=${BIN:-target/release/batchrun}
+ITEMS=${ITEMS:-150}
+DIALECTS=${DIALECTS:-"ietf ietf-old"}
+CONC=${CONC:-5}
+
+[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
+command -v redis-server >/dev/null || { echo "no redis-server on PATH" >&2; exit 2; }
+
+TMP=$(mktemp -d /tmp/fleet_stated_bench.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+RPORT=$(free_port)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do
+    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
+    sleep 0.05
+done
+
+for i in $(seq "$ITEMS"); do
+    echo "{\"n\": $i, \"max_tokens\": $((10 + i % 5 * 8)), \"prompt\": \"$(printf 'word %.0s' $(seq $((i % 7 * 4 + 1))))\"}"
+done >"$TMP/items.jsonl"
+
+# $1 the stated policy's --limit, $2 the dialect: starts a sim; sets URL
+# and SIM_PID.
+start_sim() {
+    "$BIN" sim --listen 127.0.0.1:0 --limit 100/1s --limit "$1" --dialect "$2" \
+        --concurrency 100 --latency 5ms..30ms --credits 1000000000 \
+        >"$TMP/sim.out" 2>"$TMP/sim.err" &
+    SIM_PID=$!
+    PIDS+=($SIM_PID)
+    for _ in $(seq 100); do
+        grep -q '^listening on' "$TMP/sim.out" 2>/dev/null && break
+        sleep 0.05
+    done
+    URL="http://$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)"
+}
+
+printf '%-8s %-9s %-6s %7s %7s %6s %5s %9s\n' policy dialect how wall_s ideal_s ratio 429s most
+run=0
+for policy in window tokens; do
+    case $policy in
+        window) limit=30/2s; extra=(); dialects=$DIALECTS ;;
+        # Only the IETF fields state a token policy's window; OpenAI's and
+        # Anthropic's state none, and a quota without one is per minute.
+        tokens) limit=600/1s,tokens; extra=(--cost "max_tokens + chars(prompt)/4" --json-body)
+            dialects=ietf ;;
+    esac
+    for dialect in $dialects; do
+        for how in fleet alone; do
+            run=$((run + 1))
+            start_sim "$limit" "$dialect"
+            url=$URL
+            dir="$TMP/run$run"
+            mkdir -p "$dir"
+            cp "$TMP/items.jsonl" "$dir/items.jsonl"
+            start=$(date +%s.%N)
+            if [ "$how" = fleet ]; then
+                shards=()
+                for i in 1 2; do
+                    BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo" \
+                        --limit 100/1s -c "$CONC" "${extra[@]}" --json \
+                        --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "bench$run" \
+                        --shard "$i/2" --state-dir "$dir/state" \
+                        >"$dir/out$i.json" 2>"$dir/err$i" &
+                    shards+=($!)
+                done
+                for p in "${shards[@]}"; do wait "$p" || true; done
+            else
+                BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo" \
+                    --limit 100/1s -c $((CONC * 2)) "${extra[@]}" --json \
+                    --state-dir "$dir/state" >"$dir/out1.json" 2>"$dir/err1" || true
+            fi
+            end=$(date +%s.%N)
+            limited=$(cat "$dir"/out*.json | python3 -c "
+import json, sys
+print(sum(json.loads(l).get('rate_limited', 0) for l in sys.stdin if l.startswith('{')))")
+            curl -s "$url/admin/stats" >"$dir/stats.json"
+            most=$(python3 -c "
+import json
+print(json.load(open('$dir/stats.json'))['policies'][1]['max_in_window'])")
+            # The ideal: the first window at once, then the policy's pace
+            # (for tokens, of what the sim charged).
+            ideal=$(python3 -c "
+import json
+st = json.load(open('$dir/stats.json'))
+if '$policy' == 'window':
+    print(f'{($ITEMS - 30) / 15:.2f}')
+else:
+    print(f'{max(0, st[\"tokens_charged\"] - 600) / 600:.2f}')")
+            wall=$(python3 -c "print(f'{$end - $start:.2f}')")
+            ratio=$(python3 -c "print(f'{$wall / $ideal:.2f}x')")
+            printf '%-8s %-9s %-6s %7s %7s %6s %5s %9s\n' "$policy" "$dialect" "$how" \
+                "$wall" "$ideal" "$ratio" "$limited" "$most"
+            kill "$SIM_PID" 2>/dev/null || true
+            wait "$SIM_PID" 2>/dev/null || true
+        done
+    done
+done
