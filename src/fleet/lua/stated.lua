@@ -22,63 +22,76 @@ local function stated_unknown()
   return false
 end
 
--- Seeds a new window of calls f: every call in flight (until its hold, as
--- a take adds it; its settle moves it) and, as answered, the calls the
--- server says it counts beyond those in flight, and at least the answered
--- calls occupying KEYS[1], each ending one window from now (as in-process:
--- errs on the slow side), at most f.L of them.
+-- Seeds window of calls f for its adoption: every call in flight (until
+-- its hold, as a take adds it; its settle moves it) and, as answered, the
+-- calls the server says it counts beyond those in flight, and at least the
+-- answered calls occupying KEYS[1], each ending one window from now (as
+-- in-process: errs on the slow side), at most f.L of them. The key may
+-- hold calls already (a process told that limit keeps it): those count
+-- towards what is seeded, so that nothing is counted twice.
 local function seed_window(f, used)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  local all = redis.call('ZRANGE', KEYS[1], 0, -1)
+  redis.call('ZREMRANGEBYSCORE', f.key, '-inf', now)
   local flying, here = 0, 0
-  for _, id in ipairs(all) do
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     if redis.call('HEXISTS', KEYS[5], id) == 1 then
-      redis.call('ZADD', f.key, now + f.hold, id)
+      redis.call('ZADD', f.key, 'NX', now + f.hold, id)
       flying = flying + 1
     else
       here = here + 1
     end
   end
+  local known = math.max(0, redis.call('ZCARD', f.key) - flying)
   local answered = math.min(math.max(used - flying, here), f.L)
-  for j = 1, answered do
-    redis.call('ZADD', f.key, now + f.W + round, 'stated:' .. j)
+  for j = 1, answered - known do
+    redis.call('ZADD', f.key, now + f.W + round, 'stated:' .. now .. ':' .. j)
   end
   keep(f.key, math.max(hold, f.hold) + 1000)
 end
 
--- Seeds a new window of tokens t: what the server says was used, ending
--- one window from now, and every call in flight with its estimate (KEYS[5]
--- keeps it), as a take puts it: the server will count those, and what it
--- said was used did not.
+-- Seeds window of tokens t for its adoption: every call in flight with its
+-- estimate (KEYS[5] keeps it; only calls still in KEYS[1], so a crashed
+-- process's are not), as a take puts it, since the server will count
+-- those; and what the server says was used beyond what the key holds
+-- answered already, ending one window from now.
 local function seed_tokens(t, used)
-  if used > 0 then
-    redis.call('HSET', t.key, 'c:stated', used .. ' ' .. (now + t.W + round) .. ' 0')
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    local v = redis.call('HGET', KEYS[5], id)
+    if v then
+      local _, w = sent_entry(v)
+      redis.call('HSETNX', t.key, 'c:' .. id, w .. ' ' .. (now + t.hold) .. ' 1')
+    end
   end
-  local all = redis.call('HGETALL', KEYS[5])
-  for j = 1, #all, 2 do
-    local _, w = sent_entry(all[j + 1])
-    redis.call('HSET', t.key, 'c:' .. all[j], w .. ' ' .. (now + t.hold) .. ' 1')
+  local _, done = tally_used(t)
+  local known = 0
+  for _, d in ipairs(done) do known = known + d[2] end
+  if used > known then
+    local ends = now + t.W + round
+    redis.call('HSET', t.key, 'c:stated:' .. now, (used - known) .. ' ' .. ends .. ' 0')
   end
   keep(t.key, t.hold + 1000)
 end
 
+-- At most this many policies are adopted for a fleet, as in-process.
+local MAX_STATED = 8
+
 -- adopt: ARGV[7] the index in KEYS of the key adopted, ARGV[8] what the
 -- server says was used of its quota already (0 when it did not say).
--- Lists the key in KEYS[4] `stated`, and seeds it when it is new
--- (seed_window, seed_tokens). Returns 1 when it seeded the key, 0 when it
--- was there already.
+-- Lists the key in KEYS[4] `stated` and seeds it (seed_window,
+-- seed_tokens), unless it is listed already. Returns 1 when it listed it,
+-- 0 when it was listed, -1 when the list is full.
 if op == 'adopt' then
   local key, used = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
   local names = redis.call('HGET', KEYS[4], 'stated') or ''
-  local listed = false
+  local count = 0
   for n in string.gmatch(names, '%S+') do
-    if n == key then listed = true end
+    if n == key then return 0 end
+    count = count + 1
   end
-  if not listed then
-    redis.call('HSET', KEYS[4], 'stated', names .. ' ' .. key)
-  end
+  if count >= MAX_STATED then return -1 end
+  redis.call('HSET', KEYS[4], 'stated', names .. ' ' .. key)
   keep(KEYS[4], limit_ttl)
-  if redis.call('EXISTS', key) == 1 then return 0 end
   for _, f in ipairs(further) do
     if f.key == key then seed_window(f, used) end
   end

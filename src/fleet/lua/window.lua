@@ -156,12 +156,12 @@ if op == 'take' then
   if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
-  local wait, why = 0, 0
+  local wait, why, quota = 0, 0, false
   if p > now then
     wait, why = p - now, 1
   elseif held > now then
     wait, why = held - now, 2
-    if redis.call('HEXISTS', KEYS[4], 'held_by') == 1 then why = 6 end
+    quota = redis.call('HEXISTS', KEYS[4], 'held_by') == 1
   else
     -- Only a take that may go counts towards a clean window used in full:
     -- one during a pause or hold is before that window began.
@@ -193,6 +193,9 @@ if op == 'take' then
     wait = math.max(wait, tw)
     if why == 0 then why = 2 end
   end
+  -- Said to be a used-up quota's only when its reset is the wait: a window
+  -- simply full for longer is waited for, as ever.
+  if quota and wait == held - now then why = 6 end
   if why > 0 then
     buckets_refused(weight)
     return answer({0, wait, why}, epoch)

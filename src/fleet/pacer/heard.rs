@@ -81,7 +81,8 @@ impl Inner {
     /// Adopts `p` for the fleet unless this process keeps its key already
     /// (at most [`MAX_WINDOWS`] adopted, as in-process). Returns what the
     /// operator hears when this process took the key on; `None` when it
-    /// had it, or Redis did not answer (the next response tries again).
+    /// had it, the fleet's list is full, or Redis did not answer (the next
+    /// response tries again).
     pub(super) async fn adopt(&self, p: &Stated) -> Option<PaceNote> {
         let key = self.stated_key(p);
         let mut keys = {
@@ -92,22 +93,12 @@ impl Inner {
             keys.clone()
         };
         keys.push(key.clone());
-        // Seeded with the key in the list before any take of this process
-        // passes it: a take that adds to it first would make it look
-        // adopted already, and leave it unseeded.
-        let seeded: Result<i64, _> = self
-            .fleet
-            .retry(
-                Duration::from_secs(2),
-                |mut c| {
-                    let mut inv = self.args.invoke(&self.script, &keys, "adopt", None);
-                    inv.arg(keys.len()).arg(p.used);
-                    async move { inv.invoke_async::<i64>(&mut c).await }
-                },
-                |e| self.lost_contact(e),
-            )
-            .await;
-        seeded.ok()?;
+        // Listed and seeded before this process's takes pass it, so that
+        // none of them is granted outside it.
+        let listed = self.run_adopt(&keys, p.used).await.ok()?;
+        if listed < 0 {
+            return None;
+        }
         self.take_on(key).then(|| {
             PaceNote::Heard(Heard::Added {
                 name: p.name.clone(),
@@ -118,10 +109,42 @@ impl Inner {
         })
     }
 
-    /// Passes `key` from now on; whether it was new to this process.
+    /// Runs the script's `adopt` for the last of `keys`, with `used`.
+    async fn run_adopt(&self, keys: &[String], used: u64) -> Result<i64, PaceError> {
+        self.fleet
+            .retry(
+                Duration::from_secs(2),
+                |mut c| {
+                    let mut inv = self.args.invoke(&self.script, keys, "adopt", None);
+                    inv.arg(keys.len()).arg(used);
+                    async move { inv.invoke_async::<i64>(&mut c).await }
+                },
+                |e| self.lost_contact(e),
+            )
+            .await
+            .map_err(|e| PaceError::Unavailable(e.to_string()))
+    }
+
+    /// Lists again every key this process adopted or took on, after Redis
+    /// forgot the fleet (the list went with it): a process that joins
+    /// later is then told of them at its first take, as before the loss.
+    /// Each is seeded again from the calls this process put back.
+    pub(super) async fn relist(&self) {
+        let keys = self.keys().clone();
+        for i in self.configured_keys..keys.len() {
+            let mut order = keys.clone();
+            let key = order.remove(i);
+            order.push(key);
+            // Not listed now: the next loss, or the next response, tries again.
+            let _ = self.run_adopt(&order, 0).await;
+        }
+    }
+
+    /// Passes `key` from now on; whether it was new to this process (at
+    /// most [`MAX_WINDOWS`] beyond those configured, as the script lists).
     fn take_on(&self, key: String) -> bool {
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        if keys.contains(&key) {
+        if keys.contains(&key) || keys.len() >= self.configured_keys + MAX_WINDOWS {
             return false;
         }
         if key.contains(":tokens:") {

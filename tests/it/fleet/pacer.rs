@@ -372,3 +372,45 @@ async fn a_call_back_before_its_process_took_on_an_adopted_window_is_settled_the
     let left = end_of(&mut c) - back;
     assert!((9_000.0..=10_050.0).contains(&left), "{left} ms left");
 }
+
+/// Redis forgetting the fleet forgets the list of adopted policies too: the
+/// process that adopted one lists it again once it has put its calls
+/// back, so a process joining later is still told of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adopted_policy_is_listed_again_after_redis_forgot_the_fleet() {
+    let redis = Redis::start();
+    let name = fleet_name("relist");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let mut stated = reqwest::header::HeaderMap::new();
+    stated.insert(
+        "ratelimit-policy",
+        r#""s";q=50;w=1, "m";q=100;w=10"#.parse().unwrap(),
+    );
+    a.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    a.observe(&stated).await;
+    let mut c = redis.conn();
+    let listed = |c: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(FleetKeys::named(&name).limit())
+            .arg("stated")
+            .query(c)
+            .unwrap()
+    };
+    let key = FleetKeys::named(&name).further(100, 10_000);
+    assert!(listed(&mut c).is_some_and(|l| l.contains(&key)));
+    redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap();
+    assert_eq!(listed(&mut c), None);
+    // The next take finds the loss, puts A's calls back, and lists again.
+    a.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        listed(&mut c).is_some_and(|l| l.contains(&key)),
+        "{:?}",
+        listed(&mut c)
+    );
+}

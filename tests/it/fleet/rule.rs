@@ -398,3 +398,82 @@ fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
     let full = take(&mut lua, 3, "b");
     assert_eq!((full[0], full[2]), (0, 2), "{full:?}");
 }
+
+/// A window a process was told (`--limit 2/5s`) is a key that exists
+/// before another process adopts the same policy from a statement: the
+/// adoption still lists it and adds what the key lacks (that process's
+/// calls in flight), so no take passing it goes over 2. At most eight
+/// policies are listed.
+#[test]
+fn adopting_a_window_another_process_keeps_counts_every_call_once() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
+        lua.op(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+            inv.arg(0).arg(0).arg(0);
+        })
+    };
+    let told = lua.names.further(2, 5000);
+    // Process B, told the limit, takes b1 with its key.
+    lua.keys.push(told.clone());
+    assert_eq!(take(&mut lua, 0, "b1")[0], 1);
+    // Process A, not told it, takes a1 and a2.
+    lua.keys.pop();
+    assert_eq!(take(&mut lua, 1, "a1")[0], 1);
+    assert_eq!(take(&mut lua, 2, "a2")[0], 1);
+    // A adopts it from a statement: listed although the key was there.
+    lua.keys.push(told);
+    let index = lua.keys.len();
+    let listed: i64 = lua.op(3, "adopt", |inv| {
+        inv.arg(index).arg(0);
+    });
+    assert_eq!(listed, 1);
+    // Three calls in flight against 2: nothing more goes.
+    let v = take(&mut lua, 4, "a3");
+    assert_eq!((v[0], v[2]), (0, 2), "{v:?}");
+    // Eight listed at most.
+    let mut answers = Vec::new();
+    for w in 0..9 {
+        let key = lua.names.further(5, 10_000 + w);
+        lua.keys.push(key);
+        let index = lua.keys.len();
+        let a: i64 = lua.op(5, "adopt", |inv| {
+            inv.arg(index).arg(0);
+        });
+        answers.push(a);
+    }
+    assert_eq!(answers, [1, 1, 1, 1, 1, 1, 1, -1, -1]);
+}
+
+/// A used-up quota's hold is said as such (why 6) only while its reset is
+/// the wait: behind a window of the fleet that is full for longer, a
+/// take is told of the window (why 2), which the process waits for.
+#[test]
+fn a_quota_hold_is_named_only_while_it_is_the_wait() {
+    let redis = Redis::start();
+    let s = Scenario {
+        further: vec![(1, 86_400_000)],
+        ..Scenario::of(10, 1000)
+    };
+    let mut lua = Lua::new(&redis, &s);
+    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
+        lua.op(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+            inv.arg(0).arg(0).arg(0);
+        })
+    };
+    let hold = |lua: &mut Lua, now: u64, ms: u64| -> i64 {
+        lua.op(now, "hold", |inv| {
+            inv.arg(ms).arg("tokens");
+        })
+    };
+    assert_eq!(hold(&mut lua, 0, 30_000), 30_000);
+    assert_eq!(take(&mut lua, 10, "a"), [0, 29_990, 6]);
+    assert_eq!(take(&mut lua, 30_000, "a")[0], 1);
+    // The day's window of 1 is full now: a hold shorter than it is not
+    // what the take waits for.
+    assert_eq!(hold(&mut lua, 30_001, 60_000), 60_000);
+    let v = take(&mut lua, 30_002, "b");
+    assert_eq!((v[0], v[2]), (0, 2), "{v:?}");
+}
