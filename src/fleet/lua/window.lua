@@ -112,7 +112,8 @@ end
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
 -- back), 5 a policy was adopted whose key this take did not pass (fetch
 -- KEYS[4] `stated`, stated.lua), 6 held until a used-up quota resets
--- (KEYS[4] `held_by` names it, stated.lua). After the restore block, the loss check's three arguments (see
+-- (KEYS[4] `held_by` names it, stated.lua; then a fourth element: ms
+-- until that reset, while the wait may be longer). After the restore block, the loss check's three arguments (see
 -- forgotten); with them, every answer ends with the fleet's epoch.
 -- How long until a window `key` holding n >= lim occupancies has room:
 -- until the occupancy whose end makes room ends. A call still in flight has
@@ -193,11 +194,12 @@ if op == 'take' then
     wait = math.max(wait, tw)
     if why == 0 then why = 2 end
   end
-  -- Said to be a used-up quota's only when its reset is the wait: a window
-  -- simply full for longer is waited for, as ever.
-  if quota and wait == held - now then why = 6 end
   if why > 0 then
     buckets_refused(weight)
+    -- A used-up quota's hold says how long it lasts itself: a process
+    -- halts on the quota only when that is far off, not when a window of
+    -- its own is full for longer.
+    if quota then return answer({0, wait, 6, held - now}, epoch) end
     return answer({0, wait, why}, epoch)
   end
   if ceiling > 0 then

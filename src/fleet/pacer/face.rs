@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::rule::Verb;
 use super::tasks::{Abandon, SharedTicket};
-use super::{FleetPacer, Took, Why, FLUSH_WITHIN, POLL_FIRST, POLL_MAX};
+use super::{FleetPacer, Took, Why, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MAX};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
@@ -35,8 +35,8 @@ impl Pacer for FleetPacer {
             let mut poll = POLL_FIRST;
             loop {
                 match inner.try_take(&id, inner.cap, weight.tokens).await? {
-                    Took::Wait(d, Why::Quota) if d > QUOTA_BOUND && !inner.wait_for_quota => {
-                        return Err(inner.quota_error(d).await);
+                    Took::Wait(_, Why::Quota(q)) if q > QUOTA_BOUND && !inner.wait_for_quota => {
+                        return Err(inner.quota_error(q).await);
                     }
                     Took::Granted => {
                         abandon.id = None;
@@ -53,7 +53,9 @@ impl Pacer for FleetPacer {
                         tokio::time::sleep(d.min(poll)).await;
                         poll = (poll * 2).min(POLL_MAX);
                     }
-                    Took::Wait(d, _) => tokio::time::sleep(d).await,
+                    // Another process may hold the fleet for a used-up
+                    // quota meanwhile, to be halted on: look again by then.
+                    Took::Wait(d, _) => tokio::time::sleep(d.min(LOOK_AGAIN)).await,
                 }
             }
         })

@@ -54,6 +54,10 @@ const HOLD_SLACK: Duration = Duration::from_secs(1);
 /// processes, whom nobody can wait on.
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
+/// The longest a take sleeps before asking again, whatever the wait: a
+/// window of the fleet's own full for hours is not slept through while
+/// another process finds the quota behind it used up.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// How long the end of a run waits to hand back what it owes.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
 
@@ -132,8 +136,9 @@ enum Why {
     Paused,
     Window,
     Ceiling,
-    /// Held until a quota a response said was used up resets.
-    Quota,
+    /// Held until a quota a response said was used up resets, in this
+    /// long (the wait may be longer still).
+    Quota(Duration),
 }
 
 enum Took {
@@ -471,12 +476,12 @@ impl Inner {
                 self.fetch_stated().await?;
                 Ok(Took::Wait(Duration::ZERO, Why::Window))
             }
-            [0, ms, why, ..] => {
+            [0, ms, why, rest @ ..] => {
                 let wait = Duration::from_millis((*ms).max(1) as u64);
-                let why = match why {
-                    1 => Why::Paused,
-                    2 => Why::Window,
-                    6 => Why::Quota,
+                let why = match (why, rest) {
+                    (1, _) => Why::Paused,
+                    (2, _) => Why::Window,
+                    (6, [quota, ..]) => Why::Quota(Duration::from_millis((*quota).max(0) as u64)),
                     _ => Why::Ceiling,
                 };
                 if why == Why::Paused {

@@ -334,11 +334,7 @@ async fn a_call_back_before_its_process_took_on_an_adopted_window_is_settled_the
     let name = fleet_name("resettle");
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
     let b = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let mut stated = reqwest::header::HeaderMap::new();
-    stated.insert(
-        "ratelimit-policy",
-        r#""s";q=50;w=1, "m";q=100;w=10"#.parse().unwrap(),
-    );
+    let stated = stated_ten_seconds();
     let permit = b.take().await.unwrap();
     let note = a.observe(&stated).await;
     assert!(
@@ -381,11 +377,7 @@ async fn an_adopted_policy_is_listed_again_after_redis_forgot_the_fleet() {
     let redis = Redis::start();
     let name = fleet_name("relist");
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let mut stated = reqwest::header::HeaderMap::new();
-    stated.insert(
-        "ratelimit-policy",
-        r#""s";q=50;w=1, "m";q=100;w=10"#.parse().unwrap(),
-    );
+    let stated = stated_ten_seconds();
     a.take()
         .await
         .unwrap()
@@ -413,4 +405,15 @@ async fn an_adopted_policy_is_listed_again_after_redis_forgot_the_fleet() {
         "{:?}",
         listed(&mut c)
     );
+}
+
+/// A response stating the primary window (50 a second) and a window of
+/// 100 per 10 s that the pacers were not told.
+fn stated_ten_seconds() -> reqwest::header::HeaderMap {
+    let mut stated = reqwest::header::HeaderMap::new();
+    stated.insert(
+        "ratelimit-policy",
+        r#""s";q=50;w=1, "m";q=100;w=10"#.parse().unwrap(),
+    );
+    stated
 }

@@ -365,15 +365,7 @@ fn only_the_process_that_finds_a_loss_holds_the_fleet() {
 fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    // take: id, cap, headroom 1, no ceiling, no tokens, no settles, no
-    // pause, nothing to put back.
-    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
-        lua.op(now, "take", |inv| {
-            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
-            inv.arg(0).arg(0).arg(0);
-        })
-    };
-    assert_eq!(take(&mut lua, 0, "a")[0], 1);
+    assert_eq!(take10(&mut lua, 0, "a")[0], 1);
     // Another process reads "2 calls per 5 s, 2 used" and adopts it.
     let adopted = lua.names.further(2, 5000);
     lua.keys.push(adopted.clone());
@@ -386,7 +378,7 @@ fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
     assert_eq!(adopt(&mut lua, 1), 1);
     assert_eq!(adopt(&mut lua, 1), 0, "adopted once");
     lua.keys.pop();
-    assert_eq!(take(&mut lua, 2, "b"), [0, 1, 5]);
+    assert_eq!(take10(&mut lua, 2, "b"), [0, 1, 5]);
     let listed: String = redis::cmd("HGET")
         .arg(lua.names.limit())
         .arg("stated")
@@ -395,7 +387,7 @@ fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
     assert!(listed.split_whitespace().any(|k| k == adopted), "{listed}");
     // "a" in flight and one answered call the server counted besides.
     lua.keys.push(adopted);
-    let full = take(&mut lua, 3, "b");
+    let full = take10(&mut lua, 3, "b");
     assert_eq!((full[0], full[2]), (0, 2), "{full:?}");
 }
 
@@ -408,20 +400,14 @@ fn a_take_without_a_key_the_fleet_adopted_is_told_to_fetch_it() {
 fn adopting_a_window_another_process_keeps_counts_every_call_once() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
-        lua.op(now, "take", |inv| {
-            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
-            inv.arg(0).arg(0).arg(0);
-        })
-    };
     let told = lua.names.further(2, 5000);
     // Process B, told the limit, takes b1 with its key.
     lua.keys.push(told.clone());
-    assert_eq!(take(&mut lua, 0, "b1")[0], 1);
+    assert_eq!(take10(&mut lua, 0, "b1")[0], 1);
     // Process A, not told it, takes a1 and a2.
     lua.keys.pop();
-    assert_eq!(take(&mut lua, 1, "a1")[0], 1);
-    assert_eq!(take(&mut lua, 2, "a2")[0], 1);
+    assert_eq!(take10(&mut lua, 1, "a1")[0], 1);
+    assert_eq!(take10(&mut lua, 2, "a2")[0], 1);
     // A adopts it from a statement: listed although the key was there.
     lua.keys.push(told);
     let index = lua.keys.len();
@@ -430,7 +416,7 @@ fn adopting_a_window_another_process_keeps_counts_every_call_once() {
     });
     assert_eq!(listed, 1);
     // Three calls in flight against 2: nothing more goes.
-    let v = take(&mut lua, 4, "a3");
+    let v = take10(&mut lua, 4, "a3");
     assert_eq!((v[0], v[2]), (0, 2), "{v:?}");
     // Eight listed at most.
     let mut answers = Vec::new();
@@ -446,9 +432,10 @@ fn adopting_a_window_another_process_keeps_counts_every_call_once() {
     assert_eq!(answers, [1, 1, 1, 1, 1, 1, 1, -1, -1]);
 }
 
-/// A used-up quota's hold is said as such (why 6) only while its reset is
-/// the wait: behind a window of the fleet that is full for longer, a
-/// take is told of the window (why 2), which the process waits for.
+/// A used-up quota's hold is said as such (why 6) with how long it lasts
+/// itself: behind a window of the fleet that is full for longer, the
+/// wait is the window's, and the hold's own 60 s is what a process
+/// weighs against the bound before halting on the quota.
 #[test]
 fn a_quota_hold_is_named_only_while_it_is_the_wait() {
     let redis = Redis::start();
@@ -457,23 +444,27 @@ fn a_quota_hold_is_named_only_while_it_is_the_wait() {
         ..Scenario::of(10, 1000)
     };
     let mut lua = Lua::new(&redis, &s);
-    let take = |lua: &mut Lua, now: u64, id: &str| -> Vec<i64> {
-        lua.op(now, "take", |inv| {
-            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
-            inv.arg(0).arg(0).arg(0);
-        })
-    };
     let hold = |lua: &mut Lua, now: u64, ms: u64| -> i64 {
         lua.op(now, "hold", |inv| {
             inv.arg(ms).arg("tokens");
         })
     };
     assert_eq!(hold(&mut lua, 0, 30_000), 30_000);
-    assert_eq!(take(&mut lua, 10, "a"), [0, 29_990, 6]);
-    assert_eq!(take(&mut lua, 30_000, "a")[0], 1);
+    assert_eq!(take10(&mut lua, 10, "a"), [0, 29_990, 6, 29_990]);
+    assert_eq!(take10(&mut lua, 30_000, "a")[0], 1);
     // The day's window of 1 is full now: a hold shorter than it is not
     // what the take waits for.
     assert_eq!(hold(&mut lua, 30_001, 60_000), 60_000);
-    let v = take(&mut lua, 30_002, "b");
-    assert_eq!((v[0], v[2]), (0, 2), "{v:?}");
+    let v = take10(&mut lua, 30_002, "b");
+    assert_eq!((v[0], v[2], v[3]), (0, 6, 59_999), "{v:?}");
+    assert!(v[1] > 86_000_000, "the day's window is the wait: {v:?}");
+}
+
+/// A take of call `id` under a cap of 10: headroom 1, no ceiling, no
+/// tokens, no settles, no pause, nothing to put back, no loss check.
+fn take10(lua: &mut Lua, now: u64, id: &str) -> Vec<i64> {
+    lua.op(now, "take", |inv| {
+        inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+        inv.arg(0).arg(0).arg(0);
+    })
 }

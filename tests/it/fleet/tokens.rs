@@ -22,13 +22,19 @@ fn prompts(n: u64) -> String {
 /// Two shards of one job on fleet `key`, each told `limits` and weighing
 /// its calls by their prompts.
 fn shards(s: &Scenario, limits: &[&str], redis: &str, key: &str) -> Vec<std::process::Command> {
+    let mut a = limits.to_vec();
+    a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
+    a.extend(["--concurrency", "8"]);
+    two_shards(s, &a, redis, key)
+}
+
+/// Two shards of one job on fleet `key`, each with `args` besides.
+fn two_shards(s: &Scenario, args: &[&str], redis: &str, key: &str) -> Vec<std::process::Command> {
     (1..=2)
         .map(|i| {
             let shard = format!("{i}/2");
-            let mut a = limits.to_vec();
-            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
-            a.extend(["--concurrency", "8", "--redis", redis]);
-            a.extend(["--fleet-key", key, "--shard", &shard]);
+            let mut a = args.to_vec();
+            a.extend(["--redis", redis, "--fleet-key", key, "--shard", &shard]);
             s.cmd(&a)
         })
         .collect()
@@ -139,21 +145,12 @@ async fn a_fleet_follows_a_limit_stated_in_every_dialect() {
             ])
             .numbers(n);
         let key = fleet_name(&format!("stated-{dialect}"));
-        let cmds = (1..=2)
-            .map(|i| {
-                let shard = format!("{i}/2");
-                let mut a = vec!["--limit", "60/1s", "--concurrency", "4"];
-                a.extend([
-                    "--redis",
-                    &redis.url,
-                    "--fleet-key",
-                    &key,
-                    "--shard",
-                    &shard,
-                ]);
-                s.cmd(&a)
-            })
-            .collect();
+        let cmds = two_shards(
+            &s,
+            &["--limit", "60/1s", "--concurrency", "4"],
+            &redis.url,
+            &key,
+        );
         let (runs, _) = run_all(cmds);
         let mut limited = 0;
         for r in &runs {
@@ -241,23 +238,12 @@ async fn a_fleet_adopts_a_stated_window_it_was_not_told() {
         ])
         .numbers(n);
     let key = fleet_name("adopts-window");
-    let cmds = (1..=2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            s.cmd(&[
-                "--limit",
-                "100/1s",
-                "--concurrency",
-                "4",
-                "--redis",
-                &redis.url,
-                "--fleet-key",
-                &key,
-                "--shard",
-                &shard,
-            ])
-        })
-        .collect();
+    let cmds = two_shards(
+        &s,
+        &["--limit", "100/1s", "--concurrency", "4"],
+        &redis.url,
+        &key,
+    );
     let (runs, _) = run_all(cmds);
     for r in &runs {
         assert_eq!(r.code, 0, "{}", r.stderr);
@@ -299,22 +285,20 @@ async fn a_fleet_adopts_a_stated_token_budget_it_was_not_told() {
         .with_sim(&sim)
         .input("items.jsonl", &prompts(n));
     let key = fleet_name("adopts-tokens");
-    let cmds = (1..=2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            let mut a = vec!["--limit", "1000/1s", "--concurrency", "4"];
-            a.extend(["--cost", "max_tokens + chars(prompt)/4", "--json-body"]);
-            a.extend([
-                "--redis",
-                &redis.url,
-                "--fleet-key",
-                &key,
-                "--shard",
-                &shard,
-            ]);
-            s.cmd(&a)
-        })
-        .collect();
+    let cmds = two_shards(
+        &s,
+        &[
+            "--limit",
+            "1000/1s",
+            "--concurrency",
+            "4",
+            "--cost",
+            "max_tokens + chars(prompt)/4",
+            "--json-body",
+        ],
+        &redis.url,
+        &key,
+    );
     let (runs, _) = run_all(cmds);
     for r in &runs {
         assert_eq!(r.code, 0, "{}", r.stderr);
@@ -349,21 +333,12 @@ async fn a_fleet_halts_resumably_on_a_daily_quota_a_server_states() {
         ])
         .numbers(n);
     let key = fleet_name("daily-quota");
-    let cmds = (1..=2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            let mut a = vec!["--limit", "100/1s", "--concurrency", "2"];
-            a.extend([
-                "--redis",
-                &redis.url,
-                "--fleet-key",
-                &key,
-                "--shard",
-                &shard,
-            ]);
-            s.cmd(&a)
-        })
-        .collect();
+    let cmds = two_shards(
+        &s,
+        &["--limit", "100/1s", "--concurrency", "2"],
+        &redis.url,
+        &key,
+    );
     let (runs, _) = run_all(cmds);
     let mut done = 0;
     for r in &runs {
