@@ -10,16 +10,40 @@
 -- seeding counts it. And a policy of any kind said to have nothing left
 -- holds the fleet until it resets (`hold`).
 
+-- The keys KEYS[4] lists as adopted, in a table, and the list as stored.
+local function stated_list()
+  local names = redis.call('HGET', KEYS[4], 'stated') or ''
+  local list = {}
+  for n in string.gmatch(names, '%S+') do list[#list + 1] = n end
+  return list, names
+end
+
 -- Whether KEYS[4] lists an adopted key this run was not given.
 local function stated_unknown()
-  local names = redis.call('HGET', KEYS[4], 'stated')
-  if not names then return false end
   local given = {}
   for k = 6, #KEYS do given[KEYS[k]] = true end
-  for n in string.gmatch(names, '%S+') do
+  for _, n in ipairs(stated_list()) do
     if not given[n] then return true end
   end
   return false
+end
+
+-- The calls occupying KEYS[1] now: those in flight, as {id, estimated
+-- tokens} (KEYS[5] keeps both, and only calls still in the window count,
+-- so a crashed process's are not), and how many are answered.
+local function occupying()
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local flying, answered = {}, 0
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    local v = redis.call('HGET', KEYS[5], id)
+    if v then
+      local _, w = sent_entry(v)
+      flying[#flying + 1] = {id, w}
+    else
+      answered = answered + 1
+    end
+  end
+  return flying, answered
 end
 
 -- Seeds window of calls f for its adoption: every call in flight (until
@@ -30,19 +54,13 @@ end
 -- hold calls already (a process told that limit keeps it): those count
 -- towards what is seeded, so that nothing is counted twice.
 local function seed_window(f, used)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('ZREMRANGEBYSCORE', f.key, '-inf', now)
-  local flying, here = 0, 0
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    if redis.call('HEXISTS', KEYS[5], id) == 1 then
-      redis.call('ZADD', f.key, 'NX', now + f.hold, id)
-      flying = flying + 1
-    else
-      here = here + 1
-    end
+  local flying, here = occupying()
+  for _, c in ipairs(flying) do
+    redis.call('ZADD', f.key, 'NX', now + f.hold, c[1])
   end
-  local known = math.max(0, redis.call('ZCARD', f.key) - flying)
-  local answered = math.min(math.max(used - flying, here), f.L)
+  local known = math.max(0, redis.call('ZCARD', f.key) - #flying)
+  local answered = math.min(math.max(used - #flying, here), f.L)
   for j = 1, answered - known do
     redis.call('ZADD', f.key, now + f.W + round, 'stated:' .. now .. ':' .. j)
   end
@@ -50,18 +68,12 @@ local function seed_window(f, used)
 end
 
 -- Seeds window of tokens t for its adoption: every call in flight with its
--- estimate (KEYS[5] keeps it; only calls still in KEYS[1], so a crashed
--- process's are not), as a take puts it, since the server will count
--- those; and what the server says was used beyond what the key holds
--- answered already, ending one window from now.
+-- estimate, as a take puts it, since the server will count those; and
+-- what the server says was used beyond what the key holds answered
+-- already, ending one window from now.
 local function seed_tokens(t, used)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    local v = redis.call('HGET', KEYS[5], id)
-    if v then
-      local _, w = sent_entry(v)
-      redis.call('HSETNX', t.key, 'c:' .. id, w .. ' ' .. (now + t.hold) .. ' 1')
-    end
+  for _, c in ipairs(occupying()) do
+    redis.call('HSETNX', t.key, 'c:' .. c[1], c[2] .. ' ' .. (now + t.hold) .. ' 1')
   end
   local _, done = tally_used(t)
   local known = 0
@@ -83,13 +95,11 @@ local MAX_STATED = 8
 -- 0 when it was listed, -1 when the list is full.
 if op == 'adopt' then
   local key, used = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
-  local names = redis.call('HGET', KEYS[4], 'stated') or ''
-  local count = 0
-  for n in string.gmatch(names, '%S+') do
+  local list, names = stated_list()
+  for _, n in ipairs(list) do
     if n == key then return 0 end
-    count = count + 1
   end
-  if count >= MAX_STATED then return -1 end
+  if #list >= MAX_STATED then return -1 end
   redis.call('HSET', KEYS[4], 'stated', names .. ' ' .. key)
   keep(KEYS[4], limit_ttl)
   for _, f in ipairs(further) do

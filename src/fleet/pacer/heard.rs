@@ -182,18 +182,9 @@ impl Inner {
     /// a take was told this process lacks one. Only names of this fleet's
     /// windows are taken.
     pub(super) async fn fetch_stated(&self) -> Result<(), PaceError> {
-        let limit = self.fleet.keys().limit();
-        let names: Option<String> = self
-            .fleet
-            .retry(
-                self.fleet.redis_timeout(),
-                |mut c| {
-                    let mut cmd = redis::cmd("HGET");
-                    cmd.arg(&limit).arg("stated");
-                    async move { cmd.query_async(&mut c).await }
-                },
-                |e| self.lost_contact(e),
-            )
+        let within = self.fleet.redis_timeout();
+        let names = self
+            .limit_field("stated", within, |e| self.lost_contact(e))
             .await
             .map_err(|e| PaceError::Unavailable(e.to_string()))?;
         let prefix = self.fleet.keys().prefix().to_string();
@@ -240,18 +231,9 @@ impl Inner {
     /// used-up quota beyond the bound: the run halts resumably and says
     /// when it resets.
     pub(super) async fn quota_error(&self, left: Duration) -> PaceError {
-        let limit = self.fleet.keys().limit();
-        let name: Option<String> = self
-            .fleet
-            .retry(
-                Duration::from_secs(2),
-                |mut c| {
-                    let mut cmd = redis::cmd("HGET");
-                    cmd.arg(&limit).arg("held_by");
-                    async move { cmd.query_async(&mut c).await }
-                },
-                |_| {},
-            )
+        let within = Duration::from_secs(2);
+        let name = self
+            .limit_field("held_by", within, |_| {})
             .await
             .ok()
             .flatten();
@@ -262,5 +244,22 @@ impl Inner {
             resets_at: humantime::format_rfc3339_seconds(at).to_string(),
             in_,
         }
+    }
+
+    /// One field of the fleet's limit hash, retried for at most `within`
+    /// (`on_retry` hears each failed try).
+    async fn limit_field(
+        &self,
+        field: &str,
+        within: Duration,
+        on_retry: impl FnMut(&redis::RedisError),
+    ) -> Result<Option<String>, crate::fleet::FleetError> {
+        let limit = self.fleet.keys().limit();
+        let get = |mut c: redis::aio::ConnectionManager| {
+            let mut cmd = redis::cmd("HGET");
+            cmd.arg(&limit).arg(field);
+            async move { cmd.query_async(&mut c).await }
+        };
+        self.fleet.retry(within, get, on_retry).await
     }
 }
