@@ -6,8 +6,9 @@
 //! against the shape's ideal, the 429s the client saw, and whether the
 //! issue's bar for that kind of knowledge holds. Knowledge is what the
 //! client is told: `told` the limit and its shape (the bucket and spike
-//! pacers are told only the rate: they keep no shapes), `rate` only the
-//! rate of a bucket or fixed window, `stated` three times the limit with
+//! pacers are told only the rate: they keep no shapes; a sliding window
+//! is told as `30/1s,sliding`), `rate` only the rate (`--limit 30/1s`,
+//! its shape left to learn), `stated` three times the limit with
 //! the server stating it in a dialect, `secret` three times the limit with
 //! the server stating nothing.
 //!
@@ -71,7 +72,10 @@ struct Bench {
 /// the calls it lets through at once.
 struct Shape {
     name: &'static str,
+    /// The sim's `--limit`.
     spec: &'static str,
+    /// The `--limit` of a client told the limit and its shape.
+    told: &'static str,
     rate: &'static str,
     per_s: f64,
     at_once: u64,
@@ -81,6 +85,7 @@ const SHAPES: [Shape; 4] = [
     Shape {
         name: "sliding",
         spec: "30/1s",
+        told: "30/1s,sliding",
         rate: "30/1s",
         per_s: 30.0,
         at_once: 30,
@@ -88,6 +93,7 @@ const SHAPES: [Shape; 4] = [
     Shape {
         name: "fixed",
         spec: "30/1s,fixed",
+        told: "30/1s,fixed",
         rate: "30/1s",
         per_s: 30.0,
         at_once: 30,
@@ -95,6 +101,7 @@ const SHAPES: [Shape; 4] = [
     Shape {
         name: "bucket, burst 5",
         spec: "30/1s,burst=5",
+        told: "30/1s,burst=5",
         rate: "30/1s",
         per_s: 30.0,
         at_once: 6,
@@ -102,6 +109,7 @@ const SHAPES: [Shape; 4] = [
     Shape {
         name: "bucket, no burst",
         spec: "30/1s,burst=0",
+        told: "30/1s,burst=0",
         rate: "30/1s",
         per_s: 30.0,
         at_once: 1,
@@ -222,7 +230,7 @@ impl Cell<'_> {
 
     fn told(&self) -> String {
         match self.knows {
-            "told" if self.pacer == "window" => self.shape.spec.to_string(),
+            "told" if self.pacer == "window" => self.shape.told.to_string(),
             "told" | "rate" => self.shape.rate.to_string(),
             _ => "90/1s".to_string(),
         }
@@ -406,10 +414,7 @@ fn main() -> anyhow::Result<()> {
                 .map_or(true, |w| s.name.contains(w.as_str()))
         };
         for shape in SHAPES.iter().filter(wanted) {
-            let mut kinds: Vec<(&str, &str)> = vec![("told", "batchrun")];
-            if shape.name != "sliding" {
-                kinds.push(("rate", "batchrun"));
-            }
+            let mut kinds: Vec<(&str, &str)> = vec![("told", "batchrun"), ("rate", "batchrun")];
             kinds.extend(b.dialects.iter().map(|d| ("stated", d.as_str())));
             kinds.push(("secret", "batchrun"));
             kinds.retain(|(k, _)| b.knows.is_empty() || b.knows.iter().any(|w| w == k));

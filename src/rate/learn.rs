@@ -42,13 +42,15 @@ pub const SKEW: f64 = 0.1;
 /// While the shape is unknown (the first window of a bare rate), calls go
 /// *ahead* of the even pace in rounds of at most this many, a round only
 /// once the last one's have all come back. The first round is one call,
-/// the second two (a slow start): a bucket refuses no more than one round
-/// before its first 429 ends the start, and a bucket with no burst refuses
-/// the first round's call alone, where a round of three sent at once cost
-/// three 429s before the ramp's one. Calls on the even pace
+/// the rest two (a slow start): a bucket with no burst refuses the first
+/// round's call alone, and a window filled by a round refuses at most its
+/// two calls. With the ramp's one refusal after it (see [`RAMP_FROM`]),
+/// learning a secret window costs three 429s at most; rounds of three
+/// cost a fourth whenever a round of three arrived at a full window
+/// (2 of 8 sims of a secret `30/1s` told `90/1s`). Calls on the even pace
 /// go freely, so a slow API with many calls in flight is not held back; a
 /// window still fills its first span within a few round trips.
-pub const START_AHEAD: usize = 3;
+pub const START_AHEAD: usize = 2;
 
 /// The longest window whose stated quota, used up early, is read as a
 /// bucket's burst spent (see [`ShapeLearner::spent_early`]).
