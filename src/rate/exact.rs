@@ -430,12 +430,17 @@ impl ExactWindow {
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
         if let Some(s) = &mut self.shape {
-            if s.refused(limit, accepted, now, true) == Verdict::Hold {
+            let verdict = s.refused(limit, accepted, now, true);
+            if verdict != Verdict::Lower {
                 // Calls sent before now went at the old pace: their 429s
-                // teach nothing about the even one.
+                // teach nothing about the new one.
                 self.learn.lowered_at = Some(now);
                 self.learn.last_stale_done = None;
-                return None;
+            }
+            match verdict {
+                Verdict::Hold => return None,
+                Verdict::Fixed(fixed) => return Some(self.switched_to_fixed(fixed, now)),
+                Verdict::Lower => {}
             }
         }
         let floor = self

@@ -75,6 +75,10 @@ pub enum Verdict {
     Hold,
     /// The rate is lower: lower the limit (the window's own learning).
     Lower,
+    /// The bucket fitted to the start and the ramp was refused, and a
+    /// fixed window of this many calls fitted them as well: the limit is
+    /// that window's, paced as a sliding one (see `learn/fitted.rs`).
+    Fixed(u64),
 }
 
 /// Where the learner stands.
@@ -143,6 +147,10 @@ pub struct ShapeLearner {
     /// An even pace was refused with the limit at `.0`, at `.1`: a bucket
     /// is fitted to the evidence once every call of it is answered.
     pending_fit: Option<(u64, Instant)>,
+    /// A fixed window's limit that fitted the answers exactly as well as
+    /// the bucket taken, below the bucket's rate: what a refusal of that
+    /// bucket switches to (once).
+    fixed_too: Option<u64>,
 }
 
 /// The first window of a shape not yet known: the even pace, with rounds
@@ -194,6 +202,7 @@ impl ShapeLearner {
             }),
             evidence: fit::Evidence::default(),
             pending_fit: None,
+            fixed_too: None,
         }
     }
 
@@ -424,6 +433,13 @@ impl ShapeLearner {
                 };
                 self.tat = None;
                 Verdict::Hold
+            }
+            // The fitted bucket refused: the fixed window that fitted as
+            // well is the server's (a start and a ramp across one reset fit
+            // a bucket a little faster than the window, with a burst).
+            Phase::Bucket { .. } if self.fixed_too.is_some() => {
+                self.phase = Phase::Window;
+                Verdict::Fixed(self.fixed_too.take().unwrap_or(1))
             }
             // A bucket an earlier run learnt may have had its burst
             // overestimated: keep the rate, drop the burst.

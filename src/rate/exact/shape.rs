@@ -134,6 +134,17 @@ impl ExactWindow {
         self.learnt_shape(limit, Learning::Bucket { limit, burst }, now);
     }
 
+    /// A fitted bucket was refused and a fixed window of `fixed` fitted
+    /// as well: the limit is that window's, settled, with no probing above
+    /// it (a probe above a fixed window's limit is refused in every window
+    /// it tries). Returns the limit.
+    pub(super) fn switched_to_fixed(&mut self, fixed: u64, now: Instant) -> u64 {
+        let limit = fixed.clamp(1, self.configured);
+        self.learn.refused_at = Some(limit.saturating_add(1).min(self.configured));
+        self.learnt_shape(limit, Learning::FixedWindow(limit), now);
+        limit
+    }
+
     /// The limit is learnt with its shape (`said`: a bucket, or a fixed
     /// window paced as a sliding one), `limit` per window, settled at
     /// once.

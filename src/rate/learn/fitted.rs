@@ -86,6 +86,16 @@ impl ShapeLearner {
         let burst = f.burst.saturating_sub(1);
         self.phase = Phase::Bucket { burst };
         self.held = per_window(f.per_second);
+        // Both may fit: a fixed window's answers, by a bucket a little
+        // faster with a burst (the window's count went at once in the
+        // start), as a bucket's, by a window's resets placed where they are
+        // few (a window far below the bucket's rate). The bucket is paced
+        // to first (pacing a bucket as a window sends its whole count at
+        // once, into its refusals), and the window kept for the bucket's
+        // first refusal.
+        self.fixed_too = windows::fit_fixed_exactly(&self.evidence.answers(), self.window, slack)
+            .map(|l| l.clamp(1, limit))
+            .filter(|&l| burst > 0 && l < self.held && 2 * l >= self.held);
         self.searching = false;
         Some(Fitted {
             limit: self.held,

@@ -29,6 +29,30 @@ const PHASES: u32 = 1000;
 /// when a sliding window fits (its count is the server's limit) or no
 /// fixed one does either.
 pub fn fit_fixed(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Option<u64> {
+    let fits = phases(calls, window, slack)?;
+    exact(&fits).or_else(|| fits.iter().map(|f| f.0).min())
+}
+
+/// The least limit of a fixed window that answers `calls` exactly at some
+/// phase, when no sliding window does (see [`fit_fixed`]).
+pub fn fit_fixed_exactly(
+    calls: &[(Instant, bool)],
+    window: Duration,
+    slack: Duration,
+) -> Option<u64> {
+    exact(&phases(calls, window, slack)?)
+}
+
+/// At the server's own phase a refused call's window held the limit
+/// before it, and so did the fullest window: its fit is exact. A phase
+/// that fits only loosely cuts the windows where the answers are few.
+fn exact(fits: &[(u64, u64)]) -> Option<u64> {
+    fits.iter().filter(|f| f.0 == f.1).map(|f| f.0).min()
+}
+
+/// The least and greatest limits of a fixed window that fit `calls`, at
+/// each phase where one does; `None` when a sliding window fits.
+fn phases(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Option<Vec<(u64, u64)>> {
     let origin = calls.iter().map(|c| c.0).min()?;
     let mut times: Vec<(f64, bool)> = calls
         .iter()
@@ -41,15 +65,11 @@ pub fn fit_fixed(calls: &[(Instant, bool)], window: Duration, slack: Duration) -
     if w <= 2.0 * slack || all_accepted || sliding_fits(&times, &accepted, w, slack) {
         return None;
     }
-    let fits: Vec<(u64, u64)> = (0..PHASES)
+    let fits = (0..PHASES)
         .map(|p| w * f64::from(p) / f64::from(PHASES))
         .filter_map(|phase| fixed_fits(&times, &accepted, w, phase, slack))
         .collect();
-    // At the server's own phase a refused call's window held the limit
-    // before it, and so did the fullest window: its fit is exact. A phase
-    // that fits only loosely cuts the windows where the answers are few.
-    let exact = fits.iter().filter(|f| f.0 == f.1).map(|f| f.0).min();
-    exact.or_else(|| fits.iter().map(|f| f.0).min())
+    Some(fits)
 }
 
 /// How many of the sorted `accepted` send instants lie between `from`
