@@ -1,7 +1,7 @@
 //! What one fleet process knows of its own calls: enough to put them back
 //! should Redis lose the fleet's state, and the notes it has for its run.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use tokio::time::Instant;
 
@@ -31,6 +31,9 @@ pub(super) struct Local {
     pub(super) held_until: Option<Instant>,
     /// The quotas whose long hold was said already (each said once).
     pub(super) said: HashSet<String>,
+    /// When each token window kept may next be corrected for what a
+    /// response says was spent elsewhere (at most once a second each).
+    pub(super) elsewhere_at: HashMap<String, Instant>,
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,

@@ -8,7 +8,9 @@
 -- first, so no call is granted outside a policy the fleet adopted, and a
 -- call granted before the adoption is in KEYS[1] and KEYS[5], whence the
 -- seeding counts it. And a policy of any kind said to have nothing left
--- holds the fleet until it resets (`hold`).
+-- holds the fleet until it resets (`hold`). What a server says is left of
+-- a token window the fleet keeps corrects it for what was spent elsewhere
+-- (`elsewhere`).
 
 -- The keys KEYS[4] lists as adopted, in a table, and the list as stored.
 local function stated_list()
@@ -109,6 +111,29 @@ if op == 'adopt' then
     if t.key == key then seed_tokens(t, used) end
   end
   return 1
+end
+
+-- elsewhere: ARGV[7] the index in KEYS of a token window the fleet keeps,
+-- ARGV[8] what the server says was spent of its quota. What it says beyond
+-- what the window holds (the fleet's calls, those in flight at their
+-- estimates) was spent elsewhere: another client on the key, or calls
+-- that cost more than estimated. It counts as spent now, ending one window
+-- from now, as `spent_elsewhere` in rate/policies/tokens.rs counts it
+-- in-process (counting some of the fleet's own again errs on the slow
+-- side). Returns the tokens added.
+if op == 'elsewhere' then
+  local key, spent = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
+  for _, t in ipairs(tallies) do
+    if t.key == key then
+      local used = tally_used(t)
+      if spent <= used then return 0 end
+      local field = 'c:elsewhere:' .. now .. ':' .. redis.call('HLEN', t.key)
+      redis.call('HSET', t.key, field, (spent - used) .. ' ' .. (now + t.W + round) .. ' 0')
+      keep(t.key, t.hold + 1000)
+      return spent - used
+    end
+  end
+  return 0
 end
 
 -- hold: ARGV[7] ms until a policy a response said has nothing left resets,

@@ -114,8 +114,10 @@ impl Pacer for FleetPacer {
                 inner.hold().await;
             }
             for p in &said.others {
-                if let Some(note) = inner.adopt(p).await {
-                    inner.lock().push(note);
+                match inner.adopt(p).await {
+                    Some(note) => inner.lock().push(note),
+                    // Seeded from what it says when adopted; kept since.
+                    None => inner.spent_elsewhere(p).await,
                 }
             }
             for (name, reset) in &said.spent {

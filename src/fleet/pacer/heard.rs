@@ -18,6 +18,9 @@ use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 
+/// How often a token window is corrected for what was spent elsewhere.
+const ELSEWHERE_EVERY: Duration = Duration::from_secs(1);
+
 impl Inner {
     /// A response said `x-rate-limit-remaining: 0`: the fleet holds new
     /// calls until its earliest occupancy ends. Workers that see it at once
@@ -107,6 +110,37 @@ impl Inner {
                 tokens: p.tokens,
             })
         })
+    }
+
+    /// A token window the fleet keeps, of which a response says `p.used`
+    /// was spent: what the fleet counts less than that was spent elsewhere
+    /// (another client on the key, calls that cost more than estimated)
+    /// and counts as spent now (the script's `elsewhere`), as in-process.
+    /// At most once every [`ELSEWHERE_EVERY`] for each window: a round trip
+    /// for every response would double the fleet's Redis traffic, and a
+    /// correction a second late is a second's worth of the window.
+    pub(super) async fn spent_elsewhere(&self, p: &Stated) {
+        if !p.tokens || p.used == 0 {
+            return;
+        }
+        let key = self.stated_key(p);
+        let Some(index) = self.keys().iter().position(|k| *k == key) else {
+            return;
+        };
+        let now = Instant::now();
+        {
+            let mut l = self.lock();
+            if l.elsewhere_at.get(&key).is_some_and(|&at| now < at) {
+                return;
+            }
+            l.elsewhere_at.insert(key, now + ELSEWHERE_EVERY);
+        }
+        // Not corrected now: the next response a second on tries again.
+        let _: Result<i64, PaceError> = self
+            .run("elsewhere", Duration::from_secs(2), |inv| {
+                inv.arg(index + 1).arg(p.used);
+            })
+            .await;
     }
 
     /// Runs the script's `adopt` for the last of `keys`, with `used`.

@@ -157,12 +157,22 @@ impl Store for Lua {
                     false => self.names.further(quota, window),
                 };
                 self.secret &= tokens;
-                if !self.keys.contains(&key) {
-                    self.keys.push(key);
-                    let index = self.keys.len();
-                    let _: i64 = self.op(now, "adopt", |inv| {
-                        inv.arg(index).arg(used);
-                    });
+                match self.keys.iter().position(|k| *k == key) {
+                    None => {
+                        self.keys.push(key);
+                        let index = self.keys.len();
+                        let _: i64 = self.op(now, "adopt", |inv| {
+                            inv.arg(index).arg(used);
+                        });
+                    }
+                    // Kept: what the server says beyond the fleet's count
+                    // was spent elsewhere.
+                    Some(i) if tokens => {
+                        let _: i64 = self.op(now, "elsewhere", |inv| {
+                            inv.arg(i + 1).arg(used);
+                        });
+                    }
+                    Some(_) => {}
                 }
                 Answer::Noted
             }
@@ -247,7 +257,7 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                 ];
                 // A policy stated in a window no policy of the scenario
                 // keeps (a fleet adopts it as a key of its own), once of
-                // calls and once of tokens at most.
+                // calls at most, and one of tokens, stated again and again.
                 let taken: Vec<u64> = std::iter::once(window)
                     .chain(further.iter().chain(&fixed).chain(&tokens).map(|p| p.1))
                     .chain(buckets.iter().chain(&token_buckets).map(|b| b.1))
@@ -275,14 +285,36 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                 ];
                 proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
                     let mut at = 0;
-                    let mut once = [false; 2];
+                    let mut calls_once = false;
+                    // A token policy stated again is the same policy with
+                    // what the server says is used of it now.
+                    let mut budget: Option<(u64, u64)> = None;
                     let steps = steps
                         .into_iter()
-                        .filter(|(_, op)| match op {
-                            Op::Stated { tokens, .. } => {
-                                !std::mem::replace(&mut once[usize::from(*tokens)], true)
+                        .filter_map(|(gap, op)| match op {
+                            Op::Stated { tokens: false, .. } => {
+                                (!std::mem::replace(&mut calls_once, true)).then_some((gap, op))
                             }
-                            _ => true,
+                            Op::Stated {
+                                quota,
+                                window,
+                                used,
+                                tokens: true,
+                            } => {
+                                let (quota, window) = *budget.get_or_insert((quota, window));
+                                let used = used.min(quota.saturating_sub(1));
+                                let tokens = true;
+                                Some((
+                                    gap,
+                                    Op::Stated {
+                                        quota,
+                                        window,
+                                        used,
+                                        tokens,
+                                    },
+                                ))
+                            }
+                            op => Some((gap, op)),
                         })
                         .map(|(gap, op)| {
                             at += gap;
