@@ -4,7 +4,11 @@
 # against `batchrun sim` keeping 100/1s and a second policy that it states
 # in the chosen dialect: a window of 30 calls per 2 s ("window"), or a
 # budget of 600 tokens a second ("tokens", the calls weighed by `--cost`).
-# One process alone (no Redis) runs the same job for comparison.
+# One process alone (no Redis) runs the same job for comparison. For the
+# token budget, a third row runs the fleet with another client on the same
+# API key (one process, no Redis, `-c 2`, its own copy of the items)
+# spending the same budget: the fleet hears of it only through what the
+# responses say is left.
 #
 # Prints one row per (policy, dialect, how): wall time, the ideal time
 # (the first window at once, then the policy's pace), their ratio, the
@@ -76,8 +80,10 @@ for policy in window tokens; do
         tokens) limit=600/1s,tokens; extra=(--cost "max_tokens + chars(prompt)/4" --json-body)
             dialects=ietf ;;
     esac
+    hows="fleet alone"
+    [ "$policy" = tokens ] && hows="fleet alone fleet+other"
     for dialect in $dialects; do
-        for how in fleet alone; do
+        for how in $hows; do
             run=$((run + 1))
             start_sim "$limit" "$dialect"
             url=$URL
@@ -85,8 +91,15 @@ for policy in window tokens; do
             mkdir -p "$dir"
             cp "$TMP/items.jsonl" "$dir/items.jsonl"
             start=$(date +%s.%N)
-            if [ "$how" = fleet ]; then
+            if [ "$how" != alone ]; then
                 shards=()
+                if [ "$how" = fleet+other ]; then
+                    cp "$TMP/items.jsonl" "$dir/other.jsonl"
+                    BATCHRUN_API_KEY=k "$BIN" "$dir/other.jsonl" --url "$url/v1/echo" \
+                        --limit 100/1s -c 2 "${extra[@]}" --json \
+                        --state-dir "$dir/other-state" >"$dir/out3.json" 2>"$dir/err3" &
+                    shards+=($!)
+                fi
                 for i in 1 2; do
                     BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo" \
                         --limit 100/1s -c "$CONC" "${extra[@]}" --json \
