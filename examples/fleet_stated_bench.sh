@@ -16,6 +16,7 @@
 #
 #   examples/fleet_stated_bench.sh                 # target/release/batchrun
 #   DIALECTS="ietf" ITEMS=300 examples/fleet_stated_bench.sh
+#   POLICIES=tokens BIN=/path/to/older/batchrun examples/fleet_stated_bench.sh
 #
 # Needs redis-server on PATH; runs it on a free loopback port under a
 # temporary directory.
@@ -25,6 +26,7 @@ BIN=${BIN:-target/release/batchrun}
 ITEMS=${ITEMS:-150}
 DIALECTS=${DIALECTS:-"ietf ietf-old"}
 CONC=${CONC:-5}
+POLICIES=${POLICIES:-"window tokens"}
 
 [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
 command -v redis-server >/dev/null || { echo "no redis-server on PATH" >&2; exit 2; }
@@ -72,7 +74,7 @@ start_sim() {
 
 printf '%-8s %-9s %-6s %7s %7s %6s %5s %9s\n' policy dialect how wall_s ideal_s ratio 429s most
 run=0
-for policy in window tokens; do
+for policy in $POLICIES; do
     case $policy in
         window) limit=30/2s; extra=(); dialects=$DIALECTS ;;
         # Only the IETF fields state a token policy's window; OpenAI's and

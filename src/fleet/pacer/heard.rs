@@ -18,7 +18,8 @@ use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 
-/// How often a token window is corrected for what was spent elsewhere.
+/// How often a token window is corrected for what was spent elsewhere, at
+/// most: a tenth of its window, and at least once a second.
 const ELSEWHERE_EVERY: Duration = Duration::from_secs(1);
 
 impl Inner {
@@ -116,9 +117,10 @@ impl Inner {
     /// was spent: what the fleet counts less than that was spent elsewhere
     /// (another client on the key, calls that cost more than estimated)
     /// and counts as spent now (the script's `elsewhere`), as in-process.
-    /// At most once every [`ELSEWHERE_EVERY`] for each window: a round trip
-    /// for every response would double the fleet's Redis traffic, and a
-    /// correction a second late is a second's worth of the window.
+    /// At most once every tenth of the window (and every
+    /// [`ELSEWHERE_EVERY`]) for each: a round trip for every response
+    /// would double the fleet's Redis traffic, and a correction a tenth of
+    /// a window late errs by a tenth of what the window spends.
     pub(super) async fn spent_elsewhere(&self, p: &Stated) {
         if !p.tokens || p.used == 0 {
             return;
@@ -133,7 +135,8 @@ impl Inner {
             if l.elsewhere_at.get(&key).is_some_and(|&at| now < at) {
                 return;
             }
-            l.elsewhere_at.insert(key, now + ELSEWHERE_EVERY);
+            l.elsewhere_at
+                .insert(key, now + ELSEWHERE_EVERY.min(p.window / 10));
         }
         // Not corrected now: the next response a second on tries again.
         let _: Result<i64, PaceError> = self
