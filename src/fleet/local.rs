@@ -37,6 +37,10 @@ pub(super) struct Local {
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,
+    /// The bare rate told (`30/1s`), while its first lowering is still to
+    /// say how to name a bucket's shape (the fleet learns none, and a
+    /// burst a bucket refused reads as a low limit).
+    pub(super) name_the_shape: Option<String>,
 }
 
 impl Local {
@@ -50,6 +54,9 @@ impl Local {
         if self.learnt == 0 || learnt < self.learnt {
             self.settled_told = false;
             self.push(PaceNote::Learnt(learnt));
+            if let Some(told) = self.name_the_shape.take() {
+                self.push(PaceNote::FleetLearnsNoShape { learnt, told });
+            }
         }
         self.learnt = learnt;
         if settled && !self.settled_told {

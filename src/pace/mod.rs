@@ -105,6 +105,16 @@ pub enum PaceNote {
     /// What the server's rate-limit headers announce, when it changes or
     /// disagrees with what the pacer was told (each said once).
     Heard(Heard),
+    /// The fleet lowered a bare rate to `learnt` calls per window: it
+    /// learns no bucket, so a server keeping one (nginx `limit_req`,
+    /// SpikeArrest) that refused a burst reads as a low limit; said once,
+    /// with how to name the shape of the rate it was `told`.
+    FleetLearnsNoShape {
+        /// The limit learnt.
+        learnt: u64,
+        /// The rate told, as `--limit` takes it (`30/1s`).
+        told: String,
+    },
 }
 
 impl From<Learning> for PaceNote {

@@ -277,6 +277,7 @@ fn build_pacer(
                     concurrency: settings.concurrency,
                     timeout: settings.timeout,
                     wait_for_quota: settings.wait_for_quota,
+                    shape_unknown: settings.shape_unknown,
                 },
                 FleetRule::of(settings.pacer, settings.burst),
                 &rest,

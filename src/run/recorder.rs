@@ -413,6 +413,12 @@ impl Recorder {
                 self.reporter.println(&format!("batchrun: {h}"));
                 return false;
             }
+            PaceNote::FleetLearnsNoShape { learnt, told } => {
+                self.reporter.println(&format!(
+                    "batchrun: fleet: the fleet learns no bucket: if the server keeps one (nginx limit_req, SpikeArrest), the burst it refused reads as a limit of {learnt} calls per window; name its shape to be paced evenly to it: --limit {told},burst=N (N its burst; or {told},fixed for a fixed window) (docs/fleet.md)"
+                ));
+                return false;
+            }
             PaceNote::LimitInForce(l) => (
                 format!("batchrun: the server reports a limit of {l} per window for this key, below the configured one: slowing down to it"),
                 None,

@@ -75,6 +75,10 @@ pub struct FleetPacing {
     /// [`QUOTA_BOUND`](crate::rate::policies::QUOTA_BOUND) is waited for
     /// rather than halted on.
     pub wait_for_quota: bool,
+    /// A bare rate (`--limit 30/1s`, no shape named): kept as a sliding
+    /// window, as the fleet learns no bucket, so the first lowering also
+    /// says how to name one.
+    pub shape_unknown: bool,
 }
 
 /// How long a concurrency lease lasts without a heartbeat: three per-call
@@ -250,7 +254,17 @@ impl FleetPacer {
             wait_for_quota: cfg.wait_for_quota,
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
-            local: Mutex::new(Local::default()),
+            local: Mutex::new(Local {
+                name_the_shape: match cfg.limit {
+                    Limit::Rate(r) if cfg.shape_unknown => Some(format!(
+                        "{}/{}",
+                        r.count,
+                        humantime::format_duration(r.period)
+                    )),
+                    _ => None,
+                },
+                ..Local::default()
+            }),
             front: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
             secret: AtomicBool::new(true),

@@ -30,6 +30,7 @@ fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
             concurrency: 100,
             timeout: Duration::from_secs(1),
             wait_for_quota: false,
+            shape_unknown: false,
         },
     ))
 }
@@ -223,6 +224,52 @@ async fn calls_in_the_window_are_put_back_when_redis_comes_back_empty() {
         .query(&mut c)
         .unwrap();
     assert!(n >= 1, "the window was not rebuilt");
+}
+
+/// A bare rate in a fleet is kept as a sliding window: the fleet learns no
+/// bucket, so its first lowering says how to name one, once, and a shape
+/// named says nothing of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bare_rate_lowered_in_a_fleet_says_how_to_name_a_bucket_once() {
+    use reqwest::header::HeaderMap;
+    let redis = Redis::start();
+    let none = HeaderMap::new();
+    let hint = PaceNote::FleetLearnsNoShape {
+        learnt: 3,
+        told: "10/2s".into(),
+    };
+    for (bare, said) in [(true, Some(hint)), (false, None)] {
+        let name = fleet_name(if bare { "bare" } else { "named" });
+        let a = Arc::new(FleetPacer::new(
+            fleet_on(&redis, &name).await,
+            FleetPacing {
+                limit: "10/2s".parse::<Limit>().unwrap(),
+                concurrency: 100,
+                timeout: Duration::from_secs(1),
+                wait_for_quota: false,
+                shape_unknown: bare,
+            },
+        ));
+        calls(&a, 4).await;
+        a.pause(Duration::from_millis(1)).await.unwrap();
+        assert_eq!(a.observe(&none).await, Some(PaceNote::Learnt(3)));
+        assert_eq!(a.note(), said, "bare: {bare}");
+        // A second lowering says no more of it.
+        calls(&a, 1).await;
+        a.pause(Duration::from_millis(1)).await.unwrap();
+        calls(&a, 1).await;
+        let later: Vec<_> = std::iter::once(a.observe(&none).await)
+            .chain(std::iter::from_fn(|| a.note().map(Some)))
+            .flatten()
+            .collect();
+        // (Lowered again to 1 here; a slow machine may see otherwise.)
+        assert!(
+            !later
+                .iter()
+                .any(|n| matches!(n, PaceNote::FleetLearnsNoShape { .. })),
+            "said once: {later:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
