@@ -437,7 +437,7 @@ impl ShapeLearner {
             // The fitted bucket refused: the fixed window that fitted as
             // well is the server's (a start and a ramp across one reset fit
             // a bucket a little faster than the window, with a burst).
-            Phase::Bucket { .. } if self.fixed_too.is_some() => {
+            Phase::Bucket { .. } if secret && self.fixed_too.is_some() => {
                 self.phase = Phase::Window;
                 Verdict::Fixed(self.fixed_too.take().unwrap_or(1))
             }

@@ -82,7 +82,7 @@ local function seed_tokens(t, used)
   for _, d in ipairs(done) do known = known + d[2] end
   if used > known then
     local ends = now + t.W + round
-    redis.call('HSET', t.key, 'c:stated:' .. now, (used - known) .. ' ' .. ends .. ' 0')
+    redis.call('HSET', t.key, 'c:stated:' .. now, string.format('%d %d 0', used - known, ends))
   end
   keep(t.key, t.hold + 1000)
 end
@@ -127,8 +127,10 @@ if op == 'elsewhere' then
     if t.key == key then
       local used = tally_used(t)
       if spent <= used then return 0 end
-      local field = 'c:elsewhere:' .. now .. ':' .. redis.call('HLEN', t.key)
-      redis.call('HSET', t.key, field, (spent - used) .. ' ' .. (now + t.W + round) .. ' 0')
+      -- Unique: a second correction in the same ms sees this one in `used`.
+      local field = 'c:elsewhere:' .. now .. ':' .. used
+      local entry = string.format('%d %d 0', spent - used, now + t.W + round)
+      redis.call('HSET', t.key, field, entry)
       keep(t.key, t.hold + 1000)
       return spent - used
     end

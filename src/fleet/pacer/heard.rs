@@ -129,6 +129,16 @@ impl Inner {
         let Some(index) = self.keys().iter().position(|k| *k == key) else {
             return;
         };
+        // The key keeps `--headroom`'s share of the quota: what the server
+        // says was spent is read against that share, as in-process against
+        // the lower of the stated and the kept quota. Spending elsewhere
+        // within the rest of the quota is what the headroom is for.
+        let spent = p
+            .used
+            .saturating_sub(p.quota - scaled(p.quota, self.headroom).min(p.quota));
+        if spent == 0 {
+            return;
+        }
         let now = Instant::now();
         {
             let mut l = self.lock();
@@ -141,7 +151,7 @@ impl Inner {
         // Not corrected now: the next response a second on tries again.
         let _: Result<i64, PaceError> = self
             .run("elsewhere", Duration::from_secs(2), |inv| {
-                inv.arg(index + 1).arg(p.used);
+                inv.arg(index + 1).arg(spent);
             })
             .await;
     }

@@ -88,6 +88,14 @@ pub fn lease_for(timeout: Duration) -> Duration {
     (timeout * 3).clamp(Duration::from_secs(3), Duration::from_secs(15))
 }
 
+/// `r` as `--limit` takes it, with no space to quote: `30/1s`, `5/1500ms`.
+fn rate_spec(r: Rate) -> String {
+    match r.period.subsec_nanos() {
+        0 => format!("{}/{}s", r.count, r.period.as_secs()),
+        _ => format!("{}/{}ms", r.count, r.period.as_millis()),
+    }
+}
+
 /// The limit after `--headroom`: at least one call.
 pub fn scaled(count: u64, headroom: f64) -> u64 {
     ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
@@ -256,11 +264,7 @@ impl FleetPacer {
             seq: AtomicU64::new(0),
             local: Mutex::new(Local {
                 name_the_shape: match cfg.limit {
-                    Limit::Rate(r) if cfg.shape_unknown => Some(format!(
-                        "{}/{}",
-                        r.count,
-                        humantime::format_duration(r.period)
-                    )),
+                    Limit::Rate(r) if cfg.shape_unknown => Some(rate_spec(r)),
                     _ => None,
                 },
                 ..Local::default()

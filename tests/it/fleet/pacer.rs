@@ -416,6 +416,20 @@ async fn a_call_back_before_its_process_took_on_an_adopted_window_is_settled_the
     assert!((9_000.0..=10_050.0).contains(&left), "{left} ms left");
 }
 
+/// A response stating a budget of 1000 tokens a minute, `left` of it left.
+fn tokens_left(left: u64) -> reqwest::header::HeaderMap {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        "ratelimit-policy",
+        r#""tok";q=1000;w=60;qu="tokens""#.parse().unwrap(),
+    );
+    h.insert(
+        "ratelimit",
+        format!(r#""tok";r={left};t=30"#).parse().unwrap(),
+    );
+    h
+}
+
 /// A token budget the fleet adopted, of which a later response says more
 /// is spent than the fleet counts: the rest was spent elsewhere (another
 /// client on the key) and counts in the fleet's window, for every process,
@@ -425,18 +439,7 @@ async fn tokens_another_client_spent_count_in_the_fleets_window() {
     let redis = Redis::start();
     let name = fleet_name("elsewhere");
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let said = |left: u64| {
-        let mut h = reqwest::header::HeaderMap::new();
-        h.insert(
-            "ratelimit-policy",
-            r#""tok";q=1000;w=60;qu="tokens""#.parse().unwrap(),
-        );
-        h.insert(
-            "ratelimit",
-            format!(r#""tok";r={left};t=30"#).parse().unwrap(),
-        );
-        h
-    };
+    let said = tokens_left;
     let note = a.observe(&said(1000)).await;
     assert!(
         matches!(&note, Some(PaceNote::Heard(_))),
@@ -465,6 +468,38 @@ async fn tokens_another_client_spent_count_in_the_fleets_window() {
     assert!(heavy.is_err(), "a call of 400 tokens went with 300 left");
     let fits = tokio::time::timeout(Duration::from_secs(5), b.take_weighted(weighing(300))).await;
     assert!(matches!(fits, Ok(Ok(_))), "a call of 300 waited");
+}
+
+/// With `--headroom 0.9` the fleet keeps 900 of a stated 1000 tokens: the
+/// other 100 are left for other traffic, so what the server says was spent
+/// counts against the fleet's 900 only beyond them.
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_spent_elsewhere_within_the_headroom_are_not_counted_again() {
+    let redis = Redis::start();
+    let name = fleet_name("elsewhere-headroom");
+    let fleet = Fleet::connect(&FleetSettings {
+        url: redis.url.clone(),
+        headroom: 0.9,
+        keys: FleetKeys::named(&name),
+        redis_timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect");
+    let a = pacer(fleet, "50/1s");
+    let said = tokens_left;
+    a.observe(&said(1000)).await;
+    let key = FleetKeys::named(&name).tokens(900, 60_000);
+    a.observe(&said(300)).await;
+    let v: Vec<String> = redis::cmd("HVALS")
+        .arg(&key)
+        .query(&mut redis.conn())
+        .unwrap();
+    let counted: u64 = v
+        .iter()
+        .filter_map(|e| e.split(' ').next()?.parse::<u64>().ok())
+        .sum();
+    // 700 spent, 100 of them within the headroom: 300 left of the 900.
+    assert_eq!(counted, 600);
 }
 
 /// Redis forgetting the fleet forgets the list of adopted policies too: the
