@@ -43,11 +43,12 @@ pub const SKEW: f64 = 0.1;
 /// *ahead* of the even pace in rounds of at most this many, a round only
 /// once the last one's have all come back. The first round is one call,
 /// the rest two (a slow start): a bucket with no burst refuses the first
-/// round's call alone, and a window filled by a round refuses at most its
-/// two calls. With the ramp's one refusal after it (see [`RAMP_FROM`]),
-/// learning a secret window costs three 429s at most; rounds of three
-/// cost a fourth whenever a round of three arrived at a full window
-/// (2 of 8 sims of a secret `30/1s` told `90/1s`). Calls on the even pace
+/// round's call alone, and a window filled by a round refuses its two
+/// calls (and any call on the pace sent with them). With the ramp's one
+/// refusal after it (see [`RAMP_FROM`]), learning a secret sliding window
+/// costs two or three 429s; rounds of three cost a fourth whenever a round
+/// of three arrived at a full window (2 of 8 sims of a secret `30/1s`
+/// told `90/1s`; 0 of 13 with rounds of two). Calls on the even pace
 /// go freely, so a slow API with many calls in flight is not held back; a
 /// window still fills its first span within a few round trips.
 pub const START_AHEAD: usize = 2;
