@@ -417,32 +417,20 @@ impl ExactWindow {
         if self.reported.is_some() || self.paused_until(now).is_some() || self.done.is_empty() {
             return None;
         }
-        if let Some(lowered) = self.learn.lowered_at {
-            let stale_in_flight = self.in_flight.values().any(|&s| s <= lowered);
-            let stale_just_back = self
-                .learn
-                .last_stale_done
-                .is_some_and(|d| now.saturating_duration_since(d) < stale_grace(self.window));
-            if stale_in_flight || stale_just_back {
-                return None;
-            }
+        let stale_just_back = self
+            .learn
+            .last_stale_done
+            .is_some_and(|d| now.saturating_duration_since(d) < stale_grace(self.window));
+        if self.sent_before_the_change() || (self.learn.lowered_at.is_some() && stale_just_back) {
+            return None;
+        }
+        match self.shape_verdict(now, true) {
+            Some(Verdict::Hold) => return None,
+            Some(Verdict::Fixed(fixed)) => return Some(self.switched_to_fixed(fixed, now)),
+            Some(Verdict::Lower) | None => {}
         }
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
-        if let Some(s) = &mut self.shape {
-            let verdict = s.refused(limit, accepted, now, true);
-            if verdict != Verdict::Lower {
-                // Calls sent before now went at the old pace: their 429s
-                // teach nothing about the new one.
-                self.learn.lowered_at = Some(now);
-                self.learn.last_stale_done = None;
-            }
-            match verdict {
-                Verdict::Hold => return None,
-                Verdict::Fixed(fixed) => return Some(self.switched_to_fixed(fixed, now)),
-                Verdict::Lower => {}
-            }
-        }
         let floor = self
             .shape
             .as_mut()

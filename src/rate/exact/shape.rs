@@ -84,21 +84,35 @@ impl ExactWindow {
         if self.paused_until(now).is_some() || self.done.is_empty() {
             return;
         }
-        if let Some(at) = self.learn.lowered_at {
-            // The calls sent before the switch went at the old pace.
-            if self.in_flight.values().any(|&s| s <= at) {
-                return;
-            }
+        if self.sent_before_the_change() {
+            return;
         }
+        // The rate is stated: no ramp needed to tell it.
+        self.shape_verdict(now, false);
+    }
+
+    /// Whether a call sent before the last lowering (or change of pace) is
+    /// still in flight: a 429 now may be its, and teaches nothing of the
+    /// new pace.
+    pub(super) fn sent_before_the_change(&self) -> bool {
+        self.learn
+            .lowered_at
+            .is_some_and(|at| self.in_flight.values().any(|&s| s <= at))
+    }
+
+    /// What the shape learner makes of a 429 at `now` (`secret`: the
+    /// server states nothing), with the calls accepted in the window; `None`
+    /// without one. Any verdict but a lowering changes the pace, so calls
+    /// sent before now went at the old one.
+    pub(super) fn shape_verdict(&mut self, now: Instant, secret: bool) -> Option<Verdict> {
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
-        if let Some(s) = &mut self.shape {
-            // The rate is stated: no ramp needed to tell it.
-            if s.refused(limit, accepted, now, false) == Verdict::Hold {
-                self.learn.lowered_at = Some(now);
-                self.learn.last_stale_done = None;
-            }
+        let verdict = self.shape.as_mut()?.refused(limit, accepted, now, secret);
+        if verdict != Verdict::Lower {
+            self.learn.lowered_at = Some(now);
+            self.learn.last_stale_done = None;
         }
+        Some(verdict)
     }
 
     /// Runs the shape learner's clock: once the even pace held, the limit
