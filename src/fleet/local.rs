@@ -32,7 +32,7 @@ pub(super) struct Local {
     /// The quotas whose long hold was said already (each said once).
     pub(super) said: HashSet<String>,
     /// When each token window kept may next be corrected for what a
-    /// response says was spent elsewhere (at most once a second each).
+    /// response says was spent elsewhere (see `Inner::spent_elsewhere`).
     pub(super) elsewhere_at: HashMap<String, Instant>,
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.

@@ -422,6 +422,15 @@ impl ShapeLearner {
             .take()
             .is_some_and(|s| s.ends.map_or(true, |e| now < e));
         let burst = (first && secret) || self.burst_before(limit);
+        // The fitted bucket refused: the fixed window that fitted as well
+        // is the server's (a start and a ramp across one reset fit a bucket
+        // a little faster than the window, with a burst).
+        if let (Phase::Bucket { .. }, true) = (self.phase, secret) {
+            if let Some(fixed) = self.fixed_too.take() {
+                self.phase = Phase::Window;
+                return Verdict::Fixed(fixed);
+            }
+        }
         match self.phase {
             // One call accepted says nothing of the rate either: a bucket
             // with no burst refuses a second call just faster than it.
@@ -434,13 +443,6 @@ impl ShapeLearner {
                 };
                 self.tat = None;
                 Verdict::Hold
-            }
-            // The fitted bucket refused: the fixed window that fitted as
-            // well is the server's (a start and a ramp across one reset fit
-            // a bucket a little faster than the window, with a burst).
-            Phase::Bucket { .. } if secret && self.fixed_too.is_some() => {
-                self.phase = Phase::Window;
-                Verdict::Fixed(self.fixed_too.take().unwrap_or(1))
             }
             // A bucket an earlier run learnt may have had its burst
             // overestimated: keep the rate, drop the burst.

@@ -48,6 +48,16 @@ impl Rate {
     pub fn default_burst(&self) -> u64 {
         (self.count / 10).max(1)
     }
+
+    /// The rate as `--limit` takes it, with no space to quote (`30/1s`,
+    /// `5/1500ms`), for a message that tells what to pass; the display
+    /// (`30ps`, `30/1m 30s`) is for reading.
+    pub fn spec(&self) -> String {
+        match self.period.subsec_nanos() {
+            0 => format!("{}/{}s", self.count, self.period.as_secs()),
+            _ => format!("{}/{}ms", self.count, self.period.as_millis()),
+        }
+    }
 }
 
 impl fmt::Display for Rate {
@@ -220,6 +230,18 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rate_written_for_limit_reads_back_as_itself() {
+        for ms in [1000, 1500, 90_000, 2_000] {
+            let rate = Rate {
+                count: 7,
+                period: Duration::from_millis(ms),
+            };
+            assert!(!rate.spec().contains(' '), "{}", rate.spec());
+            assert_eq!(rate.spec().parse::<Limit>().unwrap(), Limit::Rate(rate));
+        }
+    }
 
     #[test]
     fn parses_every_documented_form() {

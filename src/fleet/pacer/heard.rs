@@ -18,8 +18,9 @@ use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 
-/// How often a token window is corrected for what was spent elsewhere, at
-/// most: a tenth of its window, and at least once a second.
+/// The longest spacing between two corrections of a token window for what
+/// was spent elsewhere; a window shorter than ten of them is spaced by a
+/// tenth of it.
 const ELSEWHERE_EVERY: Duration = Duration::from_secs(1);
 
 impl Inner {
@@ -117,10 +118,10 @@ impl Inner {
     /// was spent: what the fleet counts less than that was spent elsewhere
     /// (another client on the key, calls that cost more than estimated)
     /// and counts as spent now (the script's `elsewhere`), as in-process.
-    /// At most once every tenth of the window (and every
-    /// [`ELSEWHERE_EVERY`]) for each: a round trip for every response
-    /// would double the fleet's Redis traffic, and a correction a tenth of
-    /// a window late errs by a tenth of what the window spends.
+    /// Each window is corrected at most once per tenth of it, or per
+    /// [`ELSEWHERE_EVERY`] if that is shorter: a round trip for every
+    /// response would double the fleet's Redis traffic, and a correction a
+    /// tenth of a window late errs by a tenth of what the window spends.
     pub(super) async fn spent_elsewhere(&self, p: &Stated) {
         if !p.tokens || p.used == 0 {
             return;
@@ -148,7 +149,7 @@ impl Inner {
             l.elsewhere_at
                 .insert(key, now + ELSEWHERE_EVERY.min(p.window / 10));
         }
-        // Not corrected now: the next response a second on tries again.
+        // Not corrected now: a response after the spacing tries again.
         let _: Result<i64, PaceError> = self
             .run("elsewhere", Duration::from_secs(2), |inv| {
                 inv.arg(index + 1).arg(spent);
@@ -211,7 +212,7 @@ impl Inner {
     /// everything else (each rule moves a call only while it is in flight,
     /// and the window to the same end).
     fn resettle(&self) {
-        let gap = self.window + Duration::from_millis(1);
+        let gap = self.occupied_after();
         {
             let mut l = self.lock();
             let again: Vec<_> = l

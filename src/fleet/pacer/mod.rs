@@ -88,14 +88,6 @@ pub fn lease_for(timeout: Duration) -> Duration {
     (timeout * 3).clamp(Duration::from_secs(3), Duration::from_secs(15))
 }
 
-/// `r` as `--limit` takes it, with no space to quote: `30/1s`, `5/1500ms`.
-fn rate_spec(r: Rate) -> String {
-    match r.period.subsec_nanos() {
-        0 => format!("{}/{}s", r.count, r.period.as_secs()),
-        _ => format!("{}/{}ms", r.count, r.period.as_millis()),
-    }
-}
-
 /// The limit after `--headroom`: at least one call.
 pub fn scaled(count: u64, headroom: f64) -> u64 {
     ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
@@ -264,7 +256,7 @@ impl FleetPacer {
             seq: AtomicU64::new(0),
             local: Mutex::new(Local {
                 name_the_shape: match cfg.limit {
-                    Limit::Rate(r) if cfg.shape_unknown => Some(rate_spec(r)),
+                    Limit::Rate(r) if cfg.shape_unknown => Some(r.spec()),
                     _ => None,
                 },
                 ..Local::default()
@@ -534,13 +526,19 @@ impl Inner {
         true
     }
 
+    /// How long a call occupies the window after its response: W, and a
+    /// millisecond for the script's whole-ms clock.
+    fn occupied_after(&self) -> Duration {
+        self.window + Duration::from_millis(1)
+    }
+
     /// A permit was completed (`arrived`) or dropped unused (`None`).
     fn settled(&self, id: String, arrived: Option<Instant>, used: Option<u64>) {
         {
             let mut l = self.lock();
             l.in_flight.remove(&id);
             if let Some(a) = arrived {
-                let end = a + self.window + Duration::from_millis(1);
+                let end = a + self.occupied_after();
                 let now = Instant::now();
                 while l.recent.front().is_some_and(|r| r.1 <= now) {
                     l.recent.pop_front();

@@ -93,9 +93,13 @@ impl ShapeLearner {
         // to first (pacing a bucket as a window sends its whole count at
         // once, into its refusals), and the window kept for the bucket's
         // first refusal.
-        self.fixed_too = windows::fit_fixed_exactly(&self.evidence.answers(), self.window, slack)
+        // (A bucket with no burst is no fixed window's likeness: its
+        // answers are not replayed for one.)
+        self.fixed_too = (burst > 0)
+            .then(|| windows::fit_fixed_exactly(&self.evidence.answers(), self.window, slack))
+            .flatten()
             .map(|l| l.clamp(1, limit))
-            .filter(|&l| burst > 0 && l < self.held && 2 * l >= self.held);
+            .filter(|&l| l < self.held && 2 * l >= self.held);
         self.searching = false;
         Some(Fitted {
             limit: self.held,
