@@ -138,6 +138,10 @@ pub struct JobMeta {
     /// for a window, and in a checkpoint older than shape learning.
     #[serde(default)]
     pub learnt_burst: Option<u64>,
+    /// The fixed window a refusal of that bucket switches to (the answers
+    /// fitted both; see `rate/learn/fitted.rs`), while none came.
+    #[serde(default)]
+    pub learnt_fixed_too: Option<u64>,
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,

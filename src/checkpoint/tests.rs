@@ -326,16 +326,21 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     // What an older version wrote: the learnt limit and no shape.
     let mut old = serde_json::to_value(&meta).unwrap();
     old.as_object_mut().unwrap().remove("learnt_burst");
+    old.as_object_mut().unwrap().remove("learnt_fixed_too");
     s.jobs
         .insert("j9", serde_json::to_vec(&old).unwrap())
         .unwrap();
     let read = s.job("j9").unwrap().unwrap();
     assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), None));
-    // And a bucket learnt is kept with its burst.
+    assert_eq!(read.learnt_fixed_too, None);
+    // And a bucket learnt is kept with its burst, and the fixed window its
+    // refusal would switch to.
     meta.learnt_burst = Some(5);
+    meta.learnt_fixed_too = Some(4);
     s.save_job(&meta).unwrap();
     let read = s.job("j9").unwrap().unwrap();
     assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), Some(5)));
+    assert_eq!(read.learnt_fixed_too, Some(4));
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

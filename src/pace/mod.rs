@@ -182,6 +182,12 @@ pub trait Pacer: Send + Sync {
         None
     }
 
+    /// The fixed window a refusal of that bucket would switch to (window
+    /// pacer only): kept with the learnt bucket for a resumed run.
+    fn learnt_fixed_too(&self) -> Option<u64> {
+        None
+    }
+
     /// How full each policy it keeps is now (the window pacer only; empty
     /// where the pacer keeps no policies of its own, and the run's
     /// observers count the configured limit themselves).

@@ -247,6 +247,10 @@ impl Pacer for WindowPacer {
         self.guarded.lock().primary().learnt_burst()
     }
 
+    fn learnt_fixed_too(&self) -> Option<u64> {
+        self.guarded.lock().primary().learnt_fixed_too()
+    }
+
     fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
         self.guarded.lock().occupancy(now_std())
     }

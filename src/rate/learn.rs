@@ -118,11 +118,18 @@ pub struct Learnt {
     /// The bucket's burst, when the limit was learnt to be a bucket; `None`
     /// for a window (and for a checkpoint older than shape learning).
     pub burst: Option<u64>,
+    /// The fixed window a refusal of that bucket switches to (see
+    /// [`Verdict::Fixed`]), while it has not been refused.
+    pub fixed_too: Option<u64>,
 }
 
 impl From<u64> for Learnt {
     fn from(limit: u64) -> Learnt {
-        Learnt { limit, burst: None }
+        Learnt {
+            limit,
+            burst: None,
+            fixed_too: None,
+        }
     }
 }
 
@@ -207,15 +214,23 @@ impl ShapeLearner {
         }
     }
 
-    /// A learner that starts from a bucket an earlier run learnt (`burst`),
-    /// or from nothing.
-    pub fn restored(window: Duration, burst: Option<u64>) -> ShapeLearner {
+    /// A learner that starts from a bucket an earlier run learnt (`burst`,
+    /// with the fixed window its refusal would switch to), or from
+    /// nothing.
+    pub fn restored(window: Duration, burst: Option<u64>, fixed_too: Option<u64>) -> ShapeLearner {
         let mut l = ShapeLearner::new(window);
         if let Some(burst) = burst {
             l.phase = Phase::Bucket { burst };
             l.start = None;
+            l.fixed_too = fixed_too;
         }
         l
+    }
+
+    /// The fixed window a refusal of the fitted bucket switches to, while
+    /// it has not been refused.
+    pub fn fixed_too(&self) -> Option<u64> {
+        self.fixed_too
     }
 
     /// The same learner with no start: for a limit known to be a window
@@ -463,41 +478,54 @@ impl ShapeLearner {
         }
     }
 
-    /// A server stating a quota of `limit` said nothing is left of it at
-    /// `now`, during the start, with fewer calls sent in the whole run than
-    /// the quota, `accepted` of them answered: a bucket whose burst is
-    /// spent (or another client on the key). It paces evenly from now, as
-    /// after a 429 after a burst, without waiting for one: a window of the
-    /// stated quota would let the rest of it go at once when the hold
-    /// ends, into the bucket's refusals. Returns whether it began to.
+    /// A server stating a quota of `limit` said `remaining` is left of it
+    /// at `now`, during the start, less than the calls this client sent in
+    /// the whole run leave of it (nothing left after fewer calls than the
+    /// quota, say), `accepted` of them answered: a bucket whose burst is
+    /// smaller than the quota (or another client on the key). It paces
+    /// evenly from now, as after a 429 after a burst, without waiting for
+    /// one: a window of the stated quota would let the rest of it go at
+    /// once, into the bucket's refusals. Returns whether it began to.
     ///
-    /// Only during the start (the run's first window): a server's count
-    /// then is at most the calls sent so far. Later, the count a response
-    /// carries is as old as its latency, and may still hold calls whose
-    /// place in this client's window has ended. And only for a window of a
-    /// minute at most: a longer quota used up (by an earlier run, say) is
-    /// a quota to wait for, not a bucket's rate to pace evenly to.
+    /// A window of the quota that counts only this client's calls never
+    /// says less: in the run's first window, it has counted at most the
+    /// calls sent so far. Only during the start: later, the count a
+    /// response carries is as old as its latency, and may still hold
+    /// calls whose place in this client's window has ended. And only for
+    /// a window of a minute at most: a longer quota used up (by an earlier
+    /// run, say) is a quota to wait for, not a bucket's rate to pace
+    /// evenly to.
     ///
     /// The even pace's first slot leaves a unit for each of the
-    /// `in_flight` calls still on their way, which the bucket may grant.
-    pub fn spent_early(&mut self, limit: u64, accepted: u64, in_flight: u64, now: Instant) -> bool {
+    /// `in_flight` calls still on their way, which the bucket may grant,
+    /// beyond what is left.
+    pub fn spent_early(
+        &mut self,
+        limit: u64,
+        remaining: u64,
+        calls: (u64, u64),
+        now: Instant,
+    ) -> bool {
+        let (accepted, in_flight) = calls;
         let in_start = self
             .start
             .as_ref()
             .is_some_and(|s| s.ends.map_or(true, |e| now < e));
         let short = self.window <= SPENT_EARLY_WITHIN;
-        if self.phase != Phase::Window || !in_start || !short || self.sends.len() as u64 >= limit {
+        let explained = (self.sends.len() as u64).saturating_add(remaining) >= limit;
+        if self.phase != Phase::Window || !in_start || !short || explained {
             return false;
         }
         self.start = None;
         self.phase = Phase::Probing {
             since: now,
-            at_once: accepted.saturating_sub(self.drained(limit)),
+            at_once: (accepted + remaining).saturating_sub(in_flight + self.drained(limit)),
             sent: 0,
             ramp: false,
         };
         let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
-        let units = u32::try_from(in_flight.saturating_add(1)).unwrap_or(u32::MAX);
+        let units = in_flight.saturating_add(1).saturating_sub(remaining);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
         self.tat = now.checked_add(interval.saturating_mul(units));
         true
     }

@@ -361,9 +361,11 @@ impl PolicySet {
             self.announced = true;
             self.report(i, p, q, now);
         }
+        if let Some(r) = p.remaining {
+            self.windows[i].spent_early(r, now);
+        }
         if p.remaining == Some(0) {
             let w = &mut self.windows[i];
-            w.spent_early(now);
             // The reset says when exactly; without one (or one rounded down
             // to nothing), until one of this client's occupancies ends. Paced
             // evenly (a bucket seen), a reset within the window and the

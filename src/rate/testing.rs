@@ -50,11 +50,20 @@ pub trait Client {
     fn limit(&self) -> u64 {
         u64::MAX
     }
+    /// The response that just [`complete`](Self::complete)d at `at` stated
+    /// its quota: `remaining` left, and when the next call fits.
+    fn heard(&mut self, _remaining: u64, _reset: Duration, _at: Instant) {}
 }
+
+/// What a server stating its quota said in a response: what is left, and
+/// when the next call fits.
+pub type Said = (u64, Duration);
 
 /// One call as it happened.
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// When it was sent.
+    pub sent: Instant,
     /// When the server saw it, if it did.
     pub arrival: Option<Instant>,
     /// The client's limit in force when it was sent.
@@ -97,6 +106,19 @@ pub fn drive<C: Client>(
     t0: Instant,
     server: &mut dyn FnMut(Instant) -> bool,
 ) -> Vec<Call> {
+    drive_stated(c, workers, fates, t0, &mut |at| (server(at), None))
+}
+
+/// As [`drive`], against a server that may state its quota with each
+/// answer: what it [`Said`] reaches the client with the response.
+pub fn drive_stated<C: Client>(
+    c: &mut C,
+    workers: usize,
+    fates: &[Fate],
+    t0: Instant,
+    server: &mut dyn FnMut(Instant) -> (bool, Option<Said>),
+) -> Vec<Call> {
+    let mut said: Vec<Option<Said>> = Vec::new();
     let mut q = Queue::default();
     let mut calls: Vec<Call> = Vec::new();
     let mut slots: Vec<C::Slot> = Vec::new();
@@ -111,9 +133,16 @@ pub fn drive<C: Client>(
         steps += 1;
         assert!(steps < 5_000_000, "the pacer does not make progress");
         match kind {
-            ARRIVE => calls[a].refused = !server(now),
+            ARRIVE => {
+                let (accepted, stated) = server(now);
+                calls[a].refused = !accepted;
+                said[a] = stated;
+            }
             RESPOND => {
                 c.complete(slots[a], now, calls[a].refused);
+                if let Some((remaining, reset)) = said[a] {
+                    c.heard(remaining, reset, now);
+                }
                 wake_blocked(&mut q, &mut gen, &mut blocked, now);
                 let w = b as usize;
                 q.push(now, WAKE, w, gen[w]);
@@ -134,7 +163,9 @@ pub fn drive<C: Client>(
                         }
                         let i = calls.len();
                         let arrival = f.transit.map(|x| now + f.latency.mul_f64(x));
+                        said.push(None);
                         calls.push(Call {
+                            sent: now,
                             arrival,
                             limit: c.limit(),
                             refused: false,
@@ -349,5 +380,60 @@ where
                 }
             }
         }
+    }
+}
+
+/// nginx `limit_req` with `nodelay`: `excess` drains at `rate` a second and
+/// each accepted request adds one; a request is refused when it would take
+/// `excess` above `burst`, and a refused one counts nothing. The first
+/// request of a new key starts at zero (as nginx's new node does).
+pub struct Gcra {
+    rate: f64,
+    burst: f64,
+    last: Option<(Instant, f64)>,
+}
+
+impl Gcra {
+    /// A bucket draining `rate` a second with room for `burst` beyond one.
+    pub fn new(rate: f64, burst: u64) -> Gcra {
+        Gcra {
+            rate,
+            burst: burst as f64,
+            last: None,
+        }
+    }
+
+    /// Whether a request arriving `at` is accepted (and counted).
+    pub fn admit(&mut self, at: Instant) -> bool {
+        let excess = match self.last {
+            None => 0.0,
+            Some((t, e)) => {
+                (e - self.rate * at.saturating_duration_since(t).as_secs_f64() + 1.0).max(0.0)
+            }
+        };
+        if excess > self.burst + 1e-9 {
+            return false;
+        }
+        self.last = Some((at, excess));
+        true
+    }
+
+    /// As [`admit`](Self::admit), and what a server stating the bucket as
+    /// a quota says with the answer, as `batchrun sim` does: the whole
+    /// requests that would pass now, one after the other, and (with none)
+    /// when the next one would.
+    pub fn admit_stated(&mut self, at: Instant) -> (bool, Said) {
+        let accepted = self.admit(at);
+        let excess = self.last.map_or(0.0, |(t, e)| {
+            (e - self.rate * at.saturating_duration_since(t).as_secs_f64()).max(0.0)
+        });
+        // A request passes while the excess it raises by one stays within
+        // the burst.
+        let remaining = (self.burst - excess + 1e-9).floor().max(0.0) as u64;
+        let reset = match remaining {
+            0 => Duration::from_secs_f64((excess + 1.0 - self.burst).max(0.0) / self.rate),
+            _ => Duration::ZERO,
+        };
+        (accepted, (remaining, reset))
     }
 }

@@ -58,10 +58,35 @@ pub(super) struct Located {
     pub(super) changed: Vec<JobMeta>,
     /// Jobs on the same input with nothing done: a new job replaces them.
     pub(super) idle: Vec<String>,
-    /// When the last call of any job on the same API origin went out (unix
-    /// ms), and what it learnt of the limit (calls per window, and a
-    /// bucket's burst): a new job starts from there.
-    pub(super) window: (u64, Option<u64>, Option<u64>),
+    /// What the last job on the same API origin left of the server's
+    /// window: a new job starts from there.
+    pub(super) window: OriginWindow,
+}
+
+/// When the last call of a job on an API origin went out, and what it
+/// learnt of the limit: a new job on that origin starts from there (the
+/// API's window does not know jobs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OriginWindow {
+    /// Unix ms.
+    last_active_unix_ms: u64,
+    /// Calls per window.
+    learnt_limit: Option<u64>,
+    /// A bucket's burst.
+    learnt_burst: Option<u64>,
+    /// The fixed window a refusal of that bucket switches to.
+    learnt_fixed_too: Option<u64>,
+}
+
+impl OriginWindow {
+    fn of(m: &JobMeta) -> OriginWindow {
+        OriginWindow {
+            last_active_unix_ms: m.last_active_unix_ms,
+            learnt_limit: m.learnt_limit,
+            learnt_burst: m.learnt_burst,
+            learnt_fixed_too: m.learnt_fixed_too,
+        }
+    }
 }
 
 /// Finds the job for this input and request in `store`: the one made for
@@ -107,9 +132,7 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         .iter()
         .filter(|m| m.origin == settings.origin)
         .max_by_key(|m| m.last_active_unix_ms)
-        .map_or((0, None, None), |m| {
-            (m.last_active_unix_ms, m.learnt_limit, m.learnt_burst)
-        });
+        .map_or(OriginWindow::default(), OriginWindow::of);
     if let Some(m) = found {
         return Ok(Located {
             id: m.id.clone(),
@@ -215,7 +238,7 @@ pub fn open(
     settings: &Settings,
     scan: &input::Scan,
     (id, epoch): (&str, u32),
-    window: (u64, Option<u64>, Option<u64>),
+    window: OriginWindow,
 ) -> Result<JobMeta, RunError> {
     let abs = std::fs::canonicalize(&settings.input)
         .with_context(|| format!("{}", settings.input.display()))?
@@ -261,9 +284,10 @@ pub fn open(
         origin: settings.origin.clone(),
         // The API's window does not know jobs: a new one starts from the
         // last calls any job of this origin made.
-        last_active_unix_ms: window.0,
-        learnt_limit: window.1,
-        learnt_burst: window.2,
+        last_active_unix_ms: window.last_active_unix_ms,
+        learnt_limit: window.learnt_limit,
+        learnt_burst: window.learnt_burst,
+        learnt_fixed_too: window.learnt_fixed_too,
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),

@@ -300,6 +300,7 @@ fn build_pacer(
             meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {
                 limit,
                 burst: meta.learnt_burst,
+                fixed_too: meta.learnt_fixed_too,
             }),
             Duration::from_millis(meta.last_active_unix_ms),
             crate::util::unix_now(),

@@ -150,6 +150,7 @@ impl Recorder {
         // a note); the job record takes its last word.
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
         self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
+        self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
         self.wind_down(saving.err).await
     }
 
@@ -447,6 +448,7 @@ impl Recorder {
         };
         self.meta.learnt_limit = learnt;
         self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
+        self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
         self.reporter.println(&line);
         flush
     }

@@ -14,8 +14,8 @@ impl ExactWindow {
     /// bucket an earlier run learnt is paced evenly from the start.
     pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
         let mut w = self.with_learnt(learnt.map(|l| l.limit));
-        let burst = learnt.and_then(|l| l.burst);
-        w.shape = Some(ShapeLearner::restored(w.window, burst));
+        let (burst, fixed_too) = learnt.map_or((None, None), |l| (l.burst, l.fixed_too));
+        w.shape = Some(ShapeLearner::restored(w.window, burst, fixed_too));
         w
     }
 
@@ -42,6 +42,12 @@ impl ExactWindow {
         self.shape.as_ref().and_then(ShapeLearner::burst)
     }
 
+    /// The fixed window a refusal of the bucket learnt switches to, while
+    /// it has not been refused.
+    pub fn learnt_fixed_too(&self) -> Option<u64> {
+        self.shape.as_ref().and_then(ShapeLearner::fixed_too)
+    }
+
     /// The call in `slot` was refused with a rate-limit 429 at `arrived`:
     /// as [`complete`](Self::complete), and the shape learner keeps the
     /// refusal as evidence of the server's bucket (the 429 itself comes
@@ -53,22 +59,23 @@ impl ExactWindow {
         self.complete(slot, arrived);
     }
 
-    /// A response of a server that states its quota said nothing is left
-    /// of it at `now`, before [`remaining_zero`](Self::remaining_zero) or a
-    /// hold until its reset: in the start, with fewer calls sent than the
-    /// quota, the shape learner paces evenly from now (a bucket's burst is
-    /// spent; see [`ShapeLearner::spent_early`]). The calls sent before, at
-    /// the start's pace, are not the even pace's: a 429 of theirs teaches
+    /// A response of a server that states its quota said `remaining` is
+    /// left of it at `now`, before [`remaining_zero`](Self::remaining_zero)
+    /// or a hold until its reset when nothing is: in the start, with less
+    /// left than this client's own calls explain, the shape learner paces
+    /// evenly from now (a bucket whose burst is smaller than its quota; see
+    /// [`ShapeLearner::spent_early`]). The calls sent before, at the
+    /// start's pace, are not the even pace's: a 429 of theirs teaches
     /// nothing. Not the learning clock, as for `remaining_zero`: the
     /// learner tells the start's end itself.
-    pub fn spent_early(&mut self, now: Instant) {
+    pub fn spent_early(&mut self, remaining: u64, now: Instant) {
         if self.reported.is_none() {
             return;
         }
         let limit = self.limit();
-        let (accepted, in_flight) = (self.done.len() as u64, self.in_flight.len() as u64);
+        let calls = (self.done.len() as u64, self.in_flight.len() as u64);
         if let Some(s) = &mut self.shape {
-            if s.spent_early(limit, accepted, in_flight, now) {
+            if s.spent_early(limit, remaining, calls, now) {
                 self.learn.lowered_at = Some(now);
                 self.learn.last_stale_done = None;
             }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::rate::exact::{ExactWindow, Learning, SlotId};
-use crate::rate::testing::{drive, Call, Client, Fate};
+use crate::rate::testing::{drive, Call, Client, Fate, Gcra};
 use proptest::prelude::*;
 
 const W: Duration = Duration::from_secs(1);
@@ -104,7 +104,7 @@ fn the_first_429_in_the_first_window_holds_whatever_went_before() {
 #[test]
 fn a_restored_bucket_paces_evenly_and_loses_a_burst_that_was_refused() {
     let t0 = Instant::now();
-    let mut l = ShapeLearner::restored(W, Some(2));
+    let mut l = ShapeLearner::restored(W, Some(2), None);
     // Three at once (the burst of 2 and one), then one per interval.
     for _ in 0..3 {
         assert_eq!(l.ready_at(10, t0), None);
@@ -113,40 +113,6 @@ fn a_restored_bucket_paces_evenly_and_loses_a_burst_that_was_refused() {
     assert!(l.ready_at(10, t0).is_some());
     assert_eq!(l.refused(10, 2, t0 + ms(5), true), Verdict::Hold);
     assert_eq!(l.burst(), Some(0));
-}
-
-/// nginx `limit_req` with `nodelay`: `excess` drains at `rate` a second and
-/// each accepted request adds one; a request is refused when it would take
-/// `excess` above `burst`, and a refused one counts nothing. The first
-/// request of a new key starts at zero (as nginx's new node does).
-struct Gcra {
-    rate: f64,
-    burst: f64,
-    last: Option<(Instant, f64)>,
-}
-
-impl Gcra {
-    fn new(rate: f64, burst: u64) -> Gcra {
-        Gcra {
-            rate,
-            burst: burst as f64,
-            last: None,
-        }
-    }
-
-    fn admit(&mut self, at: Instant) -> bool {
-        let excess = match self.last {
-            None => 0.0,
-            Some((t, e)) => {
-                (e - self.rate * at.saturating_duration_since(t).as_secs_f64() + 1.0).max(0.0)
-            }
-        };
-        if excess > self.burst + 1e-9 {
-            return false;
-        }
-        self.last = Some((at, excess));
-        true
-    }
 }
 
 /// A fixed window: `limit` accepted per window of `window` counted from `t0`.
@@ -538,6 +504,7 @@ fn a_bucket_learnt_earlier_is_paced_evenly_from_the_start() {
     let learnt = Learnt {
         limit: 30,
         burst: Some(5),
+        fixed_too: None,
     };
     let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
     // The burst and one, then one per W/30 plus the skew allowance.
@@ -552,6 +519,43 @@ fn a_bucket_learnt_earlier_is_paced_evenly_from_the_start() {
     let mut old = ExactWindow::new(30, W, t0).learning_shape(Some(Learnt::from(4)));
     assert_eq!(fill(&mut old, t0), 4);
     assert_eq!(old.learnt_burst(), None);
+}
+
+/// A run stopped after a bucket was fitted, with a fixed window that
+/// fitted as well kept aside: the next run starts from both, so the
+/// bucket's first refusal switches to the window there too, where a
+/// bucket restored alone would drop its burst and lower the rate.
+#[test]
+fn a_fixed_window_kept_aside_is_restored_with_the_bucket() {
+    let t0 = Instant::now();
+    let refused_once = |fixed_too: Option<u64>| {
+        let learnt = Learnt {
+            limit: 38,
+            burst: Some(17),
+            fixed_too,
+        };
+        let mut w = ExactWindow::new(90, W, t0).learning_shape(Some(learnt));
+        assert_eq!(w.learnt_fixed_too(), fixed_too);
+        let mut at = t0;
+        for _ in 0..5 {
+            let s = w.try_take(at).unwrap();
+            w.complete(s, at + ms(10));
+            at += ms(10);
+        }
+        let s = w.try_take(at).unwrap();
+        w.complete_refused(s, at + ms(10));
+        let lowered = w.rate_limited(at + ms(10));
+        (
+            lowered,
+            std::iter::from_fn(|| w.take_event(at + ms(10))).last(),
+        )
+    };
+    assert_eq!(
+        refused_once(Some(30)),
+        (Some(30), Some(Learning::FixedWindow(30)))
+    );
+    let (lowered, _) = refused_once(None);
+    assert_ne!(lowered, Some(30), "a bucket alone knows no window");
 }
 
 /// Takes places at `now` until refused, answering each at once.

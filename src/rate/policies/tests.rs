@@ -3,6 +3,8 @@ use crate::rate::learn::Phase;
 use crate::rate::testing::{check_windows, drive, fates, Call, Client, Fate};
 use proptest::prelude::*;
 
+mod stated;
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -378,112 +380,6 @@ fn a_call_weighing_several_takes_as_many_places_in_every_window() {
     assert_eq!(set.primary().occupancy(later), 10);
     assert!(set.cancel(big));
     assert_eq!(set.primary().occupancy(later), 0);
-}
-
-/// A bucket stating its limit in whole seconds (`RateLimit: r=0;t=1`, as
-/// the IETF fields and `X-RateLimit-Reset` do) says after each call that
-/// nothing is left for a second. Paced evenly, that is the bucket's next
-/// unit rounded up: the hold is the even pace's, not the second's. As a
-/// window whose quota this client used up, and for a reset beyond the
-/// window, the reset holds as stated.
-#[test]
-fn a_whole_second_reset_at_the_even_pace_holds_for_the_pace() {
-    let t0 = Instant::now();
-    let primary = ExactWindow::new(30, ms(1000), t0)
-        .learning_shape(None)
-        .without_start();
-    let mut s = PolicySet::new(primary, Vec::new());
-    let used_up = |reset: u64| Announced {
-        reset_in: Some(ms(reset)),
-        ..calls_policy(30, Some(1000), Some(0))
-    };
-    let window: Vec<_> = std::iter::from_fn(|| s.try_take(t0).ok()).collect();
-    assert_eq!(window.len(), 30);
-    for slot in window {
-        s.complete(slot, t0 + ms(10));
-    }
-    s.announce(&[used_up(1000)], t0 + ms(10));
-    assert_eq!(
-        s.try_take(t0 + ms(1005)),
-        Err(t0 + ms(1010)),
-        "a window: held"
-    );
-
-    // A burst refused: the set paces evenly from the pause's end.
-    let t1 = t0 + ms(2000);
-    let burst: Vec<_> = std::iter::from_fn(|| s.try_take(t1).ok()).collect();
-    for slot in burst {
-        s.complete(slot, t1 + ms(10));
-    }
-    s.rate_limited(t1 + ms(10));
-    let t2 = t1 + ms(1010);
-    s.primary_mut().pause_until(t2);
-    let slot = s.try_take(t2).unwrap();
-    s.complete(slot, t2 + ms(10));
-    // An RFC 3339 reset in whole seconds: up to a second late.
-    s.announce(&[used_up(1900)], t2 + ms(10));
-    let even = ms(1000).mul_f64(1.1 / 30.0);
-    assert_eq!(
-        s.try_take(t2 + ms(10)),
-        Err(t2 + even),
-        "the even pace's slot"
-    );
-    let slot = s.try_take(t2 + even).unwrap();
-    s.complete(slot, t2 + even + ms(10));
-    s.announce(&[used_up(5000)], t2 + even + ms(10));
-    assert_eq!(
-        s.try_take(t2 + even + ms(20)),
-        Err(t2 + even + ms(5010)),
-        "a reset beyond the window and its rounding holds as stated"
-    );
-}
-
-/// A server stating 30 a second says nothing is left after one call: a
-/// bucket with no burst (a window of 30 would have room for 29 more).
-/// The set paces evenly from that response, leaving the bucket's next unit
-/// to the call still in flight, instead of sending the rest of the window
-/// at once when the hold ends, into the bucket's refusals.
-#[test]
-fn nothing_left_of_a_stated_quota_after_one_call_paces_evenly() {
-    let t0 = Instant::now();
-    let primary = ExactWindow::new(30, ms(1000), t0).learning_shape(None);
-    let mut s = PolicySet::new(primary, Vec::new());
-    let first = s.try_take(t0).unwrap();
-    let _second = s.try_take(t0).unwrap();
-    s.complete(first, t0 + ms(10));
-    let used_up = Announced {
-        reset_in: Some(ms(1000)),
-        ..calls_policy(30, Some(1000), Some(0))
-    };
-    s.announce(&[used_up], t0 + ms(10));
-    let even = ms(1000).mul_f64(1.1 / 30.0);
-    let next = t0 + ms(10) + even * 2;
-    assert_eq!(s.try_take(t0 + ms(20)), Err(next));
-    let mut at = next;
-    for _ in 0..5 {
-        s.try_take(at).expect("on the even pace");
-        assert!(s.try_take(at).is_err(), "one call per slot");
-        at += even;
-    }
-}
-
-/// A daily quota an earlier run used up says nothing is left on the first
-/// response: a quota to wait for (or halt on), not a bucket's burst spent,
-/// so the pacer does not go on to pace a day's quota evenly.
-#[test]
-fn nothing_left_of_a_daily_quota_is_no_bucket() {
-    let t0 = Instant::now();
-    let day = 86_400_000;
-    let primary = ExactWindow::new(1000, ms(day), t0).learning_shape(None);
-    let mut s = PolicySet::new(primary, Vec::new());
-    let first = s.try_take(t0).unwrap();
-    s.complete(first, t0 + ms(10));
-    let used_up = Announced {
-        reset_in: Some(ms(3_600_000)),
-        ..calls_policy(1000, Some(day), Some(0))
-    };
-    s.announce(&[used_up], t0 + ms(10));
-    assert_eq!(s.primary().shape(), Some(Phase::Window));
 }
 
 /// A told bucket with no burst is paced a twentieth of T apart beyond its
