@@ -55,9 +55,10 @@ proptest! {
 
     /// Told three times the rate of a bucket the server states as a quota
     /// per window (nginx `limit_req` with a burst, behind headers that say
-    /// `limit: 30`): the start sends no call beyond what the latest answer
-    /// says is left while calls are on their way, so only calls sent
-    /// before the first response came back are ever refused. The one-way
+    /// `limit: 30`): the first answer already says less is left than the
+    /// calls sent explain, and the pacer paces evenly from it, leaving
+    /// what is left to the calls on their way, so only calls sent before
+    /// the first response came back are ever refused. The one-way
     /// latency varies by at most 3 ms, within the even pace's allowance
     /// (a tenth of its 36.7 ms): a path that jitters more is refused by a
     /// bucket at its own rate, whatever the client.
@@ -175,14 +176,22 @@ fn nothing_left_of_a_stated_quota_after_one_call_paces_evenly() {
         ..calls_policy(30, Some(1000), Some(0))
     };
     s.announce(&[used_up], t0 + ms(10));
-    let even = ms(1000).mul_f64(1.1 / 30.0);
-    let next = t0 + ms(10) + even * 2;
+    let next = t0 + ms(10) + even() * 2;
     assert_eq!(s.try_take(t0 + ms(20)), Err(next));
-    let mut at = next;
+    one_per_slot(&mut s, next);
+}
+
+/// The even pace of 30 a second, with its allowance for jitter.
+fn even() -> Duration {
+    ms(1000).mul_f64(1.1 / 30.0)
+}
+
+/// From `at`, five calls go one per even slot, never two at once.
+fn one_per_slot(s: &mut PolicySet, mut at: Instant) {
     for _ in 0..5 {
         s.try_take(at).expect("on the even pace");
         assert!(s.try_take(at).is_err(), "one call per slot");
-        at += even;
+        at += even();
     }
 }
 
@@ -210,14 +219,8 @@ fn less_left_of_a_stated_quota_than_the_calls_sent_explain_paces_evenly() {
     assert_eq!(window.primary().shape(), Some(Phase::Window));
     let (mut s, t) = start(2);
     assert!(matches!(s.primary().shape(), Some(Phase::Probing { .. })));
-    let even = ms(1000).mul_f64(1.1 / 30.0);
-    assert_eq!(s.try_take(t + ms(6)), Err(t + even));
-    let mut at = t + even;
-    for _ in 0..5 {
-        s.try_take(at).expect("on the even pace");
-        assert!(s.try_take(at).is_err(), "one call per slot");
-        at += even;
-    }
+    assert_eq!(s.try_take(t + ms(6)), Err(t + even()));
+    one_per_slot(&mut s, t + even());
 }
 
 /// A daily quota an earlier run used up says nothing is left on the first
