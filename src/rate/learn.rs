@@ -519,7 +519,9 @@ impl ShapeLearner {
         self.start = None;
         self.phase = Phase::Probing {
             since: now,
-            at_once: (accepted + remaining).saturating_sub(in_flight + self.drained(limit)),
+            at_once: accepted
+                .saturating_add(remaining)
+                .saturating_sub(in_flight.saturating_add(self.drained(limit))),
             sent: 0,
             ramp: false,
         };
