@@ -55,6 +55,10 @@ pub struct Announced {
     pub remaining: Option<u64>,
     /// How long until the quota resets, when stated.
     pub reset_in: Option<Duration>,
+    /// Whether the reset is stated finer than whole seconds (OpenAI's
+    /// durations, `20ms`, `1.5s`), which every other dialect rounds to (so
+    /// up to a second late).
+    pub reset_exact: bool,
 }
 
 impl Announced {
@@ -66,6 +70,7 @@ impl Announced {
             window: None,
             remaining: None,
             reset_in: None,
+            reset_exact: false,
         }
     }
 
@@ -241,6 +246,8 @@ fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
     a.quota = quota(limit);
     a.remaining = remaining;
     a.reset_in = text(h, &format!("x-ratelimit-reset-{unit}")).and_then(go_duration);
+    // Whole seconds may be rounded (up, as the sim does from a second on).
+    a.reset_exact = a.reset_in.is_some_and(|d| d.subsec_nanos() != 0);
     push(out, a);
 }
 

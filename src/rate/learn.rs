@@ -181,6 +181,10 @@ struct Start {
     /// Rounds whose calls have all come back: the first takes one call,
     /// the second two, the rest [`START_AHEAD`].
     rounds: usize,
+    /// Calls sent in the start: all of them, where the learner's `sends`
+    /// keep at most [`MAX_SENDS`] (a stated quota above it is no bucket's
+    /// sign for having more left than those explain).
+    sent: u64,
 }
 
 impl Start {
@@ -207,6 +211,7 @@ impl ShapeLearner {
                 on_pace: Vec::new(),
                 closing: false,
                 rounds: 0,
+                sent: 0,
             }),
             evidence: fit::Evidence::default(),
             pending_fit: None,
@@ -366,6 +371,7 @@ impl ShapeLearner {
             start
                 .ends
                 .get_or_insert(now.checked_add(self.window).unwrap_or(now));
+            start.sent += 1;
             let on_pace = start.tat.map_or(true, |t| t <= now);
             if on_pace {
                 let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
@@ -480,8 +486,8 @@ impl ShapeLearner {
 
     /// A server stating a quota of `limit` said `remaining` is left of it
     /// at `now`, during the start, less than the calls this client sent in
-    /// the whole run leave of it (nothing left after fewer calls than the
-    /// quota, say), `accepted` of them answered: a bucket whose burst is
+    /// it leave of it (nothing left after fewer calls than the quota, say),
+    /// `accepted` of them answered and `in_flight` on their way: a bucket whose burst is
     /// smaller than the quota (or another client on the key). It paces
     /// evenly from now, as after a 429 after a burst, without waiting for
     /// one: a window of the stated quota would let the rest of it go at
@@ -503,17 +509,19 @@ impl ShapeLearner {
         &mut self,
         limit: u64,
         remaining: u64,
-        calls: (u64, u64),
+        (accepted, in_flight): (u64, u64),
         now: Instant,
     ) -> bool {
-        let (accepted, in_flight) = calls;
-        let in_start = self
+        let Some(start) = self
             .start
             .as_ref()
-            .is_some_and(|s| s.ends.map_or(true, |e| now < e));
+            .filter(|s| s.ends.map_or(true, |e| now < e))
+        else {
+            return false;
+        };
         let short = self.window <= SPENT_EARLY_WITHIN;
-        let explained = (self.sends.len() as u64).saturating_add(remaining) >= limit;
-        if self.phase != Phase::Window || !in_start || !short || explained {
+        let explained = start.sent.saturating_add(remaining) >= limit;
+        if self.phase != Phase::Window || !short || explained {
             return false;
         }
         self.start = None;

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use super::announce::{Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
+use super::learn::SKEW;
 
 mod heard;
 mod occupancy;
@@ -361,7 +362,9 @@ impl PolicySet {
             self.announced = true;
             self.report(i, p, q, now);
         }
-        if let Some(r) = p.remaining {
+        // What is left of a quota this response did not state says
+        // nothing of the quota the window keeps.
+        if let (Some(r), Some(_)) = (p.remaining, p.quota) {
             self.windows[i].spent_early(r, now);
         }
         if p.remaining == Some(0) {
@@ -372,10 +375,15 @@ impl PolicySet {
             // second a reset in whole seconds may be late by (the IETF
             // fields, X-RateLimit-Reset, an RFC 3339 instant) is the
             // bucket's next unit rounded up (or a window's end, which the
-            // even pace keeps anyway): the even pace governs.
+            // even pace keeps anyway): the even pace governs. A reset stated
+            // finer (OpenAI's) and beyond one even interval is no bucket's
+            // next unit, which its rate frees within one: something else
+            // fills the quota (another client's calls), and it holds.
             let reset = p.reset_in.filter(|r| !r.is_zero());
             let rounding = w.window() + Duration::from_secs(1);
-            let reset = reset.filter(|&r| r > rounding || !w.paced_evenly());
+            let unit = w.window().mul_f64((1.0 + SKEW) / w.limit() as f64);
+            let beyond_a_unit = |r: Duration| p.reset_exact && r > unit;
+            let reset = reset.filter(|&r| r > rounding || !w.paced_evenly() || beyond_a_unit(r));
             match reset {
                 None => {
                     w.remaining_zero(now);

@@ -534,6 +534,7 @@ impl Store for InProcess {
                     window: Some(Duration::from_millis(window)),
                     remaining: Some(quota.saturating_sub(used)),
                     reset_in: None,
+                    reset_exact: false,
                 };
                 self.w.announce(&[stated], t);
                 Answer::Noted

@@ -35,6 +35,7 @@ fn policy(
         window,
         remaining,
         reset_in,
+        reset_exact: false,
     }
 }
 
@@ -224,6 +225,13 @@ fn openai_requests_and_tokens_with_go_durations() {
             ),
         ]
     );
+    // Finer than whole seconds: exact, where whole seconds may be rounded.
+    let h = map(&[
+        ("x-ratelimit-limit-requests", "60"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "97ms"),
+    ]);
+    assert!(read(&h, NOW)[0].reset_exact);
 }
 
 #[test]

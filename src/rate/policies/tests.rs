@@ -23,6 +23,7 @@ fn calls_policy(quota: u64, window_ms: Option<u64>, remaining: Option<u64>) -> A
         window: window_ms.map(ms),
         remaining,
         reset_in: None,
+        reset_exact: false,
     }
 }
 

@@ -97,6 +97,13 @@ proptest! {
             .map(|(call, _)| call.sent - t0)
             .collect();
         prop_assert!(late.is_empty(), "refused though sent after the first response: {:?}", late);
+        // And not by going slowly: 150 calls at the even pace (27.3 a
+        // second) take 5.5 s, or at one round trip per worker longer; a
+        // first flight refused pauses a second.
+        let paced = Duration::from_secs_f64(150.0 / 27.3);
+        let bound = ms(base + 6) * 150 / workers as u32;
+        let last = calls.iter().map(|c| c.sent - t0).max().unwrap_or_default();
+        prop_assert!(last <= paced.max(bound) + ms(1500), "the last call went at {:?}", last);
     }
 }
 
@@ -240,4 +247,56 @@ fn nothing_left_of_a_daily_quota_is_no_bucket() {
     };
     s.announce(&[used_up], t0 + ms(10));
     assert_eq!(s.primary().shape(), Some(Phase::Window));
+}
+
+/// A stated window of 10,000 a minute, this client alone on it: past the
+/// 4,096 sends the learner remembers, what is left is still what its own
+/// calls explain, and it stays a window (no bucket taken for it).
+#[test]
+fn a_large_stated_window_kept_alone_stays_a_window() {
+    let t0 = Instant::now();
+    let (quota, minute) = (10_000, 60_000);
+    let primary = ExactWindow::new(quota, ms(minute), t0).learning_shape(None);
+    let mut s = PolicySet::new(primary, Vec::new());
+    let (mut at, mut sent) = (t0, 0);
+    while sent < 4_200 {
+        match s.try_take(at) {
+            Ok(slot) => {
+                sent += 1;
+                s.complete(slot, at);
+                let left = calls_policy(quota, Some(minute), Some(quota - sent));
+                s.announce(&[left], at);
+            }
+            Err(next) => at = next,
+        }
+    }
+    assert_eq!(s.primary().shape(), Some(Phase::Window));
+}
+
+/// Another client's 12 calls are in a stated 30 a second when this run
+/// starts: the first answer says less is left than this client's calls
+/// explain, and it paces evenly. Then nothing is left, until a reset 97 ms
+/// away: stated to the millisecond (OpenAI's durations), it holds calls
+/// until then, since the window is full whatever the even pace; stated in
+/// whole seconds, it may be a second late, and the even pace governs.
+#[test]
+fn an_exact_reset_holds_the_even_pace_and_a_whole_second_does_not() {
+    let at_50ms = |exact: bool| {
+        let t0 = Instant::now();
+        let primary = ExactWindow::new(90, ms(1000), t0).learning_shape(None);
+        let mut s = PolicySet::new(primary, Vec::new());
+        let first = s.try_take(t0).unwrap();
+        s.complete(first, t0 + ms(10));
+        s.announce(&[calls_policy(30, Some(1000), Some(17))], t0 + ms(10));
+        assert!(matches!(s.primary().shape(), Some(Phase::Probing { .. })));
+        let full = Announced {
+            reset_in: Some(ms(97)),
+            reset_exact: exact,
+            ..calls_policy(30, Some(1000), Some(0))
+        };
+        s.announce(&[full], t0 + ms(10));
+        s.try_take(t0 + ms(50)).map_err(|until| until - t0)
+    };
+    assert_eq!(at_50ms(true), Err(ms(107)));
+    assert!(at_50ms(false).is_ok(), "the even pace's slot governs");
 }
