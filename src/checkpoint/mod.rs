@@ -142,6 +142,9 @@ pub struct JobMeta {
     /// fitted both; see `rate/learn/fitted.rs`), while none came.
     #[serde(default)]
     pub learnt_fixed_too: Option<u64>,
+    /// Whether the learnt limit is a fixed window's (not probed above).
+    #[serde(default)]
+    pub learnt_fixed: bool,
     /// Advanced by `--fresh` only: part of every derived key.
     #[serde(default)]
     pub epoch: u32,

@@ -327,12 +327,13 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     let mut old = serde_json::to_value(&meta).unwrap();
     old.as_object_mut().unwrap().remove("learnt_burst");
     old.as_object_mut().unwrap().remove("learnt_fixed_too");
+    old.as_object_mut().unwrap().remove("learnt_fixed");
     s.jobs
         .insert("j9", serde_json::to_vec(&old).unwrap())
         .unwrap();
     let read = s.job("j9").unwrap().unwrap();
     assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), None));
-    assert_eq!(read.learnt_fixed_too, None);
+    assert_eq!((read.learnt_fixed_too, read.learnt_fixed), (None, false));
     // And a bucket learnt is kept with its burst, and the fixed window its
     // refusal would switch to.
     meta.learnt_burst = Some(5);
@@ -341,6 +342,11 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     let read = s.job("j9").unwrap().unwrap();
     assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), Some(5)));
     assert_eq!(read.learnt_fixed_too, Some(4));
+    // And a fixed window learnt is kept as one.
+    meta.learnt_burst = None;
+    meta.learnt_fixed = true;
+    s.save_job(&meta).unwrap();
+    assert!(s.job("j9").unwrap().unwrap().learnt_fixed);
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

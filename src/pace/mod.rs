@@ -188,6 +188,13 @@ pub trait Pacer: Send + Sync {
         None
     }
 
+    /// Whether the limit was learnt to be a fixed window's (window pacer
+    /// only): kept with the learnt limit, so a resumed run neither learns
+    /// it again nor probes above it.
+    fn learnt_fixed(&self) -> bool {
+        false
+    }
+
     /// How full each policy it keeps is now (the window pacer only; empty
     /// where the pacer keeps no policies of its own, and the run's
     /// observers count the configured limit themselves).

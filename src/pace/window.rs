@@ -251,6 +251,10 @@ impl Pacer for WindowPacer {
         self.guarded.lock().primary().learnt_fixed_too()
     }
 
+    fn learnt_fixed(&self) -> bool {
+        self.guarded.lock().primary().learnt_fixed()
+    }
+
     fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
         self.guarded.lock().occupancy(now_std())
     }

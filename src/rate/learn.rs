@@ -121,6 +121,9 @@ pub struct Learnt {
     /// The fixed window a refusal of that bucket switches to (see
     /// [`Verdict::Fixed`]), while it has not been refused.
     pub fixed_too: Option<u64>,
+    /// Whether the limit was learnt to be a fixed window's (fitted, or
+    /// switched to): paced as a sliding window of it, never probed above.
+    pub fixed: bool,
 }
 
 impl From<u64> for Learnt {
@@ -129,6 +132,7 @@ impl From<u64> for Learnt {
             limit,
             burst: None,
             fixed_too: None,
+            fixed: false,
         }
     }
 }
@@ -159,6 +163,8 @@ pub struct ShapeLearner {
     /// the bucket taken, below the bucket's rate: what a refusal of that
     /// bucket switches to (once).
     fixed_too: Option<u64>,
+    /// Whether the limit was learnt to be a fixed window's.
+    fixed: bool,
 }
 
 /// The first window of a shape not yet known: the even pace, with rounds
@@ -216,20 +222,30 @@ impl ShapeLearner {
             evidence: fit::Evidence::default(),
             pending_fit: None,
             fixed_too: None,
+            fixed: false,
         }
     }
 
-    /// A learner that starts from a bucket an earlier run learnt (`burst`,
-    /// with the fixed window its refusal would switch to), or from
-    /// nothing.
-    pub fn restored(window: Duration, burst: Option<u64>, fixed_too: Option<u64>) -> ShapeLearner {
+    /// A learner that starts from what an earlier run learnt: a bucket
+    /// (with the fixed window its refusal would switch to), a fixed window
+    /// (whose first span goes at once), or nothing.
+    pub fn restored(window: Duration, learnt: Option<Learnt>) -> ShapeLearner {
         let mut l = ShapeLearner::new(window);
-        if let Some(burst) = burst {
+        let Some(learnt) = learnt else { return l };
+        if let Some(burst) = learnt.burst {
             l.phase = Phase::Bucket { burst };
             l.start = None;
-            l.fixed_too = fixed_too;
+            l.fixed_too = learnt.fixed_too;
+        } else if learnt.fixed {
+            l.start = None;
+            l.fixed = true;
         }
         l
+    }
+
+    /// Whether the limit was learnt to be a fixed window's.
+    pub fn fixed(&self) -> bool {
+        self.fixed
     }
 
     /// The fixed window a refusal of the fitted bucket switches to, while
@@ -449,6 +465,7 @@ impl ShapeLearner {
         if let (Phase::Bucket { .. }, true) = (self.phase, secret) {
             if let Some(fixed) = self.fixed_too.take() {
                 self.phase = Phase::Window;
+                self.fixed = true;
                 return Verdict::Fixed(fixed);
             }
         }

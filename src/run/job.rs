@@ -76,6 +76,8 @@ pub struct OriginWindow {
     learnt_burst: Option<u64>,
     /// The fixed window a refusal of that bucket switches to.
     learnt_fixed_too: Option<u64>,
+    /// Whether the limit is a fixed window's.
+    learnt_fixed: bool,
 }
 
 impl OriginWindow {
@@ -85,6 +87,7 @@ impl OriginWindow {
             learnt_limit: m.learnt_limit,
             learnt_burst: m.learnt_burst,
             learnt_fixed_too: m.learnt_fixed_too,
+            learnt_fixed: m.learnt_fixed,
         }
     }
 }
@@ -288,6 +291,7 @@ pub fn open(
         learnt_limit: window.learnt_limit,
         learnt_burst: window.learnt_burst,
         learnt_fixed_too: window.learnt_fixed_too,
+        learnt_fixed: window.learnt_fixed,
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),

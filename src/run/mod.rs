@@ -301,6 +301,7 @@ fn build_pacer(
                 limit,
                 burst: meta.learnt_burst,
                 fixed_too: meta.learnt_fixed_too,
+                fixed: meta.learnt_fixed,
             }),
             Duration::from_millis(meta.last_active_unix_ms),
             crate::util::unix_now(),

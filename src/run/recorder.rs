@@ -151,6 +151,7 @@ impl Recorder {
         self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
         self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
         self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
+        self.meta.learnt_fixed = self.ticks.gauges.pacer.learnt_fixed();
         self.wind_down(saving.err).await
     }
 
@@ -449,6 +450,7 @@ impl Recorder {
         self.meta.learnt_limit = learnt;
         self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
         self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
+        self.meta.learnt_fixed = self.ticks.gauges.pacer.learnt_fixed();
         self.reporter.println(&line);
         flush
     }

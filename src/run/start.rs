@@ -76,6 +76,10 @@ pub(super) fn start_line(
             ", learnt earlier: a bucket of {l}/{} with burst {b}",
             humantime::format_duration(r.period)
         ),
+        (Some(l), None, Some(r)) if meta.learnt_fixed => format!(
+            ", learnt earlier: a fixed window of {l}/{}",
+            humantime::format_duration(r.period)
+        ),
         (Some(l), ..) => format!(", learnt {l} per window from the server"),
         _ => String::new(),
     };

@@ -14,8 +14,12 @@ impl ExactWindow {
     /// bucket an earlier run learnt is paced evenly from the start.
     pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
         let mut w = self.with_learnt(learnt.map(|l| l.limit));
-        let (burst, fixed_too) = learnt.map_or((None, None), |l| (l.burst, l.fixed_too));
-        w.shape = Some(ShapeLearner::restored(w.window, burst, fixed_too));
+        if let Some(l) = w.learn.learnt.filter(|_| learnt.is_some_and(|l| l.fixed)) {
+            // A fixed window's count: a probe above it is refused in every
+            // window it tries.
+            w.learn.refused_at = Some(l.saturating_add(1));
+        }
+        w.shape = Some(ShapeLearner::restored(w.window, learnt));
         w
     }
 
@@ -40,6 +44,11 @@ impl ExactWindow {
     /// The burst of the bucket learnt, once the limit was learnt to be one.
     pub fn learnt_burst(&self) -> Option<u64> {
         self.shape.as_ref().and_then(ShapeLearner::burst)
+    }
+
+    /// Whether the limit was learnt to be a fixed window's.
+    pub fn learnt_fixed(&self) -> bool {
+        self.shape.as_ref().is_some_and(ShapeLearner::fixed)
     }
 
     /// The fixed window a refusal of the bucket learnt switches to, while

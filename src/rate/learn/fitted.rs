@@ -76,6 +76,7 @@ impl ShapeLearner {
             // refused in every window it tries.
             let least = least.clamp(1, limit);
             self.phase = Phase::Window;
+            self.fixed = true;
             self.searching = false;
             return Some(Fitted {
                 limit: least,

@@ -104,7 +104,11 @@ fn the_first_429_in_the_first_window_holds_whatever_went_before() {
 #[test]
 fn a_restored_bucket_paces_evenly_and_loses_a_burst_that_was_refused() {
     let t0 = Instant::now();
-    let mut l = ShapeLearner::restored(W, Some(2), None);
+    let bucket = Learnt {
+        burst: Some(2),
+        ..Learnt::from(10)
+    };
+    let mut l = ShapeLearner::restored(W, Some(bucket));
     // Three at once (the burst of 2 and one), then one per interval.
     for _ in 0..3 {
         assert_eq!(l.ready_at(10, t0), None);
@@ -505,6 +509,7 @@ fn a_bucket_learnt_earlier_is_paced_evenly_from_the_start() {
         limit: 30,
         burst: Some(5),
         fixed_too: None,
+        fixed: false,
     };
     let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
     // The burst and one, then one per W/30 plus the skew allowance.
@@ -533,6 +538,7 @@ fn a_fixed_window_kept_aside_is_restored_with_the_bucket() {
             limit: 38,
             burst: Some(17),
             fixed_too,
+            fixed: false,
         };
         let mut w = ExactWindow::new(90, W, t0).learning_shape(Some(learnt));
         assert_eq!(w.learnt_fixed_too(), fixed_too);
@@ -556,6 +562,33 @@ fn a_fixed_window_kept_aside_is_restored_with_the_bucket() {
     );
     let (lowered, _) = refused_once(None);
     assert_ne!(lowered, Some(30), "a bucket alone knows no window");
+}
+
+/// A fixed window learnt by an earlier run: the next starts from it,
+/// its first span at once (no start's rounds), and never probes above it
+/// (a probe above a fixed window's count is refused in every window it
+/// tries), where a plain learnt limit probes a call more each full window.
+#[test]
+fn a_fixed_window_learnt_earlier_is_kept_and_not_probed_above() {
+    let t0 = Instant::now();
+    let after_windows = |fixed: bool| {
+        let learnt = Learnt {
+            fixed,
+            ..Learnt::from(8)
+        };
+        let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
+        assert_eq!(w.learnt_fixed(), fixed);
+        let first = fill(&mut w, t0);
+        let mut at = t0;
+        for _ in 0..4 {
+            at += W * 2;
+            fill(&mut w, at);
+        }
+        (first, w.limit())
+    };
+    assert_eq!(after_windows(true), (8, 8));
+    let (_, probed) = after_windows(false);
+    assert!(probed > 8, "a plain learnt limit probes upward: {probed}");
 }
 
 /// Takes places at `now` until refused, answering each at once.
