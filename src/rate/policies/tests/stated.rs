@@ -4,6 +4,15 @@
 use super::*;
 use crate::rate::testing::{drive_stated, Gcra};
 
+/// The default pacer's set told `--limit 90/1s` (a bare rate: its shape
+/// learnt, with a start), empty at `t0`.
+fn told_90(t0: Instant) -> PolicySet {
+    PolicySet::new(
+        ExactWindow::new(90, ms(1000), t0).learning_shape(None),
+        Vec::new(),
+    )
+}
+
 /// The default pacer's set against a server stating a bucket as a quota
 /// of 30 a second (its burst unstated), with the pool's answer to a 429:
 /// the response is read, then every call pauses a second.
@@ -78,9 +87,8 @@ proptest! {
             })
             .collect();
         let t0 = Instant::now();
-        let primary = ExactWindow::new(90, ms(1000), t0).learning_shape(None);
         let mut c = StatedBucket {
-            set: PolicySet::new(primary, Vec::new()),
+            set: told_90(t0),
             early: Vec::new(),
             first_back: false,
             refused_at: None,
@@ -213,8 +221,7 @@ fn one_per_slot(s: &mut PolicySet, mut at: Instant) {
 fn less_left_of_a_stated_quota_than_the_calls_sent_explain_paces_evenly() {
     let start = |left: u64| {
         let t0 = Instant::now();
-        let primary = ExactWindow::new(90, ms(1000), t0).learning_shape(None);
-        let mut s = PolicySet::new(primary, Vec::new());
+        let mut s = told_90(t0);
         let first = s.try_take(t0).unwrap();
         s.try_take(t0).unwrap();
         s.try_take(t0 + ms(13)).unwrap();
@@ -283,8 +290,7 @@ fn a_large_stated_window_kept_alone_stays_a_window() {
 fn an_exact_reset_holds_the_even_pace_and_a_whole_second_does_not() {
     let at_50ms = |exact: bool| {
         let t0 = Instant::now();
-        let primary = ExactWindow::new(90, ms(1000), t0).learning_shape(None);
-        let mut s = PolicySet::new(primary, Vec::new());
+        let mut s = told_90(t0);
         let first = s.try_take(t0).unwrap();
         s.complete(first, t0 + ms(10));
         s.announce(&[calls_policy(30, Some(1000), Some(17))], t0 + ms(10));
