@@ -39,6 +39,12 @@ pub use fitted::Fitted;
 /// a little closer; a bucket with no burst refuses the second.
 pub const SKEW: f64 = 0.1;
 
+/// The even pace's interval at `limit` calls per `window`: one call per
+/// W/L, plus the [`SKEW`] allowance.
+pub fn even_interval(window: Duration, limit: u64) -> Duration {
+    window.mul_f64((1.0 + SKEW) / limit.max(1) as f64)
+}
+
 /// While the shape is unknown (the first window of a bare rate), calls go
 /// *ahead* of the even pace in rounds of at most this many, a round only
 /// once the last one's have all come back. The first round is one call,
@@ -390,7 +396,7 @@ impl ShapeLearner {
             start.sent += 1;
             let on_pace = start.tat.map_or(true, |t| t <= now);
             if on_pace {
-                let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+                let interval = even_interval(self.window, limit);
                 start.tat = Some(now.checked_add(interval).unwrap_or(now));
             }
         }
@@ -550,7 +556,7 @@ impl ShapeLearner {
             sent: 0,
             ramp: false,
         };
-        let interval = self.window.mul_f64((1.0 + SKEW) / limit.max(1) as f64);
+        let interval = even_interval(self.window, limit);
         let units = in_flight.saturating_add(1).saturating_sub(remaining);
         let units = u32::try_from(units).unwrap_or(u32::MAX);
         self.tat = now.checked_add(interval.saturating_mul(units));

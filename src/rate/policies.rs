@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::announce::{Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
-use super::learn::SKEW;
+use super::learn::even_interval;
 
 mod heard;
 mod occupancy;
@@ -381,7 +381,7 @@ impl PolicySet {
             // fills the quota (another client's calls), and it holds.
             let reset = p.reset_in.filter(|r| !r.is_zero());
             let rounding = w.window() + Duration::from_secs(1);
-            let unit = w.window().mul_f64((1.0 + SKEW) / w.limit() as f64);
+            let unit = even_interval(w.window(), w.limit());
             let beyond_a_unit = |r: Duration| p.reset_exact && r > unit;
             let reset = reset.filter(|&r| r > rounding || !w.paced_evenly() || beyond_a_unit(r));
             match reset {

@@ -15,9 +15,7 @@ impl ExactWindow {
     pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
         let mut w = self.with_learnt(learnt.map(|l| l.limit));
         if let Some(l) = w.learn.learnt.filter(|_| learnt.is_some_and(|l| l.fixed)) {
-            // A fixed window's count: a probe above it is refused in every
-            // window it tries.
-            w.learn.refused_at = Some(l.saturating_add(1));
+            w.probe_at_most(l);
         }
         w.shape = Some(ShapeLearner::restored(w.window, learnt));
         w
@@ -147,7 +145,7 @@ impl ExactWindow {
                 }
             }
             Some(Some(f)) => {
-                self.learn.refused_at = Some(f.most.saturating_add(1).min(self.configured));
+                self.probe_at_most(f.most);
                 let limit = f.limit.clamp(1, self.configured);
                 let said = match f.burst {
                     Some(burst) => Learning::Bucket { limit, burst },
@@ -170,9 +168,16 @@ impl ExactWindow {
     /// it tries). Returns the limit.
     pub(super) fn switched_to_fixed(&mut self, fixed: u64, now: Instant) -> u64 {
         let limit = fixed.clamp(1, self.configured);
-        self.learn.refused_at = Some(limit.saturating_add(1).min(self.configured));
+        self.probe_at_most(limit);
         self.learnt_shape(limit, Learning::FixedWindow(limit), now);
         limit
+    }
+
+    /// Probing rises no higher than `limit` (as if `limit + 1` had been
+    /// refused): the most a fit allows, or a fixed window's count, above
+    /// which a probe is refused in every window it tries.
+    fn probe_at_most(&mut self, limit: u64) {
+        self.learn.refused_at = Some(limit.saturating_add(1).min(self.configured));
     }
 
     /// The limit is learnt with its shape (`said`: a bucket, or a fixed
