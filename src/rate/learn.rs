@@ -30,9 +30,12 @@ use std::time::{Duration, Instant};
 
 mod fit;
 mod fitted;
+mod start;
 mod windows;
 
 pub use fitted::Fitted;
+use start::Start;
+pub use start::START_AHEAD;
 
 /// The even pace's allowance for latency varying between calls: a call
 /// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive
@@ -44,24 +47,6 @@ pub const SKEW: f64 = 0.1;
 pub fn even_interval(window: Duration, limit: u64) -> Duration {
     window.mul_f64((1.0 + SKEW) / limit.max(1) as f64)
 }
-
-/// While the shape is unknown (the first window of a bare rate), calls go
-/// *ahead* of the even pace in rounds of at most this many, a round only
-/// once the last one's have all come back. The first round is one call,
-/// the rest two (a slow start): a bucket with no burst refuses the first
-/// round's call alone, and a window filled by a round refuses its two
-/// calls (and any call on the pace sent with them). With the ramp's one
-/// refusal after it (see [`RAMP_FROM`]), learning a secret sliding window
-/// costs two or three 429s; rounds of three cost a fourth whenever a round
-/// of three arrived at a full window (2 of 8 sims of a secret `30/1s`
-/// told `90/1s`; 0 of 13 with rounds of two). Calls on the even pace
-/// go freely, so a slow API with many calls in flight is not held back; a
-/// window still fills its first span within a few round trips.
-pub const START_AHEAD: usize = 2;
-
-/// The longest window whose stated quota, used up early, is read as a
-/// bucket's burst spent (see [`ShapeLearner::spent_early`]).
-const SPENT_EARLY_WITHIN: Duration = Duration::from_secs(60);
 
 /// At most this many sends are remembered for telling a burst (the last
 /// window's, as long as they are fewer).
@@ -173,39 +158,6 @@ pub struct ShapeLearner {
     fixed: bool,
 }
 
-/// The first window of a shape not yet known: the even pace, with rounds
-/// of [`START_AHEAD`] calls ahead of it.
-#[derive(Debug, Clone)]
-struct Start {
-    /// When the start ends: a window after its first send.
-    ends: Option<Instant>,
-    /// The even pace's next slot.
-    tat: Option<Instant>,
-    /// The current round's calls still in flight, by the caller's ids.
-    ahead: Vec<u64>,
-    /// The start's calls on the even pace still in flight, with when they
-    /// went: a new round opens only once none sent before it is, as one of
-    /// them refused would say the round before used up the burst.
-    on_pace: Vec<(u64, Instant)>,
-    /// Whether a call of the current round came back: the round is closed
-    /// to new calls until the rest of it has too.
-    closing: bool,
-    /// Rounds whose calls have all come back: the first takes one call,
-    /// the second two, the rest [`START_AHEAD`].
-    rounds: usize,
-    /// Calls sent in the start: all of them, where the learner's `sends`
-    /// keep at most [`MAX_SENDS`] (a stated quota above it is no bucket's
-    /// sign for having more left than those explain).
-    sent: u64,
-}
-
-impl Start {
-    /// How many calls the current round takes.
-    fn round_size(&self) -> usize {
-        (self.rounds + 1).min(START_AHEAD)
-    }
-}
-
 impl ShapeLearner {
     /// A learner for `window` that knows nothing yet.
     pub fn new(window: Duration) -> ShapeLearner {
@@ -216,15 +168,7 @@ impl ShapeLearner {
             tat: None,
             held: 0,
             searching: false,
-            start: Some(Start {
-                ends: None,
-                tat: None,
-                ahead: Vec::new(),
-                on_pace: Vec::new(),
-                closing: false,
-                rounds: 0,
-                sent: 0,
-            }),
+            start: Some(Start::default()),
             evidence: fit::Evidence::default(),
             pending_fit: None,
             fixed_too: None,
@@ -318,45 +262,6 @@ impl ShapeLearner {
     pub fn unbursted_at(&self, limit: u64, now: Instant) -> Option<Instant> {
         self.pace(limit, now)?;
         Some(self.tat.map_or(now, |t| t.max(now)))
-    }
-
-    /// Whether a call may go at `now` during the start: `Ok(true)` as one
-    /// more of the round ahead of the even pace, `Ok(false)` on the pace
-    /// (or after the start), `Err(at)` when only the pace's next slot at
-    /// `at` (or the round's last answer) lets it go. A call that goes is
-    /// then told with [`sent_in_start`](Self::sent_in_start).
-    pub fn start_gate(&self, now: Instant) -> Result<bool, Instant> {
-        let Some(start) = &self.start else {
-            return Ok(false);
-        };
-        let on_pace = start.tat.unwrap_or(now);
-        // A round opens with nothing of the start sent before it in flight,
-        // and takes calls until it has its size or one of them came back.
-        let opens = !start.ahead.is_empty() || start.on_pace.iter().all(|&(_, t)| t >= now);
-        if on_pace <= now {
-            Ok(false)
-        } else if opens && !start.closing && start.ahead.len() < start.round_size() {
-            Ok(true)
-        } else {
-            Err(on_pace)
-        }
-    }
-
-    /// The call `id` (the caller's) went at `now`: told of every call.
-    /// During the start, `ahead` of the even pace (a round's) or on it;
-    /// during the start and the ramp, kept as evidence for a fit.
-    pub fn sent_in_start(&mut self, id: u64, ahead: bool, now: Instant) {
-        // Evidence for a fit: the start's calls and the ramp's.
-        let ramp = matches!(self.phase, Phase::Probing { ramp: true, .. });
-        if self.start.is_some() || ramp {
-            self.evidence.sent(id, now);
-        }
-        if let Some(start) = &mut self.start {
-            match ahead {
-                true => start.ahead.push(id),
-                false => start.on_pace.push((id, now)),
-            }
-        }
     }
 
     /// The server refused call `id` (a rate-limit 429), which is told
@@ -505,62 +410,6 @@ impl ShapeLearner {
             }
             _ => Verdict::Lower,
         }
-    }
-
-    /// A server stating a quota of `limit` said `remaining` is left of it
-    /// at `now`, during the start, less than the calls this client sent in
-    /// it leave of it (nothing left after fewer calls than the quota, say),
-    /// `accepted` of them answered and `in_flight` on their way: a bucket whose burst is
-    /// smaller than the quota (or another client on the key). It paces
-    /// evenly from now, as after a 429 after a burst, without waiting for
-    /// one: a window of the stated quota would let the rest of it go at
-    /// once, into the bucket's refusals. Returns whether it began to.
-    ///
-    /// A window of the quota that counts only this client's calls never
-    /// says less: in the run's first window, it has counted at most the
-    /// calls sent so far. Only during the start: later, the count a
-    /// response carries is as old as its latency, and may still hold
-    /// calls whose place in this client's window has ended. And only for
-    /// a window of a minute at most: a longer quota used up (by an earlier
-    /// run, say) is a quota to wait for, not a bucket's rate to pace
-    /// evenly to.
-    ///
-    /// The even pace's first slot leaves a unit for each of the
-    /// `in_flight` calls still on their way, which the bucket may grant,
-    /// beyond what is left.
-    pub fn spent_early(
-        &mut self,
-        limit: u64,
-        remaining: u64,
-        (accepted, in_flight): (u64, u64),
-        now: Instant,
-    ) -> bool {
-        let Some(start) = self
-            .start
-            .as_ref()
-            .filter(|s| s.ends.map_or(true, |e| now < e))
-        else {
-            return false;
-        };
-        let short = self.window <= SPENT_EARLY_WITHIN;
-        let explained = start.sent.saturating_add(remaining) >= limit;
-        if self.phase != Phase::Window || !short || explained {
-            return false;
-        }
-        self.start = None;
-        self.phase = Phase::Probing {
-            since: now,
-            at_once: accepted
-                .saturating_add(remaining)
-                .saturating_sub(in_flight.saturating_add(self.drained(limit))),
-            sent: 0,
-            ramp: false,
-        };
-        let interval = even_interval(self.window, limit);
-        let units = in_flight.saturating_add(1).saturating_sub(remaining);
-        let units = u32::try_from(units).unwrap_or(u32::MAX);
-        self.tat = now.checked_add(interval.saturating_mul(units));
-        true
     }
 
     /// A whole window passed at `limit` without a 429 (the window's own
