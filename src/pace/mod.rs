@@ -176,23 +176,12 @@ pub trait Pacer: Send + Sync {
         None
     }
 
-    /// The burst of the bucket the limit was learnt to be (window pacer
-    /// only): kept with the learnt limit for a resumed run.
-    fn learnt_burst(&self) -> Option<u64> {
-        None
-    }
-
-    /// The fixed window a refusal of that bucket would switch to (window
-    /// pacer only): kept with the learnt bucket for a resumed run.
-    fn learnt_fixed_too(&self) -> Option<u64> {
-        None
-    }
-
-    /// Whether the limit was learnt to be a fixed window's (window pacer
-    /// only): kept with the learnt limit, so a resumed run neither learns
-    /// it again nor probes above it.
-    fn learnt_fixed(&self) -> bool {
-        false
+    /// What the limit was learnt to be beyond its count (window pacer
+    /// only: a bucket's burst, the fixed window its refusal switches to,
+    /// a fixed window): kept with the learnt limit, so that a resumed run
+    /// neither learns it again nor probes above a fixed window.
+    fn learnt_shape(&self) -> crate::rate::learn::LearntShape {
+        crate::rate::learn::LearntShape::default()
     }
 
     /// How full each policy it keeps is now (the window pacer only; empty

@@ -243,16 +243,8 @@ impl Pacer for WindowPacer {
         self.guarded.lock().primary().learnt()
     }
 
-    fn learnt_burst(&self) -> Option<u64> {
-        self.guarded.lock().primary().learnt_burst()
-    }
-
-    fn learnt_fixed_too(&self) -> Option<u64> {
-        self.guarded.lock().primary().learnt_fixed_too()
-    }
-
-    fn learnt_fixed(&self) -> bool {
-        self.guarded.lock().primary().learnt_fixed()
+    fn learnt_shape(&self) -> crate::rate::learn::LearntShape {
+        self.guarded.lock().primary().learnt_shape()
     }
 
     fn occupancy(&self) -> Vec<crate::rate::Occupancy> {

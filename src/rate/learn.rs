@@ -106,6 +106,14 @@ pub enum Phase {
 pub struct Learnt {
     /// Calls per window.
     pub limit: u64,
+    /// What it was learnt to be beyond its count.
+    pub shape: LearntShape,
+}
+
+/// What a learnt limit is beyond its count, as a checkpoint keeps it
+/// beside the count for a resumed run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LearntShape {
     /// The bucket's burst, when the limit was learnt to be a bucket; `None`
     /// for a window (and for a checkpoint older than shape learning).
     pub burst: Option<u64>,
@@ -121,9 +129,7 @@ impl From<u64> for Learnt {
     fn from(limit: u64) -> Learnt {
         Learnt {
             limit,
-            burst: None,
-            fixed_too: None,
-            fixed: false,
+            shape: LearntShape::default(),
         }
     }
 }
@@ -181,7 +187,9 @@ impl ShapeLearner {
     /// (whose first span goes at once), or nothing.
     pub fn restored(window: Duration, learnt: Option<Learnt>) -> ShapeLearner {
         let mut l = ShapeLearner::new(window);
-        let Some(learnt) = learnt else { return l };
+        let Some(learnt) = learnt.map(|l| l.shape) else {
+            return l;
+        };
         if let Some(burst) = learnt.burst {
             l.phase = Phase::Bucket { burst };
             l.start = None;
@@ -193,15 +201,14 @@ impl ShapeLearner {
         l
     }
 
-    /// Whether the limit was learnt to be a fixed window's.
-    pub fn fixed(&self) -> bool {
-        self.fixed
-    }
-
-    /// The fixed window a refusal of the fitted bucket switches to, while
-    /// it has not been refused.
-    pub fn fixed_too(&self) -> Option<u64> {
-        self.fixed_too
+    /// What the limit was learnt to be beyond its count (a bucket's burst,
+    /// the fixed window its refusal switches to, a fixed window).
+    pub fn learnt_shape(&self) -> LearntShape {
+        LearntShape {
+            burst: self.burst(),
+            fixed_too: self.fixed_too,
+            fixed: self.fixed,
+        }
     }
 
     /// The same learner with no start: for a limit known to be a window

@@ -299,9 +299,11 @@ fn build_pacer(
             settings.burst,
             meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {
                 limit,
-                burst: meta.learnt_burst,
-                fixed_too: meta.learnt_fixed_too,
-                fixed: meta.learnt_fixed,
+                shape: crate::rate::learn::LearntShape {
+                    burst: meta.learnt_burst,
+                    fixed_too: meta.learnt_fixed_too,
+                    fixed: meta.learnt_fixed,
+                },
             }),
             Duration::from_millis(meta.last_active_unix_ms),
             crate::util::unix_now(),

@@ -148,10 +148,7 @@ impl Recorder {
         self.sinks.end(self.moment());
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
-        self.meta.learnt_limit = self.ticks.gauges.pacer.learnt();
-        self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
-        self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
-        self.meta.learnt_fixed = self.ticks.gauges.pacer.learnt_fixed();
+        self.keep_learnt(self.ticks.gauges.pacer.learnt());
         self.wind_down(saving.err).await
     }
 
@@ -447,12 +444,19 @@ impl Recorder {
                 true,
             ),
         };
-        self.meta.learnt_limit = learnt;
-        self.meta.learnt_burst = self.ticks.gauges.pacer.learnt_burst();
-        self.meta.learnt_fixed_too = self.ticks.gauges.pacer.learnt_fixed_too();
-        self.meta.learnt_fixed = self.ticks.gauges.pacer.learnt_fixed();
+        self.keep_learnt(learnt);
         self.reporter.println(&line);
         flush
+    }
+
+    /// The job record takes the limit learnt (`limit`) and what the pacer
+    /// learnt it to be beyond its count.
+    fn keep_learnt(&mut self, limit: Option<u64>) {
+        let shape = self.ticks.gauges.pacer.learnt_shape();
+        self.meta.learnt_limit = limit;
+        self.meta.learnt_burst = shape.burst;
+        self.meta.learnt_fixed_too = shape.fixed_too;
+        self.meta.learnt_fixed = shape.fixed;
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::{ExactWindow, Learning, SlotId};
-use crate::rate::learn::{Learnt, Phase, ShapeLearner, Verdict};
+use crate::rate::learn::{Learnt, LearntShape, Phase, ShapeLearner, Verdict};
 
 impl ExactWindow {
     /// Starts from what an earlier run learnt, as
@@ -14,7 +14,11 @@ impl ExactWindow {
     /// bucket an earlier run learnt is paced evenly from the start.
     pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
         let mut w = self.with_learnt(learnt.map(|l| l.limit));
-        if let Some(l) = w.learn.learnt.filter(|_| learnt.is_some_and(|l| l.fixed)) {
+        if let Some(l) = w
+            .learn
+            .learnt
+            .filter(|_| learnt.is_some_and(|l| l.shape.fixed))
+        {
             w.probe_at_most(l);
         }
         w.shape = Some(ShapeLearner::restored(w.window, learnt));
@@ -44,15 +48,12 @@ impl ExactWindow {
         self.shape.as_ref().and_then(ShapeLearner::burst)
     }
 
-    /// Whether the limit was learnt to be a fixed window's.
-    pub fn learnt_fixed(&self) -> bool {
-        self.shape.as_ref().is_some_and(ShapeLearner::fixed)
-    }
-
-    /// The fixed window a refusal of the bucket learnt switches to, while
-    /// it has not been refused.
-    pub fn learnt_fixed_too(&self) -> Option<u64> {
-        self.shape.as_ref().and_then(ShapeLearner::fixed_too)
+    /// What the limit was learnt to be beyond its count, for the
+    /// checkpoint (nothing without shape learning).
+    pub fn learnt_shape(&self) -> LearntShape {
+        self.shape
+            .as_ref()
+            .map_or_else(LearntShape::default, ShapeLearner::learnt_shape)
     }
 
     /// The call in `slot` was refused with a rate-limit 429 at `arrived`:
@@ -151,7 +152,7 @@ impl ExactWindow {
                     Some(burst) => Learning::Bucket { limit, burst },
                     None => Learning::FixedWindow(limit),
                 };
-                self.learnt_shape(limit, said, now);
+                self.settle_shape(limit, said, now);
                 return;
             }
         }
@@ -159,7 +160,7 @@ impl ExactWindow {
             return;
         };
         let limit = self.limit();
-        self.learnt_shape(limit, Learning::Bucket { limit, burst }, now);
+        self.settle_shape(limit, Learning::Bucket { limit, burst }, now);
     }
 
     /// A fitted bucket was refused and a fixed window of `fixed` fitted
@@ -169,7 +170,7 @@ impl ExactWindow {
     pub(super) fn switched_to_fixed(&mut self, fixed: u64, now: Instant) -> u64 {
         let limit = fixed.clamp(1, self.configured);
         self.probe_at_most(limit);
-        self.learnt_shape(limit, Learning::FixedWindow(limit), now);
+        self.settle_shape(limit, Learning::FixedWindow(limit), now);
         limit
     }
 
@@ -183,7 +184,7 @@ impl ExactWindow {
     /// The limit is learnt with its shape (`said`: a bucket, or a fixed
     /// window paced as a sliding one), `limit` per window, settled at
     /// once.
-    fn learnt_shape(&mut self, limit: u64, said: Learning, now: Instant) {
+    fn settle_shape(&mut self, limit: u64, said: Learning, now: Instant) {
         let l = &mut self.learn;
         l.learnt = Some(limit);
         l.settled = true;

@@ -105,8 +105,11 @@ fn the_first_429_in_the_first_window_holds_whatever_went_before() {
 fn a_restored_bucket_paces_evenly_and_loses_a_burst_that_was_refused() {
     let t0 = Instant::now();
     let bucket = Learnt {
-        burst: Some(2),
-        ..Learnt::from(10)
+        limit: 10,
+        shape: LearntShape {
+            burst: Some(2),
+            ..LearntShape::default()
+        },
     };
     let mut l = ShapeLearner::restored(W, Some(bucket));
     // Three at once (the burst of 2 and one), then one per interval.
@@ -507,9 +510,10 @@ fn a_bucket_learnt_earlier_is_paced_evenly_from_the_start() {
     let t0 = Instant::now();
     let learnt = Learnt {
         limit: 30,
-        burst: Some(5),
-        fixed_too: None,
-        fixed: false,
+        shape: LearntShape {
+            burst: Some(5),
+            ..LearntShape::default()
+        },
     };
     let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
     // The burst and one, then one per W/30 plus the skew allowance.
@@ -536,12 +540,14 @@ fn a_fixed_window_kept_aside_is_restored_with_the_bucket() {
     let refused_once = |fixed_too: Option<u64>| {
         let learnt = Learnt {
             limit: 38,
-            burst: Some(17),
-            fixed_too,
-            fixed: false,
+            shape: LearntShape {
+                burst: Some(17),
+                fixed_too,
+                fixed: false,
+            },
         };
         let mut w = ExactWindow::new(90, W, t0).learning_shape(Some(learnt));
-        assert_eq!(w.learnt_fixed_too(), fixed_too);
+        assert_eq!(w.learnt_shape().fixed_too, fixed_too);
         let mut at = t0;
         for _ in 0..5 {
             let s = w.try_take(at).unwrap();
@@ -573,11 +579,14 @@ fn a_fixed_window_learnt_earlier_is_kept_and_not_probed_above() {
     let t0 = Instant::now();
     let after_windows = |fixed: bool| {
         let learnt = Learnt {
-            fixed,
-            ..Learnt::from(8)
+            limit: 8,
+            shape: LearntShape {
+                fixed,
+                ..LearntShape::default()
+            },
         };
         let mut w = ExactWindow::new(30, W, t0).learning_shape(Some(learnt));
-        assert_eq!(w.learnt_fixed(), fixed);
+        assert_eq!(w.learnt_shape().fixed, fixed);
         let first = fill(&mut w, t0);
         let mut at = t0;
         for _ in 0..4 {
