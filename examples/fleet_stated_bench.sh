@@ -29,29 +29,11 @@ CONC=${CONC:-5}
 POLICIES=${POLICIES:-"window tokens"}
 
 [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-command -v redis-server >/dev/null || { echo "no redis-server on PATH" >&2; exit 2; }
 
-TMP=$(mktemp -d /tmp/fleet_stated_bench.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "$TMP" >"$TMP/redis.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
-    sleep 0.05
-done
+. "$(dirname "$0")/bench_common.sh"
+bench_tmp fleet_stated_bench
+start_redis "$TMP"
+PIDS+=("$REDIS_PID")
 
 for i in $(seq "$ITEMS"); do
     echo "{\"n\": $i, \"max_tokens\": $((10 + i % 5 * 8)), \"prompt\": \"$(printf 'word %.0s' $(seq $((i % 7 * 4 + 1))))\"}"
@@ -60,16 +42,8 @@ done >"$TMP/items.jsonl"
 # $1 the stated policy's --limit, $2 the dialect: starts a sim; sets URL
 # and SIM_PID.
 start_sim() {
-    "$BIN" sim --listen 127.0.0.1:0 --limit 100/1s --limit "$1" --dialect "$2" \
-        --concurrency 100 --latency 5ms..30ms --credits 1000000000 \
-        >"$TMP/sim.out" 2>"$TMP/sim.err" &
-    SIM_PID=$!
-    PIDS+=($SIM_PID)
-    for _ in $(seq 100); do
-        grep -q '^listening on' "$TMP/sim.out" 2>/dev/null && break
-        sleep 0.05
-    done
-    URL="http://$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)"
+    start_sim_with --limit 100/1s --limit "$1" --dialect "$2" \
+        --concurrency 100 --latency 5ms..30ms --credits 1000000000
 }
 
 printf '%-8s %-9s %-6s %7s %7s %6s %5s %9s\n' policy dialect how wall_s ideal_s ratio 429s most

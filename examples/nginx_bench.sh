@@ -14,6 +14,11 @@
 #   ITEMS=420 PACERS="window bucket spike" examples/nginx_bench.sh
 #   PACERS="told window" examples/nginx_bench.sh   # told the burst too
 #   CONC=10 examples/nginx_bench.sh                # -c 10 instead of -c 5
+#   PACERS="fleet" examples/nginx_bench.sh         # two processes through Redis
+#
+# `fleet`: two processes on one Redis key (`--shard i/2`, `-c $CONC` each),
+# told the bare rate; needs redis-server on PATH (started here on a free
+# port).
 #
 # Needs nginx (`apt-get install -y nginx`); runs it as the current user on
 # loopback ports chosen here, with everything under a temporary directory.
@@ -32,17 +37,17 @@ NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 TMP=$(mktemp -d /tmp/nginx_bench.XXXXXX)
 SIM_PID=""
 NGINX_PID=""
+REDIS_PID=""
 cleanup() {
     [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
+    [ -n "$REDIS_PID" ] && kill "$REDIS_PID" 2>/dev/null || true
     [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null || true
     wait 2>/dev/null || true
     [ -n "${KEEP:-}" ] || rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$(dirname "$0")/bench_common.sh"
 
 # The unlimited sim behind nginx: it must never be what limits.
 "$BIN" sim --listen 127.0.0.1:0 --model window --limit none --concurrency 1000 \
@@ -56,6 +61,13 @@ SIM=$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)
 [ -n "$SIM" ] || { echo "the sim did not start: $(cat "$TMP/sim.err")" >&2; exit 1; }
 
 for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
+
+# A Redis for the fleet rows only.
+REDIS_URL=""
+if [[ " $PACERS " == *" fleet "* ]]; then
+    start_redis "$TMP"
+    REDIS_URL="redis://127.0.0.1:$RPORT/0"
+fi
 
 # $1: the limit_req burst clause ("burst=5 nodelay" or "").
 start_nginx() {
@@ -125,12 +137,29 @@ for burst in 5 0; do
         # `told`: the default pacer told nginx's shape, `30/1s,burst=B`.
         limit=30/1s; kind=$pacer
         if [ "$pacer" = told ]; then limit="30/1s,burst=$burst"; kind=window; fi
-        BATCHRUN_API_KEY=bench "$BIN" "$TMP/items.jsonl" \
-            --url "http://127.0.0.1:$port/v1/echo?n={n}" \
-            --limit "$limit" -c "$CONC" --pacer "$kind" --quiet \
-            --state-dir "$TMP/state-$run" --out "$TMP/out-$run.jsonl" \
-            --failures "$TMP/failures-$run.jsonl" >"$TMP/run-$run.out" 2>"$TMP/run-$run.err"
-        code=$?
+        if [ "$pacer" = fleet ]; then
+            mkdir -p "$TMP/fleet-$run"
+            cp "$TMP/items.jsonl" "$TMP/fleet-$run/items.jsonl"
+            shards=()
+            for i in 1 2; do
+                BATCHRUN_API_KEY=bench "$BIN" "$TMP/fleet-$run/items.jsonl" \
+                    --url "http://127.0.0.1:$port/v1/echo?n={n}" \
+                    --limit "$limit" -c "$CONC" --quiet \
+                    --redis "$REDIS_URL" --fleet-key "nginx$run" --shard "$i/2" \
+                    --state-dir "$TMP/fleet-$run/state" \
+                    >"$TMP/run-$run-$i.out" 2>"$TMP/run-$run-$i.err" &
+                shards+=($!)
+            done
+            code=0
+            for p in "${shards[@]}"; do wait "$p" || code=$?; done
+        else
+            BATCHRUN_API_KEY=bench "$BIN" "$TMP/items.jsonl" \
+                --url "http://127.0.0.1:$port/v1/echo?n={n}" \
+                --limit "$limit" -c "$CONC" --pacer "$kind" --quiet \
+                --state-dir "$TMP/state-$run" --out "$TMP/out-$run.jsonl" \
+                --failures "$TMP/failures-$run.jsonl" >"$TMP/run-$run.out" 2>"$TMP/run-$run.err"
+            code=$?
+        fi
         set -e
         t1=$(date +%s.%N)
         stop_nginx

@@ -37,16 +37,22 @@ pub(super) struct Local {
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,
-    /// The bare rate told (`30/1s`), while its first lowering is still to
-    /// say how to name a bucket's shape (the fleet learns none, and a
-    /// burst a bucket refused reads as a low limit).
+    /// The bare rate told (`30/1s`), while the fleet's even pace (begun
+    /// when a burst under it was refused) is still to be said, with how
+    /// to name a bucket's shape to keep its burst.
     pub(super) name_the_shape: Option<String>,
 }
 
 impl Local {
-    /// What a granted take said of the fleet's learnt limit: a lowering
-    /// (by any process) and its settling are each announced once here.
-    pub(super) fn heard(&mut self, learnt: u64, settled: bool) {
+    /// What a granted take said of the fleet's learnt limit (`limit` being
+    /// the one in force): a lowering (by any process), its settling and the
+    /// even pace begun under a bare rate are each announced once here.
+    pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
+        if even {
+            if let Some(told) = self.name_the_shape.take() {
+                self.push(PaceNote::FleetPacedEvenly { limit, told });
+            }
+        }
         if learnt == 0 {
             self.learnt = 0;
             return;
@@ -54,9 +60,6 @@ impl Local {
         if self.learnt == 0 || learnt < self.learnt {
             self.settled_told = false;
             self.push(PaceNote::Learnt(learnt));
-            if let Some(told) = self.name_the_shape.take() {
-                self.push(PaceNote::FleetLearnsNoShape { learnt, told });
-            }
         }
         self.learnt = learnt;
         if settled && !self.settled_told {

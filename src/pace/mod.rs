@@ -105,13 +105,13 @@ pub enum PaceNote {
     /// What the server's rate-limit headers announce, when it changes or
     /// disagrees with what the pacer was told (each said once).
     Heard(Heard),
-    /// The fleet lowered a bare rate to `learnt` calls per window: it
-    /// learns no bucket, so a server keeping one (nginx `limit_req`,
-    /// SpikeArrest) that refused a burst reads as a low limit; said once,
-    /// with how to name the shape of the rate it was `told`.
-    FleetLearnsNoShape {
-        /// The limit learnt.
-        learnt: u64,
+    /// A burst under a bare rate was refused, so the fleet paces every
+    /// process evenly to `limit` calls per window (a bucket's rate, as
+    /// nginx `limit_req` keeps it), with no burst: it learns none. Said
+    /// once, with how to name the shape of the rate it was `told`.
+    FleetPacedEvenly {
+        /// The limit paced to.
+        limit: u64,
         /// The rate told, as `--limit` takes it (`30/1s`).
         told: String,
     },

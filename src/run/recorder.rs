@@ -412,9 +412,9 @@ impl Recorder {
                 self.reporter.println(&format!("batchrun: {h}"));
                 return false;
             }
-            PaceNote::FleetLearnsNoShape { learnt, told } => {
+            PaceNote::FleetPacedEvenly { limit, told } => {
                 self.reporter.println(&format!(
-                    "batchrun: fleet: the fleet learns no bucket: if the server keeps one (nginx limit_req, SpikeArrest), the burst it refused reads as a limit of {learnt} calls per window; name its shape to be paced evenly to it: --limit {told},burst=N (N its burst; or {told},fixed for a fixed window) (docs/fleet.md)"
+                    "batchrun: fleet: a burst was refused: pacing every process evenly to {limit} calls per window, with no burst, as a bucket (nginx limit_req, SpikeArrest) allows; the fleet learns no burst: name it to keep one, --limit {told},burst=N (docs/fleet.md)"
                 ));
                 return false;
             }

@@ -38,7 +38,9 @@
 --                       bucket's state (drip.lua), here so that losing it
 --                       is losing the epoch too; stated = the keys of
 --                       the policies adopted from what a server stated
---                       (stated.lua), space-separated
+--                       (stated.lua), space-separated; started,
+--                       start_ends, even, even_tat = a bare rate's start
+--                       and even pace (window.lua)
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and
 --                       after a space its estimated tokens when not 0 (in
 --                       flight only)
@@ -49,7 +51,7 @@
 --                       them, GCRA buckets named `...:gcra:T:TAU:D[:tokens]` (gcra.lua)
 --                       and token windows `...:tokens:Q:Wms` (tokens.lua)
 --
--- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt | probe, and
+-- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt | start | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)

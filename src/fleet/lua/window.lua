@@ -102,12 +102,50 @@ local function stale()
   return false
 end
 
+-- The even pace (a bare rate whose burst was refused, see pause): one
+-- call per W/L times 1 + EVEN_SKEW at the limit in force L, with no burst,
+-- from `even_tat` (the next slot, ms) in KEYS[4]. EVEN_SKEW is the
+-- in-process even pace's allowance (rate::learn::SKEW; a test holds the
+-- two equal): two calls sent one interval apart may arrive closer.
+local EVEN_SKEW = 0.1
+local function even_interval(lim)
+  return W * (1 + EVEN_SKEW) / lim
+end
+
+-- How long (ms) the even pace holds a call at the limit `lim`: 0 when it
+-- may go, or when the fleet is not paced evenly.
+local function even_wait(lim)
+  if lim <= 0 then return 0 end
+  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat')
+  if h[1] ~= '1' then return 0 end
+  local tat = tonumber(h[2] or '0')
+  if tat <= now then return 0 end
+  return math.max(1, math.ceil(tat - now))
+end
+
+-- A bare rate's start (see the op `start`) ends a window after it began,
+-- with no 429: the fleet goes on as a window, bursts allowed.
+local function start_over()
+  local ends = tonumber(redis.call('HGET', KEYS[4], 'start_ends') or '0')
+  if ends > 0 and now >= ends then
+    redis.call('HDEL', KEYS[4], 'even', 'even_tat', 'start_ends')
+  end
+end
+
+-- A call granted at `lim`: the even pace's next slot moves one interval.
+local function even_grant(lim)
+  if lim <= 0 or redis.call('HGET', KEYS[4], 'even') ~= '1' then return 0 end
+  local tat = math.max(now, tonumber(redis.call('HGET', KEYS[4], 'even_tat') or '0'))
+  redis.call('HSET', KEYS[4], 'even_tat', string.format('%.3f', tat + even_interval(lim)))
+  return 1
+end
+
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
 -- tokens (tokens.lua, gcra.lua; 0 without token windows or buckets), then a settle list (an
 -- ago may be 'ago/used', the tokens the response said the call used), then a restore
--- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled}
--- when the call may start (its entry and lease are added), or {0, ms to
+-- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled,
+-- 1 if the fleet is paced evenly} when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
 -- back), 5 a policy was adopted whose key this take did not pass (fetch
@@ -154,7 +192,11 @@ if op == 'take' then
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s}, epoch) end
+  start_over()
+  local even = 0
+  local eh = redis.call('HMGET', KEYS[4], 'even', 'start_ends')
+  if eh[1] == '1' and not eh[2] then even = 1 end
+  if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s, even}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
   local wait, why, quota = 0, 0, false
@@ -181,6 +223,12 @@ if op == 'take' then
       wait = math.max(wait, full_wait(f.key, n, f.L, f.W))
       if why == 0 then why = 2 end
     end
+  end
+  -- And the even pace, once a burst was refused.
+  local ew = even_wait(lim)
+  if ew > 0 and why ~= 1 then
+    wait = math.max(wait, ew)
+    if why == 0 then why = 2 end
   end
   -- And every bucket.
   local bw = buckets_wait(weight)
@@ -212,6 +260,7 @@ if op == 'take' then
   end
   buckets_grant(id, weight)
   tallies_grant(id, weight)
+  even_grant(lim)
   redis.call('ZADD', KEYS[1], now + hold, id)
   for _, f in ipairs(further) do
     redis.call('ZADD', f.key, now + f.hold, id)
@@ -228,7 +277,7 @@ if op == 'take' then
   keep(KEYS[1], hold + 1000)
   keep(KEYS[2], lease + 1000)
   keep(KEYS[5], hold + 1000)
-  return answer({1, lim, occ + 1, learnt, s}, epoch)
+  return answer({1, lim, occ + 1, learnt, s, even}, epoch)
 end
 
 -- settle: ARGV[7...] a settle list. Returns the number settled.
@@ -238,21 +287,28 @@ if op == 'settle' then
 end
 
 -- pause: ARGV[7] pause ms, ARGV[8] the cap (0: none), ARGV[9] 1 to learn
--- under it (0: the server states its limits, learn nothing), then a
--- settle list. Every process waits until the pause ends. Learning, and
--- unless a pause was already in force or
--- a call from before the last lowering is in flight or just back (the 429
--- may then be an older call's), the limit is lowered to the answered calls
--- occupying the window less the refused one (the server counted neither it
--- nor most calls still in flight), by at least one.
--- Returns {ms until the pause ends, learnt limit or 0}.
+-- under it, 2 to learn under a bare rate (its shape unknown), 0 to learn
+-- nothing (the server states its limits), then a settle list. Every
+-- process waits until the pause ends. Learning, and unless a pause was
+-- already in force or a call from before the last lowering is in flight
+-- or just back (the 429 may then be an older call's), the limit is lowered
+-- to the answered calls occupying the window less the refused one (the
+-- server counted neither it nor most calls still in flight), by at least
+-- one. But under a bare rate, the first such 429 lowers nothing: the burst
+-- was refused, not the rate (a bucket, as nginx limit_req keeps it, refuses
+-- a window's calls sent at once), so the fleet paces evenly from the
+-- pause's end (`even`), and only a 429 at the even pace lowers the limit,
+-- which then stays paced evenly: a window of it accepts that as well.
+-- Returns {ms until the pause ends, learnt limit or 0, 1 if this 429 began
+-- the even pace}.
 if op == 'pause' then
-  local ms, cap, learning = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
+  local ms, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local learning, bare = ARGV[9] == '1' or ARGV[9] == '2', ARGV[9] == '2'
   -- The caller's completions first: the refused call is among them.
   settle(10)
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
-  local learnt = 0
+  local learnt, began = 0, 0
   -- The learning clock first, as at a take: a clean window that ended by
   -- now settles or probes before this 429 starts the next one.
   local lim = 0
@@ -261,7 +317,14 @@ if op == 'pause' then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
-    if answered > 0 and lim > 1 then
+    local h = redis.call('HMGET', KEYS[4], 'even', 'learnt', 'start_ends', 'in_force')
+    if bare and (h[1] ~= '1' or h[3]) and not h[2] and not h[4] then
+      -- Calls sent before now were the burst's: their 429s teach nothing.
+      redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', math.max(ends, p),
+        'lowered_at', now, 'stale_done', 0)
+      redis.call('HDEL', KEYS[4], 'start_ends')
+      began = 1
+    elseif answered > 0 and lim > 1 then
       learnt = math.max(1, math.min(lim - 1, answered - 1))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
         'pressed', 0, 'refused_at', lim, 'lowered_at', now, 'stale_done', 0)
@@ -269,6 +332,7 @@ if op == 'pause' then
   end
   if p > ends then ends = p end
   set_for(KEYS[3], ends, math.max(1, ends - now))
+  if began == 1 then keep(KEYS[4], limit_ttl) end
   -- The clean window starts when calls may go again. A 429 that may
   -- teach (as in-process) also ends the window's use in full so far.
   if redis.call('HEXISTS', KEYS[4], 'learnt') == 1 then
@@ -276,7 +340,24 @@ if op == 'pause' then
     if learning then redis.call('HSET', KEYS[4], 'pressed', 0) end
     keep(KEYS[4], limit_ttl)
   end
-  return {ends - now, learnt}
+  return {ends - now, learnt, began}
+end
+
+-- start: a bare rate (ARGV[7] 1; 0: nothing to start) whose fleet has not
+-- started yet (no start, even pace, learnt or stated limit so far) sends
+-- its first window on the even pace, as in-process: a bucket (nginx
+-- limit_req) accepts it where a window's calls at once would be refused
+-- beyond its burst. A window after it, with no 429, the fleet goes on as a
+-- window (start_over); a 429 meanwhile keeps the even pace (pause).
+-- Asked once by each process, before its first take. Returns 1 when it
+-- began the start.
+if op == 'start' then
+  local h = redis.call('HMGET', KEYS[4], 'started', 'even', 'learnt', 'in_force')
+  if ARGV[7] ~= '1' or h[1] or h[2] or h[3] or h[4] then return 0 end
+  redis.call('HSET', KEYS[4], 'started', 1, 'even', 1, 'even_tat', now,
+    'start_ends', now + W)
+  keep(KEYS[4], limit_ttl)
+  return 1
 end
 
 -- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit).
@@ -286,7 +367,7 @@ if op == 'inforce' then
   local l = tonumber(ARGV[7])
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
   redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
-    'lowered_at', 'stale_done')
+    'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0

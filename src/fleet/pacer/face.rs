@@ -33,6 +33,7 @@ impl Pacer for FleetPacer {
             // wait, it queues behind this process's one waiter at Redis.
             let mut front = None;
             let mut poll = POLL_FIRST;
+            inner.ask_start().await?;
             loop {
                 match inner.try_take(&id, inner.cap, weight.tokens).await? {
                     Took::Wait(_, Why::Quota(q)) if q > QUOTA_BOUND && !inner.wait_for_quota => {
@@ -64,7 +65,12 @@ impl Pacer for FleetPacer {
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
         Box::pin(async move {
             let inner = &self.inner;
-            let learn = u8::from(inner.secret.load(Ordering::SeqCst));
+            // 2: a bare rate, whose first refused burst paces evenly.
+            let learn = match (inner.secret.load(Ordering::SeqCst), inner.shape_unknown) {
+                (false, _) => 0u8,
+                (true, false) => 1,
+                (true, true) => 2,
+            };
             let settles = inner.take_settles();
             let (a, b) = inner.rule.params();
             let v: Result<Vec<i64>, PaceError> = inner
@@ -91,9 +97,12 @@ impl Pacer for FleetPacer {
             let left = v.first().copied().unwrap_or(0).max(0) as u64;
             let mut l = inner.lock();
             l.paused_until = Some(Instant::now() + Duration::from_millis(left));
-            // This process's 429 taught the fleet a limit.
-            if let Some(&learnt) = v.get(1).filter(|&&n| n > 0) {
-                l.heard(learnt as u64, false);
+            // This process's 429 taught the fleet a limit, or began its
+            // even pace (the limit in force then unchanged: the cap).
+            let began = v.get(2) == Some(&1);
+            let learnt = v.get(1).copied().unwrap_or(0).max(0) as u64;
+            if learnt > 0 || began {
+                l.heard(inner.cap, learnt, false, began);
             }
             Ok(())
         })

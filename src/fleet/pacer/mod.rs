@@ -76,8 +76,8 @@ pub struct FleetPacing {
     /// rather than halted on.
     pub wait_for_quota: bool,
     /// A bare rate (`--limit 30/1s`, no shape named): kept as a sliding
-    /// window, as the fleet learns no bucket, so the first lowering also
-    /// says how to name one.
+    /// window until a burst under it is refused, then paced evenly (the
+    /// script's `pause`), as a bucket with no burst.
     pub shape_unknown: bool,
 }
 
@@ -130,6 +130,13 @@ struct Inner {
     wake: Arc<Notify>,
     /// No `x-rate-limit-*` header seen yet: a 429 teaches the limit.
     secret: AtomicBool,
+    /// A bare rate: the fleet's first window goes on the even pace (the
+    /// script's `start`, asked once by each process: `start_asked`), and
+    /// the first 429 that teaches paces it evenly for good.
+    shape_unknown: bool,
+    /// Every take waits for it: a worker's take before the start ran
+    /// would send the first window's burst the start is there to avoid.
+    start_asked: tokio::sync::OnceCell<()>,
     /// The last `x-rate-limit-limit` this process told the fleet (0: none).
     reported: AtomicU64,
 }
@@ -264,6 +271,8 @@ impl FleetPacer {
             front: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
             secret: AtomicBool::new(true),
+            shape_unknown: cfg.shape_unknown,
+            start_asked: tokio::sync::OnceCell::new(),
             reported: AtomicU64::new(0),
         });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
@@ -414,6 +423,28 @@ impl Inner {
         (heard, witness)
     }
 
+    /// Before this process's first take under a bare rate, asks the
+    /// script to start the fleet on the even pace, unless it started, or
+    /// learnt or was told anything, already.
+    async fn ask_start(&self) -> Result<(), PaceError> {
+        let bare = self.shape_unknown && self.rule.windowed() && self.cap > 0;
+        if !bare {
+            return Ok(());
+        }
+        // Asked again only if it failed.
+        self.start_asked
+            .get_or_try_init(|| async {
+                let _began: i64 = self
+                    .run("start", self.fleet.redis_timeout(), |inv| {
+                        inv.arg(u8::from(self.secret.load(Ordering::SeqCst)));
+                    })
+                    .await?;
+                Ok::<(), PaceError>(())
+            })
+            .await?;
+        Ok(())
+    }
+
     async fn try_take(&self, id: &str, cap: u64, tokens: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
         let restored = AtomicBool::new(false);
@@ -469,8 +500,16 @@ impl Inner {
             [1, rest @ ..] => {
                 let mut l = self.lock();
                 l.in_flight.insert(id.to_string());
-                if let [_, _, learnt, settled, ..] = rest {
-                    l.heard((*learnt).max(0) as u64, *settled == 1);
+                if let [limit, _, learnt, settled, rest @ ..] = rest {
+                    // The window rule's flag, then the epoch: a drip rule's
+                    // answer has only the epoch there.
+                    let even = rest.len() >= 2 && rest[0] == 1;
+                    l.heard(
+                        (*limit).max(0) as u64,
+                        (*learnt).max(0) as u64,
+                        *settled == 1,
+                        even,
+                    );
                 }
                 Ok(Took::Granted)
             }

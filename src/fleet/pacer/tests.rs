@@ -29,6 +29,7 @@ fn the_script_names_every_op_the_pacer_sends() {
         "'inforce'",
         "'full'",
         "'adopt'",
+        "'start'",
     ] {
         assert!(SCRIPT.contains(&format!("op == {op}")), "{op}");
     }
@@ -37,6 +38,14 @@ fn the_script_names_every_op_the_pacer_sends() {
         assert!(SCRIPT.contains(&format!("verb == {verb}")), "{verb}");
     }
     assert!(SCRIPT.contains("redis.call('TIME')"));
+}
+
+/// The fleet's even pace (a bare rate's refused burst) leaves the same
+/// allowance for latency as the in-process one.
+#[test]
+fn the_scripts_even_pace_allows_the_in_process_skew() {
+    let skew = format!("local EVEN_SKEW = {}\n", crate::rate::learn::SKEW);
+    assert!(SCRIPT.contains(&skew), "{skew}");
 }
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -104,7 +104,9 @@ impl Store for Lua {
                     inv.arg(0).arg(0).arg(0);
                 });
                 match v[..] {
-                    [1, limit, occupancy, learnt, settled] => Answer::Granted {
+                    // The last: whether a bare rate's refused burst paced
+                    // the fleet evenly (a pause with learning 2 only).
+                    [1, limit, occupancy, learnt, settled, 0] => Answer::Granted {
                         limit: limit as u64,
                         occupancy: occupancy as u64,
                         learnt: learnt as u64,
@@ -490,6 +492,173 @@ fn a_quota_hold_is_named_only_while_it_is_the_wait() {
     let v = take10(&mut lua, 30_002, "b");
     assert_eq!((v[0], v[2], v[3]), (0, 6, 59_999), "{v:?}");
     assert!(v[1] > 86_000_000, "the day's window is the wait: {v:?}");
+}
+
+/// Under a bare rate (`--limit 10/1s`, learning 2), a 429 after a burst
+/// lowers nothing: the fleet paces evenly from the pause's end, one call
+/// per 110 ms (W/L and the even pace's tenth), with no burst, and every
+/// take says so. A 429 at that pace lowers the limit as a window's 429
+/// does, and the pace follows the lower limit. A server stating its limit
+/// ends it.
+#[test]
+fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let pause = |lua: &mut Lua, now: u64, settles: &[&str]| -> Vec<i64> {
+        lua.op(now, "pause", |inv| {
+            inv.arg(100).arg(10).arg(2).arg(settles.len());
+            for id in settles {
+                inv.arg(*id).arg(0);
+            }
+        })
+    };
+    for i in 0..6 {
+        let v = take10(&mut lua, 0, &format!("burst{i}"));
+        assert_eq!((v[0], v[5]), (1, 0), "a window's burst: {v:?}");
+    }
+    // Five answered, the sixth refused: no limit learnt, the pace begins.
+    let settles = ["burst0", "burst1", "burst2", "burst3", "burst4", "burst5"];
+    assert_eq!(pause(&mut lua, 10, &settles), [100, 0, 1]);
+    assert_eq!(take10(&mut lua, 50, "a")[..3], [0, 60, 1], "paused");
+    let a = take10(&mut lua, 110, "a");
+    assert_eq!((a[0], a[1], a[4], a[5]), (1, 10, 0, 1), "{a:?}");
+    assert_eq!(take10(&mut lua, 111, "b"), [0, 109, 2], "one interval on");
+    assert_eq!(take10(&mut lua, 220, "b")[0], 1);
+    assert_eq!(take10(&mut lua, 329, "c"), [0, 1, 2]);
+    assert_eq!(take10(&mut lua, 330, "c")[0], 1);
+    // Refused at that pace too: the rate is lower. The burst's six
+    // answers (the refused one among them) and two of the pace's occupy
+    // the window ("c" is in flight), less the refused one: 7.
+    let lowered = pause(&mut lua, 400, &["a", "b"]);
+    assert_eq!(lowered, [100, 7, 0], "lowered, no second beginning");
+    // The window of 7 is full until the burst's answers leave it; from
+    // then on, one call per 1100/7 ms (157.1).
+    assert_eq!(take10(&mut lua, 500, "d")[..3], [0, 510, 2]);
+    assert_eq!(take10(&mut lua, 1010, "d")[..2], [1, 7]);
+    assert_eq!(take10(&mut lua, 1100, "e"), [0, 68, 2]);
+    assert_eq!(take10(&mut lua, 1168, "e")[0], 1);
+    // A server stating its limit: no learning, no even pace.
+    let _: i64 = lua.op(1168, "inforce", |inv| {
+        inv.arg(10);
+    });
+    let v = take10(&mut lua, 1169, "f");
+    assert_eq!((v[0], v[5]), (1, 0), "{v:?}");
+}
+
+/// A bare rate's fleet starts on the even pace (op `start`, once): its
+/// first window goes one call per 110 ms, and a window later, with no 429,
+/// calls go at once again as the window allows. A start is begun once, and
+/// never after a limit was learnt or stated. A 429 during the start keeps
+/// the even pace and says so.
+#[test]
+fn a_bare_rate_starts_the_fleet_on_the_even_pace_for_a_window() {
+    let redis = Redis::start();
+    let start = |lua: &mut Lua, now: u64| -> i64 {
+        lua.op(now, "start", |inv| {
+            inv.arg(1);
+        })
+    };
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    assert_eq!(start(&mut lua, 0), 1);
+    assert_eq!(start(&mut lua, 5), 0, "begun once, by the first process");
+    let a = take10(&mut lua, 0, "a");
+    assert_eq!(
+        (a[0], a[5]),
+        (1, 0),
+        "the start is not a refused burst: {a:?}"
+    );
+    assert_eq!(take10(&mut lua, 1, "b"), [0, 109, 2]);
+    assert_eq!(take10(&mut lua, 110, "b")[0], 1);
+    assert_eq!(take10(&mut lua, 219, "c"), [0, 1, 2]);
+    // A window after the start: the rest of the window's 10 go at once.
+    for i in 0..8 {
+        assert_eq!(take10(&mut lua, 1000, &format!("w{i}"))[0], 1, "{i}");
+    }
+    assert_eq!(start(&mut lua, 1001), 0, "started already");
+
+    // Refused during the start: paced evenly from the pause's end, for good.
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    assert_eq!(start(&mut lua, 0), 1);
+    assert_eq!(take10(&mut lua, 0, "a")[0], 1);
+    let paused: Vec<i64> = lua.op(10, "pause", |inv| {
+        inv.arg(100).arg(10).arg(2).arg(1).arg("a").arg(0);
+    });
+    assert_eq!(paused, [100, 0, 1]);
+    let b = take10(&mut lua, 1500, "b");
+    assert_eq!((b[0], b[5]), (1, 1), "{b:?}");
+    assert_eq!(
+        take10(&mut lua, 1501, "c"),
+        [0, 109, 2],
+        "past the window too"
+    );
+
+    // Nothing to start once a server stated its limit.
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let _: i64 = lua.op(0, "inforce", |inv| {
+        inv.arg(10);
+    });
+    assert_eq!(start(&mut lua, 1), 0);
+}
+
+/// Whatever the calls' timing, the answers and the 429s, once the fleet
+/// paces a bare rate evenly no two of its grants are closer than the even
+/// interval at the limit the earlier one was granted under (each grant
+/// moves the next slot by its own limit's interval; a lowering only
+/// lengthens the next): a bucket with no burst at that rate never refuses
+/// them for their spacing.
+#[test]
+fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
+    let redis = Redis::start();
+    let mut runner = TestRunner::new(ProptestConfig::with_cases(48));
+    let ops = proptest::collection::vec((0u64..150, 0u8..10), 1..80);
+    runner
+        .run(&ops, |ops| {
+            let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+            let (mut now, mut out, mut last) = (0u64, Vec::<String>::new(), None::<(u64, i64)>);
+            let mut even = false;
+            for (n, (step, what)) in ops.into_iter().enumerate() {
+                now += step;
+                match what {
+                    // A 429, the oldest call answered with it.
+                    0 => {
+                        let settle: Vec<String> = out.drain(..out.len().min(1)).collect();
+                        let _: Vec<i64> = lua.op(now, "pause", |inv| {
+                            inv.arg(50).arg(10).arg(2).arg(settle.len());
+                            for id in &settle {
+                                inv.arg(id).arg(0);
+                            }
+                        });
+                    }
+                    // An answer.
+                    1..=3 if !out.is_empty() => {
+                        let id = out.remove(0);
+                        let _: i64 = lua.op(now, "settle", |inv| {
+                            inv.arg(1).arg(&id).arg(0);
+                        });
+                    }
+                    _ => {
+                        let id = format!("c{n}");
+                        let v = take10(&mut lua, now, &id);
+                        if v[0] != 1 {
+                            continue;
+                        }
+                        out.push(id);
+                        if let (true, Some((at, limit))) = (v[5] == 1 && even, last) {
+                            let interval = 1100.0 / limit as f64;
+                            prop_assert!(
+                                (now - at) as f64 >= interval - 1e-6,
+                                "granted {} ms after the last, granted at a limit of {limit}",
+                                now - at,
+                            );
+                        }
+                        even = v[5] == 1;
+                        last = Some((now, v[1]));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }
 
 /// A take of call `id` under a cap of 10: headroom 1, no ceiling, no

@@ -1,0 +1,50 @@
+# Shared by the shell benchmarks in examples/ (sourced, not run): a free
+# loopback port, and a throwaway Redis for the fleet's rows.
+
+# A temporary directory TMP for bench $1, removed at exit (unless KEEP is
+# set), and PIDS, the processes to stop then.
+bench_tmp() {
+    TMP=$(mktemp -d "/tmp/$1.XXXXXX")
+    PIDS=()
+    trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+
+# Prints a TCP port free on 127.0.0.1 now.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Starts redis-server on a free loopback port with nothing kept on disk,
+# its files under $1; sets RPORT and REDIS_PID and waits until it answers.
+start_redis() {
+    command -v redis-server >/dev/null || { echo "no redis-server on PATH" >&2; exit 2; }
+    RPORT=$(free_port)
+    redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$1" >"$1/redis.log" 2>&1 &
+    REDIS_PID=$!
+    for _ in $(seq 100); do
+        redis-cli -p "$RPORT" ping >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    echo "redis-server did not start: $(cat "$1/redis.log")" >&2
+    exit 1
+}
+
+# Starts `$BIN sim` on a free loopback port with the options given, its
+# output under $TMP; sets SIM_PID (also in PIDS) and URL once it listens.
+start_sim_with() {
+    "$BIN" sim --listen 127.0.0.1:0 "$@" >"$TMP/sim.out" 2>"$TMP/sim.err" &
+    SIM_PID=$!
+    PIDS+=("$SIM_PID")
+    for _ in $(seq 100); do
+        grep -q '^listening on' "$TMP/sim.out" 2>/dev/null && break
+        sleep 0.05
+    done
+    URL="http://$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)"
+}
