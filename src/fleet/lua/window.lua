@@ -112,32 +112,18 @@ local function even_interval(lim)
   return W * (1 + EVEN_SKEW) / lim
 end
 
--- How long (ms) the even pace holds a call at the limit `lim`: 0 when it
--- may go, or when the fleet is not paced evenly.
-local function even_wait(lim)
-  if lim <= 0 then return 0 end
-  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat')
-  if h[1] ~= '1' then return 0 end
-  local tat = tonumber(h[2] or '0')
-  if tat <= now then return 0 end
-  return math.max(1, math.ceil(tat - now))
-end
-
--- A bare rate's start (see the op `start`) ends a window after it began,
--- with no 429: the fleet goes on as a window, bursts allowed.
-local function start_over()
-  local ends = tonumber(redis.call('HGET', KEYS[4], 'start_ends') or '0')
+-- The even pace as it stands now, read once per take: whether it holds,
+-- its next slot (ms), and whether it is still a bare rate's start (the op
+-- `start`). A start that reached its end with no 429 ends here: the fleet
+-- goes on as a window, bursts allowed.
+local function even_now()
+  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat', 'start_ends')
+  local ends = tonumber(h[3] or '0')
   if ends > 0 and now >= ends then
     redis.call('HDEL', KEYS[4], 'even', 'even_tat', 'start_ends')
+    return false, 0, false
   end
-end
-
--- A call granted at `lim`: the even pace's next slot moves one interval.
-local function even_grant(lim)
-  if lim <= 0 or redis.call('HGET', KEYS[4], 'even') ~= '1' then return 0 end
-  local tat = math.max(now, tonumber(redis.call('HGET', KEYS[4], 'even_tat') or '0'))
-  redis.call('HSET', KEYS[4], 'even_tat', string.format('%.3f', tat + even_interval(lim)))
-  return 1
+  return h[1] == '1', tonumber(h[2] or '0'), ends > 0
 end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
@@ -192,10 +178,10 @@ if op == 'take' then
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  start_over()
+  local pacing, tat, starting = even_now()
+  pacing = pacing and lim > 0
   local even = 0
-  local eh = redis.call('HMGET', KEYS[4], 'even', 'start_ends')
-  if eh[1] == '1' and not eh[2] then even = 1 end
+  if pacing and not starting then even = 1 end
   if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s, even}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
@@ -224,10 +210,9 @@ if op == 'take' then
       if why == 0 then why = 2 end
     end
   end
-  -- And the even pace, once a burst was refused.
-  local ew = even_wait(lim)
-  if ew > 0 and why ~= 1 then
-    wait = math.max(wait, ew)
+  -- And the even pace (the start's, or once a burst was refused).
+  if pacing and tat > now and why ~= 1 then
+    wait = math.max(wait, math.ceil(tat - now))
     if why == 0 then why = 2 end
   end
   -- And every bucket.
@@ -260,7 +245,10 @@ if op == 'take' then
   end
   buckets_grant(id, weight)
   tallies_grant(id, weight)
-  even_grant(lim)
+  if pacing then
+    local slot = math.max(now, tat) + even_interval(lim)
+    redis.call('HSET', KEYS[4], 'even_tat', string.format('%.3f', slot))
+  end
   redis.call('ZADD', KEYS[1], now + hold, id)
   for _, f in ipairs(further) do
     redis.call('ZADD', f.key, now + f.hold, id)
@@ -348,7 +336,7 @@ end
 -- its first window on the even pace, as in-process: a bucket (nginx
 -- limit_req) accepts it where a window's calls at once would be refused
 -- beyond its burst. A window after it, with no 429, the fleet goes on as a
--- window (start_over); a 429 meanwhile keeps the even pace (pause).
+-- window (even_now); a 429 meanwhile keeps the even pace (pause).
 -- Asked once by each process, before its first take. Returns 1 when it
 -- began the start.
 if op == 'start' then
