@@ -26,6 +26,9 @@ pub(super) struct Local {
     /// settling was announced, and what the operator is still to hear.
     pub(super) learnt: u64,
     pub(super) settled_told: bool,
+    /// Whether the fleet was last heard paced evenly for a refused burst:
+    /// put back, with `learnt`, should Redis forget it.
+    pub(super) even: bool,
     pub(super) notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     pub(super) held_until: Option<Instant>,
@@ -48,6 +51,7 @@ impl Local {
     /// the one in force): a lowering (by any process), its settling and the
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
+        self.even = even;
         if even {
             if let Some(told) = self.name_the_shape.take() {
                 self.push(PaceNote::FleetPacedEvenly { limit, told });

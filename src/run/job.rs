@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use crate::checkpoint::{JobMeta, OutputStamp, Store, LAYOUT};
 use crate::exit::RunError;
 use crate::input;
+use crate::rate::learn::{Learnt, LearntShape};
 use crate::settings::Settings;
 use crate::util::{sha_hex, unix_now};
 
@@ -70,26 +71,39 @@ pub(super) struct Located {
 pub struct OriginWindow {
     /// Unix ms.
     last_active_unix_ms: u64,
-    /// Calls per window.
-    learnt_limit: Option<u64>,
-    /// A bucket's burst.
-    learnt_burst: Option<u64>,
-    /// The fixed window a refusal of that bucket switches to.
-    learnt_fixed_too: Option<u64>,
-    /// Whether the limit is a fixed window's.
-    learnt_fixed: bool,
+    learnt: Option<Learnt>,
 }
 
 impl OriginWindow {
     fn of(m: &JobMeta) -> OriginWindow {
         OriginWindow {
             last_active_unix_ms: m.last_active_unix_ms,
-            learnt_limit: m.learnt_limit,
-            learnt_burst: m.learnt_burst,
-            learnt_fixed_too: m.learnt_fixed_too,
-            learnt_fixed: m.learnt_fixed,
+            learnt: learnt(m),
         }
     }
+}
+
+/// The limit a job's record says was learnt, with its shape.
+pub(super) fn learnt(m: &JobMeta) -> Option<Learnt> {
+    m.learnt_limit.map(|limit| Learnt {
+        limit,
+        shape: LearntShape {
+            burst: m.learnt_burst,
+            fixed_too: m.learnt_fixed_too,
+            fixed: m.learnt_fixed,
+        },
+    })
+}
+
+/// Keeps `learnt` in a job's record (`None`: nothing learnt). The record
+/// keeps the four fields flat, as checkpoints older than the shape have
+/// the count alone.
+pub(super) fn keep_learnt(m: &mut JobMeta, learnt: Option<Learnt>) {
+    let shape = learnt.map(|l| l.shape).unwrap_or_default();
+    m.learnt_limit = learnt.map(|l| l.limit);
+    m.learnt_burst = shape.burst;
+    m.learnt_fixed_too = shape.fixed_too;
+    m.learnt_fixed = shape.fixed;
 }
 
 /// Finds the job for this input and request in `store`: the one made for
@@ -280,7 +294,7 @@ pub fn open(
         }
         return Ok(meta);
     }
-    let meta = JobMeta {
+    let mut meta = JobMeta {
         id: id.to_string(),
         input: abs,
         input_name: settings.input_name.clone(),
@@ -288,10 +302,6 @@ pub fn open(
         // The API's window does not know jobs: a new one starts from the
         // last calls any job of this origin made.
         last_active_unix_ms: window.last_active_unix_ms,
-        learnt_limit: window.learnt_limit,
-        learnt_burst: window.learnt_burst,
-        learnt_fixed_too: window.learnt_fixed_too,
-        learnt_fixed: window.learnt_fixed,
         fingerprint: scan.fingerprint.clone(),
         total: scan.total,
         template: settings.identity.clone(),
@@ -301,6 +311,7 @@ pub fn open(
         layout: LAYOUT,
         ..JobMeta::default()
     };
+    keep_learnt(&mut meta, window.learnt);
     store.save_job(&meta).context("writing the checkpoint")?;
     store.flush().context("flushing the checkpoint")?;
     Ok(meta)

@@ -297,14 +297,7 @@ fn build_pacer(
                 start: settings.shape_unknown,
             },
             settings.burst,
-            meta.learnt_limit.map(|limit| crate::rate::learn::Learnt {
-                limit,
-                shape: crate::rate::learn::LearntShape {
-                    burst: meta.learnt_burst,
-                    fixed_too: meta.learnt_fixed_too,
-                    fixed: meta.learnt_fixed,
-                },
-            }),
+            job::learnt(meta),
             Duration::from_millis(meta.last_active_unix_ms),
             crate::util::unix_now(),
         )

@@ -20,6 +20,7 @@ use crate::credits::{self, AlertKind, CreditMeter};
 use crate::exit::Signal;
 use crate::fleet::FleetAlerts;
 use crate::pace::PaceNote;
+use crate::rate::learn::Learnt;
 use crate::report::calls::CallStats;
 use crate::report::Reporter;
 use crate::util::unix_now;
@@ -453,10 +454,8 @@ impl Recorder {
     /// learnt it to be beyond its count.
     fn keep_learnt(&mut self, limit: Option<u64>) {
         let shape = self.ticks.gauges.pacer.learnt_shape();
-        self.meta.learnt_limit = limit;
-        self.meta.learnt_burst = shape.burst;
-        self.meta.learnt_fixed_too = shape.fixed_too;
-        self.meta.learnt_fixed = shape.fixed;
+        let learnt = limit.map(|limit| Learnt { limit, shape });
+        super::job::keep_learnt(&mut self.meta, learnt);
     }
 }
 

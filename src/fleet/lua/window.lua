@@ -108,22 +108,33 @@ end
 -- in-process even pace's allowance (rate::learn::SKEW; a test holds the
 -- two equal): two calls sent one interval apart may arrive closer.
 local EVEN_SKEW = 0.1
-local function even_interval(lim)
-  return W * (1 + EVEN_SKEW) / lim
+-- After a refused burst, the even pace starts at RAMP_FROM of its rate and
+-- rises to all of it over a window from `ramp_since` (the in-process
+-- ramp, rate::learn::RAMP_FROM): a rate far below the one paced is then
+-- refused after a longer span than the burst was, and the two refusals
+-- tell a bucket's rate from its burst (see pause).
+local RAMP_FROM = 0.25
+local function even_interval(lim, ramp_since)
+  local share = 1
+  if ramp_since > 0 and now < ramp_since + W then
+    share = RAMP_FROM + (1 - RAMP_FROM) * math.max(0, now - ramp_since) / W
+  end
+  return W * (1 + EVEN_SKEW) / (lim * share)
 end
 
 -- The even pace as it stands now, read once per take: whether it holds,
--- its next slot (ms), and whether it is still a bare rate's start (the op
--- `start`). A start that reached its end with no 429 ends here: the fleet
--- goes on as a window, bursts allowed.
+-- its next slot (ms), whether it is still a bare rate's start (the op
+-- `start`), and when its ramp began (0: none). A start that reached its
+-- end with no 429 ends here: the fleet goes on as a window, bursts
+-- allowed.
 local function even_now()
-  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat', 'start_ends')
+  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat', 'start_ends', 'ramp_since')
   local ends = tonumber(h[3] or '0')
   if ends > 0 and now >= ends then
     redis.call('HDEL', KEYS[4], 'even', 'even_tat', 'start_ends')
-    return false, 0, false
+    return false, 0, false, 0
   end
-  return h[1] == '1', tonumber(h[2] or '0'), ends > 0
+  return h[1] == '1', tonumber(h[2] or '0'), ends > 0, tonumber(h[4] or '0')
 end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
@@ -178,7 +189,7 @@ if op == 'take' then
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  local pacing, tat, starting = even_now()
+  local pacing, tat, starting, ramp_since = even_now()
   pacing = pacing and lim > 0
   local even = 0
   if pacing and not starting then even = 1 end
@@ -210,10 +221,14 @@ if op == 'take' then
       if why == 0 then why = 2 end
     end
   end
-  -- And the even pace (the start's, or once a burst was refused).
+  -- And the even pace (the start's, or once a burst was refused). A take
+  -- it holds back (not one paused or held) used the limit in full, as
+  -- in-process: the pace is what the limit allows, and a window paced
+  -- evenly seldom holds the whole limit.
   if pacing and tat > now and why ~= 1 then
     wait = math.max(wait, math.ceil(tat - now))
     if why == 0 then why = 2 end
+    if learning and held <= now then redis.call('HSET', KEYS[4], 'pressed', 1) end
   end
   -- And every bucket.
   local bw = buckets_wait(weight)
@@ -246,7 +261,7 @@ if op == 'take' then
   buckets_grant(id, weight)
   tallies_grant(id, weight)
   if pacing then
-    local slot = math.max(now, tat) + even_interval(lim)
+    local slot = math.max(now, tat) + even_interval(lim, ramp_since)
     redis.call('HSET', KEYS[4], 'even_tat', string.format('%.3f', slot))
   end
   redis.call('ZADD', KEYS[1], now + hold, id)
@@ -274,6 +289,35 @@ if op == 'settle' then
   return tonumber(ARGV[7])
 end
 
+-- What a 429 during the ramp (the first lowering after a refused burst)
+-- tells of the limit paced evenly at `lim`, given the window's count of
+-- what was accepted (`count`) and the calls still in flight (`leases`):
+-- the limit, and the least refused (probing stays under it); nil when no
+-- ramp is running. The refusal that began the even pace accepted a1 calls over
+-- t1 (the start's span; 0 for a burst at once), the ramp a2 over t2 since
+-- it began (the pause between let the bucket refill). A bucket (rate r,
+-- burst b) accepts 1 + b + r·t calls in t from full, so r = (a2 - a1) /
+-- (t2 - t1): that, if the ramp accepted clearly more (a window accepts as
+-- many in either span), refused at the ramp's pace when it came. A
+-- window: its count, but no more than a start accepted in its window (a
+-- ramp across a fixed window's reset counts two windows' calls).
+local function ramp_limit(lim, count, leases)
+  local r = redis.call('HMGET', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
+  local since = tonumber(r[1] or '0')
+  if since == 0 then return nil end
+  local a1, t1 = tonumber(r[2]), tonumber(r[3])
+  if now > since and now - since <= W then
+    local a2 = redis.call('ZCOUNT', KEYS[1], since + W + round, '+inf') - leases - 1
+    local da, dt = a2 - a1, (now - since) - t1
+    if da >= 2 and dt > 0 then
+      local share = RAMP_FROM + (1 - RAMP_FROM) * (now - since) / W
+      return math.floor(da * W / dt), math.ceil(share * lim)
+    end
+  end
+  if t1 > 0 and a1 > 0 then return math.min(count, a1), lim end
+  return count, lim
+end
+
 -- pause: ARGV[7] pause ms, ARGV[8] the cap (0: none), ARGV[9] 1 to learn
 -- under it, 2 to learn under a bare rate (its shape unknown), 0 to learn
 -- nothing (the server states its limits), then a settle list. Every
@@ -285,8 +329,10 @@ end
 -- one. But under a bare rate, the first such 429 lowers nothing: the burst
 -- was refused, not the rate (a bucket, as nginx limit_req keeps it, refuses
 -- a window's calls sent at once), so the fleet paces evenly from the
--- pause's end (`even`), and only a 429 at the even pace lowers the limit,
--- which then stays paced evenly: a window of it accepts that as well.
+-- pause's end (`even`), ramping up over its first window, and only a 429
+-- at the even pace lowers the limit, which then stays paced evenly: a
+-- window of it accepts that as well. The first lowering, during the ramp,
+-- takes what the ramp tells instead of the window's count (ramp_limit).
 -- Returns {ms until the pause ends, learnt limit or 0, 1 if this 429 began
 -- the even pace}.
 if op == 'pause' then
@@ -304,18 +350,30 @@ if op == 'pause' then
   if learning and cap > 0 and p <= now and not stale() then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-    local answered = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
+    local leases = redis.call('ZCARD', KEYS[2])
+    local answered = redis.call('ZCARD', KEYS[1]) - leases
     local h = redis.call('HMGET', KEYS[4], 'even', 'learnt', 'start_ends', 'in_force')
     if bare and (h[1] ~= '1' or h[3]) and not h[2] and not h[4] then
       -- Calls sent before now were the burst's: their 429s teach nothing.
-      redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', math.max(ends, p),
+      -- What the burst had accepted (less the refused call), and over what
+      -- span: the start's since it began (the fleet's first window), or a
+      -- burst's at once.
+      local span = 0
+      if h[3] then span = math.max(0, now - (tonumber(h[3]) - W)) end
+      local from = math.max(ends, p)
+      redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', from, 'ramp_since', from,
+        'ramp_a1', math.max(0, answered - 1), 'ramp_t1', span,
         'lowered_at', now, 'stale_done', 0)
       redis.call('HDEL', KEYS[4], 'start_ends')
       began = 1
     elseif answered > 0 and lim > 1 then
-      learnt = math.max(1, math.min(lim - 1, answered - 1))
+      local told, refused = ramp_limit(lim, answered - 1, leases)
+      if not told then told, refused = answered - 1, lim end
+      learnt = math.max(1, math.min(lim - 1, refused - 1, told))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
-        'pressed', 0, 'refused_at', lim, 'lowered_at', now, 'stale_done', 0)
+        'pressed', 0, 'refused_at', refused, 'lowered_at', now, 'stale_done', 0)
+      -- The ramp tells once.
+      redis.call('HDEL', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
     end
   end
   if p > ends then ends = p end
@@ -348,6 +406,31 @@ if op == 'start' then
   return 1
 end
 
+-- recall: after Redis forgot the fleet, what this process last heard of
+-- its learning, put back once this process put its calls back: ARGV[7]
+-- the learnt limit (0: none), ARGV[8] 1 if paced evenly for a refused
+-- burst. The lowest limit recalled wins, taken as settled (it held before
+-- the loss); what probing had been refused is forgotten with the rest.
+-- The fleet is past its start. Nothing is recalled over a stated limit.
+-- Returns 1 when it put anything back.
+if op == 'recall' then
+  local l, even = tonumber(ARGV[7]), ARGV[8] == '1'
+  local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even')
+  redis.call('HSET', KEYS[4], 'started', 1)
+  keep(KEYS[4], limit_ttl)
+  if h[2] then return 0 end
+  local put = 0
+  if l > 0 and (not h[1] or tonumber(h[1]) > l) then
+    redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
+    put = 1
+  end
+  if even and h[3] ~= '1' then
+    redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now)
+    put = 1
+  end
+  return put
+end
+
 -- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit).
 -- The lowest report wins; a server that reports its limit needs no
 -- learning. Returns 1 when it lowered the limit in force.
@@ -355,7 +438,8 @@ if op == 'inforce' then
   local l = tonumber(ARGV[7])
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
   redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
-    'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends')
+    'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since', 'ramp_a1',
+    'ramp_t1')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0

@@ -491,6 +491,7 @@ impl Inner {
         if restored.load(Ordering::SeqCst) {
             self.lock().lost = false;
             self.relist().await;
+            self.recall().await;
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {

@@ -41,11 +41,14 @@ fn the_script_names_every_op_the_pacer_sends() {
 }
 
 /// The fleet's even pace (a bare rate's refused burst) leaves the same
-/// allowance for latency as the in-process one.
+/// allowance for latency as the in-process one, and ramps from the same
+/// share of its rate.
 #[test]
-fn the_scripts_even_pace_allows_the_in_process_skew() {
+fn the_scripts_even_pace_allows_the_in_process_skew_and_ramp() {
     let skew = format!("local EVEN_SKEW = {}\n", crate::rate::learn::SKEW);
     assert!(SCRIPT.contains(&skew), "{skew}");
+    let ramp = format!("local RAMP_FROM = {}\n", crate::rate::learn::RAMP_FROM);
+    assert!(SCRIPT.contains(&ramp), "{ramp}");
 }
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -23,6 +23,11 @@ async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
 }
 
 fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
+    paced(fleet, limit, false)
+}
+
+/// A pacer told `limit`, its shape unknown (a bare rate) or named.
+fn paced(fleet: Fleet, limit: &str, shape_unknown: bool) -> Arc<FleetPacer> {
     Arc::new(FleetPacer::new(
         fleet,
         FleetPacing {
@@ -30,9 +35,20 @@ fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
             concurrency: 100,
             timeout: Duration::from_secs(1),
             wait_for_quota: false,
-            shape_unknown: false,
+            shape_unknown,
         },
     ))
+}
+
+/// Redis forgets the fleet's window, leases and limit hash, as a restart
+/// without persistence does.
+fn forget(c: &mut redis::Connection, keys: &FleetKeys) {
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.window())
+        .arg(keys.leases())
+        .arg(keys.limit())
+        .query(c)
+        .unwrap();
 }
 
 /// The most of `stamps` (sorted) inside any span shorter than `w`.
@@ -202,12 +218,7 @@ async fn calls_in_the_window_are_put_back_when_redis_comes_back_empty() {
     proxy.cut().await;
     let mut c = redis.conn();
     let keys = FleetKeys::named(&name);
-    let _: i64 = redis::cmd("DEL")
-        .arg(keys.window())
-        .arg(keys.leases())
-        .arg(keys.limit())
-        .query(&mut c)
-        .unwrap();
+    forget(&mut c, &keys);
     proxy.resume().await;
     // The three calls still occupy the server's window: the fourth waits.
     p.take()
@@ -235,24 +246,13 @@ async fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly_and_says_so_on
     use reqwest::header::HeaderMap;
     let redis = Redis::start();
     let none = HeaderMap::new();
-    let paced = PaceNote::FleetPacedEvenly {
+    let evenly = PaceNote::FleetPacedEvenly {
         limit: 10,
         told: "10/2s".into(),
     };
-    for (bare, said) in [(true, paced), (false, PaceNote::Learnt(3))] {
+    for (bare, said) in [(true, evenly), (false, PaceNote::Learnt(3))] {
         let name = fleet_name(if bare { "bare" } else { "named" });
-        let fleet = || async {
-            Arc::new(FleetPacer::new(
-                fleet_on(&redis, &name).await,
-                FleetPacing {
-                    limit: "10/2s".parse::<Limit>().unwrap(),
-                    concurrency: 100,
-                    timeout: Duration::from_secs(1),
-                    wait_for_quota: false,
-                    shape_unknown: bare,
-                },
-            ))
-        };
+        let fleet = || async { paced(fleet_on(&redis, &name).await, "10/2s", bare) };
         let (a, b) = (fleet().await, fleet().await);
         calls(&a, 4).await;
         a.pause(Duration::from_millis(1)).await.unwrap();
@@ -293,6 +293,40 @@ async fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly_and_says_so_on
             "said once: {later:?}"
         );
     }
+}
+
+/// Redis forgetting a fleet that learnt a bare rate's limit and paces it
+/// evenly (a `DEL` of its keys, the connection up): the process that puts
+/// its calls back puts back the learnt limit and the even pace too, so the
+/// fleet does not pay the 429s that taught them again.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_fleet_learnt_survives_redis_forgetting_it() {
+    use reqwest::header::HeaderMap;
+    let redis = Redis::start();
+    let name = fleet_name("recall");
+    let a = paced(fleet_on(&redis, &name).await, "10/2s", true);
+    let none = HeaderMap::new();
+    // A refused burst, then a refusal at the even pace: a limit learnt.
+    calls(&a, 4).await;
+    a.pause(Duration::from_millis(1)).await.unwrap();
+    calls(&a, 2).await;
+    a.pause(Duration::from_millis(1)).await.unwrap();
+    calls(&a, 1).await;
+    while a.observe(&none).await.is_some() || a.note().is_some() {}
+    let learnt = a.learnt().expect("a limit learnt");
+    let keys = FleetKeys::named(&name);
+    let mut c = redis.conn();
+    forget(&mut c, &keys);
+    // The loss is found, the fleet held a window, the calls put back.
+    calls(&a, 2).await;
+    let (got, even): (Option<u64>, Option<u8>) = redis::cmd("HMGET")
+        .arg(keys.limit())
+        .arg("learnt")
+        .arg("even")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((got, even), (Some(learnt), Some(1)));
+    assert_eq!(a.learnt(), Some(learnt));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -580,16 +614,7 @@ fn stated_ten_seconds() -> reqwest::header::HeaderMap {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
     let redis = Redis::start();
-    let p = Arc::new(FleetPacer::new(
-        fleet_on(&redis, &fleet_name("start")).await,
-        FleetPacing {
-            limit: "10/1s".parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown: true,
-        },
-    ));
+    let p = paced(fleet_on(&redis, &fleet_name("start")).await, "10/1s", true);
     let t0 = Instant::now();
     let workers: Vec<_> = (0..10)
         .map(|_| {

@@ -78,6 +78,20 @@ impl Lua {
         inv.invoke(&mut self.conn)
             .unwrap_or_else(|e| panic!("the script failed at {op}: {e}"))
     }
+
+    /// Every key of the scenario (to forget them, as Redis may).
+    pub(super) fn keys_held(&self) -> Vec<String> {
+        self.keys.clone()
+    }
+
+    /// A field of the scenario's limit hash (KEYS[4]).
+    pub(super) fn limit_field(&mut self, field: &str) -> Option<String> {
+        redis::cmd("HGET")
+            .arg(&self.keys[3])
+            .arg(field)
+            .query(&mut self.conn)
+            .expect("HGET")
+    }
 }
 
 fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64, used: Option<u64>) {
@@ -504,14 +518,7 @@ fn a_quota_hold_is_named_only_while_it_is_the_wait() {
 fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let pause = |lua: &mut Lua, now: u64, settles: &[&str]| -> Vec<i64> {
-        lua.op(now, "pause", |inv| {
-            inv.arg(100).arg(10).arg(2).arg(settles.len());
-            for id in settles {
-                inv.arg(*id).arg(0);
-            }
-        })
-    };
+    let pause = |lua: &mut Lua, now: u64, settles: &[&str]| bare_pause(lua, now, 100, settles);
     for i in 0..6 {
         let v = take10(&mut lua, 0, &format!("burst{i}"));
         assert_eq!((v[0], v[5]), (1, 0), "a window's burst: {v:?}");
@@ -522,13 +529,18 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
     assert_eq!(take10(&mut lua, 50, "a")[..3], [0, 60, 1], "paused");
     let a = take10(&mut lua, 110, "a");
     assert_eq!((a[0], a[1], a[4], a[5]), (1, 10, 0, 1), "{a:?}");
-    assert_eq!(take10(&mut lua, 111, "b"), [0, 109, 2], "one interval on");
-    assert_eq!(take10(&mut lua, 220, "b")[0], 1);
-    assert_eq!(take10(&mut lua, 329, "c"), [0, 1, 2]);
-    assert_eq!(take10(&mut lua, 330, "c")[0], 1);
-    // Refused at that pace too: the rate is lower. The burst's six
-    // answers (the refused one among them) and two of the pace's occupy
-    // the window ("c" is in flight), less the refused one: 7.
+    // The pace ramps from a quarter of its rate (1100/2.5 ms) to all of it
+    // (110 ms) over the window after the pause.
+    assert_eq!(take10(&mut lua, 111, "b"), [0, 439, 2], "a quarter of it");
+    assert_eq!(take10(&mut lua, 550, "b")[0], 1);
+    // 0.58 of it at 550: 1100/5.8 ms on.
+    assert_eq!(take10(&mut lua, 739, "c"), [0, 1, 2]);
+    assert_eq!(take10(&mut lua, 740, "c")[0], 1);
+    // Refused at that pace too: the rate is lower. The ramp accepted one
+    // call where the burst had five, so it tells no rate (a window's
+    // count): the burst's six answers (the refused one among them) and two
+    // of the pace's occupy the window ("c" is in flight), less the refused
+    // one: 7.
     let lowered = pause(&mut lua, 400, &["a", "b"]);
     assert_eq!(lowered, [100, 7, 0], "lowered, no second beginning");
     // The window of 7 is full until the burst's answers leave it; from
@@ -543,6 +555,145 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
     });
     let v = take10(&mut lua, 1169, "f");
     assert_eq!((v[0], v[5]), (1, 0), "{v:?}");
+}
+
+/// A 429 during the ramp that tells a bucket's rate: the start accepted
+/// one call in 120 ms, the ramp three in 790 ms, so the bucket's rate is
+/// two calls in the 670 ms between (2 a window of 1000 ms, where the
+/// window's count would say 3), and the ramp was refused at 0.8425 of 10
+/// calls a window: probing stays under 9.
+#[test]
+fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let _: i64 = lua.op(0, "start", |inv| {
+        inv.arg(1);
+    });
+    assert_eq!(take10(&mut lua, 0, "s1")[0], 1);
+    assert_eq!(take10(&mut lua, 110, "s2")[0], 1);
+    assert_eq!(bare_pause(&mut lua, 120, 1000, &["s1", "s2"]), [1000, 0, 1]);
+    // The ramp from 1120: 440 ms, then 189.7, then 152.3 on.
+    for (at, id) in [(1120, "r1"), (1560, "r2"), (1750, "r3"), (1903, "r4")] {
+        let v = take10(&mut lua, at, id);
+        assert_eq!(v[0], 1, "{id} at {at}: {v:?}");
+    }
+    let v = bare_pause(&mut lua, 1910, 1000, &["r1", "r2", "r3", "r4"]);
+    assert_eq!(v, [1000, 2, 0], "the fitted rate");
+    assert_eq!(lua.limit_field("refused_at").as_deref(), Some("9"));
+    assert_eq!(lua.limit_field("ramp_since"), None, "the ramp tells once");
+    // Paced evenly at 2 a window from the pause's end, with no ramp.
+    assert_eq!(take10(&mut lua, 2910, "e1")[..2], [1, 2]);
+    assert_eq!(take10(&mut lua, 2911, "e2"), [0, 549, 2]);
+
+    // A window accepts as many during the ramp as the start did: its count.
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let _: i64 = lua.op(0, "start", |inv| {
+        inv.arg(1);
+    });
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let id = format!("s{i}");
+        assert_eq!(take10(&mut lua, 110 * i, &id)[0], 1);
+        ids.push(id);
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(bare_pause(&mut lua, 340, 1000, &ids), [1000, 0, 1]);
+    let mut ids = Vec::new();
+    for (at, id) in [(1340, "r1"), (1780, "r2"), (1970, "r3"), (2123, "r4")] {
+        assert_eq!(take10(&mut lua, at, id)[0], 1, "{id}");
+        ids.push(id);
+    }
+    assert_eq!(
+        bare_pause(&mut lua, 2130, 1000, &ids),
+        [1000, 3, 0],
+        "a window of 3"
+    );
+}
+
+/// Redis forgetting the fleet forgets what it learnt: each process puts
+/// back what it last heard (op `recall`, after it put its calls back), the
+/// lowest limit winning, taken as settled, with the even pace; the fleet
+/// is past its start; a stated limit is not overruled.
+#[test]
+fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let recall = |lua: &mut Lua, now: u64, learnt: u64, even: u8| -> i64 {
+        lua.op(now, "recall", |inv| {
+            inv.arg(learnt).arg(even);
+        })
+    };
+    let forget = |lua: &mut Lua| {
+        let keys = lua.keys_held();
+        redis::cmd("DEL")
+            .arg(keys)
+            .query::<()>(&mut redis.conn())
+            .unwrap();
+    };
+    forget(&mut lua);
+    assert_eq!(recall(&mut lua, 0, 7, 1), 1);
+    let v = take10(&mut lua, 0, "a");
+    assert_eq!(v, [1, 7, 1, 7, 1, 1], "learnt 7, settled, paced evenly");
+    // One interval of 7 (1100/7 ms) on, and no ramp.
+    assert_eq!(take10(&mut lua, 1, "b"), [0, 157, 2]);
+    assert_eq!(recall(&mut lua, 2, 8, 1), 0, "the lowest wins");
+    assert_eq!(recall(&mut lua, 2, 5, 0), 1);
+    assert_eq!(take10(&mut lua, 160, "b")[..4], [1, 5, 2, 5]);
+    let started: i64 = lua.op(3, "start", |inv| {
+        inv.arg(1);
+    });
+    assert_eq!(started, 0, "past the start");
+
+    // A stated limit: nothing learnt is put back over it.
+    forget(&mut lua);
+    let _: i64 = lua.op(10, "inforce", |inv| {
+        inv.arg(9);
+    });
+    assert_eq!(recall(&mut lua, 10, 5, 1), 0);
+    let v = take10(&mut lua, 10, "c");
+    assert_eq!((v[0], v[1], v[3], v[5]), (1, 9, 0, 0), "{v:?}");
+}
+
+/// A limit lowered while paced evenly probes upward as in-process does: a
+/// clean window settles it, and a clean window in which the even pace held
+/// a take back used it in full (the pace is what the limit allows), though
+/// a window paced evenly seldom holds the whole limit.
+#[test]
+fn a_limit_lowered_at_the_even_pace_probes_upward_once_the_pace_held_a_take() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let pause = |lua: &mut Lua, now: u64, settles: &[&str]| bare_pause(lua, now, 100, settles);
+    let settle = |lua: &mut Lua, now: u64, id: &str| {
+        let _: i64 = lua.op(now, "settle", |inv| {
+            inv.arg(1).arg(id).arg(0);
+        });
+    };
+    // As above: a burst of six refused, then the ramp refused too, the
+    // limit lowered to 7 from 700 on.
+    for i in 0..6 {
+        take10(&mut lua, 0, &format!("burst{i}"));
+    }
+    let burst: Vec<String> = (0..6).map(|i| format!("burst{i}")).collect();
+    let burst: Vec<&str> = burst.iter().map(String::as_str).collect();
+    assert_eq!(pause(&mut lua, 10, &burst), [100, 0, 1]);
+    assert_eq!(take10(&mut lua, 110, "a")[0], 1);
+    assert_eq!(take10(&mut lua, 550, "b")[0], 1);
+    assert_eq!(pause(&mut lua, 600, &["a", "b"])[1], 7);
+    assert_eq!(take10(&mut lua, 1010, "d")[..2], [1, 7]);
+    settle(&mut lua, 1020, "d");
+    // A clean window after the lowering settles it, and no take was held
+    // back in it: the limit stays.
+    let v = take10(&mut lua, 1700, "e");
+    assert_eq!((v[0], v[1], v[3], v[4]), (1, 7, 7, 1), "settled: {v:?}");
+    settle(&mut lua, 1710, "e");
+    let v = take10(&mut lua, 2700, "f");
+    assert_eq!((v[0], v[1], v[3]), (1, 7, 7), "nothing pressed: {v:?}");
+    settle(&mut lua, 2710, "f");
+    // The pace holds the next take back (a window holding two calls of 7):
+    // the window after probes one up.
+    assert_eq!(take10(&mut lua, 2701, "g")[..3], [0, 157, 2]);
+    let v = take10(&mut lua, 3700, "g");
+    assert_eq!((v[0], v[1], v[3]), (1, 8, 8), "probed: {v:?}");
 }
 
 /// A bare rate's fleet starts on the even pace (op `start`, once): its
@@ -605,15 +756,24 @@ fn a_bare_rate_starts_the_fleet_on_the_even_pace_for_a_window() {
 /// interval at the limit the earlier one was granted under (each grant
 /// moves the next slot by its own limit's interval; a lowering only
 /// lengthens the next): a bucket with no burst at that rate never refuses
-/// them for their spacing.
+/// them for their spacing. And whatever the ramp's refusal tells, a limit
+/// learnt stays within what `--limit` allows: at least one, below the cap.
 #[test]
 fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
     let redis = Redis::start();
     let mut runner = TestRunner::new(ProptestConfig::with_cases(48));
-    let ops = proptest::collection::vec((0u64..150, 0u8..10), 1..80);
+    let ops = (
+        any::<bool>(),
+        proptest::collection::vec((0u64..150, 0u8..10), 1..80),
+    );
     runner
-        .run(&ops, |ops| {
+        .run(&ops, |(start, ops)| {
             let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+            if start {
+                let _: i64 = lua.op(0, "start", |inv| {
+                    inv.arg(1);
+                });
+            }
             let (mut now, mut out, mut last) = (0u64, Vec::<String>::new(), None::<(u64, i64)>);
             let mut even = false;
             for (n, (step, what)) in ops.into_iter().enumerate() {
@@ -622,12 +782,13 @@ fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
                     // A 429, the oldest call answered with it.
                     0 => {
                         let settle: Vec<String> = out.drain(..out.len().min(1)).collect();
-                        let _: Vec<i64> = lua.op(now, "pause", |inv| {
+                        let v: Vec<i64> = lua.op(now, "pause", |inv| {
                             inv.arg(50).arg(10).arg(2).arg(settle.len());
                             for id in &settle {
                                 inv.arg(id).arg(0);
                             }
                         });
+                        prop_assert!((0..10).contains(&v[1]), "learnt {}", v[1]);
                     }
                     // An answer.
                     1..=3 if !out.is_empty() => {
@@ -643,6 +804,7 @@ fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
                             continue;
                         }
                         out.push(id);
+                        prop_assert!((1..=10).contains(&v[1]), "paced to {}", v[1]);
                         if let (true, Some((at, limit))) = (v[5] == 1 && even, last) {
                             let interval = 1100.0 / limit as f64;
                             prop_assert!(
@@ -659,6 +821,17 @@ fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A 429 under a bare rate capped at 10 (learning 2), pausing `ms`, with
+/// the calls answered since (each just now; the refused one among them).
+fn bare_pause(lua: &mut Lua, now: u64, ms: u64, settles: &[&str]) -> Vec<i64> {
+    lua.op(now, "pause", |inv| {
+        inv.arg(ms).arg(10).arg(2).arg(settles.len());
+        for id in settles {
+            inv.arg(*id).arg(0);
+        }
+    })
 }
 
 /// A take of call `id` under a cap of 10: headroom 1, no ceiling, no
