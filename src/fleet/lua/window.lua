@@ -289,28 +289,61 @@ if op == 'settle' then
   return tonumber(ARGV[7])
 end
 
+-- When the refused call was sent (unix ms), from the settle list at
+-- ARGV[i]: the completion that arrived last (the 429 this pause is for),
+-- read before settle forgets it; now when none is known.
+local function refused_sent(i)
+  local best, at = nil, now
+  for k = 0, tonumber(ARGV[i]) - 1 do
+    local ago = tonumber(string.match(ARGV[i + 2 + 2 * k], '^(%-?%d+)'))
+    local s = sent_entry(redis.call('HGET', KEYS[5], ARGV[i + 1 + 2 * k]))
+    -- Of two that arrived at once, the later sent.
+    if s and ago and ago >= 0 and (not best or ago < best or (ago == best and s > at)) then
+      best, at = ago, s
+    end
+  end
+  return at
+end
+
+-- Calls in flight granted from `from` until before `before` (unix ms):
+-- sent ahead of the refused call, so accepted (a bucket accepts whatever
+-- reaches it before it refuses), though their answers may not be settled
+-- yet (another process settles at its next take).
+local function flying_between(from, before)
+  local n = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[5])) do
+    local s = sent_entry(v)
+    if s and s >= from and s < before then n = n + 1 end
+  end
+  return n
+end
+
 -- What a 429 during the ramp (the first lowering after a refused burst)
 -- tells of the limit paced evenly at `lim`, given the window's count of
--- what was accepted (`count`) and the calls still in flight (`leases`):
--- the limit, and the least refused (probing stays under it); nil when no
--- ramp is running. The refusal that began the even pace accepted a1 calls over
--- t1 (the start's span; 0 for a burst at once), the ramp a2 over t2 since
--- it began (the pause between let the bucket refill). A bucket (rate r,
+-- what was accepted (`count`), the calls still in flight (`leases`) and
+-- when the refused call was sent (`sent`): the limit, and the least
+-- refused (probing stays under it); nil when no ramp is running. The
+-- refusal that began the even pace accepted a1 calls over t1 (the start's
+-- span to the refused call's send; 0 for a burst at once), the ramp a2
+-- over t2 since it began (the pause between let the bucket refill), each
+-- counting the calls sent before the refused one whose answers are not
+-- settled yet (flying_between). A bucket (rate r,
 -- burst b) accepts 1 + b + r·t calls in t from full, so r = (a2 - a1) /
 -- (t2 - t1): that, if the ramp accepted clearly more (a window accepts as
 -- many in either span), refused at the ramp's pace when it came. A
 -- window: its count, but no more than a start accepted in its window (a
 -- ramp across a fixed window's reset counts two windows' calls).
-local function ramp_limit(lim, count, leases)
+local function ramp_limit(lim, count, leases, sent)
   local r = redis.call('HMGET', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
   local since = tonumber(r[1] or '0')
   if since == 0 then return nil end
   local a1, t1 = tonumber(r[2]), tonumber(r[3])
-  if now > since and now - since <= W then
+  if sent > since and sent - since <= W then
     local a2 = redis.call('ZCOUNT', KEYS[1], since + W + round, '+inf') - leases - 1
-    local da, dt = a2 - a1, (now - since) - t1
+      + flying_between(since, sent)
+    local da, dt = a2 - a1, (sent - since) - t1
     if da >= 2 and dt > 0 then
-      local share = RAMP_FROM + (1 - RAMP_FROM) * (now - since) / W
+      local share = RAMP_FROM + (1 - RAMP_FROM) * (sent - since) / W
       return math.floor(da * W / dt), math.ceil(share * lim)
     end
   end
@@ -339,6 +372,7 @@ if op == 'pause' then
   local ms, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
   local learning, bare = ARGV[9] == '1' or ARGV[9] == '2', ARGV[9] == '2'
   -- The caller's completions first: the refused call is among them.
+  local sent = refused_sent(10)
   settle(10)
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -358,16 +392,20 @@ if op == 'pause' then
       -- What the burst had accepted (less the refused call), and over what
       -- span: the start's since it began (the fleet's first window), or a
       -- burst's at once.
-      local span = 0
-      if h[3] then span = math.max(0, now - (tonumber(h[3]) - W)) end
+      local span, began_at = 0, 0
+      if h[3] then
+        began_at = tonumber(h[3]) - W
+        span = math.max(0, sent - began_at)
+      end
+      local a1 = math.max(0, answered - 1) + flying_between(began_at, sent)
       local from = math.max(ends, p)
       redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', from, 'ramp_since', from,
-        'ramp_a1', math.max(0, answered - 1), 'ramp_t1', span,
+        'ramp_a1', a1, 'ramp_t1', span,
         'lowered_at', now, 'stale_done', 0)
       redis.call('HDEL', KEYS[4], 'start_ends')
       began = 1
     elseif answered > 0 and lim > 1 then
-      local told, refused = ramp_limit(lim, answered - 1, leases)
+      local told, refused = ramp_limit(lim, answered - 1, leases, sent)
       if not told then told, refused = answered - 1, lim end
       learnt = math.max(1, math.min(lim - 1, refused - 1, told))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,

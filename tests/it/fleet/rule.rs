@@ -558,10 +558,13 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
 }
 
 /// A 429 during the ramp that tells a bucket's rate: the start accepted
-/// one call in 120 ms, the ramp three in 790 ms, so the bucket's rate is
-/// two calls in the 670 ms between (2 a window of 1000 ms, where the
-/// window's count would say 3), and the ramp was refused at 0.8425 of 10
-/// calls a window: probing stays under 9.
+/// one call before the refused one, sent 110 ms after it began, the ramp
+/// three before the one sent 783 ms after it began, so the bucket's rate
+/// is two calls in the 673 ms between (2 a window of 1000 ms, where the
+/// window's count would say 3), and the ramp was refused at 0.84 of 10
+/// calls a window: probing stays under 9. (Of the answers a pause
+/// carries, the refused call is the last to arrive, of those at once the
+/// last sent.)
 #[test]
 fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
     let redis = Redis::start();
