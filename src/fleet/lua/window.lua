@@ -318,21 +318,63 @@ local function flying_between(from, before)
   return n
 end
 
+-- The rate (calls per ms) of the GCRA bucket that refuses the first
+-- refusal's call and the ramp's as they came, paced to `lim`: the start
+-- (or a burst, t1 = 0) accepted a1 calls before the one it refused, sent
+-- t1 ms after it began at the even pace p1; the ramp's refused call went
+-- t2 ms after the ramp began. A bucket of rate r and burst b, full at a
+-- span's start, accepts calls until what was sent beyond r adds up to
+-- b + 1 - r/p (p the pace then; the call that overflows counts in
+-- part). So b = a1 - r·t1 - (1 - r/p1) (a burst at once: a1 - 1), and
+-- the ramp, under r until t* (its pace reaching r) and over it after,
+-- sends beyond r ∫[t*, t2] (p(t) - r) dt, which must equal b + 1 - r/p(t2).
+-- Both sides fall as r grows: the root, by bisection, is the rate.
+local function bucket_rate(lim, a1, t1, t2)
+  local unit = lim / ((1 + EVEN_SKEW) * W)
+  local p0, k = unit * RAMP_FROM, unit * (1 - RAMP_FROM) / W
+  local p2 = p0 + k * t2
+  local function over(r)
+    local b = a1 - 1
+    if t1 > 0 then b = a1 - r * t1 - (1 - r / unit) end
+    local ts = math.min(t2, math.max(0, (r - p0) / k))
+    local sent = (p0 - r) * (t2 - ts) + k / 2 * (t2 * t2 - ts * ts)
+    return sent - (math.max(0, b) + 1 - r / p2)
+  end
+  local lo, hi = 0, p2
+  for _ = 1, 40 do
+    local mid = (lo + hi) / 2
+    if over(mid) > 0 then lo = mid else hi = mid end
+  end
+  return lo
+end
+
+-- The rate a ramp's refusal tells, given what it accepted beyond the
+-- first refusal per ms since (`simple`, (a2 - a1) / (t2 - t1)): that
+-- rate when the first refusal shows a burst (b of a call or more at it),
+-- as a bucket with a burst is refused once the excess fills it. Without
+-- one, the ramp is refused as soon as its pace passes the rate, long
+-- before what it accepted on average tells it: the rate the bucket's
+-- replay gives (bucket_rate), less a twentieth, as two calls one
+-- interval apart may reach such a bucket a little closer.
+local function ramp_rate(lim, a1, t1, t2, simple)
+  local b = a1 - 1
+  if t1 > 0 then b = a1 - simple * t1 - (1 - simple * (1 + EVEN_SKEW) * W / lim) end
+  if b >= 1 then return simple end
+  return 0.95 * bucket_rate(lim, a1, t1, t2)
+end
+
 -- What a 429 during the ramp (the first lowering after a refused burst)
 -- tells of the limit paced evenly at `lim`, given the window's count of
 -- what was accepted (`count`), the calls still in flight (`leases`) and
 -- when the refused call was sent (`sent`): the limit, and the least
--- refused (probing stays under it); nil when no ramp is running. The
--- refusal that began the even pace accepted a1 calls over t1 (the start's
--- span to the refused call's send; 0 for a burst at once), the ramp a2
--- over t2 since it began (the pause between let the bucket refill), each
--- counting the calls sent before the refused one whose answers are not
--- settled yet (flying_between). A bucket (rate r,
--- burst b) accepts 1 + b + r·t calls in t from full, so r = (a2 - a1) /
--- (t2 - t1): that, if the ramp accepted clearly more (a window accepts as
--- many in either span), refused at the ramp's pace when it came. A
--- window: its count, but no more than a start accepted in its window (a
--- ramp across a fixed window's reset counts two windows' calls).
+-- refused (probing stays under it); nil when no ramp is running. If the
+-- ramp accepted clearly more than the first refusal had (a2 against a1,
+-- each counting the calls sent before the refused one whose answers are
+-- not settled yet, flying_between), a bucket: its rate (bucket_rate), a
+-- window's worth, refused at the ramp's pace when it came. A window
+-- accepts as many in either span: its count, but no more than a start
+-- accepted in its window (a ramp across a fixed window's reset counts
+-- two windows' calls).
 local function ramp_limit(lim, count, leases, sent)
   local r = redis.call('HMGET', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
   local since = tonumber(r[1] or '0')
@@ -344,7 +386,7 @@ local function ramp_limit(lim, count, leases, sent)
     local da, dt = a2 - a1, (sent - since) - t1
     if da >= 2 and dt > 0 then
       local share = RAMP_FROM + (1 - RAMP_FROM) * (sent - since) / W
-      return math.floor(da * W / dt), math.ceil(share * lim)
+      return math.floor(ramp_rate(lim, a1, t1, sent - since, da / dt) * W), math.ceil(share * lim)
     end
   end
   if t1 > 0 and a1 > 0 then return math.min(count, a1), lim end

@@ -557,21 +557,54 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
     assert_eq!((v[0], v[5]), (1, 0), "{v:?}");
 }
 
-/// A 429 during the ramp that tells a bucket's rate: the start accepted
-/// one call before the refused one, sent 110 ms after it began, the ramp
-/// three before the one sent 783 ms after it began, so the bucket's rate
-/// is two calls in the 673 ms between (2 a window of 1000 ms, where the
-/// window's count would say 3), and the ramp was refused at 0.84 of 10
-/// calls a window: probing stays under 9. (Of the answers a pause
-/// carries, the refused call is the last to arrive, of those at once the
-/// last sent.)
+/// A 429 during the ramp tells a bucket's rate. With a burst (the start
+/// accepted four calls, 55 ms apart, before the one it refused, sent 220
+/// ms after it began: about two beyond a slow rate), the ramp's refusal
+/// 849 ms after it began, with eight accepted, gives four calls in the
+/// 629 ms between: 6 a window, where the window's count would say 8;
+/// probing stays under the ramp's pace then (0.89 of 20: 18). With none
+/// (the start refused its second call), the ramp is refused as soon as its
+/// pace passes the rate, long before what it accepted on average tells
+/// it: the bucket's replay does (5, where the average says 2). A window
+/// accepts as many during the ramp as the start did: its count. (Of the
+/// answers a pause carries, the refused call is the last to arrive, of
+/// those at once the last sent.)
 #[test]
 fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
     let redis = Redis::start();
+    let start = |lua: &mut Lua| {
+        let _: i64 = lua.op(0, "start", |inv| {
+            inv.arg(1);
+        });
+    };
+    let mut lua = Lua::new(&redis, &Scenario::of(20, 1000));
+    start(&mut lua);
+    let ids: Vec<String> = (0..5).map(|i| format!("s{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(take_under(&mut lua, 55 * i as u64, id, 20)[0], 1, "{id}");
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(
+        bare_pause_under(&mut lua, 230, 1000, 20, &ids),
+        [1000, 0, 1]
+    );
+    let ramp = [0, 220, 353, 460, 553, 636, 712, 783, 849];
+    let ids: Vec<String> = (0..ramp.len()).map(|i| format!("r{i}")).collect();
+    for (at, id) in ramp.iter().zip(&ids) {
+        let v = take_under(&mut lua, 1230 + at, id, 20);
+        assert_eq!(v[0], 1, "{id} at {at}: {v:?}");
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let v = bare_pause_under(&mut lua, 2085, 1000, 20, &ids);
+    assert_eq!(v, [1000, 6, 0], "the rate with a burst");
+    assert_eq!(lua.limit_field("refused_at").as_deref(), Some("18"));
+    assert_eq!(lua.limit_field("ramp_since"), None, "the ramp tells once");
+    // Paced evenly at 6 a window from the pause's end, with no ramp.
+    assert_eq!(take_under(&mut lua, 3085, "e1", 20)[..2], [1, 6]);
+    assert_eq!(take_under(&mut lua, 3086, "e2", 20), [0, 183, 2]);
+
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let _: i64 = lua.op(0, "start", |inv| {
-        inv.arg(1);
-    });
+    start(&mut lua);
     assert_eq!(take10(&mut lua, 0, "s1")[0], 1);
     assert_eq!(take10(&mut lua, 110, "s2")[0], 1);
     assert_eq!(bare_pause(&mut lua, 120, 1000, &["s1", "s2"]), [1000, 0, 1]);
@@ -581,18 +614,12 @@ fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
         assert_eq!(v[0], 1, "{id} at {at}: {v:?}");
     }
     let v = bare_pause(&mut lua, 1910, 1000, &["r1", "r2", "r3", "r4"]);
-    assert_eq!(v, [1000, 2, 0], "the fitted rate");
+    assert_eq!(v, [1000, 5, 0], "the rate with no burst");
     assert_eq!(lua.limit_field("refused_at").as_deref(), Some("9"));
-    assert_eq!(lua.limit_field("ramp_since"), None, "the ramp tells once");
-    // Paced evenly at 2 a window from the pause's end, with no ramp.
-    assert_eq!(take10(&mut lua, 2910, "e1")[..2], [1, 2]);
-    assert_eq!(take10(&mut lua, 2911, "e2"), [0, 549, 2]);
 
     // A window accepts as many during the ramp as the start did: its count.
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let _: i64 = lua.op(0, "start", |inv| {
-        inv.arg(1);
-    });
+    start(&mut lua);
     let mut ids = Vec::new();
     for i in 0..4 {
         let id = format!("s{i}");
@@ -829,8 +856,13 @@ fn the_even_pace_never_grants_two_calls_closer_than_its_interval() {
 /// A 429 under a bare rate capped at 10 (learning 2), pausing `ms`, with
 /// the calls answered since (each just now; the refused one among them).
 fn bare_pause(lua: &mut Lua, now: u64, ms: u64, settles: &[&str]) -> Vec<i64> {
+    bare_pause_under(lua, now, ms, 10, settles)
+}
+
+/// [`bare_pause`] under a cap of `cap`.
+fn bare_pause_under(lua: &mut Lua, now: u64, ms: u64, cap: u64, settles: &[&str]) -> Vec<i64> {
     lua.op(now, "pause", |inv| {
-        inv.arg(ms).arg(10).arg(2).arg(settles.len());
+        inv.arg(ms).arg(cap).arg(2).arg(settles.len());
         for id in settles {
             inv.arg(*id).arg(0);
         }
@@ -840,8 +872,13 @@ fn bare_pause(lua: &mut Lua, now: u64, ms: u64, settles: &[&str]) -> Vec<i64> {
 /// A take of call `id` under a cap of 10: headroom 1, no ceiling, no
 /// tokens, no settles, no pause, nothing to put back, no loss check.
 fn take10(lua: &mut Lua, now: u64, id: &str) -> Vec<i64> {
+    take_under(lua, now, id, 10)
+}
+
+/// [`take10`] under a cap of `cap`.
+fn take_under(lua: &mut Lua, now: u64, id: &str, cap: u64) -> Vec<i64> {
     lua.op(now, "take", |inv| {
-        inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+        inv.arg(id).arg(cap).arg(1).arg(0).arg(0);
         inv.arg(0).arg(0).arg(0);
     })
 }
