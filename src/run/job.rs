@@ -71,6 +71,7 @@ pub(super) struct Located {
 pub struct OriginWindow {
     /// Unix ms.
     last_active_unix_ms: u64,
+    /// What it learnt of the limit, with its shape.
     learnt: Option<Learnt>,
 }
 
