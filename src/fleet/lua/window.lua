@@ -379,7 +379,8 @@ local function ramp_limit(lim, count, leases, sent)
   local r = redis.call('HMGET', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
   local since = tonumber(r[1] or '0')
   if since == 0 then return nil end
-  local a1, t1 = tonumber(r[2]), tonumber(r[3])
+  -- Set with ramp_since and deleted with it; a hash edited by hand may not.
+  local a1, t1 = tonumber(r[2] or '0') or 0, tonumber(r[3] or '0') or 0
   if sent > since and sent - since <= W then
     local a2 = redis.call('ZCOUNT', KEYS[1], since + W + round, '+inf') - leases - 1
       + flying_between(since, sent)

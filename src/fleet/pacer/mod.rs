@@ -497,7 +497,14 @@ impl Inner {
         if let Some(&epoch) = v.last() {
             self.lock().epoch = Some(epoch);
         }
-        match v.as_slice() {
+        self.took(id, &v).await
+    }
+
+    /// What the script's answer `v` to the take of call `id` means: the
+    /// call granted (and what the fleet's limit stands at), or a wait and
+    /// its reason.
+    async fn took(&self, id: &str, v: &[i64]) -> Result<Took, PaceError> {
+        match v {
             [1, rest @ ..] => {
                 let mut l = self.lock();
                 l.in_flight.insert(id.to_string());
