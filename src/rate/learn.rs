@@ -183,20 +183,21 @@ impl ShapeLearner {
     }
 
     /// A learner that starts from what an earlier run learnt: a bucket
-    /// (with the fixed window its refusal would switch to), a fixed window
-    /// (whose first span goes at once), or nothing.
+    /// (with the fixed window its refusal would switch to), a fixed window,
+    /// or a window (a limit learnt by lowering, or by a checkpoint older
+    /// than shape learning). Either way its shape is known as far as it was
+    /// learnt, so there is no start: a window's first span goes at once.
     pub fn restored(window: Duration, learnt: Option<Learnt>) -> ShapeLearner {
         let mut l = ShapeLearner::new(window);
         let Some(learnt) = learnt.map(|l| l.shape) else {
             return l;
         };
+        l.start = None;
         if let Some(burst) = learnt.burst {
             l.phase = Phase::Bucket { burst };
-            l.start = None;
             l.fixed_too = learnt.fixed_too;
-        } else if learnt.fixed {
-            l.start = None;
-            l.fixed = true;
+        } else {
+            l.fixed = learnt.fixed;
         }
         l
     }

@@ -261,16 +261,27 @@ fn within_bar(o: &Outcome, ideal: Duration) -> bool {
 
 const ITEMS: usize = 210;
 
+/// Told only the rate of nginx with a burst of 5, the start's even pace is
+/// never refused and nothing needs learning; told twice the rate, the
+/// bucket is learnt with its rate and a burst of no more than 5.
 #[test]
-fn against_nginx_with_a_burst_of_5_it_learns_a_bucket_of_30_with_burst_5() {
+fn against_nginx_with_a_burst_of_5_its_rate_holds_and_more_learns_the_bucket() {
     let fates = link(ITEMS + 40, ms(10), ms(2), 1);
+    let ideal = Duration::from_secs_f64((ITEMS - 6) as f64 / 30.0);
     let mut nginx = Gcra::new(30.0, 5);
     let o = job(30, 5, &fates, ITEMS, &mut |at| nginx.admit(at));
-    let ideal = Duration::from_secs_f64((ITEMS - 6) as f64 / 30.0);
+    assert_eq!(o.refused, 0, "{o:?}");
+    assert!(
+        o.took <= ideal.mul_f64(1.1) + ms(10),
+        "{o:?} against {ideal:?}"
+    );
+    let mut nginx = Gcra::new(30.0, 5);
+    let o = job(60, 5, &fates, ITEMS, &mut |at| nginx.admit(at));
     assert!(within_bar(&o, ideal), "{o:?} against {ideal:?}");
-    assert!(o.refused <= 5, "{o:?}");
-    assert_eq!(o.learnt, Some(30), "{o:?}");
-    assert!(o.burst.is_some_and(|b| b <= 6), "{o:?}");
+    assert!(o.refused <= 3, "{o:?}");
+    // Its even pace (a tenth under the limit) at the rate, or just under.
+    assert!(o.learnt.is_some_and(|l| (29..=33).contains(&l)), "{o:?}");
+    assert!(o.burst.is_some_and(|b| b <= 5), "{o:?}");
 }
 
 proptest! {
@@ -291,14 +302,34 @@ proptest! {
         let o = job(30, workers, &fates, ITEMS, &mut |at| nginx.admit(at));
         let ideal = Duration::from_secs_f64((ITEMS as u64 - 1 - burst) as f64 / 30.0);
         prop_assert!(within_bar(&o, ideal), "{:?} against {:?}", o, ideal);
-        // The start sends no more than two calls ahead of the even pace
-        // before the shape is known, whatever the pool's size: a bucket
-        // refuses those (and a call on the pace) at most, then the even
-        // pace holds.
+        // The start sends one call ahead of the even pace before the
+        // shape is known (a server stating nothing), whatever the pool's
+        // size: a bucket refuses it (and a call on the pace) at most, then
+        // the even pace holds.
         prop_assert!(o.refused <= 3, "{:?}", o);
         // The rate is kept (a round trip slower than the pace never bursts).
         prop_assert!(o.learnt.map_or(true, |l| l == 30), "{:?}", o);
         prop_assert!(o.highest <= 30 && o.learnt.map_or(true, |l| l <= 30));
+    }
+
+    /// Told only the rate of a bucket with a burst, by a server stating
+    /// nothing (nginx `limit_req`): the start's one call ahead fits in the
+    /// burst and its even pace under the rate, so no call is ever refused.
+    /// (The window's first span then lets the places the even pace left
+    /// unused go at once, a tenth of the limit: a burst smaller than that
+    /// refuses one of them.)
+    #[test]
+    fn told_only_the_rate_of_a_bucket_with_a_burst_nothing_is_refused(
+        burst in 3u64..=8,
+        workers in 1usize..=10,
+        base in 1u64..=40,
+        jitter in 0u64..=4,
+        seed in any::<u64>(),
+    ) {
+        let fates = link(ITEMS + 60, ms(base), ms(jitter), seed);
+        let mut nginx = Gcra::new(30.0, burst);
+        let o = job(30, workers, &fates, ITEMS, &mut |at| nginx.admit(at));
+        prop_assert_eq!(o.refused, 0, "{:?}", o);
     }
 
     /// A secret limit of any shape at a third of the told one: a sliding
@@ -398,7 +429,7 @@ proptest! {
         prop_assert_eq!(learning.len(), before.len());
         let last = |a: &[(Option<Instant>, bool)]| a.iter().filter_map(|&(t, _)| t).max().unwrap();
         let (l, b) = (last(&learning), last(&before));
-        prop_assert!(l <= b + w6, "{:?} later", l - b);
+        prop_assert!(l <= b + w6.mul_f64(1.0 + SKEW), "{:?} later", l - b);
     }
 }
 
