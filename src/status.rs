@@ -207,7 +207,11 @@ struct RunStatus {
 impl JobStatus {
     fn running(p: &Progress, shard: Option<Shard>) -> JobStatus {
         let pending = p.total.saturating_sub(p.done + p.failed);
-        let now_ms = p.updated_unix * 1000;
+        // A progress file of an older build has whole seconds only.
+        let now_ms = match p.updated_unix_ms {
+            0 => p.updated_unix.saturating_mul(1000),
+            ms => ms,
+        };
         let last_run = (p.started_unix_ms > 0).then(|| RunStatus {
             started_unix_ms: p.started_unix_ms,
             ended_unix_ms: None,
@@ -520,6 +524,44 @@ mod tests {
     fn a_short_run_keeps_its_tenths_and_a_long_one_its_minutes() {
         assert_eq!(took(0.44), "0.4s");
         assert_eq!(took(72.4), "1m 12s");
+    }
+
+    /// A run looked at within the second it started (2 items done 300 ms
+    /// in) has a rate and an ETA; whole seconds had read its duration as
+    /// nothing there. A progress file of an older build (seconds only)
+    /// still reads.
+    #[test]
+    fn a_run_seen_within_its_first_second_has_a_rate() {
+        let started = 1_700_000_000_900;
+        let mut p = Progress {
+            job: "j".into(),
+            input: "/in.jsonl".into(),
+            total: 24,
+            done: 2,
+            failed: 0,
+            requests: 2,
+            rate_limited: 0,
+            credits_remaining: None,
+            pid: 1,
+            updated_unix: (started + 300) / 1000,
+            updated_unix_ms: started + 300,
+            started_unix_ms: started,
+            done_this_run: 2,
+            requests_before: 0,
+            rate_limited_before: 0,
+        };
+        let st = serde_json::to_value(JobStatus::running(&p, None)).unwrap();
+        assert_eq!(st["rate_per_min"], 400.0, "{st}");
+        assert_eq!(st["eta_s"], 3.0, "{st}");
+        let old: Progress = serde_json::from_value({
+            p.updated_unix = (started + 2300) / 1000;
+            let mut v = serde_json::to_value(&p).unwrap();
+            v.as_object_mut().unwrap().remove("updated_unix_ms");
+            v
+        })
+        .unwrap();
+        let st = serde_json::to_value(JobStatus::running(&old, None)).unwrap();
+        assert_eq!(st["last_run"]["duration_s"], 2.1, "{st}");
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub struct Progress {
     pub pid: u32,
     /// When this was written (unix seconds).
     pub updated_unix: u64,
+    /// When this was written (unix ms): a run's duration so far, against
+    /// `started_unix_ms`, where whole seconds would read as nothing (or
+    /// less than nothing) within the second the run started.
+    #[serde(default)]
+    pub updated_unix_ms: u64,
     /// When this run started (unix ms).
     #[serde(default)]
     pub started_unix_ms: u64,

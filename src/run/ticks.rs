@@ -128,6 +128,7 @@ impl Ticks {
 
     fn write(&self, stats: &Stats) {
         let p = &self.publish;
+        let now = crate::util::unix_now();
         let progress = crate::report::published::Progress {
             job: p.job.clone(),
             input: p.input.clone(),
@@ -138,7 +139,8 @@ impl Ticks {
             rate_limited: Stats::get(&stats.rate_limited),
             credits_remaining: self.gauges.ledger.last().map(|s| s.remaining),
             pid: std::process::id(),
-            updated_unix: crate::util::unix_now().as_secs(),
+            updated_unix: now.as_secs(),
+            updated_unix_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
             started_unix_ms: p.started_unix_ms,
             done_this_run: Stats::get(&stats.done_this_run),
             requests_before: p.before.0,
