@@ -162,6 +162,13 @@ pub struct ShapeLearner {
     fixed_too: Option<u64>,
     /// Whether the limit was learnt to be a fixed window's.
     fixed: bool,
+    /// After a start with no refusal from a server stating nothing, the
+    /// even pace goes on at the told rate itself (no skew) until then, a
+    /// window more: the places the start's pace left unused (a tenth of
+    /// the limit) then go one by one, not at once, which a bucket with a
+    /// burst smaller than that would refuse. A window of the limit loses
+    /// nothing: the rate is the same.
+    handover: Option<Instant>,
 }
 
 impl ShapeLearner {
@@ -179,6 +186,7 @@ impl ShapeLearner {
             pending_fit: None,
             fixed_too: None,
             fixed: false,
+            handover: None,
         }
     }
 
@@ -237,7 +245,11 @@ impl ShapeLearner {
     /// the burst allowed beyond it; `None` when paced as a window.
     fn pace(&self, limit: u64, now: Instant) -> Option<(Duration, u64)> {
         let (burst, share) = match self.phase {
-            Phase::Window => return None,
+            Phase::Window => {
+                self.handover.filter(|&u| now < u)?;
+                let interval = self.window.div_f64(limit.max(1) as f64);
+                return Some((interval, 0));
+            }
             Phase::Probing {
                 since, ramp: true, ..
             } => {
@@ -370,6 +382,7 @@ impl ShapeLearner {
     /// `secret`: the server states no limit, so an even pace after it
     /// ramps up to tell the rate (see [`RAMP_FROM`]).
     pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant, secret: bool) -> Verdict {
+        self.handover = None;
         // The run's first refusal, in its first window: whatever went
         // before it, one refusal tells a bucket's burst from its rate no
         // better than a window's count (see `fit`); the ramp tells them.
@@ -477,6 +490,7 @@ impl ShapeLearner {
 
     /// A pause until `until`: the even pace is judged from its end.
     pub fn paused_until(&mut self, until: Instant) {
+        self.handover = None;
         self.start = None;
         if let Phase::Probing { since, sent, .. } = &mut self.phase {
             if until > *since {
@@ -490,15 +504,14 @@ impl ShapeLearner {
     /// at least two calls and no 429, the limit is a bucket. Returns its
     /// burst then (once).
     pub fn advance(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .start
-            .as_ref()
-            .is_some_and(|s| s.ends.is_some_and(|e| now >= e))
-        {
+        if let Some(start) = self.start.take_if(|s| s.ends.is_some_and(|e| now >= e)) {
             // A first window with no refusal: nothing to fit.
-            self.start = None;
             if self.phase == Phase::Window {
                 self.evidence.clear();
+                if !start.stated {
+                    self.handover = start.ends.and_then(|e| e.checked_add(self.window));
+                    self.tat = start.tat;
+                }
             }
         }
         let Phase::Probing {
