@@ -242,7 +242,8 @@ impl ShapeLearner {
     }
 
     /// The even pace's interval at `limit` calls per window at `now`, and
-    /// the burst allowed beyond it; `None` when paced as a window.
+    /// the burst allowed beyond it; `None` when paced as a window (after
+    /// the handover, if there was one).
     fn pace(&self, limit: u64, now: Instant) -> Option<(Duration, u64)> {
         let (burst, share) = match self.phase {
             Phase::Window => {
@@ -278,8 +279,12 @@ impl ShapeLearner {
     /// When a call may go after a response said nothing is left
     /// (`remaining: 0`) while paced evenly: the even pace's next slot with
     /// no burst, as a bucket whose burst is spent allows. `None` when paced
-    /// as a window, where it means the window is full.
+    /// as a window (the handover's even pace too), where it means the
+    /// window is full.
     pub fn unbursted_at(&self, limit: u64, now: Instant) -> Option<Instant> {
+        if self.phase == Phase::Window {
+            return None;
+        }
         self.pace(limit, now)?;
         Some(self.tat.map_or(now, |t| t.max(now)))
     }
