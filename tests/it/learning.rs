@@ -2,6 +2,22 @@
 
 use crate::common::*;
 
+/// The calls per window of the bucket a run said the server keeps
+/// (`the server keeps a bucket: N calls per window ...`), and the rest of
+/// that line.
+fn bucket_said(stderr: &str) -> (u64, &str) {
+    let said = stderr
+        .lines()
+        .find_map(|l| l.split("the server keeps a bucket: ").nth(1))
+        .unwrap_or_else(|| panic!("no bucket said: {stderr}"));
+    let per_window = said
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {said}"));
+    (per_window, said)
+}
+
 /// SpikeArrest at 30 a second, stating nothing (a bucket of 3).
 fn spike_arrest(name: &str) -> Scenario {
     Scenario::new(name)
@@ -46,16 +62,7 @@ async fn told_twice_a_secret_buckets_rate_it_learns_the_bucket_and_remembers_it(
     assert_eq!(r.code, 0, "{}", r.stderr);
     let limited = r.summary["rate_limited"].as_u64().unwrap();
     assert!((1..=5).contains(&limited), "{limited} 429s: {}", r.stderr);
-    let said = r
-        .stderr
-        .lines()
-        .find_map(|l| l.split("the server keeps a bucket: ").nth(1))
-        .unwrap_or_else(|| panic!("no bucket said: {}", r.stderr));
-    let per_window: u64 = said
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count in {said}"));
+    let (per_window, said) = bucket_said(&r.stderr);
     // Its even pace (a tenth under the limit) at the rate, or just under.
     assert!((27..=33).contains(&per_window), "{said}");
     assert_each_item_once(&s.out_path(), 120);
@@ -94,16 +101,7 @@ async fn told_three_times_a_secret_buckets_rate_it_fits_the_rate_and_the_burst()
         .numbers(120);
     let r = s.run(&["--limit", "90/1s", "--concurrency", "5"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let said = r
-        .stderr
-        .lines()
-        .find_map(|l| l.split("the server keeps a bucket: ").nth(1))
-        .unwrap_or_else(|| panic!("no bucket said: {}", r.stderr));
-    let per_window: u64 = said
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{said}"));
+    let (per_window, said) = bucket_said(&r.stderr);
     // Paced evenly at a tenth under the limit per window: at most 30 a
     // second, and at least 27 (the fit keeps 2 ms from each spacing).
     assert!((29..=33).contains(&per_window), "{said}");
