@@ -379,6 +379,12 @@ local function ramp_limit(lim, count, leases, sent)
   local r = redis.call('HMGET', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
   local since = tonumber(r[1] or '0')
   if since == 0 then return nil end
+  -- A ramp that ended with no 429 tells nothing of a later one: its
+  -- state goes, and the window's count rules.
+  if sent > since + W then
+    redis.call('HDEL', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
+    return nil
+  end
   -- Set with ramp_since and deleted with it; a hash edited by hand may not.
   local a1, t1 = tonumber(r[2] or '0') or 0, tonumber(r[3] or '0') or 0
   if sent > since and sent - since <= W then
@@ -505,9 +511,14 @@ if op == 'recall' then
     redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
     put = 1
   end
-  if even and h[3] ~= '1' then
-    redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now)
-    put = 1
+  if even then
+    -- A start begun since the loss (a process that joined) would end the
+    -- even pace a window later: it is for good now.
+    if redis.call('HDEL', KEYS[4], 'start_ends') == 1 then put = 1 end
+    if h[3] ~= '1' then
+      redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now)
+      put = 1
+    end
   end
   return put
 end

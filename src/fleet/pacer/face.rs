@@ -102,7 +102,10 @@ impl Pacer for FleetPacer {
             let began = v.get(2) == Some(&1);
             let learnt = v.get(1).copied().unwrap_or(0).max(0) as u64;
             if learnt > 0 || began {
-                l.heard(inner.cap, learnt, false, began);
+                // A lowering says nothing of the even pace: the fleet keeps
+                // it if it had it (what `recall` puts back after a loss).
+                let even = began || l.even;
+                l.heard(inner.cap, learnt, false, even);
             }
             Ok(())
         })

@@ -682,6 +682,65 @@ fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
     assert_eq!(recall(&mut lua, 10, 5, 1), 0);
     let v = take10(&mut lua, 10, "c");
     assert_eq!((v[0], v[1], v[3], v[5]), (1, 9, 0, 0), "{v:?}");
+
+    // A process that joined after the loss began a start, whose even pace
+    // would end a window later: a recalled even pace is for good.
+    forget(&mut lua);
+    let started: i64 = lua.op(20, "start", |inv| {
+        inv.arg(1);
+    });
+    assert_eq!(started, 1);
+    assert_eq!(recall(&mut lua, 20, 5, 1), 1);
+    assert_eq!(lua.limit_field("start_ends"), None);
+    let v = take10(&mut lua, 1200, "d");
+    assert_eq!(
+        (v[0], v[5]),
+        (1, 1),
+        "still paced evenly a window on: {v:?}"
+    );
+}
+
+/// A ramp that ended with no 429 leaves nothing behind: a 429 long after
+/// it lowers the limit by the window's count, not to what the refused
+/// burst before the ramp had accepted.
+#[test]
+fn a_ramp_that_held_tells_nothing_of_a_later_refusal() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let settle = |lua: &mut Lua, now: u64, id: &str| {
+        let _: i64 = lua.op(now, "settle", |inv| {
+            inv.arg(1).arg(id).arg(0);
+        });
+    };
+    // The start's first three calls on its even pace, the third refused:
+    // the even pace ramps from 400.
+    let started: i64 = lua.op(0, "start", |inv| {
+        inv.arg(1);
+    });
+    assert_eq!(started, 1);
+    for (at, id) in [(0, "s0"), (110, "s1"), (220, "s2")] {
+        assert_eq!(take10(&mut lua, at, id)[0], 1, "{id}");
+    }
+    assert_eq!(bare_pause(&mut lua, 230, 170, &["s0", "s1", "s2"])[2], 1);
+    // Three windows of calls on the pace, each answered at once.
+    let (mut now, mut n, mut last) = (400, 0, String::new());
+    while now < 3100 {
+        let id = format!("c{n}");
+        let v = take10(&mut lua, now, &id);
+        if v[0] == 1 {
+            settle(&mut lua, now + 1, &id);
+            (n, last) = (n + 1, id);
+            now += 1;
+        } else {
+            now += v[1].max(1) as u64;
+        }
+    }
+    assert!(n >= 20, "{n} calls in three windows");
+    // A 429 now, its call answered among the window's others: the limit
+    // is the window's count less the refused call, far above the burst's 2.
+    let v = bare_pause(&mut lua, now, 100, &[&last]);
+    assert!(v[1] >= 5, "learnt {v:?}");
+    assert_eq!(lua.limit_field("ramp_since"), None);
 }
 
 /// A limit lowered while paced evenly probes upward as in-process does: a
