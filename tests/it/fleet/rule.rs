@@ -707,11 +707,6 @@ fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
 fn a_ramp_that_held_tells_nothing_of_a_later_refusal() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let settle = |lua: &mut Lua, now: u64, id: &str| {
-        let _: i64 = lua.op(now, "settle", |inv| {
-            inv.arg(1).arg(id).arg(0);
-        });
-    };
     // The start's first three calls on its even pace, the third refused:
     // the even pace ramps from 400.
     let started: i64 = lua.op(0, "start", |inv| {
@@ -728,7 +723,7 @@ fn a_ramp_that_held_tells_nothing_of_a_later_refusal() {
         let id = format!("c{n}");
         let v = take10(&mut lua, now, &id);
         if v[0] == 1 {
-            settle(&mut lua, now + 1, &id);
+            settle_now(&mut lua, now + 1, &id);
             (n, last) = (n + 1, id);
             now += 1;
         } else {
@@ -752,11 +747,6 @@ fn a_limit_lowered_at_the_even_pace_probes_upward_once_the_pace_held_a_take() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
     let pause = |lua: &mut Lua, now: u64, settles: &[&str]| bare_pause(lua, now, 100, settles);
-    let settle = |lua: &mut Lua, now: u64, id: &str| {
-        let _: i64 = lua.op(now, "settle", |inv| {
-            inv.arg(1).arg(id).arg(0);
-        });
-    };
     // As above: a burst of six refused, then the ramp refused too, the
     // limit lowered to 7 from 700 on.
     for i in 0..6 {
@@ -769,15 +759,15 @@ fn a_limit_lowered_at_the_even_pace_probes_upward_once_the_pace_held_a_take() {
     assert_eq!(take10(&mut lua, 550, "b")[0], 1);
     assert_eq!(pause(&mut lua, 600, &["a", "b"])[1], 7);
     assert_eq!(take10(&mut lua, 1010, "d")[..2], [1, 7]);
-    settle(&mut lua, 1020, "d");
+    settle_now(&mut lua, 1020, "d");
     // A clean window after the lowering settles it, and no take was held
     // back in it: the limit stays.
     let v = take10(&mut lua, 1700, "e");
     assert_eq!((v[0], v[1], v[3], v[4]), (1, 7, 7, 1), "settled: {v:?}");
-    settle(&mut lua, 1710, "e");
+    settle_now(&mut lua, 1710, "e");
     let v = take10(&mut lua, 2700, "f");
     assert_eq!((v[0], v[1], v[3]), (1, 7, 7), "nothing pressed: {v:?}");
-    settle(&mut lua, 2710, "f");
+    settle_now(&mut lua, 2710, "f");
     // The pace holds the next take back (a window holding two calls of 7):
     // the window after probes one up.
     assert_eq!(take10(&mut lua, 2701, "g")[..3], [0, 157, 2]);
@@ -926,6 +916,13 @@ fn bare_pause_under(lua: &mut Lua, now: u64, ms: u64, cap: u64, settles: &[&str]
             inv.arg(*id).arg(0);
         }
     })
+}
+
+/// Call `id` answered at `now` (op `settle`).
+fn settle_now(lua: &mut Lua, now: u64, id: &str) {
+    let _: i64 = lua.op(now, "settle", |inv| {
+        inv.arg(1).arg(id).arg(0);
+    });
 }
 
 /// A take of call `id` under a cap of 10: headroom 1, no ceiling, no
