@@ -82,9 +82,13 @@ impl Local {
 }
 
 /// This process's share of the fleet's state, to put back after Redis lost
-/// it: the pause left (ms) and each call's (id, ms left occupying, in flight).
+/// it: the pause left (ms), what it last heard of the fleet's learning (the
+/// learnt limit, 0 for none; whether paced evenly) and each call's (id, ms
+/// left occupying, in flight).
 #[derive(Default)]
 pub(super) struct Restore {
     pub(super) paused: u64,
+    pub(super) learnt: u64,
+    pub(super) even: bool,
     pub(super) entries: Vec<(String, u64, bool)>,
 }

@@ -128,9 +128,13 @@ local function hold_until(t)
 end
 
 -- After Redis lost its data (a restart), each process puts back what it
--- knows of its own calls: ARGV[i] = pause ms left (0: none), a count, then
--- triples (id, ms left occupying, 1 if still in flight). NX: never shortens
--- what is there. leases_only: the drip rules keep no window, only leases.
+-- knows of its own calls: ARGV[i] = pause ms left (0: none), ARGV[i+1] and
+-- ARGV[i+2] what it last heard of the fleet's learning (the learnt limit,
+-- 0 for none; 1 if paced evenly: `recall`, window.lua; the drip rules learn
+-- nothing and pass 0 0), a count, then triples (id, ms left occupying, 1 if
+-- still in flight). NX: never shortens what is there. leases_only: the
+-- drip rules keep no window, only leases. Returns where the block ends,
+-- the learnt limit and whether paced evenly.
 local function restore(i, leases_only)
   local paused = tonumber(ARGV[i])
   if paused > 0 then
@@ -139,8 +143,9 @@ local function restore(i, leases_only)
       set_for(KEYS[3], now + paused, paused)
     end
   end
-  local n = tonumber(ARGV[i + 1])
-  i = i + 2
+  local learnt, even = tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'
+  local n = tonumber(ARGV[i + 3])
+  i = i + 4
   for _ = 1, n do
     local id, left, flying = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
     i = i + 3
@@ -159,7 +164,7 @@ local function restore(i, leases_only)
     keep(KEYS[2], lease + 1000)
     for _, f in ipairs(further) do keep(f.key, math.max(hold, f.hold) + 1000) end
   end
-  return i
+  return i, learnt, even
 end
 
 -- Whether Redis forgot the fleet while this process was not looking (a
@@ -196,7 +201,7 @@ end
 -- Where a take's arguments after its settle list and restore block begin.
 local function after_blocks(i)
   i = i + 1 + 2 * tonumber(ARGV[i])
-  return i + 2 + 3 * tonumber(ARGV[i + 1])
+  return i + 4 + 3 * tonumber(ARGV[i + 3])
 end
 
 -- A take's answer, with the epoch appended when the process asked for it.

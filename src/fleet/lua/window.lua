@@ -172,6 +172,31 @@ local function forgotten_span()
   return math.min(span, 300000)
 end
 
+-- recall: after Redis forgot the fleet, what a process last heard of its
+-- learning, put back in the same take that puts its calls back (so no
+-- take is granted at the full cap meanwhile): l the learnt limit (0:
+-- none), even true if paced evenly for a refused burst. The lowest limit
+-- recalled wins, taken as settled (it held before the loss; a limit heard
+-- before a later probe is lower, which errs on the safe side); what probing
+-- had been refused is forgotten with the rest. The fleet is past its
+-- start. Nothing is recalled over a stated limit.
+local function recall(l, even)
+  if l == 0 and not even then return end
+  local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even')
+  redis.call('HSET', KEYS[4], 'started', 1)
+  keep(KEYS[4], limit_ttl)
+  if h[2] then return end
+  if l > 0 and (not h[1] or tonumber(h[1]) > l) then
+    redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
+  end
+  if even then
+    -- A start begun since the loss (a process that joined) would end the
+    -- even pace a window later: it is for good now.
+    redis.call('HDEL', KEYS[4], 'start_ends')
+    if h[3] ~= '1' then redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now) end
+  end
+end
+
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -179,7 +204,8 @@ if op == 'take' then
   local lost, epoch = forgotten(after_blocks(12), KEYS[1], forgotten_span())
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
-  restore(i)
+  local _, learnt_heard, even_heard = restore(i)
+  recall(learnt_heard, even_heard)
   -- A policy adopted by another process (stated.lua) this take does not
   -- pass: the caller fetches the list and asks again.
   if stated_unknown() then return answer({0, 1, 5}, epoch) end
@@ -491,36 +517,6 @@ if op == 'start' then
     'start_ends', now + W)
   keep(KEYS[4], limit_ttl)
   return 1
-end
-
--- recall: after Redis forgot the fleet, what this process last heard of
--- its learning, put back once this process put its calls back: ARGV[7]
--- the learnt limit (0: none), ARGV[8] 1 if paced evenly for a refused
--- burst. The lowest limit recalled wins, taken as settled (it held before
--- the loss); what probing had been refused is forgotten with the rest.
--- The fleet is past its start. Nothing is recalled over a stated limit.
--- Returns 1 when it put anything back.
-if op == 'recall' then
-  local l, even = tonumber(ARGV[7]), ARGV[8] == '1'
-  local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even')
-  redis.call('HSET', KEYS[4], 'started', 1)
-  keep(KEYS[4], limit_ttl)
-  if h[2] then return 0 end
-  local put = 0
-  if l > 0 and (not h[1] or tonumber(h[1]) > l) then
-    redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
-    put = 1
-  end
-  if even then
-    -- A start begun since the loss (a process that joined) would end the
-    -- even pace a window later: it is for good now.
-    if redis.call('HDEL', KEYS[4], 'start_ends') == 1 then put = 1 end
-    if h[3] ~= '1' then
-      redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now)
-      put = 1
-    end
-  end
-  return put
 end
 
 -- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit).

@@ -103,7 +103,7 @@ impl Pacer for FleetPacer {
             let learnt = v.get(1).copied().unwrap_or(0).max(0) as u64;
             if learnt > 0 || began {
                 // A lowering says nothing of the even pace: the fleet keeps
-                // it if it had it (what `recall` puts back after a loss).
+                // it if it had it (what a take puts back after a loss).
                 let even = began || l.even;
                 l.heard(inner.cap, learnt, false, even);
             }

@@ -188,25 +188,6 @@ impl Inner {
         }
     }
 
-    /// After this process put its calls back into a fleet Redis forgot,
-    /// puts back what it last heard of the fleet's learning (the learnt
-    /// limit, the even pace): the fleet does not pay the 429s that taught
-    /// them again. Not put back now: the fleet learns them again.
-    pub(super) async fn recall(&self) {
-        let (learnt, even) = {
-            let l = self.lock();
-            (l.learnt, l.even)
-        };
-        if !self.rule.windowed() || (learnt == 0 && !even) {
-            return;
-        }
-        let _: Result<i64, PaceError> = self
-            .run("recall", self.fleet.redis_timeout(), |inv| {
-                inv.arg(learnt).arg(u8::from(even));
-            })
-            .await;
-    }
-
     /// Passes `key` from now on; whether it was new to this process (at
     /// most [`MAX_WINDOWS`] beyond those configured, as the script lists).
     fn take_on(&self, key: String) -> bool {

@@ -377,8 +377,9 @@ impl Inner {
         }));
     }
 
-    /// What this process puts back when Redis lost its data: its pause, its
-    /// calls in flight and those still occupying the window.
+    /// What this process puts back when Redis lost its data: its pause,
+    /// what it last heard of the fleet's learning, its calls in flight and
+    /// those still occupying the window.
     fn restore_block(&self) -> Option<Restore> {
         let now = Instant::now();
         let mut l = self.lock();
@@ -397,7 +398,9 @@ impl Inner {
             .iter()
             .map(|id| (id.clone(), hold, true))
             .collect();
-        // A drip rule keeps no window: only the calls in flight go back.
+        // A drip rule keeps no window and learns nothing: only the calls in
+        // flight go back.
+        let (mut learnt, mut even) = (0, false);
         if self.rule.windowed() {
             entries.extend(l.recent.iter().map(|(id, end, _)| {
                 (
@@ -406,8 +409,14 @@ impl Inner {
                     false,
                 )
             }));
+            (learnt, even) = (l.learnt, l.even);
         }
-        Some(Restore { paused, entries })
+        Some(Restore {
+            paused,
+            learnt,
+            even,
+            entries,
+        })
     }
 
     /// The loss check's arguments for a take: the epoch last heard and one
@@ -471,8 +480,17 @@ impl Inner {
                     let block = self.restore_block();
                     restored.store(block.is_some(), Ordering::SeqCst);
                     let putting_back = block.is_some();
-                    let Restore { paused, entries } = block.unwrap_or_default();
-                    inv.arg(paused).arg(entries.len());
+                    // What it last heard of the fleet's learning goes back
+                    // in the same take as its calls: no take is granted at
+                    // the full cap between the two.
+                    let Restore {
+                        paused,
+                        learnt,
+                        even,
+                        entries,
+                    } = block.unwrap_or_default();
+                    inv.arg(paused).arg(learnt).arg(u8::from(even));
+                    inv.arg(entries.len());
                     for (rid, left, flying) in entries {
                         inv.arg(rid).arg(left).arg(u8::from(flying));
                     }
@@ -491,7 +509,6 @@ impl Inner {
         if restored.load(Ordering::SeqCst) {
             self.lock().lost = false;
             self.relist().await;
-            self.recall().await;
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {

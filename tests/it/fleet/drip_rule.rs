@@ -77,7 +77,8 @@ impl Store for DripLua {
                 let v: Vec<i64> = self.op(now, "take", |inv, a, b| {
                     // No ceiling, no settles, nothing to put back.
                     inv.arg(id.to_string()).arg(a).arg(b).arg(0);
-                    inv.arg(0).arg(0).arg(0);
+                    inv.arg(0);
+                    inv.arg(0).arg(0).arg(0).arg(0);
                 });
                 match v[..] {
                     [1, limit, occupancy, 0, 0] => Answer::Granted {
@@ -238,7 +239,7 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
     let mut take = |now: u64, id: &str, restore: &[&str], check: [&str; 3]| -> Vec<i64> {
         lua.op(now, "spike_take", |inv| {
             inv.arg(id).arg(10).arg(0).arg(0).arg(0);
-            inv.arg(0).arg(restore.len());
+            inv.arg(0).arg(0).arg(0).arg(restore.len());
             for r in restore {
                 inv.arg(*r).arg(3_600_000).arg(1);
             }
@@ -261,7 +262,8 @@ fn a_forgotten_spike_fleet_starts_empty_holds_a_window_and_keeps_its_calls_in_fl
     assert_eq!(settled, 1);
     let mut take = |now: u64| -> Vec<i64> {
         lua.op(now, "spike_take", |inv| {
-            inv.arg("b").arg(10).arg(0).arg(0).arg(0).arg(0).arg(0);
+            inv.arg("b").arg(10).arg(0).arg(0).arg(0);
+            inv.arg(0).arg(0).arg(0).arg(0);
             inv.arg("8").arg("9").arg("");
         })
     };

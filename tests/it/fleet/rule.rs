@@ -115,7 +115,8 @@ impl Store for Lua {
                     // Headroom 1, no ceiling, the estimate, no settles,
                     // nothing to put back.
                     inv.arg(id.to_string()).arg(cap).arg(1).arg(0).arg(tokens);
-                    inv.arg(0).arg(0).arg(0);
+                    inv.arg(0);
+                    inv.arg(0).arg(0).arg(0).arg(0);
                 });
                 match v[..] {
                     // The last: whether a bare rate's refused burst paced
@@ -386,7 +387,8 @@ fn only_the_process_that_finds_a_loss_holds_the_fleet() {
     let mut take = |now: u64, id: &str, check: [&str; 3]| -> Vec<i64> {
         lua.op(now, "take", |inv| {
             inv.arg(id).arg(10).arg(1).arg(0).arg(1);
-            inv.arg(0).arg(0).arg(0);
+            inv.arg(0);
+            inv.arg(0).arg(0).arg(0).arg(0);
             inv.arg(check[0]).arg(check[1]).arg(check[2]);
         })
     };
@@ -641,16 +643,21 @@ fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
 }
 
 /// Redis forgetting the fleet forgets what it learnt: each process puts
-/// back what it last heard (op `recall`, after it put its calls back), the
-/// lowest limit winning, taken as settled, with the even pace; the fleet
-/// is past its start; a stated limit is not overruled.
+/// back what it last heard in the take that puts its calls back (its
+/// restore block), so that take is already granted under it; the lowest
+/// limit wins, taken as settled, with the even pace; the fleet is past its
+/// start; a stated limit is not overruled.
 #[test]
 fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    let recall = |lua: &mut Lua, now: u64, learnt: u64, even: u8| -> i64 {
-        lua.op(now, "recall", |inv| {
-            inv.arg(learnt).arg(even);
+    // A take of call `id` under a cap of 10 putting back no calls, with the
+    // learnt limit and the even pace last heard.
+    let put_back = |lua: &mut Lua, now: u64, id: &str, learnt: u64, even: u8| -> Vec<i64> {
+        lua.op(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+            inv.arg(0);
+            inv.arg(0).arg(learnt).arg(even).arg(0);
         })
     };
     let forget = |lua: &mut Lua| {
@@ -661,38 +668,38 @@ fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
             .unwrap();
     };
     forget(&mut lua);
-    assert_eq!(recall(&mut lua, 0, 7, 1), 1);
-    let v = take10(&mut lua, 0, "a");
+    let v = put_back(&mut lua, 0, "a", 7, 1);
     assert_eq!(v, [1, 7, 1, 7, 1, 1], "learnt 7, settled, paced evenly");
     // One interval of 7 (1100/7 ms) on, and no ramp.
     assert_eq!(take10(&mut lua, 1, "b"), [0, 157, 2]);
-    assert_eq!(recall(&mut lua, 2, 8, 1), 0, "the lowest wins");
-    assert_eq!(recall(&mut lua, 2, 5, 0), 1);
-    assert_eq!(take10(&mut lua, 160, "b")[..4], [1, 5, 2, 5]);
-    let started: i64 = lua.op(3, "start", |inv| {
+    let v = put_back(&mut lua, 2, "b", 8, 1);
+    assert_eq!(v, [0, 156, 2], "the lowest wins");
+    assert_eq!(lua.limit_field("learnt").as_deref(), Some("7"));
+    let v = put_back(&mut lua, 160, "b", 5, 0);
+    assert_eq!(v[..4], [1, 5, 2, 5]);
+    let started: i64 = lua.op(161, "start", |inv| {
         inv.arg(1);
     });
     assert_eq!(started, 0, "past the start");
 
     // A stated limit: nothing learnt is put back over it.
     forget(&mut lua);
-    let _: i64 = lua.op(10, "inforce", |inv| {
+    let _: i64 = lua.op(200, "inforce", |inv| {
         inv.arg(9);
     });
-    assert_eq!(recall(&mut lua, 10, 5, 1), 0);
-    let v = take10(&mut lua, 10, "c");
+    let v = put_back(&mut lua, 200, "c", 5, 1);
     assert_eq!((v[0], v[1], v[3], v[5]), (1, 9, 0, 0), "{v:?}");
 
     // A process that joined after the loss began a start, whose even pace
     // would end a window later: a recalled even pace is for good.
     forget(&mut lua);
-    let started: i64 = lua.op(20, "start", |inv| {
+    let started: i64 = lua.op(300, "start", |inv| {
         inv.arg(1);
     });
     assert_eq!(started, 1);
-    assert_eq!(recall(&mut lua, 20, 5, 1), 1);
+    assert_eq!(put_back(&mut lua, 300, "c", 5, 1)[0], 1);
     assert_eq!(lua.limit_field("start_ends"), None);
-    let v = take10(&mut lua, 1200, "d");
+    let v = take10(&mut lua, 1500, "d");
     assert_eq!(
         (v[0], v[5]),
         (1, 1),
@@ -935,6 +942,7 @@ fn take10(lua: &mut Lua, now: u64, id: &str) -> Vec<i64> {
 fn take_under(lua: &mut Lua, now: u64, id: &str, cap: u64) -> Vec<i64> {
     lua.op(now, "take", |inv| {
         inv.arg(id).arg(cap).arg(1).arg(0).arg(0);
-        inv.arg(0).arg(0).arg(0);
+        inv.arg(0);
+        inv.arg(0).arg(0).arg(0).arg(0);
     })
 }
