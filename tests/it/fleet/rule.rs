@@ -651,14 +651,8 @@ fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
 fn what_the_fleet_learnt_is_put_back_after_redis_forgot_it() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
-    // A take of call `id` under a cap of 10 putting back no calls, with the
-    // learnt limit and the even pace last heard.
-    let put_back = |lua: &mut Lua, now: u64, id: &str, learnt: u64, even: u8| -> Vec<i64> {
-        lua.op(now, "take", |inv| {
-            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
-            inv.arg(0);
-            inv.arg(0).arg(learnt).arg(even).arg(0);
-        })
+    let put_back = |lua: &mut Lua, now: u64, id: &str, learnt: u64, even: u8| {
+        take_putting_back(lua, now, id, 10, (learnt, even))
     };
     let forget = |lua: &mut Lua| {
         let keys = lua.keys_held();
@@ -940,9 +934,15 @@ fn take10(lua: &mut Lua, now: u64, id: &str) -> Vec<i64> {
 
 /// [`take10`] under a cap of `cap`.
 fn take_under(lua: &mut Lua, now: u64, id: &str, cap: u64) -> Vec<i64> {
+    take_putting_back(lua, now, id, cap, (0, 0))
+}
+
+/// A take of call `id` under a cap of `cap` whose restore block puts back
+/// no calls but `heard`: the learnt limit (0: none) and 1 if paced evenly.
+fn take_putting_back(lua: &mut Lua, now: u64, id: &str, cap: u64, heard: (u64, u8)) -> Vec<i64> {
     lua.op(now, "take", |inv| {
         inv.arg(id).arg(cap).arg(1).arg(0).arg(0);
         inv.arg(0);
-        inv.arg(0).arg(0).arg(0).arg(0);
+        inv.arg(0).arg(heard.0).arg(heard.1).arg(0);
     })
 }
