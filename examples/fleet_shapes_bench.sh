@@ -13,6 +13,7 @@
 #   examples/fleet_shapes_bench.sh                  # target/release/batchrun
 #   TOLD=90/1s examples/fleet_shapes_bench.sh       # a secret limit at a third
 #   SHAPES="bucket5 bucket0" REPEAT=3 BIN=/path/to/older/batchrun examples/fleet_shapes_bench.sh
+#   SHAPES="bucket2 bucket1" examples/fleet_shapes_bench.sh     # small bursts
 #
 # Needs redis-server on PATH; runs it on a free loopback port under a
 # temporary directory.
@@ -41,6 +42,8 @@ for shape in $SHAPES; do
         sliding) spec=30/1s; at_once=30 ;;
         fixed) spec=30/1s,fixed; at_once=30 ;;
         bucket5) spec=30/1s,burst=5; at_once=6 ;;
+        bucket2) spec=30/1s,burst=2; at_once=3 ;;
+        bucket1) spec=30/1s,burst=1; at_once=2 ;;
         bucket0) spec=30/1s,burst=0; at_once=1 ;;
         *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac

@@ -114,27 +114,40 @@ local EVEN_SKEW = 0.1
 -- refused after a longer span than the burst was, and the two refusals
 -- tell a bucket's rate from its burst (see pause).
 local RAMP_FROM = 0.25
-local function even_interval(lim, ramp_since)
+local function even_interval(lim, ramp_since, skew)
   local share = 1
   if ramp_since > 0 and now < ramp_since + W then
     share = RAMP_FROM + (1 - RAMP_FROM) * math.max(0, now - ramp_since) / W
   end
-  return W * (1 + EVEN_SKEW) / (lim * share)
+  return W * (1 + skew) / (lim * share)
 end
 
 -- The even pace as it stands now, read once per take: whether it holds,
 -- its next slot (ms), whether it is still a bare rate's start (the op
--- `start`), and when its ramp began (0: none). A start that reached its
--- end with no 429 ends here: the fleet goes on as a window, bursts
--- allowed.
+-- `start`), when its ramp began (0: none) and its skew. A start that
+-- reached its end with no 429 hands over (`handover`, unix ms, its end):
+-- for a window more the pace goes on at the limit itself, no skew, from
+-- the start's last slot, as in-process (rate::learn, `handover`): the
+-- places the start's pace left unused (a tenth of the limit) then go one
+-- by one, not at once, which a bucket with a smaller burst would refuse.
+-- After it the fleet goes on as a window, bursts allowed.
 local function even_now()
-  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat', 'start_ends', 'ramp_since')
-  local ends = tonumber(h[3] or '0')
+  local h = redis.call('HMGET', KEYS[4], 'even', 'even_tat', 'start_ends', 'ramp_since',
+    'handover')
+  local ends, handover = tonumber(h[3] or '0'), tonumber(h[5] or '0')
   if ends > 0 and now >= ends then
-    redis.call('HDEL', KEYS[4], 'even', 'even_tat', 'start_ends')
-    return false, 0, false, 0
+    redis.call('HDEL', KEYS[4], 'even', 'start_ends')
+    redis.call('HSET', KEYS[4], 'handover', ends + W)
+    h[1], ends, handover = nil, 0, ends + W
   end
-  return h[1] == '1', tonumber(h[2] or '0'), ends > 0, tonumber(h[4] or '0')
+  if h[1] ~= '1' and handover > 0 then
+    if now < handover then
+      return true, tonumber(h[2] or '0'), false, 0, 0
+    end
+    redis.call('HDEL', KEYS[4], 'even_tat', 'handover')
+    return false, 0, false, 0, 0
+  end
+  return h[1] == '1', tonumber(h[2] or '0'), ends > 0, tonumber(h[4] or '0'), EVEN_SKEW
 end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
@@ -192,7 +205,7 @@ local function recall(l, even)
   if even then
     -- A start begun since the loss (a process that joined) would end the
     -- even pace a window later: it is for good now.
-    redis.call('HDEL', KEYS[4], 'start_ends')
+    redis.call('HDEL', KEYS[4], 'start_ends', 'handover')
     if h[3] ~= '1' then redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', now) end
   end
 end
@@ -215,10 +228,10 @@ if op == 'take' then
   local s = 0
   if settled then s = 1 end
   -- A retried take whose first answer was lost: it was granted.
-  local pacing, tat, starting, ramp_since = even_now()
+  local pacing, tat, starting, ramp_since, skew = even_now()
   pacing = pacing and lim > 0
   local even = 0
-  if pacing and not starting then even = 1 end
+  if pacing and not starting and skew > 0 then even = 1 end
   if redis.call('ZSCORE', KEYS[1], id) then return answer({1, lim, occ, learnt, s, even}, epoch) end
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local held = tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0')
@@ -287,7 +300,7 @@ if op == 'take' then
   buckets_grant(id, weight)
   tallies_grant(id, weight)
   if pacing then
-    local slot = math.max(now, tat) + even_interval(lim, ramp_since)
+    local slot = math.max(now, tat) + even_interval(lim, ramp_since, skew)
     redis.call('HSET', KEYS[4], 'even_tat', string.format('%.3f', slot))
   end
   redis.call('ZADD', KEYS[1], now + hold, id)
@@ -461,17 +474,21 @@ if op == 'pause' then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     local leases = redis.call('ZCARD', KEYS[2])
     local answered = redis.call('ZCARD', KEYS[1]) - leases
-    local h = redis.call('HMGET', KEYS[4], 'even', 'learnt', 'start_ends', 'in_force')
+    local h = redis.call('HMGET', KEYS[4], 'even', 'learnt', 'start_ends', 'in_force',
+      'handover')
     if bare and (h[1] ~= '1' or h[3]) and not h[2] and not h[4] then
       -- Calls sent before now were the burst's: their 429s teach nothing.
       -- What the burst had accepted (less the refused call), and over what
-      -- span: the start's since it began (the fleet's first window), or a
-      -- burst's at once.
+      -- span: the start's since it began (the fleet's first window), the
+      -- handover's calls over the window before the refused one (those
+      -- occupying it), or a burst's at once.
       local span, began_at = 0, 0
       if h[3] then
         began_at = tonumber(h[3]) - W
-        span = math.max(0, sent - began_at)
+      elseif h[5] then
+        began_at = math.max(tonumber(h[5]) - 2 * W, sent - W)
       end
+      if began_at > 0 then span = math.max(0, sent - began_at) end
       local a1 = math.max(0, answered - 1) + flying_between(began_at, sent)
       local from = math.max(ends, p)
       redis.call('HSET', KEYS[4], 'even', 1, 'even_tat', from, 'ramp_since', from,
@@ -491,6 +508,9 @@ if op == 'pause' then
   end
   if p > ends then ends = p end
   set_for(KEYS[3], ends, math.max(1, ends - now))
+  -- A pause ends the handover, as in-process: after it, the window rules
+  -- (or the even pace this 429 began).
+  redis.call('HDEL', KEYS[4], 'handover')
   if began == 1 then keep(KEYS[4], limit_ttl) end
   -- The clean window starts when calls may go again. A 429 that may
   -- teach (as in-process) also ends the window's use in full so far.
@@ -506,8 +526,9 @@ end
 -- started yet (no start, even pace, learnt or stated limit so far) sends
 -- its first window on the even pace, as in-process: a bucket (nginx
 -- limit_req) accepts it where a window's calls at once would be refused
--- beyond its burst. A window after it, with no 429, the fleet goes on as a
--- window (even_now); a 429 meanwhile keeps the even pace (pause).
+-- beyond its burst. With no 429, a window at the limit itself follows (the
+-- handover), then the fleet goes on as a window (even_now); a 429
+-- meanwhile keeps the even pace (pause).
 -- Asked once by each process, before its first take. Returns 1 when it
 -- began the start.
 if op == 'start' then
@@ -527,7 +548,7 @@ if op == 'inforce' then
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
   redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
     'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since', 'ramp_a1',
-    'ramp_t1')
+    'ramp_t1', 'handover')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0

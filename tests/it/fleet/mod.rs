@@ -5,6 +5,7 @@
 
 mod drip;
 mod drip_rule;
+mod even;
 mod pacer;
 mod rule;
 mod support;
