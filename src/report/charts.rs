@@ -229,13 +229,19 @@ pub fn pacing(secs: &[Second]) -> Result<String, ChartError> {
             .map_err(err)?;
         root.present().map_err(err)?;
     }
-    let svg = classify(&svg, "circle", CALLS, SECOND_CLASS);
+    Ok(pacing_classes(&svg))
+}
+
+/// The pacing picture with a class on each kind of mark, by its colour,
+/// for the report's tooltips and styles.
+fn pacing_classes(svg: &str) -> String {
+    let svg = classify(svg, "circle", CALLS, SECOND_CLASS);
     let svg = classify(&svg, "rect", PAUSED, PAUSE_CLASS);
     let mut svg = classify(&svg, "rect", WAITING, PAUSE_CLASS);
     for color in POLICIES {
         svg = classify_by(&svg, "polyline", "stroke", color, POLICY_CLASS);
     }
-    Ok(classify(&svg, "polygon", LIMITED, LIMITED_CLASS))
+    classify(&svg, "polygon", LIMITED, LIMITED_CLASS)
 }
 
 /// Each policy shown (at most four, in the order they first appear) and

@@ -191,6 +191,17 @@ impl Scenario {
         self
     }
 
+    /// Appends the lines `{"n": N}` for `ns` to the input.
+    pub fn append_numbers(&self, ns: std::ops::RangeInclusive<u64>) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.input_path())
+            .unwrap();
+        for n in ns {
+            writeln!(f, "{{\"n\": {n}}}").unwrap();
+        }
+    }
+
     /// Makes `name` inside the dir, holding `contents`, the input.
     pub fn input(mut self, name: &str, contents: &str) -> Scenario {
         self.input = Some(self.dir.write(name, contents));

@@ -269,110 +269,6 @@ async fn retry_failed_keeps_the_key_of_a_call_whose_outcome_is_unknown() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_input_edited_during_the_run_is_never_paired_with_its_results() {
-    const N: u64 = 12;
-    let s = Scenario::new("edited-under")
-        .with_sim(&["--limit", "none", "--latency", "150ms"])
-        .numbers(N);
-    let input = s.input_path().to_path_buf();
-    let original = std::fs::read_to_string(&input).unwrap();
-    let c = s.cmd(&["--limit", "none", "--concurrency", "2"]);
-    let r = act_when(
-        c,
-        s.sim(),
-        |st| st["requests"].as_u64() >= Some(2),
-        |_| {
-            // As an editor saves: a new file renamed over the old one, its
-            // first line changed.
-            let edited = original.replacen("{\"n\": 1}", "{\"n\": 100}", 1);
-            let tmp = input.with_extension("swp");
-            std::fs::write(&tmp, edited).unwrap();
-            std::fs::rename(&tmp, &input).unwrap();
-        },
-    )
-    .await;
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("while the job ran"), "{}", r.stderr);
-    assert!(!s.out_path().exists(), "no output pairs lines and results");
-    // Restored, the same command writes the outputs. The edited line was
-    // set pending again (it no longer held its item); sent again with the
-    // content it was first sent with, it is replayed, not run again.
-    std::fs::write(&input, &original).unwrap();
-    let again = s.run(&["--limit", "none"]);
-    assert_eq!(again.code, 0, "{}", again.stderr);
-    assert!(
-        again.summary["requests"].as_u64() <= Some(1),
-        "{}",
-        again.summary
-    );
-    assert_each_item_once(&s.out_path(), N);
-    assert_side_effects(&s.sim().stats().await, N);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn lines_edited_in_place_under_the_run_are_never_paired_with_others_results() {
-    // Lines of about 1 KB, so the feeder reads most of the file after the
-    // edit; every line keeps its length, as an in-place rewrite would.
-    const N: usize = 200;
-    let pad = "x".repeat(1000);
-    let text = |first: char| -> String {
-        (1..=N)
-            .map(|n| format!("{{\"n\":\"{first}{:03}\",\"pad\":\"{pad}\"}}\n", n))
-            .collect()
-    };
-    let original = text('0');
-    let s = Scenario::new("edited-in-place")
-        .with_sim(&["--limit", "none", "--latency", "20ms"])
-        .input("items.jsonl", &original);
-    let input = s.input_path().to_path_buf();
-    let args = ["--limit", "none", "--concurrency", "4"];
-    let first = act_when(
-        s.cmd(&args),
-        s.sim(),
-        |st| st["requests"].as_u64() >= Some(20),
-        |_| {
-            // Rewritten in place: the same file, other content.
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&input)
-                .unwrap();
-            f.write_all(text('9').as_bytes()).unwrap();
-        },
-    )
-    .await;
-    assert_eq!(first.code, 1, "{}", first.stderr);
-    assert!(
-        first.stderr.contains("while the job ran"),
-        "{}",
-        first.stderr
-    );
-    assert!(!s.out_path().exists(), "no outputs from a changed file");
-    // Put back: the same command, as often as it asks, ends with every
-    // line paired with the result of its own content.
-    std::fs::write(&input, &original).unwrap();
-    let mut last = s.run(&args);
-    for _ in 0..3 {
-        if last.code == 0 {
-            break;
-        }
-        assert!(last.stderr.contains("pending again"), "{}", last.stderr);
-        last = s.run(&args);
-    }
-    assert_eq!(last.code, 0, "{}", last.stderr);
-    let out = jsonl(&s.out_path());
-    assert_eq!(out.len(), N);
-    for (i, line) in out.iter().enumerate() {
-        assert_eq!(line["line"], i as u64 + 1);
-        assert_eq!(
-            line["body"]["data"]["n"],
-            line["input"]["n"],
-            "line {} paired with another item's result",
-            i + 1
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn outputs_that_cannot_be_written_halt_resumably_and_leave_nothing_behind() {
     // Each output line carries its 1 KB input: the outputs outgrow a 64 kB
     // file size limit long before the checkpoint does.
@@ -406,70 +302,6 @@ async fn outputs_that_cannot_be_written_halt_resumably_and_leave_nothing_behind(
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert_eq!(again.summary["requests"], 0, "{}", again.summary);
     assert_each_item_once(&s.out_path(), N);
-}
-
-/// Runs ten items, damages each results file ending in `ext` with `damage`,
-/// and checks that a run with ten more items refuses before any call.
-async fn damaged_results_are_found_before_any_call(
-    tag: &str,
-    ext: &str,
-    damage: fn(&std::path::Path),
-) {
-    let s = Scenario::new(tag)
-        .with_sim(&["--limit", "none"])
-        .numbers(10);
-    assert_eq!(s.run(&["--limit", "none"]).code, 0);
-    for e in std::fs::read_dir(s.state_dir().join("results")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == ext) {
-            damage(&p);
-        }
-    }
-    // Ten more lines, so the run has something to send.
-    append_numbers(&s, 11..=20);
-    let before = s.sim().stats().await["requests"].as_u64().unwrap();
-    let r = s.run(&["--limit", "none"]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("is damaged"), "{}", r.stderr);
-    assert!(r.stderr.contains("Nothing was sent"), "{}", r.stderr);
-    assert_eq!(s.sim().stats().await["requests"].as_u64().unwrap(), before);
-}
-
-/// Rewrites `path` with `change` applied to its bytes.
-fn edit(path: &std::path::Path, change: impl FnOnce(&mut Vec<u8>)) {
-    let mut bytes = std::fs::read(path).unwrap();
-    change(&mut bytes);
-    std::fs::write(path, bytes).unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lost_results_log_is_found_before_any_call() {
-    damaged_results_are_found_before_any_call("lost-log", "log", |p| {
-        std::fs::remove_file(p).unwrap()
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_flipped_bit_in_a_middle_result_is_found_before_any_call() {
-    // Neither the first nor the last line's entry: only a check of every
-    // finished line finds it.
-    damaged_results_are_found_before_any_call("mid-log", "log", |p| {
-        edit(p, |b| {
-            let mid = b.len() / 2;
-            b[mid] ^= 0x10;
-        })
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_zeroed_stretch_of_the_index_is_found_before_any_call() {
-    // Lines 4 to 6 lose where their results are.
-    damaged_results_are_found_before_any_call("mid-idx", "idx", |p| {
-        edit(p, |b| b[4 * 8..7 * 8].fill(0))
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -699,7 +531,7 @@ async fn a_lost_checkpoint_after_fresh_resends_the_keys_of_the_fresh_epoch() {
     let args = ["--limit", "none"];
     assert_eq!(s.run(&args).code, 0);
     // Eight more lines, and then everything again under new keys.
-    append_numbers(&s, 13..=20);
+    s.append_numbers(13..=20);
     let fresh = s.run(&["--limit", "none", "--fresh"]);
     assert_eq!(fresh.code, 0, "{}", fresh.stderr);
     assert_side_effects(&s.sim().stats().await, 32);
@@ -751,7 +583,7 @@ async fn a_kill_during_fresh_then_a_lost_checkpoint_runs_nothing_twice() {
         .numbers(12);
     let args = ["--limit", "none", "--concurrency", "2"];
     assert_eq!(s.run(&args).code, 0);
-    append_numbers(&s, 13..=20);
+    s.append_numbers(13..=20);
     // --fresh, killed part way: its outputs were never written, so only
     // what it saved before its first call knows its epoch.
     let fresh = ["--limit", "none", "--concurrency", "2", "--fresh"];
@@ -793,15 +625,4 @@ fn failed_unknown(tag: &str, n: u64) -> (Scenario, Finished) {
     ]);
     assert_eq!(r.code, 3, "{}", r.stderr);
     (s, r)
-}
-
-/// Appends the lines `{"n": N}` for `ns` to the scenario's input.
-fn append_numbers(s: &Scenario, ns: std::ops::RangeInclusive<u64>) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(s.input_path())
-        .unwrap();
-    for n in ns {
-        writeln!(f, "{{\"n\": {n}}}").unwrap();
-    }
 }

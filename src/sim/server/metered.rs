@@ -159,20 +159,12 @@ async fn metered(
     let Some(key) = api_key(headers) else {
         return unauthorized(&app, &echo);
     };
-    let idem = match headers.get(wire::IDEMPOTENCY_KEY).map(|v| v.to_str()) {
-        None => None,
-        Some(Ok(k)) if !k.trim().is_empty() => Some(k.trim()),
-        Some(_) => {
-            let message = "the Idempotency-Key header must be non-empty visible ASCII";
-            return bad_request(&app, &echo, StatusCode::BAD_REQUEST, message);
-        }
+    let idem = match idempotency_key(headers) {
+        Ok(idem) => idem,
+        Err(message) => return bad_request(&app, &echo, StatusCode::BAD_REQUEST, message),
     };
-    if let Payload::Echo(data) = &payload {
-        if let Some(r) = super::super::model::refusals::find(&app.refuse, data) {
-            app.lock().note_refused();
-            let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FORBIDDEN);
-            return echo.error(status, r.message());
-        }
+    if let Some(r) = refused_by_rule(&app, &payload, &echo) {
+        return r;
     }
     let usage = match &payload {
         Payload::Echo(data) if app.tokens => Some(Usage::of(data, app.seed)),
@@ -230,6 +222,28 @@ async fn metered(
         };
     }
     run.finish(app, ticket).await
+}
+
+/// The request's `Idempotency-Key`, if any; an empty or non-ASCII one is
+/// the client's error.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
+    match headers.get(wire::IDEMPOTENCY_KEY).map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Ok(k)) if !k.trim().is_empty() => Ok(Some(k.trim())),
+        Some(_) => Err("the Idempotency-Key header must be non-empty visible ASCII"),
+    }
+}
+
+/// The answer of a `--refuse` rule the item matches (a permanent error
+/// the model gives before metering), if one does.
+fn refused_by_rule(app: &Shared, payload: &Payload, echo: &Echo) -> Option<Response> {
+    let Payload::Echo(data) = payload else {
+        return None;
+    };
+    let r = super::super::model::refusals::find(&app.refuse, data)?;
+    app.lock().note_refused();
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FORBIDDEN);
+    Some(echo.error(status, r.message()))
 }
 
 /// Transit-in: with `--latency-in`, the request reaches the model only

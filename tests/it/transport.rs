@@ -1,0 +1,184 @@
+//! The way to the server, end to end: redirects (the key never crosses to
+//! another host), a proxy from the environment, a wrong path or host.
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_to_another_host_never_carries_the_key() {
+    use std::sync::{Arc, Mutex};
+    // B records every request it gets; A redirects everything to B under
+    // another host name (localhost instead of 127.0.0.1).
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let b = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let log = log.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("x-api-key")
+                .map(|v| v.to_str().unwrap_or("").to_string())
+                .unwrap_or_default();
+            log.lock().unwrap().push(key);
+            "stolen"
+        }
+    });
+    let b_port = serve(b).await.port();
+    let a = axum::Router::new().fallback(move || async move {
+        (
+            axum::http::StatusCode::TEMPORARY_REDIRECT,
+            [("location", format!("http://localhost:{b_port}/elsewhere"))],
+        )
+    });
+    let a_url = format!("http://{}/v1/x?n={{n}}", serve(a).await);
+
+    let s = Scenario::new("redirect").numbers(3);
+    let r = s.run(&["--url", &a_url, "--limit", "100/1s"]);
+    assert_eq!(
+        r.code, 3,
+        "the redirect is recorded as a failure: {}",
+        r.stderr
+    );
+    assert_eq!(r.summary["failed"], 3);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures[0]["status"], 307);
+    assert!(seen.lock().unwrap().is_empty(), "the other host was called");
+}
+
+/// A server whose `/v1/x` redirects with `status` to `/v1/y` in the same
+/// origin, `/v1/loop` redirects to itself, and `/v1/y` answers the method and
+/// body it got. Returns its base URL and the number of requests it got.
+async fn redirecting_server(status: u16) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use axum::http::{Method, StatusCode};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let hits = Arc::new(AtomicU64::new(0));
+    let counter = hits.clone();
+    let app =
+        axum::Router::new().fallback(move |method: Method, uri: axum::http::Uri, body: String| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let redirect = |to: &str| {
+                    let status = StatusCode::from_u16(status).unwrap();
+                    (status, [("location", to.to_string())], String::new())
+                };
+                match uri.path() {
+                    "/v1/x" => redirect("/v1/y?via=x"),
+                    "/v1/loop" => redirect("/v1/loop"),
+                    _ => {
+                        let answer = serde_json::json!({
+                            "method": method.as_str(),
+                            "body": body,
+                            "query": uri.query(),
+                        });
+                        (
+                            StatusCode::OK,
+                            [("x-seen", String::new())],
+                            answer.to_string(),
+                        )
+                    }
+                }
+            }
+        });
+    (format!("http://{}", serve(app).await), hits)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_within_the_origin_is_followed_as_reqwest_did() {
+    // 307 and 308 resend the method and the body.
+    for status in [307, 308] {
+        let (base, _) = redirecting_server(status).await;
+        let s = Scenario::new("redirect-same").numbers(2);
+        let url = format!("{base}/v1/x");
+        let r = s.run(&["--url", &url, "--json-body", "--limit", "100/1s"]);
+        assert_eq!(r.code, 0, "{status}: {}", r.stderr);
+        let out = jsonl(&s.out_path());
+        assert_eq!(out[0]["body"]["method"], "POST", "{status}");
+        assert_eq!(out[0]["body"]["query"], "via=x", "{status}");
+        let sent: serde_json::Value =
+            serde_json::from_str(out[1]["body"]["body"].as_str().unwrap()).unwrap();
+        assert_eq!(sent, serde_json::json!({ "n": 2 }), "{status}");
+    }
+    // 303 (and 301, 302) turn a POST into a GET without its body.
+    let (base, _) = redirecting_server(303).await;
+    let s = Scenario::new("redirect-see-other").numbers(1);
+    let url = format!("{base}/v1/x");
+    let r = s.run(&["--url", &url, "--json-body", "--limit", "100/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = jsonl(&s.out_path());
+    assert_eq!(out[0]["body"]["method"], "GET");
+    assert_eq!(out[0]["body"]["body"], "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_loop_stops_after_ten_hops() {
+    let (base, hits) = redirecting_server(307).await;
+    let s = Scenario::new("redirect-loop").numbers(1);
+    let r = s.run(&["--url", &format!("{base}/v1/loop"), "--limit", "100/1s"]);
+    assert_eq!(r.code, 3, "the loop is recorded as a failure: {}", r.stderr);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures[0]["status"], 307);
+    // The call and ten redirects, once: a 3xx is a permanent failure.
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 11);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_named_in_the_environment_carries_the_calls() {
+    // The sim stands in for the proxy: it answers a request whose target is
+    // the absolute URL of a host that does not exist.
+    let s = Scenario::new("proxy")
+        .with_sim(&["--limit", "100/1s"])
+        .numbers(3);
+    let url = "http://batchrun-proxy-test.invalid/v1/echo?n={n}";
+    let mut c = s.cmd(&["--url", url]);
+    c.env("HTTP_PROXY", &s.sim().url);
+    let r = finish(c);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 3);
+    // Without the proxy the host cannot be reached.
+    let s = Scenario::new("no-proxy").numbers(1);
+    let r = s.run(&["--url", url, "--limit", "100/1s", "--max-attempts", "1"]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_path_halts_after_a_handful_of_calls_with_nothing_failed() {
+    let s = Scenario::new("wrong-path")
+        .with_sim(&["--limit", "600/1s"])
+        .numbers(50);
+    let url = format!("{}/v2/echo?n={{n}}", s.sim().url);
+    let r = s.run(&["--url", &url, "--limit", "600/1s", "--concurrency", "2"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap().to_string();
+    assert!(why.contains("HTTP 404 on every item"), "{why}");
+    assert!(why.contains("/v2/echo?n="), "{why}");
+    assert!(why.contains("check the path"), "{why}");
+    assert_eq!(r.summary["failed"], 0, "nothing marked failed");
+    assert_eq!(r.summary["pending"], 50);
+    let sent = r.summary["requests"].as_u64().unwrap();
+    assert!((10..=12).contains(&sent), "{sent} calls");
+}
+
+#[test]
+fn a_wrong_host_halts_at_once_whatever_the_plan() {
+    // Nothing listens on port 9 (discard) here; the Free plan allows 5 a
+    // minute, which must not stretch the proof into minutes.
+    let s = Scenario::new("wrong-host").numbers(20);
+    let started = std::time::Instant::now();
+    let r = s.run(&[
+        "--url",
+        "http://127.0.0.1:9/v1/echo?n={n}",
+        "--plan",
+        "free",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let why = r.summary["halt_reason"].as_str().unwrap().to_string();
+    assert!(why.contains("could not connect"), "{why}");
+    assert!(why.contains("host and port"), "{why}");
+    assert_eq!(r.summary["failed"], 0);
+    assert_eq!(r.summary["pending"], 20);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
