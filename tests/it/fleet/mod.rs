@@ -6,6 +6,7 @@
 mod drip;
 mod drip_rule;
 mod even;
+mod faults;
 mod pacer;
 mod rule;
 mod support;
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use batchrun::fleet::FleetKeys;
 
 use crate::common::*;
-use support::{fleet_name, free_port, Proxy, Redis};
+use support::{fleet_name, Redis};
 
 /// Every results file of the shards of `n_shards`, merged: each line of
 /// `1..=n` must appear exactly once.
@@ -327,92 +328,6 @@ async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn losing_redis_mid_run_halts_resumably_and_the_resume_finishes() {
-    let redis = Redis::start();
-    let mut proxy = Proxy::start(&redis.url).await;
-    let s = Scenario::new("fleet-lost")
-        .with_sim(&[
-            "--limit",
-            LIMIT,
-            "--concurrency",
-            "8",
-            "--cooldown",
-            "1s",
-            "--latency",
-            "1ms..5ms",
-        ])
-        .numbers(160);
-    let name = fleet_name("lost");
-    let url = proxy.url();
-    let cmd = |shard: &str| {
-        s.cmd(&fleet_args(
-            &url,
-            &name,
-            &["--shard", shard, "--redis-timeout", "2s"],
-        ))
-    };
-    let children: Vec<Child> = [cmd("1/2"), cmd("2/2")]
-        .into_iter()
-        .map(|mut c| {
-            c.stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    wait_for_stats(s.sim(), 20, |st| st["accepted"].as_u64().unwrap() >= 50).await;
-    proxy.cut().await;
-    // The calls in flight end; after that nothing goes out without a slot.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent_before = s.sim().stats().await["requests"].as_u64().unwrap();
-    let t0 = Instant::now();
-    for c in children {
-        let r = finished_output(c.wait_with_output().unwrap());
-        assert_eq!(r.code, 75, "{}", r.stderr);
-        assert_eq!(r.summary["state"], "halted", "{}", r.summary);
-        let why = r.summary["halt_reason"].as_str().unwrap();
-        assert!(why.contains("Redis") && why.contains("resume"), "{why}");
-    }
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    let stats = s.sim().stats().await;
-    assert_eq!(
-        stats["requests"], sent_before,
-        "a call went out without a slot"
-    );
-    assert_never_limited(&stats, 40);
-    assert!(stats["side_effects"].as_u64().unwrap() < 160);
-
-    // Redis is back: the same commands finish every item once.
-    proxy.resume().await;
-    let (runs, _) = run_all(vec![cmd("1/2"), cmd("2/2")]);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-    }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 40);
-    assert_side_effects(&stats, 160);
-    assert_shards_did_each_item_once(&s, 2, 160);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redis_out_of_reach_at_start_is_a_clear_error_before_any_request() {
-    let s = Scenario::new("fleet-none")
-        .with_sim(&["--limit", LIMIT])
-        .numbers(5);
-    let url = format!("redis://:s3cret@127.0.0.1:{}/0", free_port());
-    let r = s.run(&["--limit", LIMIT, "--redis", &url]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(
-        r.stderr
-            .contains("cannot reach Redis at redis://127.0.0.1:"),
-        "{}",
-        r.stderr
-    );
-    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
-    assert_eq!(s.sim().stats().await["requests"], 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn a_threshold_alert_fires_once_across_the_fleet() {
     let redis = Redis::start();
     let s = Scenario::new("fleet-alert")
@@ -525,140 +440,6 @@ async fn fleet_benchmark() {
             stats["max_in_window"],
         );
     }
-}
-
-/// A Redis that will not run the fleet's script (an ACL user without
-/// script rights) or takes no writes (a read-only replica) is a
-/// configuration error: exit 1 before any call, with the cause, not the
-/// resumable exit 75 that running the same command again could never cure.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_redis_that_refuses_the_script_is_a_configuration_error_before_any_call() {
-    let redis = Redis::start();
-    let mut c = redis.conn();
-    redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "noscript",
-            "on",
-            ">pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-@scripting",
-        ])
-        .query::<()>(&mut c)
-        .unwrap();
-    let port = redis.url.trim_start_matches("redis://127.0.0.1:");
-    let limited = format!("redis://noscript:pw@127.0.0.1:{port}");
-    let replica = Redis::start();
-    let (host_port, _) = port.split_once('/').unwrap();
-    redis::cmd("REPLICAOF")
-        .arg(&["127.0.0.1", host_port])
-        .query::<()>(&mut replica.conn())
-        .unwrap();
-    let s = Scenario::new("fleet-noscript").with_sim(&[]).numbers(3);
-    for (url, cause) in [
-        (limited.as_str(), "NOPERM"),
-        (replica.url.as_str(), "READONLY"),
-    ] {
-        let name = fleet_name("noscript");
-        let r = s.run(&fleet_args(url, &name, &[]));
-        assert_eq!(r.code, 1, "{url}: {}", r.stderr);
-        assert!(
-            r.stderr.contains("refused the fleet's script"),
-            "{}",
-            r.stderr
-        );
-        assert!(r.stderr.to_uppercase().contains(cause), "{}", r.stderr);
-        assert!(
-            !r.stderr.contains(":pw@"),
-            "the password stays out of output"
-        );
-    }
-    let st = s.sim().stats().await;
-    assert_eq!(st["requests"], 0, "nothing sent: {st}");
-}
-
-/// Redis forgetting the fleet's keys with the connection up (a FLUSHALL, a
-/// DEL of the window key: what eviction does) is noticed at the next take:
-/// the fleet holds one window while every process puts its calls back, so
-/// no window of the key is ever over its limit and nothing is refused.
-#[tokio::test(flavor = "multi_thread")]
-async fn redis_forgetting_the_fleet_mid_run_never_overruns_a_window() {
-    let redis = Redis::start();
-    let sim_args = [
-        "--limit",
-        "20/1s",
-        "--concurrency",
-        "8",
-        "--cooldown",
-        "1s",
-        "--latency",
-        "50ms..150ms",
-    ];
-    let n = 160;
-    for forget in ["flushall", "del"] {
-        let s = Scenario::new(&format!("fleet-forgets-{forget}"))
-            .with_sim(&sim_args)
-            .numbers(n);
-        let name = fleet_name(forget);
-        let window_key = FleetKeys::named(&name).pacer()[0].clone();
-        let cmds = (1..=4)
-            .map(|i| {
-                let shard = format!("{i}/4");
-                let mut args = vec!["--limit", "20/1s", "--concurrency", "8"];
-                args.extend(["--redis", &redis.url, "--fleet-key", &name]);
-                args.extend(["--shard", &shard]);
-                s.cmd(&args)
-            })
-            .collect();
-        let runner = tokio::task::spawn_blocking(move || run_all(cmds));
-        wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(50)).await;
-        let mut c = redis.conn();
-        match forget {
-            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
-            _ => redis::cmd("DEL")
-                .arg(&window_key)
-                .query::<()>(&mut c)
-                .unwrap(),
-        }
-        let (runs, _) = runner.await.unwrap();
-        for r in &runs {
-            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
-            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
-        }
-        let stats = s.sim().stats().await;
-        assert_never_limited(&stats, 20);
-        assert_side_effects(&stats, n);
-        assert_shards_did_each_item_once(&s, 4, n);
-    }
-}
-
-/// A Redis that may evict keys is said at join: the fleet's keys carry
-/// expiries, so only noeviction keeps them whatever the memory pressure.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_redis_that_may_evict_is_warned_of_at_join() {
-    let redis = Redis::start();
-    let mut c = redis.conn();
-    redis::cmd("CONFIG")
-        .arg(&[
-            "SET",
-            "maxmemory",
-            "100mb",
-            "maxmemory-policy",
-            "allkeys-lru",
-        ])
-        .query::<()>(&mut c)
-        .unwrap();
-    let s = Scenario::new("fleet-evicts").with_sim(&[]).numbers(3);
-    let r = s.run(&fleet_args(&redis.url, &fleet_name("evicts"), &[]));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(
-        r.stderr
-            .contains("may evict keys (maxmemory-policy allkeys-lru)"),
-        "{}",
-        r.stderr
-    );
 }
 
 /// More workers than the limit allows (`-c 4` on 2 calls a window): a fleet
