@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::common::*;
 
 use super::support::{fleet_name, Redis};
-use super::{assert_never_limited, assert_shards_did_each_item_once, run_all};
+use super::{assert_runs_clean, assert_shards_did_each_item_once, fleet_job_held, run_all};
 
 /// The fleet's args for one process on `name`, of shard `shard` ("": none).
 fn spike_args<'a>(
@@ -127,10 +127,7 @@ async fn the_bucket_with_its_burst_through_redis_keeps_one_limit_for_two_process
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 40);
-    assert_side_effects(&stats, n);
-    assert_shards_did_each_item_once(&s, 2, n);
+    fleet_job_held(&s, 40, n, 2).await;
     // The bucket's state is the fleet's, in its limit hash.
     let mut c = redis.conn();
     let cap: Option<String> = redis::cmd("HGET")
@@ -218,19 +215,8 @@ async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
             std::fs::read_to_string(&out).is_ok_and(|t| t.lines().count() >= 30)
         })
         .await;
-        let mut c = redis.conn();
-        match forget {
-            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
-            _ => redis::cmd("DEL")
-                .arg(&limit_key)
-                .query::<()>(&mut c)
-                .unwrap(),
-        }
-        let (runs, _) = runner.await.unwrap();
-        for r in &runs {
-            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
-            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
-        }
+        redis.forget(forget, &limit_key);
+        assert_runs_clean(runner.await.unwrap().0, forget);
         let stats = s.sim().stats().await;
         assert_eq!(stats["rejected_rate"], 0, "{forget}: {stats}");
         assert_side_effects(&stats, n);
@@ -264,10 +250,7 @@ async fn several_limits_through_redis_keep_every_window_for_two_processes() {
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 20);
-    assert_side_effects(&stats, n);
-    assert_shards_did_each_item_once(&s, 2, n);
+    fleet_job_held(&s, 20, n, 2).await;
     // The faster limit has a window of its own in Redis (the slower one,
     // 10 a second, is the primary).
     let mut c = redis.conn();
@@ -313,11 +296,8 @@ async fn a_bucket_through_redis_is_kept_for_two_processes() {
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     }
-    let stats = s.sim().stats().await;
     // A bucket of 30 a second with a burst of 5 lets 36 into a second.
-    assert_never_limited(&stats, 36);
-    assert_side_effects(&stats, n);
-    assert_shards_did_each_item_once(&s, 2, n);
+    fleet_job_held(&s, 36, n, 2).await;
     // The bucket has a key of its own in Redis, beside the primary window
     // (the bucket's envelope, 36 a second).
     let mut c = redis.conn();
@@ -372,10 +352,7 @@ async fn a_fixed_window_through_redis_is_kept_for_two_processes() {
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 20);
-    assert_side_effects(&stats, n);
-    assert_shards_did_each_item_once(&s, 2, n);
+    fleet_job_held(&s, 20, n, 2).await;
     // The sliding window of 20 a second has a key of its own, beside the
     // primary window (the fixed window's envelope, 40 a second).
     let mut c = redis.conn();

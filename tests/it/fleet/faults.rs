@@ -71,10 +71,7 @@ async fn losing_redis_mid_run_halts_resumably_and_the_resume_finishes() {
     for r in &runs {
         assert_eq!(r.code, 0, "{}", r.stderr);
     }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 40);
-    assert_side_effects(&stats, 160);
-    assert_shards_did_each_item_once(&s, 2, 160);
+    fleet_job_held(&s, 40, 160, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -182,23 +179,9 @@ async fn redis_forgetting_the_fleet_mid_run_never_overruns_a_window() {
             .collect();
         let runner = tokio::task::spawn_blocking(move || run_all(cmds));
         wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(50)).await;
-        let mut c = redis.conn();
-        match forget {
-            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
-            _ => redis::cmd("DEL")
-                .arg(&window_key)
-                .query::<()>(&mut c)
-                .unwrap(),
-        }
-        let (runs, _) = runner.await.unwrap();
-        for r in &runs {
-            assert_eq!(r.code, 0, "{forget}: {}", r.stderr);
-            assert_eq!(r.summary["rate_limited"], 0, "{forget}: {}", r.summary);
-        }
-        let stats = s.sim().stats().await;
-        assert_never_limited(&stats, 20);
-        assert_side_effects(&stats, n);
-        assert_shards_did_each_item_once(&s, 4, n);
+        redis.forget(forget, &window_key);
+        assert_runs_clean(runner.await.unwrap().0, forget);
+        fleet_job_held(&s, 20, n, 4).await;
     }
 }
 

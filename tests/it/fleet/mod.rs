@@ -21,6 +21,25 @@ use batchrun::fleet::FleetKeys;
 use crate::common::*;
 use support::{fleet_name, Redis};
 
+/// What a fleet's job must show at its end, its stats returned: the sim
+/// saw no window over `limit`, ran each of the `n` items once, and the
+/// results files of the `shards` shards hold each item once.
+async fn fleet_job_held(s: &Scenario, limit: u64, n: u64, shards: u64) -> serde_json::Value {
+    let stats = s.sim().stats().await;
+    assert_never_limited(&stats, limit);
+    assert_side_effects(&stats, n);
+    assert_shards_did_each_item_once(s, shards, n);
+    stats
+}
+
+/// Every process of a fleet (`what` says which case) ended 0 with no 429.
+fn assert_runs_clean(runs: Vec<Finished>, what: &str) {
+    for r in &runs {
+        assert_eq!(r.code, 0, "{what}: {}", r.stderr);
+        assert_eq!(r.summary["rate_limited"], 0, "{what}: {}", r.summary);
+    }
+}
+
 /// Every results file of the shards of `n_shards`, merged: each line of
 /// `1..=n` must appear exactly once.
 fn assert_shards_did_each_item_once(s: &Scenario, n_shards: u64, n: u64) {
@@ -189,10 +208,7 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
         assert_eq!(r.summary["done"], 50, "{}", r.summary);
     }
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 40);
-    assert_side_effects(&stats, n);
-    assert_shards_did_each_item_once(&s, 4, n);
+    fleet_job_held(&s, 40, n, 4).await;
 
     let w = Duration::from_secs(1);
     let (u1, u4) = (
@@ -321,10 +337,7 @@ async fn a_process_killed_mid_run_keeps_the_limit_and_its_leases_expire() {
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let r = s.run(&a);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let stats = s.sim().stats().await;
-    assert_never_limited(&stats, 30);
-    assert_side_effects(&stats, 90);
-    assert_shards_did_each_item_once(&s, 3, 90);
+    fleet_job_held(&s, 30, 90, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

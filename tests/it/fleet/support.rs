@@ -65,6 +65,16 @@ impl Redis {
         None
     }
 
+    /// Makes Redis forget a fleet as a restart or an operator would:
+    /// `flushall` forgets everything, anything else deletes `key` alone.
+    pub fn forget(&self, how: &str, key: &str) {
+        let mut c = self.conn();
+        match how {
+            "flushall" => redis::cmd("FLUSHALL").query::<()>(&mut c).unwrap(),
+            _ => redis::cmd("DEL").arg(key).query::<()>(&mut c).unwrap(),
+        }
+    }
+
     /// A synchronous connection, to look at the keys.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url.as_str())
