@@ -15,6 +15,7 @@
 #   PACERS="told window" examples/nginx_bench.sh   # told the burst too
 #   CONC=10 examples/nginx_bench.sh                # -c 10 instead of -c 5
 #   PACERS="fleet" examples/nginx_bench.sh         # two processes through Redis
+#   TOLD=90/1s PACERS="window fleet" examples/nginx_bench.sh  # a limit at a third
 #
 # `fleet`: two processes on one Redis key (`--shard i/2`, `-c $CONC` each),
 # told the bare rate; needs redis-server on PATH (started here on a free
@@ -28,6 +29,7 @@ BIN=${BIN:-target/release/batchrun}
 ITEMS=${ITEMS:-210}
 PACERS=${PACERS:-"window bucket"}
 CONC=${CONC:-5}
+TOLD=${TOLD:-30/1s}
 RATE=30
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 
@@ -135,7 +137,7 @@ for burst in 5 0; do
         t0=$(date +%s.%N)
         set +e
         # `told`: the default pacer told nginx's shape, `30/1s,burst=B`.
-        limit=30/1s; kind=$pacer
+        limit=$TOLD; kind=$pacer
         if [ "$pacer" = told ]; then limit="30/1s,burst=$burst"; kind=window; fi
         if [ "$pacer" = fleet ]; then
             mkdir -p "$TMP/fleet-$run"
