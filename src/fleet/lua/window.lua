@@ -388,29 +388,34 @@ local function bucket_rate(lim, a1, t1, t2)
 end
 
 -- The rate a ramp's refusal tells, as the limit per ms to pace evenly
--- to, and the most that probing may reach (nil: the ramp's refused pace
--- bounds it), given what it accepted beyond the first refusal per ms
--- since (`simple`, (a2 - a1) / (t2 - t1)).
+-- to, and the most that probing may reach (the same unit), given what it
+-- accepted beyond the first refusal per ms since (`simple`,
+-- (a2 - a1) / (t2 - t1)).
 -- - When the first refusal shows a burst (b of a call or more, rounded:
 --   one call's fraction of a span is unknown, and a burst of 1 at 30 a
 --   second read 0.6), a bucket with a burst is refused once the excess
 --   fills it: that rate, paced as the limit whose even pace is the rate
 --   itself, as in-process (rate::learn::fitted, `per_window`): the burst
---   takes what two calls' arrival brings closer.
+--   takes what two calls' arrival brings closer. No probing above it: a
+--   pace over a bucket's rate only drains its burst, into a 429 a few
+--   windows on (a run of 600 calls probed into a fourth).
 -- - Without one, the ramp is refused as soon as its pace passes the
 --   rate, long before what it accepted on average tells it: the rate the
 --   bucket's replay gives (bucket_rate), less a twentieth, paced a tenth
 --   under, as two calls one interval apart may reach such a bucket a
 --   little closer, and it lets none through early. Probing stops at the
---   replay's rate as a limit (its even pace a tenth under the rate): a
---   probe up to the ramp's refused pace would reach the rate itself, and
---   be refused.
+--   replay's rate as a limit plus half the tenth (its even pace about
+--   0.95 of the rate): a probe up to the ramp's refused pace would reach
+--   the rate itself, and be refused.
 local function ramp_rate(lim, a1, t1, t2, simple)
   local b = a1 - 1
   if t1 > 0 then b = a1 - simple * t1 - (1 - simple * (1 + EVEN_SKEW) * W / lim) end
-  if b >= 0.5 then return simple * (1 + EVEN_SKEW), nil end
+  if b >= 0.5 then
+    local r = simple * (1 + EVEN_SKEW)
+    return r, r
+  end
   local r = bucket_rate(lim, a1, t1, t2)
-  return 0.95 * r, r
+  return 0.95 * r, r * (1 + EVEN_SKEW / 2)
 end
 
 -- What a 429 during the ramp (the first lowering after a refused burst)
@@ -444,8 +449,7 @@ local function ramp_limit(lim, count, leases, sent)
     if da >= 2 and dt > 0 then
       local share = RAMP_FROM + (1 - RAMP_FROM) * (sent - since) / W
       local rate, most = ramp_rate(lim, a1, t1, sent - since, da / dt)
-      local refused = math.ceil(share * lim)
-      if most then refused = math.min(refused, math.floor(most * W * (1 + EVEN_SKEW / 2)) + 1) end
+      local refused = math.min(math.ceil(share * lim), math.floor(most * W) + 1)
       return math.floor(rate * W), refused
     end
   end

@@ -66,8 +66,9 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
 /// ms after it began: about two beyond a slow rate), the ramp's refusal
 /// 849 ms after it began, with eight accepted, gives four calls in the
 /// 609 ms between: 6.6 a second, paced as the limit whose even pace it
-/// is, 7 a window (the window's count would say 8); probing stays under
-/// the ramp's pace then (0.89 of 20: 18). A burst of one reads as one too.
+/// is, 7 a window (the window's count would say 8), and no probing above
+/// it (a pace over a bucket's rate drains its burst). A burst of one
+/// reads as one too.
 /// With none (the start refused its second call), the ramp is refused as
 /// soon as its pace passes the rate, long before what it accepted on
 /// average tells it: the bucket's replay does (5, where the average says
@@ -103,7 +104,11 @@ fn a_refusal_during_the_ramp_fits_a_buckets_rate() {
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let v = bare_pause_under(&mut lua, 2105, 1000, 20, &ids);
     assert_eq!(v, [1000, 7, 0], "the rate with a burst");
-    assert_eq!(lua.limit_field("refused_at").as_deref(), Some("18"));
+    assert_eq!(
+        lua.limit_field("refused_at").as_deref(),
+        Some("8"),
+        "no probe"
+    );
     assert_eq!(lua.limit_field("ramp_since"), None, "the ramp tells once");
     // Paced evenly at 7 a window from the pause's end, with no ramp.
     assert_eq!(take_under(&mut lua, 3105, "e1", 20)[..2], [1, 7]);
