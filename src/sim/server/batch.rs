@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use super::super::model::usage::Usage;
 use super::super::model::{refusals, Admission, Settled, Ticket};
 use super::conn::ConnCtl;
+use super::metered::idempotency_key;
 use super::respond::{metered_headers, rejected, Echo};
 use super::{dialect, App, Shared};
 use crate::wire;
@@ -102,11 +103,9 @@ pub(super) async fn batch_post(
         Err(refused) => return *refused,
     };
     let key = key.as_str();
-    let idem = headers
-        .get(wire::IDEMPOTENCY_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty());
+    // A malformed key is no key here (the single-call endpoint answers it
+    // 400): the batch endpoint has always read it so.
+    let idem = idempotency_key(&headers).ok().flatten();
     // With token policies a batch needs and is charged its items' sum, as
     // an embeddings call with many inputs is.
     let usage = app.tokens.then(|| total_usage(&batch, app.seed));
@@ -157,7 +156,7 @@ pub(super) async fn batch_post(
         }
         return r;
     }
-    let (results, credits) = settle(&app, ticket, idem.as_deref(), &name, batch, cost);
+    let (results, credits) = settle(&app, ticket, idem, &name, batch, cost);
     if faults.reset {
         // Every item settled, and the client never hears of it.
         app.lock().note_reset();

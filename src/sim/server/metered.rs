@@ -226,7 +226,7 @@ async fn metered(
 
 /// The request's `Idempotency-Key`, if any; an empty or non-ASCII one is
 /// the client's error.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
     match headers.get(wire::IDEMPOTENCY_KEY).map(|v| v.to_str()) {
         None => Ok(None),
         Some(Ok(k)) if !k.trim().is_empty() => Ok(Some(k.trim())),

@@ -123,10 +123,7 @@ async fn the_bucket_with_its_burst_through_redis_keeps_one_limit_for_two_process
         })
         .collect();
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     fleet_job_held(&s, 40, n, 2).await;
     // The bucket's state is the fleet's, in its limit hash.
     let mut c = redis.conn();
@@ -216,7 +213,7 @@ async fn redis_forgetting_a_spike_fleet_mid_run_never_gets_a_429() {
         })
         .await;
         redis.forget(forget, &limit_key);
-        assert_runs_clean(runner.await.unwrap().0, forget);
+        assert_runs_clean(&runner.await.unwrap().0, forget);
         let stats = s.sim().stats().await;
         assert_eq!(stats["rejected_rate"], 0, "{forget}: {stats}");
         assert_side_effects(&stats, n);
@@ -246,10 +243,7 @@ async fn several_limits_through_redis_keep_every_window_for_two_processes() {
         })
         .collect();
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     fleet_job_held(&s, 20, n, 2).await;
     // The faster limit has a window of its own in Redis (the slower one,
     // 10 a second, is the primary).
@@ -292,10 +286,7 @@ async fn a_bucket_through_redis_is_kept_for_two_processes() {
         })
         .collect();
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     // A bucket of 30 a second with a burst of 5 lets 36 into a second.
     fleet_job_held(&s, 36, n, 2).await;
     // The bucket has a key of its own in Redis, beside the primary window
@@ -348,10 +339,7 @@ async fn a_fixed_window_through_redis_is_kept_for_two_processes() {
         })
         .collect();
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     fleet_job_held(&s, 20, n, 2).await;
     // The sliding window of 20 a second has a key of its own, beside the
     // primary window (the fixed window's envelope, 40 a second).

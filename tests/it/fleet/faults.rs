@@ -180,7 +180,7 @@ async fn redis_forgetting_the_fleet_mid_run_never_overruns_a_window() {
         let runner = tokio::task::spawn_blocking(move || run_all(cmds));
         wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(50)).await;
         redis.forget(forget, &window_key);
-        assert_runs_clean(runner.await.unwrap().0, forget);
+        assert_runs_clean(&runner.await.unwrap().0, forget);
         fleet_job_held(&s, 20, n, 4).await;
     }
 }

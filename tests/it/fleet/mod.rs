@@ -21,20 +21,19 @@ use batchrun::fleet::FleetKeys;
 use crate::common::*;
 use support::{fleet_name, Redis};
 
-/// What a fleet's job must show at its end, its stats returned: the sim
-/// saw no window over `limit`, ran each of the `n` items once, and the
-/// results files of the `shards` shards hold each item once.
-async fn fleet_job_held(s: &Scenario, limit: u64, n: u64, shards: u64) -> serde_json::Value {
+/// What a fleet's job must show at its end: the sim saw no window over
+/// `limit`, ran each of the `n` items once, and the results files of the
+/// `shards` shards hold each item once.
+async fn fleet_job_held(s: &Scenario, limit: u64, n: u64, shards: u64) {
     let stats = s.sim().stats().await;
     assert_never_limited(&stats, limit);
     assert_side_effects(&stats, n);
     assert_shards_did_each_item_once(s, shards, n);
-    stats
 }
 
 /// Every process of a fleet (`what` says which case) ended 0 with no 429.
-fn assert_runs_clean(runs: Vec<Finished>, what: &str) {
-    for r in &runs {
+fn assert_runs_clean(runs: &[Finished], what: &str) {
+    for r in runs {
         assert_eq!(r.code, 0, "{what}: {}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{what}: {}", r.summary);
     }

@@ -5,7 +5,7 @@
 //! used-up daily quota), followed by the whole fleet.
 
 use super::support::{fleet_name, Redis};
-use super::{assert_shards_did_each_item_once, run_all};
+use super::{assert_runs_clean, assert_shards_did_each_item_once, run_all};
 use crate::common::*;
 
 /// Items with a prompt and a `max_tokens`, of varied sizes.
@@ -56,10 +56,7 @@ async fn two_processes_on(tokens: &str, name: &str) -> serde_json::Value {
     let key = fleet_name(name);
     let cmds = shards(&s, &limits, &redis.url, &key);
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     // Paced by tokens: more was charged than one second's budget holds.
@@ -114,10 +111,7 @@ async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
         .query::<()>(&mut redis.conn())
         .unwrap();
     let (runs, _) = runner.await.unwrap();
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     assert_shards_did_each_item_once(&s, 2, n);
@@ -245,10 +239,7 @@ async fn a_fleet_adopts_a_stated_window_it_was_not_told() {
         &key,
     );
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     assert!(
         runs.iter()
             .any(|r| r.stderr.contains("pacing to it as well")),
@@ -300,10 +291,7 @@ async fn a_fleet_adopts_a_stated_token_budget_it_was_not_told() {
         &key,
     );
     let (runs, _) = run_all(cmds);
-    for r in &runs {
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    }
+    assert_runs_clean(&runs, "fleet");
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
     assert!(stats["tokens_charged"].as_u64().unwrap() > 600, "{stats}");
