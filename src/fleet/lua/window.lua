@@ -388,34 +388,29 @@ local function bucket_rate(lim, a1, t1, t2)
 end
 
 -- The rate a ramp's refusal tells, as the limit per ms to pace evenly
--- to, and the most that probing may reach (the same unit), given what it
--- accepted beyond the first refusal per ms since (`simple`,
--- (a2 - a1) / (t2 - t1)).
+-- to, given what it accepted beyond the first refusal per ms since
+-- (`simple`, (a2 - a1) / (t2 - t1)). Nothing probes above it: a pace
+-- over a bucket's rate only drains its burst, into a 429 a few windows on
+-- (a run of 600 calls probed into a fourth), and over a bucket with no
+-- burst it is refused at once.
 -- - When the first refusal shows a burst (b of a call or more, rounded:
 --   one call's fraction of a span is unknown, and a burst of 1 at 30 a
 --   second read 0.6), a bucket with a burst is refused once the excess
 --   fills it: that rate, paced as the limit whose even pace is the rate
 --   itself, as in-process (rate::learn::fitted, `per_window`): the burst
---   takes what two calls' arrival brings closer. No probing above it: a
---   pace over a bucket's rate only drains its burst, into a 429 a few
---   windows on (a run of 600 calls probed into a fourth).
+--   takes what two calls' arrival brings closer.
 -- - Without one, the ramp is refused as soon as its pace passes the
 --   rate, long before what it accepted on average tells it: the rate the
---   bucket's replay gives (bucket_rate), less a twentieth, paced a tenth
---   under, as two calls one interval apart may reach such a bucket a
---   little closer, and it lets none through early. Probing stops at the
---   replay's rate as a limit plus half the tenth (its even pace about
---   0.95 of the rate): a probe up to the ramp's refused pace would reach
---   the rate itself, and be refused.
+--   bucket's replay gives (bucket_rate) as the limit, paced a tenth under
+--   it, as two calls one interval apart may reach such a bucket a little
+--   closer, and it lets none through early. The replay reads the rate to
+--   a step of the ramp (at 30 a second about 2 a second: 28.8 or 30.8),
+--   and the tenth covers the step.
 local function ramp_rate(lim, a1, t1, t2, simple)
   local b = a1 - 1
   if t1 > 0 then b = a1 - simple * t1 - (1 - simple * (1 + EVEN_SKEW) * W / lim) end
-  if b >= 0.5 then
-    local r = simple * (1 + EVEN_SKEW)
-    return r, r
-  end
-  local r = bucket_rate(lim, a1, t1, t2)
-  return 0.95 * r, r * (1 + EVEN_SKEW / 2)
+  if b >= 0.5 then return simple * (1 + EVEN_SKEW) end
+  return bucket_rate(lim, a1, t1, t2)
 end
 
 -- What a 429 during the ramp (the first lowering after a refused burst)
@@ -425,8 +420,8 @@ end
 -- refused (probing stays under it); nil when no ramp is running. If the
 -- ramp accepted clearly more than the first refusal had (a2 against a1,
 -- each counting the calls sent before the refused one whose answers are
--- not settled yet, flying_between), a bucket: its rate (bucket_rate), a
--- window's worth, refused at the ramp's pace when it came. A window
+-- not settled yet, flying_between), a bucket: its rate (ramp_rate), a
+-- window's worth, and nothing above it refused. A window
 -- accepts as many in either span: its count, but no more than a start
 -- accepted in its window (a ramp across a fixed window's reset counts
 -- two windows' calls).
@@ -448,8 +443,8 @@ local function ramp_limit(lim, count, leases, sent)
     local da, dt = a2 - a1, (sent - since) - t1
     if da >= 2 and dt > 0 then
       local share = RAMP_FROM + (1 - RAMP_FROM) * (sent - since) / W
-      local rate, most = ramp_rate(lim, a1, t1, sent - since, da / dt)
-      local refused = math.min(math.ceil(share * lim), math.floor(most * W) + 1)
+      local rate = ramp_rate(lim, a1, t1, sent - since, da / dt)
+      local refused = math.min(math.ceil(share * lim), math.floor(rate * W) + 1)
       return math.floor(rate * W), refused
     end
   end
