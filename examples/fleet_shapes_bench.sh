@@ -14,6 +14,7 @@
 #   TOLD=90/1s examples/fleet_shapes_bench.sh       # a secret limit at a third
 #   SHAPES="bucket5 bucket0" REPEAT=3 BIN=/path/to/older/batchrun examples/fleet_shapes_bench.sh
 #   SHAPES="bucket2 bucket1" examples/fleet_shapes_bench.sh     # small bursts
+#   TOLD=shape examples/fleet_shapes_bench.sh       # told each shape's own limit
 #
 # Needs redis-server on PATH; runs it on a free loopback port under a
 # temporary directory.
@@ -35,11 +36,11 @@ PIDS+=("$REDIS_PID")
 
 for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
 
-printf '%-9s %-6s %7s %7s %6s %5s\n' shape told wall_s ideal_s ratio 429s
+printf '%-9s %-14s %7s %7s %6s %5s\n' shape told wall_s ideal_s ratio 429s
 run=0
 for shape in $SHAPES; do
     case $shape in
-        sliding) spec=30/1s; at_once=30 ;;
+        sliding) spec=30/1s,sliding; at_once=30 ;;
         fixed) spec=30/1s,fixed; at_once=30 ;;
         bucket5) spec=30/1s,burst=5; at_once=6 ;;
         bucket2) spec=30/1s,burst=2; at_once=3 ;;
@@ -47,6 +48,9 @@ for shape in $SHAPES; do
         bucket0) spec=30/1s,burst=0; at_once=1 ;;
         *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac
+    # TOLD=shape: told the shape's own spec (its shape and burst).
+    told=$TOLD
+    [ "$TOLD" = shape ] && told=$spec
     ideal=$(python3 -c "print(f'{($ITEMS - $at_once) / 30:.2f}')")
     for _ in $(seq "$REPEAT"); do
         run=$((run + 1))
@@ -60,7 +64,7 @@ for shape in $SHAPES; do
         shards=()
         for i in 1 2; do
             BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo?n={n}" \
-                --limit "$TOLD" -c "$CONC" --json \
+                --limit "$told" -c "$CONC" --json \
                 --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "shapes$run" \
                 --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
             shards+=($!)
@@ -72,11 +76,11 @@ for shape in $SHAPES; do
         limited=$(cat "$dir"/out*.json | python3 -c "
 import json, sys
 print(sum(json.loads(l).get('rate_limited', 0) for l in sys.stdin if l.startswith('{')))")
-        python3 - "$shape" "$TOLD" "$start" "$end" "$ideal" "$limited" <<'EOF'
+        python3 - "$shape" "$told" "$start" "$end" "$ideal" "$limited" <<'EOF'
 import sys
 shape, told, t0, t1, ideal, limited = sys.argv[1:]
 wall = float(t1) - float(t0)
-print(f"{shape:<9} {told:<6} {wall:7.2f} {float(ideal):7.2f} {wall / float(ideal):5.2f}x {limited:>5}")
+print(f"{shape:<9} {told:<14} {wall:7.2f} {float(ideal):7.2f} {wall / float(ideal):5.2f}x {limited:>5}")
 EOF
         [ -n "${VERBOSE:-}" ] && grep -h 'batchrun:' "$dir"/err1 "$dir"/err2 | grep -v 'job \|done\|/150' || true
     done

@@ -15,7 +15,9 @@
 #   PACERS="told window" examples/nginx_bench.sh   # told the burst too
 #   CONC=10 examples/nginx_bench.sh                # -c 10 instead of -c 5
 #   PACERS="fleet" examples/nginx_bench.sh         # two processes through Redis
+#   PACERS="fleet-told" examples/nginx_bench.sh    # the same, told the burst
 #   TOLD=90/1s PACERS="window fleet" examples/nginx_bench.sh  # a limit at a third
+#   BURSTS=0 REPEAT=8 PACERS=fleet-told examples/nginx_bench.sh  # no burst only, 8 runs
 #
 # `fleet`: two processes on one Redis key (`--shard i/2`, `-c $CONC` each),
 # told the bare rate; needs redis-server on PATH (started here on a free
@@ -29,6 +31,8 @@ BIN=${BIN:-target/release/batchrun}
 ITEMS=${ITEMS:-210}
 PACERS=${PACERS:-"window bucket"}
 CONC=${CONC:-5}
+BURSTS=${BURSTS:-"5 0"}
+REPEAT=${REPEAT:-1}
 TOLD=${TOLD:-30/1s}
 RATE=30
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
@@ -66,7 +70,7 @@ for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
 
 # A Redis for the fleet rows only.
 REDIS_URL=""
-if [[ " $PACERS " == *" fleet "* ]]; then
+if [[ " $PACERS " == *" fleet"* ]]; then
     start_redis "$TMP"
     REDIS_URL="redis://127.0.0.1:$RPORT/0"
 fi
@@ -82,7 +86,9 @@ pid $TMP/nginx/nginx.pid;
 error_log $TMP/nginx/error.log warn;
 events { worker_connections 1024; }
 http {
-    access_log $TMP/nginx/access.log;
+    # combined's first fields (the status is the ninth), then when (ms).
+    log_format timed '\$remote_addr - \$remote_user [\$time_local] "\$request" \$status \$body_bytes_sent \$msec';
+    access_log $TMP/nginx/access.log timed;
     client_body_temp_path $TMP/nginx/body;
     proxy_temp_path $TMP/nginx/proxy;
     fastcgi_temp_path $TMP/nginx/fastcgi;
@@ -122,14 +128,14 @@ stop_nginx() {
     NGINX_PID=""
 }
 
-printf '%-22s %-7s %8s %8s %6s %5s %5s\n' "nginx" "pacer" "wall_s" "ideal_s" "ratio" "429s" "exit"
+printf '%-22s %-10s %8s %8s %6s %5s %5s\n' "nginx" "pacer" "wall_s" "ideal_s" "ratio" "429s" "exit"
 run=0
-for burst in 5 0; do
+for burst in $BURSTS; do
     if [ "$burst" = 0 ]; then clause=""; name="rate=30r/s, no burst"; else
         clause="burst=$burst nodelay"; name="rate=30r/s, burst=$burst"; fi
     # The ideal: the burst and one at once, then the rate.
     ideal=$(python3 -c "print(f'{max(0, $ITEMS - $burst - 1) / $RATE:.2f}')")
-    for pacer in $PACERS; do
+    for pacer in $(for _ in $(seq "$REPEAT"); do echo $PACERS; done); do
         run=$((run + 1))
         port=$(free_port)
         # A fresh nginx per run: its zone starts empty, as for a new client.
@@ -138,8 +144,10 @@ for burst in 5 0; do
         set +e
         # `told`: the default pacer told nginx's shape, `30/1s,burst=B`.
         limit=$TOLD; kind=$pacer
+        # `fleet-told`: the fleet told it likewise.
         if [ "$pacer" = told ]; then limit="30/1s,burst=$burst"; kind=window; fi
-        if [ "$pacer" = fleet ]; then
+        if [ "$pacer" = fleet-told ]; then limit="30/1s,burst=$burst"; fi
+        if [ "$pacer" = fleet ] || [ "$pacer" = fleet-told ]; then
             mkdir -p "$TMP/fleet-$run"
             cp "$TMP/items.jsonl" "$TMP/fleet-$run/items.jsonl"
             shards=()
@@ -166,11 +174,13 @@ for burst in 5 0; do
         t1=$(date +%s.%N)
         stop_nginx
         refused=$(awk '$9 == 429' "$TMP/nginx/access.log" | wc -l)
+        # KEEP=1: each run's access log stays, its last field the arrival.
+        [ -n "${KEEP:-}" ] && cp "$TMP/nginx/access.log" "$TMP/access-$run.log"
         python3 - "$name" "$pacer" "$t0" "$t1" "$ideal" "$refused" "$code" <<'EOF'
 import sys
 name, pacer, t0, t1, ideal, refused, code = sys.argv[1:]
 wall = float(t1) - float(t0)
-print(f"{name:<22} {pacer:<7} {wall:8.2f} {float(ideal):8.2f} {wall / float(ideal):5.2f}x {refused:>5} {code:>5}")
+print(f"{name:<22} {pacer:<10} {wall:8.2f} {float(ideal):8.2f} {wall / float(ideal):5.2f}x {refused:>5} {code:>5}")
 EOF
     done
 done

@@ -305,10 +305,8 @@ impl PolicySet {
 
     /// A rate-limit 429 came from a server whose buckets this set keeps:
     /// each widens its allowance for jitter (see
-    /// [`Gcra::widen`](super::gcra::Gcra::widen)). The in-process pacer's
-    /// own adaptation: the fleet's buckets keep theirs in the key's name,
-    /// and the rule the two share ([`rate_limited`](Self::rate_limited))
-    /// leaves it alone.
+    /// [`Gcra::widen`](super::gcra::Gcra::widen)), as the fleet's script
+    /// widens each bucket's at its `pause` (the scenario harness asks both).
     pub fn widen_buckets(&mut self) {
         for k in &mut self.kept {
             k.widen();

@@ -504,6 +504,7 @@ impl Store for InProcess {
             }
             Call::RateLimited(pause) => {
                 let learnt = self.w.rate_limited(t);
+                self.w.widen_buckets();
                 self.w
                     .primary_mut()
                     .pause_until(t + Duration::from_millis(pause));

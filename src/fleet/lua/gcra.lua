@@ -48,13 +48,19 @@ local function set_tat(b, rel)
   keep_bucket(b, rel)
 end
 
+-- Bucket b's skew allowance D in ns: its name's, or the wider one a 429
+-- left in its hash (`d`, buckets_widen).
+local function allowance(b)
+  return math.max(b.D, tonumber(redis.call('HGET', b.key, 'd') or '0') or 0)
+end
+
 -- ns until bucket b admits a call of w units (0: now): it passes when
 -- max(TAT + D, now) + (w-1)·T <= now + TAU; one heavier than the whole
 -- bucket goes alone, once the bucket is empty.
 local function bucket_due(b, w)
   local rel = tat_rel(b)
   if not rel then return 0 end
-  local start = math.max(rel + b.D, 0)
+  local start = math.max(rel + allowance(b), 0)
   local extra = math.max(w - 1, 0) * b.T
   if start + extra <= b.tau then return 0 end
   if extra > b.tau then return start end
@@ -86,6 +92,21 @@ local function buckets_grant(id, weight)
     local w = units(b, weight)
     set_tat(b, math.max(tat_rel(b) or 0, 0) + w * b.T)
     redis.call('HSET', b.key, 'c:' .. id, w)
+  end
+end
+
+-- A rate-limit 429 came: every bucket's allowance doubles, up to the
+-- larger of T and its tolerance, for as long as the bucket is kept, as
+-- in-process (rate::gcra::Gcra::widen): the spread between sends and
+-- arrivals is wider than allowed for, and a 429 costs a pause.
+local function buckets_widen()
+  for _, b in ipairs(buckets) do
+    local d = allowance(b)
+    local wider = math.min(math.max(b.T, b.tau), math.max(1, 2 * d))
+    if wider > d then
+      redis.call('HSET', b.key, 'd', wider)
+      keep_bucket(b, tat_rel(b))
+    end
   end
 end
 

@@ -475,6 +475,7 @@ if op == 'pause' then
   -- The caller's completions first: the refused call is among them.
   local sent = refused_sent(10)
   settle(10)
+  buckets_widen()
   local ends = now + ms
   local p = tonumber(redis.call('GET', KEYS[3]) or '0')
   local learnt, began = 0, 0

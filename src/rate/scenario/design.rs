@@ -196,6 +196,27 @@ pub fn bucket_10_per_1s_under_2_per_1s() -> Scenario {
         .0
 }
 
+/// A bucket with no burst refused all the same: each 429 doubles its skew
+/// allowance D (5 ms, a twentieth of T = 100 ms), up to T, so calls are
+/// spaced 105 ms, then 110, 120, and at most 200.
+pub fn bucket_10_per_1s_widened() -> Scenario {
+    let mut b = Build::new(20, 1000);
+    b.0.buckets = vec![(10, 1000, 0)];
+    b.at(0, Op::Take)
+        .at(1, Op::Take)
+        .at(105, Op::Take)
+        .at(106, Op::RateLimited { pause: 0 })
+        .at(106, Op::Take)
+        .at(215, Op::Take)
+        .at(216, Op::RateLimited { pause: 0 })
+        .at(216, Op::Take)
+        .at(217, Op::RateLimited { pause: 0 })
+        .at(218, Op::RateLimited { pause: 0 })
+        .at(219, Op::RateLimited { pause: 0 })
+        .at(219, Op::Take)
+        .0
+}
+
 /// `--limit 5/1s,fixed`: the primary window is its envelope (10 per
 /// 1 s) and the fixed window, no reset having aligned it, is kept as a
 /// sliding one of 5 per 1 s: the 6th call waits until the first ends, 1 s
@@ -292,6 +313,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             "bucket_10_per_1s_under_2_per_1s",
             bucket_10_per_1s_under_2_per_1s(),
         ),
+        ("bucket_10_per_1s_widened", bucket_10_per_1s_widened()),
         ("fixed_5_per_1s", fixed_5_per_1s()),
         ("tokens_100_per_1s", tokens_100_per_1s()),
         (

@@ -219,6 +219,17 @@ fn a_bucket_with_no_burst_spaces_its_calls_by_the_interval_and_the_allowance() {
 }
 
 #[test]
+fn each_429_doubles_a_buckets_allowance_up_to_its_interval() {
+    let waits: Vec<Answer> = answers(&bucket_10_per_1s_widened())
+        .into_iter()
+        .filter(|a| matches!(a, Answer::Wait { .. }))
+        .collect();
+    // From the TAT (the last grant + T): D = 5 ms, then 10, then 20, then
+    // 40, 80 and capped at T = 100 (the last grant at 215, its TAT 315).
+    assert_eq!(waits, [wait(104), wait(109), wait(119), wait(196)]);
+}
+
+#[test]
 fn a_fixed_window_no_reset_aligned_is_kept_as_a_sliding_one() {
     let a: Vec<Answer> = answers(&fixed_5_per_1s())
         .into_iter()
