@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The token budget of `shapes_bench` (issue 19), run by a fleet: two
+# processes on one Redis key (`--shard i/2`, `-c 5` each), each told
+# `--limit 1000/1s --limit 3000/1s,tokens` with the cost estimated from the
+# item (`max_tokens + chars(prompt)/4`) and corrected from each answer's
+# usage, against `batchrun sim` keeping the same and charging what each
+# answer says was used (latency 5-30 ms).
+#
+# Prints one row per run: the tokens the sim charged, the most it counted
+# in any 1 s (never over 3000 is the bar), 429s, and the wall time against
+# the ideal (the tokens charged beyond the first second's budget, at 3000 a
+# second; within 1.15x is the bar).
+#
+#   examples/fleet_tokens_bench.sh                 # target/release/batchrun
+#   REPEAT=3 CALLS=600 BIN=/path/to/older/batchrun examples/fleet_tokens_bench.sh
+#
+# Needs redis-server on PATH; runs it on a free loopback port under a
+# temporary directory.
+set -euo pipefail
+
+BIN=${BIN:-target/release/batchrun}
+CALLS=${CALLS:-600}
+CONC=${CONC:-5}
+REPEAT=${REPEAT:-1}
+BUDGET=3000
+
+[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
+
+. "$(dirname "$0")/bench_common.sh"
+bench_tmp fleet_tokens_bench
+start_redis "$TMP"
+PIDS+=("$REDIS_PID")
+
+# The items of shapes_bench's token budget: prompts of 4-52 words,
+# max_tokens 20-100.
+python3 - "$CALLS" >"$TMP/items.jsonl" <<'EOF'
+import sys
+for i in range(1, int(sys.argv[1]) + 1):
+    prompt = "word " * ((i % 7) * 8 + 4)
+    print('{"n": %d, "max_tokens": %d, "prompt": "%s"}' % (i, 20 + (i % 5) * 20, prompt))
+EOF
+
+printf '%-7s %6s %9s %5s %7s %7s %6s\n' charged most of 429s wall_s ideal_s ratio
+for run in $(seq "$REPEAT"); do
+    start_sim_with --limit 1000/1s --limit "$BUDGET/1s,tokens" --latency 5ms..30ms \
+        --concurrency 1000 --credits 1000000000
+    dir="$TMP/run$run"
+    mkdir -p "$dir"
+    cp "$TMP/items.jsonl" "$dir/items.jsonl"
+    start=$(date +%s.%N)
+    shards=()
+    for i in 1 2; do
+        BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" \
+            --limit 1000/1s --limit "$BUDGET/1s,tokens" \
+            --cost 'max_tokens + chars(prompt)/4' --json-body -c "$CONC" --json \
+            --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "tokens$run" \
+            --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
+        shards+=($!)
+    done
+    for p in "${shards[@]}"; do wait "$p" || true; done
+    end=$(date +%s.%N)
+    python3 -c "
+import urllib.request
+print(urllib.request.urlopen('$URL/admin/stats').read().decode())" >"$dir/stats.json"
+    kill "$SIM_PID" 2>/dev/null || true
+    wait "$SIM_PID" 2>/dev/null || true
+    python3 - "$dir" "$start" "$end" "$BUDGET" <<'EOF'
+import json, sys
+d, t0, t1, budget = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+stats = json.load(open(f"{d}/stats.json"))
+charged = stats["tokens_charged"]
+most = stats["policies"][1]["max_in_window"]
+limited = sum(json.loads(l).get("rate_limited", 0)
+              for f in ("out1.json", "out2.json") for l in open(f"{d}/{f}") if l.startswith("{"))
+ideal = max(charged - budget, 1) / budget
+wall = t1 - t0
+print(f"{charged:<7} {most:>6} {budget:>9} {limited:>5} {wall:7.2f} {ideal:7.2f} {wall / ideal:5.2f}x")
+EOF
+done
