@@ -18,7 +18,9 @@ pub enum CallError {
     /// A 429 for pace (window overrun or cooldown): pause every worker, requeue.
     #[error("rate limited (HTTP 429{})", fmt_after(.retry_after))]
     RateLimited {
-        /// The server's `Retry-After`, if it sent a usable one.
+        /// The server's `Retry-After`, if it sent a usable one, uncapped:
+        /// beyond [`QUOTA_BOUND`](crate::rate::policies::QUOTA_BOUND) it is
+        /// a used-up quota's reset, not a pause.
         retry_after: Option<Duration>,
         /// What the server said, for the pause line (short, one line,
         /// without control characters).
@@ -117,7 +119,8 @@ pub fn classify(
             Err(CallError::Concurrency { retry_after })
         }
         429 => Err(CallError::RateLimited {
-            retry_after,
+            retry_after: header_str(headers, "retry-after")
+                .and_then(|v| retry_after::parse_uncapped(v, now)),
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),

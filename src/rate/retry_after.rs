@@ -4,7 +4,12 @@ use std::time::{Duration, SystemTime};
 
 /// The longest pause batchrun takes from one `Retry-After`: a header asking
 /// for hours is more likely a bug than a plan, and the run can be resumed.
+/// (A 429's asking for longer is a quota used up: see [`parse_uncapped`].)
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The most [`parse_uncapped`] gives: a year and a day, so that a reset
+/// time computed from it never overflows the clock.
+pub const MAX_QUOTA_RESET: Duration = Duration::from_secs(366 * 86_400);
 
 /// Parses a `Retry-After` value against the wall clock `now`.
 ///
@@ -12,6 +17,12 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 /// to a safe default. A date in the past means "now" (zero). Values are
 /// capped at [`MAX_RETRY_AFTER`].
 pub fn parse(value: &str, now: SystemTime) -> Option<Duration> {
+    parse_uncapped(value, now).map(|d| d.min(MAX_RETRY_AFTER))
+}
+
+/// [`parse`] without its cap (but at most [`MAX_QUOTA_RESET`]): a 429 that
+/// asks for longer than a pause is worth says when a used-up quota resets.
+pub fn parse_uncapped(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
     if v.is_empty() {
         return None;
@@ -24,12 +35,12 @@ pub fn parse(value: &str, now: SystemTime) -> Option<Duration> {
         if !secs.is_finite() || secs < 0.0 {
             return None;
         }
-        Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64()))
+        Duration::from_secs_f64(secs.min(MAX_QUOTA_RESET.as_secs_f64()))
     } else {
         let at = httpdate::parse_http_date(v).ok()?;
         at.duration_since(now).unwrap_or(Duration::ZERO)
     };
-    Some(d.min(MAX_RETRY_AFTER))
+    Some(d.min(MAX_QUOTA_RESET))
 }
 
 #[cfg(test)]
@@ -69,5 +80,20 @@ mod tests {
             Some(MAX_RETRY_AFTER)
         );
         assert_eq!(parse("86400", now), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn uncapped_keeps_a_days_reset_and_stops_at_a_year() {
+        let now = SystemTime::now();
+        assert_eq!(
+            parse_uncapped("86400", now),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(parse_uncapped("1e30", now), Some(MAX_QUOTA_RESET));
+        assert_eq!(
+            parse_uncapped("999999999999999999999999", now),
+            Some(MAX_QUOTA_RESET)
+        );
+        assert_eq!(parse_uncapped("soon", now), None);
     }
 }

@@ -111,8 +111,16 @@ pub(crate) fn end_state(
             resets_at,
             in_,
         } => format!(
-            "the server's quota {name:?} is used up until {resets_at} (in {}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
-            humantime::format_duration(*in_)
+            "the server's quota {}is used up until {resets_at} (in {}{}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
+            match name.is_empty() {
+                true => String::new(),
+                false => format!("{name:?} "),
+            },
+            humantime::format_duration(*in_),
+            match name.is_empty() {
+                true => ", as a 429's Retry-After said",
+                false => "",
+            }
         ),
         Halt::Internal(why)
         | Halt::Systemic(why)

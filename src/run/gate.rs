@@ -43,7 +43,8 @@ pub enum Halt {
     /// for (no `--wait-for-quota`): not the pacer's failure, so it has its
     /// own halt, which names the quota and when it resets.
     QuotaExhausted {
-        /// The quota's name in the server's headers.
+        /// The quota's name in the server's headers (empty: a 429's
+        /// `Retry-After` said it, naming none).
         name: String,
         /// When it resets (RFC 3339, UTC).
         resets_at: String,

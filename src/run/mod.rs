@@ -354,6 +354,7 @@ fn build_pool(
                 backoff: Backoff::default(),
                 wait_for_credits: c.wait_for_credits,
                 max_wait: settings.max_wait,
+                wait_for_quota: settings.wait_for_quota,
             },
             verbose: settings.verbose,
             cost: settings.costing.clone().map(Arc::new),

@@ -13,6 +13,8 @@ use super::watch::Systemic;
 use crate::classify::CallError;
 use crate::input::Item;
 use crate::rate::backoff::Backoff;
+use crate::rate::policies::QUOTA_BOUND;
+use crate::rate::retry_after::MAX_RETRY_AFTER;
 
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
@@ -54,6 +56,9 @@ pub struct Policy {
     pub wait_for_credits: bool,
     /// How long nothing but rate-limit 429s may go on before the run halts.
     pub max_wait: Duration,
+    /// Wait for a used-up quota to reset (a 429's `Retry-After` beyond
+    /// [`QUOTA_BOUND`]) instead of halting.
+    pub wait_for_quota: bool,
 }
 
 /// The call whose outcome is decided on, and what else the decision reads.
@@ -289,12 +294,31 @@ fn rate_limited(
     limited_for: Option<Duration>,
     policy: &Policy,
 ) -> Action {
+    // A 429 asking for longer than a pause is worth says a quota (a daily
+    // limit) is used up: halt resumably and say when it resets, as a
+    // quota the headers state does, unless told to wait for it.
+    let quota = retry_after.filter(|r| *r > QUOTA_BOUND);
+    if let (Some(in_), false) = (quota, policy.wait_for_quota) {
+        let in_ = Duration::from_secs(in_.as_secs());
+        return stop(Halt::QuotaExhausted {
+            name: String::new(),
+            resets_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now() + in_)
+                .to_string(),
+            in_,
+        });
+    }
     let for_ = limited_for.unwrap_or(Duration::ZERO);
-    if for_ >= policy.max_wait {
+    if for_ >= policy.max_wait && quota.is_none() {
         return stop(Halt::Stalled(for_));
     }
-    // A zero Retry-After would turn the pause into a hot loop.
-    let pause = retry_after.unwrap_or(policy.default_pause).max(MIN_PAUSE);
+    // A zero Retry-After would turn the pause into a hot loop; any other
+    // is capped (a quota waited for excepted).
+    let pause = match quota {
+        Some(q) => q,
+        None => retry_after
+            .map_or(policy.default_pause, |r| r.min(MAX_RETRY_AFTER))
+            .max(MIN_PAUSE),
+    };
     Action::Pause { pause, message }
 }
 

@@ -61,6 +61,7 @@ async fn run_pool(
                 backoff: Backoff::default(),
                 wait_for_credits,
                 max_wait: Duration::from_secs(600),
+                wait_for_quota: false,
             },
             verbose: false,
             cost: None,

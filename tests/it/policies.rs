@@ -290,6 +290,35 @@ async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
     assert!(!why.contains("unavailable"), "{}", r.summary);
 }
 
+/// A server that states no quota but answers its 429 with a Retry-After
+/// of most of a day has a daily limit used up: the run halts resumably at
+/// once and says when it resets, as for a stated quota, and running it
+/// again executes nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_429_asking_for_a_day_halts_as_a_used_up_quota() {
+    let s = Scenario::new("policies-retry-day")
+        .with_sim(&["--limit", "5/1d", "--secret-limit", "--cooldown", "1s"])
+        .numbers(8);
+    let r = s.run(&["--limit", "100/1s", "--concurrency", "1"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5, "{}", r.summary);
+    // Its 429 is the quota's, not a pause's (as a credits 429 is).
+    assert_eq!(r.summary["status_counts"]["429"], 1, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let why = r.summary["halt_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("quota is used up until") && why.contains("as a 429's Retry-After said"),
+        "{}",
+        r.summary
+    );
+    assert!(why.contains("--wait-for-quota"), "{}", r.summary);
+    let again = s.run(&["--limit", "100/1s", "--concurrency", "1"]);
+    assert_eq!(again.code, 75, "{}", again.stderr);
+    assert_eq!(again.summary["done"], 5, "{}", again.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["side_effects"], 5, "nothing executed twice: {stats}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rehearsal_of_a_bucket_told_its_burst_sees_no_429() {
     let s = Scenario::new("policies-rehearsal").numbers(40);

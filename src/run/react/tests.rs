@@ -7,6 +7,7 @@ fn policy() -> Policy {
         backoff: Backoff::default(),
         wait_for_credits: false,
         max_wait: Duration::from_secs(600),
+        wait_for_quota: false,
     }
 }
 
@@ -392,4 +393,38 @@ fn once_a_call_may_have_run_the_item_stays_unknown() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A 429 whose Retry-After is beyond the quota bound is a used-up quota:
+/// the run halts and says when it resets, or with --wait-for-quota pauses
+/// until then (uncapped); one within the bound is an ordinary pause.
+#[test]
+fn a_retry_after_beyond_the_quota_bound_is_a_quota() {
+    let limited = |secs: u64, wait_for_quota: bool| {
+        let p = Policy {
+            wait_for_quota,
+            ..policy()
+        };
+        rate_limited(Some(Duration::from_secs(secs)), None, None, &p)
+    };
+    let day = QUOTA_BOUND.as_secs() + 86_400;
+    match limited(day, false) {
+        Action::Stop {
+            halt: Halt::QuotaExhausted { name, in_, .. },
+            ..
+        } => {
+            assert!(name.is_empty(), "{name}");
+            assert_eq!(in_, Duration::from_secs(day));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        limited(day, true),
+        Action::Pause { pause, .. } if pause == Duration::from_secs(day)
+    ));
+    let within = QUOTA_BOUND.as_secs();
+    assert!(matches!(
+        limited(within, false),
+        Action::Pause { pause, .. } if pause == Duration::from_secs(within)
+    ));
 }
