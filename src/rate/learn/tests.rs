@@ -341,10 +341,12 @@ proptest! {
             _ => Duration::from_secs_f64((ITEMS - 1) as f64 / 10.0),
         };
         prop_assert!(within_bar(&o, ideal), "shape {} {:?} against {:?}", shape, o, ideal);
-        // Not the 3: the start's calls in flight at three times
-        // the rate, the ramp's refusal, and a window's slow probe (see
-        // docs/pacing.md; a bucket's fit ends its learning).
-        prop_assert!(o.refused <= workers + 4, "shape {} {:?}", shape, o);
+        // One over the 3 in rare cases (1000 tried: a sliding
+        // window, one worker, 35 ms round trips): the start's refusal, the
+        // ramp's, and a window's slow probe above the limit it learnt,
+        // refused and lowered back (docs/pacing.md; a bucket's fit ends
+        // its learning). On the sim every shape sees 2 or 3.
+        prop_assert!(o.refused <= 4, "shape {} {:?}", shape, o);
         prop_assert!(o.highest <= 30 && o.learnt.map_or(true, |l| l <= 30));
     }
 }
