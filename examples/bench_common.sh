@@ -1,5 +1,6 @@
 # Shared by the shell benchmarks in examples/ (sourced, not run): a free
-# loopback port, and a throwaway Redis for the fleet's rows.
+# loopback port, a throwaway Redis and a pair of fleet processes for the
+# fleet's rows.
 
 # A temporary directory TMP for bench $1, removed at exit (unless KEEP is
 # set), and PIDS, the processes to stop then.
@@ -47,4 +48,25 @@ start_sim_with() {
         sleep 0.05
     done
     URL="http://$(sed -n 's/^listening on http:\/\///p' "$TMP/sim.out" | head -1)"
+}
+
+# Runs `$BIN` as two fleet processes (`--shard 1/2` and `2/2`) on the
+# Redis of start_redis, on a fresh copy of $TMP/items.jsonl in $1, under
+# fleet key $2, each with the rest of the arguments and `--json`; their
+# summaries go to $1/out1.json and $1/out2.json, their stderr to $1/err1
+# and $1/err2. Sets START (when they began) and returns once both ended.
+run_fleet_pair() {
+    local dir=$1 key=$2 i p
+    shift 2
+    mkdir -p "$dir"
+    cp "$TMP/items.jsonl" "$dir/items.jsonl"
+    START=$(date +%s.%N)
+    local shards=()
+    for i in 1 2; do
+        BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" "$@" --json \
+            --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "$key" \
+            --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
+        shards+=($!)
+    done
+    for p in "${shards[@]}"; do wait "$p" || true; done
 }

@@ -58,18 +58,9 @@ for shape in $SHAPES; do
             --concurrency 1000 --latency 5ms..30ms --credits 1000000000
         sim=$SIM_PID url=$URL
         dir="$TMP/run$run"
-        mkdir -p "$dir"
-        cp "$TMP/items.jsonl" "$dir/items.jsonl"
-        start=$(date +%s.%N)
-        shards=()
-        for i in 1 2; do
-            BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo?n={n}" \
-                --limit "$told" -c "$CONC" --json \
-                --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "shapes$run" \
-                --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
-            shards+=($!)
-        done
-        for p in "${shards[@]}"; do wait "$p" || true; done
+        run_fleet_pair "$dir" "shapes$run" --url "$url/v1/echo?n={n}" \
+            --limit "$told" -c "$CONC"
+        start=$START
         end=$(date +%s.%N)
         kill "$sim" 2>/dev/null || true
         wait "$sim" 2>/dev/null || true

@@ -48,19 +48,10 @@ for run in $(seq "$REPEAT"); do
     start_sim_with --limit 1000/1s --limit "$BUDGET/1s,tokens" --latency 5ms..30ms \
         --concurrency 1000 --credits 1000000000
     dir="$TMP/run$run"
-    mkdir -p "$dir"
-    cp "$TMP/items.jsonl" "$dir/items.jsonl"
-    start=$(date +%s.%N)
-    shards=()
-    for i in 1 2; do
-        BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" \
-            --limit 1000/1s --limit "$BUDGET/1s,tokens" \
-            --cost 'max_tokens + chars(prompt)/4' --json-body -c "$CONC" --json \
-            --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "tokens$run" \
-            --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
-        shards+=($!)
-    done
-    for p in "${shards[@]}"; do wait "$p" || true; done
+    run_fleet_pair "$dir" "tokens$run" --url "$URL/v1/echo?n={n}" \
+        --limit 1000/1s --limit "$BUDGET/1s,tokens" \
+        --cost 'max_tokens + chars(prompt)/4' --json-body -c "$CONC"
+    start=$START
     end=$(date +%s.%N)
     python3 -c "
 import urllib.request
