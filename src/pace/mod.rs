@@ -66,6 +66,20 @@ pub enum PaceError {
     },
 }
 
+impl PaceError {
+    /// [`PaceError::QuotaExhausted`] for quota `name`, resetting `in_` from
+    /// now (kept to whole seconds, and said as an RFC 3339 instant).
+    pub fn quota_exhausted(name: String, in_: Duration) -> PaceError {
+        let in_ = Duration::from_secs(in_.as_secs());
+        let at = std::time::SystemTime::now() + in_;
+        PaceError::QuotaExhausted {
+            name,
+            resets_at: humantime::format_rfc3339_seconds(at).to_string(),
+            in_,
+        }
+    }
+}
+
 /// Something a pacer learnt that the operator should hear. A pacer never
 /// writes to the terminal itself: it hands the run a note, and the run's
 /// recorder says it.

@@ -148,13 +148,7 @@ impl Ticket for WindowTicket {
 
 /// The error a take fails with while a quota is used up beyond the bound.
 fn quota_error(e: &crate::rate::policies::Exhausted, now: std::time::Instant) -> PaceError {
-    let in_ = Duration::from_secs(e.until.saturating_duration_since(now).as_secs());
-    let at = std::time::SystemTime::now() + in_;
-    PaceError::QuotaExhausted {
-        name: e.name.clone(),
-        resets_at: humantime::format_rfc3339_seconds(at).to_string(),
-        in_,
-    }
+    PaceError::quota_exhausted(e.name.clone(), e.until.saturating_duration_since(now))
 }
 
 /// A note for the run: a lowering of the primary window without a stated

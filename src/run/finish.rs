@@ -110,18 +110,17 @@ pub(crate) fn end_state(
             name,
             resets_at,
             in_,
-        } => format!(
-            "the server's quota {}is used up until {resets_at} (in {}{}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
-            match name.is_empty() {
-                true => String::new(),
-                false => format!("{name:?} "),
-            },
-            humantime::format_duration(*in_),
-            match name.is_empty() {
-                true => ", as a 429's Retry-After said",
-                false => "",
-            }
-        ),
+        } => {
+            // An empty name: a 429's Retry-After said it, naming no quota.
+            let (quota, said) = match name.is_empty() {
+                true => (String::new(), ", as a 429's Retry-After said"),
+                false => (format!("{name:?} "), ""),
+            };
+            format!(
+                "the server's quota {quota}is used up until {resets_at} (in {}{said}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
+                humantime::format_duration(*in_)
+            )
+        }
         Halt::Internal(why)
         | Halt::Systemic(why)
         | Halt::PacerUnavailable(why)

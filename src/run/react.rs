@@ -299,13 +299,8 @@ fn rate_limited(
     // quota the headers state does, unless told to wait for it.
     let quota = retry_after.filter(|r| *r > QUOTA_BOUND);
     if let (Some(in_), false) = (quota, policy.wait_for_quota) {
-        let in_ = Duration::from_secs(in_.as_secs());
-        return stop(Halt::QuotaExhausted {
-            name: String::new(),
-            resets_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now() + in_)
-                .to_string(),
-            in_,
-        });
+        let e = crate::pace::PaceError::quota_exhausted(String::new(), in_);
+        return stop(Halt::of_pace_error(&e));
     }
     let for_ = limited_for.unwrap_or(Duration::ZERO);
     if for_ >= policy.max_wait && quota.is_none() {

@@ -27,11 +27,14 @@ local function units(b, weight)
   return 1
 end
 
--- The TAT in ns after now (negative: before), or nil for an idle bucket.
+-- The TAT in ns after now (negative: before), or nil for an idle bucket;
+-- and the skew allowance D in ns: the name's, or the wider one a 429 left
+-- in the hash (`d`, buckets_widen).
 local function tat_rel(b)
-  local h = redis.call('HMGET', b.key, 'tat_ms', 'tat_ns')
-  if not h[1] then return nil end
-  return (tonumber(h[1]) - now) * 1e6 + tonumber(h[2])
+  local h = redis.call('HMGET', b.key, 'tat_ms', 'tat_ns', 'd')
+  local d = math.max(b.D, tonumber(h[3] or '0') or 0)
+  if not h[1] then return nil, d end
+  return (tonumber(h[1]) - now) * 1e6 + tonumber(h[2]), d
 end
 
 -- Keeps bucket b for the hold and until its TAT (`rel` ns from now) has
@@ -48,19 +51,13 @@ local function set_tat(b, rel)
   keep_bucket(b, rel)
 end
 
--- Bucket b's skew allowance D in ns: its name's, or the wider one a 429
--- left in its hash (`d`, buckets_widen).
-local function allowance(b)
-  return math.max(b.D, tonumber(redis.call('HGET', b.key, 'd') or '0') or 0)
-end
-
 -- ns until bucket b admits a call of w units (0: now): it passes when
 -- max(TAT + D, now) + (w-1)·T <= now + TAU; one heavier than the whole
 -- bucket goes alone, once the bucket is empty.
 local function bucket_due(b, w)
-  local rel = tat_rel(b)
+  local rel, d = tat_rel(b)
   if not rel then return 0 end
-  local start = math.max(rel + allowance(b), 0)
+  local start = math.max(rel + d, 0)
   local extra = math.max(w - 1, 0) * b.T
   if start + extra <= b.tau then return 0 end
   if extra > b.tau then return start end
@@ -101,11 +98,11 @@ end
 -- arrivals is wider than allowed for, and a 429 costs a pause.
 local function buckets_widen()
   for _, b in ipairs(buckets) do
-    local d = allowance(b)
+    local rel, d = tat_rel(b)
     local wider = math.min(math.max(b.T, b.tau), math.max(1, 2 * d))
     if wider > d then
       redis.call('HSET', b.key, 'd', wider)
-      keep_bucket(b, tat_rel(b))
+      keep_bucket(b, rel)
     end
   end
 end

@@ -285,13 +285,7 @@ impl Inner {
             .await
             .ok()
             .flatten();
-        let in_ = Duration::from_secs(left.as_secs());
-        let at = std::time::SystemTime::now() + in_;
-        PaceError::QuotaExhausted {
-            name: name.unwrap_or_else(|| "a quota".into()),
-            resets_at: humantime::format_rfc3339_seconds(at).to_string(),
-            in_,
-        }
+        PaceError::quota_exhausted(name.unwrap_or_else(|| "a quota".into()), left)
     }
 
     /// One field of the fleet's limit hash, retried for at most `within`
