@@ -12,6 +12,19 @@ use proptest::test_runner::TestRunner;
 use super::rule::{settle_now, take10, take_putting_back, take_under, Lua};
 use super::support::Redis;
 
+/// Under a bare rate of 10 a window, six calls at 0 ms as a window's burst
+/// (none paced evenly), five answered and the sixth refused at 10 ms: no
+/// limit learnt, and the even pace begins with a pause of 100 ms.
+fn refuse_a_burst_of_six(lua: &mut Lua) {
+    let ids: Vec<String> = (0..6).map(|i| format!("burst{i}")).collect();
+    for id in &ids {
+        let v = take10(lua, 0, id);
+        assert_eq!((v[0], v[5]), (1, 0), "a window's burst: {v:?}");
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(bare_pause(lua, 10, 100, &ids), [100, 0, 1]);
+}
+
 /// Under a bare rate (`--limit 10/1s`, learning 2), a 429 after a burst
 /// lowers nothing: the fleet paces evenly from the pause's end, one call
 /// per 110 ms (W/L and the even pace's tenth), with no burst, and every
@@ -23,13 +36,7 @@ fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly() {
     let redis = Redis::start();
     let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
     let pause = |lua: &mut Lua, now: u64, settles: &[&str]| bare_pause(lua, now, 100, settles);
-    for i in 0..6 {
-        let v = take10(&mut lua, 0, &format!("burst{i}"));
-        assert_eq!((v[0], v[5]), (1, 0), "a window's burst: {v:?}");
-    }
-    // Five answered, the sixth refused: no limit learnt, the pace begins.
-    let settles = ["burst0", "burst1", "burst2", "burst3", "burst4", "burst5"];
-    assert_eq!(pause(&mut lua, 10, &settles), [100, 0, 1]);
+    refuse_a_burst_of_six(&mut lua);
     assert_eq!(take10(&mut lua, 50, "a")[..3], [0, 60, 1], "paused");
     let a = take10(&mut lua, 110, "a");
     assert_eq!((a[0], a[1], a[4], a[5]), (1, 10, 0, 1), "{a:?}");
@@ -282,12 +289,7 @@ fn a_limit_lowered_at_the_even_pace_probes_upward_once_the_pace_held_a_take() {
     let pause = |lua: &mut Lua, now: u64, settles: &[&str]| bare_pause(lua, now, 100, settles);
     // As above: a burst of six refused, then the ramp refused too, the
     // limit lowered to 7 from 700 on.
-    for i in 0..6 {
-        take10(&mut lua, 0, &format!("burst{i}"));
-    }
-    let burst: Vec<String> = (0..6).map(|i| format!("burst{i}")).collect();
-    let burst: Vec<&str> = burst.iter().map(String::as_str).collect();
-    assert_eq!(pause(&mut lua, 10, &burst), [100, 0, 1]);
+    refuse_a_burst_of_six(&mut lua);
     assert_eq!(take10(&mut lua, 110, "a")[0], 1);
     assert_eq!(take10(&mut lua, 550, "b")[0], 1);
     assert_eq!(pause(&mut lua, 600, &["a", "b"])[1], 7);
