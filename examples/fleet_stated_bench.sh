@@ -65,27 +65,21 @@ for policy in $POLICIES; do
             url=$URL
             dir="$TMP/run$run"
             mkdir -p "$dir"
-            cp "$TMP/items.jsonl" "$dir/items.jsonl"
             start=$(date +%s.%N)
             if [ "$how" != alone ]; then
-                shards=()
+                other=""
                 if [ "$how" = fleet+other ]; then
                     cp "$TMP/items.jsonl" "$dir/other.jsonl"
                     BATCHRUN_API_KEY=k "$BIN" "$dir/other.jsonl" --url "$url/v1/echo" \
                         --limit 100/1s -c 2 "${extra[@]}" --json \
                         --state-dir "$dir/other-state" >"$dir/out3.json" 2>"$dir/err3" &
-                    shards+=($!)
+                    other=$!
                 fi
-                for i in 1 2; do
-                    BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo" \
-                        --limit 100/1s -c "$CONC" "${extra[@]}" --json \
-                        --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "bench$run" \
-                        --shard "$i/2" --state-dir "$dir/state" \
-                        >"$dir/out$i.json" 2>"$dir/err$i" &
-                    shards+=($!)
-                done
-                for p in "${shards[@]}"; do wait "$p" || true; done
+                run_fleet_pair "$dir" "bench$run" --url "$url/v1/echo" \
+                    --limit 100/1s -c "$CONC" "${extra[@]}"
+                if [ -n "$other" ]; then wait "$other" || true; fi
             else
+                cp "$TMP/items.jsonl" "$dir/items.jsonl"
                 BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$url/v1/echo" \
                     --limit 100/1s -c $((CONC * 2)) "${extra[@]}" --json \
                     --state-dir "$dir/state" >"$dir/out1.json" 2>"$dir/err1" || true
