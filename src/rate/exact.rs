@@ -495,8 +495,12 @@ impl ExactWindow {
             .refused_at
             .map_or(self.configured, |r| r.saturating_sub(1))
             .min(self.configured);
-        if let Some(s) = self.shape.as_mut().filter(|_| self.learn.pressed) {
-            s.held(learnt);
+        if let Some(s) = self.shape.as_mut() {
+            if self.learn.pressed {
+                s.held(learnt);
+            } else {
+                s.idle();
+            }
         }
         // A search (see learn::ShapeLearner::step) steps on from the window
         // that settled the lower limit too: it is costly to stay low.

@@ -33,7 +33,7 @@ mod fitted;
 mod start;
 mod windows;
 
-pub use fitted::Fitted;
+pub use fitted::{Fitted, FittedKind};
 use start::Start;
 pub use start::START_AHEAD;
 
@@ -162,6 +162,10 @@ pub struct ShapeLearner {
     fixed_too: Option<u64>,
     /// Whether the limit was learnt to be a fixed window's.
     fixed: bool,
+    /// The limits of the last two windows in a row an even pace held,
+    /// used in full, since the last refusal (0: none): two say what a
+    /// whole fixed window let through.
+    held_in_a_row: [u64; 2],
     /// After a start with no refusal from a server stating nothing, the
     /// even pace goes on at the told rate itself (no skew) until then, a
     /// window more: the places the start's pace left unused (a tenth of
@@ -186,6 +190,7 @@ impl ShapeLearner {
             pending_fit: None,
             fixed_too: None,
             fixed: false,
+            held_in_a_row: [0; 2],
             handover: None,
         }
     }
@@ -388,6 +393,7 @@ impl ShapeLearner {
     /// ramps up to tell the rate (see [`RAMP_FROM`]).
     pub fn refused(&mut self, limit: u64, accepted: u64, now: Instant, secret: bool) -> Verdict {
         self.handover = None;
+        self.held_in_a_row = [0; 2];
         // The run's first refusal, in its first window: whatever went
         // before it, one refusal tells a bucket's burst from its rate no
         // better than a window's count (see `fit`); the ramp tells them.
@@ -441,9 +447,27 @@ impl ShapeLearner {
     /// A whole window passed at `limit` without a 429 (the window's own
     /// learning clock says so).
     pub fn held(&mut self, limit: u64) {
-        if self.phase != Phase::Window {
-            self.held = self.held.max(limit);
+        if self.phase == Phase::Window {
+            return;
         }
+        self.held = self.held.max(limit);
+        self.held_in_a_row = [self.held_in_a_row[1], limit];
+        // Two windows of the even pace held hold a whole window of the
+        // server's, with at least the slower one's count less two (one at
+        // each end, where a send's arrival may fall either side of the
+        // reset): a fixed window below that would have refused it, so it
+        // is not the server's.
+        let slower = self.held_in_a_row[0].min(limit);
+        let count = (slower as f64 / (1.0 + SKEW)).floor() as u64;
+        if slower > 0 {
+            self.fixed_too = self.fixed_too.filter(|&f| count <= f + 2);
+        }
+    }
+
+    /// A whole window passed without a 429 but without using the limit in
+    /// full: the even pace's run of windows is broken.
+    pub fn idle(&mut self) {
+        self.held_in_a_row = [0; 2];
     }
 
     /// A refusal lowers `limit`, with `accepted` calls accepted in the

@@ -124,6 +124,9 @@ pub fn drive_stated<C: Client>(
     let mut slots: Vec<C::Slot> = Vec::new();
     let mut gen = vec![0u64; workers];
     let mut blocked = vec![false; workers];
+    // A worker waits for its call's answer before it takes another: a
+    // wake while it waits (two wakes may carry one generation) is ignored.
+    let mut busy = vec![false; workers];
     let mut next = 0usize;
     for w in 0..workers {
         q.push(t0, WAKE, w, 0);
@@ -145,10 +148,11 @@ pub fn drive_stated<C: Client>(
                 }
                 wake_blocked(&mut q, &mut gen, &mut blocked, now);
                 let w = b as usize;
+                busy[w] = false;
                 q.push(now, WAKE, w, gen[w]);
             }
             _ => {
-                if b != gen[a] || next == fates.len() {
+                if b != gen[a] || busy[a] || next == fates.len() {
                     continue;
                 }
                 match c.try_take(now) {
@@ -171,6 +175,8 @@ pub fn drive_stated<C: Client>(
                             refused: false,
                         });
                         slots.push(slot);
+                        busy[a] = true;
+                        blocked[a] = false;
                         if let Some(at) = arrival {
                             q.push(at, ARRIVE, i, 0);
                         }

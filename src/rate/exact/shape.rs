@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::{ExactWindow, Learning, SlotId};
-use crate::rate::learn::{Learnt, LearntShape, Phase, ShapeLearner, Verdict};
+use crate::rate::learn::{FittedKind, Learnt, LearntShape, Phase, ShapeLearner, Verdict};
 
 impl ExactWindow {
     /// Starts from what an earlier run learnt, as
@@ -148,9 +148,16 @@ impl ExactWindow {
             Some(Some(f)) => {
                 self.probe_at_most(f.most);
                 let limit = f.limit.clamp(1, self.configured);
-                let said = match f.burst {
-                    Some(burst) => Learning::Bucket { limit, burst },
-                    None => Learning::FixedWindow(limit),
+                let said = match f.kind {
+                    FittedKind::Bucket(burst) => Learning::Bucket { limit, burst },
+                    FittedKind::FixedWindow => Learning::FixedWindow(limit),
+                    // Its count, as a lowering says it, settled as one
+                    // is once a window holds.
+                    FittedKind::SlidingWindow => {
+                        self.learn.learnt = Some(limit);
+                        self.push_event(Learning::Lowered(limit));
+                        return;
+                    }
                 };
                 self.settle_shape(limit, said, now);
                 return;

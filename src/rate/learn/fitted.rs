@@ -10,27 +10,37 @@ use super::{windows, Phase, ShapeLearner, SKEW};
 /// least (and a tenth of the interval at the told rate).
 const FIT_SLACK: Duration = Duration::from_millis(2);
 
-/// A bucket, or a fixed window, fitted to the answers of the start and
-/// the ramp (see [`ShapeLearner::take_fit`]).
+/// A bucket, or a window, fitted to the answers of the start and the
+/// ramp (see [`ShapeLearner::take_fit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fitted {
     /// A bucket's limit per window whose even pace is the least rate that
-    /// fits; a fixed window's least limit.
+    /// fits; a window's least limit.
     pub limit: u64,
-    /// A bucket's burst (the least that fits, less one); `None` for a
-    /// fixed window, paced as a sliding one of its limit (which no fixed
-    /// window of that limit refuses, whatever its phase).
-    pub burst: Option<u64>,
+    /// What fitted.
+    pub kind: FittedKind,
     /// The limit per window of the greatest rate (or count) that fits.
     pub most: u64,
 }
 
+/// The shape a [`Fitted`] limit has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FittedKind {
+    /// A bucket with this burst (the least that fits, less one).
+    Bucket(u64),
+    /// A fixed window, paced as a sliding one of its limit (which no fixed
+    /// window of that limit refuses, whatever its phase).
+    FixedWindow,
+    /// A sliding window: its count, as the lowering had it, but no probing
+    /// above the most the answers allow.
+    SlidingWindow,
+}
+
 impl ShapeLearner {
-    /// The bucket (or fixed window) that fits every answer of the start
-    /// and the ramp, once they are all in (or a window after the ramp's
-    /// refusal, without the rest): `None` until then (or with no fit
-    /// pending), then once `Some(fit)`, `Some(None)` when nothing fits, or
-    /// a sliding window does (its count is the window's own lowering).
+    /// The bucket (or window) that fits every answer of the start and the
+    /// ramp, once they are all in (or a window after the ramp's refusal,
+    /// without the rest): `None` until then (or with no fit pending), then
+    /// once `Some(fit)`, or `Some(None)` when nothing fits.
     pub fn take_fit(&mut self, now: Instant) -> Option<Option<Fitted>> {
         let (limit, at) = self.pending_fit?;
         if !self.evidence.answered_all() && now.saturating_duration_since(at) < self.window {
@@ -48,8 +58,8 @@ impl ShapeLearner {
     }
 
     /// [`take_fit`](Self::take_fit)'s bucket or window, told `limit` per
-    /// window: a bucket when one fits, else a fixed window when one does
-    /// and no sliding one does.
+    /// window: a bucket when one fits, else a sliding window when one
+    /// does, else a fixed one.
     fn fitted(&mut self, limit: u64) -> Option<Fitted> {
         let w = self.window.as_secs_f64().max(1e-9);
         let told = limit as f64 / w;
@@ -70,19 +80,7 @@ impl ShapeLearner {
         // A fixed window may fit a bucket's answers too, by resets placed
         // where they are few: a bucket that fits comes first.
         let Some(f) = bucket else {
-            let least = windows::fit_fixed(&self.evidence.answers(), self.window, slack)?;
-            // No probing above it: the least is the count of the server's
-            // fullest window, and a probe above a fixed window's limit is
-            // refused in every window it tries.
-            let least = least.clamp(1, limit);
-            self.phase = Phase::Window;
-            self.fixed = true;
-            self.searching = false;
-            return Some(Fitted {
-                limit: least,
-                burst: None,
-                most: least,
-            });
+            return self.fitted_window(limit, slack);
         };
         let burst = f.burst.saturating_sub(1);
         self.phase = Phase::Bucket { burst };
@@ -104,9 +102,48 @@ impl ShapeLearner {
         self.searching = false;
         Some(Fitted {
             limit: self.held,
-            burst: Some(burst),
-            // f.most ≥ f.per_second: the greatest rate that fits.
-            most: per_window(f.most),
+            kind: FittedKind::Bucket(burst),
+            // f.most ≥ f.per_second: the greatest rate that fits. With no
+            // burst, no probing above the fit, as the fleet does: a probe
+            // a step above the rate it learnt is refused by the first
+            // arrival a little early, and a pace a tenth under its rate
+            // is within the bar for a secret limit.
+            most: if burst == 0 {
+                self.held
+            } else {
+                per_window(f.most)
+            },
         })
+    }
+
+    /// No bucket fits the answers: the sliding window that does, else the
+    /// fixed one, paced as a window.
+    fn fitted_window(&mut self, limit: u64, slack: Duration) -> Option<Fitted> {
+        let answers = self.evidence.answers();
+        let fitted = match windows::fit_sliding(&answers, self.window, slack) {
+            // Probing no higher than the answers allow: the ramp's refusal
+            // with nothing else in flight counts the server's window
+            // exactly, and a probe above that count is refused.
+            Some((least, most)) => Fitted {
+                limit: least.clamp(1, limit),
+                kind: FittedKind::SlidingWindow,
+                most: most.clamp(1, limit),
+            },
+            None => {
+                // No probing above it either: the least is the count of
+                // the server's fullest window, and a probe above a fixed
+                // window's limit is refused in every window it tries.
+                let least = windows::fit_fixed(&answers, self.window, slack)?.clamp(1, limit);
+                self.fixed = true;
+                Fitted {
+                    limit: least,
+                    kind: FittedKind::FixedWindow,
+                    most: least,
+                }
+            }
+        };
+        self.phase = Phase::Window;
+        self.searching = false;
+        Some(fitted)
     }
 }

@@ -316,6 +316,8 @@ proptest! {
 
     /// A secret limit of any shape at a third of the told one: a sliding
     /// window, a fixed one, a bucket with a burst of 3 and with none.
+    /// (A grid of 14 400 runs, every worker count and round trip here,
+    /// found no case over these bars.)
     #[test]
     fn a_secret_limit_of_any_shape_at_a_third_is_learnt(
         shape in 0u8..4,
@@ -341,12 +343,13 @@ proptest! {
             _ => Duration::from_secs_f64((ITEMS - 1) as f64 / 10.0),
         };
         prop_assert!(within_bar(&o, ideal), "shape {} {:?} against {:?}", shape, o, ideal);
-        // One over the 3 in rare cases (1000 tried: a sliding
-        // window, one worker, 35 ms round trips): the start's refusal, the
-        // ramp's, and a window's slow probe above the limit it learnt,
-        // refused and lowered back (docs/pacing.md; a bucket's fit ends
-        // its learning). On the sim every shape sees 2 or 3.
-        prop_assert!(o.refused <= 4, "shape {} {:?}", shape, o);
+        // The 3: the start's refusal, the ramp's, and at most one
+        // more. With round trips longer than the told pace's interval
+        // (33 ms at 30 a second) and more than one worker, a call is
+        // already on its way when a refusal comes back, and a fixed window
+        // refuses it too: one more (docs/pacing.md).
+        let in_flight = base + jitter >= 33 && workers > 1;
+        prop_assert!(o.refused <= if in_flight { 4 } else { 3 }, "shape {} {:?}", shape, o);
         prop_assert!(o.highest <= 30 && o.learnt.map_or(true, |l| l <= 30));
     }
 }
@@ -555,3 +558,4 @@ fn nothing_left_at_the_even_pace_waits_for_the_pace_not_the_window() {
 }
 
 mod grid;
+mod secret;

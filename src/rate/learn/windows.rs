@@ -53,16 +53,11 @@ fn exact(fits: &[(u64, u64)]) -> Option<u64> {
 /// The least and greatest limits of a fixed window that fit `calls`, at
 /// each phase where one does; `None` when a sliding window fits.
 fn phases(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Option<Vec<(u64, u64)>> {
-    let origin = calls.iter().map(|c| c.0).min()?;
-    let mut times: Vec<(f64, bool)> = calls
-        .iter()
-        .map(|&(at, ok)| (at.saturating_duration_since(origin).as_secs_f64(), ok))
-        .collect();
-    times.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let times = relative(calls)?;
     let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
     let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
     let all_accepted = accepted.len() == times.len();
-    if w <= 2.0 * slack || all_accepted || sliding_fits(&times, &accepted, w, slack) {
+    if w <= 2.0 * slack || all_accepted || sliding_fits(&times, &accepted, w, slack).is_some() {
         return None;
     }
     let fits = (0..PHASES)
@@ -70,6 +65,35 @@ fn phases(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Optio
         .filter_map(|phase| fixed_fits(&times, &accepted, w, phase, slack))
         .collect();
     Some(fits)
+}
+
+/// `calls` as seconds from the first send, in send order (`None` with
+/// none).
+fn relative(calls: &[(Instant, bool)]) -> Option<Vec<(f64, bool)>> {
+    let origin = calls.iter().map(|c| c.0).min()?;
+    let mut times: Vec<(f64, bool)> = calls
+        .iter()
+        .map(|&(at, ok)| (at.saturating_duration_since(origin).as_secs_f64(), ok))
+        .collect();
+    times.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some(times)
+}
+
+/// The least and greatest limits of a sliding window of `window` that
+/// answer `calls` (send instant, accepted) as the server did; `None` when
+/// none does, or nothing was refused (nothing bounds it from above).
+pub fn fit_sliding(
+    calls: &[(Instant, bool)],
+    window: Duration,
+    slack: Duration,
+) -> Option<(u64, u64)> {
+    let times = relative(calls)?;
+    let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
+    let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
+    if w <= 2.0 * slack || accepted.len() == times.len() {
+        return None;
+    }
+    sliding_fits(&times, &accepted, w, slack)
 }
 
 /// How many of the sorted `accepted` send instants lie between `from`
@@ -84,10 +108,10 @@ fn held(accepted: &[f64], from: Bound<f64>, to: f64) -> u64 {
     hi.saturating_sub(lo) as u64
 }
 
-/// Whether a sliding window answers `times` (seconds from the first send,
-/// accepted; in send order; `accepted` the accepted ones' instants) as the
-/// server did.
-fn sliding_fits(times: &[(f64, bool)], accepted: &[f64], w: f64, slack: f64) -> bool {
+/// The least and greatest limits of a sliding window that answers `times`
+/// (seconds from the first send, accepted; in send order; `accepted` the
+/// accepted ones' instants) as the server did, if any does.
+fn sliding_fits(times: &[(f64, bool)], accepted: &[f64], w: f64, slack: f64) -> Option<(u64, u64)> {
     // Accepted sends within W less the slack reached the server within W.
     let least = accepted
         .iter()
@@ -100,7 +124,7 @@ fn sliding_fits(times: &[(f64, bool)], accepted: &[f64], w: f64, slack: f64) -> 
         .map(|&(t, _)| held(accepted, Excluded(t - w - slack), t + slack))
         .min()
         .unwrap_or(u64::MAX);
-    least <= most
+    (least <= most).then_some((least, most))
 }
 
 /// The least and the greatest limit of a fixed window of `w` resetting at
