@@ -128,6 +128,12 @@ pub struct SimArgs {
     #[arg(long = "secret-limit")]
     pub secret_limit: bool,
 
+    /// State every Retry-After as the HTTP-date it ends at (`Sat, 05 Dec
+    /// 2026 23:40:07 GMT`, rounded up to a whole second), as some servers
+    /// do, instead of a delay in seconds.
+    #[arg(long = "retry-after-date")]
+    pub retry_after_date: bool,
+
     /// Hostile: answer every metered request with a rate-limit 429 and
     /// retry-after: 1, so nothing ever gets through.
     #[arg(long = "rate-limit-forever")]
@@ -170,6 +176,7 @@ impl Default for SimArgs {
             seed: None,
             latency_in: None,
             secret_limit: false,
+            retry_after_date: false,
             rate_limit_forever: false,
             echo_key: false,
             keep_working: false,
@@ -244,6 +251,7 @@ impl SimArgs {
             seed: self.seed.unwrap_or_else(|| fastrand::u64(..)),
             latency_in: self.latency_in.as_deref().map(|l| (l.min, l.max)),
             secret_limit: self.secret_limit,
+            retry_after_date: self.retry_after_date,
             rate_limit_forever: self.rate_limit_forever,
             echo_key: self.echo_key,
             keep_working: self.keep_working,
@@ -285,6 +293,7 @@ impl SimArgs {
         for (on, mode) in [
             (self.latency_in.is_some(), "transit-in latency"),
             (self.secret_limit, "secret limit"),
+            (self.retry_after_date, "Retry-After as a date"),
             (self.rate_limit_forever, "rate-limited forever"),
             (self.echo_key, "echoing the key"),
         ] {

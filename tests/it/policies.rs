@@ -296,8 +296,19 @@ async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
 /// again executes nothing twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_429_asking_for_a_day_halts_as_a_used_up_quota() {
-    let s = Scenario::new("policies-retry-day")
-        .with_sim(&["--limit", "5/1d", "--secret-limit", "--cooldown", "1s"])
+    // In both forms of Retry-After: delay seconds, and the HTTP-date.
+    for form in ["--cooldown", "--retry-after-date"] {
+        a_day_asked_for_halts(form).await;
+    }
+}
+
+async fn a_day_asked_for_halts(form: &str) {
+    let mut sim = vec!["--limit", "5/1d", "--secret-limit", "--cooldown", "1s"];
+    if form == "--retry-after-date" {
+        sim.push(form);
+    }
+    let s = Scenario::new(&format!("policies-retry-day{form}"))
+        .with_sim(&sim)
         .numbers(8);
     let r = s.run(&["--limit", "100/1s", "--concurrency", "1"]);
     assert_eq!(r.code, 75, "{}", r.stderr);

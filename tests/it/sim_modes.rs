@@ -74,6 +74,25 @@ async fn arrivals(sim: &Sim) -> Vec<f64> {
 }
 
 #[tokio::test]
+async fn retry_after_can_be_said_as_the_date_it_ends_at() {
+    let sim = Sim::start(&["--limit", "1/10s", "--cooldown", "0", "--retry-after-date"]);
+    let c = client();
+    assert_eq!(get(&c, &sim, "/v1/echo").await.status(), StatusCode::OK);
+    let before = std::time::SystemTime::now();
+    let r = get(&c, &sim, "/v1/echo").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let said = header(&r, "retry-after").expect("retry-after");
+    let at = httpdate::parse_http_date(&said).unwrap_or_else(|e| panic!("{said}: {e}"));
+    // The window frees within 10 s, the date rounded up to a whole second.
+    let ahead = at.duration_since(before).expect("a date ahead");
+    assert!(
+        ahead > Duration::from_secs(8) && ahead <= Duration::from_secs(11),
+        "{said}: {ahead:?}"
+    );
+    assert_eq!(sim.stats().await["config"]["retry_after_date"], true);
+}
+
+#[tokio::test]
 async fn a_secret_limit_is_enforced_without_rate_headers() {
     let sim = Sim::start(&["--secret-limit", "--limit", "2/10s", "--cooldown", "0"]);
     let c = client();

@@ -88,6 +88,7 @@ fn describe(cfg: &Config) -> Value {
         "latency_in_ms": cfg.latency_in.map(ms),
         "keep_working": cfg.keep_working,
         "secret_limit": cfg.secret_limit,
+        "retry_after_date": cfg.retry_after_date,
         "rate_limit_forever": cfg.rate_limit_forever,
         "echo_key": cfg.echo_key,
     })
@@ -102,6 +103,7 @@ pub(crate) async fn serve(
     let unix_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
+    let date = cfg.retry_after_date;
     let app = Arc::new(App {
         describe: describe(&cfg),
         echo_key: cfg.echo_key,
@@ -131,6 +133,10 @@ pub(crate) async fn serve(
         .fallback(admin::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(app);
+    let router = match date {
+        true => router.layer(axum::middleware::map_response(respond::retry_after_as_date)),
+        false => router,
+    };
     axum::serve(
         SimListener(listener),
         router.into_make_service_with_connect_info::<ConnCtl>(),

@@ -4,6 +4,8 @@
 //! request's API key into it: a hostile server for testing that a client
 //! never lets a key it gets back reach its logs or files.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use axum::body::{Body, Bytes};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -170,6 +172,27 @@ pub(super) fn rejected(
     }
     if let Rejection::Concurrency { limit } = why {
         h.insert(wire::CONCURRENCY_LIMIT, HeaderValue::from(limit));
+    }
+    r
+}
+
+/// `--retry-after-date`: a response's `Retry-After` in delay seconds said
+/// instead as the HTTP-date it ends at, rounded up to a whole second (the
+/// form keeps no fraction), so a client waiting until then waits no less.
+pub(super) async fn retry_after_as_date(mut r: Response) -> Response {
+    let secs = r
+        .headers()
+        .get(wire::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(s) = secs {
+        let at = SystemTime::now() + Duration::from_secs(s);
+        let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let whole = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+        let date = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(whole));
+        if let Ok(v) = HeaderValue::from_str(&date) {
+            r.headers_mut().insert(wire::RETRY_AFTER, v);
+        }
     }
     r
 }
