@@ -7,8 +7,6 @@ use tokio::time::Instant;
 
 use crate::pace::PaceNote;
 use crate::rate::exact::MAX_EVENTS;
-use crate::rate::learn::Learnt;
-use crate::rate::Limit;
 
 /// What this process knows of its own calls.
 #[derive(Default)]
@@ -42,11 +40,6 @@ pub(super) struct Local {
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,
-    /// What the job's checkpoint says an earlier run learnt (the limit, 0
-    /// for none; whether paced evenly), put back by the first take.
-    pub(super) recall: Option<(u64, bool)>,
-    /// The fleet's limit in force as last heard (0: none yet).
-    pub(super) limit: u64,
     /// The bare rate told (`30/1s`), while the fleet's even pace (begun
     /// when a burst under it was refused) is still to be said, with how
     /// to name a bucket's shape to keep its burst.
@@ -54,32 +47,11 @@ pub(super) struct Local {
 }
 
 impl Local {
-    /// A process told `limit` (`shape_unknown`: a bare rate) that resumes
-    /// what its checkpoint says was `learnt`: put back by its first take,
-    /// and not announced again as news when the fleet answers with it (the
-    /// start line says it).
-    pub(super) fn new(limit: Limit, shape_unknown: bool, learnt: Option<Learnt>) -> Local {
-        // A bucket's burst is the fleet's even pace (it keeps none).
-        let recall = learnt.map(|l| (l.limit, l.shape.burst.is_some()));
-        let even_known = recall.is_some_and(|r| r.1);
-        Local {
-            name_the_shape: match limit {
-                Limit::Rate(r) if shape_unknown && !even_known => Some(r.spec()),
-                _ => None,
-            },
-            learnt: recall.map_or(0, |r| r.0),
-            settled_told: recall.is_some(),
-            recall,
-            ..Local::default()
-        }
-    }
-
     /// What a granted take said of the fleet's learnt limit (`limit` being
     /// the one in force): a lowering (by any process), its settling and the
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
         self.even = even;
-        self.limit = limit;
         if even {
             if let Some(told) = self.name_the_shape.take() {
                 self.push(PaceNote::FleetPacedEvenly { limit, told });

@@ -13,7 +13,6 @@ use super::{FleetPacer, Took, Why, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MA
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
-use crate::rate::learn::LearntShape;
 use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
 use crate::util::BoxFuture;
 
@@ -173,24 +172,7 @@ impl Pacer for FleetPacer {
     }
 
     fn learnt(&self) -> Option<u64> {
-        let l = self.inner.lock();
-        // Paced evenly at the told rate, nothing lowered: the rate is what
-        // was learnt, with its shape.
-        let learnt = if l.learnt == 0 && l.even {
-            l.limit
-        } else {
-            l.learnt
-        };
-        Some(learnt).filter(|&l| l > 0)
-    }
-
-    fn learnt_shape(&self) -> LearntShape {
-        LearntShape {
-            // The fleet's even pace is a bucket's with no burst: it learns
-            // none.
-            burst: self.inner.lock().even.then_some(0),
-            ..LearntShape::default()
-        }
+        Some(self.inner.lock().learnt).filter(|&l| l > 0)
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {

@@ -32,7 +32,6 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
-use crate::rate::learn::Learnt;
 use crate::rate::policy::{PolicySpec, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
@@ -80,11 +79,6 @@ pub struct FleetPacing {
     /// window until a burst under it is refused, then paced evenly (the
     /// script's `pause`), as a bucket with no burst.
     pub shape_unknown: bool,
-    /// What the job's checkpoint says an earlier run learnt: put back by
-    /// this process's first take, as after Redis forgot the fleet (the
-    /// lowest limit winning, the even pace for good), so a resumed fleet
-    /// does not pay for it again with 429s.
-    pub learnt: Option<Learnt>,
 }
 
 /// How long a concurrency lease lasts without a heartbeat: three per-call
@@ -267,7 +261,13 @@ impl FleetPacer {
             wait_for_quota: cfg.wait_for_quota,
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
-            local: Mutex::new(Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)),
+            local: Mutex::new(Local {
+                name_the_shape: match cfg.limit {
+                    Limit::Rate(r) if cfg.shape_unknown => Some(r.spec()),
+                    _ => None,
+                },
+                ..Local::default()
+            }),
             front: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
             secret: AtomicBool::new(true),
@@ -384,13 +384,7 @@ impl Inner {
         let now = Instant::now();
         let mut l = self.lock();
         if !l.lost {
-            // The first take puts back what the checkpoint says was learnt.
-            let (learnt, even) = l.recall.filter(|_| self.rule.windowed())?;
-            return Some(Restore {
-                learnt,
-                even,
-                ..Restore::default()
-            });
+            return None;
         }
         while l.recent.front().is_some_and(|r| r.1 <= now) {
             l.recent.pop_front();
@@ -513,11 +507,7 @@ impl Inner {
             }
         };
         if restored.load(Ordering::SeqCst) {
-            {
-                let mut l = self.lock();
-                l.lost = false;
-                l.recall = None;
-            }
+            self.lock().lost = false;
             self.relist().await;
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
