@@ -412,6 +412,10 @@ impl ExactWindow {
         self.advance(now);
         self.learn.clean_since = self.learn.clean_since.max(now);
         self.learn.pressed = false;
+        // Whatever it teaches, a 429 breaks a run of windows held.
+        if let Some(s) = &mut self.shape {
+            s.idle();
+        }
         // With no answered call occupying, the refused one is not among
         // them as this rule assumes: there is nothing to measure.
         if self.reported.is_some() || self.paused_until(now).is_some() || self.done.is_empty() {

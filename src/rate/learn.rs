@@ -20,7 +20,10 @@
 //! - If even pacing is refused too, the rate itself is lower: the exact
 //!   window lowers its limit as it always did (from the calls accepted per
 //!   window), and pacing stays even at the lower limit, which a window of
-//!   that limit accepts as well as a bucket of that rate.
+//!   that limit accepts as well as a bucket of that rate. Once every answer
+//!   of the start and the ramp is in, a fit replaces that count: the bucket
+//!   that answers them as the server did, else the window that does, then
+//!   paced as a window (`fitted.rs`).
 //!
 //! A 429 after even pacing, or with no burst before it, says the rate is
 //! lower at once. Everything here is pure: every method takes `now`.
@@ -460,12 +463,12 @@ impl ShapeLearner {
         let slower = self.held_in_a_row[0].min(limit);
         let count = (slower as f64 / (1.0 + SKEW)).floor() as u64;
         if slower > 0 {
-            self.fixed_too = self.fixed_too.filter(|&f| count <= f + 2);
+            self.fixed_too = self.fixed_too.filter(|&f| count <= f.saturating_add(2));
         }
     }
 
-    /// A whole window passed without a 429 but without using the limit in
-    /// full: the even pace's run of windows is broken.
+    /// A whole window passed without using the limit in full, or a 429
+    /// came: the even pace's run of windows held is broken.
     pub fn idle(&mut self) {
         self.held_in_a_row = [0; 2];
     }

@@ -1,6 +1,7 @@
 //! The learner's side of a fit: when it takes one (every answer of the
 //! start and the ramp in), and what it then paces to: the bucket that fits
-//! (`fit.rs`), else the fixed window that does (`windows.rs`).
+//! (`fit.rs`), else the sliding window that does, else the fixed one
+//! (`windows.rs`), each paced as a window.
 
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,9 @@ pub enum FittedKind {
     /// A fixed window, paced as a sliding one of its limit (which no fixed
     /// window of that limit refuses, whatever its phase).
     FixedWindow,
-    /// A sliding window: its count, as the lowering had it, but no probing
-    /// above the most the answers allow.
+    /// A sliding window: the least count its answers allow (which takes
+    /// the place of the lowering's), with no probing above the most they
+    /// allow.
     SlidingWindow,
 }
 
