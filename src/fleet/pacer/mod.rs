@@ -127,6 +127,9 @@ struct Inner {
     /// wait here, so a full window costs one round trip per process, not
     /// one per worker, whenever a slot frees up.
     front: tokio::sync::Mutex<()>,
+    /// Held while completions are handed to Redis: a flush waits for the
+    /// settler's batch in flight, so what it returns after is in Redis.
+    settling: tokio::sync::Mutex<()>,
     wake: Arc<Notify>,
     /// No `x-rate-limit-*` header seen yet: a 429 teaches the limit.
     secret: AtomicBool,
@@ -269,6 +272,7 @@ impl FleetPacer {
                 ..Local::default()
             }),
             front: tokio::sync::Mutex::new(()),
+            settling: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
             secret: AtomicBool::new(true),
             shape_unknown: cfg.shape_unknown,
@@ -571,6 +575,7 @@ impl Inner {
 
     /// Sends pending completions; true when there were none left to send.
     async fn flush_settles(&self, within: Duration) -> bool {
+        let _one_at_a_time = self.settling.lock().await;
         let settles = self.take_settles();
         if settles.is_empty() {
             return true;
