@@ -328,12 +328,14 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     old.as_object_mut().unwrap().remove("learnt_burst");
     old.as_object_mut().unwrap().remove("learnt_fixed_too");
     old.as_object_mut().unwrap().remove("learnt_fixed");
+    old.as_object_mut().unwrap().remove("learnt_most");
     s.jobs
         .insert("j9", serde_json::to_vec(&old).unwrap())
         .unwrap();
     let read = s.job("j9").unwrap().unwrap();
     assert_eq!((read.learnt_limit, read.learnt_burst), (Some(6), None));
     assert_eq!((read.learnt_fixed_too, read.learnt_fixed), (None, false));
+    assert_eq!(read.learnt_most, None);
     // And a bucket learnt is kept with its burst, and the fixed window its
     // refusal would switch to.
     meta.learnt_burst = Some(5);
@@ -347,6 +349,10 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     meta.learnt_fixed = true;
     s.save_job(&meta).unwrap();
     assert!(s.job("j9").unwrap().unwrap().learnt_fixed);
+    // And the most a fit allowed, above which a resumed run does not probe.
+    meta.learnt_most = Some(10);
+    s.save_job(&meta).unwrap();
+    assert_eq!(s.job("j9").unwrap().unwrap().learnt_most, Some(10));
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

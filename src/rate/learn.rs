@@ -126,6 +126,10 @@ pub struct LearntShape {
     /// Whether the limit was learnt to be a fixed window's (fitted, or
     /// switched to): paced as a sliding window of it, never probed above.
     pub fixed: bool,
+    /// The most a fit of the start's and the ramp's answers allows (a
+    /// sliding window's count, a bucket's greatest rate per window): a
+    /// resumed run probes no higher, as the run that fitted it did.
+    pub most: Option<u64>,
 }
 
 impl From<u64> for Learnt {
@@ -165,6 +169,8 @@ pub struct ShapeLearner {
     fixed_too: Option<u64>,
     /// Whether the limit was learnt to be a fixed window's.
     fixed: bool,
+    /// The most the last fit allowed (see [`LearntShape::most`]).
+    most: Option<u64>,
     /// The limits of the last two windows in a row an even pace held,
     /// used in full, since the last refusal (0: none): two say what a
     /// whole fixed window let through.
@@ -193,6 +199,7 @@ impl ShapeLearner {
             pending_fit: None,
             fixed_too: None,
             fixed: false,
+            most: None,
             held_in_a_row: [0; 2],
             handover: None,
         }
@@ -209,6 +216,7 @@ impl ShapeLearner {
             return l;
         };
         l.start = None;
+        l.most = learnt.most;
         if let Some(burst) = learnt.burst {
             l.phase = Phase::Bucket { burst };
             l.fixed_too = learnt.fixed_too;
@@ -225,6 +233,7 @@ impl ShapeLearner {
             burst: self.burst(),
             fixed_too: self.fixed_too,
             fixed: self.fixed,
+            most: self.most,
         }
     }
 

@@ -92,19 +92,21 @@ pub(super) fn learnt(m: &JobMeta) -> Option<Learnt> {
             burst: m.learnt_burst,
             fixed_too: m.learnt_fixed_too,
             fixed: m.learnt_fixed,
+            most: m.learnt_most,
         },
     })
 }
 
 /// Keeps `learnt` in a job's record (`None`: nothing learnt). The record
-/// keeps the four fields flat, as checkpoints older than the shape have
-/// the count alone.
+/// keeps the fields flat, as checkpoints older than the shape have the
+/// count alone.
 pub(super) fn keep_learnt(m: &mut JobMeta, learnt: Option<Learnt>) {
     let shape = learnt.map(|l| l.shape).unwrap_or_default();
     m.learnt_limit = learnt.map(|l| l.limit);
     m.learnt_burst = shape.burst;
     m.learnt_fixed_too = shape.fixed_too;
     m.learnt_fixed = shape.fixed;
+    m.learnt_most = shape.most;
 }
 
 /// Finds the job for this input and request in `store`: the one made for

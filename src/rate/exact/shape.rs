@@ -21,6 +21,13 @@ impl ExactWindow {
         {
             w.probe_at_most(l);
         }
+        // No probing above what the earlier run's fit allowed either.
+        if let Some(most) = learnt
+            .and_then(|l| l.shape.most)
+            .filter(|_| w.learn.learnt.is_some())
+        {
+            w.probe_at_most(most);
+        }
         w.shape = Some(ShapeLearner::restored(w.window, learnt));
         w
     }

@@ -51,6 +51,9 @@ impl ShapeLearner {
         self.pending_fit = None;
         let fitted = self.fitted(limit);
         self.evidence.clear();
+        if let Some(f) = fitted {
+            self.most = Some(f.most);
+        }
         Some(fitted)
     }
 

@@ -459,6 +459,7 @@ fn a_fixed_window_kept_aside_is_restored_with_the_bucket() {
                 burst: Some(17),
                 fixed_too,
                 fixed: false,
+                most: None,
             },
         };
         let mut w = ExactWindow::new(90, W, t0).learning_shape(Some(learnt));

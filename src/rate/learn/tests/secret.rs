@@ -43,6 +43,42 @@ fn a_secret_sliding_window_is_fitted_and_never_probed_above_its_count() {
     assert_eq!(said, [Learning::Lowered(10), Learning::Settled(10)]);
 }
 
+/// What the fit allowed is in the checkpoint's shape: a run resumed from it
+/// probes no higher either, where one resumed from the count alone probes
+/// above the window's count again.
+#[test]
+fn a_resumed_run_probes_no_higher_than_the_fit_allowed() {
+    let fates = link(ITEMS + 60, ms(38), ms(0), 0);
+    let t0 = Instant::now();
+    let mut sliding = Sliding {
+        limit: 10,
+        window: W,
+        accepted: Default::default(),
+    };
+    let mut c = Paced(ExactWindow::new(30, W, t0).learning_shape(None));
+    drive(&mut c, 2, &fates, t0, &mut |at| sliding.admit(at));
+    let shape = c.0.learnt_shape();
+    assert_eq!(shape.most, Some(10));
+    let resumed = |shape: LearntShape| {
+        let t1 = Instant::now() + W * 600;
+        let learnt = Learnt { limit: 10, shape };
+        let mut c = Paced(ExactWindow::new(30, W, t1).learning_shape(Some(learnt)));
+        let mut sliding = Sliding {
+            limit: 10,
+            window: W,
+            accepted: Default::default(),
+        };
+        drive(&mut c, 2, &fates, t1, &mut |at| sliding.admit(at))
+    };
+    let calls = resumed(shape);
+    assert!(calls.iter().all(|c| c.limit == 10 && !c.refused));
+    let without = resumed(LearntShape::default());
+    assert!(
+        without.iter().any(|c| c.limit > 10),
+        "the count alone probes"
+    );
+}
+
 /// A secret bucket with no burst at a third: the fit's rate is paced a
 /// tenth under, with no probe above it (one a step above, at the rate
 /// itself, was refused by the first arrival a little early).
