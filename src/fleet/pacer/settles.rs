@@ -1,0 +1,147 @@
+//! What one fleet process hands Redis besides its takes: the completions
+//! of its calls (settles, sent by the settler task or a flush), and after
+//! Redis forgot the fleet, what it puts back (its restore block) and how a
+//! take checks for that loss.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::rule::Verb;
+use super::{millis, Inner, Restore};
+use crate::pace::PaceError;
+
+impl Inner {
+    /// Pending completions as (id, ms since the response arrived; -1 for a
+    /// call never sent; `ago/used` when the response said the tokens it
+    /// used and a token window counts them), with the tokens apart for a
+    /// requeue.
+    pub(super) fn take_settles(&self) -> Vec<(String, String)> {
+        let now = Instant::now();
+        let weighed = self.weighed.load(Ordering::SeqCst);
+        std::mem::take(&mut self.lock().settles)
+            .into_iter()
+            .map(|(id, at, used)| {
+                let ago = at.map_or(-1, |a| millis(now.saturating_duration_since(a)) as i64);
+                match used.filter(|_| weighed && ago >= 0) {
+                    Some(u) => (id, format!("{ago}/{u}")),
+                    None => (id, ago.to_string()),
+                }
+            })
+            .collect()
+    }
+
+    /// Puts completions back after Redis could not take them. The ages are
+    /// lost; treating them as just arrived only makes them occupy longer.
+    pub(super) fn requeue(&self, settles: Vec<(String, String)>) {
+        let now = Instant::now();
+        let mut l = self.lock();
+        l.settles.extend(settles.into_iter().map(|(id, ago)| {
+            let sent = !ago.starts_with('-');
+            let used = ago.split_once('/').and_then(|(_, u)| u.parse().ok());
+            (id, sent.then_some(now), used)
+        }));
+    }
+
+    /// What this process puts back when Redis lost its data: its pause,
+    /// what it last heard of the fleet's learning, its calls in flight and
+    /// those still occupying the window.
+    pub(super) fn restore_block(&self) -> Option<Restore> {
+        let now = Instant::now();
+        let mut l = self.lock();
+        if !l.lost {
+            return None;
+        }
+        while l.recent.front().is_some_and(|r| r.1 <= now) {
+            l.recent.pop_front();
+        }
+        let paused = l
+            .paused_until
+            .map_or(0, |u| millis(u.saturating_duration_since(now)));
+        let hold = millis(self.args.hold);
+        let mut entries: Vec<(String, u64, bool)> = l
+            .in_flight
+            .iter()
+            .map(|id| (id.clone(), hold, true))
+            .collect();
+        // A drip rule keeps no window and learns nothing: only the calls in
+        // flight go back.
+        let (mut learnt, mut even) = (0, false);
+        if self.rule.windowed() {
+            entries.extend(l.recent.iter().map(|(id, end, _)| {
+                (
+                    id.clone(),
+                    millis(end.saturating_duration_since(now)) + 1,
+                    false,
+                )
+            }));
+            (learnt, even) = (l.learnt, l.even);
+        }
+        Some(Restore {
+            paused,
+            learnt,
+            even,
+            entries,
+        })
+    }
+
+    /// The loss check's arguments for a take: the epoch last heard and one
+    /// of this process's calls in flight, which Redis must still hold; none
+    /// while the take puts this process's calls back.
+    pub(super) fn loss_check(&self, putting_back: bool) -> (String, String) {
+        let l = self.lock();
+        if putting_back {
+            return (String::new(), String::new());
+        }
+        let heard = l.epoch.map_or(String::new(), |e| e.to_string());
+        let witness = l.in_flight.iter().next().cloned().unwrap_or_default();
+        (heard, witness)
+    }
+
+    /// Sends pending completions; true when there were none left to send.
+    pub(super) async fn flush_settles(&self, within: Duration) -> bool {
+        let _one_at_a_time = self.settling.lock().await;
+        let settles = self.take_settles();
+        if settles.is_empty() {
+            return true;
+        }
+        let sent: Result<i64, PaceError> = self
+            .run(self.rule.op(Verb::Settle), within, |inv| {
+                inv.arg(settles.len());
+                for (id, ago) in &settles {
+                    inv.arg(id).arg(ago);
+                }
+            })
+            .await;
+        if sent.is_err() {
+            self.requeue(settles);
+            return false;
+        }
+        true
+    }
+
+    /// How long a call occupies the window after its response: W, and a
+    /// millisecond for the script's whole-ms clock.
+    pub(super) fn occupied_after(&self) -> Duration {
+        self.window + Duration::from_millis(1)
+    }
+
+    /// A permit was completed (`arrived`) or dropped unused (`None`).
+    pub(super) fn settled(&self, id: String, arrived: Option<Instant>, used: Option<u64>) {
+        {
+            let mut l = self.lock();
+            l.in_flight.remove(&id);
+            if let Some(a) = arrived {
+                let end = a + self.occupied_after();
+                let now = Instant::now();
+                while l.recent.front().is_some_and(|r| r.1 <= now) {
+                    l.recent.pop_front();
+                }
+                l.recent.push_back((id.clone(), end, used));
+            }
+            l.settles.push((id, arrived, used));
+        }
+        self.wake.notify_one();
+    }
+}
