@@ -53,30 +53,15 @@ fn exact(fits: &[(u64, u64)]) -> Option<u64> {
 /// The least and greatest limits of a fixed window that fit `calls`, at
 /// each phase where one does; `None` when a sliding window fits.
 fn phases(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Option<Vec<(u64, u64)>> {
-    let times = relative(calls)?;
-    let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
-    let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
-    let all_accepted = accepted.len() == times.len();
-    if w <= 2.0 * slack || all_accepted || sliding_fits(&times, &accepted, w, slack).is_some() {
+    let a = Answers::of(calls, window, slack)?;
+    if a.sliding().is_some() {
         return None;
     }
     let fits = (0..PHASES)
-        .map(|p| w * f64::from(p) / f64::from(PHASES))
-        .filter_map(|phase| fixed_fits(&times, &accepted, w, phase, slack))
+        .map(|p| a.w * f64::from(p) / f64::from(PHASES))
+        .filter_map(|phase| fixed_fits(&a.times, &a.accepted, a.w, phase, a.slack))
         .collect();
     Some(fits)
-}
-
-/// `calls` as seconds from the first send, in send order (`None` with
-/// none).
-fn relative(calls: &[(Instant, bool)]) -> Option<Vec<(f64, bool)>> {
-    let origin = calls.iter().map(|c| c.0).min()?;
-    let mut times: Vec<(f64, bool)> = calls
-        .iter()
-        .map(|&(at, ok)| (at.saturating_duration_since(origin).as_secs_f64(), ok))
-        .collect();
-    times.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Some(times)
 }
 
 /// The least and greatest limits of a sliding window of `window` that
@@ -87,13 +72,48 @@ pub fn fit_sliding(
     window: Duration,
     slack: Duration,
 ) -> Option<(u64, u64)> {
-    let times = relative(calls)?;
-    let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
-    let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
-    if w <= 2.0 * slack || accepted.len() == times.len() {
-        return None;
+    Answers::of(calls, window, slack)?.sliding()
+}
+
+/// The answers a window is fitted to, in seconds.
+struct Answers {
+    /// Every call as (seconds from the first send, accepted), in send order.
+    times: Vec<(f64, bool)>,
+    /// The accepted ones' instants.
+    accepted: Vec<f64>,
+    /// The window and the slack, in seconds.
+    w: f64,
+    slack: f64,
+}
+
+impl Answers {
+    /// `calls` to fit a window of `window` to; `None` when there is nothing
+    /// to fit: no call, none refused (nothing bounds a limit from above), or
+    /// a window no wider than the slack at each end.
+    fn of(calls: &[(Instant, bool)], window: Duration, slack: Duration) -> Option<Answers> {
+        let origin = calls.iter().map(|c| c.0).min()?;
+        let mut times: Vec<(f64, bool)> = calls
+            .iter()
+            .map(|&(at, ok)| (at.saturating_duration_since(origin).as_secs_f64(), ok))
+            .collect();
+        times.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let accepted: Vec<f64> = times.iter().filter(|c| c.1).map(|c| c.0).collect();
+        let (w, slack) = (window.as_secs_f64(), slack.as_secs_f64());
+        if w <= 2.0 * slack || accepted.len() == times.len() {
+            return None;
+        }
+        Some(Answers {
+            times,
+            accepted,
+            w,
+            slack,
+        })
     }
-    sliding_fits(&times, &accepted, w, slack)
+
+    /// The sliding window's least and greatest limits, if one fits.
+    fn sliding(&self) -> Option<(u64, u64)> {
+        sliding_fits(&self.times, &self.accepted, self.w, self.slack)
+    }
 }
 
 /// How many of the sorted `accepted` send instants lie between `from`
