@@ -101,7 +101,10 @@ pub fn classify(
     now: SystemTime,
     key: Option<&Secret>,
 ) -> Result<(), CallError> {
-    let retry_after = header_str(headers, "retry-after").and_then(|v| retry_after::parse(v, now));
+    // Read once: a rate-limit 429 keeps it uncapped (beyond the cap it is
+    // a used-up quota's reset), everything else as a pause.
+    let said = header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now));
+    let retry_after = said.map(retry_after::capped);
     let code = status.as_u16();
     match code {
         200..=299 => Ok(()),
@@ -119,8 +122,7 @@ pub fn classify(
             Err(CallError::Concurrency { retry_after })
         }
         429 => Err(CallError::RateLimited {
-            retry_after: header_str(headers, "retry-after")
-                .and_then(|v| retry_after::parse_uncapped(v, now)),
+            retry_after: said,
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),

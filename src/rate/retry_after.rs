@@ -17,7 +17,13 @@ pub const MAX_QUOTA_RESET: Duration = Duration::from_secs(366 * 86_400);
 /// to a safe default. A date in the past means "now" (zero). Values are
 /// capped at [`MAX_RETRY_AFTER`].
 pub fn parse(value: &str, now: SystemTime) -> Option<Duration> {
-    parse_uncapped(value, now).map(|d| d.min(MAX_RETRY_AFTER))
+    parse_uncapped(value, now).map(capped)
+}
+
+/// A `Retry-After` read by [`parse_uncapped`], taken as a pause: at most
+/// [`MAX_RETRY_AFTER`].
+pub fn capped(d: Duration) -> Duration {
+    d.min(MAX_RETRY_AFTER)
 }
 
 /// [`parse`] without its cap (but at most [`MAX_QUOTA_RESET`]): a 429 that

@@ -14,7 +14,7 @@ use crate::classify::CallError;
 use crate::input::Item;
 use crate::rate::backoff::Backoff;
 use crate::rate::policies::QUOTA_BOUND;
-use crate::rate::retry_after::MAX_RETRY_AFTER;
+use crate::rate::retry_after;
 
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
@@ -311,7 +311,7 @@ fn rate_limited(
     let pause = match quota {
         Some(q) => q,
         None => retry_after
-            .map_or(policy.default_pause, |r| r.min(MAX_RETRY_AFTER))
+            .map_or(policy.default_pause, retry_after::capped)
             .max(MIN_PAUSE),
     };
     Action::Pause { pause, message }
