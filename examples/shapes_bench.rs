@@ -33,9 +33,14 @@ struct Bench {
     /// Workers of the run.
     #[arg(long, default_value_t = 10)]
     concurrency: u64,
-    /// The sim's latency (each way the same).
+    /// The sim's delay before an accepted call's answer (`--latency`):
+    /// its work. A 429 comes back without it, as from a limiter in front.
     #[arg(long, default_value = "5ms..30ms")]
     latency: String,
+    /// The sim's transit-in delay (`--latency-in`): the network's share
+    /// of a round trip, which a 429 pays as well. None by default.
+    #[arg(long)]
+    latency_in: Option<String>,
     /// Pacers to compare.
     #[arg(long, value_delimiter = ',', default_value = "window,bucket,spike")]
     pacers: Vec<String>,
@@ -271,6 +276,9 @@ impl Cell<'_> {
 fn cell(b: &Bench, c: &Cell, input: &Path) -> anyhow::Result<()> {
     let mut sim_args = c.sim_args();
     sim_args.extend(["--latency", &b.latency]);
+    if let Some(l) = &b.latency_in {
+        sim_args.extend(["--latency-in", l]);
+    }
     let sim = Sim::start(&sim_args)?;
     let args: Vec<String> = [
         "--limit",
@@ -422,8 +430,11 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(&input, text)?;
     if !b.tokens_only {
         println!(
-            "{} items, -c {}, latency {} each way, sim --cooldown 1s",
-            b.items, b.concurrency, b.latency
+            "{} items, -c {}, sim --latency {} (an accepted call's work), --latency-in {} (transit in), --cooldown 1s",
+            b.items,
+            b.concurrency,
+            b.latency,
+            b.latency_in.as_deref().unwrap_or("0")
         );
         println!("| shape | dialect | knows | pacer | wall / ideal | 429s | bar | holds |");
         println!("|---|---|---|---|---|---|---|---|");

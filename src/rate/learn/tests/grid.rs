@@ -106,3 +106,46 @@ fn a_fixed_window_taken_for_a_bucket_is_switched_to_at_the_first_refusal() {
         "no run of {runs} took the window for a bucket"
     );
 }
+
+/// The figures of docs/performance.md's "Long round trips": a secret
+/// limit at a third behind round trips of 20 ms to 1 s (a 429 as slow as
+/// an answer), for 1 to 30 calls in flight: the 429s and the time.
+/// `cargo test --lib survey_long -- --ignored --nocapture`.
+#[test]
+#[ignore = "a survey that prints figures, not a check"]
+fn survey_long_round_trips() {
+    for base in [20u64, 40, 100, 300, 1000] {
+        for shape in 0..4u8 {
+            let mut line = String::new();
+            for workers in [1usize, 3, 10, 30] {
+                let fates = link(ITEMS + 200, ms(base), ms(4), 1);
+                let t0 = Instant::now();
+                let mut sliding = Sliding {
+                    limit: 10,
+                    window: W,
+                    accepted: Default::default(),
+                };
+                let mut fixed = Fixed {
+                    limit: 10,
+                    window: W,
+                    t0,
+                    current: (0, 0),
+                };
+                let mut bucket = Gcra::new(10.0, if shape == 2 { 3 } else { 0 });
+                let mut server = |at| match shape {
+                    0 => sliding.admit(at),
+                    1 => fixed.admit(at),
+                    _ => bucket.admit(at),
+                };
+                let o = job(30, workers, &fates, ITEMS, &mut server);
+                line += &format!(
+                    " | {} in flight: {} 429s, {:.1} s",
+                    workers,
+                    o.refused,
+                    o.took.as_secs_f64()
+                );
+            }
+            eprintln!("round trip {base} ms, shape {shape}{line}");
+        }
+    }
+}
