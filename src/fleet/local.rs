@@ -7,6 +7,8 @@ use tokio::time::Instant;
 
 use crate::pace::PaceNote;
 use crate::rate::exact::MAX_EVENTS;
+use crate::rate::learn::Learnt;
+use crate::rate::Limit;
 
 /// What this process knows of its own calls.
 #[derive(Default)]
@@ -29,6 +31,15 @@ pub(super) struct Local {
     /// Whether the fleet was last heard paced evenly for a refused burst:
     /// put back, with `learnt`, should Redis forget it.
     pub(super) even: bool,
+    /// Since when the fleet has been paced evenly with nothing lowered:
+    /// two windows of it held say the told rate is a bucket's, with no
+    /// burst (its ramp rises over the first).
+    pub(super) even_since: Option<Instant>,
+    /// The fleet's limit in force as last heard (0: none yet).
+    pub(super) limit: u64,
+    /// What the job's checkpoint says an earlier run learnt (the limit, 0
+    /// for none; whether paced evenly), until the first take is answered.
+    pub(super) recall: Option<(u64, bool)>,
     pub(super) notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     pub(super) held_until: Option<Instant>,
@@ -47,11 +58,37 @@ pub(super) struct Local {
 }
 
 impl Local {
+    /// A process told `limit` (`shape_unknown`: a bare rate) whose job's
+    /// checkpoint says an earlier run `learnt` it: its first take puts it
+    /// back if that take begins the fleet. Not said again as news when the
+    /// fleet answers with it: the start line says it.
+    pub(super) fn new(limit: Limit, shape_unknown: bool, learnt: Option<Learnt>) -> Local {
+        // The fleet keeps no burst: a bucket learnt is its even pace.
+        let recall = learnt.map(|l| (l.limit, l.shape.burst.is_some()));
+        let even = recall.is_some_and(|r| r.1);
+        Local {
+            name_the_shape: match limit {
+                Limit::Rate(r) if shape_unknown && !even => Some(r.spec()),
+                _ => None,
+            },
+            learnt: recall.map_or(0, |r| r.0),
+            settled_told: recall.is_some(),
+            even,
+            recall,
+            ..Local::default()
+        }
+    }
+
     /// What a granted take said of the fleet's learnt limit (`limit` being
     /// the one in force): a lowering (by any process), its settling and the
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
         self.even = even;
+        self.limit = limit;
+        match even {
+            true => _ = self.even_since.get_or_insert_with(Instant::now),
+            false => self.even_since = None,
+        }
         if even {
             if let Some(told) = self.name_the_shape.take() {
                 self.push(PaceNote::FleetPacedEvenly { limit, told });
@@ -84,11 +121,16 @@ impl Local {
 /// This process's share of the fleet's state, to put back after Redis lost
 /// it: the pause left (ms), what it last heard of the fleet's learning (the
 /// learnt limit, 0 for none; whether paced evenly) and each call's (id, ms
-/// left occupying, in flight).
+/// left occupying, in flight). Or, in its first take, what its job's
+/// checkpoint says was learnt.
 #[derive(Default)]
 pub(super) struct Restore {
     pub(super) paused: u64,
     pub(super) learnt: u64,
     pub(super) even: bool,
+    /// The learning is a job checkpoint's, not heard from the fleet.
+    pub(super) recalled: bool,
+    /// Redis lost the fleet: the calls go back, and the loss check waits.
+    pub(super) lost: bool,
     pub(super) entries: Vec<(String, u64, bool)>,
 }

@@ -278,6 +278,7 @@ fn build_pacer(
                     timeout: settings.timeout,
                     wait_for_quota: settings.wait_for_quota,
                     shape_unknown: settings.shape_unknown,
+                    learnt: job::learnt(meta),
                 },
                 FleetRule::of(settings.pacer, settings.burst),
                 &rest,

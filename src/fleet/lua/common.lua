@@ -133,8 +133,12 @@ end
 -- 0 for none; 1 if paced evenly: `recall`, window.lua; the drip rules learn
 -- nothing and pass 0 0), a count, then triples (id, ms left occupying, 1 if
 -- still in flight). NX: never shortens what is there. leases_only: the
--- drip rules keep no window, only leases. Returns where the block ends,
--- the learnt limit and whether paced evenly.
+-- drip rules keep no window, only leases. A process's first take passes
+-- what its job's checkpoint says an earlier run learnt the same way, its
+-- even flag prefixed with 'c' ('c0', 'c1'): put back only by a take that
+-- starts the fleet (`forgotten`'s began), never over a live fleet's own
+-- learning. Returns where the block ends, the learnt limit, whether paced
+-- evenly and whether from a checkpoint.
 local function restore(i, leases_only)
   local paused = tonumber(ARGV[i])
   if paused > 0 then
@@ -143,7 +147,9 @@ local function restore(i, leases_only)
       set_for(KEYS[3], now + paused, paused)
     end
   end
-  local learnt, even = tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'
+  local flag = ARGV[i + 2]
+  local learnt, even = tonumber(ARGV[i + 1]), string.sub(flag, -1) == '1'
+  local recalled = string.sub(flag, 1, 1) == 'c'
   local n = tonumber(ARGV[i + 3])
   i = i + 4
   for _ = 1, n do
@@ -164,7 +170,7 @@ local function restore(i, leases_only)
     keep(KEYS[2], lease + 1000)
     for _, f in ipairs(further) do keep(f.key, math.max(hold, f.hold) + 1000) end
   end
-  return i, learnt, even
+  return i, learnt, even, recalled
 end
 
 -- Whether Redis forgot the fleet while this process was not looking (a
@@ -174,7 +180,9 @@ end
 -- own still in flight ('' for none), which must still be in `set` (the
 -- window, or for the drip rules the leases).
 -- Absent altogether (the rule's tests), nothing is checked. Returns
--- whether it forgot, and the epoch now in force. Whoever finds the loss
+-- whether it forgot, the epoch now in force, and whether this take began
+-- the fleet (no epoch, none heard: no process is running on what Redis
+-- holds, so a checkpoint's learning may be put back). Whoever finds the loss
 -- first starts a new epoch and holds the fleet for `span` ms (one window
 -- when nil), so that every process has put its calls back before the
 -- window fills again; the others see the new epoch and put theirs back,
@@ -185,8 +193,9 @@ local function forgotten(e, set, span)
   local epoch = redis.call('HGET', KEYS[4], 'epoch')
   local lost = false
   if epoch and heard ~= '' and epoch ~= heard then
-    return true, tonumber(epoch)
+    return true, tonumber(epoch), false
   end
+  local began = not epoch and heard == ''
   if not epoch and heard ~= '' then lost = true end
   if witness ~= '' and not redis.call('ZSCORE', set, witness) then lost = true end
   if lost or not epoch then
@@ -195,7 +204,7 @@ local function forgotten(e, set, span)
   end
   if lost then hold_until(now + (span or W)) end
   keep(KEYS[4], limit_ttl)
-  return lost, tonumber(epoch)
+  return lost, tonumber(epoch), began
 end
 
 -- Where a take's arguments after its settle list and restore block begin.

@@ -192,8 +192,11 @@ end
 -- recalled wins, taken as settled (it held before the loss; a limit heard
 -- before a later probe is lower, which errs on the safe side); what probing
 -- had been refused is forgotten with the rest. The fleet is past its
--- start. Nothing is recalled over a stated limit.
-local function recall(l, even)
+-- start. Nothing is recalled over a stated limit. From a job's checkpoint
+-- (`checkpoint`, put back only by a take that began the fleet), the
+-- limit is not probed above either: the run that learnt it had a limit
+-- refused above it, which the checkpoint does not keep.
+local function recall(l, even, checkpoint)
   if l == 0 and not even then return end
   local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even')
   redis.call('HSET', KEYS[4], 'started', 1)
@@ -201,6 +204,7 @@ local function recall(l, even)
   if h[2] then return end
   if l > 0 and (not h[1] or tonumber(h[1]) > l) then
     redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
+    if checkpoint then redis.call('HSET', KEYS[4], 'refused_at', l + 1) end
   end
   if even then
     -- A start begun since the loss (a process that joined) would end the
@@ -214,11 +218,11 @@ if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
   local weight = tonumber(ARGV[11])
-  local lost, epoch = forgotten(after_blocks(12), KEYS[1], forgotten_span())
+  local lost, epoch, began = forgotten(after_blocks(12), KEYS[1], forgotten_span())
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
-  local _, learnt_heard, even_heard = restore(i)
-  recall(learnt_heard, even_heard)
+  local _, learnt_heard, even_heard, recalled = restore(i)
+  if began or not recalled then recall(learnt_heard, even_heard, recalled) end
   -- A policy adopted by another process (stated.lua) this take does not
   -- pass: the caller fetches the list and asks again.
   if stated_unknown() then return answer({0, 1, 5}, epoch) end

@@ -13,6 +13,7 @@ use super::{FleetPacer, Took, Why, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MA
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
+use crate::rate::learn::LearntShape;
 use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
 use crate::util::BoxFuture;
 
@@ -107,6 +108,10 @@ impl Pacer for FleetPacer {
                 let even = began || l.even;
                 l.heard(inner.cap, learnt, false, even);
             }
+            if began {
+                // Its ramp rises from the pause's end.
+                l.even_since = l.paused_until;
+            }
             Ok(())
         })
     }
@@ -172,7 +177,27 @@ impl Pacer for FleetPacer {
     }
 
     fn learnt(&self) -> Option<u64> {
-        Some(self.inner.lock().learnt).filter(|&l| l > 0)
+        let l = self.inner.lock();
+        if l.learnt > 0 {
+            return Some(l.learnt);
+        }
+        // Paced evenly at the limit in force, nothing lowered, for two
+        // windows (the ramp's and one at the rate): that rate, a bucket's
+        // with no burst. Not during the ramp, which has not tried it yet.
+        let held = self.inner.window.saturating_mul(2);
+        let since = l.even_since.filter(|_| l.even && l.limit > 0)?;
+        (Instant::now().saturating_duration_since(since) >= held).then_some(l.limit)
+    }
+
+    fn learnt_shape(&self) -> LearntShape {
+        let learnt = self.learnt().is_some();
+        let even = self.inner.lock().even;
+        LearntShape {
+            // The fleet keeps no burst: its even pace is a bucket's with
+            // none. Kept only with a limit learnt (see `learnt`).
+            burst: (even && learnt).then_some(0),
+            ..LearntShape::default()
+        }
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {

@@ -32,6 +32,7 @@ use super::script::{millis, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
+use crate::rate::learn::Learnt;
 use crate::rate::policy::{PolicySpec, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
@@ -80,6 +81,11 @@ pub struct FleetPacing {
     /// window until a burst under it is refused, then paced evenly (the
     /// script's `pause`), as a bucket with no burst.
     pub shape_unknown: bool,
+    /// What the job's checkpoint says an earlier run learnt: put back by
+    /// this process's first take if that take begins the fleet (no
+    /// process running on the key), so a resumed fleet does not pay for
+    /// it again with 429s; a live fleet's own learning is left alone.
+    pub learnt: Option<Learnt>,
 }
 
 /// How long a concurrency lease lasts without a heartbeat: three per-call
@@ -265,13 +271,7 @@ impl FleetPacer {
             wait_for_quota: cfg.wait_for_quota,
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
-            local: Mutex::new(Local {
-                name_the_shape: match cfg.limit {
-                    Limit::Rate(r) if cfg.shape_unknown => Some(r.spec()),
-                    _ => None,
-                },
-                ..Local::default()
-            }),
+            local: Mutex::new(Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)),
             front: tokio::sync::Mutex::new(()),
             settling: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
@@ -398,7 +398,7 @@ impl Inner {
                     // been Redis restarting empty.
                     let block = self.restore_block();
                     restored.store(block.is_some(), Ordering::SeqCst);
-                    let putting_back = block.is_some();
+                    let putting_back = block.as_ref().is_some_and(|b| b.lost);
                     // What it last heard of the fleet's learning goes back
                     // in the same take as its calls: no take is granted at
                     // the full cap between the two.
@@ -406,9 +406,16 @@ impl Inner {
                         paused,
                         learnt,
                         even,
+                        recalled,
                         entries,
+                        ..
                     } = block.unwrap_or_default();
-                    inv.arg(paused).arg(learnt).arg(u8::from(even));
+                    // A checkpoint's learning is marked 'c': the script puts
+                    // it back only if this take begins the fleet.
+                    let mark = if recalled { "c" } else { "" };
+                    inv.arg(paused)
+                        .arg(learnt)
+                        .arg(format!("{mark}{}", u8::from(even)));
                     inv.arg(entries.len());
                     for (rid, left, flying) in entries {
                         inv.arg(rid).arg(left).arg(u8::from(flying));
@@ -426,8 +433,16 @@ impl Inner {
             }
         };
         if restored.load(Ordering::SeqCst) {
-            self.lock().lost = false;
-            self.relist().await;
+            let was_lost = {
+                let mut l = self.lock();
+                // Answered: the checkpoint's learning was put back, or a
+                // live fleet's own stands; either way it is said once.
+                l.recall = None;
+                std::mem::take(&mut l.lost)
+            };
+            if was_lost {
+                self.relist().await;
+            }
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {

@@ -46,12 +46,21 @@ impl Inner {
 
     /// What this process puts back when Redis lost its data: its pause,
     /// what it last heard of the fleet's learning, its calls in flight and
-    /// those still occupying the window.
+    /// those still occupying the window. Until its first take is answered,
+    /// what its job's checkpoint says was learnt instead, marked as such
+    /// (a loss before then has no learning of its own to put back).
     pub(super) fn restore_block(&self) -> Option<Restore> {
         let now = Instant::now();
         let mut l = self.lock();
+        let recall = l.recall.filter(|_| self.rule.windowed());
         if !l.lost {
-            return None;
+            let (learnt, even) = recall?;
+            return Some(Restore {
+                learnt,
+                even,
+                recalled: true,
+                ..Restore::default()
+            });
         }
         while l.recent.front().is_some_and(|r| r.1 <= now) {
             l.recent.pop_front();
@@ -78,10 +87,15 @@ impl Inner {
             }));
             (learnt, even) = (l.learnt, l.even);
         }
+        if let Some((r, e)) = recall {
+            (learnt, even) = (r, e);
+        }
         Some(Restore {
             paused,
             learnt,
             even,
+            recalled: recall.is_some(),
+            lost: true,
             entries,
         })
     }

@@ -211,3 +211,67 @@ async fn a_redis_that_may_evict_is_warned_of_at_join() {
         r.stderr
     );
 }
+
+/// What a fleet learnt is in its checkpoint, with its shape, and a resumed
+/// fleet whose Redis forgot it puts it back with its first take: a secret
+/// bucket with no burst, told its bare rate, refuses the first run's
+/// start and is paced evenly after; the run halts when credits run out;
+/// Redis forgets everything; the resume says the bucket on its start line
+/// and is refused nothing (it would have learnt it again from a refused
+/// burst).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_fleet_puts_back_what_its_checkpoint_learnt() {
+    let redis = Redis::start();
+    let name = fleet_name("recall");
+    let s = Scenario::new("fleet-recall")
+        .with_sim(&[
+            "--limit",
+            "20/1s,burst=0",
+            "--secret-limit",
+            "--cooldown",
+            "0s",
+            "--credits",
+            "70",
+            "--latency",
+            "1ms..3ms",
+        ])
+        .numbers(140);
+    let args = [
+        "--limit",
+        "20/1s",
+        "--concurrency",
+        "4",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &name,
+    ];
+    let first = s.run(&args);
+    assert_eq!(first.code, 75, "halted on credits: {}", first.stderr);
+    assert!(
+        first.summary["rate_limited"].as_u64().unwrap() >= 1,
+        "the start's burst refused: {}",
+        first.stderr
+    );
+    redis.forget("flushall", "");
+    s.sim().topup(100).await;
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let start = again
+        .stderr
+        .lines()
+        .find(|l| l.contains("batchrun: job "))
+        .unwrap_or_default();
+    assert!(
+        start.contains("learnt earlier: a bucket of 20/1s with burst 0"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(again.summary["rate_limited"], 0, "{}", again.stderr);
+    // Nothing learnt again, so nothing said again as news.
+    for news in ["a burst was refused", "rate limited by a server"] {
+        assert!(!again.stderr.contains(news), "{}", again.stderr);
+    }
+    assert_each_item_once(&s.out_path(), 140);
+    assert_side_effects(&s.sim().stats().await, 140);
+}

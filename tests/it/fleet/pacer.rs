@@ -36,6 +36,7 @@ fn paced(fleet: Fleet, limit: &str, shape_unknown: bool) -> Arc<FleetPacer> {
             timeout: Duration::from_secs(1),
             wait_for_quota: false,
             shape_unknown,
+            learnt: None,
         },
     ))
 }
@@ -636,4 +637,70 @@ async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
         "{:?}",
         t0.elapsed()
     );
+}
+
+/// A pacer told the bare rate `limit`, whose job's checkpoint says an
+/// earlier run learnt `learnt` calls per window, paced evenly.
+fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
+    use batchrun::rate::learn::{Learnt, LearntShape};
+    Arc::new(FleetPacer::new(
+        fleet,
+        FleetPacing {
+            limit: limit.parse::<Limit>().unwrap(),
+            concurrency: 100,
+            timeout: Duration::from_secs(1),
+            wait_for_quota: false,
+            shape_unknown: true,
+            learnt: Some(Learnt {
+                limit: learnt,
+                shape: LearntShape {
+                    burst: Some(0),
+                    ..LearntShape::default()
+                },
+            }),
+        },
+    ))
+}
+
+/// What a job's checkpoint says was learnt is put back by a process's
+/// first take when no fleet is running on the key (the limit, settled, the
+/// even pace, nothing probed above it), and is never put over a live
+/// fleet, whose own learning stands: a new job inherits its origin's
+/// learnt limit, which a fleet running elsewhere on the key never learnt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    let fresh = fleet_name("resumed");
+    let r = resumed(fleet_on(&redis, &fresh).await, "10/2s", 4);
+    calls(&r, 1).await;
+    let held: (Option<u64>, Option<u8>, Option<u64>) = redis::cmd("HMGET")
+        .arg(FleetKeys::named(&fresh).limit())
+        .arg("learnt")
+        .arg("even")
+        .arg("refused_at")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(held, (Some(4), Some(1), Some(5)));
+    assert_eq!(r.learnt(), Some(4));
+    assert_eq!(r.learnt_shape().burst, Some(0));
+    // Said by the start line, not again as news.
+    assert_eq!(r.note(), None);
+
+    let live = fleet_name("live");
+    let a = paced(fleet_on(&redis, &live).await, "10/2s", true);
+    calls(&a, 1).await;
+    let b = resumed(fleet_on(&redis, &live).await, "10/2s", 4);
+    calls(&b, 1).await;
+    assert_eq!(learnt_in(&mut c, &live), None, "the live fleet lowered");
+    // Still in its start (the recall's even pace ends it for good).
+    let start_ends: Option<u64> = redis::cmd("HGET")
+        .arg(FleetKeys::named(&live).limit())
+        .arg("start_ends")
+        .query(&mut c)
+        .unwrap();
+    assert!(start_ends.is_some(), "the live fleet's start ended");
+    // The resumed process hears the fleet's own learning: none.
+    assert_eq!(b.learnt(), None);
+    assert_eq!(b.learnt_shape().burst, None);
 }
