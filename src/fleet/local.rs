@@ -31,15 +31,21 @@ pub(super) struct Local {
     /// Whether the fleet was last heard paced evenly for a refused burst:
     /// put back, with `learnt`, should Redis forget it.
     pub(super) even: bool,
-    /// Since when the fleet has been paced evenly with nothing lowered:
-    /// two windows of it held say the told rate is a bucket's, with no
-    /// burst (its ramp rises over the first).
+    /// Since when the fleet has been paced evenly, and the takes granted
+    /// to this process since: two windows of it held, with calls, say the
+    /// told rate is a bucket's with no burst (its ramp rises over the
+    /// first), when nothing was lowered.
     pub(super) even_since: Option<Instant>,
+    pub(super) even_grants: u64,
     /// The fleet's limit in force as last heard (0: none yet).
     pub(super) limit: u64,
-    /// What the job's checkpoint says an earlier run learnt (the limit, 0
-    /// for none; whether paced evenly), until the first take is answered.
-    pub(super) recall: Option<(u64, bool)>,
+    /// What the job's checkpoint says an earlier run learnt, to pass with
+    /// the first take (cleared once a take is answered).
+    pub(super) recall: Option<Recall>,
+    /// The same, until a granted take says what the fleet keeps: what this
+    /// process reports as learnt until then, and no news when the fleet
+    /// answers with it (the start line said it).
+    pub(super) recalled: Option<Recall>,
     pub(super) notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     pub(super) held_until: Option<Instant>,
@@ -57,37 +63,78 @@ pub(super) struct Local {
     pub(super) name_the_shape: Option<String>,
 }
 
+/// What a job's checkpoint says an earlier run learnt, as the fleet keeps
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recall {
+    /// The learnt limit per window.
+    pub(super) limit: u64,
+    /// Paced evenly: a bucket (the fleet keeps no burst).
+    pub(super) even: bool,
+    /// Not probed above: the earlier run had a limit refused above it.
+    pub(super) pin: bool,
+}
+
+impl Recall {
+    fn of(l: Learnt) -> Recall {
+        Recall {
+            limit: l.limit,
+            even: l.shape.burst.is_some(),
+            pin: l.shape.most.is_some() || l.shape.fixed,
+        }
+    }
+}
+
 impl Local {
     /// A process told `limit` (`shape_unknown`: a bare rate) whose job's
     /// checkpoint says an earlier run `learnt` it: its first take puts it
-    /// back if that take begins the fleet. Not said again as news when the
-    /// fleet answers with it: the start line says it.
+    /// back if that take begins the fleet.
     pub(super) fn new(limit: Limit, shape_unknown: bool, learnt: Option<Learnt>) -> Local {
-        // The fleet keeps no burst: a bucket learnt is its even pace.
-        let recall = learnt.map(|l| (l.limit, l.shape.burst.is_some()));
-        let even = recall.is_some_and(|r| r.1);
+        let recall = learnt.filter(|l| l.limit > 0).map(Recall::of);
         Local {
             name_the_shape: match limit {
-                Limit::Rate(r) if shape_unknown && !even => Some(r.spec()),
+                Limit::Rate(r) if shape_unknown => Some(r.spec()),
                 _ => None,
             },
-            learnt: recall.map_or(0, |r| r.0),
-            settled_told: recall.is_some(),
-            even,
             recall,
+            recalled: recall,
             ..Local::default()
         }
+    }
+
+    /// The limit learnt as of now, and whether by a lowering (a 429 at the
+    /// even pace, or the window's): the fleet's learnt limit, else the
+    /// limit in force once the even pace held two `window`s with calls.
+    pub(super) fn learnt_now(&self, window: std::time::Duration) -> Option<(u64, bool)> {
+        if self.learnt > 0 {
+            return Some((self.learnt, true));
+        }
+        let since = self.even_since.filter(|_| self.even && self.limit > 0)?;
+        let held = Instant::now().saturating_duration_since(since) >= window.saturating_mul(2);
+        (held && self.even_grants >= 2).then_some((self.limit, false))
     }
 
     /// What a granted take said of the fleet's learnt limit (`limit` being
     /// the one in force): a lowering (by any process), its settling and the
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
+        // What the checkpoint said, if the fleet keeps it, is no news.
+        if let Some(r) = self.recalled.take() {
+            if even && r.even {
+                self.name_the_shape = None;
+            }
+            if learnt > 0 && learnt == r.limit {
+                (self.learnt, self.settled_told) = (learnt, true);
+            }
+        }
         self.even = even;
         self.limit = limit;
         match even {
-            true => _ = self.even_since.get_or_insert_with(Instant::now),
-            false => self.even_since = None,
+            true => {
+                self.even_since.get_or_insert_with(Instant::now);
+                self.even_grants += 1;
+            }
+            false => (self.even_since, self.even_grants) = (None, 0),
         }
         if even {
             if let Some(told) = self.name_the_shape.take() {
@@ -128,8 +175,10 @@ pub(super) struct Restore {
     pub(super) paused: u64,
     pub(super) learnt: u64,
     pub(super) even: bool,
-    /// The learning is a job checkpoint's, not heard from the fleet.
-    pub(super) recalled: bool,
+    /// Where the learning comes from, as the script's flag prefix says
+    /// it: "l" heard before a loss, "c" a job checkpoint's ("cp" pinned:
+    /// not probed above).
+    pub(super) from: &'static str,
     /// Redis lost the fleet: the calls go back, and the loss check waits.
     pub(super) lost: bool,
     pub(super) entries: Vec<(String, u64, bool)>,

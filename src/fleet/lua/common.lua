@@ -133,12 +133,14 @@ end
 -- 0 for none; 1 if paced evenly: `recall`, window.lua; the drip rules learn
 -- nothing and pass 0 0), a count, then triples (id, ms left occupying, 1 if
 -- still in flight). NX: never shortens what is there. leases_only: the
--- drip rules keep no window, only leases. A process's first take passes
--- what its job's checkpoint says an earlier run learnt the same way, its
--- even flag prefixed with 'c' ('c0', 'c1'): put back only by a take that
--- starts the fleet (`forgotten`'s began), never over a live fleet's own
--- learning. Returns where the block ends, the learnt limit, whether paced
--- evenly and whether from a checkpoint.
+-- drip rules keep no window, only leases. The even flag ('0', '1') says
+-- where the learning comes from by a prefix: 'l' put back after a loss
+-- ('l0': the process had heard nothing learnt); 'c' (or 'cp', pinned: no
+-- probing above it) what a process's job checkpoint says an earlier run
+-- learnt, passed with its first take and put back only if that take
+-- begins the fleet (`forgotten`'s began); none, nothing to put back.
+-- Returns where the block ends, the learnt limit, whether paced evenly
+-- and the prefix.
 local function restore(i, leases_only)
   local paused = tonumber(ARGV[i])
   if paused > 0 then
@@ -149,7 +151,7 @@ local function restore(i, leases_only)
   end
   local flag = ARGV[i + 2]
   local learnt, even = tonumber(ARGV[i + 1]), string.sub(flag, -1) == '1'
-  local recalled = string.sub(flag, 1, 1) == 'c'
+  local from = string.sub(flag, 1, -2)
   local n = tonumber(ARGV[i + 3])
   i = i + 4
   for _ = 1, n do
@@ -170,7 +172,7 @@ local function restore(i, leases_only)
     keep(KEYS[2], lease + 1000)
     for _, f in ipairs(further) do keep(f.key, math.max(hold, f.hold) + 1000) end
   end
-  return i, learnt, even, recalled
+  return i, learnt, even, from
 end
 
 -- Whether Redis forgot the fleet while this process was not looking (a

@@ -188,24 +188,38 @@ end
 -- recall: after Redis forgot the fleet, what a process last heard of its
 -- learning, put back in the same take that puts its calls back (so no
 -- take is granted at the full cap meanwhile): l the learnt limit (0:
--- none), even true if paced evenly for a refused burst. The lowest limit
--- recalled wins, taken as settled (it held before the loss; a limit heard
--- before a later probe is lower, which errs on the safe side); what probing
--- had been refused is forgotten with the rest. The fleet is past its
--- start. Nothing is recalled over a stated limit. From a job's checkpoint
--- (`checkpoint`, put back only by a take that began the fleet), the
--- limit is not probed above either: the run that learnt it had a limit
--- refused above it, which the checkpoint does not keep.
-local function recall(l, even, checkpoint)
+-- none), even true if paced evenly for a refused burst, from the block's
+-- prefix (see `restore`). The lowest limit recalled wins, taken as settled
+-- (it held before the loss; a limit heard before a later probe is lower,
+-- which errs on the safe side); what probing had been refused is
+-- forgotten with the rest. The fleet is past its start. Nothing is
+-- recalled over a stated limit.
+--
+-- From a job's checkpoint ('c', only by a take that began the fleet), the
+-- same, marked `recalled`; pinned ('cp'), not probed above either (the
+-- run that learnt it had a limit refused above it). A fleet began by a
+-- process may still have had others running: Redis restarted under them,
+-- or its hash expired while they waited. Their own learning, put back
+-- after the loss ('l'), then replaces the checkpoint's once; a lowering
+-- the fleet learns itself ends the mark too (`pause`).
+local function recall(l, even, from)
+  if from == '' then return end
+  local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even', 'recalled')
+  if from == 'l' and h[4] then
+    redis.call('HDEL', KEYS[4], 'recalled', 'learnt', 'settled', 'learnt_at', 'pressed',
+      'refused_at')
+    if not even then redis.call('HDEL', KEYS[4], 'even', 'even_tat') end
+    h = {nil, h[2], nil, nil}
+  end
   if l == 0 and not even then return end
-  local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even')
   redis.call('HSET', KEYS[4], 'started', 1)
   keep(KEYS[4], limit_ttl)
   if h[2] then return end
   if l > 0 and (not h[1] or tonumber(h[1]) > l) then
     redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
-    if checkpoint then redis.call('HSET', KEYS[4], 'refused_at', l + 1) end
+    if from == 'cp' then redis.call('HSET', KEYS[4], 'refused_at', l + 1) end
   end
+  if from ~= 'l' and from ~= '' then redis.call('HSET', KEYS[4], 'recalled', 1) end
   if even then
     -- A start begun since the loss (a process that joined) would end the
     -- even pace a window later: it is for good now.
@@ -221,8 +235,9 @@ if op == 'take' then
   local lost, epoch, began = forgotten(after_blocks(12), KEYS[1], forgotten_span())
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
-  local _, learnt_heard, even_heard, recalled = restore(i)
-  if began or not recalled then recall(learnt_heard, even_heard, recalled) end
+  local _, learnt_heard, even_heard, from = restore(i)
+  -- A checkpoint's learning only where no fleet runs (see recall).
+  if began or string.sub(from, 1, 1) ~= 'c' then recall(learnt_heard, even_heard, from) end
   -- A policy adopted by another process (stated.lua) this take does not
   -- pass: the caller fetches the list and asks again.
   if stated_unknown() then return answer({0, 1, 5}, epoch) end
@@ -520,6 +535,8 @@ if op == 'pause' then
       learnt = math.max(1, math.min(lim - 1, refused - 1, told))
       redis.call('HSET', KEYS[4], 'learnt', learnt, 'settled', 0,
         'pressed', 0, 'refused_at', refused, 'lowered_at', now, 'stale_done', 0)
+      -- Learnt by the fleet itself: no checkpoint's any more (see recall).
+      redis.call('HDEL', KEYS[4], 'recalled')
       -- The ramp tells once.
       redis.call('HDEL', KEYS[4], 'ramp_since', 'ramp_a1', 'ramp_t1')
     end
@@ -566,7 +583,7 @@ if op == 'inforce' then
   local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
   redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
     'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since', 'ramp_a1',
-    'ramp_t1', 'handover')
+    'ramp_t1', 'handover', 'recalled')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0

@@ -110,7 +110,7 @@ impl Pacer for FleetPacer {
             }
             if began {
                 // Its ramp rises from the pause's end.
-                l.even_since = l.paused_until;
+                (l.even_since, l.even_grants) = (l.paused_until, 0);
             }
             Ok(())
         })
@@ -178,24 +178,30 @@ impl Pacer for FleetPacer {
 
     fn learnt(&self) -> Option<u64> {
         let l = self.inner.lock();
-        if l.learnt > 0 {
-            return Some(l.learnt);
+        // Until the fleet answered, what the checkpoint said.
+        if let Some(r) = l.recalled {
+            return Some(r.limit);
         }
         // Paced evenly at the limit in force, nothing lowered, for two
         // windows (the ramp's and one at the rate): that rate, a bucket's
         // with no burst. Not during the ramp, which has not tried it yet.
-        let held = self.inner.window.saturating_mul(2);
-        let since = l.even_since.filter(|_| l.even && l.limit > 0)?;
-        (Instant::now().saturating_duration_since(since) >= held).then_some(l.limit)
+        l.learnt_now(self.inner.window).map(|(limit, _)| limit)
     }
 
     fn learnt_shape(&self) -> LearntShape {
-        let learnt = self.learnt().is_some();
-        let even = self.inner.lock().even;
+        let l = self.inner.lock();
+        let (even, most) = match (l.recalled, l.learnt_now(self.inner.window)) {
+            (Some(r), _) => (r.even, r.pin.then_some(r.limit)),
+            // A limit lowered is not probed above by a resumed fleet (its
+            // run had one refused above it); the told rate held is.
+            (None, Some((limit, lowered))) => (l.even, lowered.then_some(limit)),
+            (None, None) => return LearntShape::default(),
+        };
         LearntShape {
             // The fleet keeps no burst: its even pace is a bucket's with
-            // none. Kept only with a limit learnt (see `learnt`).
-            burst: (even && learnt).then_some(0),
+            // none.
+            burst: even.then_some(0),
+            most,
             ..LearntShape::default()
         }
     }

@@ -19,7 +19,7 @@
 //! Permit ids are `<process tag>:<sequence>`, the process tag being
 //! `<pid>-<random hex>`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -375,7 +375,9 @@ impl Inner {
 
     async fn try_take(&self, id: &str, cap: u64, tokens: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
-        let restored = AtomicBool::new(false);
+        // What the take's restore block carried: 0 nothing, 1 only a
+        // checkpoint's learning, 2 this process's calls after a loss.
+        let restored = AtomicU8::new(0);
         let (a, b) = match self.rule {
             ScriptRule::Window => (cap.to_string(), self.headroom.to_string()),
             drip => drip.params(),
@@ -397,8 +399,9 @@ impl Inner {
                     // Built afresh for every attempt: a failed attempt may have
                     // been Redis restarting empty.
                     let block = self.restore_block();
-                    restored.store(block.is_some(), Ordering::SeqCst);
                     let putting_back = block.as_ref().is_some_and(|b| b.lost);
+                    let carried = block.as_ref().map_or(0, |_| 1 + u8::from(putting_back));
+                    restored.store(carried, Ordering::SeqCst);
                     // What it last heard of the fleet's learning goes back
                     // in the same take as its calls: no take is granted at
                     // the full cap between the two.
@@ -406,16 +409,16 @@ impl Inner {
                         paused,
                         learnt,
                         even,
-                        recalled,
+                        from,
                         entries,
                         ..
                     } = block.unwrap_or_default();
-                    // A checkpoint's learning is marked 'c': the script puts
-                    // it back only if this take begins the fleet.
-                    let mark = if recalled { "c" } else { "" };
+                    // Where the learning comes from prefixes the flag: a
+                    // checkpoint's is put back only if this take begins the
+                    // fleet (see the script's `recall`).
                     inv.arg(paused)
                         .arg(learnt)
-                        .arg(format!("{mark}{}", u8::from(even)));
+                        .arg(format!("{from}{}", u8::from(even)));
                     inv.arg(entries.len());
                     for (rid, left, flying) in entries {
                         inv.arg(rid).arg(left).arg(u8::from(flying));
@@ -432,17 +435,18 @@ impl Inner {
                 return Err(e);
             }
         };
-        if restored.load(Ordering::SeqCst) {
-            let was_lost = {
-                let mut l = self.lock();
-                // Answered: the checkpoint's learning was put back, or a
-                // live fleet's own stands; either way it is said once.
-                l.recall = None;
-                std::mem::take(&mut l.lost)
-            };
-            if was_lost {
-                self.relist().await;
+        let carried = restored.load(Ordering::SeqCst);
+        if carried > 0 {
+            let mut l = self.lock();
+            // Answered: the checkpoint's learning was put back, or a live
+            // fleet's own stands; it is passed once.
+            l.recall = None;
+            if carried == 2 {
+                l.lost = false;
             }
+        }
+        if carried == 2 {
+            self.relist().await;
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::rule::Verb;
 use super::{millis, Inner, Restore};
+use crate::fleet::local::Recall;
 use crate::pace::PaceError;
 
 impl Inner {
@@ -53,12 +54,13 @@ impl Inner {
         let now = Instant::now();
         let mut l = self.lock();
         let recall = l.recall.filter(|_| self.rule.windowed());
+        let from_checkpoint = |r: Recall| if r.pin { "cp" } else { "c" };
         if !l.lost {
-            let (learnt, even) = recall?;
+            let r = recall?;
             return Some(Restore {
-                learnt,
-                even,
-                recalled: true,
+                learnt: r.limit,
+                even: r.even,
+                from: from_checkpoint(r),
                 ..Restore::default()
             });
         }
@@ -87,14 +89,17 @@ impl Inner {
             }));
             (learnt, even) = (l.learnt, l.even);
         }
-        if let Some((r, e)) = recall {
-            (learnt, even) = (r, e);
+        // Lost before the first take was answered: nothing heard of the
+        // fleet, the checkpoint's learning goes, as a checkpoint's.
+        let mut from = "l";
+        if let Some(r) = recall {
+            (learnt, even, from) = (r.limit, r.even, from_checkpoint(r));
         }
         Some(Restore {
             paused,
             learnt,
             even,
-            recalled: recall.is_some(),
+            from,
             lost: true,
             entries,
         })

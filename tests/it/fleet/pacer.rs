@@ -640,7 +640,8 @@ async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
 }
 
 /// A pacer told the bare rate `limit`, whose job's checkpoint says an
-/// earlier run learnt `learnt` calls per window, paced evenly.
+/// earlier run learnt `learnt` calls per window, paced evenly, with a
+/// limit refused above it (not probed above).
 fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
     use batchrun::rate::learn::{Learnt, LearntShape};
     Arc::new(FleetPacer::new(
@@ -655,6 +656,7 @@ fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
                 limit: learnt,
                 shape: LearntShape {
                     burst: Some(0),
+                    most: Some(learnt),
                     ..LearntShape::default()
                 },
             }),
@@ -682,8 +684,10 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
         .query(&mut c)
         .unwrap();
     assert_eq!(held, (Some(4), Some(1), Some(5)));
+    // What the fleet answered, and the checkpoint keeps it.
     assert_eq!(r.learnt(), Some(4));
     assert_eq!(r.learnt_shape().burst, Some(0));
+    assert_eq!(r.learnt_shape().most, Some(4));
     // Said by the start line, not again as news.
     assert_eq!(r.note(), None);
 
@@ -703,4 +707,31 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
     // The resumed process hears the fleet's own learning: none.
     assert_eq!(b.learnt(), None);
     assert_eq!(b.learnt_shape().burst, None);
+}
+
+/// Redis restarted under a running fleet, and a resumed job's process
+/// took first: its take began the fleet and put its checkpoint's learning
+/// back. The running process's own learning (here: none), put back after
+/// the loss, replaces it: a checkpoint never decides for a live fleet.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_processs_learning_put_back_after_a_loss_replaces_a_checkpoints() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    let name = fleet_name("race");
+    let a = paced(fleet_on(&redis, &name).await, "10/2s", true);
+    calls(&a, 1).await;
+    forget(&mut c, &FleetKeys::named(&name));
+    let b = resumed(fleet_on(&redis, &name).await, "10/2s", 4);
+    calls(&b, 1).await;
+    assert_eq!(learnt_in(&mut c, &name), Some(4), "b began the fleet");
+    // a finds the loss and puts back what it heard: nothing learnt.
+    calls(&a, 1).await;
+    assert_eq!(learnt_in(&mut c, &name), None);
+    let (even, refused): (Option<u8>, Option<u64>) = redis::cmd("HMGET")
+        .arg(FleetKeys::named(&name).limit())
+        .arg("even")
+        .arg("refused_at")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((even, refused), (None, None));
 }

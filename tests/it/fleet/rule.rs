@@ -540,6 +540,7 @@ pub(super) fn take_putting_back(
     lua.op(now, "take", |inv| {
         inv.arg(id).arg(cap).arg(1).arg(0).arg(0);
         inv.arg(0);
-        inv.arg(0).arg(heard.0).arg(heard.1).arg(0);
+        // Put back after a loss: the flag's 'l'.
+        inv.arg(0).arg(heard.0).arg(format!("l{}", heard.1)).arg(0);
     })
 }
