@@ -39,6 +39,9 @@ pub(super) struct Local {
     pub(super) even_grants: u64,
     /// The fleet's limit in force as last heard (0: none yet).
     pub(super) limit: u64,
+    /// The most the learnt limit is not probed above (a lowering, or the
+    /// checkpoint's), kept with it.
+    pub(super) most: Option<u64>,
     /// What the job's checkpoint says an earlier run learnt, to pass with
     /// the first take (cleared once a take is answered).
     pub(super) recall: Option<Recall>,
@@ -57,6 +60,11 @@ pub(super) struct Local {
     /// The fleet's epoch as last heard: Redis forgetting the fleet with the
     /// connection up shows as its absence or change.
     pub(super) epoch: Option<i64>,
+    /// The epoch heard before a loss was found (answered with the new
+    /// one), until this process's calls are put back: a fleet begun
+    /// meanwhile from a checkpoint takes its learning (see the script's
+    /// `recall`).
+    pub(super) epoch_before_loss: Option<i64>,
     /// The bare rate told (`30/1s`), while the fleet's even pace (begun
     /// when a burst under it was refused) is still to be said, with how
     /// to name a bucket's shape to keep its burst.
@@ -67,21 +75,29 @@ pub(super) struct Local {
 /// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Recall {
-    /// The learnt limit per window.
-    pub(super) limit: u64,
+    /// As the checkpoint keeps it: reported as learnt, whole, until the
+    /// fleet answers (a burst or a fixed window the fleet does not keep
+    /// are not lost by a run that never got a take).
+    pub(super) learnt: Learnt,
     /// Paced evenly: a bucket (the fleet keeps no burst).
     pub(super) even: bool,
-    /// Not probed above: the earlier run had a limit refused above it.
-    pub(super) pin: bool,
+    /// Not probed above this (the earlier run had a limit refused above
+    /// it): the fit's most, or a fixed window's count.
+    pub(super) most: Option<u64>,
 }
 
 impl Recall {
     fn of(l: Learnt) -> Recall {
         Recall {
-            limit: l.limit,
+            learnt: l,
             even: l.shape.burst.is_some(),
-            pin: l.shape.most.is_some() || l.shape.fixed,
+            most: l.shape.most.or(l.shape.fixed.then_some(l.limit)),
         }
+    }
+
+    /// The limit learnt.
+    pub(super) fn limit(&self) -> u64 {
+        self.learnt.limit
     }
 }
 
@@ -102,16 +118,16 @@ impl Local {
         }
     }
 
-    /// The limit learnt as of now, and whether by a lowering (a 429 at the
-    /// even pace, or the window's): the fleet's learnt limit, else the
-    /// limit in force once the even pace held two `window`s with calls.
-    pub(super) fn learnt_now(&self, window: std::time::Duration) -> Option<(u64, bool)> {
+    /// The limit learnt as of now, and the most it is not probed above:
+    /// the fleet's learnt limit, else the limit in force once the even
+    /// pace held two `window`s with calls (probed above, if told more).
+    pub(super) fn learnt_now(&self, window: std::time::Duration) -> Option<(u64, Option<u64>)> {
         if self.learnt > 0 {
-            return Some((self.learnt, true));
+            return Some((self.learnt, self.most));
         }
         let since = self.even_since.filter(|_| self.even && self.limit > 0)?;
         let held = Instant::now().saturating_duration_since(since) >= window.saturating_mul(2);
-        (held && self.even_grants >= 2).then_some((self.limit, false))
+        (held && self.even_grants >= 2).then_some((self.limit, None))
     }
 
     /// What a granted take said of the fleet's learnt limit (`limit` being
@@ -119,14 +135,24 @@ impl Local {
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
         // What the checkpoint said, if the fleet keeps it, is no news.
+        let before = self.learnt;
         if let Some(r) = self.recalled.take() {
             if even && r.even {
                 self.name_the_shape = None;
             }
-            if learnt > 0 && learnt == r.limit {
-                (self.learnt, self.settled_told) = (learnt, true);
+            if learnt > 0 && learnt == r.limit() {
+                (self.learnt, self.settled_told, self.most) = (learnt, true, r.most);
             }
         }
+        // A lowering has a limit refused above it: not probed above by a
+        // resumed fleet. A rise (probing) moves that most along.
+        self.most = match (learnt, self.most) {
+            (0, _) => None,
+            _ if learnt == self.learnt && before != self.learnt => self.most,
+            _ if before == 0 || learnt < before => Some(learnt),
+            (_, Some(m)) => Some(m.max(learnt)),
+            (_, None) => None,
+        };
         self.even = even;
         self.limit = limit;
         match even {
@@ -176,9 +202,9 @@ pub(super) struct Restore {
     pub(super) learnt: u64,
     pub(super) even: bool,
     /// Where the learning comes from, as the script's flag prefix says
-    /// it: "l" heard before a loss, "c" a job checkpoint's ("cp" pinned:
-    /// not probed above).
-    pub(super) from: &'static str,
+    /// it: "l@E" heard before a loss, last in epoch E; "c" a job
+    /// checkpoint's ("c@M": not probed above M).
+    pub(super) from: String,
     /// Redis lost the fleet: the calls go back, and the loss check waits.
     pub(super) lost: bool,
     pub(super) entries: Vec<(String, u64, bool)>,

@@ -133,14 +133,15 @@ end
 -- 0 for none; 1 if paced evenly: `recall`, window.lua; the drip rules learn
 -- nothing and pass 0 0), a count, then triples (id, ms left occupying, 1 if
 -- still in flight). NX: never shortens what is there. leases_only: the
--- drip rules keep no window, only leases. The even flag ('0', '1') says
--- where the learning comes from by a prefix: 'l' put back after a loss
--- ('l0': the process had heard nothing learnt); 'c' (or 'cp', pinned: no
--- probing above it) what a process's job checkpoint says an earlier run
--- learnt, passed with its first take and put back only if that take
--- begins the fleet (`forgotten`'s began); none, nothing to put back.
--- Returns where the block ends, the learnt limit, whether paced evenly
--- and the prefix.
+-- drip rules keep no window, only leases. The even flag ('0', '1') may
+-- say where the learning comes from by a prefix ending in ':' (`recall`,
+-- window.lua): 'l@E' put back after a loss by a process that last heard
+-- epoch E ('l@E:0': it had heard nothing learnt); 'c', or 'c@M' with no
+-- probing above M,
+-- what a process's job checkpoint says an earlier run learnt, passed with
+-- its first take and put back only if that take begins the fleet
+-- (`forgotten`'s began). With no prefix, as after a loss. Returns where
+-- the block ends, the learnt limit, whether paced evenly and the prefix.
 local function restore(i, leases_only)
   local paused = tonumber(ARGV[i])
   if paused > 0 then

@@ -195,21 +195,24 @@ end
 -- forgotten with the rest. The fleet is past its start. Nothing is
 -- recalled over a stated limit.
 --
--- From a job's checkpoint ('c', only by a take that began the fleet), the
--- same, marked `recalled`; pinned ('cp'), not probed above either (the
--- run that learnt it had a limit refused above it). A fleet began by a
--- process may still have had others running: Redis restarted under them,
--- or its hash expired while they waited. Their own learning, put back
--- after the loss ('l'), then replaces the checkpoint's once; a lowering
--- the fleet learns itself ends the mark too (`pause`).
-local function recall(l, even, from)
-  if from == '' then return end
+-- From a job's checkpoint ('c', only by a take that began the fleet, in
+-- `epoch`), the same, marked `recalled` with that epoch; with a most
+-- ('c@M'), not probed above M either (the run that learnt it had a limit
+-- refused above it). A fleet began by a process may still have had others
+-- running: Redis restarted under them, or its hash expired while they
+-- waited. Their own learning, put back after the loss by a process that
+-- last heard another epoch ('l@E'), then replaces the checkpoint's, once;
+-- a process that heard the recalled fleet puts back as any other. A
+-- lowering the fleet learns itself ends the mark too (`pause`).
+local function recall(l, even, from, epoch)
   local h = redis.call('HMGET', KEYS[4], 'learnt', 'in_force', 'even', 'recalled')
-  if from == 'l' and h[4] then
+  local kind, arg = string.match(from, '^(%a?)@?(%d*):?$')
+  local heard = kind == 'l' and arg or ''
+  if h[4] and heard ~= '' and heard ~= h[4] then
     redis.call('HDEL', KEYS[4], 'recalled', 'learnt', 'settled', 'learnt_at', 'pressed',
       'refused_at')
     if not even then redis.call('HDEL', KEYS[4], 'even', 'even_tat') end
-    h = {nil, h[2], nil, nil}
+    h = {nil, h[2], even and h[3] or nil, nil}
   end
   if l == 0 and not even then return end
   redis.call('HSET', KEYS[4], 'started', 1)
@@ -217,9 +220,11 @@ local function recall(l, even, from)
   if h[2] then return end
   if l > 0 and (not h[1] or tonumber(h[1]) > l) then
     redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
-    if from == 'cp' then redis.call('HSET', KEYS[4], 'refused_at', l + 1) end
+    if kind == 'c' and arg ~= '' then
+      redis.call('HSET', KEYS[4], 'refused_at', math.max(l, tonumber(arg)) + 1)
+    end
   end
-  if from ~= 'l' and from ~= '' then redis.call('HSET', KEYS[4], 'recalled', 1) end
+  if kind == 'c' then redis.call('HSET', KEYS[4], 'recalled', epoch or 1) end
   if even then
     -- A start begun since the loss (a process that joined) would end the
     -- even pace a window later: it is for good now.
@@ -237,7 +242,9 @@ if op == 'take' then
   local i = settle(12)
   local _, learnt_heard, even_heard, from = restore(i)
   -- A checkpoint's learning only where no fleet runs (see recall).
-  if began or string.sub(from, 1, 1) ~= 'c' then recall(learnt_heard, even_heard, from) end
+  if began or string.sub(from, 1, 1) ~= 'c' then
+    recall(learnt_heard, even_heard, from, epoch)
+  end
   -- A policy adopted by another process (stated.lua) this take does not
   -- pass: the caller fetches the list and asks again.
   if stated_unknown() then return answer({0, 1, 5}, epoch) end

@@ -180,7 +180,7 @@ impl Pacer for FleetPacer {
         let l = self.inner.lock();
         // Until the fleet answered, what the checkpoint said.
         if let Some(r) = l.recalled {
-            return Some(r.limit);
+            return Some(r.limit());
         }
         // Paced evenly at the limit in force, nothing lowered, for two
         // windows (the ramp's and one at the rate): that rate, a bucket's
@@ -190,17 +190,18 @@ impl Pacer for FleetPacer {
 
     fn learnt_shape(&self) -> LearntShape {
         let l = self.inner.lock();
-        let (even, most) = match (l.recalled, l.learnt_now(self.inner.window)) {
-            (Some(r), _) => (r.even, r.pin.then_some(r.limit)),
-            // A limit lowered is not probed above by a resumed fleet (its
-            // run had one refused above it); the told rate held is.
-            (None, Some((limit, lowered))) => (l.even, lowered.then_some(limit)),
-            (None, None) => return LearntShape::default(),
+        if let Some(r) = l.recalled {
+            return r.learnt.shape;
+        }
+        // A limit lowered is not probed above by a resumed fleet (its run
+        // had one refused above it); the told rate held is.
+        let Some((_, most)) = l.learnt_now(self.inner.window) else {
+            return LearntShape::default();
         };
         LearntShape {
             // The fleet keeps no burst: its even pace is a bucket's with
             // none.
-            burst: even.then_some(0),
+            burst: l.even.then_some(0),
             most,
             ..LearntShape::default()
         }

@@ -416,9 +416,11 @@ impl Inner {
                     // Where the learning comes from prefixes the flag: a
                     // checkpoint's is put back only if this take begins the
                     // fleet (see the script's `recall`).
-                    inv.arg(paused)
-                        .arg(learnt)
-                        .arg(format!("{from}{}", u8::from(even)));
+                    let flag = match from.is_empty() {
+                        true => u8::from(even).to_string(),
+                        false => format!("{from}:{}", u8::from(even)),
+                    };
+                    inv.arg(paused).arg(learnt).arg(flag);
                     inv.arg(entries.len());
                     for (rid, left, flying) in entries {
                         inv.arg(rid).arg(left).arg(u8::from(flying));
@@ -443,6 +445,7 @@ impl Inner {
             l.recall = None;
             if carried == 2 {
                 l.lost = false;
+                l.epoch_before_loss = None;
             }
         }
         if carried == 2 {
@@ -450,7 +453,12 @@ impl Inner {
         }
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {
-            self.lock().epoch = Some(epoch);
+            let mut l = self.lock();
+            // A loss found: the put-back says the epoch heard before it.
+            if matches!(v[..], [0, _, 4, ..]) && l.epoch_before_loss.is_none() {
+                l.epoch_before_loss = l.epoch;
+            }
+            l.epoch = Some(epoch);
         }
         self.took(id, &v).await
     }

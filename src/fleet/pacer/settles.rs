@@ -54,11 +54,14 @@ impl Inner {
         let now = Instant::now();
         let mut l = self.lock();
         let recall = l.recall.filter(|_| self.rule.windowed());
-        let from_checkpoint = |r: Recall| if r.pin { "cp" } else { "c" };
+        let from_checkpoint = |r: Recall| match r.most {
+            Some(m) => format!("c@{m}"),
+            None => "c".to_string(),
+        };
         if !l.lost {
             let r = recall?;
             return Some(Restore {
-                learnt: r.limit,
+                learnt: r.limit(),
                 even: r.even,
                 from: from_checkpoint(r),
                 ..Restore::default()
@@ -89,11 +92,15 @@ impl Inner {
             }));
             (learnt, even) = (l.learnt, l.even);
         }
-        // Lost before the first take was answered: nothing heard of the
-        // fleet, the checkpoint's learning goes, as a checkpoint's.
-        let mut from = "l";
+        // With the epoch it last heard: a fleet begun since by another
+        // process's checkpoint takes this learning instead (see the
+        // script's `recall`). Lost before the first take was answered:
+        // nothing heard of the fleet, the checkpoint's learning goes, as a
+        // checkpoint's.
+        let heard = l.epoch_before_loss.or(l.epoch);
+        let mut from = heard.map_or_else(String::new, |e| format!("l@{e}"));
         if let Some(r) = recall {
-            (learnt, even, from) = (r.limit, r.even, from_checkpoint(r));
+            (learnt, even, from) = (r.limit(), r.even, from_checkpoint(r));
         }
         Some(Restore {
             paused,

@@ -643,6 +643,12 @@ async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
 /// earlier run learnt `learnt` calls per window, paced evenly, with a
 /// limit refused above it (not probed above).
 fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
+    resumed_with(fleet, limit, learnt, Some(learnt))
+}
+
+/// The same, not probed above `most` (`None`: the told rate held, probed
+/// above if told more).
+fn resumed_with(fleet: Fleet, limit: &str, learnt: u64, most: Option<u64>) -> Arc<FleetPacer> {
     use batchrun::rate::learn::{Learnt, LearntShape};
     Arc::new(FleetPacer::new(
         fleet,
@@ -656,7 +662,7 @@ fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
                 limit: learnt,
                 shape: LearntShape {
                     burst: Some(0),
-                    most: Some(learnt),
+                    most,
                     ..LearntShape::default()
                 },
             }),
@@ -690,6 +696,19 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
     assert_eq!(r.learnt_shape().most, Some(4));
     // Said by the start line, not again as news.
     assert_eq!(r.note(), None);
+
+    // The told rate a run held (no most), resumed told more: probed above.
+    let upgraded = fleet_name("upgraded");
+    let u = resumed_with(fleet_on(&redis, &upgraded).await, "40/2s", 20, None);
+    calls(&u, 1).await;
+    let held: (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(FleetKeys::named(&upgraded).limit())
+        .arg("learnt")
+        .arg("refused_at")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(held, (Some(20), None));
+    assert_eq!(u.learnt_shape().most, None, "pinned for the next resume");
 
     let live = fleet_name("live");
     let a = paced(fleet_on(&redis, &live).await, "10/2s", true);

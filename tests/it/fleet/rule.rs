@@ -540,7 +540,49 @@ pub(super) fn take_putting_back(
     lua.op(now, "take", |inv| {
         inv.arg(id).arg(cap).arg(1).arg(0).arg(0);
         inv.arg(0);
-        // Put back after a loss: the flag's 'l'.
-        inv.arg(0).arg(heard.0).arg(format!("l{}", heard.1)).arg(0);
+        inv.arg(0).arg(heard.0).arg(heard.1).arg(0);
     })
+}
+
+/// A job checkpoint's learning, passed with a process's first take
+/// (`c@M`: not probed above M), is put back only by a take that begins the
+/// fleet, marked with its epoch. A process that heard that fleet and then
+/// lost Redis for a moment puts back as any other (the lower limit wins);
+/// one that last heard an earlier epoch (it ran before Redis restarted)
+/// replaces the checkpoint's learning with its own.
+#[test]
+fn a_checkpoints_learning_is_put_back_only_where_no_fleet_ran() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    // take: id, cap 10, headroom 1, no ceiling, no token estimate, no
+    // settles; the restore block (no pause, `learnt`, `flag`, no calls);
+    // the loss check (epoch heard, fresh, witness).
+    let take = |lua: &mut Lua, now: u64, id: &str, learnt: u64, flag: &str, heard: &str| {
+        lua.op::<Vec<i64>>(now, "take", |inv| {
+            inv.arg(id).arg(10).arg(1).arg(0).arg(0);
+            inv.arg(0);
+            inv.arg(0).arg(learnt).arg(flag).arg(0);
+            inv.arg(heard).arg("7").arg("");
+        })
+    };
+    // A fleet running already: the checkpoint's learning is dropped.
+    take(&mut lua, 0, "a", 0, "0", "");
+    take(&mut lua, 1, "b", 4, "c@4:1", "");
+    assert_eq!(lua.limit_field("learnt"), None);
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    // No fleet: it begins one, in epoch 7, with the learning.
+    take(&mut lua, 10, "c", 4, "c@5:1", "");
+    let fields = ["learnt", "refused_at", "even", "recalled"].map(|f| lua.limit_field(f));
+    assert_eq!(fields, ["4", "6", "1", "7"].map(|v| Some(v.to_string())));
+    // A process of that fleet puts back what it heard after a moment's
+    // loss: nothing is replaced, the lower limit wins.
+    take(&mut lua, 20, "d", 0, "l@7:0", "");
+    take(&mut lua, 21, "e", 5, "l@7:1", "");
+    assert_eq!(lua.limit_field("learnt").as_deref(), Some("4"));
+    // A process that ran before the restart (epoch 3) replaces it.
+    take(&mut lua, 30, "f", 0, "l@3:0", "");
+    let fields = ["learnt", "refused_at", "even", "recalled"].map(|f| lua.limit_field(f));
+    assert_eq!(fields, [None, None, None, None]);
 }
