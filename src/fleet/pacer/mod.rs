@@ -36,6 +36,7 @@ use crate::rate::learn::Learnt;
 use crate::rate::policy::{PolicySpec, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
+use settles::PUT_BACK;
 use tasks::{heartbeat, settler};
 
 mod face;
@@ -375,8 +376,7 @@ impl Inner {
 
     async fn try_take(&self, id: &str, cap: u64, tokens: u64) -> Result<Took, PaceError> {
         let settles = self.take_settles();
-        // What the take's restore block carried: 0 nothing, 1 only a
-        // checkpoint's learning, 2 this process's calls after a loss.
+        // What the take's restore block carried (see `restore_args`).
         let restored = AtomicU8::new(0);
         let (a, b) = match self.rule {
             ScriptRule::Window => (cap.to_string(), self.headroom.to_string()),
@@ -398,34 +398,9 @@ impl Inner {
                     }
                     // Built afresh for every attempt: a failed attempt may have
                     // been Redis restarting empty.
-                    let block = self.restore_block();
-                    let putting_back = block.as_ref().is_some_and(|b| b.lost);
-                    let carried = block.as_ref().map_or(0, |_| 1 + u8::from(putting_back));
+                    let carried = self.restore_args(inv);
                     restored.store(carried, Ordering::SeqCst);
-                    // What it last heard of the fleet's learning goes back
-                    // in the same take as its calls: no take is granted at
-                    // the full cap between the two.
-                    let Restore {
-                        paused,
-                        learnt,
-                        even,
-                        from,
-                        entries,
-                        ..
-                    } = block.unwrap_or_default();
-                    // Where the learning comes from prefixes the flag: a
-                    // checkpoint's is put back only if this take begins the
-                    // fleet (see the script's `recall`).
-                    let flag = match from.is_empty() {
-                        true => u8::from(even).to_string(),
-                        false => format!("{from}:{}", u8::from(even)),
-                    };
-                    inv.arg(paused).arg(learnt).arg(flag);
-                    inv.arg(entries.len());
-                    for (rid, left, flying) in entries {
-                        inv.arg(rid).arg(left).arg(u8::from(flying));
-                    }
-                    let (heard, witness) = self.loss_check(putting_back);
+                    let (heard, witness) = self.loss_check(carried == PUT_BACK);
                     inv.arg(heard).arg(fastrand::u32(1..)).arg(witness);
                 },
             )
@@ -437,20 +412,7 @@ impl Inner {
                 return Err(e);
             }
         };
-        let carried = restored.load(Ordering::SeqCst);
-        if carried > 0 {
-            let mut l = self.lock();
-            // Answered: the checkpoint's learning was put back, or a live
-            // fleet's own stands; it is passed once.
-            l.recall = None;
-            if carried == 2 {
-                l.lost = false;
-                l.epoch_before_loss = None;
-            }
-        }
-        if carried == 2 {
-            self.relist().await;
-        }
+        self.restore_answered(restored.load(Ordering::SeqCst)).await;
         // Every answer ends with the fleet's epoch (see `loss_check`).
         if let Some(&epoch) = v.last() {
             let mut l = self.lock();

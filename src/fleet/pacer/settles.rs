@@ -11,6 +11,11 @@ use tokio::time::Instant;
 use super::rule::Verb;
 use super::{millis, Inner, Restore};
 use crate::fleet::local::Recall;
+
+/// A take's restore block carried only a job checkpoint's learning.
+pub(super) const RECALLED: u8 = 1;
+/// A take's restore block put this process's calls back after a loss.
+pub(super) const PUT_BACK: u8 = 2;
 use crate::pace::PaceError;
 
 impl Inner {
@@ -110,6 +115,62 @@ impl Inner {
             lost: true,
             entries,
         })
+    }
+
+    /// Writes the take's restore block into `inv` (see `restore_block`)
+    /// and says what it carried: nothing, only a checkpoint's learning
+    /// ([`RECALLED`]), or this process's calls after a loss ([`PUT_BACK`]).
+    /// What it last heard of the fleet's learning goes back in the same
+    /// take as its calls: no take is granted at the full cap between the
+    /// two.
+    pub(super) fn restore_args(&self, inv: &mut redis::ScriptInvocation<'_>) -> u8 {
+        let block = self.restore_block();
+        let carried = match &block {
+            None => 0,
+            Some(b) if b.lost => PUT_BACK,
+            Some(_) => RECALLED,
+        };
+        let Restore {
+            paused,
+            learnt,
+            even,
+            from,
+            entries,
+            ..
+        } = block.unwrap_or_default();
+        // Where the learning comes from prefixes the flag: a checkpoint's
+        // is put back only if this take begins the fleet (see the script's
+        // `recall`).
+        let flag = match from.is_empty() {
+            true => u8::from(even).to_string(),
+            false => format!("{from}:{}", u8::from(even)),
+        };
+        inv.arg(paused).arg(learnt).arg(flag);
+        inv.arg(entries.len());
+        for (rid, left, flying) in entries {
+            inv.arg(rid).arg(left).arg(u8::from(flying));
+        }
+        carried
+    }
+
+    /// A take whose restore block carried `carried` was answered: the
+    /// checkpoint's learning was put back, or a live fleet's own stands
+    /// (it is passed once); calls put back end the loss.
+    pub(super) async fn restore_answered(&self, carried: u8) {
+        if carried == 0 {
+            return;
+        }
+        {
+            let mut l = self.lock();
+            l.recall = None;
+            if carried == PUT_BACK {
+                l.lost = false;
+                l.epoch_before_loss = None;
+            }
+        }
+        if carried == PUT_BACK {
+            self.relist().await;
+        }
     }
 
     /// The loss check's arguments for a take: the epoch last heard and one
