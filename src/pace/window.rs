@@ -92,7 +92,9 @@ pub(super) fn policy_set(
             false => w.without_start(),
         }
     } else {
-        ExactWindow::new(n, w, now).with_learnt(learnt.map(|l| l.limit))
+        ExactWindow::new(n, w, now)
+            .with_learnt(learnt.map(|l| l.limit))
+            .probing_at_most(learnt.and_then(|l| l.shape.most))
     };
     let others = policies[1..]
         .iter()

@@ -22,12 +22,7 @@ impl ExactWindow {
             w.probe_at_most(l);
         }
         // No probing above what the earlier run's fit allowed either.
-        if let Some(most) = learnt
-            .and_then(|l| l.shape.most)
-            .filter(|_| w.learn.learnt.is_some())
-        {
-            w.probe_at_most(most);
-        }
+        let mut w = w.probing_at_most(learnt.and_then(|l| l.shape.most));
         w.shape = Some(ShapeLearner::restored(w.window, learnt));
         w
     }
@@ -58,9 +53,30 @@ impl ExactWindow {
     /// What the limit was learnt to be beyond its count, for the
     /// checkpoint (nothing without shape learning).
     pub fn learnt_shape(&self) -> LearntShape {
-        self.shape
+        let mut shape = self
+            .shape
             .as_ref()
-            .map_or_else(LearntShape::default, ShapeLearner::learnt_shape)
+            .map_or_else(LearntShape::default, ShapeLearner::learnt_shape);
+        // A limit was refused above the learnt one in this run, which
+        // probes no higher than below it: nor does a resumed run (it would
+        // probe up to the refusal again, and pay a 429 for it).
+        if self.learn.learnt.is_some() {
+            let ceiling = self.learn.refused_at.map(|r| r.saturating_sub(1));
+            shape.most = match (shape.most, ceiling) {
+                (Some(m), Some(c)) => Some(m.min(c)),
+                (m, c) => m.or(c),
+            };
+        }
+        shape
+    }
+
+    /// Probes a learnt limit no higher than `most` (what an earlier run's
+    /// checkpoint says it allowed; `None`: up to the configured limit).
+    pub fn probing_at_most(mut self, most: Option<u64>) -> ExactWindow {
+        if let Some(most) = most.filter(|_| self.learn.learnt.is_some()) {
+            self.probe_at_most(most);
+        }
+        self
     }
 
     /// The call in `slot` was refused with a rate-limit 429 at `arrived`:

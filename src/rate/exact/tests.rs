@@ -267,6 +267,29 @@ fn a_learnt_limit_settles_after_a_clean_window_then_probes_one_per_used_window()
     assert_eq!(w.take_event(now), None, "probing is not an event");
 }
 
+/// The checkpoint keeps what probing stays under (one below the limit
+/// refused), and a resumed run stays under it too: restored from the
+/// count alone, it probes up to the refused limit again.
+#[test]
+fn a_resumed_run_probes_no_higher_than_the_run_that_was_refused() {
+    let (mut w, _, t0) = refused_after(10, 7, 0);
+    assert_eq!(w.rate_limited(t0 + ms(10)), Some(6));
+    assert_eq!(w.learnt_shape().most, Some(9));
+    let resumed = |most: Option<u64>| {
+        let mut w = ExactWindow::new(10, W, t0)
+            .with_learnt(Some(6))
+            .probing_at_most(most);
+        let mut now = t0;
+        for _ in 0..12 {
+            fill(&mut w, now);
+            now += W;
+        }
+        w.learnt()
+    };
+    assert_eq!(resumed(Some(9)), Some(9));
+    assert_eq!(resumed(None), Some(10), "the count alone probes on");
+}
+
 #[test]
 fn an_idle_window_is_no_reason_to_probe() {
     let (mut w, _, t0) = refused_after(10, 5, 0);
