@@ -168,6 +168,30 @@ impl Sliding {
     }
 }
 
+/// A secret limit of 10 calls per W, a third of the told 30, of `shape`:
+/// 0 a sliding window, 1 a fixed one counted from `t0`, 2 a bucket with a
+/// burst of 3, 3 one with none. Says whether a call arriving then is
+/// accepted.
+fn at_a_third(shape: u8, t0: Instant) -> impl FnMut(Instant) -> bool {
+    let mut sliding = Sliding {
+        limit: 10,
+        window: W,
+        accepted: Default::default(),
+    };
+    let mut fixed = Fixed {
+        limit: 10,
+        window: W,
+        t0,
+        current: (0, 0),
+    };
+    let mut bucket = Gcra::new(10.0, if shape == 2 { 3 } else { 0 });
+    move |at| match shape {
+        0 => sliding.admit(at),
+        1 => fixed.admit(at),
+        _ => bucket.admit(at),
+    }
+}
+
 /// The default pacer's window with a pool's answer to a 429: it learns,
 /// then everyone pauses a window (no Retry-After).
 struct Paced(ExactWindow);
@@ -327,15 +351,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let fates = link(ITEMS + 60, ms(base), ms(jitter), seed);
-        let t0 = Instant::now();
-        let mut sliding = Sliding { limit: 10, window: W, accepted: Default::default() };
-        let mut fixed = Fixed { limit: 10, window: W, t0, current: (0, 0) };
-        let mut bucket = Gcra::new(10.0, if shape == 2 { 3 } else { 0 });
-        let mut server = |at| match shape {
-            0 => sliding.admit(at),
-            1 => fixed.admit(at),
-            _ => bucket.admit(at),
-        };
+        let mut server = at_a_third(shape, Instant::now());
         let o = job(30, workers, &fates, ITEMS, &mut server);
         let ideal = match shape {
             0 | 1 => W * 20,

@@ -28,6 +28,16 @@ fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
 
 /// A pacer told `limit`, its shape unknown (a bare rate) or named.
 fn paced(fleet: Fleet, limit: &str, shape_unknown: bool) -> Arc<FleetPacer> {
+    paced_from(fleet, limit, shape_unknown, None)
+}
+
+/// The same, for a job whose checkpoint says an earlier run `learnt`.
+fn paced_from(
+    fleet: Fleet,
+    limit: &str,
+    shape_unknown: bool,
+    learnt: Option<batchrun::rate::learn::Learnt>,
+) -> Arc<FleetPacer> {
     Arc::new(FleetPacer::new(
         fleet,
         FleetPacing {
@@ -36,7 +46,7 @@ fn paced(fleet: Fleet, limit: &str, shape_unknown: bool) -> Arc<FleetPacer> {
             timeout: Duration::from_secs(1),
             wait_for_quota: false,
             shape_unknown,
-            learnt: None,
+            learnt,
         },
     ))
 }
@@ -650,24 +660,16 @@ fn resumed(fleet: Fleet, limit: &str, learnt: u64) -> Arc<FleetPacer> {
 /// above if told more).
 fn resumed_with(fleet: Fleet, limit: &str, learnt: u64, most: Option<u64>) -> Arc<FleetPacer> {
     use batchrun::rate::learn::{Learnt, LearntShape};
-    Arc::new(FleetPacer::new(
-        fleet,
-        FleetPacing {
-            limit: limit.parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown: true,
-            learnt: Some(Learnt {
-                limit: learnt,
-                shape: LearntShape {
-                    burst: Some(0),
-                    most,
-                    ..LearntShape::default()
-                },
-            }),
-        },
-    ))
+    let shape = LearntShape {
+        burst: Some(0),
+        most,
+        ..LearntShape::default()
+    };
+    let learnt = Learnt {
+        limit: learnt,
+        shape,
+    };
+    paced_from(fleet, limit, true, Some(learnt))
 }
 
 /// What a job's checkpoint says was learnt is put back by a process's

@@ -17,27 +17,15 @@ fn survey() {
         let mut most = [0usize; 4];
         for (workers, fates) in grid() {
             let t0 = Instant::now();
-            let mut sliding = Sliding {
-                limit: 10,
-                window: W,
-                accepted: Default::default(),
-            };
-            let mut fixed = Fixed {
-                limit: 10,
-                window: W,
-                t0,
-                current: (0, 0),
-            };
-            let mut g = match scenario {
-                0 => Gcra::new(30.0, 0),
-                1 => Gcra::new(30.0, 5),
-                4 => Gcra::new(10.0, 0),
-                _ => Gcra::new(10.0, 3),
-            };
-            let mut server = |at| match scenario {
-                2 => sliding.admit(at),
-                3 => fixed.admit(at),
-                _ => g.admit(at),
+            let mut server: Box<dyn FnMut(Instant) -> bool> = match scenario {
+                0 | 1 => {
+                    let mut g = Gcra::new(30.0, if scenario == 0 { 0 } else { 5 });
+                    Box::new(move |at| g.admit(at))
+                }
+                2 => Box::new(at_a_third(0, t0)),
+                3 => Box::new(at_a_third(1, t0)),
+                4 => Box::new(at_a_third(3, t0)),
+                _ => Box::new(at_a_third(2, t0)),
             };
             let o = job(30, workers, &fates, ITEMS, &mut server);
             let ideal = match scenario {
@@ -119,24 +107,7 @@ fn survey_long_round_trips() {
             let mut line = String::new();
             for workers in [1usize, 3, 10, 30] {
                 let fates = link(ITEMS + 200, ms(base), ms(4), 1);
-                let t0 = Instant::now();
-                let mut sliding = Sliding {
-                    limit: 10,
-                    window: W,
-                    accepted: Default::default(),
-                };
-                let mut fixed = Fixed {
-                    limit: 10,
-                    window: W,
-                    t0,
-                    current: (0, 0),
-                };
-                let mut bucket = Gcra::new(10.0, if shape == 2 { 3 } else { 0 });
-                let mut server = |at| match shape {
-                    0 => sliding.admit(at),
-                    1 => fixed.admit(at),
-                    _ => bucket.admit(at),
-                };
+                let mut server = at_a_third(shape, Instant::now());
                 let o = job(30, workers, &fates, ITEMS, &mut server);
                 line += &format!(
                     " | {} in flight: {} 429s, {:.1} s",
