@@ -145,8 +145,10 @@ pub struct JobMeta {
     /// Whether the learnt limit is a fixed window's (not probed above).
     #[serde(default)]
     pub learnt_fixed: bool,
-    /// The most the fit that learnt the limit allows: a resumed run
-    /// probes no higher (`None` without a fit, and in older checkpoints).
+    /// The most probing goes to: what the fit that learnt the limit
+    /// allows, or one below a limit refused; a resumed run probes no
+    /// higher (`None` when nothing was refused above the learnt limit, and
+    /// in older checkpoints).
     #[serde(default)]
     pub learnt_most: Option<u64>,
     /// Advanced by `--fresh` only: part of every derived key.

@@ -166,8 +166,9 @@ impl ExactWindow {
 
     /// Starts from a limit learnt by an earlier run of the same job (never
     /// above the configured one, at least 1). It is taken as settled, and
-    /// probing upward starts again from it: the refusal that taught it is
-    /// not remembered, so reaching it again costs one 429.
+    /// probing upward starts again from it, up to the configured limit
+    /// unless [`probing_at_most`](Self::probing_at_most) says where the
+    /// earlier run was refused.
     pub fn with_learnt(mut self, learnt: Option<u64>) -> ExactWindow {
         self.learn.learnt = learnt.map(|l| l.clamp(1, self.configured));
         self

@@ -127,8 +127,9 @@ pub struct LearntShape {
     /// switched to): paced as a sliding window of it, never probed above.
     pub fixed: bool,
     /// The most a fit of the start's and the ramp's answers allows (a
-    /// sliding window's count, a bucket's greatest rate per window): a
-    /// resumed run probes no higher, as the run that fitted it did.
+    /// sliding window's count, a bucket's greatest rate per window), or
+    /// one below a limit refused (the window adds that): a resumed run
+    /// probes no higher, as the run that learnt it did.
     pub most: Option<u64>,
 }
 

@@ -13,16 +13,18 @@ impl ExactWindow {
     /// too: a 429 after a burst first paces evenly at the limit, and a
     /// bucket an earlier run learnt is paced evenly from the start.
     pub fn learning_shape(self, learnt: Option<Learnt>) -> ExactWindow {
-        let mut w = self.with_learnt(learnt.map(|l| l.limit));
-        if let Some(l) = w
+        let w = self.with_learnt(learnt.map(|l| l.limit));
+        // No probing above a fixed window's count, nor above what the
+        // earlier run allowed itself: the lower of the two.
+        let fixed = w
             .learn
             .learnt
-            .filter(|_| learnt.is_some_and(|l| l.shape.fixed))
-        {
-            w.probe_at_most(l);
-        }
-        // No probing above what the earlier run's fit allowed either.
-        let mut w = w.probing_at_most(learnt.and_then(|l| l.shape.most));
+            .filter(|_| learnt.is_some_and(|l| l.shape.fixed));
+        let most = [fixed, learnt.and_then(|l| l.shape.most)]
+            .into_iter()
+            .flatten()
+            .min();
+        let mut w = w.probing_at_most(most);
         w.shape = Some(ShapeLearner::restored(w.window, learnt));
         w
     }
@@ -51,7 +53,8 @@ impl ExactWindow {
     }
 
     /// What the limit was learnt to be beyond its count, for the
-    /// checkpoint (nothing without shape learning).
+    /// checkpoint: with shape learning, its shape; with or without, the
+    /// most probing goes to (a fit's, or one below a limit refused).
     pub fn learnt_shape(&self) -> LearntShape {
         let mut shape = self
             .shape
@@ -206,9 +209,11 @@ impl ExactWindow {
 
     /// Probing rises no higher than `limit` (as if `limit + 1` had been
     /// refused): the most a fit allows, or a fixed window's count, above
-    /// which a probe is refused in every window it tries.
+    /// which a probe is refused in every window it tries. Not capped at the
+    /// configured limit here (probing is, in `advance`): a run told less
+    /// would otherwise keep a refusal that never came for the next one.
     fn probe_at_most(&mut self, limit: u64) {
-        self.learn.refused_at = Some(limit.saturating_add(1).min(self.configured));
+        self.learn.refused_at = Some(limit.saturating_add(1));
     }
 
     /// The limit is learnt with its shape (`said`: a bucket, or a fixed

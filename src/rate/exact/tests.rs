@@ -288,6 +288,12 @@ fn a_resumed_run_probes_no_higher_than_the_run_that_was_refused() {
     };
     assert_eq!(resumed(Some(9)), Some(9));
     assert_eq!(resumed(None), Some(10), "the count alone probes on");
+    // A checkpoint's most of 19, resumed told 10: the 19 goes on, for a
+    // run told 30 again (no refusal at 10 is made up).
+    let told_less = ExactWindow::new(10, W, t0)
+        .with_learnt(Some(19))
+        .probing_at_most(Some(19));
+    assert_eq!(told_less.learnt_shape().most, Some(19));
 }
 
 #[test]
