@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::pace::PaceNote;
 use crate::rate::exact::MAX_EVENTS;
-use crate::rate::learn::Learnt;
+use crate::rate::learn::{Learnt, LearntShape};
 use crate::rate::Limit;
 
 /// What this process knows of its own calls.
@@ -118,41 +118,60 @@ impl Local {
         }
     }
 
-    /// The limit learnt as of now, and the most it is not probed above:
-    /// the fleet's learnt limit, else the limit in force once the even
-    /// pace held two `window`s with calls (probed above, if told more).
-    pub(super) fn learnt_now(&self, window: std::time::Duration) -> Option<(u64, Option<u64>)> {
-        if self.learnt > 0 {
-            return Some((self.learnt, self.most));
+    /// What this process reports as learnt, for its job's checkpoint:
+    /// until a granted take says what the fleet keeps, the checkpoint's
+    /// own learning, whole; then the fleet's learnt limit, with the most
+    /// it is not probed above, else the limit in force once the even pace
+    /// held two `window`s with calls (the told rate, probed above if told
+    /// more; not during the ramp, which has not tried it yet). Paced
+    /// evenly, a bucket with no burst: the fleet keeps none.
+    pub(super) fn learnt_as_of(&self, window: std::time::Duration) -> Option<Learnt> {
+        if let Some(r) = self.recalled {
+            return Some(r.learnt);
         }
-        let since = self.even_since.filter(|_| self.even && self.limit > 0)?;
-        let held = Instant::now().saturating_duration_since(since) >= window.saturating_mul(2);
-        (held && self.even_grants >= 2).then_some((self.limit, None))
+        let (limit, most) = if self.learnt > 0 {
+            (self.learnt, self.most)
+        } else {
+            let since = self.even_since.filter(|_| self.even && self.limit > 0)?;
+            let held = Instant::now().saturating_duration_since(since) >= window.saturating_mul(2);
+            if !held || self.even_grants < 2 {
+                return None;
+            }
+            (self.limit, None)
+        };
+        let shape = LearntShape {
+            burst: self.even.then_some(0),
+            most,
+            ..LearntShape::default()
+        };
+        Some(Learnt { limit, shape })
     }
 
     /// What a granted take said of the fleet's learnt limit (`limit` being
     /// the one in force): a lowering (by any process), its settling and the
     /// even pace begun under a bare rate are each announced once here.
     pub(super) fn heard(&mut self, limit: u64, learnt: u64, settled: bool, even: bool) {
-        // What the checkpoint said, if the fleet keeps it, is no news.
-        let before = self.learnt;
+        // What the checkpoint said, if the fleet keeps it, is no news, and
+        // keeps the checkpoint's most.
+        let mut kept = false;
         if let Some(r) = self.recalled.take() {
             if even && r.even {
                 self.name_the_shape = None;
             }
             if learnt > 0 && learnt == r.limit() {
                 (self.learnt, self.settled_told, self.most) = (learnt, true, r.most);
+                kept = true;
             }
         }
         // A lowering has a limit refused above it: not probed above by a
         // resumed fleet. A rise (probing) moves that most along.
-        self.most = match (learnt, self.most) {
-            (0, _) => None,
-            _ if learnt == self.learnt && before != self.learnt => self.most,
-            _ if before == 0 || learnt < before => Some(learnt),
-            (_, Some(m)) => Some(m.max(learnt)),
-            (_, None) => None,
-        };
+        if !kept {
+            self.most = match (learnt, self.most) {
+                (0, _) => None,
+                _ if self.learnt == 0 || learnt < self.learnt => Some(learnt),
+                (_, m) => m.map(|m| m.max(learnt)),
+            };
+        }
         self.even = even;
         self.limit = limit;
         match even {
@@ -191,6 +210,33 @@ impl Local {
     }
 }
 
+/// Where the learning a restore block carries comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Source {
+    /// Nothing to put back, or heard from the fleet in no epoch yet: the
+    /// bare flag.
+    #[default]
+    Heard,
+    /// Heard from the fleet before a loss, last in this epoch.
+    HeardIn(i64),
+    /// A job checkpoint's, not probed above the most if there is one.
+    Checkpoint(Option<u64>),
+}
+
+impl Source {
+    /// The restore block's even flag with this source as its prefix
+    /// (`recall`, window.lua): `l@E:1`, `c:0`, `c@M:1`, or the bare `0`/`1`.
+    pub(super) fn flag(self, even: bool) -> String {
+        let even = u8::from(even);
+        match self {
+            Source::Heard => even.to_string(),
+            Source::HeardIn(e) => format!("l@{e}:{even}"),
+            Source::Checkpoint(None) => format!("c:{even}"),
+            Source::Checkpoint(Some(m)) => format!("c@{m}:{even}"),
+        }
+    }
+}
+
 /// This process's share of the fleet's state, to put back after Redis lost
 /// it: the pause left (ms), what it last heard of the fleet's learning (the
 /// learnt limit, 0 for none; whether paced evenly) and each call's (id, ms
@@ -201,10 +247,8 @@ pub(super) struct Restore {
     pub(super) paused: u64,
     pub(super) learnt: u64,
     pub(super) even: bool,
-    /// Where the learning comes from, as the script's flag prefix says
-    /// it: "l@E" heard before a loss, last in epoch E; "c" a job
-    /// checkpoint's ("c@M": not probed above M).
-    pub(super) from: String,
+    /// Where the learning comes from (the script's flag prefix).
+    pub(super) from: Source,
     /// Redis lost the fleet: the calls go back, and the loss check waits.
     pub(super) lost: bool,
     pub(super) entries: Vec<(String, u64, bool)>,

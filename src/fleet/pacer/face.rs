@@ -177,34 +177,13 @@ impl Pacer for FleetPacer {
     }
 
     fn learnt(&self) -> Option<u64> {
-        let l = self.inner.lock();
-        // Until the fleet answered, what the checkpoint said.
-        if let Some(r) = l.recalled {
-            return Some(r.limit());
-        }
-        // Paced evenly at the limit in force, nothing lowered, for two
-        // windows (the ramp's and one at the rate): that rate, a bucket's
-        // with no burst. Not during the ramp, which has not tried it yet.
-        l.learnt_now(self.inner.window).map(|(limit, _)| limit)
+        let learnt = self.inner.lock().learnt_as_of(self.inner.window);
+        learnt.map(|l| l.limit)
     }
 
     fn learnt_shape(&self) -> LearntShape {
-        let l = self.inner.lock();
-        if let Some(r) = l.recalled {
-            return r.learnt.shape;
-        }
-        // A limit lowered is not probed above by a resumed fleet (its run
-        // had one refused above it); the told rate held is.
-        let Some((_, most)) = l.learnt_now(self.inner.window) else {
-            return LearntShape::default();
-        };
-        LearntShape {
-            // The fleet keeps no burst: its even pace is a bucket's with
-            // none.
-            burst: l.even.then_some(0),
-            most,
-            ..LearntShape::default()
-        }
+        let learnt = self.inner.lock().learnt_as_of(self.inner.window);
+        learnt.map_or_else(LearntShape::default, |l| l.shape)
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {

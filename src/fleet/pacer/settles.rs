@@ -10,13 +10,13 @@ use tokio::time::Instant;
 
 use super::rule::Verb;
 use super::{millis, Inner, Restore};
-use crate::fleet::local::Recall;
+use crate::fleet::local::Source;
+use crate::pace::PaceError;
 
 /// A take's restore block carried only a job checkpoint's learning.
 pub(super) const RECALLED: u8 = 1;
 /// A take's restore block put this process's calls back after a loss.
 pub(super) const PUT_BACK: u8 = 2;
-use crate::pace::PaceError;
 
 impl Inner {
     /// Pending completions as (id, ms since the response arrived; -1 for a
@@ -59,16 +59,12 @@ impl Inner {
         let now = Instant::now();
         let mut l = self.lock();
         let recall = l.recall.filter(|_| self.rule.windowed());
-        let from_checkpoint = |r: Recall| match r.most {
-            Some(m) => format!("c@{m}"),
-            None => "c".to_string(),
-        };
         if !l.lost {
             let r = recall?;
             return Some(Restore {
                 learnt: r.limit(),
                 even: r.even,
-                from: from_checkpoint(r),
+                from: Source::Checkpoint(r.most),
                 ..Restore::default()
             });
         }
@@ -103,9 +99,9 @@ impl Inner {
         // nothing heard of the fleet, the checkpoint's learning goes, as a
         // checkpoint's.
         let heard = l.epoch_before_loss.or(l.epoch);
-        let mut from = heard.map_or_else(String::new, |e| format!("l@{e}"));
+        let mut from = heard.map_or(Source::Heard, Source::HeardIn);
         if let Some(r) = recall {
-            (learnt, even, from) = (r.limit(), r.even, from_checkpoint(r));
+            (learnt, even, from) = (r.limit(), r.even, Source::Checkpoint(r.most));
         }
         Some(Restore {
             paused,
@@ -141,11 +137,7 @@ impl Inner {
         // Where the learning comes from prefixes the flag: a checkpoint's
         // is put back only if this take begins the fleet (see the script's
         // `recall`).
-        let flag = match from.is_empty() {
-            true => u8::from(even).to_string(),
-            false => format!("{from}:{}", u8::from(even)),
-        };
-        inv.arg(paused).arg(learnt).arg(flag);
+        inv.arg(paused).arg(learnt).arg(from.flag(even));
         inv.arg(entries.len());
         for (rid, left, flying) in entries {
             inv.arg(rid).arg(left).arg(u8::from(flying));

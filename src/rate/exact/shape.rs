@@ -65,10 +65,7 @@ impl ExactWindow {
         // probe up to the refusal again, and pay a 429 for it).
         if self.learn.learnt.is_some() {
             let ceiling = self.learn.refused_at.map(|r| r.saturating_sub(1));
-            shape.most = match (shape.most, ceiling) {
-                (Some(m), Some(c)) => Some(m.min(c)),
-                (m, c) => m.or(c),
-            };
+            shape.most = [shape.most, ceiling].into_iter().flatten().min();
         }
         shape
     }
