@@ -185,17 +185,13 @@ pub trait Pacer: Send + Sync {
     fn paused_until(&self) -> Option<Instant>;
 
     /// The limit per window learnt from 429s of a server that does not
-    /// report its limit, if any: what a resumed run should start from.
-    fn learnt(&self) -> Option<u64> {
+    /// report its limit, if any, with what it was learnt to be beyond its
+    /// count (a bucket's burst, the fixed window its refusal switches to,
+    /// a fixed window, the most it is probed to): what a resumed run
+    /// starts from, neither learning it again nor probing above it. One
+    /// read, so the count and its shape are of the same moment.
+    fn learnt(&self) -> Option<crate::rate::learn::Learnt> {
         None
-    }
-
-    /// What the limit was learnt to be beyond its count (window pacer
-    /// only: a bucket's burst, the fixed window its refusal switches to,
-    /// a fixed window): kept with the learnt limit, so that a resumed run
-    /// neither learns it again nor probes above a fixed window.
-    fn learnt_shape(&self) -> crate::rate::learn::LearntShape {
-        crate::rate::learn::LearntShape::default()
     }
 
     /// How full each policy it keeps is now (the window pacer only; empty
@@ -625,7 +621,7 @@ mod tests {
             NOW,
         )
         .unwrap();
-        assert_eq!(p.learnt(), Some(7));
+        assert_eq!(p.learnt().map(|l| l.limit), Some(7));
         assert_eq!(at_once(p.as_ref()).await, 7);
         let (p, _) = for_limit(
             PacerKind::Bucket,

@@ -235,12 +235,14 @@ impl Pacer for WindowPacer {
             .map(Instant::from_std)
     }
 
-    fn learnt(&self) -> Option<u64> {
-        self.guarded.lock().primary().learnt()
-    }
-
-    fn learnt_shape(&self) -> crate::rate::learn::LearntShape {
-        self.guarded.lock().primary().learnt_shape()
+    fn learnt(&self) -> Option<crate::rate::learn::Learnt> {
+        let g = self.guarded.lock();
+        let w = g.primary();
+        let limit = w.learnt()?;
+        Some(crate::rate::learn::Learnt {
+            limit,
+            shape: w.learnt_shape(),
+        })
     }
 
     fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
@@ -464,7 +466,7 @@ mod tests {
         // The fourth was refused, and no response carried limit headers:
         // three were accepted.
         p.pause(Duration::from_secs(1)).await.unwrap();
-        assert_eq!(p.learnt(), Some(3));
+        assert_eq!(p.learnt().map(|l| l.limit), Some(3));
         assert_eq!(
             p.observe(&HeaderMap::new()).await,
             Some(PaceNote::Learnt(3))

@@ -149,7 +149,7 @@ impl Recorder {
         self.sinks.end(self.moment());
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
-        self.keep_learnt(self.ticks.gauges.pacer.learnt());
+        super::job::keep_learnt(&mut self.meta, self.ticks.gauges.pacer.learnt());
         self.wind_down(saving.err).await
     }
 
@@ -450,10 +450,11 @@ impl Recorder {
         flush
     }
 
-    /// The job record takes the limit learnt (`limit`) and what the pacer
-    /// learnt it to be beyond its count.
+    /// The job record takes the limit a note said was learnt (`limit`) and
+    /// what the pacer learnt it to be beyond its count.
     fn keep_learnt(&mut self, limit: Option<u64>) {
-        let shape = self.ticks.gauges.pacer.learnt_shape();
+        let shape = self.ticks.gauges.pacer.learnt().map(|l| l.shape);
+        let shape = shape.unwrap_or_default();
         let learnt = limit.map(|limit| Learnt { limit, shape });
         super::job::keep_learnt(&mut self.meta, learnt);
     }

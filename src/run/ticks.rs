@@ -112,7 +112,7 @@ impl Ticks {
         crate::report::timeline::Moment {
             paused: g.pacer.paused_until().is_some_and(|u| u > now),
             waiting_credits: g.gate.waiting_probe_in(now).is_some(),
-            learnt: g.pacer.learnt(),
+            learnt: g.pacer.learnt().map(|l| l.limit),
             credits: g.ledger.last().map(|s| s.remaining),
             policies: g.pacer.occupancy(),
             projection: None,

@@ -13,7 +13,7 @@ use super::{FleetPacer, Took, Why, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MA
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
-use crate::rate::learn::LearntShape;
+use crate::rate::learn::Learnt;
 use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
 use crate::util::BoxFuture;
 
@@ -176,14 +176,8 @@ impl Pacer for FleetPacer {
         self.inner.lock().notes.pop_front()
     }
 
-    fn learnt(&self) -> Option<u64> {
-        let learnt = self.inner.lock().learnt_as_of(self.inner.window);
-        learnt.map(|l| l.limit)
-    }
-
-    fn learnt_shape(&self) -> LearntShape {
-        let learnt = self.inner.lock().learnt_as_of(self.inner.window);
-        learnt.map_or_else(LearntShape::default, |l| l.shape)
+    fn learnt(&self) -> Option<Learnt> {
+        self.inner.lock().learnt_as_of(self.inner.window)
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {

@@ -272,7 +272,11 @@ async fn a_refused_burst_under_a_bare_rate_paces_the_fleet_evenly_and_says_so_on
         if !bare {
             continue;
         }
-        assert_eq!(a.learnt(), None, "the burst's 429 lowered nothing");
+        assert_eq!(
+            a.learnt().map(|l| l.limit),
+            None,
+            "the burst's 429 lowered nothing"
+        );
         // Three calls, from either process, go one even interval (220 ms)
         // apart at least; the other process hears of the pace once.
         let t0 = Instant::now();
@@ -325,7 +329,7 @@ async fn what_the_fleet_learnt_survives_redis_forgetting_it() {
     // No take after the lowering: the pause alone told this process the
     // limit, and that the fleet still paces evenly.
     while a.observe(&none).await.is_some() || a.note().is_some() {}
-    let learnt = a.learnt().expect("a limit learnt");
+    let learnt = a.learnt().expect("a limit learnt").limit;
     let keys = FleetKeys::named(&name);
     let mut c = redis.conn();
     forget(&mut c, &keys);
@@ -338,7 +342,7 @@ async fn what_the_fleet_learnt_survives_redis_forgetting_it() {
         .query(&mut c)
         .unwrap();
     assert_eq!((got, even), (Some(learnt), Some(1)));
-    assert_eq!(a.learnt(), Some(learnt));
+    assert_eq!(a.learnt().map(|l| l.limit), Some(learnt));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -355,7 +359,11 @@ async fn every_process_hears_a_learnt_limit_once_and_its_settling() {
     a.pause(Duration::from_millis(1)).await.unwrap();
     assert_eq!(a.observe(&none).await, Some(PaceNote::Learnt(3)));
     assert_eq!(a.observe(&none).await, None, "said once");
-    assert_eq!(a.learnt(), Some(3), "kept for the checkpoint");
+    assert_eq!(
+        a.learnt().map(|l| l.limit),
+        Some(3),
+        "kept for the checkpoint"
+    );
     // The other process learns it from its next take.
     b.take()
         .await
@@ -693,9 +701,9 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
         .unwrap();
     assert_eq!(held, (Some(4), Some(1), Some(5)));
     // What the fleet answered, and the checkpoint keeps it.
-    assert_eq!(r.learnt(), Some(4));
-    assert_eq!(r.learnt_shape().burst, Some(0));
-    assert_eq!(r.learnt_shape().most, Some(4));
+    let kept = r.learnt().expect("the fleet's learning");
+    assert_eq!(kept.limit, 4);
+    assert_eq!((kept.shape.burst, kept.shape.most), (Some(0), Some(4)));
     // Said by the start line, not again as news.
     assert_eq!(r.note(), None);
 
@@ -710,7 +718,11 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
         .query(&mut c)
         .unwrap();
     assert_eq!(held, (Some(20), None));
-    assert_eq!(u.learnt_shape().most, None, "pinned for the next resume");
+    assert_eq!(
+        u.learnt().and_then(|l| l.shape.most),
+        None,
+        "pinned for the next resume"
+    );
 
     let live = fleet_name("live");
     let a = paced(fleet_on(&redis, &live).await, "10/2s", true);
@@ -727,7 +739,6 @@ async fn a_checkpoints_learning_begins_a_fleet_and_never_lowers_a_live_one() {
     assert!(start_ends.is_some(), "the live fleet's start ended");
     // The resumed process hears the fleet's own learning: none.
     assert_eq!(b.learnt(), None);
-    assert_eq!(b.learnt_shape().burst, None);
 }
 
 /// Redis restarted under a running fleet, and a resumed job's process
