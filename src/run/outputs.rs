@@ -195,15 +195,7 @@ fn write_both(
     // other lines: such outputs are never put in place. Lines appended
     // under it are fine: they are pending, and the old ones are unchanged.
     if !same_file {
-        return Err(OutputError::Changed(format!(
-            "{} changed while the job ran: {} and {} were not written, so that no line is \
-             paired with another line's result. Every result is kept in the checkpoint: \
-             restore the file and run the same command to write them (nothing is sent \
-             again), or use --fresh to start over with the new content",
-            settings.input.display(),
-            settings.out.display(),
-            settings.failures.display()
-        )));
+        return Err(OutputError::Changed(changed_under_run(settings)));
     }
     let out = written(settings, out.into_inner())?;
     put_in_place([(out, &settings.out), (fail, &settings.failures)], meta)?;
@@ -211,6 +203,19 @@ fn write_both(
         items.save_outputs(stamp)?;
     }
     Ok(())
+}
+
+/// Why the outputs of an input edited under the run were not written.
+fn changed_under_run(settings: &Settings) -> String {
+    format!(
+        "{} changed while the job ran: {} and {} were not written, so that no line is \
+         paired with another line's result. Every result is kept in the checkpoint: \
+         restore the file and run the same command to write them (nothing is sent \
+         again), or use --fresh to start over with the new content",
+        settings.input.display(),
+        settings.out.display(),
+        settings.failures.display()
+    )
 }
 
 /// The results file being written, in its format.

@@ -227,14 +227,7 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             systemic,
         },
         CallError::Permanent { status, reason } => Action::Record {
-            event: Event::Failed {
-                line: item.line,
-                status: Some(status),
-                reason: format!("HTTP {status}: {reason}"),
-                attempts: tries.n,
-                unknown: false,
-                digest: item.digest(),
-            },
+            event: permanent(item, status, &reason, tries.n),
             systemic,
         },
         CallError::Transient {
@@ -349,6 +342,18 @@ fn refused_item(item: &Item, status: u16, reason: &str, attempts: u32) -> Event 
             "HTTP {status}: the API refused this item ({}) while other calls got through",
             quoted(reason)
         ),
+        attempts,
+        unknown: false,
+        digest: item.digest(),
+    }
+}
+
+/// An item the API failed for good (a 4xx that is the item's).
+fn permanent(item: &Item, status: u16, reason: &str, attempts: u32) -> Event {
+    Event::Failed {
+        line: item.line,
+        status: Some(status),
+        reason: format!("HTTP {status}: {reason}"),
         attempts,
         unknown: false,
         digest: item.digest(),

@@ -402,18 +402,7 @@ impl Settings {
             input_name: input_name(&args.input),
             spooled: None,
             api_key_env: args.api_key_env.clone(),
-            limit_source: match (args.limit.is_empty(), policies.len() < 2) {
-                (true, _) => format!("plan {}", args.plan().name()),
-                (false, true) => "--limit".to_string(),
-                (false, false) => format!(
-                    "--limit, with {} too",
-                    policies[1..]
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            },
+            limit_source: limit_source(args, &policies),
             costing: costing(args, &policies),
             wait_for_quota: args.wait_for_quota,
             shape_unknown: !policies[0].named,
@@ -427,6 +416,23 @@ impl Settings {
             fleet,
             shard: args.shard,
         })
+    }
+}
+
+/// Where the limit comes from, as the start line says it: the plan, or
+/// `--limit` with any further policies.
+fn limit_source(args: &RunArgs, policies: &[PolicySpec]) -> String {
+    match (args.limit.is_empty(), policies.len() < 2) {
+        (true, _) => format!("plan {}", args.plan().name()),
+        (false, true) => "--limit".to_string(),
+        (false, false) => format!(
+            "--limit, with {} too",
+            policies[1..]
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
