@@ -318,8 +318,7 @@ fn last_run_lines(st: &JobStatus, out: &mut String) {
 fn when(ms: Option<u64>) -> String {
     match ms {
         Some(ms) => {
-            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
-                .to_string()
+            crate::util::rfc3339(ms / 1000).unwrap_or_else(|| format!("unix time {}", ms / 1000))
         }
         None => "-".into(),
     }

@@ -19,6 +19,19 @@ pub fn sha_hex(parts: &[&[u8]]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A unix time in whole seconds as RFC 3339 (UTC), or `None` past the year
+/// 9999, where humantime's formatter errors out (and `to_string` would
+/// panic): a damaged record or a garbled header must not.
+pub fn rfc3339(secs: u64) -> Option<String> {
+    // Last second of 9999-12-31.
+    const MAX_SECS: u64 = 253_402_300_799;
+    if secs > MAX_SECS {
+        return None;
+    }
+    let t = UNIX_EPOCH.checked_add(Duration::from_secs(secs))?;
+    Some(humantime::format_rfc3339_seconds(t).to_string())
+}
+
 /// Wall-clock time since the epoch (zero if the clock is before it).
 pub fn unix_now() -> Duration {
     SystemTime::now()

@@ -2,7 +2,7 @@
 //! every line a person reads about credits (dates, balances, spans, rates).
 
 use std::fmt;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -194,7 +194,7 @@ fn ordinal(n: usize) -> String {
 /// Falls back to the raw number past year 9999, where humantime's formatter
 /// errors out (and `to_string` would panic).
 pub fn format_unix_utc(secs: u64) -> String {
-    match rfc3339(secs) {
+    match crate::util::rfc3339(secs) {
         Some(s) => format!("{} {} UTC", &s[..10], &s[11..16]),
         None => format!("unix time {secs}"),
     }
@@ -202,20 +202,10 @@ pub fn format_unix_utc(secs: u64) -> String {
 
 /// Formats a unix time as the date alone, "2026-12-10" (UTC).
 pub fn format_unix_date(secs: u64) -> String {
-    match rfc3339(secs) {
+    match crate::util::rfc3339(secs) {
         Some(s) => s[..10].to_string(),
         None => format!("unix time {secs}"),
     }
-}
-
-fn rfc3339(secs: u64) -> Option<String> {
-    // Last second of 9999-12-31; humantime refuses anything later.
-    const MAX_SECS: u64 = 253_402_300_799;
-    if secs > MAX_SECS {
-        return None;
-    }
-    let t = UNIX_EPOCH.checked_add(Duration::from_secs(secs))?;
-    Some(humantime::format_rfc3339_seconds(t).to_string())
 }
 
 /// "credits renew 2026-12-10 00:00 UTC", or "renewal date unknown".

@@ -17,6 +17,7 @@ use crate::rate::exact::Learning;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::Heard;
 use crate::rate::policy::PolicySpec;
+use crate::rate::retry_after::MAX_QUOTA_RESET;
 use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
 use crate::util::BoxFuture;
@@ -68,9 +69,12 @@ pub enum PaceError {
 
 impl PaceError {
     /// [`PaceError::QuotaExhausted`] for quota `name`, resetting `in_` from
-    /// now (kept to whole seconds, and said as an RFC 3339 instant).
+    /// now (kept to whole seconds, and said as an RFC 3339 instant). At
+    /// most a year and a day ahead, as every reset read is: a garbled one
+    /// of billions of years would overflow the clock, or the year's four
+    /// digits.
     pub fn quota_exhausted(name: String, in_: Duration) -> PaceError {
-        let in_ = Duration::from_secs(in_.as_secs());
+        let in_ = Duration::from_secs(in_.min(MAX_QUOTA_RESET).as_secs());
         let at = std::time::SystemTime::now() + in_;
         PaceError::QuotaExhausted {
             name,

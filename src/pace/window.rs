@@ -483,6 +483,53 @@ mod tests {
         assert_eq!(a.len(), 3, "paced to the learnt limit");
     }
 
+    /// Resets and windows of billions of years (garbled, or hostile) in
+    /// every dialect that states them: a take fails as a quota used up
+    /// until a year and a day away at most, said with its date, where the
+    /// clock's arithmetic overflowed and the date's formatting panicked.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_or_window_of_billions_of_years_is_a_quota_used_up_for_a_year() {
+        let huge = "18446744073709551615";
+        let cases: [&[(&str, String)]; 5] = [
+            &[
+                ("ratelimit-policy", format!("\"a\";q={huge};w={huge}")),
+                ("ratelimit", "\"a\";r=0;t=5".into()),
+            ],
+            &[
+                ("x-ratelimit-limit", "10".into()),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", "9223372036854775807".into()),
+            ],
+            &[
+                ("ratelimit-limit", "10".into()),
+                ("ratelimit-remaining", "0".into()),
+                ("ratelimit-reset", "9223372036854775807".into()),
+            ],
+            &[("ratelimit", "\"d\";r=0;t=9223372036854775807".into())],
+            &[
+                ("ratelimit-policy", format!("\"a\";q=5;w={huge}")),
+                ("ratelimit", "\"a\";r=0;t=9223372036854775807".into()),
+            ],
+        ];
+        for case in cases {
+            let mut h = HeaderMap::new();
+            for (n, v) in case {
+                h.insert(*n, v.parse().unwrap());
+            }
+            let p = pacer(100, Duration::from_secs(60));
+            p.observe(&h).await;
+            match p.take().await {
+                Err(PaceError::QuotaExhausted { in_, resets_at, .. }) => {
+                    assert!(in_ <= crate::rate::retry_after::MAX_QUOTA_RESET, "{case:?}");
+                    assert!(resets_at.starts_with("20"), "{resets_at}");
+                }
+                // The first case's reset (5 s) is near: it holds, then goes.
+                Ok(_permit) => assert_eq!(case[1].1, "\"a\";r=0;t=5"),
+                Err(e) => panic!("{case:?}: {e}"),
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_quota_used_up_for_an_hour_fails_takes_unless_told_to_wait() {
         let mut h = HeaderMap::new();

@@ -26,6 +26,7 @@ mod fields;
 #[cfg(test)]
 mod tests;
 
+use super::retry_after::MAX_QUOTA_RESET;
 use fields::{go_duration, members, Item};
 
 /// What an announced quota counts.
@@ -84,6 +85,12 @@ impl Announced {
 /// ten years, far beyond any window and far before any date a server sends.
 pub const EPOCH_AFTER_SECS: u64 = 10 * 365 * 86_400;
 
+/// The longest window a statement is taken at (ten years): longer is no
+/// window a server keeps but a garbled value, and the pacer's arithmetic
+/// on it would overflow the clock. Such a policy is read as stating no
+/// window.
+pub const MAX_WINDOW: Duration = Duration::from_secs(EPOCH_AFTER_SECS);
+
 /// Every policy the headers announce, in any dialect, as of `now_unix`
 /// (the response's arrival, as unix time). Several dialects on one
 /// response are all read; the caller decides which it paces to.
@@ -99,7 +106,18 @@ pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
         anthropic(h, unit, now_unix, &mut out);
     }
-    out
+    out.into_iter().map(bounded).collect()
+}
+
+/// A statement within what the pacer can act on: a window of at most
+/// [`MAX_WINDOW`], and a reset at most a year and a day away (as a
+/// 429's `Retry-After`, [`MAX_QUOTA_RESET`]): a reset further off halts the
+/// run as a used-up quota all the same, and one of billions of years
+/// would overflow the clock that says when.
+fn bounded(mut a: Announced) -> Announced {
+    a.window = a.window.filter(|w| *w <= MAX_WINDOW);
+    a.reset_in = a.reset_in.map(|r| r.min(MAX_QUOTA_RESET));
+    a
 }
 
 fn text<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -36,6 +36,14 @@ pub use tokens::TOKEN_WINDOW;
 /// announcing dozens of policies is not one to follow blindly.
 pub const MAX_WINDOWS: usize = 8;
 
+/// The most answered calls a window added for a stated policy counts at
+/// once (one entry each, 16 bytes): a monthly quota of a billion calls
+/// nearly used up by other clients would otherwise take 16 GB at its first
+/// statement. Beyond it the window lets through more than the server has
+/// left, and the server's `remaining: 0` with its reset (which holds every
+/// call) or its 429 says the rest.
+pub const MAX_PREFILL: u64 = 100_000;
+
 /// A hold longer than this is worth telling the operator about.
 pub const LONG_HOLD: Duration = Duration::from_secs(60);
 
@@ -482,7 +490,7 @@ impl PolicySet {
         let answered = used
             .saturating_sub(calls_in_flight as u64)
             .max(answered_here);
-        for _ in 0..answered.min(q) {
+        for _ in 0..answered.min(q).min(MAX_PREFILL) {
             x.admit_answered(now);
         }
         self.windows.push(x);

@@ -105,8 +105,7 @@ fn esc(s: &str) -> String {
 /// A unix time in ms, as RFC 3339 (UTC, to the second).
 fn when(ms: Option<u64>) -> String {
     ms.map_or("-".into(), |ms| {
-        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
-            .to_string()
+        crate::util::rfc3339(ms / 1000).unwrap_or_else(|| format!("unix time {}", ms / 1000))
     })
 }
 

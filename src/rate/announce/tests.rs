@@ -354,6 +354,8 @@ proptest! {
         }
         for a in read(&h, Duration::from_secs(now)) {
             prop_assert!(a.quota != Some(0));
+            prop_assert!(a.window.is_none_or(|w| w <= MAX_WINDOW));
+            prop_assert!(a.reset_in.is_none_or(|r| r <= MAX_QUOTA_RESET));
         }
     }
 }

@@ -51,6 +51,20 @@ fn the_lowest_applicable_limit_wins() {
     assert_eq!(at_once(&mut s, t0 + ms(10_000)), 10);
 }
 
+/// A quota stated for the first time nearly used up (by other clients)
+/// counts its answered calls one entry each, up to a bound: a monthly
+/// quota of a billion took 16 GB and was killed by the kernel.
+#[test]
+fn a_window_added_nearly_used_up_counts_a_bounded_number_of_calls() {
+    let t0 = Instant::now();
+    let mut s = set(&[(10, 1000)], t0);
+    let month = 30 * 86_400_000;
+    let q = 3 * MAX_PREFILL;
+    s.announce(&[calls_policy(q, Some(month), Some(5))], t0);
+    assert_eq!(s.windows().len(), 2);
+    assert_eq!(s.windows()[1].occupancy(t0), MAX_PREFILL);
+}
+
 #[test]
 fn a_refusal_gives_back_the_places_other_windows_granted() {
     let t0 = Instant::now();
