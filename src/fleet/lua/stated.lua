@@ -54,7 +54,11 @@ end
 -- answered calls occupying KEYS[1], each ending one window from now (as
 -- in-process: errs on the slow side), at most f.L of them. The key may
 -- hold calls already (a process told that limit keeps it): those count
--- towards what is seeded, so that nothing is counted twice.
+-- towards what is seeded, so that nothing is counted twice. At most
+-- MAX_PREFILL answered calls are seeded, as in-process
+-- (rate::policies::MAX_PREFILL; a test holds the two equal): a quota of a
+-- billion nearly used up would otherwise block Redis for minutes.
+local MAX_PREFILL = 100000
 local function seed_window(f, used)
   redis.call('ZREMRANGEBYSCORE', f.key, '-inf', now)
   local flying, here = occupying()
@@ -62,7 +66,7 @@ local function seed_window(f, used)
     redis.call('ZADD', f.key, 'NX', now + f.hold, c[1])
   end
   local known = math.max(0, redis.call('ZCARD', f.key) - #flying)
-  local answered = math.min(math.max(used - #flying, here), f.L)
+  local answered = math.min(math.max(used - #flying, here), f.L, MAX_PREFILL)
   for j = 1, answered - known do
     redis.call('ZADD', f.key, now + f.W + round, 'stated:' .. now .. ':' .. j)
   end

@@ -51,6 +51,18 @@ fn the_scripts_even_pace_allows_the_in_process_skew_and_ramp() {
     assert!(SCRIPT.contains(&ramp), "{ramp}");
 }
 
+/// A window adopted for a stated quota counts no more answered calls than
+/// in-process: a billion-call quota nearly used up is a bound, not a
+/// script that blocks Redis.
+#[test]
+fn the_script_seeds_an_adopted_window_as_far_as_in_process() {
+    let bound = format!(
+        "local MAX_PREFILL = {}\n",
+        crate::rate::policies::MAX_PREFILL
+    );
+    assert!(SCRIPT.contains(&bound), "{bound}");
+}
+
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (n, v) in pairs {
