@@ -10,7 +10,7 @@ use crate::checkpoint::{JobMeta, OutputStamp, Store, LAYOUT};
 use crate::exit::RunError;
 use crate::input;
 use crate::rate::learn::{Learnt, LearntShape};
-use crate::settings::Settings;
+use crate::settings::{Settings, SIM_ORIGIN};
 use crate::util::{sha_hex, unix_now};
 
 /// How the job's Idempotency-Keys are made.
@@ -115,6 +115,13 @@ pub(super) fn keep_learnt(m: &mut JobMeta, learnt: Option<Learnt>) {
 pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
     let made = job_id(settings);
     let jobs = store.jobs().context("reading the checkpoint")?;
+    // A rehearsal (`--sim`) and a real run are never one job: a rehearsal
+    // carried over to, discarding or replacing a real job would mark done
+    // items the API never ran, or send again those it did.
+    let jobs: Vec<JobMeta> = jobs
+        .into_iter()
+        .filter(|m| (m.origin == SIM_ORIGIN) == (settings.origin == SIM_ORIGIN))
+        .collect();
     let this_input = |m: &&JobMeta| {
         m.input_name == settings.input_name
             && match &settings.spooled {

@@ -446,10 +446,14 @@ fn input_name(input: &Path) -> String {
         .map_or_else(|| "input".to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// Whose credits these are: the API's origin ("sim" for the built-in one).
+/// The origin of a rehearsal's jobs: the built-in sim's.
+pub const SIM_ORIGIN: &str = "sim";
+
+/// Whose credits these are: the API's origin ([`SIM_ORIGIN`] for the
+/// built-in one).
 fn origin(sim: bool, identity_url: &str, url_src: &str) -> String {
     if sim && identity_url.starts_with("sim:") {
-        return "sim".to_string();
+        return SIM_ORIGIN.to_string();
     }
     reqwest::Url::parse(url_src)
         .map(|u| u.origin().ascii_serialization())

@@ -600,3 +600,46 @@ async fn a_refused_key_still_halts_after_one_more_call() {
     assert_eq!(r.summary["requests"], 2, "{}", r.summary);
     assert!(jsonl(&s.failures_path()).is_empty());
 }
+
+/// A rehearsal (`--sim`) of a half-done real job keeps a job of its own:
+/// it is refused the real job's outputs before any call, with or without
+/// `--keep-done` or `--fresh` (which once carried the real job over to the
+/// sim, marking done items the API never ran, or discarded it); given its
+/// own outputs it rehearses every item; and the real run then sends its
+/// pending items to the API, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rehearsal_of_a_half_done_job_never_touches_the_real_one() {
+    let s = Scenario::new("rehearse-half")
+        .with_sim(&["--credits", "10"])
+        .numbers(20);
+    let limit = ["--limit", "1000/1s"];
+    assert_eq!(s.run(&limit).code, 75, "the real job halts half done");
+    for flag in [None, Some("--keep-done"), Some("--fresh")] {
+        let mut args = vec!["--sim", "--limit", "1000/1s"];
+        args.extend(flag);
+        let r = s.run(&args);
+        assert_eq!(r.code, 2, "{flag:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("holds the outputs of another job"),
+            "{flag:?}: {}",
+            r.stderr
+        );
+    }
+    let own = s.dir().path().join("rehearsal.jsonl");
+    let own_failures = s.dir().path().join("rehearsal.failures.jsonl");
+    let mut rehearse = s.cmd(&["--sim", "--limit", "1000/1s"]);
+    rehearse
+        .arg("--out")
+        .arg(&own)
+        .arg("--failures")
+        .arg(&own_failures);
+    let r = finish(rehearse);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(jsonl(&own).len(), 20, "the rehearsal ran every item");
+    s.sim().topup(100).await;
+    let r = s.run(&limit);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 10, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 20);
+    assert_each_item_once(&s.out_path(), 20);
+}
