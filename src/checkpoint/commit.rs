@@ -490,7 +490,7 @@ impl Writer {
         let mut meta = self.meta.clone();
         let chunks = self.updated_chunks(&mut meta)?;
         meta.revision += 1;
-        let progress = super::progress_value(&meta);
+        let progress = super::progress_value(&meta, self.log.end());
         // The job record and the meter change far less often than a group
         // commits: they go along only when they did.
         let record = match self.dirty {

@@ -6,8 +6,9 @@
 //! holes in a sparse file. A value counts only for a line the checkpoint
 //! marks finished: the index is written and fsynced after the log and before
 //! the sled commit, so a value the checkpoint vouches for always points at
-//! an entry that is on disk, and a value written by a group that never
-//! reached sled is overwritten when the line is sent again.
+//! an entry that is on disk. A value written by a group that never
+//! reached sled points past the log end sled accounts for: opening the job
+//! takes that entry in (`recover.rs`).
 //!
 //! Keeping the offsets here rather than in sled is what keeps sled small:
 //! eight bytes a line in a file read and written with `pread`/`pwrite` cost

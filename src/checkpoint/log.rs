@@ -288,21 +288,33 @@ impl Window {
         let in_window =
             offset >= self.start && offset + len as u64 <= self.start + self.buf.len() as u64;
         if !in_window {
+            // A length read from damaged bytes may be gigabytes: a read
+            // larger than the window is checked against the file first.
+            if len > self.size {
+                let end = self
+                    .file
+                    .metadata()
+                    .map_err(|e| io_err(&self.path, e))?
+                    .len();
+                if offset.saturating_add(len as u64) > end {
+                    return Err(self.short(offset + len as u64));
+                }
+            }
             self.buf.resize(len.max(self.size), 0);
             let n = read_at_most(&self.file, &mut self.buf, offset)
                 .map_err(|e| io_err(&self.path, e))?;
             self.buf.truncate(n);
             self.start = offset;
             if n < len {
-                return Err(CheckpointError::Corrupt(format!(
-                    "{} ends before offset {}",
-                    self.path.display(),
-                    offset + len as u64
-                )));
+                return Err(self.short(offset + len as u64));
             }
         }
         let at = (offset - self.start) as usize;
         Ok(&self.buf[at..at + len])
+    }
+
+    fn short(&self, end: u64) -> CheckpointError {
+        CheckpointError::Corrupt(format!("{} ends before offset {end}", self.path.display()))
     }
 }
 

@@ -13,10 +13,12 @@
 //! group's log entries are written and fsynced first, then one sled
 //! transaction marks their lines finished and updates the counts, then sled is
 //! flushed. That order is what makes a crash safe: a crash between the two
-//! steps leaves entries nothing points at and the items pending, and a
-//! pending item is simply sent again under the same Idempotency-Key, which
-//! the server answers from its stored response instead of repeating the
-//! call. The other order could leave an item "done" whose body never reached
+//! steps leaves the items pending in sled, and either their entries are
+//! taken from the log when the job is next opened ([`JobItems::adopt_logged`],
+//! which also catches up a damaged database that sled opened at an older
+//! state), or, when nothing points at them yet, a pending item is simply
+//! sent again under the same Idempotency-Key, which the server answers from
+//! its stored response instead of repeating the call. The other order could leave an item "done" whose body never reached
 //! the disk: it would never be sent again, and its result would be lost.
 //! A `kill -9` loses at most the group being gathered and the one being
 //! written. The outputs are produced from the log through the line states, never
@@ -33,6 +35,7 @@ mod commit;
 mod index;
 mod items;
 mod log;
+mod recover;
 mod runs;
 mod states;
 
@@ -261,14 +264,23 @@ fn progress_key(id: &str) -> String {
     format!("progress:{id}")
 }
 
-/// A progress record: revision, done, failed, each a u64 LE.
-fn progress_value(meta: &JobMeta) -> [u8; 24] {
-    let mut v = [0; 24];
+/// A progress record: revision, done, failed, and the end of the results
+/// log the line states account for, each a u64 LE. The log's end is what
+/// lets a checkpoint that went back to an older state (sled opens a cut or
+/// damaged database at the last state it can read) be caught up from the
+/// log instead of sending again what the log holds ([`JobItems::adopt_logged`]).
+fn progress_value(meta: &JobMeta, log_end: u64) -> [u8; PROGRESS_LEN] {
+    let mut v = [0; PROGRESS_LEN];
     v[..8].copy_from_slice(&meta.revision.to_le_bytes());
     v[8..16].copy_from_slice(&meta.done.to_le_bytes());
-    v[16..].copy_from_slice(&meta.failed.to_le_bytes());
+    v[16..24].copy_from_slice(&meta.failed.to_le_bytes());
+    v[24..].copy_from_slice(&log_end.to_le_bytes());
     v
 }
+
+/// Bytes of a progress record; earlier versions wrote the first 24 only
+/// (no log end).
+const PROGRESS_LEN: usize = 32;
 
 /// The job `id` from its record `raw`, as every reader sees it: with its
 /// progress record applied, when that is at least as new as the counts in
@@ -285,8 +297,11 @@ fn read_job(
     let Some(v) = jobs.get(progress_key(id)).map_err(err)? else {
         return Ok(meta);
     };
-    let bad = || CheckpointError::Corrupt(format!("job {id}: a damaged progress record"));
-    let v: [u8; 24] = v.as_ref().try_into().map_err(|_| bad())?;
+    if v.len() != 24 && v.len() != PROGRESS_LEN {
+        return Err(CheckpointError::Corrupt(format!(
+            "job {id}: a damaged progress record"
+        )));
+    }
     let num = |i: usize| u64::from_le_bytes(v[i..i + 8].try_into().unwrap_or_default());
     if num(0) >= meta.revision {
         (meta.revision, meta.done, meta.failed) = (num(0), num(8), num(16));

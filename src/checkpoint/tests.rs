@@ -293,7 +293,7 @@ fn the_counts_ride_in_a_small_progress_record_that_wins_only_when_newer() {
     let raw: JobMeta = serde_json::from_slice(&s.jobs.get("j5").unwrap().unwrap()).unwrap();
     assert_eq!((raw.done, raw.revision), (0, 0));
     let progress = s.jobs.get(progress_key("j5")).unwrap().unwrap();
-    assert_eq!(progress.len(), 24);
+    assert_eq!(progress.len(), PROGRESS_LEN);
     let meta = s.job("j5").unwrap().unwrap();
     assert_eq!(meta.counts(), Counts { done: 2, failed: 0 });
     assert_eq!(s.items("j5").unwrap().counts().unwrap(), meta.counts());

@@ -71,10 +71,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .restore_generations(&recovered.generations)
             .context("writing the checkpoint")?;
     }
-    items
-        .check_counts(&meta, scan.last_line)
-        .and_then(|()| items.check_results())
-        .map_err(|e| damaged(&settings.state_dir, e))?;
+    check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;
@@ -96,6 +93,35 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
+}
+
+/// Catches the line states up with the results log, then checks them
+/// against their counts and the input, and every result they vouch for,
+/// before any call. A database that went back to an older or empty state
+/// (cut short, damaged bytes) opens without an error: what the log holds
+/// beyond it is taken from the log, never sent again.
+fn check_checkpoint(
+    settings: &Settings,
+    items: &JobItems,
+    meta: &mut JobMeta,
+    last_line: u64,
+) -> Result<(), RunError> {
+    let dir = &settings.state_dir;
+    let adopted = items
+        .adopt_logged(meta, last_line)
+        .map_err(|e| damaged(dir, e))?;
+    if adopted > 0 {
+        crate::report::err_line(&format!(
+            "batchrun: the checkpoint database in {} did not record {adopted} finished item(s) \
+             that its results log holds (damaged or an older copy, or a run killed before it \
+             recorded them): they are taken from the log and not sent again",
+            dir.display()
+        ));
+    }
+    items
+        .check_counts(meta, last_line)
+        .and_then(|()| items.check_results())
+        .map_err(|e| damaged(dir, e))
 }
 
 /// A job on this input made for another request has items done: a new job
