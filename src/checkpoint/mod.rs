@@ -380,12 +380,19 @@ impl Store {
         }
     }
 
-    /// Every job recorded for an input file (absolute path).
+    /// Every job recorded for an input file (absolute path): those last
+    /// run from that path, else those of an input of its file name, as a
+    /// run finds a moved or copied input's job (the path is no part of a
+    /// job): `status` and `report` find it before the next run does.
     pub fn jobs_for_input(&self, input: &str) -> Result<Vec<JobMeta>, CheckpointError> {
-        Ok(self
-            .jobs()?
+        let jobs = self.jobs()?;
+        if jobs.iter().any(|m| m.input == input) {
+            return Ok(jobs.into_iter().filter(|m| m.input == input).collect());
+        }
+        let name = Path::new(input).file_name().map(|n| n.to_string_lossy());
+        Ok(jobs
             .into_iter()
-            .filter(|m| m.input == input)
+            .filter(|m| name.as_deref() == Some(m.input_name.as_str()))
             .collect())
     }
 

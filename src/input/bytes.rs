@@ -139,6 +139,8 @@ pub(super) struct RecentBytes<R> {
     ring: Vec<u8>,
     /// Bytes read so far; byte `k` sits at `ring[k % ring.len()]`.
     total: u64,
+    /// A read found the end of the input.
+    ended: bool,
 }
 
 impl<R> RecentBytes<R> {
@@ -147,11 +149,17 @@ impl<R> RecentBytes<R> {
             inner,
             ring: vec![0; window.max(1)],
             total: 0,
+            ended: false,
         }
     }
 
     pub(super) fn into_inner(self) -> R {
         self.inner
+    }
+
+    /// Whether `offset` is the end of the input, the end having been read.
+    pub(super) fn is_end(&self, offset: u64) -> bool {
+        self.ended && offset == self.total
     }
 
     pub(super) fn byte_at(&self, offset: u64) -> Option<u8> {
@@ -168,6 +176,7 @@ impl<R> RecentBytes<R> {
 impl<R: Read> Read for RecentBytes<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        self.ended |= n == 0 && !buf.is_empty();
         let window = self.ring.len() as u64;
         for &b in buf.get(..n).unwrap_or_default() {
             if let Some(slot) = usize::try_from(self.total % window)

@@ -90,6 +90,37 @@ impl<R: Read> CsvItems<R> {
         end.line().saturating_sub(inside + terminator).max(1)
     }
 
+    /// The line where the record just read starts, when it ran into the
+    /// end of the file inside a quoted field: csv then takes the rest of
+    /// the file as that field, lines and all. Such a record ends where the
+    /// file does (the end read), its last field holds a line break, and the
+    /// file does not end with that field's closing quote (before one line
+    /// ending).
+    fn unclosed_quote(&self) -> Option<u64> {
+        let last = self.record.iter().next_back()?;
+        let src = self.reader.get_ref();
+        let end = self.reader.position().byte();
+        if !src.is_end(end) || !last.contains(&b'\n') {
+            return None;
+        }
+        let mut at = end.checked_sub(1)?;
+        if src.byte_at(at)? == b'\n' {
+            at = at.checked_sub(1)?;
+            if src.byte_at(at)? == b'\r' {
+                at = at.checked_sub(1)?;
+            }
+        }
+        if src.byte_at(at)? == b'"' {
+            return None;
+        }
+        let inside: u64 = self
+            .record
+            .iter()
+            .map(|f| f.iter().filter(|&&b| b == b'\n').count() as u64)
+            .sum();
+        Some(self.reader.position().line().saturating_sub(inside).max(1))
+    }
+
     /// Reads the next raw record; `Some(line)` where it starts, `None` at end.
     ///
     /// csv ends a record at a lone '\r' too, which starts no new line; two
@@ -98,6 +129,15 @@ impl<R: Read> CsvItems<R> {
     fn read_raw(&mut self) -> Result<Option<u64>, InputError> {
         match self.reader.read_byte_record(&mut self.record) {
             Ok(true) => {
+                if let Some(line) = self.unclosed_quote() {
+                    return Err(self.content_error(
+                        line,
+                        "a quoted field opens on this line and is never closed, so the rest \
+                         of the file would be one field; close it (a quote inside a quoted \
+                         field is written twice, \"\")"
+                            .to_owned(),
+                    ));
+                }
                 let line = self.record_line();
                 if line <= self.last_line {
                     return Err(self.content_error(
@@ -348,6 +388,27 @@ mod tests {
         let err = read_all(f.path(), Format::Csv).unwrap_err();
         assert_eq!(err.line(), Some(1));
         assert!(err.to_string().contains("looks like JSON"), "{err}");
+    }
+
+    /// A quote opened and never closed is named with its line, whether the
+    /// file ends with a line break or not; a quoted field that holds line
+    /// breaks and closes at the end of the file is content.
+    #[test]
+    fn an_unclosed_quote_is_named_on_its_line() {
+        for tail in ["\n", ""] {
+            let text = format!("id,name\n1,x\n2,y\n3,\"oops\n4,z\n5,w{tail}");
+            let f = TempFile::new("q.csv", text.as_bytes());
+            let err = read_all(f.path(), Format::Csv).unwrap_err();
+            assert_eq!(err.line(), Some(4), "{err}");
+            assert!(err.to_string().contains("never closed"), "{err}");
+        }
+        for tail in ["\n", "\r\n", ""] {
+            let text = format!("id,name\n1,\"two\nlines\"{tail}");
+            let f = TempFile::new("ok.csv", text.as_bytes());
+            let items = read_all(f.path(), Format::Csv).unwrap();
+            assert_eq!(items.len(), 1);
+            assert_eq!(items[0].value["name"], "two\nlines");
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod fleet;
 pub mod gate;
 pub mod job;
 pub mod keys;
+mod layouts;
 mod open;
 pub mod outputs;
 mod owner;
@@ -363,6 +364,7 @@ fn build_pool(
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
         deferred: Default::default(),
+        long_wait_said: Default::default(),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
             watch::SilenceLimit::for_concurrency(
                 match settings.pool {

@@ -32,6 +32,9 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     // were last made with, so that it sends those keys again and the API
     // replays what already ran.
     let old = store.job(&id).ok().flatten();
+    if old.is_none() {
+        super::layouts::check(settings)?;
+    }
     let recovered = match &old {
         None => super::outputs::recover([&settings.out, &settings.failures], &id),
         Some(_) => super::outputs::Recovered::default(),

@@ -58,6 +58,9 @@ pub struct Pool {
     /// An item was set aside for a refusal before any call got through
     /// (once per run: a second such refusal is the key's).
     pub deferred: std::sync::atomic::AtomicBool,
+    /// A retry's long wait that the server asked for was said (once a
+    /// run).
+    pub long_wait_said: std::sync::atomic::AtomicBool,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.
@@ -285,9 +288,20 @@ impl Pool {
                 self.gate.stop(halt);
                 Next::Finished
             }
-            Action::Retry { after, systemic } => {
+            Action::Retry {
+                after,
+                systemic,
+                asked,
+            } => {
                 if !self.settle(systemic, None, req) {
                     return Next::Finished;
+                }
+                if let Some(asked) = asked.filter(|_| {
+                    !self
+                        .long_wait_said
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                }) {
+                    self.emit(Event::Note(asked));
                 }
                 self.emit(Event::Retry);
                 self.again_after(after).await

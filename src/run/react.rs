@@ -101,6 +101,10 @@ pub(super) enum Action {
     Retry {
         after: Duration,
         systemic: Option<Systemic>,
+        /// The server asked for a wait longer than any backoff takes (its
+        /// `Retry-After`): what to say, once a run, so a long silence is
+        /// explained.
+        asked: Option<String>,
     },
     /// A window 429: every worker pauses this long, then the item goes
     /// again; `message` is what the server said about it.
@@ -390,7 +394,19 @@ fn transient(
     let (attempts, unknown) = (tries.n, tries.maybe_ran);
     if attempts < policy.max_attempts {
         let after = policy.backoff.wait(attempts, retry_after, jitter);
-        return Action::Retry { after, systemic };
+        let asked = retry_after.filter(|&r| r > policy.backoff.cap).map(|r| {
+            format!(
+                "batchrun: line {}: {reason}: the server asks to try again in {} \
+                 (Retry-After); the item waits that long, the others go on",
+                item.line,
+                humantime::format_duration(r)
+            )
+        });
+        return Action::Retry {
+            after,
+            systemic,
+            asked,
+        };
     }
     let reason = match unknown {
         true => format!(

@@ -69,6 +69,7 @@ async fn run_pool(
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
         deferred: Default::default(),
+        long_wait_said: Default::default(),
         watch: super::watch::Watch::new(10, None),
         slots: std::sync::Arc::new(super::pool::Slots::new(workers)),
     });

@@ -84,6 +84,17 @@ async fn a_moved_directory_keeps_its_job_and_sends_nothing_again() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let b = s.dir().path().join("b");
     std::fs::rename(&a, &b).unwrap();
+    // Looked at before it runs again, the job is found where it moved.
+    for what in ["status", "report"] {
+        let out = bin()
+            .current_dir(&b)
+            .args([what, "items.jsonl"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{what}: {said}");
+        assert!(!said.contains("no job"), "{what}: {said}");
+    }
     let r = finish(beside(s.sim(), &b.join("items.jsonl")));
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 0, "{}", r.summary);
@@ -391,4 +402,36 @@ async fn a_changed_command_from_another_directory_is_still_stopped() {
         r.stderr
     );
     assert_side_effects(&s.sim().stats().await, 8);
+}
+
+/// An input run as shards, then run whole (`--shard` dropped) or as shards
+/// of another count, would start a job of its own in that layout and send
+/// every done item again: it stops before any call and says where they
+/// were done; `--fresh` sends them again on purpose.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sharded_job_run_in_another_layout_sends_nothing_again() {
+    let s = Scenario::new("layouts")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    for i in 1..=3 {
+        let r = s.run(&["--limit", "100/1s", "--shard", &format!("{i}/3")]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    assert_side_effects(&s.sim().stats().await, 12);
+    for other in [&[][..], &["--shard", "1/2"][..]] {
+        let mut args = vec!["--limit", "100/1s"];
+        args.extend(other);
+        let r = s.run(&args);
+        assert_eq!(r.code, 2, "{other:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("4 item(s) done as shard 2/3")
+                && r.stderr.contains("Nothing was sent"),
+            "{other:?}: {}",
+            r.stderr
+        );
+    }
+    assert_side_effects(&s.sim().stats().await, 12);
+    let r = s.run(&["--limit", "100/1s", "--fresh"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 12, "{}", r.summary);
 }

@@ -333,7 +333,8 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
         r.action,
         Action::Retry {
             after,
-            systemic: None
+            systemic: None,
+            asked: None,
         }
     );
     assert!(r.release_probe);
@@ -347,8 +348,25 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
     let expected = Action::Retry {
         after: Duration::from_secs(2),
         systemic: None,
+        asked: None,
     };
     assert_eq!(r.action, expected, "the server's Retry-After wins");
+    // Longer than any backoff: waited for, and said.
+    let e = CallError::Transient {
+        reason: "HTTP 503".into(),
+        status: Some(503),
+        retry_after: Some(Duration::from_secs(900)),
+        unknown: false,
+    };
+    let r = on(error(e), 1, false, &p);
+    let Action::Retry { after, asked, .. } = r.action else {
+        panic!("{:?}", r.action)
+    };
+    assert_eq!(after, Duration::from_secs(900));
+    assert_eq!(
+        asked.as_deref(),
+        Some("batchrun: line 7: HTTP 503: the server asks to try again in 15m (Retry-After); the item waits that long, the others go on")
+    );
     let r = on(error(transient("HTTP 503", false)), 3, false, &p);
     let event = Event::Failed {
         line: 7,

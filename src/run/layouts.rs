@@ -1,0 +1,94 @@
+//! The input's jobs in other layouts: run whole, or as shards of another
+//! count. Each layout keeps a checkpoint of its own (`shard-I-of-N/` under
+//! the input's state dir), so a new job in one layout knows nothing of what
+//! another sent; it would send it all again.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::Store;
+use crate::exit::RunError;
+use crate::fleet::shard::Shard;
+use crate::settings::Settings;
+
+/// A job of this input and request, with items done, in another layout.
+struct Elsewhere {
+    /// "run whole", or "as shard 2/3".
+    layout: String,
+    done: u64,
+}
+
+/// Stops a new job before any call when the same input and request has
+/// items done in another layout (`--shard` dropped, added or of another
+/// count), unless `--fresh` says to send them again. A checkpoint in use
+/// (a shard running now) is passed over: it is not this run's to read.
+pub(super) fn check(settings: &Settings) -> Result<(), RunError> {
+    if settings.fresh {
+        return Ok(());
+    }
+    let elsewhere = other_layouts(settings)
+        .into_iter()
+        .filter_map(|(shard, dir)| done_in(settings, shard, &dir))
+        .collect::<Vec<_>>();
+    if elsewhere.is_empty() {
+        return Ok(());
+    }
+    let done: u64 = elsewhere.iter().map(|e| e.done).sum();
+    let list: Vec<String> = elsewhere
+        .iter()
+        .map(|e| format!("{} item(s) done {}", e.done, e.layout))
+        .collect();
+    let this = settings
+        .shard
+        .map_or("whole".to_string(), |s| format!("as shard {s}"));
+    Err(RunError::Usage(format!(
+        "{} was run in another layout with this request ({}). Run {this}, it would start \
+         a job of its own and send those {done} item(s) again. Nothing was sent. Run it as \
+         before (the same --shard I/N for each part, or none), or add --fresh to send them \
+         again in this layout",
+        settings.input.display(),
+        list.join("; ")
+    )))
+}
+
+/// The state dirs of the input's other layouts that hold a checkpoint.
+fn other_layouts(settings: &Settings) -> Vec<(Option<Shard>, PathBuf)> {
+    let base = match settings.shard {
+        Some(_) => settings.state_dir.parent().map(Path::to_path_buf),
+        None => Some(settings.state_dir.clone()),
+    };
+    let Some(base) = base else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if settings.shard.is_some() && base.join("checkpoint").exists() {
+        out.push((None, base.clone()));
+    }
+    let shards = std::fs::read_dir(&base).into_iter().flatten().flatten();
+    for entry in shards {
+        let Some(s) = Shard::from_tag(&entry.file_name().to_string_lossy()) else {
+            continue;
+        };
+        // Shards of the same count are parts of this layout.
+        let same_layout = settings.shard.is_some_and(|mine| mine.count == s.count);
+        if !same_layout && entry.path().join("checkpoint").exists() {
+            out.push((Some(s), entry.path()));
+        }
+    }
+    out
+}
+
+/// What the checkpoint in `dir` has done of this input and request.
+fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Elsewhere> {
+    // In use (a shard running now) or unreadable: not this run's to judge.
+    let store = Store::open(dir).ok()?;
+    let jobs = store.jobs().ok()?;
+    let done: u64 = jobs
+        .iter()
+        .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
+        .map(|m| m.done)
+        .sum();
+    (done > 0).then(|| Elsewhere {
+        layout: shard.map_or("run whole".to_string(), |s| format!("as shard {s}")),
+        done,
+    })
+}
