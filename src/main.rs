@@ -108,6 +108,11 @@ fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
 async fn run(args: RunArgs) -> i32 {
     let json = args.json;
     let sim = if args.sim {
+        // The limits the sim starts with are the command's: a wrong one is
+        // a usage error (exit 2), as without --sim, not the sim's failure.
+        if let Err(e) = settings::checked_limits(&args) {
+            return failed(&e, json);
+        }
         let (_, concurrency) = settings::plan_limits(&args);
         let sim_args = batchrun::sim::SimArgs {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -146,19 +151,23 @@ async fn run(args: RunArgs) -> i32 {
             }
             summary.exit_code
         }
-        Err(e) => {
-            let message = format!("{e:#}");
-            err_line(&format!("batchrun: error: {message}"));
-            if json {
-                // A script reading --json gets an answer on every exit.
-                let v = serde_json::json!({
-                    "state": "error",
-                    "exit_code": e.exit_code(),
-                    "message": message,
-                });
-                let _ = writeln!(std::io::stdout(), "{v}");
-            }
-            e.exit_code()
-        }
+        Err(e) => failed(&e, json),
     }
+}
+
+/// Says why a run could not go (and, with `--json`, prints it as the
+/// summary: a script reading it gets an answer on every exit); its exit
+/// code.
+fn failed(e: &batchrun::exit::RunError, json: bool) -> i32 {
+    let message = format!("{e:#}");
+    err_line(&format!("batchrun: error: {message}"));
+    if json {
+        let v = serde_json::json!({
+            "state": "error",
+            "exit_code": e.exit_code(),
+            "message": message,
+        });
+        let _ = writeln!(std::io::stdout(), "{v}");
+    }
+    e.exit_code()
 }

@@ -364,15 +364,8 @@ pub fn for_limits(
     let Limit::Rate(r) = limit else {
         return Ok((Arc::new(Unpaced::default()), Duration::from_secs(30)));
     };
-    let since_last = now_unix.saturating_sub(last_active);
-    // The margin covers the pacing stamp a kill -9 may not have saved
-    // (saved every second, flushed within half a second more).
-    let busy_for = |period: Duration| {
-        period
-            .saturating_add(Duration::from_secs(3))
-            .saturating_sub(since_last)
-    };
-    let recent = !last_active.is_zero() && !busy_for(r.period).is_zero();
+    let busy_for = |period: Duration| still_counted(period, last_active, now_unix);
+    let recent = !busy_for(r.period).is_zero();
     let now = now_std();
     let pacer: Arc<dyn Pacer> = match kind {
         PacerKind::Bucket => {
@@ -399,7 +392,7 @@ pub fn for_limits(
                 .filter_map(PolicySpec::rate)
                 .map(|f| f.period)
                 .fold(r.period, Duration::min);
-            if !last_active.is_zero() && !busy_for(shortest).is_zero() {
+            if !busy_for(shortest).is_zero() {
                 set.primary_mut()
                     .hold_until(crate::rate::exact::later(now, busy_for(shortest)));
             }
@@ -415,6 +408,20 @@ pub fn for_limits(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
+}
+
+/// How much longer a server's window of `period` may still count the
+/// calls of a run whose last call went at `last_active` (unix time; zero
+/// for never): the window pacer holds a new run's first calls that long.
+/// The margin covers the pacing stamp a kill -9 may not have saved (saved
+/// every second, flushed within half a second more).
+pub fn still_counted(period: Duration, last_active: Duration, now_unix: Duration) -> Duration {
+    if last_active.is_zero() {
+        return Duration::ZERO;
+    }
+    period
+        .saturating_add(Duration::from_secs(3))
+        .saturating_sub(now_unix.saturating_sub(last_active))
 }
 
 /// The time on tokio's clock as a std instant, for the pure rate logic
@@ -558,6 +565,31 @@ mod tests {
             }
             n += 1;
         }
+    }
+
+    /// A bare rate's start paces its first window evenly (a bucket with no
+    /// burst would refuse the rest), but only a window of a minute at most:
+    /// an hour's quota lets a job that fits in it go at once, where its even
+    /// start sent one call every 6.6 minutes.
+    #[tokio::test(start_paused = true)]
+    async fn a_bare_rate_starts_evenly_only_over_a_minute_at_most() {
+        let bare = |count, secs| {
+            let limit = Limit::Rate(Rate {
+                count,
+                period: Duration::from_secs(secs),
+            });
+            let p = Policies {
+                specs: &[],
+                wait_for_quota: false,
+                learn_shape: true,
+                start: true,
+            };
+            for_limits(PacerKind::Window, limit, p, None, None, Duration::ZERO, NOW)
+                .unwrap()
+                .0
+        };
+        assert_eq!(at_once(bare(10, 3600).as_ref()).await, 10);
+        assert!(at_once(bare(10, 60).as_ref()).await < 10);
     }
 
     #[tokio::test(start_paused = true)]

@@ -65,7 +65,8 @@ pub struct Policies<'a> {
     /// Whether the shape is unknown from the start (a rate given with
     /// `--limit`, not a plan's window): the first window then sends few
     /// calls ahead of the even pace (see
-    /// [`START_AHEAD`](crate::rate::learn::START_AHEAD)).
+    /// [`START_AHEAD`](crate::rate::learn::START_AHEAD)), if it is no longer
+    /// than [`START_WITHIN`](crate::rate::learn::START_WITHIN).
     pub start: bool,
 }
 
@@ -87,7 +88,7 @@ pub(super) fn policy_set(
     // told with its shape keeps it, and its envelope only learns the rate.
     let primary = if p.learn_shape && is_sliding_calls(&policies[0]) {
         let w = ExactWindow::new(n, w, now).learning_shape(learnt);
-        match p.start {
+        match p.start && w.window() <= crate::rate::learn::START_WITHIN {
             true => w,
             false => w.without_start(),
         }

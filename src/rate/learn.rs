@@ -38,7 +38,7 @@ mod windows;
 
 pub use fitted::{Fitted, FittedKind};
 use start::Start;
-pub use start::START_AHEAD;
+pub use start::{START_AHEAD, START_WITHIN};
 
 /// The even pace's allowance for latency varying between calls: a call
 /// per W/L times 1 + `SKEW`. Two calls sent one interval apart may arrive

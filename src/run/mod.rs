@@ -300,10 +300,20 @@ fn build_pacer(
             },
             settings.burst,
             job::learnt(meta),
-            Duration::from_millis(meta.last_active_unix_ms),
+            last_active(settings, meta),
             crate::util::unix_now(),
         )
         .map_err(|e| RunError::Usage(e.to_string())),
+    }
+}
+
+/// When the API last saw a call of this job or of the last one on its
+/// origin (unix time; zero for never). A rehearsal's in-process sim is new
+/// with every run: no window of it outlives its run.
+fn last_active(settings: &Settings, meta: &JobMeta) -> Duration {
+    match settings.origin == crate::settings::SIM_ORIGIN {
+        true => Duration::ZERO,
+        false => Duration::from_millis(meta.last_active_unix_ms),
     }
 }
 
@@ -315,6 +325,9 @@ fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Rep
         .flatten();
     let items = (job.pending(), job.scan.total);
     reporter.println(&start_line(settings, &job.meta, items, pace));
+    if let Some(note) = start::held_by_last_run(settings, last_active(settings, &job.meta)) {
+        reporter.println(&note);
+    }
     if settings.burst.is_some() && settings.pacer != PacerKind::Bucket {
         reporter.println(&format!(
             "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",

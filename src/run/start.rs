@@ -252,3 +252,37 @@ pub(super) fn warn_unknown(store: &Store, old: &JobMeta) {
         ));
     }
 }
+
+/// What holds the first calls of a window-paced run when the last run on
+/// this API ended less than its shortest window ago (`last_active`, unix
+/// time): its calls may still count there, so the start waits them out,
+/// which a start line saying "all within the first window" would not
+/// explain. Only waits longer than a few seconds are said.
+pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Option<String> {
+    // The fleet's windows are in Redis, and the other pacers hold nothing.
+    if settings.pacer != crate::pace::PacerKind::Window || settings.fleet.is_some() {
+        return None;
+    }
+    let shortest = settings
+        .policies
+        .iter()
+        .filter_map(crate::rate::policy::PolicySpec::rate)
+        .map(|r| r.period)
+        .chain(settings.limit.rate().map(|r| r.period))
+        .min()?;
+    let now = crate::util::unix_now();
+    let held = crate::pace::still_counted(shortest, last_active, now);
+    if held < Duration::from_secs(5) {
+        return None;
+    }
+    let until = crate::util::rfc3339((now + held).as_secs())?;
+    Some(format!(
+        "batchrun: the last run on this API sent calls {} ago, which its {} window may still \
+         count: the first calls wait until {} UTC",
+        humantime::format_duration(Duration::from_secs(
+            now.saturating_sub(last_active).as_secs()
+        )),
+        humantime::format_duration(shortest),
+        &until[11..19]
+    ))
+}

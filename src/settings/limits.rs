@@ -78,7 +78,7 @@ pub fn all_limits(args: &RunArgs) -> Vec<PolicySpec> {
 /// Every policy, the primary first, refused where they cannot be kept:
 /// `none` stands alone, and the window pacer is the one that keeps several
 /// and every shape (the fleet's keeps every one too).
-pub(super) fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
+pub fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     let all = all_limits(args);
     let shaped: Vec<String> = all
         .iter()

@@ -8,8 +8,9 @@ mod limits;
 mod places;
 pub mod values;
 
-use limits::checked_limits;
-pub use limits::{all_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START};
+pub use limits::{
+    all_limits, checked_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START,
+};
 use places::places;
 pub use places::state_dir_for;
 

@@ -643,3 +643,24 @@ async fn a_rehearsal_of_a_half_done_job_never_touches_the_real_one() {
     assert_side_effects(&s.sim().stats().await, 20);
     assert_each_item_once(&s.out_path(), 20);
 }
+
+/// A wrong limit is the command's error (exit 2) with `--sim` as without:
+/// the built-in sim is started with the command's limits only once they
+/// are checked.
+#[test]
+fn a_wrong_limit_is_a_usage_error_with_sim_too() {
+    let dir = TempDir::new("sim-usage");
+    let input = numbers(&dir, "items.jsonl", 3);
+    for sim in [true, false] {
+        let mut c = bin();
+        c.arg(&input).args(["--limit", "none", "--limit", "10/1s"]);
+        match sim {
+            true => c.arg("--sim"),
+            false => c.args(["--url", "http://127.0.0.1:9/v1/echo"]),
+        };
+        let out = c.env("BATCHRUN_API_KEY", KEY).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--sim {sim}: {said}");
+        assert!(said.contains("cannot be combined"), "--sim {sim}: {said}");
+    }
+}

@@ -356,7 +356,10 @@ impl Inner {
     /// script to start the fleet on the even pace, unless it started, or
     /// learnt or was told anything, already.
     async fn ask_start(&self) -> Result<(), PaceError> {
-        let bare = self.shape_unknown && self.rule.windowed() && self.cap > 0;
+        let bare = self.shape_unknown
+            && self.rule.windowed()
+            && self.cap > 0
+            && self.window <= crate::rate::learn::START_WITHIN;
         if !bare {
             return Ok(());
         }

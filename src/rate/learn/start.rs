@@ -28,6 +28,13 @@ use super::{even_interval, Phase, ShapeLearner};
 /// held back.
 pub const START_AHEAD: usize = 2;
 
+/// The longest window whose start is paced evenly. A bucket keeps a rate
+/// per second or per minute (nginx `r/s` and `r/m`, SpikeArrest `ps` and
+/// `pm`); a longer window is a quota, which an even start would spread over
+/// all of it: `--limit 10/1h` sent a call every 6.6 minutes, where the
+/// window lets all ten go at once.
+pub const START_WITHIN: Duration = Duration::from_secs(60);
+
 /// The longest window whose stated quota, used up early, is read as a
 /// bucket's burst spent (see [`ShapeLearner::spent_early`]).
 const SPENT_EARLY_WITHIN: Duration = Duration::from_secs(60);
