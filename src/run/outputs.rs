@@ -273,7 +273,9 @@ fn put_in_place(
         put()
             .with_context(|| format!("writing {}", p.display()))
             .map_err(OutputError::Write)?;
-        super::owner::write_owner(p, &meta.id, &meta.input).map_err(OutputError::Write)?;
+        let rehearsal = meta.origin == crate::settings::SIM_ORIGIN;
+        super::owner::write_owner(p, &meta.id, &meta.input, rehearsal)
+            .map_err(OutputError::Write)?;
     }
     Ok(())
 }

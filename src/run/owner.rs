@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 use crate::exit::RunError;
-use crate::settings::Settings;
+use crate::settings::{Settings, SIM_ORIGIN};
 
 /// Who wrote an output last: `.NAME.owner` beside it.
 fn owner_path(p: &Path) -> PathBuf {
@@ -28,11 +28,20 @@ pub(super) fn owner_of(p: &Path) -> Option<(String, String)> {
     ))
 }
 
-/// Records that `job` (on `input`) wrote `p`.
-pub(super) fn write_owner(p: &Path, job: &str, input: &str) -> anyhow::Result<()> {
+/// Whether a rehearsal (`--sim`) wrote `p` last: the built-in sim's
+/// answers, which a real run of the same input replaces.
+fn rehearsal_wrote(p: &Path) -> bool {
+    let text = std::fs::read_to_string(owner_path(p)).unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["rehearsal"] == true)
+}
+
+/// Records that `job` (on `input`; a rehearsal's, on the built-in sim)
+/// wrote `p`.
+pub(super) fn write_owner(p: &Path, job: &str, input: &str, rehearsal: bool) -> anyhow::Result<()> {
     let path = owner_path(p);
     let tmp = path.with_extension(format!("owner.{}.tmp", std::process::id()));
-    let text = serde_json::json!({ "job": job, "input": input }).to_string();
+    let text = serde_json::json!({ "job": job, "input": input, "rehearsal": rehearsal });
+    let text = text.to_string();
     std::fs::write(&tmp, text + "\n")
         .and_then(|()| std::fs::rename(&tmp, &path))
         .with_context(|| format!("writing {}", path.display()))
@@ -45,7 +54,7 @@ pub(super) fn hand_over(settings: &Settings, old: &str, new: &str) {
     for p in [&settings.out, &settings.failures] {
         if let Some((owner, input)) = owner_of(p) {
             if owner == old {
-                let _ = write_owner(p, new, &input);
+                let _ = write_owner(p, new, &input, rehearsal_wrote(p));
             }
         }
     }
@@ -67,6 +76,16 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
             continue;
         };
         if owner == job || superseded.contains(&owner) {
+            continue;
+        }
+        // A rehearsal's outputs are the sim's answers: the real run they
+        // rehearsed replaces them (never the other way round).
+        if settings.origin != SIM_ORIGIN && rehearsal_wrote(p) {
+            crate::report::err_line(&format!(
+                "batchrun: {} held a rehearsal's results (job {owner}, on the built-in sim): \
+                 this run replaces them",
+                p.display()
+            ));
             continue;
         }
         return Err(RunError::Usage(format!(

@@ -664,3 +664,32 @@ fn a_wrong_limit_is_a_usage_error_with_sim_too() {
         assert!(said.contains("cannot be combined"), "--sim {sim}: {said}");
     }
 }
+
+/// Rehearse, then run for real, with the same outputs: the real run
+/// replaces the rehearsal's results (the sim's answers) and says so, and
+/// sends every item to the API once; a rehearsal never replaces a real
+/// run's results.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_run_replaces_its_rehearsals_outputs() {
+    let s = Scenario::new("rehearse-then-real")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    let r = s.run(&["--sim", "--limit", "1000/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = s.run(&["--limit", "1000/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("held a rehearsal's results"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 12);
+    assert_each_item_once(&s.out_path(), 12);
+    let r = s.run(&["--sim", "--limit", "1000/1s"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("holds the outputs of another job"),
+        "{}",
+        r.stderr
+    );
+}
