@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::Store;
+use crate::checkpoint::{CheckpointError, Store};
 use crate::exit::RunError;
 use crate::fleet::shard::Shard;
 use crate::settings::Settings;
@@ -14,13 +14,14 @@ use crate::settings::Settings;
 struct Elsewhere {
     /// "run whole", or "as shard 2/3".
     layout: String,
-    done: u64,
+    /// Its items done; `None` while it runs (its checkpoint in use).
+    done: Option<u64>,
 }
 
 /// Stops a new job before any call when the same input and request has
 /// items done in another layout (`--shard` dropped, added or of another
-/// count), unless `--fresh` says to send them again. A checkpoint in use
-/// (a shard running now) is passed over: it is not this run's to read.
+/// count), or a run in one now (its checkpoint in use: it may be this
+/// input's), unless `--fresh` says to send them again.
 pub(super) fn check(settings: &Settings) -> Result<(), RunError> {
     if settings.fresh {
         return Ok(());
@@ -32,19 +33,22 @@ pub(super) fn check(settings: &Settings) -> Result<(), RunError> {
     if elsewhere.is_empty() {
         return Ok(());
     }
-    let done: u64 = elsewhere.iter().map(|e| e.done).sum();
+    let done: u64 = elsewhere.iter().filter_map(|e| e.done).sum();
     let list: Vec<String> = elsewhere
         .iter()
-        .map(|e| format!("{} item(s) done {}", e.done, e.layout))
+        .map(|e| match e.done {
+            Some(n) => format!("{n} item(s) done {}", e.layout),
+            None => format!("running now {}", e.layout),
+        })
         .collect();
     let this = settings
         .shard
         .map_or("whole".to_string(), |s| format!("as shard {s}"));
     Err(RunError::Usage(format!(
         "{} was run in another layout with this request ({}). Run {this}, it would start \
-         a job of its own and send those {done} item(s) again. Nothing was sent. Run it as \
-         before (the same --shard I/N for each part, or none), or add --fresh to send them \
-         again in this layout",
+         a job of its own and send those {done} item(s) again, and those still to come \
+         there. Nothing was sent. Run it as before (the same --shard I/N for each part, or \
+         none), or add --fresh to send them again in this layout",
         settings.input.display(),
         list.join("; ")
     )))
@@ -79,16 +83,23 @@ fn other_layouts(settings: &Settings) -> Vec<(Option<Shard>, PathBuf)> {
 
 /// What the checkpoint in `dir` has done of this input and request.
 fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Elsewhere> {
-    // In use (a shard running now) or unreadable: not this run's to judge.
-    let store = Store::open(dir).ok()?;
+    let layout = shard.map_or("run whole".to_string(), |s| format!("as shard {s}"));
+    let store = match Store::open(dir) {
+        Ok(s) => s,
+        // A run in that layout now: whatever it sends, a job here would
+        // send again.
+        Err(CheckpointError::Locked(_)) => return Some(Elsewhere { layout, done: None }),
+        // Unreadable: not this run's to judge.
+        Err(_) => return None,
+    };
     let jobs = store.jobs().ok()?;
     let done: u64 = jobs
         .iter()
         .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
         .map(|m| m.done)
         .sum();
-    (done > 0).then(|| Elsewhere {
-        layout: shard.map_or("run whole".to_string(), |s| format!("as shard {s}")),
-        done,
+    (done > 0).then_some(Elsewhere {
+        layout,
+        done: Some(done),
     })
 }

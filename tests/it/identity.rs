@@ -435,3 +435,33 @@ async fn a_sharded_job_run_in_another_layout_sends_nothing_again() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 12, "{}", r.summary);
 }
+
+/// A shard running now holds its checkpoint: a run of the same input in
+/// another layout cannot read what it has done, and would send it all
+/// again; it stops before any call, naming the shard that runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_in_another_layout_while_a_shard_runs_sends_nothing() {
+    let s = Scenario::new("layout-running")
+        .with_sim(&["--limit", "none", "--latency", "100ms"])
+        .numbers(20);
+    let shard = s.cmd(&["--limit", "100/1s", "-c", "1", "--shard", "1/2"]);
+    let mut whole = None;
+    let r = act_when(
+        shard,
+        s.sim(),
+        |st| st["requests"].as_u64() >= Some(1),
+        |_| {
+            whole = Some(s.run(&["--limit", "100/1s"]));
+        },
+    )
+    .await;
+    assert_eq!(r.code, 0, "the shard: {}", r.stderr);
+    let whole = whole.expect("ran while the shard ran");
+    assert_eq!(whole.code, 2, "{}", whole.stderr);
+    assert!(
+        whole.stderr.contains("running now as shard 1/2"),
+        "{}",
+        whole.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 10);
+}
