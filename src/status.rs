@@ -66,17 +66,7 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
     if dir.join("checkpoint").exists() {
         out.push((None, dir.to_path_buf()));
     }
-    let mut shards: Vec<(Shard, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let shard = Shard::from_tag(&e.file_name().to_string_lossy())?;
-            let p = e.path();
-            p.join("checkpoint").exists().then_some((shard, p))
-        })
-        .collect();
-    shards.sort_by_key(|(s, _)| (s.count, s.index));
+    let shards = crate::settings::shard_checkpoints(dir);
     out.extend(shards.into_iter().map(|(s, p)| (Some(s), p)));
     // The default state dirs of several inputs sit side by side under
     // .batchrun/: with no input named, show them all.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use sled::transaction::Transactional;
 
-use super::chunks::{Chunk, LINES_PER_CHUNK};
+use super::chunks::Chunk;
 use super::index::IndexWriter;
 use super::items::JobItems;
 use super::log::{Entry, LogWriter};
@@ -530,30 +530,11 @@ impl Writer {
     }
 
     /// The chunks the group touches, with its states set, and the counts
-    /// moved accordingly.
+    /// moved accordingly. A line is fed once per run, so it is normally
+    /// pending here; counting what it was keeps the counts right
+    /// regardless.
     fn updated_chunks(&self, meta: &mut JobMeta) -> Result<Vec<Chunk>, CheckpointError> {
-        let mut chunks: Vec<Chunk> = Vec::new();
-        for &(line, state, _) in &self.batch {
-            let index = line / LINES_PER_CHUNK;
-            let at = match chunks.iter().position(|c| c.index == index) {
-                Some(at) => at,
-                None => {
-                    chunks.push(self.items.chunk(index)?);
-                    chunks.len() - 1
-                }
-            };
-            // A line is fed once per run, so it is normally pending here;
-            // counting what it was keeps the counts right regardless.
-            match chunks[at].set(line, Some(state)) {
-                Some(ItemState::Done) => meta.done = meta.done.saturating_sub(1),
-                Some(ItemState::Failed) => meta.failed = meta.failed.saturating_sub(1),
-                None => {}
-            }
-            match state {
-                ItemState::Done => meta.done += 1,
-                ItemState::Failed => meta.failed += 1,
-            }
-        }
-        Ok(chunks)
+        let lines = self.batch.iter().map(|&(line, state, _)| (line, state));
+        self.items.chunks_set(lines, meta)
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use sled::transaction::{TransactionError, Transactional};
 
-use super::chunks::Chunk;
+use super::chunks::{Chunk, LINES_PER_CHUNK};
 use super::index::IndexReader;
 use super::log::{Entry, LogReader};
 use super::{to_json, CheckpointError, Counts, ItemState, JobMeta, LineStates, OutputStamp, Store};
@@ -170,6 +170,37 @@ impl JobItems {
             Some(v) => Chunk::decode(&key, &v),
             None => Ok(Chunk::empty(index)),
         }
+    }
+
+    /// The chunks `lines` touch, each line set to its state, and `meta`'s
+    /// counts moved accordingly (what a line was, done or failed, counted
+    /// off first): what a group commit and a catch-up from the log write.
+    pub(super) fn chunks_set(
+        &self,
+        lines: impl IntoIterator<Item = (u64, ItemState)>,
+        meta: &mut JobMeta,
+    ) -> Result<Vec<Chunk>, CheckpointError> {
+        let mut chunks: Vec<Chunk> = Vec::new();
+        for (line, state) in lines {
+            let index = line / LINES_PER_CHUNK;
+            let at = match chunks.iter().position(|c| c.index == index) {
+                Some(at) => at,
+                None => {
+                    chunks.push(self.chunk(index)?);
+                    chunks.len() - 1
+                }
+            };
+            match chunks[at].set(line, Some(state)) {
+                Some(ItemState::Done) => meta.done = meta.done.saturating_sub(1),
+                Some(ItemState::Failed) => meta.failed = meta.failed.saturating_sub(1),
+                None => {}
+            }
+            match state {
+                ItemState::Done => meta.done += 1,
+                ItemState::Failed => meta.failed += 1,
+            }
+        }
+        Ok(chunks)
     }
 
     /// Makes every failed item pending again (`--retry-failed`), with a new

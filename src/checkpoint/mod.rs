@@ -282,6 +282,13 @@ fn progress_value(meta: &JobMeta, log_end: u64) -> [u8; PROGRESS_LEN] {
 /// (no log end).
 const PROGRESS_LEN: usize = 32;
 
+/// The results log's end a progress record `v` says its line states
+/// account for; `None` in a record an earlier version wrote.
+fn progress_log_end(v: &[u8]) -> Option<u64> {
+    let end: [u8; 8] = v.get(24..PROGRESS_LEN)?.try_into().ok()?;
+    (v.len() == PROGRESS_LEN).then(|| u64::from_le_bytes(end))
+}
+
 /// The job `id` from its record `raw`, as every reader sees it: with its
 /// progress record applied, when that is at least as new as the counts in
 /// the job record (a job record written alone, by an older version or a

@@ -20,11 +20,10 @@
 
 use sled::transaction::{ConflictableTransactionError, Transactional};
 
-use super::chunks::{Chunk, LINES_PER_CHUNK};
 use super::index::IndexReader;
 use super::log::{LogReader, FILE_HEADER};
 use super::{
-    progress_key, progress_value, CheckpointError, ItemState, JobItems, JobMeta, PROGRESS_LEN,
+    progress_key, progress_log_end, progress_value, CheckpointError, ItemState, JobItems, JobMeta,
 };
 
 impl JobItems {
@@ -59,12 +58,7 @@ impl JobItems {
     fn log_accounted(&self, meta: &JobMeta) -> Result<Option<u64>, CheckpointError> {
         let key = progress_key(&self.id);
         match self.jobs.get(key).map_err(|e| self.err(e))? {
-            Some(v) if v.len() == PROGRESS_LEN => {
-                let mut end = [0u8; 8];
-                end.copy_from_slice(&v[24..]);
-                Ok(Some(u64::from_le_bytes(end)))
-            }
-            Some(_) => Ok(None),
+            Some(v) => Ok(progress_log_end(&v)),
             // No group was ever committed (a job just made, perhaps in
             // place of one the checkpoint lost): none of the log is.
             None if meta.revision == 0 => Ok(Some(0)),
@@ -103,7 +97,7 @@ impl JobItems {
         found
     }
 
-    /// Writes `found` (in increasing line order) into the chunks, with the
+    /// Writes `found` into the chunks, with the
     /// counts, the revision and the log end in the progress record, in one
     /// transaction as a group commit does; then the bits.
     fn commit_adopted(
@@ -113,25 +107,7 @@ impl JobItems {
         log_end: u64,
     ) -> Result<(), CheckpointError> {
         let mut next = meta.clone();
-        let mut chunks: Vec<Chunk> = Vec::new();
-        for &(line, state) in found {
-            let index = line / LINES_PER_CHUNK;
-            if chunks.last().map_or(true, |c| c.index != index) {
-                chunks.push(self.chunk(index)?);
-            }
-            let Some(chunk) = chunks.last_mut() else {
-                continue;
-            };
-            match chunk.set(line, Some(state)) {
-                Some(ItemState::Done) => next.done = next.done.saturating_sub(1),
-                Some(ItemState::Failed) => next.failed = next.failed.saturating_sub(1),
-                None => {}
-            }
-            match state {
-                ItemState::Done => next.done += 1,
-                ItemState::Failed => next.failed += 1,
-            }
-        }
+        let chunks = self.chunks_set(found.iter().copied(), &mut next)?;
         next.revision += 1;
         let progress = progress_value(&next, log_end);
         let key = progress_key(&self.id);

@@ -73,11 +73,7 @@ impl<R: Read> CsvItems<R> {
     /// (a '\r' or the end of the file leaves the line count alone).
     fn record_line(&self) -> u64 {
         let end = self.reader.position();
-        let inside: u64 = self
-            .record
-            .iter()
-            .map(|f| f.iter().filter(|&&b| b == b'\n').count() as u64)
-            .sum();
+        let inside = self.newlines_inside();
         let terminator = match end.byte().checked_sub(1) {
             Some(last) => match self.reader.get_ref().byte_at(last) {
                 Some(b) => u64::from(b == b'\n'),
@@ -88,6 +84,14 @@ impl<R: Read> CsvItems<R> {
             None => 0,
         };
         end.line().saturating_sub(inside + terminator).max(1)
+    }
+
+    /// The line breaks inside the fields of the record just read (quoted).
+    fn newlines_inside(&self) -> u64 {
+        self.record
+            .iter()
+            .map(|f| f.iter().filter(|&&b| b == b'\n').count() as u64)
+            .sum()
     }
 
     /// The line where the record just read starts, when it ran into the
@@ -113,11 +117,7 @@ impl<R: Read> CsvItems<R> {
         if src.byte_at(at)? == b'"' {
             return None;
         }
-        let inside: u64 = self
-            .record
-            .iter()
-            .map(|f| f.iter().filter(|&&b| b == b'\n').count() as u64)
-            .sum();
+        let inside = self.newlines_inside();
         Some(self.reader.position().line().saturating_sub(inside).max(1))
     }
 

@@ -387,11 +387,7 @@ pub fn for_limits(
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
             // resume for nothing (docs/pacing.md).
-            let shortest = policies
-                .iter()
-                .filter_map(PolicySpec::rate)
-                .map(|f| f.period)
-                .fold(r.period, Duration::min);
+            let shortest = shortest_window(limit, policies).unwrap_or(r.period);
             if !busy_for(shortest).is_zero() {
                 set.primary_mut()
                     .hold_until(crate::rate::exact::later(now, busy_for(shortest)));
@@ -408,6 +404,18 @@ pub fn for_limits(
         }
     };
     Ok((pacer, r.period.min(Duration::from_secs(60))))
+}
+
+/// The shortest window of `limit` and `specs` (`None` without a rate): the
+/// one a new run's start is held for while the last run's calls may still
+/// count in it ([`still_counted`]).
+pub fn shortest_window(limit: Limit, specs: &[PolicySpec]) -> Option<Duration> {
+    specs
+        .iter()
+        .filter_map(PolicySpec::rate)
+        .chain(limit.rate())
+        .map(|r| r.period)
+        .min()
 }
 
 /// How much longer a server's window of `period` may still count the

@@ -173,7 +173,7 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
     // The paths as given may be relative to another directory: the owner
     // beside the files says it whatever the directory.
     let these_outputs = |m: &&JobMeta| {
-        let owned = |p: &Path| super::owner::owner_of(p).is_some_and(|(job, _)| job == m.id);
+        let owned = |p: &Path| super::owner::owner_of(p).is_some_and(|o| o.job == m.id);
         m.outputs.as_ref().map_or(true, |o| {
             o.out == settings.out.display().to_string()
                 || o.failures == settings.failures.display().to_string()

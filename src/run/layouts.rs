@@ -67,17 +67,11 @@ fn other_layouts(settings: &Settings) -> Vec<(Option<Shard>, PathBuf)> {
     if settings.shard.is_some() && base.join("checkpoint").exists() {
         out.push((None, base.clone()));
     }
-    let shards = std::fs::read_dir(&base).into_iter().flatten().flatten();
-    for entry in shards {
-        let Some(s) = Shard::from_tag(&entry.file_name().to_string_lossy()) else {
-            continue;
-        };
-        // Shards of the same count are parts of this layout.
-        let same_layout = settings.shard.is_some_and(|mine| mine.count == s.count);
-        if !same_layout && entry.path().join("checkpoint").exists() {
-            out.push((Some(s), entry.path()));
-        }
-    }
+    // Shards of the same count are parts of this layout.
+    let others = crate::settings::shard_checkpoints(&base)
+        .into_iter()
+        .filter(|(s, _)| settings.shard.map_or(true, |mine| mine.count != s.count));
+    out.extend(others.map(|(s, p)| (Some(s), p)));
     out
 }
 

@@ -18,21 +18,27 @@ fn owner_path(p: &Path) -> PathBuf {
     p.with_file_name(format!(".{name}.owner"))
 }
 
-/// The job that wrote `p` last, and its input, if batchrun wrote it.
-pub(super) fn owner_of(p: &Path) -> Option<(String, String)> {
-    let text = std::fs::read_to_string(owner_path(p)).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    Some((
-        v["job"].as_str()?.to_string(),
-        v["input"].as_str()?.to_string(),
-    ))
+/// Who wrote an output last, as its owner record says.
+pub(super) struct Owner {
+    /// The job.
+    pub(super) job: String,
+    /// Its input.
+    pub(super) input: String,
+    /// Whether it was a rehearsal (`--sim`): the built-in sim's answers,
+    /// which a real run of the same input replaces (false in records
+    /// written before it was kept).
+    pub(super) rehearsal: bool,
 }
 
-/// Whether a rehearsal (`--sim`) wrote `p` last: the built-in sim's
-/// answers, which a real run of the same input replaces.
-fn rehearsal_wrote(p: &Path) -> bool {
-    let text = std::fs::read_to_string(owner_path(p)).unwrap_or_default();
-    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["rehearsal"] == true)
+/// The job that wrote `p` last, if batchrun wrote it.
+pub(super) fn owner_of(p: &Path) -> Option<Owner> {
+    let text = std::fs::read_to_string(owner_path(p)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(Owner {
+        job: v["job"].as_str()?.to_string(),
+        input: v["input"].as_str()?.to_string(),
+        rehearsal: v["rehearsal"] == true,
+    })
 }
 
 /// Records that `job` (on `input`; a rehearsal's, on the built-in sim)
@@ -52,9 +58,9 @@ pub(super) fn write_owner(p: &Path, job: &str, input: &str, rehearsal: bool) -> 
 /// only makes the next run ask for `--force-outputs`.
 pub(super) fn hand_over(settings: &Settings, old: &str, new: &str) {
     for p in [&settings.out, &settings.failures] {
-        if let Some((owner, input)) = owner_of(p) {
-            if owner == old {
-                let _ = write_owner(p, new, &input, rehearsal_wrote(p));
+        if let Some(o) = owner_of(p) {
+            if o.job == old {
+                let _ = write_owner(p, new, &o.input, o.rehearsal);
             }
         }
     }
@@ -72,7 +78,12 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
         if std::fs::metadata(p).map_or(true, |m| m.len() == 0) {
             continue;
         }
-        let Some((owner, input)) = owner_of(p) else {
+        let Some(Owner {
+            job: owner,
+            input,
+            rehearsal,
+        }) = owner_of(p)
+        else {
             continue;
         };
         if owner == job || superseded.contains(&owner) {
@@ -80,7 +91,7 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
         }
         // A rehearsal's outputs are the sim's answers: the real run they
         // rehearsed replaces them (never the other way round).
-        if settings.origin != SIM_ORIGIN && rehearsal_wrote(p) {
+        if settings.origin != SIM_ORIGIN && rehearsal {
             crate::report::err_line(&format!(
                 "batchrun: {} held a rehearsal's results (job {owner}, on the built-in sim): \
                  this run replaces them",

@@ -31,16 +31,20 @@ pub(super) fn orphaned_results(
     let out = settings.out.display();
     Some(match super::owner::owner_of(&settings.out) {
         // This job wrote them: its checkpoint is what went missing.
-        Some((job, _)) if job == meta.id => format!(
+        Some(o) if o.job == meta.id => format!(
             "batchrun: WARNING: {out} holds this job's results, but the checkpoint in {} knows \
              nothing of this job (lost, damaged or another --state-dir?). Every item is sent again \
              under the Idempotency-Key it was sent with before, so an API that honours it \
              replays the calls it already ran.",
             settings.state_dir.display()
         ),
-        Some((job, input)) => format!(
-            "batchrun: --force-outputs: {out} holds the results of job {job} (on {input}); \
-             this job replaces them when it ends"
+        // A rehearsal's, which a real run replaces: the owners' check said
+        // so.
+        Some(o) if o.rehearsal && settings.origin != crate::settings::SIM_ORIGIN => return None,
+        Some(o) => format!(
+            "batchrun: --force-outputs: {out} holds the results of job {} (on {}); \
+             this job replaces them when it ends",
+            o.job, o.input
         ),
         None => format!(
             "batchrun: WARNING: {out} already holds results no batchrun job is known to have \
@@ -263,13 +267,7 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
     if settings.pacer != crate::pace::PacerKind::Window || settings.fleet.is_some() {
         return None;
     }
-    let shortest = settings
-        .policies
-        .iter()
-        .filter_map(crate::rate::policy::PolicySpec::rate)
-        .map(|r| r.period)
-        .chain(settings.limit.rate().map(|r| r.period))
-        .min()?;
+    let shortest = crate::pace::shortest_window(settings.limit, &settings.policies)?;
     let now = crate::util::unix_now();
     let held = crate::pace::still_counted(shortest, last_active, now);
     if held < Duration::from_secs(5) {

@@ -6,6 +6,25 @@ use std::path::{Path, PathBuf};
 use super::{check_outputs, default_output};
 use crate::cli::RunArgs;
 use crate::exit::RunError;
+use crate::fleet::Shard;
+
+/// The shards' state dirs under `base` (`shard-I-of-N/`) that hold a
+/// checkpoint, in shard order: what `status` shows beside the whole run's,
+/// and the other layouts a new job looks at.
+pub fn shard_checkpoints(base: &Path) -> Vec<(Shard, PathBuf)> {
+    let mut shards: Vec<(Shard, PathBuf)> = std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let shard = Shard::from_tag(&e.file_name().to_string_lossy())?;
+            let p = e.path();
+            p.join("checkpoint").exists().then_some((shard, p))
+        })
+        .collect();
+    shards.sort_by_key(|(s, _)| (s.count, s.index));
+    shards
+}
 
 /// The state dir and the outputs. A shard keeps its own checkpoint and
 /// outputs: N processes on one machine cannot share one sled directory,

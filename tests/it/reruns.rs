@@ -683,6 +683,7 @@ async fn a_real_run_replaces_its_rehearsals_outputs() {
         "{}",
         r.stderr
     );
+    assert!(!r.stderr.contains("--force-outputs"), "{}", r.stderr);
     assert_side_effects(&s.sim().stats().await, 12);
     assert_each_item_once(&s.out_path(), 12);
     let r = s.run(&["--sim", "--limit", "1000/1s"]);
