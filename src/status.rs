@@ -418,7 +418,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             None => store.jobs()?,
         };
         for meta in jobs {
-            describe_job(&meta, shard, args.json, &mut out, &mut json)?;
+            describe_job(&meta, shard, abs.as_deref(), args.json, &mut out, &mut json)?;
         }
     }
     if json.is_empty() && out.is_empty() {
@@ -435,10 +435,12 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// One job's status, as text into `out` or as JSON into `json`.
+/// One job's status, as text into `out` or as JSON into `json`; `input`
+/// is where the job's input is now, when it was named.
 fn describe_job(
     meta: &JobMeta,
     shard: Option<Shard>,
+    input: Option<&str>,
     as_json: bool,
     out: &mut String,
     json: &mut Vec<serde_json::Value>,
@@ -451,7 +453,21 @@ fn describe_job(
         json.push(serde_json::to_value(&st)?);
         return Ok(());
     }
-    let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
+    match input.filter(|now| *now != meta.input) {
+        // Found by its file name after a move: the path the user gave is
+        // the one that is true now.
+        Some(now) => {
+            let _ = writeln!(out, "job {}  ({now})", meta.id);
+            let _ = writeln!(
+                out,
+                "  moved:    from {} (the next run records the move)",
+                meta.input
+            );
+        }
+        None => {
+            let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
+        }
+    }
     if let Some(s) = shard {
         let _ = writeln!(out, "  shard:    {s}");
     }

@@ -131,6 +131,104 @@ impl<R: Read> Read for SkipBom<R> {
     }
 }
 
+/// A closing quote followed by something other than a comma or a line end,
+/// found by [`StrayQuotes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stray {
+    /// Offset of the byte after the closing quote.
+    pub(super) offset: u64,
+    /// Line where the quoted field opened.
+    pub(super) opened: u64,
+    /// Line of the closing quote.
+    pub(super) closed: u64,
+    /// The byte after the closing quote.
+    pub(super) byte: u8,
+}
+
+/// Where a quote scan stands, as the csv crate reads RFC 4180.
+#[derive(Clone, Copy)]
+enum Quoting {
+    FieldStart,
+    Unquoted,
+    Quoted { opened: u64 },
+    QuoteInQuoted { opened: u64 },
+}
+
+/// Watches the quotes of CSV bytes as they pass, noting each closing quote
+/// followed by a stray byte. csv reads such a field leniently (`"ab"cd` is
+/// `abcd`), which silently merges rows when a stray quote on one line is
+/// "closed" by another on a later line: every row between them becomes part
+/// of one field, and their items are lost. The reader refuses such a record.
+pub(super) struct StrayQuotes<R> {
+    inner: R,
+    state: Quoting,
+    line: u64,
+    total: u64,
+    /// Strays read ahead of the records csv has returned; csv reads ahead by
+    /// at most its buffer, so this stays small.
+    found: std::collections::VecDeque<Stray>,
+}
+
+impl<R> StrayQuotes<R> {
+    pub(super) fn new(inner: R) -> Self {
+        StrayQuotes {
+            inner,
+            state: Quoting::FieldStart,
+            line: 1,
+            total: 0,
+            found: std::collections::VecDeque::new(),
+        }
+    }
+
+    pub(super) fn into_inner(self) -> R {
+        self.inner
+    }
+
+    /// The first stray before `end` (a record's end offset), dropping every
+    /// stray before it: they are all that record's.
+    pub(super) fn take_before(&mut self, end: u64) -> Option<Stray> {
+        let first = self.found.front().copied().filter(|s| s.offset < end)?;
+        while self.found.front().is_some_and(|s| s.offset < end) {
+            self.found.pop_front();
+        }
+        Some(first)
+    }
+
+    fn feed(&mut self, b: u8) {
+        let ends_field = matches!(b, b',' | b'\n' | b'\r');
+        self.state = match self.state {
+            Quoting::FieldStart | Quoting::Unquoted if ends_field => Quoting::FieldStart,
+            Quoting::FieldStart if b == b'"' => Quoting::Quoted { opened: self.line },
+            Quoting::FieldStart | Quoting::Unquoted => Quoting::Unquoted,
+            Quoting::Quoted { opened } if b == b'"' => Quoting::QuoteInQuoted { opened },
+            Quoting::Quoted { opened } => Quoting::Quoted { opened },
+            Quoting::QuoteInQuoted { opened } if b == b'"' => Quoting::Quoted { opened },
+            Quoting::QuoteInQuoted { .. } if ends_field => Quoting::FieldStart,
+            Quoting::QuoteInQuoted { opened } => {
+                self.found.push_back(Stray {
+                    offset: self.total,
+                    opened,
+                    closed: self.line,
+                    byte: b,
+                });
+                Quoting::Unquoted
+            }
+        };
+        self.line += u64::from(b == b'\n');
+        self.total += 1;
+    }
+}
+
+impl<R: Read> Read for StrayQuotes<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for &b in buf.get(..n).unwrap_or_default() {
+            self.feed(b);
+        }
+        Ok(n)
+    }
+}
+
 /// Remembers the last bytes that passed through, by absolute offset, so the
 /// CSV reader can ask what byte ended a record. The window must exceed csv's
 /// read-ahead (its buffer capacity) to always cover the last byte it consumed.
@@ -155,6 +253,10 @@ impl<R> RecentBytes<R> {
 
     pub(super) fn into_inner(self) -> R {
         self.inner
+    }
+
+    pub(super) fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
     }
 
     /// Whether `offset` is the end of the input, the end having been read.

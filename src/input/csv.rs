@@ -5,7 +5,7 @@ use std::io::Read;
 
 use serde_json::{Map, Value};
 
-use super::bytes::{io_reason, RecentBytes, SkipBom};
+use super::bytes::{io_reason, RecentBytes, SkipBom, Stray, StrayQuotes};
 use super::{InputError, Item};
 
 /// csv's read buffer size, fixed here because [`RecentBytes`] must remember
@@ -13,7 +13,7 @@ use super::{InputError, Item};
 const CSV_BUFFER: usize = 8 * 1024;
 
 pub(super) struct CsvItems<R: Read> {
-    reader: ::csv::Reader<RecentBytes<SkipBom<R>>>,
+    reader: ::csv::Reader<RecentBytes<StrayQuotes<SkipBom<R>>>>,
     path: String,
     /// Column names; `None` until the header row has been read.
     headers: Option<Vec<String>>,
@@ -38,7 +38,10 @@ impl<R: Read> CsvItems<R> {
             .has_headers(false)
             .flexible(true)
             .buffer_capacity(CSV_BUFFER)
-            .from_reader(RecentBytes::new(SkipBom::new(inner), CSV_BUFFER + 1));
+            .from_reader(RecentBytes::new(
+                StrayQuotes::new(SkipBom::new(inner)),
+                CSV_BUFFER + 1,
+            ));
         CsvItems {
             reader,
             path,
@@ -52,7 +55,11 @@ impl<R: Read> CsvItems<R> {
     }
 
     pub(super) fn into_inner(self) -> R {
-        self.reader.into_inner().into_inner().into_inner()
+        self.reader
+            .into_inner()
+            .into_inner()
+            .into_inner()
+            .into_inner()
     }
 
     fn content_error(&self, line: u64, reason: String) -> InputError {
@@ -139,6 +146,13 @@ impl<R: Read> CsvItems<R> {
                     ));
                 }
                 let line = self.record_line();
+                let end = self.reader.position().byte();
+                if let Some(stray) = self.reader.get_mut().get_mut().take_before(end) {
+                    // Only a stray within one line spoils no other row.
+                    self.row_error = self.headers.is_some() && stray.opened == stray.closed;
+                    self.last_line = line.max(stray.closed);
+                    return Err(self.content_error(line, stray_reason(line, stray)));
+                }
                 if line <= self.last_line {
                     return Err(self.content_error(
                         line,
@@ -254,6 +268,26 @@ impl<R: Read> Iterator for CsvItems<R> {
             self.done = true;
         }
         res.transpose()
+    }
+}
+
+/// Why a record with a stray byte after a closing quote is refused, for the
+/// record that starts on `line`.
+fn stray_reason(line: u64, stray: Stray) -> String {
+    let what = match stray.byte {
+        b' ' => "a space".to_owned(),
+        b if b.is_ascii_graphic() => format!("'{}'", char::from(b)),
+        b => format!("the byte 0x{b:02X}"),
+    };
+    let fix = "a quote inside a quoted field is written twice (\"\")";
+    if stray.closed > line {
+        format!(
+            "a quoted field opens on line {} and its closing quote on line {} is followed by \
+             {what}, so lines {line}-{} would be read as one row; {fix}",
+            stray.opened, stray.closed, stray.closed
+        )
+    } else {
+        format!("a quoted field's closing quote is followed by {what}; {fix}")
     }
 }
 
@@ -408,6 +442,85 @@ mod tests {
             let items = read_all(f.path(), Format::Csv).unwrap();
             assert_eq!(items.len(), 1);
             assert_eq!(items[0].value["name"], "two\nlines");
+        }
+    }
+
+    /// A stray quote "closed" by another on a later line would make every
+    /// row between them one field, and those items would never run: the
+    /// record is refused, naming the lines, and nothing after it is read.
+    /// A stray byte after a quote that closes on its own line spoils only
+    /// that row.
+    #[test]
+    fn a_quote_closed_lines_later_by_a_stray_quote_is_refused() {
+        for eol in ["\n", "\r\n"] {
+            let text = format!("id,name{eol}1,x{eol}3,\"oops{eol}4,bob{eol}5,\"w{eol}6,z{eol}");
+            let f = TempFile::new("stray.csv", text.as_bytes());
+            let err = read_all(f.path(), Format::Csv).unwrap_err();
+            assert_eq!(err.line(), Some(3), "{err}");
+            assert!(
+                err.to_string().ends_with(
+                    ":3: a quoted field opens on line 3 and its closing quote on line 5 is \
+                     followed by 'w', so lines 3-5 would be read as one row; a quote inside a \
+                     quoted field is written twice (\"\")"
+                ),
+                "{err}"
+            );
+            let mut reader = Reader::open(f.path(), Format::Csv).unwrap().past_bad_rows();
+            assert_eq!(reader.next().unwrap().unwrap().line, 2);
+            assert!(reader.next().unwrap().is_err());
+            assert!(reader.next().is_none(), "rows after a merge are not read");
+        }
+
+        let f = TempFile::new("one.csv", b"id,name\n1,\"He said \"hi\" there\"\n2,ok\n");
+        let mut reader = Reader::open(f.path(), Format::Csv).unwrap().past_bad_rows();
+        let err = reader.next().unwrap().unwrap_err();
+        assert_eq!(err.line(), Some(2), "{err}");
+        assert!(
+            err.to_string().ends_with(
+                ":2: a quoted field's closing quote is followed by 'h'; a quote inside a \
+                 quoted field is written twice (\"\")"
+            ),
+            "{err}"
+        );
+        let next = reader.next().unwrap().unwrap();
+        assert_eq!((next.line, next.value["name"].as_str()), (3, Some("ok")));
+        assert!(reader.next().is_none());
+
+        // Quotes as CSV writes them, and quotes inside an unquoted field,
+        // are content.
+        let f = TempFile::new(
+            "fine.csv",
+            b"\"id\",\"name\"\n1,\"a \"\"b\"\"\"\n2,5\" disk\n3,\"\"\n4,\"x\ny\"\r\n",
+        );
+        let items = read_all(f.path(), Format::Csv).unwrap();
+        assert_eq!(lines(&items), vec![2, 3, 4, 5]);
+        assert_eq!(items[0].value["name"], "a \"b\"");
+        assert_eq!(items[1].value["name"], "5\" disk");
+    }
+
+    proptest::proptest! {
+        /// Whatever the fields hold, CSV as the csv crate writes it reads
+        /// back whole: the stray-quote check never refuses a well-formed file.
+        #[test]
+        fn written_csv_reads_back_whole(
+            rows in proptest::collection::vec(
+                ("[a\",\r\n ]{0,6}", "[b\",\r\n ]{0,6}"),
+                0..20,
+            ),
+        ) {
+            let mut w = ::csv::WriterBuilder::new().from_writer(Vec::new());
+            w.write_record(["a", "b"]).unwrap();
+            for (a, b) in &rows {
+                w.write_record([a, b]).unwrap();
+            }
+            let bytes = w.into_inner().unwrap();
+            let got: Vec<(String, String)> = CsvItems::new(Trickle(Cursor::new(&bytes)), "t".into())
+                .map(|r| {
+                    let v = r.unwrap().value;
+                    (v["a"].as_str().unwrap().to_owned(), v["b"].as_str().unwrap().to_owned())
+                })
+                .collect();
+            proptest::prop_assert_eq!(got, rows);
         }
     }
 

@@ -2,6 +2,7 @@
 //! the checkpoint, write the outputs and build the summary.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::time::Instant;
@@ -15,6 +16,7 @@ use crate::credits::{Alert, AlertKind, CreditMeter, CreditSnapshot, Ledger};
 use crate::exit::RunState;
 use crate::exit::{self, RunError};
 use crate::fleet::FleetAlerts;
+use crate::rate::retry_after::MAX_QUOTA_RESET;
 use crate::report::{self, Reporter, Summary};
 use crate::settings::Settings;
 
@@ -110,17 +112,7 @@ pub(crate) fn end_state(
             name,
             resets_at,
             in_,
-        } => {
-            // An empty name: a 429's Retry-After said it, naming no quota.
-            let (quota, said) = match name.is_empty() {
-                true => (String::new(), ", as a 429's Retry-After said"),
-                false => (format!("{name:?} "), ""),
-            };
-            format!(
-                "the server's quota {quota}is used up until {resets_at} (in {}{said}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
-                humantime::format_duration(*in_)
-            )
-        }
+        } => quota_used_up(name, resets_at, *in_),
         Halt::Internal(why)
         | Halt::Systemic(why)
         | Halt::PacerUnavailable(why)
@@ -128,6 +120,25 @@ pub(crate) fn end_state(
         | Halt::Checkpoint(why) => why.clone(),
     };
     (h.state(), Some(reason))
+}
+
+/// Why a run halted at a used-up quota. A reset read further off than
+/// [`MAX_QUOTA_RESET`] was cut to it, so one within a day of that bound
+/// says "or later": the server's own date may be years away.
+fn quota_used_up(name: &str, resets_at: &str, in_: Duration) -> String {
+    // An empty name: a 429's Retry-After said it, naming no quota.
+    let (quota, said) = match name.is_empty() {
+        true => (String::new(), ", as a 429's Retry-After said"),
+        false => (format!("{name:?} "), ""),
+    };
+    let later = match in_ + Duration::from_secs(86_400) >= MAX_QUOTA_RESET {
+        true => " or later",
+        false => "",
+    };
+    format!(
+        "the server's quota {quota}is used up until {resets_at}{later} (in {}{said}); halted with the checkpoint saved: run the same command after it resets to resume, or add --wait-for-quota to wait for it",
+        humantime::format_duration(in_)
+    )
 }
 
 /// Saves the job record and brings the outputs up to date, unless a run
@@ -407,5 +418,24 @@ fn summary(
         },
         latency_p50_ms: calls.percentile_ms(0.5),
         latency_p99_ms: calls.percentile_ms(0.99),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_reset_cut_to_a_year_and_a_day_says_or_later() {
+        let far = quota_used_up("daily", "2027-12-07T00:00:00Z", MAX_QUOTA_RESET);
+        assert!(
+            far.starts_with("the server's quota \"daily\" is used up until 2027-12-07T00:00:00Z or later (in 1year"),
+            "{far}"
+        );
+        let near = quota_used_up("", "2026-12-07T00:00:00Z", Duration::from_secs(86_400));
+        assert!(
+            near.starts_with("the server's quota is used up until 2026-12-07T00:00:00Z (in 1day, as a 429's Retry-After said)"),
+            "{near}"
+        );
     }
 }

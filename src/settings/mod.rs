@@ -225,16 +225,24 @@ fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
     if sim {
         return Ok(Some(Secret::new(SIM_KEY)));
     }
-    let key = match std::env::var(&args.api_key_env) {
+    let name = &args.api_key_env;
+    let key = match std::env::var(name) {
         Ok(k) if !k.is_empty() => Secret::new(k),
         // Nothing is sent, and the key is shown hidden anyway.
         _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
-        _ => {
+        Ok(_) => {
             return Err(usage(format!(
-                "no API key: set the environment variable {} (or name another with --api-key-env)",
-                args.api_key_env
+                "no API key: the environment variable {name} is empty"
             )))
         }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(usage(format!(
+                "the API key in {name} is not valid UTF-8, so no header can carry it"
+            )))
+        }
+        Err(std::env::VarError::NotPresent) => return Err(usage(format!(
+            "no API key: set the environment variable {name} (or name another with --api-key-env)"
+        ))),
     };
     HeaderValue::from_str(key.expose()).map_err(|_| {
         usage(format!(

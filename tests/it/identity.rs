@@ -94,6 +94,12 @@ async fn a_moved_directory_keeps_its_job_and_sends_nothing_again() {
         let said = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{what}: {said}");
         assert!(!said.contains("no job"), "{what}: {said}");
+        if what == "status" {
+            let shown = String::from_utf8_lossy(&out.stdout);
+            let now = std::fs::canonicalize(b.join("items.jsonl")).unwrap();
+            assert!(shown.contains(&format!("({})", now.display())), "{shown}");
+            assert!(shown.contains("moved:    from "), "{shown}");
+        }
     }
     let r = finish(beside(s.sim(), &b.join("items.jsonl")));
     assert_eq!(r.code, 0, "{}", r.stderr);

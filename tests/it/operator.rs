@@ -336,3 +336,32 @@ async fn a_grown_input_resumes_and_sends_only_the_appended_lines() {
     assert_eq!(edited.summary["requests"], 1, "{}", edited.summary);
     assert_eq!(lines_of(&s.out_path()), vec![1, 2]);
 }
+
+/// A key the environment holds but no header can carry is named for what
+/// it is, not reported missing; an empty one is called empty.
+#[test]
+fn a_key_that_is_not_utf8_or_empty_is_named_so() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scenario::new("bad-key").numbers(2);
+    let url = "http://127.0.0.1:9/v1/echo?n={n}";
+    let mut c = s.cmd(&["--url", url]);
+    c.env("BATCHRUN_API_KEY", std::ffi::OsStr::from_bytes(b"k\xffey"));
+    let f = finish(c);
+    assert_eq!(f.code, 2, "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("the API key in BATCHRUN_API_KEY is not valid UTF-8"),
+        "{}",
+        f.stderr
+    );
+    let mut c = s.cmd(&["--url", url]);
+    c.env("BATCHRUN_API_KEY", "");
+    let f = finish(c);
+    assert_eq!(f.code, 2, "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("no API key: the environment variable BATCHRUN_API_KEY is empty"),
+        "{}",
+        f.stderr
+    );
+}
