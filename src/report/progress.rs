@@ -65,8 +65,10 @@ impl View {
         let mut parts = vec![format!("{}/min", fmt_rate(rate))];
         let left = total.saturating_sub(self.done + self.failed);
         if left > 0 && rate > 0.0 {
-            let eta =
-                Duration::try_from_secs_f64(left as f64 * 60.0 / rate).unwrap_or(Duration::MAX);
+            // A pause in force holds every call first: the rest goes after it.
+            let eta = Duration::try_from_secs_f64(left as f64 * 60.0 / rate)
+                .unwrap_or(Duration::MAX)
+                .saturating_add(self.paused_for.unwrap_or_default());
             parts.push(format!("ETA {}", fmt_secs(eta)));
         }
         if let Some(c) = self.credits {
@@ -273,7 +275,8 @@ mod tests {
         assert!(s.contains("10/min"), "{s}");
         assert!(s.contains("PAUSED 12s (until "), "{s}");
         assert!(s.contains("credits 42"), "{s}");
-        assert!(s.contains("ETA 9m00s"), "{s}");
+        // 90 left at 10 a minute, after the pause's 11.2 s.
+        assert!(s.contains("ETA 9m11s"), "{s}");
         let w = View {
             waiting_probe_in: Some(Duration::from_secs(290)),
             ..View::default()

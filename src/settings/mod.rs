@@ -240,9 +240,11 @@ fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
                 "the API key in {name} is not valid UTF-8, so no header can carry it"
             )))
         }
-        Err(std::env::VarError::NotPresent) => return Err(usage(format!(
+        Err(std::env::VarError::NotPresent) => {
+            return Err(usage(format!(
             "no API key: set the environment variable {name} (or name another with --api-key-env)"
-        ))),
+        )))
+        }
     };
     HeaderValue::from_str(key.expose()).map_err(|_| {
         usage(format!(
