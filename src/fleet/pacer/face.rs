@@ -34,8 +34,10 @@ impl Pacer for FleetPacer {
             // wait, it queues behind this process's one waiter at Redis.
             let mut front = None;
             let mut poll = POLL_FIRST;
-            inner.ask_start().await?;
             loop {
+                // Each time round: a loss put back with nothing learnt asks
+                // for the start again.
+                inner.ask_start().await?;
                 match inner.try_take(&id, inner.cap, weight.tokens).await? {
                     Took::Wait(_, Why::Quota(q)) if q > QUOTA_BOUND && !inner.wait_for_quota => {
                         return Err(inner.quota_error(q).await);

@@ -147,7 +147,10 @@ struct Inner {
     shape_unknown: bool,
     /// Every take waits for it: a worker's take before the start ran
     /// would send the first window's burst the start is there to avoid.
-    start_asked: tokio::sync::OnceCell<()>,
+    /// True once asked; false again after this process put its calls back
+    /// into a fleet Redis forgot, with nothing learnt: the fleet begun
+    /// anew starts on the even pace as the first one did.
+    start_asked: tokio::sync::Mutex<bool>,
     /// The last `x-rate-limit-limit` this process told the fleet (0: none).
     reported: AtomicU64,
 }
@@ -278,7 +281,7 @@ impl FleetPacer {
             wake: Arc::new(Notify::new()),
             secret: AtomicBool::new(true),
             shape_unknown: cfg.shape_unknown,
-            start_asked: tokio::sync::OnceCell::new(),
+            start_asked: tokio::sync::Mutex::new(false),
             reported: AtomicU64::new(0),
         });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
@@ -363,17 +366,17 @@ impl Inner {
         if !bare {
             return Ok(());
         }
-        // Asked again only if it failed.
-        self.start_asked
-            .get_or_try_init(|| async {
-                let _began: i64 = self
-                    .run("start", self.fleet.redis_timeout(), |inv| {
-                        inv.arg(u8::from(self.secret.load(Ordering::SeqCst)));
-                    })
-                    .await?;
-                Ok::<(), PaceError>(())
-            })
-            .await?;
+        // Held while asking: the other workers' takes wait for the start.
+        // Asked again if it failed.
+        let mut asked = self.start_asked.lock().await;
+        if !*asked {
+            let _began: i64 = self
+                .run("start", self.fleet.redis_timeout(), |inv| {
+                    inv.arg(u8::from(self.secret.load(Ordering::SeqCst)));
+                })
+                .await?;
+            *asked = true;
+        }
         Ok(())
     }
 
@@ -403,7 +406,7 @@ impl Inner {
                     // been Redis restarting empty.
                     let carried = self.restore_args(inv);
                     restored.store(carried, Ordering::SeqCst);
-                    let (heard, witness) = self.loss_check(carried == PUT_BACK);
+                    let (heard, witness) = self.loss_check(carried & PUT_BACK != 0);
                     inv.arg(heard).arg(fastrand::u32(1..)).arg(witness);
                 },
             )

@@ -17,6 +17,9 @@ use crate::pace::PaceError;
 pub(super) const RECALLED: u8 = 1;
 /// A take's restore block put this process's calls back after a loss.
 pub(super) const PUT_BACK: u8 = 2;
+/// Beside [`PUT_BACK`]: the block carried nothing learnt (no limit, no
+/// even pace), so the fleet it began has not started either.
+pub(super) const UNLEARNT: u8 = 4;
 
 impl Inner {
     /// Pending completions as (id, ms since the response arrived; -1 for a
@@ -123,6 +126,7 @@ impl Inner {
         let block = self.restore_block();
         let carried = match &block {
             None => 0,
+            Some(b) if b.lost && b.learnt == 0 && !b.even => PUT_BACK | UNLEARNT,
             Some(b) if b.lost => PUT_BACK,
             Some(_) => RECALLED,
         };
@@ -152,15 +156,21 @@ impl Inner {
         if carried == 0 {
             return;
         }
+        let put_back = carried & PUT_BACK != 0;
         {
             let mut l = self.lock();
             l.recall = None;
-            if carried == PUT_BACK {
+            if put_back {
                 l.lost = false;
                 l.epoch_before_loss = None;
             }
         }
-        if carried == PUT_BACK {
+        if carried & UNLEARNT != 0 {
+            // The next take asks for the start again; the script begins it
+            // only if no other process put back a learning meanwhile.
+            *self.start_asked.lock().await = false;
+        }
+        if put_back {
             self.relist().await;
         }
     }

@@ -657,6 +657,54 @@ async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
     );
 }
 
+/// Redis forgetting a fleet before it learnt anything begins the fleet
+/// anew, and the new fleet starts on the even pace as the first did: ten
+/// workers taking at once after a `FLUSHALL` are granted one per 110 ms
+/// (beside the take that puts the calls back), not the window's room at
+/// once, which a bucket with no burst would refuse.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_forgotten_before_it_learnt_starts_on_the_even_pace_again() {
+    let redis = Redis::start();
+    let p = paced(
+        fleet_on(&redis, &fleet_name("restart")).await,
+        "10/1s",
+        true,
+    );
+    p.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..10)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let permit = p.take().await.unwrap();
+                let at = t0.elapsed();
+                permit.complete(tokio::time::Instant::now());
+                at
+            })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for w in workers {
+        granted.push(w.await.unwrap());
+    }
+    granted.sort();
+    // The even pace lets at most the first and those 110 and 220 ms after
+    // it go within 300 ms, with the put-back take's call: a slow machine
+    // grants fewer, never more. (Without the start, all ten went at once.)
+    let first = granted[0];
+    let early = granted
+        .iter()
+        .filter(|&&at| at < first + Duration::from_millis(300))
+        .count();
+    assert!(early <= 4, "granted at {granted:?}");
+}
+
 /// A pacer told the bare rate `limit`, whose job's checkpoint says an
 /// earlier run learnt `learnt` calls per window, paced evenly, with a
 /// limit refused above it (not probed above).
