@@ -64,6 +64,13 @@ fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
 /// Writes the report of `input`'s latest job (found in `state_dir`) to
 /// `out`; returns what it wrote, for the line the command prints.
 pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyhow::Result<String> {
+    // `-o` naming the input by mistake would replace the items with HTML.
+    if std::fs::canonicalize(out).is_ok_and(|o| o == Path::new(input)) {
+        anyhow::bail!(
+            "{} is the input file: the report would replace it; name another with -o",
+            out.display()
+        );
+    }
     let meta = latest_job(state_dir, input)?;
     let tl = timeline::path(state_dir, &meta.id);
     let secs = match timeline::read(&tl) {

@@ -84,7 +84,18 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
             rehearsal,
         }) = owner_of(p)
         else {
-            continue;
+            // No owner record: batchrun's own outputs of an earlier version
+            // (or whose record was lost) are replaced as before; any other
+            // file is somebody's data.
+            if reads_as_outputs(p) {
+                continue;
+            }
+            return Err(RunError::Usage(format!(
+                "{} exists and does not hold batchrun's outputs; this job would replace it. \
+                 Nothing was sent. Name another --out or --failures, or use --force-outputs \
+                 to replace it",
+                p.display()
+            )));
         };
         if owner == job || superseded.contains(&owner) {
             continue;
@@ -107,4 +118,14 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
         )));
     }
     Ok(())
+}
+
+/// Whether `p` starts as batchrun writes its outputs: a JSON line whose
+/// first field is `line`, or the CSV header `line,status`.
+fn reads_as_outputs(p: &Path) -> bool {
+    use std::io::Read as _;
+    let mut head = Vec::new();
+    // A short or failed read leaves less to compare: not ours.
+    let _ = std::fs::File::open(p).and_then(|f| f.take(16).read_to_end(&mut head));
+    head.starts_with(b"{\"line\":") || head.starts_with(b"line,status")
 }

@@ -543,8 +543,26 @@ fn writable_dir(out: &Path) -> Result<(), String> {
 
 /// Refuses outputs that would destroy the input or each other, or that
 /// cannot be written, before anything is read or sent.
-fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunError> {
+fn check_outputs(
+    input: &Path,
+    out: &Path,
+    failures: &Path,
+    joblog: Option<&Path>,
+) -> Result<(), RunError> {
     let (i, o, f) = (resolved(input), resolved(out), resolved(failures));
+    if let Some(j) = joblog {
+        // The joblog is appended to: on the input it would add a line per
+        // call to the items, on an output it would spoil it.
+        let r = resolved(j);
+        for (what, p) in [("the input file", &i), ("--out", &o), ("--failures", &f)] {
+            if r == *p && !(what == "the input file" && input == Path::new("-")) {
+                return Err(usage(format!(
+                    "--joblog {} is {what}: a line per call would be added to it",
+                    j.display()
+                )));
+            }
+        }
+    }
     for (what, p, r) in [("--out", out, &o), ("--failures", failures, &f)] {
         if *r == i && input != Path::new("-") {
             return Err(usage(format!(

@@ -43,8 +43,25 @@ pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunE
         .failures
         .clone()
         .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
-    check_outputs(&args.input, &out, &failures)?;
-    Ok((state_dir, out, failures))
+    check_outputs(&args.input, &out, &failures, args.joblog.as_deref())?;
+    Ok((state_dir, through_link(out), through_link(failures)))
+}
+
+/// An output named by a symbolic link is written where the link points:
+/// the outputs are renamed into place, which would otherwise replace the
+/// link with a file and leave its target stale.
+fn through_link(p: PathBuf) -> PathBuf {
+    match std::fs::symlink_metadata(&p) {
+        Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(&p) {
+            Ok(target) => target,
+            // A link to a file not made yet: where it points, from its folder.
+            Err(_) => match std::fs::read_link(&p) {
+                Ok(t) => p.parent().map_or(t.clone(), |dir| dir.join(&t)),
+                Err(_) => p,
+            },
+        },
+        _ => p,
+    }
 }
 
 /// The state dir of a job on `input`: the one given, else

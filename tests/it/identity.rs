@@ -208,6 +208,57 @@ async fn another_days_pipe_does_not_overwrite_the_results_of_the_last() {
     assert_side_effects(&s.sim().stats().await, 10);
 }
 
+/// A file at `--out` that batchrun did not write (no owner record, not
+/// its format) is somebody's data: refused before any call, untouched,
+/// unless `--force-outputs`. batchrun's own outputs whose owner record is
+/// gone (an earlier version's) are still replaced as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_batchrun_did_not_write_is_not_replaced_unless_forced() {
+    let s = Scenario::new("precious")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    let out = s.dir().path().join("precious.txt");
+    std::fs::write(&out, "quarterly figures\n").unwrap();
+    let out_arg = out.to_str().unwrap().to_owned();
+    let r = s.run(&["--out", &out_arg]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("does not hold batchrun's outputs"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"quarterly figures\n");
+    assert_side_effects(&s.sim().stats().await, 0);
+    let r = s.run(&["--out", &out_arg, "--force-outputs"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&out, 5);
+    // An output named by a link is written where the link points.
+    let target = s.dir().path().join("kept.jsonl");
+    let link = s.dir().path().join("link.jsonl");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let r = s.run(&[
+        "--out",
+        link.to_str().unwrap(),
+        "--limit",
+        "none",
+        "--fresh",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_each_item_once(&target, 5);
+    // Its owner record lost, the job's own outputs are still its own.
+    let owner = s.dir().path().join(".precious.txt.owner");
+    std::fs::remove_file(&owner).unwrap();
+    let r = s.run(&["--out", &out_arg]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    // The forced run's five and the --fresh run's five.
+    assert_side_effects(&s.sim().stats().await, 10);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mistyped_rerun_leaves_the_results_byte_identical() {
     let s = Scenario::new("mistyped")

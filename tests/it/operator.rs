@@ -365,3 +365,22 @@ fn a_key_that_is_not_utf8_or_empty_is_named_so() {
         f.stderr
     );
 }
+
+/// `--joblog` naming the input would append a line per call to the items
+/// (after every call was paid for, the next run would refuse the input):
+/// refused before anything is sent, the input untouched.
+#[test]
+fn a_joblog_onto_the_input_is_refused_before_any_call() {
+    let s = Scenario::new("joblog-input").numbers(3);
+    let items = std::fs::read(s.input_path()).unwrap();
+    let input = s.input_path().to_str().unwrap().to_owned();
+    let r = s.run(&[
+        "--url",
+        "http://127.0.0.1:9/v1/echo?n={n}",
+        "--joblog",
+        &input,
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("is the input file"), "{}", r.stderr);
+    assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
+}

@@ -211,4 +211,17 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+    // `-o` naming the input is refused, and the items stay as they were.
+    let items = std::fs::read(s.input_path()).unwrap();
+    let onto = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("-o")
+        .arg(s.input_path())
+        .output()
+        .unwrap();
+    assert_eq!(onto.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&onto.stderr);
+    assert!(err.contains("is the input file"), "{err}");
+    assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
 }
