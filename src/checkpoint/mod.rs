@@ -181,6 +181,12 @@ pub struct JobMeta {
     /// The job's last runs, oldest first ([`RunRecord`]).
     #[serde(default)]
     pub runs: Vec<RunRecord>,
+    /// How the last run formed its batches (`--batch` and what cuts a
+    /// batch short), `None` when it sent one item per call: a batch's
+    /// Idempotency-Key is made of its items', so a call of unknown outcome
+    /// is sent under its old key only if batches are formed as before.
+    #[serde(default)]
+    pub batching: Option<String>,
 }
 
 impl JobMeta {

@@ -75,6 +75,15 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .context("writing the checkpoint")?;
     }
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
+    check_batching(settings, &items, &meta)?;
+    let batching = batching(settings);
+    if meta.batching != batching {
+        // On disk before any call: a run killed after its first batch
+        // must find how it formed them.
+        meta.batching = batching;
+        store.save_job(&meta).context("writing the checkpoint")?;
+        store.flush().context("flushing the checkpoint")?;
+    }
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;
@@ -96,6 +105,58 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
     })
+}
+
+/// How this run forms its calls, as the checkpoint records it: `None`
+/// for one item per call; else `--batch` and what cuts a batch short (an
+/// estimate of tokens against the most a told policy admits at once).
+fn batching(settings: &Settings) -> Option<String> {
+    let b = settings.batch.as_ref()?;
+    let mut how = format!("--batch {}", b.size);
+    if let Some(c) = &settings.costing {
+        if let Some(e) = &c.expr {
+            how.push_str(&format!(" --cost {e}"));
+        }
+        if let Some((most, _)) = &c.most {
+            how.push_str(&format!(" (at most {most} tokens a call)"));
+        }
+    }
+    Some(how)
+}
+
+/// Refuses to form calls otherwise than the last run did while some of
+/// its calls may have run unanswered (a run killed with calls in flight,
+/// or items failed with their outcome unknown, sent again by
+/// `--retry-failed`). A batch's Idempotency-Key is made of its items':
+/// formed otherwise, those items would go under other keys, and an API
+/// that ran them would run them again.
+fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Result<(), RunError> {
+    let now = batching(settings);
+    if now == meta.batching || settings.fresh {
+        return Ok(());
+    }
+    let killed = meta.last_run().is_some_and(|r| r.ended_unix_ms.is_none())
+        && meta.done + meta.failed < meta.total;
+    let unknown = match settings.retry_failed {
+        true => items.unknown_failures().context("reading the checkpoint")?,
+        false => 0,
+    };
+    let why = match (unknown, killed) {
+        (0, false) => return Ok(()),
+        (0, true) => "the last run was killed: the calls it had in flight".to_string(),
+        (n, _) => format!("{n} item(s) failed with their outcome unknown: their calls"),
+    };
+    let way = |b: &Option<String>| match b {
+        Some(b) => format!("in batches ({b})"),
+        None => "one item per call".to_string(),
+    };
+    let (was, is) = (way(&meta.batching), way(&now));
+    Err(RunError::Usage(format!(
+        "{why} may have run, sent {was}; this run would send them {is}, under other \
+         Idempotency-Keys, and the API could run them twice. Nothing was sent. Run once more \
+         {was} to settle them (the API replays what already ran), then change it; or use \
+         --fresh to send every item again"
+    )))
 }
 
 /// Catches the line states up with the results log, then checks them

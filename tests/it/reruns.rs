@@ -694,3 +694,100 @@ async fn a_real_run_replaces_its_rehearsals_outputs() {
         r.stderr
     );
 }
+
+/// A batch's Idempotency-Key is made of its items': a rerun that forms its
+/// batches otherwise while calls may have run unanswered would send those
+/// items under other keys, and the API would run them twice. It is refused
+/// before any call: after items failed with their outcome unknown (sent
+/// again by `--retry-failed`), and after a run killed with calls in flight.
+/// Run as before, the calls go under their old keys and nothing runs twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
+    // Every executed call's connection drops: its outcome is unknown.
+    let s = Scenario::new("rerun-batch-size")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "1"])
+        .numbers(10);
+    let url = format!("{}/batch/echo", s.sim().url);
+    let run = |size: &str, extra: &[&str]| {
+        let args = [
+            &[
+                "--url",
+                &url,
+                "--json-body",
+                "--limit",
+                "none",
+                "--max-attempts",
+                "1",
+            ][..],
+            &["--batch", size],
+            extra,
+        ]
+        .concat();
+        s.run(&args)
+    };
+    let r = run("5", &[]);
+    assert_eq!(r.summary["failed"], 10, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 10);
+    let r = run("4", &["--retry-failed"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("10 item(s) failed with their outcome unknown")
+            && r.stderr.contains("in batches (--batch 5)")
+            && r.stderr.contains("Nothing was sent"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["requests"], 2, "nothing sent: {stats}");
+    // As before: the same batches, replayed, never run again.
+    let r = run("5", &["--retry-failed"]);
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 10);
+    assert_eq!(stats["idempotent_replays"], 10, "{stats}");
+    // One item per call is another way of forming them too.
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--limit",
+        "none",
+        "--retry-failed",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("one item per call"), "{}", r.stderr);
+
+    // Killed while its batches are retried (each answer lost), then run in
+    // batches of another size: refused; as before: the old keys.
+    let s = Scenario::new("rerun-batch-killed")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "2"])
+        .numbers(10);
+    let url = format!("{}/batch/echo", s.sim().url);
+    let args = |size: &'static str| {
+        vec![
+            "--url".to_string(),
+            url.clone(),
+            "--json-body".into(),
+            "--limit".into(),
+            "none".into(),
+            "--batch".into(),
+            size.into(),
+        ]
+    };
+    let five = args("5");
+    let first: Vec<&str> = five.iter().map(String::as_str).collect();
+    let killed = s
+        .signal_when(&first, |st| st["side_effects"] == 10, libc::SIGKILL)
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    let other = args("10");
+    let other: Vec<&str> = other.iter().map(String::as_str).collect();
+    let r = s.run(&[&other[..], &["--max-attempts", "1"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("the last run was killed"), "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 10);
+    let r = s.run(&[&first[..], &["--max-attempts", "1"]].concat());
+    assert_ne!(r.code, 2, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 10);
+}
