@@ -187,6 +187,11 @@ pub struct JobMeta {
     /// is sent under its old key only if batches are formed as before.
     #[serde(default)]
     pub batching: Option<String>,
+    /// Its Idempotency-Keys follow each item's content, not its line (see
+    /// `run/keys.rs`): true for jobs made since; older jobs keep their
+    /// lines' keys.
+    #[serde(default)]
+    pub keys_by_content: bool,
 }
 
 impl JobMeta {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use super::batch::{self, Member};
 use super::events::Event;
 use super::gate::{Halt, Pass};
+use super::keys::At;
 use super::pool::{Next, Pool, Queue, Queued};
 use super::react::{react, Action, Call, Outcome, Tries};
 use super::watch::{Systemic, Verdict};
@@ -152,7 +153,10 @@ impl Pool {
             });
             match made {
                 Ok((req, tokens)) => entries.push(Entry {
-                    key: self.cfg.keys.key(q.item.line, q.generation, &req),
+                    key: self
+                        .cfg
+                        .keys
+                        .key(At::of(&q.item, q.repeat), q.generation, &req),
                     item: q.item,
                     req,
                     tries: Tries {

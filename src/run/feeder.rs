@@ -6,6 +6,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::pool::Queued;
+use super::repeats::Counter;
 use crate::checkpoint::{Backlog, JobItems};
 use crate::fleet::Shard;
 use crate::input::{self, Format};
@@ -43,6 +44,7 @@ impl Source {
 /// `kill -9` can find finished but unrecorded.
 pub(super) fn spawn(
     source: Source,
+    mut repeats: Counter,
     items: JobItems,
     total: u64,
     backlog: Backlog,
@@ -78,6 +80,8 @@ pub(super) fn spawn(
                 Err(e) if skip_invalid && passed_by(&e, &states, shard) => continue,
                 Err(e) => return Err(e.into()),
             };
+            // Every item counts, whoever sends it and whether it is done.
+            let repeat = repeats.of(&item);
             if shard.is_some_and(|s| !s.takes(item.line)) {
                 continue;
             }
@@ -107,6 +111,7 @@ pub(super) fn spawn(
                 item,
                 generation,
                 maybe_ran,
+                repeat,
             });
             left -= 1;
             if left == 0 {

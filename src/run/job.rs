@@ -30,6 +30,7 @@ pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::
         job: meta.key_base.clone().unwrap_or_else(|| meta.id.clone()),
         epoch: meta.epoch,
         varying,
+        by_content: meta.keys_by_content,
     }
 }
 
@@ -319,6 +320,7 @@ pub fn open(
         epoch,
         input_len: file_len(&settings.input),
         layout: LAYOUT,
+        keys_by_content: true,
         ..JobMeta::default()
     };
     keep_learnt(&mut meta, window.learnt);

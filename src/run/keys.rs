@@ -11,6 +11,12 @@
 //! either way). A checkpoint that is lost or
 //! rebuilt therefore sends the same keys again, and the API replays the
 //! calls it already ran instead of running them twice.
+//!
+//! Jobs made since keys follow content take the item's content and how
+//! many earlier lines hold the same ([`At::repeat`]) in place of its line:
+//! a regenerated input with a row inserted above moves lines, and a call
+//! that may have run (killed in flight, or of unknown outcome) must keep
+//! its key wherever its item went. Older jobs keep their lines' keys.
 
 use sha2::{Digest, Sha256};
 
@@ -27,22 +33,59 @@ pub struct KeyScheme {
     /// Headers whose values come from the item: part of the key, so that
     /// an item that differs only there is another call.
     pub varying: Vec<reqwest::header::HeaderName>,
+    /// Keys follow the item's content, not its line (jobs made since).
+    pub by_content: bool,
+}
+
+/// Which item a key is for: its line, and for keys that follow content,
+/// its content's digest and how many earlier lines hold the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    /// The item's line.
+    pub line: u64,
+    /// [`crate::input::Item::digest`] of its content.
+    pub digest: u64,
+    /// Earlier lines of the input with the same content.
+    pub repeat: u32,
+}
+
+impl At {
+    /// Where `item` is, with `repeat` earlier lines of the same content.
+    pub fn of(item: &crate::input::Item, repeat: u32) -> At {
+        At {
+            line: item.line,
+            digest: item.digest(),
+            repeat,
+        }
+    }
 }
 
 impl KeyScheme {
-    /// The Idempotency-Key of `req`, the call for the item at `line` in its
+    /// The Idempotency-Key of `req`, the call for the item `at` in its
     /// `generation`.
-    pub fn key(&self, line: u64, generation: u32, req: &Request) -> String {
+    pub fn key(&self, at: At, generation: u32, req: &Request) -> String {
         let KeyScheme {
             job,
             epoch,
             varying,
+            by_content,
         } = self;
         let mut h = Sha256::new();
+        // The line's place, as first written; content keys are marked so
+        // that no content ever makes a line's key.
+        let mut place = at.line.to_le_bytes().to_vec();
+        if *by_content {
+            place = [
+                &b"content"[..],
+                &at.digest.to_le_bytes(),
+                &at.repeat.to_le_bytes(),
+            ]
+            .concat();
+        }
         for part in [
             job.as_bytes(),
             &epoch.to_le_bytes(),
-            &line.to_le_bytes(),
+            &place,
             &generation.to_le_bytes(),
             req.method.as_str().as_bytes(),
             req.url.as_bytes(),
@@ -76,6 +119,15 @@ impl KeyScheme {
 mod tests {
     use super::*;
 
+    /// A line's place, for line keys (content plays no part).
+    fn at(line: u64) -> At {
+        At {
+            line,
+            digest: 0,
+            repeat: 0,
+        }
+    }
+
     fn req(url: &str) -> Request {
         Request {
             method: reqwest::Method::GET,
@@ -91,19 +143,25 @@ mod tests {
             job: "j1".into(),
             epoch: 0,
             varying: Vec::new(),
+            by_content: false,
         };
-        let a = k.key(7, 0, &req("http://x/?n=7"));
-        assert_eq!(a, k.key(7, 0, &req("http://x/?n=7")), "stable across runs");
+        let a = k.key(at(7), 0, &req("http://x/?n=7"));
+        assert_eq!(
+            a,
+            k.key(at(7), 0, &req("http://x/?n=7")),
+            "stable across runs"
+        );
         assert!(a.starts_with("batchrun-") && a.len() == 9 + 32);
-        assert_ne!(a, k.key(8, 0, &req("http://x/?n=7")), "another line");
-        assert_ne!(a, k.key(7, 1, &req("http://x/?n=7")), "--retry-failed");
-        assert_ne!(a, k.key(7, 0, &req("http://x/?n=8")), "another item");
+        assert_ne!(a, k.key(at(8), 0, &req("http://x/?n=7")), "another line");
+        assert_ne!(a, k.key(at(7), 1, &req("http://x/?n=7")), "--retry-failed");
+        assert_ne!(a, k.key(at(7), 0, &req("http://x/?n=8")), "another item");
         let fresh = KeyScheme {
             job: "j1".into(),
             epoch: 1,
             varying: Vec::new(),
+            by_content: false,
         };
-        assert_ne!(a, fresh.key(7, 0, &req("http://x/?n=7")), "--fresh");
+        assert_ne!(a, fresh.key(at(7), 0, &req("http://x/?n=7")), "--fresh");
     }
 
     #[test]
@@ -134,10 +192,14 @@ mod tests {
             job: "0123abcd".into(),
             epoch: 2,
             varying: Vec::new(),
+            by_content: false,
         };
         for (line, url) in [(1, "http://x/?n=1"), (77, "https://api/v1/a b"), (9, "")] {
             let r = req(url);
-            assert_eq!(k.key(line, 3, &r), reference("0123abcd", 2, line, 3, &r));
+            assert_eq!(
+                k.key(at(line), 3, &r),
+                reference("0123abcd", 2, line, 3, &r)
+            );
         }
     }
 
@@ -155,8 +217,9 @@ mod tests {
             job: "j".into(),
             epoch: 0,
             varying: vec![tenant.clone()],
+            by_content: false,
         };
-        assert_ne!(k.key(1, 0, &with("a")), k.key(1, 0, &with("b")));
+        assert_ne!(k.key(at(1), 0, &with("a")), k.key(at(1), 0, &with("b")));
         // Given twice: both values count.
         let twice = |second: &'static str| {
             let mut r = with("a");
@@ -164,14 +227,47 @@ mod tests {
                 .append(tenant.clone(), HeaderValue::from_static(second));
             r
         };
-        assert_ne!(k.key(1, 0, &twice("b")), k.key(1, 0, &twice("c")));
-        assert_eq!(k.key(1, 0, &with("a")), k.key(1, 0, &with("a")));
+        assert_ne!(k.key(at(1), 0, &twice("b")), k.key(at(1), 0, &twice("c")));
+        assert_eq!(k.key(at(1), 0, &with("a")), k.key(at(1), 0, &with("a")));
         // A header that is not among them changes nothing.
         let fixed = KeyScheme {
             job: "j".into(),
             epoch: 0,
             varying: Vec::new(),
+            by_content: false,
         };
-        assert_eq!(fixed.key(1, 0, &with("a")), fixed.key(1, 0, &with("b")));
+        assert_eq!(
+            fixed.key(at(1), 0, &with("a")),
+            fixed.key(at(1), 0, &with("b"))
+        );
+    }
+
+    /// Keys that follow content stay with the item wherever its line goes,
+    /// tell apart lines of the same content by how many came before, and
+    /// are never a line's key.
+    #[test]
+    fn content_keys_follow_the_item_not_its_line() {
+        let k = KeyScheme {
+            job: "j".into(),
+            epoch: 0,
+            varying: Vec::new(),
+            by_content: true,
+        };
+        let r = req("http://x/?n=7");
+        let at = |line, digest, repeat| At {
+            line,
+            digest,
+            repeat,
+        };
+        let a = k.key(at(7, 42, 0), 0, &r);
+        assert_eq!(a, k.key(at(8, 42, 0), 0, &r), "moved a line down");
+        assert_ne!(a, k.key(at(9, 42, 1), 0, &r), "the second of the same");
+        assert_ne!(a, k.key(at(7, 43, 0), 0, &r), "other content");
+        assert_ne!(a, k.key(at(7, 42, 0), 1, &r), "--retry-failed");
+        let lines = KeyScheme {
+            by_content: false,
+            ..k.clone()
+        };
+        assert_ne!(a, lines.key(at(7, 42, 0), 0, &r));
     }
 }

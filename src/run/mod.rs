@@ -35,6 +35,7 @@ pub mod pool;
 mod react;
 pub mod recorder;
 mod regen;
+mod repeats;
 mod send;
 mod slots;
 mod start;
@@ -454,8 +455,14 @@ where
     // A batch worker waits for a whole batch: room for two per worker.
     let room = settings.batch.as_ref().map_or(1, |b| b.size.max(1));
     let (item_tx, item_rx) = mpsc::channel::<Queued>(settings.concurrency * 2 * room);
+    // Only keys that follow content need the counts.
+    let repeats = match job.meta.keys_by_content {
+        true => std::mem::take(&mut *job.repeats.lock().unwrap_or_else(|p| p.into_inner())),
+        false => repeats::Counter::default(),
+    };
     let feeder = feeder::spawn(
         feeder::Source::of(settings),
+        repeats,
         job.items.clone(),
         job.scan.total,
         committer.backlog(),

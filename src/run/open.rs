@@ -5,6 +5,7 @@ use anyhow::Context as _;
 
 use super::damage::damaged;
 use super::job::Located;
+use super::repeats::{Counter, Repeats};
 use super::start::warn_unknown;
 use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Record, Store};
 use crate::exit::RunError;
@@ -17,6 +18,9 @@ pub(super) struct Opened {
     pub(super) items: JobItems,
     pub(super) meta: JobMeta,
     pub(super) scan: input::Scan,
+    /// The feeder's count of each item's earlier lines of the same content
+    /// (taken once).
+    pub(super) repeats: std::sync::Mutex<Counter>,
 }
 
 /// Opens the checkpoint, checks the whole input before any request is sent,
@@ -59,13 +63,13 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
-    let (mut scan, mut invalid) = scan_input(settings, &items)?;
+    let (mut scan, mut invalid, mut repeats) = scan_input(settings, &items)?;
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
-        (scan, invalid) = scan_input(settings, &items)?;
+        (scan, invalid, repeats) = scan_input(settings, &items)?;
     }
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
@@ -104,6 +108,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         items,
         meta,
         scan,
+        repeats: std::sync::Mutex::new(repeats),
     })
 }
 
@@ -273,8 +278,13 @@ type Invalid = Vec<(u64, String)>;
 
 /// The whole input checked before any call: every item parses, and renders
 /// unless it will not be sent again; a shard counts its own.
-fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Invalid), RunError> {
+fn scan_input(
+    settings: &Settings,
+    items: &JobItems,
+) -> Result<(input::Scan, Invalid, Counter), RunError> {
     let spec = &settings.request;
+    let len = std::fs::metadata(&settings.input).map_or(0, |m| m.len());
+    let repeats = std::cell::RefCell::new(Repeats::sized(len));
     let states = items.states();
     let retry_failed = settings.retry_failed;
     let in_shard = std::cell::Cell::new(0u64);
@@ -292,6 +302,7 @@ fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Inv
         false => None,
     };
     let check = &mut |item: &input::Item| {
+        repeats.borrow_mut().see(item.digest());
         let checked = match states.state(item.line) {
             Some(ItemState::Done) => Ok(()),
             Some(ItemState::Failed) if !retry_failed => Ok(()),
@@ -309,7 +320,7 @@ fn scan_input(settings: &Settings, items: &JobItems) -> Result<(input::Scan, Inv
         input::scan_with(&settings.input, settings.format, check, skip)
     })?;
     scan.total = in_shard.get();
-    Ok((scan, invalid))
+    Ok((scan, invalid, repeats.into_inner().counter()))
 }
 
 /// `--skip-invalid`: the bad rows not yet recorded are failures, with

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::events::Event;
 use super::gate::{Gate, Halt, Pass};
+use super::keys::At;
 use super::react::{react, Action, Call, Outcome, Policy, Tries};
 pub use super::slots::Slots;
 use super::watch::{Systemic, Verdict, Watch};
@@ -80,6 +81,9 @@ pub struct Queued {
     /// A call under this key, in an earlier run, may have run: the item's
     /// outcome stays unknown unless a call of this run gets a verdict.
     pub maybe_ran: bool,
+    /// Earlier lines of the input with the same content: part of its key
+    /// when keys follow content (see `run/keys.rs`).
+    pub repeat: u32,
 }
 
 impl Pool {
@@ -135,8 +139,9 @@ impl Pool {
             item,
             generation,
             maybe_ran,
+            repeat,
         } = queued;
-        let req = self.render(&item, generation)?;
+        let req = self.render(&item, generation, repeat)?;
         // Before any slot or probe is held: an item whose cost cannot be
         // read fails with nothing to give back.
         let weight = match self.weigh(&item) {
@@ -189,6 +194,7 @@ impl Pool {
                         item,
                         generation,
                         maybe_ran: tries.maybe_ran,
+                        repeat,
                     })
                 }
             }
@@ -197,10 +203,10 @@ impl Pool {
 
     /// The item's request under its Idempotency-Key; an item that cannot
     /// be rendered is failed with the reason, and None.
-    fn render(&self, item: &Item, generation: u32) -> Option<Request> {
+    fn render(&self, item: &Item, generation: u32, repeat: u32) -> Option<Request> {
         match self.spec.render(item) {
             Ok(r) => {
-                let idem = self.cfg.keys.key(item.line, generation, &r);
+                let idem = self.cfg.keys.key(At::of(item, repeat), generation, &r);
                 Some(r.with_idempotency_key(&idem))
             }
             Err(reason) => {

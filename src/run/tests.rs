@@ -54,6 +54,7 @@ async fn run_pool(
                 job: "test".into(),
                 epoch: 0,
                 varying: Vec::new(),
+                by_content: true,
             },
             policy: super::react::Policy {
                 max_attempts: 5,
@@ -81,6 +82,7 @@ async fn run_pool(
             item,
             generation: 0,
             maybe_ran: false,
+            repeat: 0,
         };
         item_tx.send(queued).await.unwrap();
     }

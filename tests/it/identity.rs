@@ -391,6 +391,63 @@ async fn a_regenerated_file_resends_only_its_changed_rows() {
     assert_side_effects(&s.sim().stats().await, 45);
 }
 
+/// Rewrites the scenario's input as the same numbers with a row on top.
+fn with_a_row_on_top(s: &Scenario, n: u64) {
+    let mut text = String::from("{\"n\": 1000}\n");
+    for i in 1..=n {
+        text.push_str(&format!("{{\"n\": {i}}}\n"));
+    }
+    s.dir().write("items.jsonl", &text);
+}
+
+/// Calls that may have run keep their Idempotency-Keys when a regenerated
+/// input moves their lines (a row inserted on top): the API replays them,
+/// and only the new row runs. Items failed with their outcome unknown,
+/// sent again by `--retry-failed`; and calls in flight when a run was
+/// killed, sent again by the next. Identical rows are still two calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_that_may_have_run_keep_their_keys_when_lines_move() {
+    // Every executed call's answer is lost: its outcome is unknown.
+    let s = Scenario::new("moved-unknown")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "1"])
+        .numbers(10);
+    let args = ["--limit", "none", "--max-attempts", "1"];
+    let r = s.run(&args);
+    assert_eq!(r.summary["failed"], 10, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 10);
+    with_a_row_on_top(&s, 10);
+    let r = s.run(&[&args[..], &["--retry-failed"]].concat());
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["idempotent_replays"], 10, "{stats}");
+    assert_side_effects(&stats, 11);
+
+    let s = Scenario::new("moved-killed")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "2"])
+        .numbers(10);
+    let killed = s
+        .signal_when(
+            &["--limit", "none"],
+            |st| st["side_effects"] == 10,
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    with_a_row_on_top(&s, 10);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 11, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 11);
+
+    // Two rows of one content are two calls, under two keys.
+    let s = Scenario::new("twice")
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", "{\"n\": 1}\n{\"n\": 1}\n");
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.summary["done"], 2, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_after_a_changed_url_says_what_it_resends_and_replaces_the_old_job() {
     let s = Scenario::new("fresh-changed")
