@@ -391,9 +391,12 @@ impl Pool {
                 attempts: e.tries.n,
             })
             .collect();
-        let out_of_credits = self.ledger.last().is_some_and(|s| s.remaining <= 0);
+        let credits = batch::Credits {
+            out: self.ledger.last().is_some_and(|s| s.remaining <= 0),
+            got_through: self.got_through.load(Ordering::Relaxed),
+        };
         let max = self.cfg.policy.max_attempts;
-        let settled = batch::settle(&members, elements, out_of_credits, max);
+        let settled = batch::settle(&members, elements, credits, max);
         let recorded = !settled.record.is_empty();
         if !self.record_events(settled.record, None, req) {
             return Sent::Stop;

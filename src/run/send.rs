@@ -175,10 +175,6 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
-        if c.is_ok() {
-            self.got_through
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
@@ -189,6 +185,12 @@ impl Pool {
             (None, ok) => u64::from(ok),
             (Some(_), false) => 0,
         };
+        // A batch got through when an item of it was done: a 200 whose
+        // every element is a refusal says nothing of the key's standing.
+        if c.is_ok() && (batch.is_none() || done > 0) {
+            self.got_through
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let snapshot = credits::snapshot_from_headers(&headers);
         let seen = self.ledger.observe_items(snapshot, done, charged);
         if let Some(s) = seen.newer {
