@@ -100,6 +100,18 @@ pub(super) fn assemble(spec: &BatchSpec, reqs: &[&Request]) -> Result<Request, S
     })
 }
 
+/// What a batch's answer may hold besides its items' results (its
+/// envelope: the wrapping object, separators, a `usage`).
+pub(super) const ENVELOPE: usize = 64 * 1024;
+
+/// The most of a batch's answer read: `--max-body` is kept per item, so
+/// a batch of `size` may bring each item's share, and its envelope.
+pub(super) fn answer_cap(max_body: usize, size: usize) -> usize {
+    max_body
+        .saturating_mul(size.max(1))
+        .saturating_add(ENVELOPE)
+}
+
 /// One item's element of the answer.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Element {

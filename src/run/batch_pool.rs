@@ -276,7 +276,7 @@ impl Pool {
     ) -> Step {
         let n = chunk.len();
         match outcome {
-            Outcome::Done(status, body) => match batch::pair(&batching.spec, status, &body, n) {
+            Outcome::Done(status, body) => match self.pair(&batching.spec, status, &body, n) {
                 Ok(elements) => Step::Done(self.settle_items(chunk, elements, req, probing).await),
                 Err(reason) => {
                     // Answered but not paired: it may have run; resent
@@ -293,7 +293,7 @@ impl Pool {
             },
             Outcome::Refused { done, why } => {
                 if let Some((status, body)) = done {
-                    if let Ok(elements) = batch::pair(&batching.spec, status, &body, n) {
+                    if let Ok(elements) = self.pair(&batching.spec, status, &body, n) {
                         let _ = self.settle_items(chunk, elements, req, false).await;
                     }
                 }

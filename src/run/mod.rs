@@ -351,7 +351,12 @@ fn build_pool(
     ledger: &Arc<Ledger>,
     events: mpsc::UnboundedSender<Event>,
 ) -> Result<Arc<Pool>, RunError> {
-    let transport = HttpTransport::new(settings.timeout, settings.concurrency, settings.max_body)
+    // A batch's answer holds every item's result: each may be --max-body.
+    let cap = match &settings.batch {
+        Some(b) => batch::answer_cap(settings.max_body, b.size),
+        None => settings.max_body,
+    };
+    let transport = HttpTransport::new(settings.timeout, settings.concurrency, cap)
         .context("building the HTTP client")?;
     let c = &settings.credits;
     Ok(Arc::new(Pool {
@@ -373,6 +378,7 @@ fn build_pool(
             },
             verbose: settings.verbose,
             cost: settings.costing.clone().map(Arc::new),
+            max_body: settings.max_body,
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),

@@ -8,6 +8,15 @@ fn batch_url(s: &Scenario) -> String {
     format!("{}/batch/echo", s.sim().url)
 }
 
+/// Every result line holds its own item's element: the sim echoes the
+/// item's data in it.
+fn assert_own_elements(s: &Scenario) {
+    for r in jsonl(&s.out_path()) {
+        assert_eq!(r["body"]["data"], r["input"], "{}", r["line"]);
+        assert_eq!(r["body"]["status"], 200, "{}", r["line"]);
+    }
+}
+
 /// `POST /batch/echo` with the body `[1, 2, 3]` under `idem`.
 async fn post_batch(sim: &Sim, idem: &str) -> Result<serde_json::Value, String> {
     let r = reqwest::Client::new()
@@ -68,4 +77,91 @@ async fn a_per_item_402_with_credits_left_fails_that_item_and_the_rest_go_on() {
         (Some(15), Some(402))
     );
     assert_side_effects(&s.sim().stats().await, 39);
+}
+
+/// 20 items, each with a text of 60,000 characters.
+fn long_items(tag: &str) -> Scenario {
+    let text = "x".repeat(60_000);
+    let items: String = (1..=20)
+        .map(|n| format!("{{\"n\": {n}, \"text\": \"{text}\"}}\n"))
+        .collect();
+    Scenario::new(tag)
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", &items)
+}
+
+/// Runs the batches of 10 of `s` with `--max-body max`.
+fn run_long(s: &Scenario, max: &str) -> Finished {
+    let url = batch_url(s);
+    s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--max-body",
+        max,
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_body_is_kept_per_item_of_a_batch_not_per_answer() {
+    // Each result (~60 KB) fits 100KiB; the answer of 10 (~600 KB) does not.
+    let s = long_items("batch-max-body-fits");
+    let r = run_long(&s, "100KiB");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    assert_own_elements(&s);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 20);
+    assert_eq!(stats["idempotent_replays"], 0, "{stats}");
+    // A result over --max-body is recorded cut, as an unbatched one is,
+    // while the answer of its batch fits 10 of them.
+    let items: String = (1..=20)
+        .map(|n| {
+            let text = "x".repeat(if n == 3 { 60_000 } else { 10 });
+            format!("{{\"n\": {n}, \"text\": \"{text}\"}}\n")
+        })
+        .collect();
+    let s = Scenario::new("batch-max-body-cut")
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", &items);
+    let r = run_long(&s, "10KiB");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    for row in jsonl(&s.out_path()) {
+        let cut = row["line"] == 3;
+        assert_eq!(
+            row["body"]["batchrun_truncated"] == true,
+            cut,
+            "{}",
+            row["line"]
+        );
+        if cut {
+            assert_eq!(row["body"]["bytes_kept"], 10 * 1024);
+        }
+    }
+    assert_side_effects(&s.sim().stats().await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_answer_too_long_even_per_item_fails_once_naming_max_body() {
+    // 10 x 1KiB and the envelope's 64KiB: far less than ~600 KB.
+    let s = long_items("batch-max-body-too-long");
+    let r = run_long(&s, "1KiB");
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 20, "{}", r.summary);
+    for f in jsonl(&s.failures_path()) {
+        let reason = f["reason"].as_str().unwrap();
+        assert!(reason.contains("--max-body"), "{reason}");
+        assert!(!reason.contains("--batch-results"), "{reason}");
+        assert_eq!(f["status"], 200, "{f}");
+    }
+    // It ran and was paid: not sent again as if its outcome were unknown.
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 20);
+    assert_eq!(stats["idempotent_replays"], 0, "{stats}");
 }
