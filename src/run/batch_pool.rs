@@ -178,13 +178,13 @@ impl Pool {
             .and_then(|c| c.most.as_ref())
             .map(|m| m.0);
         while !entries.is_empty() {
-            let chunk = batch::cut(
-                &mut entries,
-                |e| e.item.line,
-                |e| e.tokens,
-                batching.size(),
-                most,
-            );
+            // With a reserve, one item learns the balance before a batch
+            // spends it (see Ledger::first_alone).
+            let size = match self.ledger.first_alone() {
+                true => 1,
+                false => batching.size(),
+            };
+            let chunk = batch::cut(&mut entries, |e| e.item.line, |e| e.tokens, size, most);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
                 Sent::Back(mut back) => {

@@ -217,6 +217,7 @@ impl Shared {
             floor,
             require_full: c.require_full,
             pending_at_start: job.pending(),
+            per_call: settings.batch.as_ref().map_or(1, |b| b.size.max(1) as u64),
         });
         let ledger = Ledger::new(
             restored.last,
@@ -573,7 +574,11 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
         pending,
         crate::util::unix_now().as_secs(),
     );
-    if let Some(line) = line {
+    if pool.ledger.first_alone() && pool.ledger.last().is_some() {
+        reporter.println(
+            "batchrun: the last known balance is less than a batch's cost above the reserve: a call of one item learns it afresh",
+        );
+    } else if let Some(line) = line {
         reporter.println(&line);
     } else if pool.ledger.learning_first() {
         reporter.println(

@@ -165,3 +165,52 @@ async fn a_batch_answer_too_long_even_per_item_fails_once_naming_max_body() {
     assert_side_effects(&stats, 20);
     assert_eq!(stats["idempotent_replays"], 0, "{stats}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_at_the_reserve_learns_the_balance_with_one_item_not_a_batch() {
+    let s = Scenario::new("batch-reserve-rerun")
+        .with_sim(&["--limit", "none", "--credits", "47"])
+        .numbers(40);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--reserve",
+        "20",
+        // One worker, so the balance is exact: before the first answer,
+        // each worker's first call carries one item.
+        "-c",
+        "1",
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    // A call is a batch of 10: it costs ~10, not ~1.
+    assert!(
+        r.stderr.contains("a call costs ~10 (10 items"),
+        "{}",
+        r.stderr
+    );
+    let left = |st: &serde_json::Value| st["credits_remaining"].as_u64().unwrap();
+    // 1 item learns the balance, then 9, 10: the next 10 would cross it.
+    let first = left(&s.sim().stats().await);
+    assert_eq!(first, 27);
+    // Each rerun while nobody tops up spends one item to learn the balance,
+    // never a batch: the balance stays above the reserve.
+    for _ in 0..2 {
+        let r = s.run(&args);
+        assert_eq!(r.code, 75, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("a call of one item learns it"),
+            "{}",
+            r.stderr
+        );
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(left(&stats), first - 2, "{stats}");
+    assert_side_effects(&stats, 47 - first + 2);
+}
