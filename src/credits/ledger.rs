@@ -22,6 +22,12 @@ pub struct ReserveConfig {
     pub require_full: bool,
     /// Items pending when the run started, for the projection.
     pub pending_at_start: u64,
+    /// Items a call carries (`--batch`; 1 without): a call costs theirs.
+    pub per_call: u64,
+    /// One item alone may learn the balance ([`Ledger::first_alone`]): it
+    /// goes under a key of its own, so not after a run killed with calls
+    /// in flight, whose batch would then run a second time.
+    pub alone: bool,
 }
 
 #[derive(Default)]
@@ -43,6 +49,8 @@ struct State {
     /// An answer of this run said the credits are exhausted: no call but
     /// a probe goes out after it, while the run halts (or waits).
     exhausted: bool,
+    /// A response of this run came (whatever it said of the credits).
+    answered: bool,
 }
 
 /// The balance, and the reserve guard when `--reserve` is set: a call may
@@ -143,6 +151,24 @@ impl Ledger {
         self.lock().solo
     }
 
+    /// Whether the run's first call carries one item, not a batch: with a
+    /// reserve, before any response of this run, when the last known
+    /// balance (the checkpoint's, maybe stale) is unknown or less than a
+    /// batch's cost above the reserve. A top-up may have come, and one
+    /// item learns that for the price of one item where a batch would
+    /// spend the reserve by a batch's cost on every rerun while nobody
+    /// tops up.
+    pub fn first_alone(&self) -> bool {
+        let Some(r) = &self.reserve else { return false };
+        let s = self.lock();
+        if r.per_call <= 1 || !r.alone || s.disabled || s.answered {
+            return false;
+        }
+        let batch = (s.cost.current() * r.per_call as f64).ceil() as i64;
+        s.last
+            .map_or(true, |last| last.remaining.saturating_sub(batch) < r.floor)
+    }
+
     /// Whether one more call fits above the reserve (always, without one).
     pub fn has_room(&self) -> bool {
         let Some(r) = &self.reserve else { return true };
@@ -195,7 +221,7 @@ impl Ledger {
         // that a call costing many credits cannot overshoot the reserve.
         let below = |last: CreditSnapshot| {
             last.remaining
-                .saturating_sub(s.cost.current().ceil() as i64)
+                .saturating_sub((s.cost.current() * items as f64).ceil() as i64)
                 < r.floor
         };
         let last = match s.last {
@@ -217,8 +243,13 @@ impl Ledger {
                 return Admit::WaitForBalance;
             }
             let left = r.pending_at_start.saturating_sub(s.done_in_run);
+            // A batch costs its items': say so, or "~1" reads as room.
+            let call = match items {
+                1 => format!("~{cost:.0}"),
+                n => format!("~{:.0} ({n} items at ~{cost:.1})", cost * n as f64),
+            };
             return Admit::Refused(format!(
-                "reserve reached: {} credits left, a call costs ~{cost:.0}, the reserve is {}; \
+                "reserve reached: {} credits left, a call costs {call}, the reserve is {}; \
                  {} item(s) done this run, {left} pending (~{} credits more would finish them). \
                  After a top-up or the renewal the same command goes on by itself: \
                  the next run checks the balance with one call",
@@ -254,6 +285,7 @@ impl Ledger {
         // gets through).
         let was = (s.solo, s.exhausted);
         s.solo = false;
+        s.answered = true;
         s.exhausted = !charged || (s.exhausted && done == 0);
         let opened = was != (s.solo, s.exhausted);
         if let Some(snap) = snap {
@@ -361,6 +393,8 @@ mod tests {
             floor: 90,
             require_full: false,
             pending_at_start: 100,
+            per_call: 1,
+            alone: true,
         };
         let l = Ledger::new(None, Some(r), None, false);
         let first = match l.admit(false) {
@@ -404,6 +438,8 @@ mod tests {
             floor: 90,
             require_full: false,
             pending_at_start: 100,
+            per_call: 1,
+            alone: true,
         };
         // The checkpoint's balance is not trusted, and no cost is known.
         let l = Ledger::new(Some(snap(5, 1)), Some(r), None, false);
@@ -433,5 +469,43 @@ mod tests {
         let a = l.admit(false);
         let b = l.admit(false);
         assert!(matches!((a, b), (Admit::Go(_), Admit::Go(_))));
+    }
+
+    #[test]
+    fn a_batch_learns_the_balance_with_one_item_when_a_batch_would_cross() {
+        let r = ReserveConfig {
+            floor: 20,
+            require_full: false,
+            pending_at_start: 20,
+            per_call: 10,
+            alone: true,
+        };
+        let at = |remaining: i64| CreditSnapshot {
+            remaining,
+            used: 100 - remaining,
+            max: 100,
+            renewal: Some(1),
+        };
+        // The checkpoint's 27 is less than a batch of 10 above 20.
+        let l = Ledger::new(Some(at(27)), Some(r), Some(1.0), false);
+        assert!(l.first_alone());
+        let Admit::Go(first) = l.admit_items(false, 1) else {
+            panic!("one item learns the balance")
+        };
+        l.observe_items(Some(at(26)), 1, true);
+        drop(first);
+        assert!(!l.first_alone(), "answered: batches again");
+        let Admit::Refused(why) = l.admit_items(false, 10) else {
+            panic!("a batch would cross the reserve")
+        };
+        assert!(why.contains("a call costs ~10 (10 items at ~1.0)"), "{why}");
+        // Room for a batch, or no batch: the first call is whole.
+        assert!(!Ledger::new(Some(at(60)), Some(r), Some(1.0), false).first_alone());
+        // After a run killed with calls in flight, a batch of them sent
+        // again as one item would go under another key: whole batches.
+        let killed = ReserveConfig { alone: false, ..r };
+        assert!(!Ledger::new(Some(at(27)), Some(killed), Some(1.0), false).first_alone());
+        let one = ReserveConfig { per_call: 1, ..r };
+        assert!(!Ledger::new(Some(at(27)), Some(one), Some(1.0), false).first_alone());
     }
 }

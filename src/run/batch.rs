@@ -100,6 +100,18 @@ pub(super) fn assemble(spec: &BatchSpec, reqs: &[&Request]) -> Result<Request, S
     })
 }
 
+/// What a batch's answer may hold besides its items' results (its
+/// envelope: the wrapping object, separators, a `usage`).
+pub(super) const ENVELOPE: usize = 64 * 1024;
+
+/// The most of a batch's answer read: `--max-body` is kept per item, so
+/// a batch of `size` may bring each item's share, and its envelope.
+pub(super) fn answer_cap(max_body: usize, size: usize) -> usize {
+    max_body
+        .saturating_mul(size.max(1))
+        .saturating_add(ENVELOPE)
+}
+
 /// One item's element of the answer.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Element {
@@ -107,6 +119,9 @@ pub(super) struct Element {
     pub(super) status: u16,
     /// The element as JSON text: the item's result.
     pub(super) body: String,
+    /// The element says the credits are exhausted (its `code`), as the
+    /// API's own answer to one call would.
+    pub(super) exhausted: bool,
 }
 
 /// The answer's elements, one per item in order, or why there are none.
@@ -147,6 +162,7 @@ pub(super) fn pair(
         .map(|e| Element {
             status: element_status(spec, e).unwrap_or(call_status),
             body: e.to_string(),
+            exhausted: e.get("code").and_then(Value::as_str) == Some("credits_exhausted"),
         })
         .collect())
 }
@@ -201,13 +217,29 @@ pub(super) enum Verdict {
     Failed,
 }
 
-/// What an element with `status` means; `out_of_credits` when the credit
-/// headers of the answer read 0 left.
-pub(super) fn verdict(status: u16, out_of_credits: bool) -> Verdict {
+/// What the answer says of the credits, for [`verdict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Credits {
+    /// The answer's credit headers read 0 left, or less.
+    pub(super) out: bool,
+    /// A call of the run, or an item of this batch, was done: the key and
+    /// the account work, so a 402 that says nothing of the credits is
+    /// about its own item (an add-on it needs), as for one item's call.
+    pub(super) got_through: bool,
+}
+
+/// What an element with `status` means; `exhausted` when the element
+/// itself says the credits are exhausted. A 402 is the account's only
+/// when the credits say so (or nothing got through yet, as for an
+/// unbatched call): otherwise halting on it would halt every run on the
+/// same item, while the credits are there.
+pub(super) fn verdict(status: u16, exhausted: bool, credits: Credits) -> Verdict {
+    let out = exhausted || credits.out;
     match status {
         200..=299 => Verdict::Done,
-        402 => Verdict::Unpaid,
-        429 if out_of_credits => Verdict::Unpaid,
+        402 | 429 if out => Verdict::Unpaid,
+        402 if !credits.got_through => Verdict::Unpaid,
+        402 => Verdict::Failed,
         408 | 425 | 429 | 500..=599 => Verdict::Again,
         _ => Verdict::Failed,
     }
@@ -243,12 +275,12 @@ pub(super) struct Settlement {
 pub(super) fn settle(
     members: &[Member],
     elements: Vec<Element>,
-    out_of_credits: bool,
+    credits: Credits,
     max_attempts: u32,
 ) -> Settlement {
     let mut s = Settlement::default();
     for (i, (m, e)) in members.iter().zip(elements).enumerate() {
-        let v = match verdict(e.status, out_of_credits) {
+        let v = match verdict(e.status, e.exhausted, credits) {
             Verdict::Again if m.attempts >= max_attempts => Verdict::Failed,
             v => v,
         };

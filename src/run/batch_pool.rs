@@ -182,13 +182,17 @@ impl Pool {
             .and_then(|c| c.most.as_ref())
             .map(|m| m.0);
         while !entries.is_empty() {
-            let chunk = batch::cut(
-                &mut entries,
-                |e| e.item.line,
-                |e| e.tokens,
-                batching.size(),
-                most,
-            );
+            // With a reserve, one item learns the balance before a batch
+            // spends it (see Ledger::first_alone).
+            // Never an item whose batch may have run: alone it has
+            // another key.
+            let first = entries.iter().min_by_key(|e| e.item.line);
+            let size = match self.ledger.first_alone() && !first.is_some_and(|e| e.tries.maybe_ran)
+            {
+                true => 1,
+                false => batching.size(),
+            };
+            let chunk = batch::cut(&mut entries, |e| e.item.line, |e| e.tokens, size, most);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
                 Sent::Back(mut back) => {
@@ -280,7 +284,7 @@ impl Pool {
     ) -> Step {
         let n = chunk.len();
         match outcome {
-            Outcome::Done(status, body) => match batch::pair(&batching.spec, status, &body, n) {
+            Outcome::Done(status, body) => match self.pair(&batching.spec, status, &body, n) {
                 Ok(elements) => Step::Done(self.settle_items(chunk, elements, req, probing).await),
                 Err(reason) => {
                     // Answered but not paired: it may have run; resent
@@ -297,7 +301,7 @@ impl Pool {
             },
             Outcome::Refused { done, why } => {
                 if let Some((status, body)) = done {
-                    if let Ok(elements) = batch::pair(&batching.spec, status, &body, n) {
+                    if let Ok(elements) = self.pair(&batching.spec, status, &body, n) {
                         let _ = self.settle_items(chunk, elements, req, false).await;
                     }
                 }
@@ -395,9 +399,12 @@ impl Pool {
                 attempts: e.tries.n,
             })
             .collect();
-        let out_of_credits = self.ledger.last().is_some_and(|s| s.remaining <= 0);
+        let credits = batch::Credits {
+            out: self.ledger.last().is_some_and(|s| s.remaining <= 0),
+            got_through: self.got_through.load(Ordering::Relaxed),
+        };
         let max = self.cfg.policy.max_attempts;
-        let settled = batch::settle(&members, elements, out_of_credits, max);
+        let settled = batch::settle(&members, elements, credits, max);
         let recorded = !settled.record.is_empty();
         if !self.record_events(settled.record, None, req) {
             return Sent::Stop;

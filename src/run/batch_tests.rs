@@ -97,14 +97,14 @@ fn elements_pair_by_position_only_when_the_count_is_right() {
 
 #[test]
 fn each_item_is_settled_by_its_own_status() {
-    let el = |status: u16| Element {
-        status,
-        body: json!({"status": status, "error": "why"}).to_string(),
+    let unpaid = Element {
+        exhausted: true,
+        ..el(402)
     };
     let s = settle(
         &members(&[1, 2, 3, 4, 5]),
-        vec![el(200), el(402), el(503), el(422), el(201)],
-        false,
+        vec![el(200), unpaid, el(503), el(422), el(201)],
+        THROUGH,
         5,
     );
     assert_eq!((s.unpaid.clone(), s.again.clone()), (vec![1], vec![2]));
@@ -131,7 +131,7 @@ fn each_item_is_settled_by_its_own_status() {
         .collect();
     assert_eq!(lines, [(1, true), (4, false), (5, true)]);
     // Out of attempts, a transient item fails with its own status.
-    let s = settle(&members(&[9]), vec![el(503)], false, 1);
+    let s = settle(&members(&[9]), vec![el(503)], THROUGH, 1);
     assert!(matches!(
         s.record[..],
         [Event::Failed {
@@ -140,8 +140,62 @@ fn each_item_is_settled_by_its_own_status() {
         }]
     ));
     // A 429 with the credits at 0 is the credits', not the rate's.
-    assert_eq!(verdict(429, true), Verdict::Unpaid);
-    assert_eq!(verdict(429, false), Verdict::Again);
+    let out = Credits {
+        out: true,
+        got_through: true,
+    };
+    assert_eq!(verdict(429, false, out), Verdict::Unpaid);
+    assert_eq!(verdict(429, false, THROUGH), Verdict::Again);
+}
+
+/// An element with its own status and an error.
+fn el(status: u16) -> Element {
+    Element {
+        status,
+        body: json!({"status": status, "error": "why"}).to_string(),
+        exhausted: false,
+    }
+}
+
+/// Credits left, and calls of the run got through.
+const THROUGH: Credits = Credits {
+    out: false,
+    got_through: true,
+};
+
+#[test]
+fn a_402_is_the_accounts_only_when_the_credits_say_so() {
+    // Credits left and calls done: an add-on this item lacks. It fails
+    // with its status, as unbatched; halting would halt every run on it.
+    assert_eq!(verdict(402, false, THROUGH), Verdict::Failed);
+    let s = settle(
+        &members(&[14, 15, 16]),
+        vec![el(200), el(402), el(200)],
+        THROUGH,
+        5,
+    );
+    assert!(s.unpaid.is_empty(), "{s:?}");
+    assert!(matches!(
+        s.record[1],
+        Event::Failed {
+            line: 15,
+            status: Some(402),
+            ..
+        }
+    ));
+    // The credits say they are out: the headers, or the element's code.
+    let out = Credits {
+        out: true,
+        got_through: true,
+    };
+    assert_eq!(verdict(402, false, out), Verdict::Unpaid);
+    assert_eq!(verdict(402, true, THROUGH), Verdict::Unpaid);
+    // Nothing got through yet: a bare 402 is the account's, as unbatched.
+    let first = Credits {
+        out: false,
+        got_through: false,
+    };
+    assert_eq!(verdict(402, false, first), Verdict::Unpaid);
 }
 
 #[test]
@@ -228,7 +282,7 @@ proptest! {
                 let Ok(elements) = pair(&spec(), 200, &body, b.len()) else {
                     continue;
                 };
-                let s = settle(&members(b), elements, false, 5);
+                let s = settle(&members(b), elements, THROUGH, 5);
                 for ev in s.record {
                     let line = match &ev {
                         Event::Done { line, .. } | Event::Failed { line, .. } => *line,

@@ -218,6 +218,8 @@ impl Shared {
             floor,
             require_full: c.require_full,
             pending_at_start: job.pending(),
+            per_call: settings.batch.as_ref().map_or(1, |b| b.size.max(1) as u64),
+            alone: meta.last_run().map_or(true, |r| r.ended_unix_ms.is_some()),
         });
         let ledger = Ledger::new(
             restored.last,
@@ -352,7 +354,12 @@ fn build_pool(
     ledger: &Arc<Ledger>,
     events: mpsc::UnboundedSender<Event>,
 ) -> Result<Arc<Pool>, RunError> {
-    let transport = HttpTransport::new(settings.timeout, settings.concurrency, settings.max_body)
+    // A batch's answer holds every item's result: each may be --max-body.
+    let cap = match &settings.batch {
+        Some(b) => batch::answer_cap(settings.max_body, b.size),
+        None => settings.max_body,
+    };
+    let transport = HttpTransport::new(settings.timeout, settings.concurrency, cap)
         .context("building the HTTP client")?;
     let c = &settings.credits;
     Ok(Arc::new(Pool {
@@ -374,6 +381,7 @@ fn build_pool(
             },
             verbose: settings.verbose,
             cost: settings.costing.clone().map(Arc::new),
+            max_body: settings.max_body,
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
@@ -574,7 +582,11 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
         pending,
         crate::util::unix_now().as_secs(),
     );
-    if let Some(line) = line {
+    if pool.ledger.first_alone() && pool.ledger.last().is_some() {
+        reporter.println(
+            "batchrun: the last known balance is less than a batch's cost above the reserve: a call of one item learns it afresh",
+        );
+    } else if let Some(line) = line {
         reporter.println(&line);
     } else if pool.ledger.learning_first() {
         reporter.println(

@@ -34,6 +34,8 @@ pub struct PoolConfig {
     pub verbose: bool,
     /// What a call costs against token policies (`--cost`, `--usage`).
     pub cost: Option<Arc<crate::cost::Costing>>,
+    /// The most of a response body kept per item (`--max-body`).
+    pub max_body: usize,
 }
 
 /// Everything the workers share.

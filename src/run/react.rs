@@ -32,6 +32,14 @@ pub(super) enum Outcome {
     },
     /// This process ran out of file handles: the call never left.
     OutOfHandles,
+    /// A success too long to keep (a batch's answer past its cap): the
+    /// call ran and was charged, but its results are lost. Sent again, it
+    /// would be answered as long: the item fails, keeping its
+    /// Idempotency-Key for `--retry-failed`, so a replay gets it back.
+    TooLong {
+        status: u16,
+        reason: String,
+    },
 }
 
 /// One item's calls so far.
@@ -174,6 +182,21 @@ pub(super) fn react(outcome: Outcome, call: Call<'_>, policy: &Policy) -> Reacti
                 action: Action::OutOfHandles(wait),
             }
         }
+        Outcome::TooLong { status, reason } => Reaction {
+            tries,
+            release_probe: probing,
+            action: Action::Record {
+                event: Event::Failed {
+                    line: item.line,
+                    status: Some(status),
+                    reason,
+                    attempts: tries.n,
+                    unknown: true,
+                    digest: item.digest(),
+                },
+                systemic: None,
+            },
+        },
         Outcome::Error(err, systemic) => failed(err, systemic, call, policy),
     }
 }

@@ -160,6 +160,8 @@ impl Pool {
             Some(clean) => clean,
             None => body,
         };
+        // A batch's success cut short pairs nothing, though its items ran.
+        let cut_batch = batch.filter(|_| truncated && (200..300).contains(&status));
         let body = if truncated {
             truncated_body(&body)
         } else {
@@ -175,10 +177,6 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
-        if c.is_ok() {
-            self.got_through
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         if !matches!(c, Err(CallError::RateLimited { .. })) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
@@ -189,6 +187,12 @@ impl Pool {
             (None, ok) => u64::from(ok),
             (Some(_), false) => 0,
         };
+        // A batch got through when an item of it was done: a 200 whose
+        // every element is a refusal says nothing of the key's standing.
+        if c.is_ok() && (batch.is_none() || done > 0) {
+            self.got_through
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let snapshot = credits::snapshot_from_headers(&headers);
         let seen = self.ledger.observe_items(snapshot, done, charged);
         if let Some(s) = seen.newer {
@@ -199,6 +203,9 @@ impl Pool {
         }
         if let Some(a) = seen.alert {
             self.emit(Event::Alert(a));
+        }
+        if let (Some(b), Ok(())) = (cut_batch, &c) {
+            return self.too_long(status, b.size);
         }
         match (c, seen.refusal) {
             (c, Some(why)) => Outcome::Refused {
@@ -211,6 +218,61 @@ impl Pool {
                 Outcome::Error(e, systemic)
             }
         }
+    }
+}
+
+impl Pool {
+    /// A batch's success whose answer was longer than the most read for
+    /// it: no item's result can be told, but they ran.
+    fn too_long(&self, status: u16, size: usize) -> Outcome {
+        let max = self.cfg.max_body;
+        let cap = super::batch::answer_cap(max, size);
+        Outcome::TooLong {
+            status,
+            reason: format!(
+                "HTTP {status}, but the batch's answer is longer than {cap} bytes, the most read \
+                 for a batch of {size} item(s) at --max-body {max} (per item): the items ran, \
+                 their results were not kept; raise --max-body and run with --retry-failed, \
+                 which sends them again under the same Idempotency-Key"
+            ),
+        }
+    }
+
+    /// The answer's elements, as [`super::batch::pair`] makes them, each
+    /// kept to `--max-body` as one item's body would be.
+    pub(super) fn pair(
+        &self,
+        spec: &BatchSpec,
+        status: u16,
+        body: &str,
+        n: usize,
+    ) -> Result<Vec<super::batch::Element>, String> {
+        let elements = super::batch::pair(spec, status, body, n)?;
+        Ok(elements
+            .into_iter()
+            .map(|e| super::batch::Element {
+                body: self.kept(e.body),
+                ..e
+            })
+            .collect())
+    }
+
+    /// An item's result as kept: at most `--max-body` of it, cut and
+    /// marked as a longer body of one item's call is. A batch's answer is
+    /// read whole (up to its own cap), so each item's share is cut here.
+    fn kept(&self, body: String) -> String {
+        let max = self.cfg.max_body;
+        if body.len() <= max {
+            return body;
+        }
+        let mut at = max;
+        while !body.is_char_boundary(at) {
+            at -= 1;
+        }
+        let head = &body[..at];
+        // The cut may leave the start of the key at the end.
+        let clean = self.spec.key.as_ref().and_then(|k| k.scrub(head, true));
+        truncated_body(clean.as_deref().unwrap_or(head))
     }
 }
 

@@ -66,6 +66,7 @@ async fn run_pool(
             },
             verbose: false,
             cost: None,
+            max_body: 1 << 20,
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),

@@ -1,6 +1,7 @@
 //! One integration-test binary (it links once), one module per concern.
 
 mod batch;
+mod batch_faults;
 mod common;
 mod crash;
 mod credits;

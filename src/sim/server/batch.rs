@@ -156,8 +156,11 @@ pub(super) async fn batch_post(
         }
         return r;
     }
-    let (results, credits) = settle(&app, ticket, idem, &name, batch, cost);
-    if faults.reset {
+    let (results, credits, executed) = settle(&app, ticket, idem, &name, batch, cost);
+    // A batch of replays only executed nothing: like a replayed single
+    // call, it is not subject to the fault, or under --reset-rate 1 a
+    // batch could never complete.
+    if faults.reset && executed {
         // Every item settled, and the client never hears of it.
         app.lock().note_reset();
         conn.kill();
@@ -184,7 +187,8 @@ fn total_usage(batch: &[Value], seed: u64) -> Usage {
     })
 }
 
-/// Each item's element: refused by `--refuse`, or settled by the model.
+/// Each item's element: refused by `--refuse`, or settled by the model;
+/// and whether any item executed now (rather than replayed or refused).
 fn settle(
     app: &App,
     ticket: Ticket,
@@ -192,7 +196,7 @@ fn settle(
     name: &str,
     batch: Vec<Value>,
     cost: u64,
-) -> (Vec<Value>, super::super::model::CreditView) {
+) -> (Vec<Value>, super::super::model::CreditView, bool) {
     let mut results: Vec<Option<Value>> = vec![None; batch.len()];
     let mut run = Vec::new();
     for (pos, data) in batch.into_iter().enumerate() {
@@ -210,6 +214,7 @@ fn settle(
     let (settled, credits) = app
         .lock()
         .settle_batch(ticket, idem, run, cost, Instant::now());
+    let executed = settled.iter().any(|s| matches!(s, Settled::Executed(_)));
     for (pos, s) in positions.into_iter().zip(settled) {
         results[pos] = Some(match s {
             Settled::Executed(b) | Settled::Replayed(b) => {
@@ -223,5 +228,5 @@ fn settle(
         .into_iter()
         .map(|r| r.unwrap_or(Value::Null))
         .collect();
-    (results, credits)
+    (results, credits, executed)
 }

@@ -1,0 +1,216 @@
+//! Batches where one item's answer is not the whole call's: a per-item
+//! 402, per-item bodies over `--max-body`, the reserve with batches, and
+//! the sim's batch endpoint under injected resets.
+
+use crate::common::*;
+
+fn batch_url(s: &Scenario) -> String {
+    format!("{}/batch/echo", s.sim().url)
+}
+
+/// Every result line holds its own item's element: the sim echoes the
+/// item's data in it.
+fn assert_own_elements(s: &Scenario) {
+    for r in jsonl(&s.out_path()) {
+        assert_eq!(r["body"]["data"], r["input"], "{}", r["line"]);
+        assert_eq!(r["body"]["status"], 200, "{}", r["line"]);
+    }
+}
+
+/// `POST /batch/echo` with the body `[1, 2, 3]` under `idem`.
+async fn post_batch(sim: &Sim, idem: &str) -> Result<serde_json::Value, String> {
+    let r = reqwest::Client::new()
+        .post(format!("{}/batch/echo", sim.url))
+        .header("x-api-key", "k")
+        .header("idempotency-key", idem)
+        .header("content-type", "application/json")
+        .body("[1, 2, 3]")
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    r.json().await.map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_of_replays_only_is_never_reset() {
+    let sim = Sim::start(&["--limit", "none", "--reset-rate", "1", "--seed", "1"]);
+    assert!(post_batch(&sim, "b-1").await.is_err(), "the reset drops it");
+    // Every item executed under this key: the resend replays them all, and
+    // replays are not subject to injected faults (docs/sim.md).
+    let answer = post_batch(&sim, "b-1").await.expect("a replay answers");
+    assert_eq!(answer["results"][2]["data"], 3, "{answer}");
+    let stats = sim.stats().await;
+    assert_eq!(stats["side_effects"], 3, "{stats}");
+    assert_eq!(stats["idempotent_replays"], 3, "{stats}");
+    assert_eq!(stats["resets"], 1, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_per_item_402_with_credits_left_fails_that_item_and_the_rest_go_on() {
+    let s = Scenario::new("batch-item-402")
+        .with_sim(&["--limit", "none", "--refuse", "n=15:402"])
+        .numbers(40);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "-c",
+        "2",
+    ];
+    let r = s.run(&args);
+    // Failed with its status, as an unbatched call's would be: no halt,
+    // no "credits exhausted" alert while 99,961 credits are left.
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 39, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 1, "{}", r.summary);
+    assert!(alert_ids(&r.summary).is_empty(), "{}", r.summary);
+    assert!(!r.stderr.contains("exhausted"), "{}", r.stderr);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(
+        (failures[0]["line"].as_u64(), failures[0]["status"].as_u64()),
+        (Some(15), Some(402))
+    );
+    assert_side_effects(&s.sim().stats().await, 39);
+}
+
+/// 20 items, each with a text of 60,000 characters.
+fn long_items(tag: &str) -> Scenario {
+    let text = "x".repeat(60_000);
+    let items: String = (1..=20)
+        .map(|n| format!("{{\"n\": {n}, \"text\": \"{text}\"}}\n"))
+        .collect();
+    Scenario::new(tag)
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", &items)
+}
+
+/// Runs the batches of 10 of `s` with `--max-body max`.
+fn run_long(s: &Scenario, max: &str) -> Finished {
+    let url = batch_url(s);
+    s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--max-body",
+        max,
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_body_is_kept_per_item_of_a_batch_not_per_answer() {
+    // Each result (~60 KB) fits 100KiB; the answer of 10 (~600 KB) does not.
+    let s = long_items("batch-max-body-fits");
+    let r = run_long(&s, "100KiB");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    assert_own_elements(&s);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 20);
+    assert_eq!(stats["idempotent_replays"], 0, "{stats}");
+    // A result over --max-body is recorded cut, as an unbatched one is,
+    // while the answer of its batch fits 10 of them.
+    let items: String = (1..=20)
+        .map(|n| {
+            let text = "x".repeat(if n == 3 { 60_000 } else { 10 });
+            format!("{{\"n\": {n}, \"text\": \"{text}\"}}\n")
+        })
+        .collect();
+    let s = Scenario::new("batch-max-body-cut")
+        .with_sim(&["--limit", "none"])
+        .input("items.jsonl", &items);
+    let r = run_long(&s, "10KiB");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 20);
+    for row in jsonl(&s.out_path()) {
+        let cut = row["line"] == 3;
+        assert_eq!(
+            row["body"]["batchrun_truncated"] == true,
+            cut,
+            "{}",
+            row["line"]
+        );
+        if cut {
+            assert_eq!(row["body"]["bytes_kept"], 10 * 1024);
+        }
+    }
+    assert_side_effects(&s.sim().stats().await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_answer_too_long_even_per_item_fails_once_naming_max_body() {
+    // 10 x 1KiB and the envelope's 64KiB: far less than ~600 KB.
+    let s = long_items("batch-max-body-too-long");
+    let r = run_long(&s, "1KiB");
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 20, "{}", r.summary);
+    for f in jsonl(&s.failures_path()) {
+        let reason = f["reason"].as_str().unwrap();
+        assert!(reason.contains("--max-body"), "{reason}");
+        assert!(!reason.contains("--batch-results"), "{reason}");
+        assert_eq!(f["status"], 200, "{f}");
+    }
+    // It ran and was paid: not sent again as if its outcome were unknown.
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 20);
+    assert_eq!(stats["idempotent_replays"], 0, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_at_the_reserve_learns_the_balance_with_one_item_not_a_batch() {
+    let s = Scenario::new("batch-reserve-rerun")
+        .with_sim(&["--limit", "none", "--credits", "47"])
+        .numbers(40);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--reserve",
+        "20",
+        // One worker, so the balance is exact: before the first answer,
+        // each worker's first call carries one item.
+        "-c",
+        "1",
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    // A call is a batch of 10: it costs ~10, not ~1.
+    assert!(
+        r.stderr.contains("a call costs ~10 (10 items"),
+        "{}",
+        r.stderr
+    );
+    let left = |st: &serde_json::Value| st["credits_remaining"].as_u64().unwrap();
+    // 1 item learns the balance, then 9, 10: the next 10 would cross it.
+    let first = left(&s.sim().stats().await);
+    assert_eq!(first, 27);
+    // Each rerun while nobody tops up spends one item to learn the balance,
+    // never a batch: the balance stays above the reserve.
+    for _ in 0..2 {
+        let r = s.run(&args);
+        assert_eq!(r.code, 75, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("a call of one item learns it"),
+            "{}",
+            r.stderr
+        );
+    }
+    let stats = s.sim().stats().await;
+    assert_eq!(left(&stats), first - 2, "{stats}");
+    assert_side_effects(&stats, 47 - first + 2);
+}
