@@ -185,7 +185,7 @@ struct RunStatus {
     ended_unix_ms: Option<u64>,
     duration_s: f64,
     /// running, done, halted, interrupted, failed; null for a run killed
-    /// before it could say.
+    /// before it could say, `killed` once the next run found it so.
     state: Option<String>,
     exit_code: Option<i32>,
     done: u64,
@@ -244,6 +244,7 @@ impl JobStatus {
         let c = meta.counts();
         let last = meta.meter.last;
         let now_ms = crate::util::unix_now().as_millis() as u64;
+        let unclosed = meta.last_run().filter(|r| r.ended_unix_ms.is_none());
         JobStatus {
             job: meta.id.clone(),
             input: meta.input.clone(),
@@ -254,8 +255,10 @@ impl JobStatus {
             done: c.done,
             failed: c.failed,
             pending: meta.total.saturating_sub(c.done + c.failed),
-            requests: meta.requests,
-            rate_limited: meta.rate_limited,
+            // A killed run's calls join the totals when the next run opens
+            // the job; until then, its record has them.
+            requests: meta.requests + unclosed.map_or(0, |r| r.requests),
+            rate_limited: meta.rate_limited + unclosed.map_or(0, |r| r.rate_limited),
             credits_remaining: last.map(|s| s.remaining),
             renewal: last.and_then(|s| s.renewal),
             alerts_fired: meta.meter.fired.clone(),
@@ -264,9 +267,15 @@ impl JobStatus {
             last_run: meta.last_run().map(|r| RunStatus {
                 started_unix_ms: r.started_unix_ms,
                 ended_unix_ms: r.ended_unix_ms,
-                // A killed run: until its last call.
-                duration_s: r
-                    .duration_s(now_ms.min(meta.last_active_unix_ms.max(r.started_unix_ms))),
+                // A killed run: until it last saved its record or sent.
+                duration_s: r.duration_s(
+                    now_ms.min(
+                        r.seen_unix_ms
+                            .unwrap_or(0)
+                            .max(meta.last_active_unix_ms)
+                            .max(r.started_unix_ms),
+                    ),
+                ),
                 state: r.state.clone(),
                 exit_code: r.exit_code,
                 done: r.done,

@@ -40,6 +40,10 @@ pub struct RunRecord {
     /// The job's failed items when it started, to count its own at the end.
     #[serde(skip)]
     pub failed_before: u64,
+    /// When the run last saved its record (unix ms; about once a second):
+    /// a killed run ended about then, with the counts saved with it.
+    #[serde(default)]
+    pub seen_unix_ms: Option<u64>,
 }
 
 impl RunRecord {
@@ -63,6 +67,21 @@ impl JobMeta {
         self.runs.drain(..over);
     }
 
+    /// A last run with no end was killed (a running one holds the
+    /// checkpoint): it is closed as `killed` where it last saved its
+    /// record, and what it sent joins the job's totals. True if it was.
+    pub fn close_killed_run(&mut self) -> bool {
+        let Some(run) = self.runs.last_mut().filter(|r| r.ended_unix_ms.is_none()) else {
+            return false;
+        };
+        run.ended_unix_ms = Some(run.seen_unix_ms.unwrap_or(run.started_unix_ms));
+        run.state = Some("killed".into());
+        let (requests, limited) = (run.requests, run.rate_limited);
+        self.requests += requests;
+        self.rate_limited += limited;
+        true
+    }
+
     /// The last run's record, if any was kept.
     pub fn last_run(&self) -> Option<&RunRecord> {
         self.runs.last()
@@ -77,6 +96,26 @@ impl JobMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_killed_run_is_closed_where_it_last_saved_and_joins_the_totals() {
+        let mut meta = JobMeta {
+            requests: 5,
+            ..JobMeta::default()
+        };
+        meta.start_run(1_000);
+        if let Some(r) = meta.last_run_mut() {
+            r.requests = 100;
+            r.rate_limited = 2;
+            r.seen_unix_ms = Some(3_500);
+        }
+        assert!(meta.close_killed_run());
+        let run = meta.last_run().unwrap();
+        assert_eq!(run.state.as_deref(), Some("killed"));
+        assert_eq!(run.duration_s(99_000), 2.5);
+        assert_eq!((meta.requests, meta.rate_limited), (105, 2));
+        assert!(!meta.close_killed_run(), "once");
+    }
 
     #[test]
     fn an_older_record_opens_with_no_runs_and_a_new_one_keeps_them() {

@@ -219,7 +219,10 @@ impl Shared {
             require_full: c.require_full,
             pending_at_start: job.pending(),
             per_call: settings.batch.as_ref().map_or(1, |b| b.size.max(1) as u64),
-            alone: meta.last_run().map_or(true, |r| r.ended_unix_ms.is_some()),
+            // Closed at open, a killed run says so.
+            alone: meta.last_run().map_or(true, |r| {
+                r.ended_unix_ms.is_some() && r.state.as_deref() != Some("killed")
+            }),
         });
         let ledger = Ledger::new(
             restored.last,

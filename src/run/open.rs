@@ -80,6 +80,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
     check_batching(settings, &items, &meta)?;
+    meta.close_killed_run();
     let batching = batching(settings);
     if meta.batching != batching {
         // On disk before any call: a run killed after its first batch

@@ -248,6 +248,13 @@ impl Recorder {
     /// a kill -9 neither bursts into the window on resume nor repeats an alert.
     fn persist(&mut self, flush: bool) -> anyhow::Result<()> {
         self.meta.meter = self.meter.state();
+        // What a run killed now would have done, for status and the report.
+        if let Some(run) = self.meta.last_run_mut() {
+            run.seen_unix_ms = Some(crate::util::unix_now().as_millis() as u64);
+            run.done = Stats::get(&self.stats.done_this_run);
+            run.requests = Stats::get(&self.stats.requests);
+            run.rate_limited = Stats::get(&self.stats.rate_limited);
+        }
         self.committer
             .save_job(&self.meta, Some((&self.origin, &self.meta.meter)), flush)?;
         Ok(())

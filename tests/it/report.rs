@@ -311,3 +311,33 @@ async fn the_timeline_has_one_record_per_second_and_marks_every_pause() {
         .iter()
         .any(|s| s.p50_us.is_some() && s.credits.is_some()));
 }
+
+/// A run killed with `kill -9` says what it did up to about a second before:
+/// `status` shows its calls (in the run and the job's totals), and once the
+/// next run opens the job it is closed as `killed`, its calls in the totals.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_run_is_counted_in_status_and_closed_as_killed() {
+    let s = Scenario::new("killed-status")
+        .with_sim(&["--limit", "40/1s"])
+        .numbers(120);
+    // Past the first second: its record has been saved with counts.
+    let killed = s
+        .signal_when(
+            &["--limit", "40/1s"],
+            |st| st["side_effects"].as_u64() >= Some(60),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    let st = s.status_json().unwrap();
+    let run = &st[0]["last_run"];
+    assert!(run["state"].is_null(), "{st}");
+    let sent = run["requests"].as_u64().unwrap_or(0);
+    assert!(sent > 0, "the killed run's calls: {st}");
+    assert_eq!(st[0]["requests"], sent, "{st}");
+    let r = s.run(&["--limit", "40/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let st = s.status_json().unwrap();
+    let again = r.summary["requests"].as_u64().unwrap_or(0);
+    assert_eq!(st[0]["requests"], sent + again, "{st}");
+}
