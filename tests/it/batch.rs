@@ -6,19 +6,6 @@ use std::process::Stdio;
 
 use crate::common::*;
 
-fn batch_url(s: &Scenario) -> String {
-    format!("{}/batch/echo", s.sim().url)
-}
-
-/// Every result line holds its own item's element: the sim echoes the
-/// item's data in it.
-fn assert_own_elements(s: &Scenario) {
-    for r in jsonl(&s.out_path()) {
-        assert_eq!(r["body"]["data"], r["input"], "{r}");
-        assert_eq!(r["body"]["status"], 200, "{r}");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_thousand_items_in_batches_of_fifty_run_once_each_with_its_own_element() {
     let s = Scenario::new("batch-thousand")

@@ -4,19 +4,6 @@
 
 use crate::common::*;
 
-fn batch_url(s: &Scenario) -> String {
-    format!("{}/batch/echo", s.sim().url)
-}
-
-/// Every result line holds its own item's element: the sim echoes the
-/// item's data in it.
-fn assert_own_elements(s: &Scenario) {
-    for r in jsonl(&s.out_path()) {
-        assert_eq!(r["body"]["data"], r["input"], "{}", r["line"]);
-        assert_eq!(r["body"]["status"], 200, "{}", r["line"]);
-    }
-}
-
 /// `POST /batch/echo` with the body `[1, 2, 3]` under `idem`.
 async fn post_batch(sim: &Sim, idem: &str) -> Result<serde_json::Value, String> {
     let r = reqwest::Client::new()

@@ -592,3 +592,17 @@ pub fn piped(s: &Scenario, items: &str, out: &std::path::Path, extra: &[&str]) -
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
 }
+
+/// The sim's batch endpoint that echoes each item.
+pub fn batch_url(s: &Scenario) -> String {
+    format!("{}/batch/echo", s.sim().url)
+}
+
+/// Every result line holds its own item's element: the sim echoes the
+/// item's data in it.
+pub fn assert_own_elements(s: &Scenario) {
+    for r in jsonl(&s.out_path()) {
+        assert_eq!(r["body"]["data"], r["input"], "{r}");
+        assert_eq!(r["body"]["status"], 200, "{r}");
+    }
+}

@@ -707,7 +707,7 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     let s = Scenario::new("rerun-batch-size")
         .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "1"])
         .numbers(10);
-    let url = format!("{}/batch/echo", s.sim().url);
+    let url = batch_url(&s);
     let run = |size: &str, extra: &[&str]| {
         let args = [
             &[
@@ -765,7 +765,7 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     let s = Scenario::new("rerun-batch-killed")
         .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "2"])
         .numbers(10);
-    let url = format!("{}/batch/echo", s.sim().url);
+    let url = batch_url(&s);
     let args = |size: &'static str| {
         vec![
             "--url".to_string(),
