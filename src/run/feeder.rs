@@ -119,13 +119,18 @@ pub(super) fn spawn(
             }
         }
         // The scan counted more pending items than the file holds now.
-        anyhow::bail!(
-            "{} changed while the job ran: it ended with {left} pending item(s) not yet read \
-             (lines removed or rewritten). Restore it and run the same command, or use --fresh \
-             to start over with the new content",
-            path.display()
-        )
+        Err(changed(&path, left))
     })
+}
+
+/// The input held fewer pending items than the scan counted.
+fn changed(path: &std::path::Path, left: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} changed while the job ran: it ended with {left} pending item(s) not yet read \
+         (lines removed or rewritten). Restore it and run the same command, or use --fresh \
+         to start over with the new content",
+        path.display()
+    )
 }
 
 /// The input, read past bad rows with `--skip-invalid`.

@@ -81,14 +81,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
     check_batching(settings, &items, &meta)?;
     meta.close_killed_run();
-    let batching = batching(settings);
-    if meta.batching != batching {
-        // On disk before any call: a run killed after its first batch
-        // must find how it formed them.
-        meta.batching = batching;
-        store.save_job(&meta).context("writing the checkpoint")?;
-        store.flush().context("flushing the checkpoint")?;
-    }
+    record_batching(&store, settings, &mut meta)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;
@@ -128,6 +121,18 @@ fn batching(settings: &Settings) -> Option<String> {
         }
     }
     Some(how)
+}
+
+/// Records how this run forms its calls, on disk before any call: a run
+/// killed after its first batch must find how it formed them.
+fn record_batching(store: &Store, settings: &Settings, meta: &mut JobMeta) -> Result<(), RunError> {
+    let batching = batching(settings);
+    if meta.batching != batching {
+        meta.batching = batching;
+        store.save_job(meta).context("writing the checkpoint")?;
+        store.flush().context("flushing the checkpoint")?;
+    }
+    Ok(())
 }
 
 /// Refuses to form calls otherwise than the last run did while some of

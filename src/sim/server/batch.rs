@@ -18,7 +18,7 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::super::model::usage::Usage;
-use super::super::model::{refusals, Admission, Settled, Ticket};
+use super::super::model::{refusals, Admission, CreditView, RateInfo, Settled, Ticket};
 use super::conn::ConnCtl;
 use super::metered::idempotency_key;
 use super::respond::{metered_headers, rejected, Echo};
@@ -145,16 +145,7 @@ pub(super) async fn batch_post(
     };
     if let Some(retry_after) = faults.fail {
         let credits = app.lock().fail(ticket, Instant::now());
-        let mut r = echo.error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service unavailable (injected fault)",
-        );
-        metered_headers(r.headers_mut(), rate, credits);
-        if let Some(s) = retry_after {
-            r.headers_mut()
-                .insert(wire::RETRY_AFTER, HeaderValue::from(s));
-        }
-        return r;
+        return injected_503(&echo, rate, credits, retry_after);
     }
     let (results, credits, executed) = settle(&app, ticket, idem, &name, batch, cost);
     // A batch of replays only executed nothing: like a replayed single
@@ -172,6 +163,25 @@ pub(super) async fn batch_post(
     let mut r = echo.json(StatusCode::OK, answer);
     metered_headers(r.headers_mut(), rate, credits);
     dialect::write(r.headers_mut(), app.dialect, &view);
+    r
+}
+
+/// The injected 503 of `--fail-rate`, with a Retry-After when it has one.
+fn injected_503(
+    echo: &Echo,
+    rate: Option<RateInfo>,
+    credits: CreditView,
+    retry_after: Option<u64>,
+) -> Response {
+    let mut r = echo.error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service unavailable (injected fault)",
+    );
+    metered_headers(r.headers_mut(), rate, credits);
+    if let Some(s) = retry_after {
+        r.headers_mut()
+            .insert(wire::RETRY_AFTER, HeaderValue::from(s));
+    }
     r
 }
 
