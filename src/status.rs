@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{CheckpointError, JobMeta, Store};
+use crate::checkpoint::{CheckpointError, JobMeta, ReadStore, Store};
 use crate::cli::StatusArgs;
 use crate::credits::describe_renewal;
 use crate::fleet::Shard;
@@ -397,7 +397,13 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut out = String::new();
     let mut json = Vec::new();
     for (shard, dir) in found {
-        let store = match Store::open(&dir) {
+        // Pruning writes; looking does not, and reads a copy of a
+        // checkpoint that cannot be written (an archive, a full disk).
+        let opened = match args.prune {
+            true => Store::open(&dir).map(ReadStore::from),
+            false => Store::open_to_read(&dir),
+        };
+        let store = match opened {
             Ok(s) => s,
             // A shard running right now holds its checkpoint.
             // A run in progress holds its checkpoint: show what it publishes.

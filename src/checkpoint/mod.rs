@@ -35,6 +35,7 @@ mod commit;
 mod index;
 mod items;
 mod log;
+mod reading;
 mod recover;
 mod runs;
 mod states;
@@ -43,6 +44,7 @@ pub use chunks::LINES_PER_CHUNK;
 pub use commit::{Backlog, Committed, Committer, GroupCommit, Record};
 pub use items::{JobItems, Results};
 pub use log::Entry;
+pub use reading::ReadStore;
 pub use runs::{RunRecord, RUNS_KEPT};
 pub use states::LineStates;
 

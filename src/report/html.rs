@@ -42,7 +42,7 @@ fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
             state_dir.display()
         );
     }
-    let store = Store::open(state_dir).with_context(|| {
+    let store = Store::open_to_read(state_dir).with_context(|| {
         format!(
             "cannot open the checkpoint in {} (is the job running?)",
             state_dir.display()
