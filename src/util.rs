@@ -1,5 +1,6 @@
 //! Leaf helpers every layer may use: they import nothing of the crate.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
@@ -37,4 +38,32 @@ pub fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
+}
+
+/// Whether `a` and `b` are one file: one path once resolved, or two
+/// names (hard links) of one inode.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    if resolved(a) == resolved(b) {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// A path made absolute and resolved as far as it exists, so two spellings
+/// of one file compare equal even before the file is created.
+pub fn resolved(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    match p.file_name() {
+        Some(name) => dir.join(name),
+        None => dir,
+    }
 }

@@ -226,9 +226,15 @@ impl JobItems {
             }
             let mut reopened = Vec::with_capacity(failed.len());
             for line in failed {
-                let unknown = results.get(line)?.is_some_and(|e| e.unknown);
+                let (unknown, answered) = results
+                    .get(line)?
+                    .map_or((false, false), |e| (e.unknown, e.status.is_some()));
                 chunk.set(line, None);
-                let generation = self.generation(line)? + u32::from(!unknown);
+                // A new key gets past a failure the API answered (and may
+                // replay under the old one). One it never answered (a
+                // refused connection, a row never sent) keeps its key: a
+                // call of a killed run under it may have run.
+                let generation = self.generation(line)? + u32::from(answered && !unknown);
                 reopened.push((line, (generation, unknown), ItemState::Failed));
             }
             group.push((chunk, reopened));

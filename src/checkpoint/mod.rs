@@ -194,6 +194,12 @@ pub struct JobMeta {
     /// lines' keys.
     #[serde(default)]
     pub keys_by_content: bool,
+    /// A run was killed with items pending: calls it had in flight may
+    /// have run, and nothing says which. Until every item is finished (or
+    /// `--fresh`), nothing may send them under other keys (other batches,
+    /// a lone call at the reserve, a regenerated input's moved blocks).
+    #[serde(default)]
+    pub unsettled: bool,
 }
 
 impl JobMeta {

@@ -76,6 +76,7 @@ impl JobMeta {
         };
         run.ended_unix_ms = Some(run.seen_unix_ms.unwrap_or(run.started_unix_ms));
         run.state = Some("killed".into());
+        self.unsettled |= self.done + self.failed < self.total;
         let (requests, limited) = (run.requests, run.rate_limited);
         self.requests += requests;
         self.rate_limited += limited;
@@ -109,12 +110,21 @@ mod tests {
             r.rate_limited = 2;
             r.seen_unix_ms = Some(3_500);
         }
+        meta.total = 10;
         assert!(meta.close_killed_run());
-        let run = meta.last_run().unwrap();
+        assert!(meta.unsettled, "killed with items pending");
+        // A later run that ends cleanly with items still pending does not
+        // settle what the killed one had in flight.
+        meta.start_run(5_000);
+        if let Some(r) = meta.last_run_mut() {
+            r.ended_unix_ms = Some(6_000);
+        }
+        assert!(!meta.close_killed_run());
+        assert!(meta.unsettled);
+        let run = &meta.runs[0];
         assert_eq!(run.state.as_deref(), Some("killed"));
         assert_eq!(run.duration_s(99_000), 2.5);
         assert_eq!((meta.requests, meta.rate_limited), (105, 2));
-        assert!(!meta.close_killed_run(), "once");
     }
 
     #[test]

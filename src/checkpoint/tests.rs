@@ -158,17 +158,18 @@ fn a_job_record_that_disagrees_with_its_line_states_is_damage() {
 fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
     let dir = tmp("unknown");
     let s = Store::open(&dir).unwrap();
-    let meta = new_job(&s, "j3", 2);
+    let meta = new_job(&s, "j3", 3);
     let mut items = s.items("j3").unwrap();
-    items.reserve_lines(2);
+    items.reserve_lines(3);
     let c = items.committer(meta, GroupCommit::default()).unwrap();
-    for (line, unknown) in [(1, true), (2, false)] {
+    // Timed out (may have run), answered 500, never answered (refused).
+    for (line, unknown, status) in [(1, true, None), (2, false, Some(500)), (3, false, None)] {
         c.record(Record {
             line,
             state: ItemState::Failed,
-            status: None,
+            status,
             attempts: 5,
-            payload: b"timed out".to_vec(),
+            payload: b"failed".to_vec(),
             unknown,
             digest: 1,
         })
@@ -176,7 +177,12 @@ fn retry_failed_keeps_the_key_of_an_item_whose_outcome_is_unknown() {
     }
     assert!(c.finish().err.is_none());
     let mut meta = s.job("j3").unwrap().unwrap();
-    assert_eq!(items.clear_failed(&mut meta).unwrap(), 2);
+    assert_eq!(items.clear_failed(&mut meta).unwrap(), 3);
+    assert_eq!(
+        items.generation(3).unwrap(),
+        0,
+        "never answered: the same key, under which a killed run's call may have run"
+    );
     assert_eq!(
         items.generation(1).unwrap(),
         0,

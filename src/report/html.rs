@@ -64,12 +64,24 @@ fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
 /// Writes the report of `input`'s latest job (found in `state_dir`) to
 /// `out`; returns what it wrote, for the line the command prints.
 pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyhow::Result<String> {
-    // `-o` naming the input by mistake would replace the items with HTML.
-    if std::fs::canonicalize(out).is_ok_and(|o| o == Path::new(input)) {
+    // `-o` naming the input, or a file of the checkpoint, by mistake would
+    // replace it with HTML.
+    if crate::util::same_file(out, Path::new(input)) {
         anyhow::bail!(
             "{} is the input file: the report would replace it; name another with -o",
             out.display()
         );
+    }
+    let (o, dir) = (std::fs::canonicalize(out), std::fs::canonicalize(state_dir));
+    if let (Ok(o), Ok(dir)) = (o, dir) {
+        if o.starts_with(&dir) {
+            anyhow::bail!(
+                "{} is inside the checkpoint ({}): the report would damage it; name another \
+                 with -o",
+                out.display(),
+                state_dir.display()
+            );
+        }
     }
     let meta = latest_job(state_dir, input)?;
     let tl = timeline::path(state_dir, &meta.id);

@@ -15,6 +15,7 @@ use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::alone::Alone;
 use super::batch::{self, Member};
 use super::events::Event;
 use super::gate::{Halt, Pass};
@@ -37,16 +38,47 @@ pub struct Batching {
     /// The item taken from the queue that belongs to the next block: read
     /// and written only under the queue's lock.
     next: std::sync::Mutex<Option<Queued>>,
+    /// Items sent alone to learn the balance, now or in an earlier run.
+    alone: Alone,
 }
 
 impl Batching {
     /// Batching as `spec` asks, starting at its size.
-    pub fn new(spec: BatchSpec) -> Arc<Batching> {
+    pub fn new(spec: BatchSpec, alone: Alone) -> Arc<Batching> {
         Arc::new(Batching {
             size: AtomicUsize::new(spec.size.max(1)),
             spec,
             next: std::sync::Mutex::new(None),
+            alone,
         })
+    }
+
+    /// How many of `entries` the next call carries: one for an item that
+    /// went alone before (whose call may have run under that key), or to
+    /// learn the balance at the reserve (`learn`: never an item whose
+    /// batch may have run, and recorded before its call, else a batch).
+    fn next_size(&self, entries: &[Entry], learn: bool) -> usize {
+        let mut lines: Vec<(u64, bool)> = entries
+            .iter()
+            .map(|e| (e.item.line, e.tries.maybe_ran))
+            .collect();
+        lines.sort_unstable();
+        let size = self.size();
+        // A batch stops short of an item that went alone before, which
+        // goes by itself (cut takes the entries in line order).
+        match lines
+            .iter()
+            .take(size)
+            .position(|&(l, _)| self.alone.was(l))
+        {
+            Some(0) => return 1,
+            Some(before) => return before,
+            None => {}
+        }
+        match lines.first() {
+            Some(&(line, false)) if learn && self.alone.record(line).is_ok() => 1,
+            _ => size,
+        }
     }
 
     /// Items per call now.
@@ -183,15 +215,9 @@ impl Pool {
             .map(|m| m.0);
         while !entries.is_empty() {
             // With a reserve, one item learns the balance before a batch
-            // spends it (see Ledger::first_alone).
-            // Never an item whose batch may have run: alone it has
-            // another key.
-            let first = entries.iter().min_by_key(|e| e.item.line);
-            let size = match self.ledger.first_alone() && !first.is_some_and(|e| e.tries.maybe_ran)
-            {
-                true => 1,
-                false => batching.size(),
-            };
+            // spends it (see Ledger::first_alone); one sent alone before
+            // goes alone again.
+            let size = batching.next_size(&entries, self.ledger.first_alone());
             let chunk = batch::cut(&mut entries, |e| e.item.line, |e| e.tokens, size, most);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}

@@ -266,6 +266,11 @@ fn close_record(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, why: &Optio
     }
     meta.requests += Stats::get(&e.stats.requests);
     meta.rate_limited += Stats::get(&e.stats.rate_limited);
+    // Every item finished: whatever a killed run had in flight has its
+    // verdict.
+    if meta.done + meta.failed >= meta.total {
+        meta.unsettled = false;
+    }
     meta.retries += Stats::get(&e.stats.retries);
     meta.halt_reason = why.clone();
     meta.last_state = serde_json::to_value(state)

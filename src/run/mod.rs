@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+mod alone;
 mod batch;
 mod batch_pool;
 mod csv_out;
@@ -219,10 +220,9 @@ impl Shared {
             require_full: c.require_full,
             pending_at_start: job.pending(),
             per_call: settings.batch.as_ref().map_or(1, |b| b.size.max(1) as u64),
-            // Closed at open, a killed run says so.
-            alone: meta.last_run().map_or(true, |r| {
-                r.ended_unix_ms.is_some() && r.state.as_deref() != Some("killed")
-            }),
+            // Not while a killed run's calls may have run: the lone item
+            // could be one of them.
+            alone: !meta.unsettled,
         });
         let ledger = Ledger::new(
             restored.last,
@@ -488,7 +488,11 @@ where
     );
     let queue: Queue = Arc::new(tokio::sync::Mutex::new(item_rx));
     let mut workers = JoinSet::new();
-    let batching = settings.batch.clone().map(batch_pool::Batching::new);
+    let batching = settings.batch.clone().map(|spec| {
+        let states = job.items.states();
+        let alone = alone::Alone::open(&settings.state_dir, &job.meta.id, &states);
+        batch_pool::Batching::new(spec, alone)
+    });
     for _ in 0..settings.concurrency {
         match &batching {
             Some(b) => workers.spawn(pool.clone().batch_worker(queue.clone(), b.clone())),

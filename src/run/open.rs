@@ -66,6 +66,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let (mut scan, mut invalid, mut repeats) = scan_input(settings, &items)?;
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
+        check_regen_batches(settings, &items, &old)?;
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
@@ -79,8 +80,8 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
             .context("writing the checkpoint")?;
     }
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
-    check_batching(settings, &items, &meta)?;
     meta.close_killed_run();
+    check_batching(settings, &items, &meta)?;
     record_batching(&store, settings, &mut meta)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
@@ -146,15 +147,12 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
     if now == meta.batching || settings.fresh {
         return Ok(());
     }
-    let killed = meta.last_run().is_some_and(|r| r.ended_unix_ms.is_none())
-        && meta.done + meta.failed < meta.total;
-    let unknown = match settings.retry_failed {
-        true => items.unknown_failures().context("reading the checkpoint")?,
-        false => 0,
-    };
-    let why = match (unknown, killed) {
+    // Failed ones too, whether or not this run sends them: a run that
+    // recorded the new batching would let a later --retry-failed by.
+    let unknown = items.unknown_failures().context("reading the checkpoint")?;
+    let why = match (unknown, meta.unsettled) {
         (0, false) => return Ok(()),
-        (0, true) => "the last run was killed: the calls it had in flight".to_string(),
+        (0, true) => "a run of this job was killed: the calls it had in flight".to_string(),
         (n, _) => format!("{n} item(s) failed with their outcome unknown: their calls"),
     };
     let way = |b: &Option<String>| match b {
@@ -167,6 +165,37 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
          Idempotency-Keys, and the API could run them twice. Nothing was sent. Run once more \
          {was} to settle them (the API replays what already ran), then change it; or use \
          --fresh to send every item again"
+    )))
+}
+
+/// A regenerated input moves lines, and a batch is formed from a block of
+/// lines: calls that may have run in batches (a killed run's, or of
+/// unknown outcome) would go in other batches, under other keys. Refused;
+/// one item per call is safe (its key follows its content).
+fn check_regen_batches(
+    settings: &Settings,
+    items: &JobItems,
+    old: &JobMeta,
+) -> Result<(), RunError> {
+    if settings.batch.is_none() || old.batching.is_none() || settings.fresh {
+        return Ok(());
+    }
+    let killed = old.unsettled || old.last_run().is_some_and(|r| r.ended_unix_ms.is_none());
+    let unknown = items.unknown_failures().context("reading the checkpoint")?;
+    if !killed && unknown == 0 {
+        return Ok(());
+    }
+    Err(RunError::Usage(format!(
+        "{} changed since its checkpoint was made, while calls of this job may have run in \
+         batches ({}): batches are formed from blocks of lines, which moved, so they would go \
+         under other Idempotency-Keys and the API could run them twice. Nothing was sent. Run \
+         the file as it was to settle them, or use --fresh to send every item again",
+        settings.input.display(),
+        if unknown > 0 {
+            format!("{unknown} item(s) of unknown outcome")
+        } else {
+            "a run was killed".to_string()
+        }
     )))
 }
 

@@ -9,7 +9,7 @@
 //! the old job's keys), then the old job is discarded: a crash in between
 //! leaves the old job whole, and the next run does it again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use anyhow::Context as _;
 
@@ -45,7 +45,7 @@ pub(super) fn by_content(
 ) -> Result<String, RunError> {
     let id = &old.id;
     let old_items = store.items(id).context("opening the checkpoint")?;
-    let pairs = tokio::task::block_in_place(|| pairs(settings, &old_items))?;
+    let pairs = tokio::task::block_in_place(|| pairs(settings, &old_items, old))?;
     let new_id = sha_hex(&[old.id.as_bytes(), scan.fingerprint.as_bytes()])[..16].to_string();
     // What a run killed half-way through this left.
     store
@@ -87,14 +87,33 @@ pub(super) fn by_content(
     Ok(new_id)
 }
 
-/// (old line, new line) of every item of the new file that an old finished
-/// line held, in old line order.
-fn pairs(settings: &Settings, old: &JobItems) -> Result<Vec<(u64, u64)>, RunError> {
+/// (old line, new line) of every item of the new file that an old line
+/// held, in old line order: a finished line, or a pending one sent before
+/// (a retry generation of its own, its last result's content known).
+///
+/// A content the new file holds more than once is paired only when the old
+/// job had nothing pending: the k-th new row takes the k-th finished old
+/// row, which is its own only if every earlier row of that content
+/// finished too. Otherwise its rows go again, under keys of their content
+/// and order (the API replays those that ran), rather than one row taking
+/// another's result and never running.
+fn pairs(
+    settings: &Settings,
+    old: &JobItems,
+    old_meta: &JobMeta,
+) -> Result<Vec<(u64, u64)>, RunError> {
     let mut by_digest: HashMap<u64, VecDeque<u64>> = HashMap::new();
     let states = old.states();
+    let sent: HashSet<u64> = old
+        .carried_all()
+        .context("reading the checkpoint")?
+        .into_iter()
+        .filter(|&(_, generation, maybe_ran)| generation > 0 || maybe_ran)
+        .map(|(line, ..)| line)
+        .collect();
     let mut results = old.results();
     for line in 1..=states.capacity() {
-        if !states.is_finished(line) {
+        if !states.is_finished(line) && !sent.contains(&line) {
             continue;
         }
         let entry = results.get(line).context("reading the checkpoint")?;
@@ -102,17 +121,25 @@ fn pairs(settings: &Settings, old: &JobItems) -> Result<Vec<(u64, u64)>, RunErro
             by_digest.entry(d).or_default().push_back(line);
         }
     }
-    let mut pairs = Vec::new();
+    let mut found: Vec<(u64, u64, u64)> = Vec::new();
+    let mut in_new: HashMap<u64, u32> = HashMap::new();
     let reader = input::Reader::open(&settings.input, settings.format)?.past_bad_rows();
     // A bad row is the scan's to report: here it matches nothing.
     for item in reader.flatten() {
-        if let Some(old_line) = by_digest
-            .get_mut(&item.digest())
-            .and_then(VecDeque::pop_front)
-        {
-            pairs.push((old_line, item.line));
+        let d = item.digest();
+        if by_digest.contains_key(&d) {
+            *in_new.entry(d).or_default() += 1;
+        }
+        if let Some(old_line) = by_digest.get_mut(&d).and_then(VecDeque::pop_front) {
+            found.push((old_line, item.line, d));
         }
     }
+    let complete = old_meta.done + old_meta.failed >= old_meta.total;
+    let mut pairs: Vec<(u64, u64)> = found
+        .into_iter()
+        .filter(|(_, _, d)| complete || in_new.get(d).is_some_and(|&n| n == 1))
+        .map(|(o, n, _)| (o, n))
+        .collect();
     pairs.sort_unstable();
     Ok(pairs)
 }
@@ -129,7 +156,18 @@ fn copy(
         .context("opening the results log")?;
     let mut results = old.results();
     let mut kept = 0;
+    let states = old.states();
+    // Each line's retry generation and whether a call under it may have
+    // run go with it: its key is made with them.
+    let mut carried = Vec::new();
     for &(old_line, new_line) in pairs {
+        let (generation, maybe_ran) = old.carried(old_line).context("reading the checkpoint")?;
+        if generation > 0 || maybe_ran {
+            carried.push((new_line, generation, maybe_ran));
+        }
+        if !states.is_finished(old_line) {
+            continue;
+        }
         let Some(e) = results.get(old_line).context("reading the checkpoint")? else {
             continue;
         };
@@ -151,5 +189,7 @@ fn copy(
             .context("writing the checkpoint")
             .into());
     }
+    new.restore_generations(&carried)
+        .context("writing the checkpoint")?;
     Ok(kept)
 }

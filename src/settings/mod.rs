@@ -30,6 +30,7 @@ use crate::rate::policy::PolicySpec;
 use crate::rate::Limit;
 use crate::request::{Body, RequestSpec, Secret};
 use crate::template::Template;
+use crate::util::{resolved, same_file};
 
 /// The sim's default endpoint: it echoes the item back.
 const SIM_DEFAULT_PATH: &str = "/v1/echo";
@@ -494,21 +495,6 @@ impl CreditSettings {
     }
 }
 
-/// A path made absolute and resolved as far as it exists, so two spellings
-/// of one file compare equal even before the file is created.
-fn resolved(p: &Path) -> PathBuf {
-    if let Ok(c) = std::fs::canonicalize(p) {
-        return c;
-    }
-    let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
-    let dir = parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-    match p.file_name() {
-        Some(name) => dir.join(name),
-        None => dir,
-    }
-}
-
 /// Whether a file can be made beside `out`: the outputs are written to a
 /// temporary file there and renamed over it, so a folder that refuses new
 /// files (read-only, a file in the way) would lose every result after the
@@ -549,13 +535,17 @@ fn check_outputs(
     failures: &Path,
     joblog: Option<&Path>,
 ) -> Result<(), RunError> {
-    let (i, o, f) = (resolved(input), resolved(out), resolved(failures));
+    let (o, f) = (resolved(out), resolved(failures));
+    let piped = input == Path::new("-");
     if let Some(j) = joblog {
         // The joblog is appended to: on the input it would add a line per
         // call to the items, on an output it would spoil it.
-        let r = resolved(j);
-        for (what, p) in [("the input file", &i), ("--out", &o), ("--failures", &f)] {
-            if r == *p && !(what == "the input file" && input == Path::new("-")) {
+        for (what, p) in [
+            ("the input file", input),
+            ("--out", out),
+            ("--failures", failures),
+        ] {
+            if same_file(j, p) && !(what == "the input file" && piped) {
                 return Err(usage(format!(
                     "--joblog {} is {what}: a line per call would be added to it",
                     j.display()
@@ -564,7 +554,7 @@ fn check_outputs(
         }
     }
     for (what, p, r) in [("--out", out, &o), ("--failures", failures, &f)] {
-        if *r == i && input != Path::new("-") {
+        if same_file(p, input) && !piped {
             return Err(usage(format!(
                 "{what} {} is the input file: it would be overwritten",
                 p.display()
@@ -582,7 +572,7 @@ fn check_outputs(
         writable_dir(r)
             .map_err(|why| usage(format!("{what} {} cannot be written: {why}", p.display())))?;
     }
-    if o == f {
+    if o == f || same_file(out, failures) {
         return Err(usage(format!(
             "--out and --failures are the same file ({}): results and failures would overwrite each other",
             out.display()

@@ -102,6 +102,17 @@ fn outputs_that_would_clobber_the_input_or_each_other_are_refused() {
         assert!(e.contains(names) && e.starts_with("--joblog "), "{e}");
     }
     assert!(check_outputs(&input, &other, &f, Some(&dir.join("calls.tsv"))).is_ok());
+    // A hard link is the same file under another name.
+    let hard = dir.join("hard.jsonl");
+    std::fs::hard_link(&input, &hard).unwrap();
+    let e = check_outputs(&input, &other, &f, Some(&hard))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is the input file"), "{e}");
+    let e = check_outputs(&input, &hard, &f, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is the input file"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

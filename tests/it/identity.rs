@@ -448,6 +448,110 @@ async fn calls_that_may_have_run_keep_their_keys_when_lines_move() {
     assert_side_effects(&s.sim().stats().await, 2);
 }
 
+/// A regenerated input after calls that may have run, the hard cases:
+/// items retried under a generation of their own keep it (a 503 under the
+/// first key was never stored: that key would run the call again); rows of
+/// one content, some still in flight when the run was killed, are not
+/// paired with another row's result (one would never run); and batches,
+/// formed from blocks of lines that moved, are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_regenerated_input_never_runs_a_call_twice_nor_loses_one() {
+    // Half the calls 503 (known: a new key when retried), the rest run
+    // and lose their answer (unknown: the same key).
+    let s = Scenario::new("regen-generations")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--fail-rate",
+            "0.5",
+            "--reset-rate",
+            "1",
+            "--seed",
+            "7",
+        ])
+        .numbers(20);
+    let args = ["--limit", "none", "--max-attempts", "1"];
+    s.run(&args);
+    s.run(&[&args[..], &["--retry-failed"]].concat());
+    with_a_row_on_top(&s, 20);
+    for _ in 0..12 {
+        let r = s.run(&[&args[..], &["--retry-failed"]].concat());
+        if r.summary["done"] == 21 {
+            break;
+        }
+    }
+    let st = s.status_json().unwrap();
+    assert_eq!(st[0]["done"], 21, "{st}");
+    assert_side_effects(&s.sim().stats().await, 21);
+
+    // Each content twice, killed with calls in flight, a row on top.
+    let mut text = String::new();
+    for i in 1..=30 {
+        text.push_str(&format!("{{\"n\": {i}}}\n{{\"n\": {i}}}\n"));
+    }
+    let s = Scenario::new("regen-twice")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--latency",
+            "50ms..1500ms",
+            "--seed",
+            "3",
+        ])
+        .input("items.jsonl", &text);
+    let killed = s
+        .signal_when(
+            &["--limit", "none", "-c", "8"],
+            |st| st["side_effects"].as_u64() >= Some(20),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    s.dir()
+        .write("items.jsonl", &format!("{{\"n\": 0}}\n{text}"));
+    let r = s.run(&["--limit", "none", "-c", "8"]);
+    assert_eq!(r.summary["done"], 61, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 61);
+
+    // Batches: refused after a kill.
+    let s = Scenario::new("regen-batches")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--latency",
+            "300ms",
+            "--reset-rate",
+            "1",
+            "--seed",
+            "1",
+        ])
+        .numbers(40);
+    let url = batch_url(&s);
+    let batched = [
+        "--url",
+        &url,
+        "--json-body",
+        "--limit",
+        "none",
+        "--batch",
+        "5",
+        "-c",
+        "4",
+    ];
+    let killed = s
+        .signal_when(
+            &batched,
+            |st| st["side_effects"].as_u64() >= Some(10),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    with_a_row_on_top(&s, 40);
+    let r = s.run(&batched);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("may have run in batches"), "{}", r.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_after_a_changed_url_says_what_it_resends_and_replaces_the_old_job() {
     let s = Scenario::new("fresh-changed")

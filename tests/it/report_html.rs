@@ -224,4 +224,16 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
     let err = String::from_utf8_lossy(&onto.stderr);
     assert!(err.contains("is the input file"), "{err}");
     assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
+    // Nor a hard link to it.
+    let hard = s.dir().path().join("hard.jsonl");
+    std::fs::hard_link(s.input_path(), &hard).unwrap();
+    let onto = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("-o")
+        .arg(&hard)
+        .output()
+        .unwrap();
+    assert_eq!(onto.status.code(), Some(1));
+    assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
 }
