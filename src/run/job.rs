@@ -34,6 +34,13 @@ pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::
     }
 }
 
+/// Whether calls of `m` may have run with nothing recorded: a run of it
+/// was killed (found so, or not yet) with items pending.
+pub(super) fn unsettled(m: &JobMeta) -> bool {
+    let pending = m.done + m.failed < m.total;
+    m.unsettled || (pending && m.last_run().is_some_and(|r| r.ended_unix_ms.is_none()))
+}
+
 /// The id of a job made for this request on this input: a hash of the
 /// input's name and the request (and, for a pipe, of the content it started
 /// with), never of a path, so that a moved input, or one reached through a
@@ -185,7 +192,9 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         .iter()
         .filter(this_input)
         .filter(these_outputs)
-        .partition(|m| m.done > 0);
+        // A job that finished nothing is replaced, unless a run of it was
+        // killed: its calls in flight may have run.
+        .partition(|m| m.done > 0 || unsettled(m));
     Ok(Located {
         id: made,
         changed: changed.into_iter().cloned().collect(),

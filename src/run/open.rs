@@ -162,9 +162,9 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
     let (was, is) = (way(&meta.batching), way(&now));
     Err(RunError::Usage(format!(
         "{why} may have run, sent {was}; this run would send them {is}, under other \
-         Idempotency-Keys, and the API could run them twice. Nothing was sent. Run once more \
-         {was} to settle them (the API replays what already ran), then change it; or use \
-         --fresh to send every item again"
+         Idempotency-Keys, and the API could run them twice. Nothing was sent. Run {was} \
+         until every item is finished (--retry-failed for those of unknown outcome; the API \
+         replays what already ran), then change it; or use --fresh to send every item again"
     )))
 }
 
@@ -180,7 +180,7 @@ fn check_regen_batches(
     if settings.batch.is_none() || old.batching.is_none() || settings.fresh {
         return Ok(());
     }
-    let killed = old.unsettled || old.last_run().is_some_and(|r| r.ended_unix_ms.is_none());
+    let killed = super::job::unsettled(old);
     let unknown = items.unknown_failures().context("reading the checkpoint")?;
     if !killed && unknown == 0 {
         return Ok(());
@@ -261,6 +261,17 @@ fn changed_request(
         .filter(|m| m.id != old.id)
         .map(|m| &m.id);
     let pending = old.total.saturating_sub(old.done + old.failed);
+    if super::job::unsettled(old) && !settings.fresh {
+        return Err(RunError::Usage(format!(
+            "the request changed since job {} on {}, whose run was killed with items pending: \
+             calls it had in flight may have run under the earlier request's keys, and the new \
+             request would send them again under its own. Nothing was sent. Run the earlier \
+             command once more to settle them (the API replays what ran), then change the \
+             request; or use --fresh to send every item again",
+            old.id,
+            settings.input.display()
+        )));
+    }
     if settings.keep_done {
         let mut gone = discard(&mut others.chain(located.idle.iter()))?;
         let mut meta = old.clone();

@@ -801,3 +801,41 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     assert_ne!(r.code, 2, "{}", r.stderr);
     assert_side_effects(&s.sim().stats().await, 10);
 }
+
+/// `--keep-done` sends the pending items under the changed request's keys:
+/// after a run killed with calls in flight (which may have run under the
+/// earlier request's keys), it is refused before any call; run as before,
+/// the job settles, and the change is then taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_done_after_a_killed_run_is_refused_until_it_settles() {
+    let s = Scenario::new("keep-done-killed")
+        .with_sim(&["--limit", "none", "--latency", "300ms"])
+        .numbers(20);
+    let before = ["--limit", "none", "-H", "X-Source: a"];
+    let killed = s
+        .signal_when(
+            &before,
+            |st| st["side_effects"].as_u64() >= Some(4),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    let after = ["--limit", "none", "-H", "X-Source: b", "--keep-done"];
+    let r = s.run(&after);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("was killed with items pending"),
+        "{}",
+        r.stderr
+    );
+    // Without --keep-done too: the killed run finished nothing, and a job
+    // that finished nothing is otherwise replaced.
+    let r = s.run(&["--limit", "none", "-H", "X-Source: b"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = s.run(&before);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+    let r = s.run(&after);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+}
