@@ -67,3 +67,26 @@ pub fn resolved(p: &Path) -> PathBuf {
         None => dir,
     }
 }
+
+/// Whether `file`, if it exists, is one of the files under `dir` (by inode,
+/// so a hard link under another name counts too).
+pub fn holds_file(dir: &Path, file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(m) = std::fs::metadata(file) else {
+        return false;
+    };
+    let key = (m.dev(), m.ino());
+    // A checkpoint is a few levels deep at most.
+    let mut todo = vec![(dir.to_path_buf(), 0u8)];
+    while let Some((d, depth)) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() && depth < 4 {
+                todo.push((entry.path(), depth + 1));
+            } else if (meta.dev(), meta.ino()) == key {
+                return true;
+            }
+        }
+    }
+    false
+}

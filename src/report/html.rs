@@ -72,18 +72,21 @@ pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyho
             out.display()
         );
     }
-    let (o, dir) = (std::fs::canonicalize(out), std::fs::canonicalize(state_dir));
-    if let (Ok(o), Ok(dir)) = (o, dir) {
-        if o.starts_with(&dir) {
-            anyhow::bail!(
-                "{} is inside the checkpoint ({}): the report would damage it; name another \
-                 with -o",
-                out.display(),
-                state_dir.display()
-            );
-        }
+    let inside = crate::util::resolved(out).starts_with(crate::util::resolved(state_dir));
+    if inside || crate::util::holds_file(state_dir, out) {
+        anyhow::bail!(
+            "{} is inside the checkpoint ({}): the report would damage it; name another with -o",
+            out.display(),
+            state_dir.display()
+        );
     }
     let meta = latest_job(state_dir, input)?;
+    if holds_results(out, &meta) {
+        anyhow::bail!(
+            "{} holds a job's results: the report would replace them; name another with -o",
+            out.display()
+        );
+    }
     let tl = timeline::path(state_dir, &meta.id);
     let secs = match timeline::read(&tl) {
         Ok(s) => s,
@@ -103,6 +106,19 @@ pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyho
         meta.runs.len(),
         out.display()
     ))
+}
+
+/// Whether `out` is an output a run wrote: it has an owner record beside
+/// it, or it is (a link to) the job's `--out` or `--failures` as last
+/// written.
+fn holds_results(out: &Path, meta: &JobMeta) -> bool {
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
+    let owned = name.is_some_and(|n| out.with_file_name(format!(".{n}.owner")).exists());
+    let theirs = meta.outputs.as_ref().is_some_and(|o| {
+        crate::util::same_file(out, Path::new(&o.out))
+            || crate::util::same_file(out, Path::new(&o.failures))
+    });
+    owned || theirs
 }
 
 /// Text made safe inside HTML (element content and quoted attributes).

@@ -44,26 +44,15 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         Some(_) => super::outputs::Recovered::default(),
     };
     let mut epoch = old.as_ref().map_or(recovered.epoch, |o| o.epoch);
-    // --fresh means "run them again": a new epoch, so new keys.
     if settings.fresh {
-        epoch = epoch.saturating_add(1);
-        if let Some(old) = &old {
-            if old.done > 0 {
-                crate::report::err_line(&format!(
-                    "batchrun: --fresh: the {} item(s) done are sent again, under new \
-                     Idempotency-Keys",
-                    old.done
-                ));
-            }
-            warn_unknown(&store, old);
-        }
-        store
-            .discard_job(&id)
-            .context("discarding the checkpoint")?;
+        epoch = fresh(&store, &id, old.as_ref(), epoch)?;
     }
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
     let (mut scan, mut invalid, mut repeats) = scan_input(settings, &items)?;
+    if let Some(old) = &old {
+        check_growth_batches(settings, &items, old, &scan)?;
+    }
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
         check_regen_batches(settings, &items, &old)?;
@@ -105,6 +94,23 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         scan,
         repeats: std::sync::Mutex::new(repeats),
     })
+}
+
+/// `--fresh` means "run them again": the job `id` (`old`) is discarded,
+/// and its items go under the next epoch's keys.
+fn fresh(store: &Store, id: &str, old: Option<&JobMeta>, epoch: u32) -> Result<u32, RunError> {
+    if let Some(old) = old {
+        if old.done > 0 {
+            crate::report::err_line(&format!(
+                "batchrun: --fresh: the {} item(s) done are sent again, under new \
+                 Idempotency-Keys",
+                old.done
+            ));
+        }
+        warn_unknown(store, old);
+    }
+    store.discard_job(id).context("discarding the checkpoint")?;
+    Ok(epoch.saturating_add(1))
 }
 
 /// How this run forms its calls, as the checkpoint records it: `None`
@@ -196,6 +202,34 @@ fn check_regen_batches(
         } else {
             "a run was killed".to_string()
         }
+    )))
+}
+
+/// An input that only grew keeps its job, but rows appended after a last
+/// block of fewer than `--batch` lines join that block's batch: calls of
+/// it that may have run (a killed run's, or of unknown outcome) would go
+/// again in a batch under another key. Refused while that may be so.
+fn check_growth_batches(
+    settings: &Settings,
+    items: &JobItems,
+    old: &JobMeta,
+    scan: &input::Scan,
+) -> Result<(), RunError> {
+    let grown = old.fingerprint != scan.fingerprint && super::job::grew(settings, old);
+    if !grown || settings.batch.is_none() || old.batching.is_none() || settings.fresh {
+        return Ok(());
+    }
+    let unknown = items.unknown_failures().context("reading the checkpoint")?;
+    if !super::job::unsettled(old) && unknown == 0 {
+        return Ok(());
+    }
+    Err(RunError::Usage(format!(
+        "{} grew while calls of this job may have run in batches (a run was killed, or items \
+         are of unknown outcome): rows added to the last block would join its batch, under \
+         another Idempotency-Key, and the API could run its items twice. Nothing was sent. Run \
+         the file as it was until every item is finished (--retry-failed for those of unknown \
+         outcome), then add the rows; or use --fresh to send every item again",
+        settings.input.display()
     )))
 }
 

@@ -44,6 +44,18 @@ pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunE
         .clone()
         .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
     check_outputs(&args.input, &out, &failures, args.joblog.as_deref())?;
+    if let Some(j) = &args.joblog {
+        // Appended to, a file of the checkpoint (or a link to one) would be
+        // damaged.
+        let inside = crate::util::resolved(j).starts_with(crate::util::resolved(&state_dir));
+        if inside || crate::util::holds_file(&state_dir, j) {
+            return Err(super::usage(format!(
+                "--joblog {} is inside the checkpoint ({}): a line per call would damage it",
+                j.display(),
+                state_dir.display()
+            )));
+        }
+    }
     Ok((state_dir, through_link(out), through_link(failures)))
 }
 
@@ -106,6 +118,11 @@ fn renamed_from(dir: &Path, input: &Path) -> Option<PathBuf> {
     let states = std::fs::read_dir(dir.join(".batchrun")).ok()?;
     let mut gone = Vec::new();
     for state in states.flatten() {
+        // A checkpoint moved aside as damaged (the advice says
+        // `mv DIR DIR.damaged`) is nobody's state any more.
+        if state.file_name().to_string_lossy().ends_with(".damaged") {
+            continue;
+        }
         let was = dir.join(state.file_name());
         match std::fs::canonicalize(&was) {
             Ok(p) if p == this => return Some(state.path()),

@@ -74,6 +74,33 @@ fn beside(sim: &Sim, input: &Path) -> Command {
     c
 }
 
+/// The advice for a damaged checkpoint works as printed: moved aside to
+/// `DIR.damaged` beside the others, it is not taken for a renamed input's
+/// state, and the run sends every item again under the same keys.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_checkpoint_moved_aside_as_advised_is_left_alone() {
+    let s = Scenario::new("moved-aside").with_sim(&["--limit", "none"]);
+    let input = numbers(s.dir(), "items.jsonl", 10);
+    let r = finish(beside(s.sim(), &input));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let state = s.dir().path().join(".batchrun").join("items.jsonl");
+    for e in std::fs::read_dir(state.join("results")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "log") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let r = finish(beside(s.sim(), &input));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let advised = format!("mv {0} {0}.damaged", state.display());
+    assert!(r.stderr.contains(&advised), "{}", r.stderr);
+    std::fs::rename(&state, state.with_extension("jsonl.damaged")).unwrap();
+    let r = finish(beside(s.sim(), &input));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 10);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_moved_directory_keeps_its_job_and_sends_nothing_again() {
     let s = Scenario::new("moved").with_sim(&["--limit", "none"]);

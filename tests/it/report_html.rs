@@ -186,6 +186,41 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     well_formed(&svg).expect("the SVG is well-formed");
     assert_eq!(class_count(&svg, SECOND_CLASS), secs.len());
+
+    // Never onto the checkpoint (by path, or a hard link of one of its
+    // files) nor onto the results: each is refused and left as it was.
+    let refused = |o: &std::path::Path, says: &str| {
+        let out = bin()
+            .arg("report")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .arg("-o")
+            .arg(o)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(says), "{err}");
+    };
+    refused(
+        &s.state_dir().join("checkpoint").join("new.html"),
+        "inside the checkpoint",
+    );
+    let db = s.state_dir().join("checkpoint").join("db");
+    let before = std::fs::read(&db).unwrap();
+    let link = s.dir().path().join("x.html");
+    std::fs::hard_link(&db, &link).unwrap();
+    refused(&link, "inside the checkpoint");
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+    let results = std::fs::read(s.out_path()).unwrap();
+    refused(&s.out_path(), "holds a job's results");
+    assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
+    // Nor a joblog appended to a file of the checkpoint.
+    let r = s.run(&["--limit", "none", "--joblog", link.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("inside the checkpoint"), "{}", r.stderr);
+    assert_eq!(std::fs::read(&db).unwrap(), before);
 }
 
 #[test]

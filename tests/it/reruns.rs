@@ -800,6 +800,36 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     let r = s.run(&[&first[..], &["--max-attempts", "1"]].concat());
     assert_ne!(r.code, 2, "{}", r.stderr);
     assert_side_effects(&s.sim().stats().await, 10);
+
+    // Rows appended while the last block's batch is of unknown outcome
+    // would join it under another key: refused until it settles.
+    let s = Scenario::new("rerun-batch-grown")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "3"])
+        .numbers(7);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--limit",
+        "none",
+        "--batch",
+        "5",
+        "--max-attempts",
+        "1",
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.summary["failed"], 7, "{}", r.summary);
+    s.append_numbers(8..=8);
+    let r = s.run(&[&args[..], &["--retry-failed"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("grew while calls of this job may have run in batches"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 7);
 }
 
 /// `--keep-done` sends the pending items under the changed request's keys:
