@@ -68,9 +68,25 @@ pub fn resolved(p: &Path) -> PathBuf {
     }
 }
 
+/// Whether `file` is inside `dir`: by its path (made there, or to be), or
+/// as a hard link to one of the files under it.
+pub fn within(dir: &Path, file: &Path) -> bool {
+    resolved(file).starts_with(resolved(dir)) || holds_file(dir, file)
+}
+
+/// Where the record of who wrote the output `p` lives: `.NAME.owner`
+/// beside it.
+pub fn owner_path(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!(".{name}.owner"))
+}
+
 /// Whether `file`, if it exists, is one of the files under `dir` (by inode,
 /// so a hard link under another name counts too).
-pub fn holds_file(dir: &Path, file: &Path) -> bool {
+fn holds_file(dir: &Path, file: &Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
     let Ok(m) = std::fs::metadata(file) else {
         return false;

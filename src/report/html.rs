@@ -72,8 +72,7 @@ pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyho
             out.display()
         );
     }
-    let inside = crate::util::resolved(out).starts_with(crate::util::resolved(state_dir));
-    if inside || crate::util::holds_file(state_dir, out) {
+    if crate::util::within(state_dir, out) {
         anyhow::bail!(
             "{} is inside the checkpoint ({}): the report would damage it; name another with -o",
             out.display(),
@@ -112,8 +111,7 @@ pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyho
 /// it, or it is (a link to) the job's `--out` or `--failures` as last
 /// written.
 fn holds_results(out: &Path, meta: &JobMeta) -> bool {
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
-    let owned = name.is_some_and(|n| out.with_file_name(format!(".{n}.owner")).exists());
+    let owned = crate::util::owner_path(out).exists();
     let theirs = meta.outputs.as_ref().is_some_and(|o| {
         crate::util::same_file(out, Path::new(&o.out))
             || crate::util::same_file(out, Path::new(&o.failures))

@@ -108,4 +108,12 @@ impl Stats {
     pub fn bump(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Writes this run's counts into its record: as it goes (what a kill
+    /// leaves) and when it ends.
+    pub fn count_in(&self, run: &mut crate::checkpoint::RunRecord) {
+        run.done = Self::get(&self.done_this_run);
+        run.requests = Self::get(&self.requests);
+        run.rate_limited = Self::get(&self.rate_limited);
+    }
 }

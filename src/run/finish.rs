@@ -289,10 +289,8 @@ fn close_run(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, exit_code: i32
         .ok()
         .and_then(|v| v.as_str().map(str::to_string));
     run.exit_code = Some(exit_code);
-    run.done = Stats::get(&e.stats.done_this_run);
+    e.stats.count_in(run);
     run.failed = failed.saturating_sub(run.failed_before);
-    run.requests = Stats::get(&e.stats.requests);
-    run.rate_limited = Stats::get(&e.stats.rate_limited);
 }
 
 /// The run fails on an error recording results (unless the halt already

@@ -50,12 +50,19 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
     let (mut scan, mut invalid, mut repeats) = scan_input(settings, &items)?;
-    if let Some(old) = &old {
-        check_growth_batches(settings, &items, old, &scan)?;
+    if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
+        let so = "rows added to the last block would join its batch";
+        check_moved_batches(settings, &items, old, ("grew", so))?;
     }
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
-        check_regen_batches(settings, &items, &old)?;
+        let so = "batches are formed from blocks of lines, which moved, so they would go again";
+        check_moved_batches(
+            settings,
+            &items,
+            &old,
+            ("changed since its checkpoint was made,", so),
+        )?;
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
@@ -155,8 +162,7 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
     }
     // Failed ones too, whether or not this run sends them: a run that
     // recorded the new batching would let a later --retry-failed by.
-    let unknown = items.unknown_failures().context("reading the checkpoint")?;
-    let why = match (unknown, meta.unsettled) {
+    let why = match may_have_run(items, meta)? {
         (0, false) => return Ok(()),
         (0, true) => "a run of this job was killed: the calls it had in flight".to_string(),
         (n, _) => format!("{n} item(s) failed with their outcome unknown: their calls"),
@@ -174,63 +180,46 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
     )))
 }
 
-/// A regenerated input moves lines, and a batch is formed from a block of
-/// lines: calls that may have run in batches (a killed run's, or of
-/// unknown outcome) would go in other batches, under other keys. Refused;
-/// one item per call is safe (its key follows its content).
-fn check_regen_batches(
+/// Calls of `meta` that may have run with nothing recorded: how many items
+/// failed with their outcome unknown, and whether a run of it was killed
+/// with items pending.
+fn may_have_run(items: &JobItems, meta: &JobMeta) -> Result<(u64, bool), RunError> {
+    let unknown = items.unknown_failures().context("reading the checkpoint")?;
+    Ok((unknown, super::job::unsettled(meta)))
+}
+
+/// An input that moved its lines (`what` happened to it, and `so` what
+/// follows for its batches) while calls of the job `old` may have run in
+/// batches: a batch is formed from a block of lines, so those calls would
+/// go in other batches, under other keys. Refused; one item per call is
+/// safe (its key follows its content).
+fn check_moved_batches(
     settings: &Settings,
     items: &JobItems,
     old: &JobMeta,
+    (what, so): (&str, &str),
 ) -> Result<(), RunError> {
     if settings.batch.is_none() || old.batching.is_none() || settings.fresh {
         return Ok(());
     }
-    let killed = super::job::unsettled(old);
-    let unknown = items.unknown_failures().context("reading the checkpoint")?;
-    if !killed && unknown == 0 {
-        return Ok(());
-    }
+    let why = match may_have_run(items, old)? {
+        (0, false) => return Ok(()),
+        (0, true) => "a run was killed".to_string(),
+        (n, _) => format!("{n} item(s) of unknown outcome"),
+    };
     Err(RunError::Usage(format!(
-        "{} changed since its checkpoint was made, while calls of this job may have run in \
-         batches ({}): batches are formed from blocks of lines, which moved, so they would go \
-         under other Idempotency-Keys and the API could run them twice. Nothing was sent. Run \
-         the file as it was to settle them, or use --fresh to send every item again",
-        settings.input.display(),
-        if unknown > 0 {
-            format!("{unknown} item(s) of unknown outcome")
-        } else {
-            "a run was killed".to_string()
-        }
+        "{} {what} while calls of this job may have run in batches ({why}): {so}, under \
+         another Idempotency-Key, and the API could run them twice. Nothing was sent. Run the \
+         file as it was until every item is finished (--retry-failed for those of unknown \
+         outcome); or use --fresh to send every item again",
+        settings.input.display()
     )))
 }
 
-/// An input that only grew keeps its job, but rows appended after a last
-/// block of fewer than `--batch` lines join that block's batch: calls of
-/// it that may have run (a killed run's, or of unknown outcome) would go
-/// again in a batch under another key. Refused while that may be so.
-fn check_growth_batches(
-    settings: &Settings,
-    items: &JobItems,
-    old: &JobMeta,
-    scan: &input::Scan,
-) -> Result<(), RunError> {
-    let grown = old.fingerprint != scan.fingerprint && super::job::grew(settings, old);
-    if !grown || settings.batch.is_none() || old.batching.is_none() || settings.fresh {
-        return Ok(());
-    }
-    let unknown = items.unknown_failures().context("reading the checkpoint")?;
-    if !super::job::unsettled(old) && unknown == 0 {
-        return Ok(());
-    }
-    Err(RunError::Usage(format!(
-        "{} grew while calls of this job may have run in batches (a run was killed, or items \
-         are of unknown outcome): rows added to the last block would join its batch, under \
-         another Idempotency-Key, and the API could run its items twice. Nothing was sent. Run \
-         the file as it was until every item is finished (--retry-failed for those of unknown \
-         outcome), then add the rows; or use --fresh to send every item again",
-        settings.input.display()
-    )))
+/// Whether the input only grew since the job `old` was made: it keeps the
+/// job, its old lines unchanged.
+fn grown(settings: &Settings, old: &JobMeta, scan: &input::Scan) -> bool {
+    old.fingerprint != scan.fingerprint && super::job::grew(settings, old)
 }
 
 /// Catches the line states up with the results log, then checks them

@@ -2,21 +2,13 @@
 //! the job that wrote it last and its input, so that another job does not
 //! replace a job's results unless told to.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context as _;
 
 use crate::exit::RunError;
 use crate::settings::{Settings, SIM_ORIGIN};
-
-/// Who wrote an output last: `.NAME.owner` beside it.
-fn owner_path(p: &Path) -> PathBuf {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    p.with_file_name(format!(".{name}.owner"))
-}
+use crate::util::owner_path;
 
 /// Who wrote an output last, as its owner record says.
 pub(super) struct Owner {

@@ -251,9 +251,7 @@ impl Recorder {
         // What a run killed now would have done, for status and the report.
         if let Some(run) = self.meta.last_run_mut() {
             run.seen_unix_ms = Some(crate::util::unix_now().as_millis() as u64);
-            run.done = Stats::get(&self.stats.done_this_run);
-            run.requests = Stats::get(&self.stats.requests);
-            run.rate_limited = Stats::get(&self.stats.rate_limited);
+            self.stats.count_in(run);
         }
         self.committer
             .save_job(&self.meta, Some((&self.origin, &self.meta.meter)), flush)?;

@@ -527,32 +527,42 @@ fn writable_dir(out: &Path) -> Result<(), String> {
     }
 }
 
-/// Refuses outputs that would destroy the input or each other, or that
-/// cannot be written, before anything is read or sent.
-fn check_outputs(
-    input: &Path,
-    out: &Path,
-    failures: &Path,
-    joblog: Option<&Path>,
+/// Refuses a `--joblog` that would add a line per call to a file that
+/// must not have one: the input, an output, or a file of the checkpoint in
+/// `state_dir` (by path or a hard link).
+fn check_joblog(
+    (input, out, failures): (&Path, &Path, &Path),
+    state_dir: &Path,
+    joblog: &Path,
 ) -> Result<(), RunError> {
-    let (o, f) = (resolved(out), resolved(failures));
     let piped = input == Path::new("-");
-    if let Some(j) = joblog {
-        // The joblog is appended to: on the input it would add a line per
-        // call to the items, on an output it would spoil it.
-        for (what, p) in [
-            ("the input file", input),
-            ("--out", out),
-            ("--failures", failures),
-        ] {
-            if same_file(j, p) && !(what == "the input file" && piped) {
-                return Err(usage(format!(
-                    "--joblog {} is {what}: a line per call would be added to it",
-                    j.display()
-                )));
-            }
+    for (what, p) in [
+        ("the input file", input),
+        ("--out", out),
+        ("--failures", failures),
+    ] {
+        if same_file(joblog, p) && !(what == "the input file" && piped) {
+            return Err(usage(format!(
+                "--joblog {} is {what}: a line per call would be added to it",
+                joblog.display()
+            )));
         }
     }
+    if crate::util::within(state_dir, joblog) {
+        return Err(usage(format!(
+            "--joblog {} is inside the checkpoint ({}): a line per call would damage it",
+            joblog.display(),
+            state_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses outputs that would destroy the input or each other, or that
+/// cannot be written, before anything is read or sent.
+fn check_outputs(input: &Path, out: &Path, failures: &Path) -> Result<(), RunError> {
+    let (o, f) = (resolved(out), resolved(failures));
+    let piped = input == Path::new("-");
     for (what, p, r) in [("--out", out, &o), ("--failures", failures, &f)] {
         if same_file(p, input) && !piped {
             return Err(usage(format!(
@@ -572,7 +582,7 @@ fn check_outputs(
         writable_dir(r)
             .map_err(|why| usage(format!("{what} {} cannot be written: {why}", p.display())))?;
     }
-    if o == f || same_file(out, failures) {
+    if same_file(out, failures) {
         return Err(usage(format!(
             "--out and --failures are the same file ({}): results and failures would overwrite each other",
             out.display()

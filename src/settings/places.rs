@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{check_outputs, default_output};
+use super::{check_joblog, check_outputs, default_output};
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::fleet::Shard;
@@ -43,18 +43,9 @@ pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunE
         .failures
         .clone()
         .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
-    check_outputs(&args.input, &out, &failures, args.joblog.as_deref())?;
+    check_outputs(&args.input, &out, &failures)?;
     if let Some(j) = &args.joblog {
-        // Appended to, a file of the checkpoint (or a link to one) would be
-        // damaged.
-        let inside = crate::util::resolved(j).starts_with(crate::util::resolved(&state_dir));
-        if inside || crate::util::holds_file(&state_dir, j) {
-            return Err(super::usage(format!(
-                "--joblog {} is inside the checkpoint ({}): a line per call would damage it",
-                j.display(),
-                state_dir.display()
-            )));
-        }
+        check_joblog((&args.input, &out, &failures), &state_dir, j)?;
     }
     Ok((state_dir, through_link(out), through_link(failures)))
 }

@@ -72,46 +72,43 @@ fn outputs_that_would_clobber_the_input_or_each_other_are_refused() {
     std::fs::write(&input, "{}\n").unwrap();
     let other = dir.join("out.jsonl");
     let same = dir.join(".").join("items.jsonl");
-    let e = check_outputs(&input, &same, &other, None)
+    let e = check_outputs(&input, &same, &other)
         .unwrap_err()
         .to_string();
     assert!(e.contains("is the input file"), "{e}");
-    let e = check_outputs(&input, &other, &input, None)
+    let e = check_outputs(&input, &other, &input)
         .unwrap_err()
         .to_string();
     assert!(e.contains("--failures"), "{e}");
-    let e = check_outputs(&input, &other, &other, None)
+    let e = check_outputs(&input, &other, &other)
         .unwrap_err()
         .to_string();
     assert!(e.contains("same file"), "{e}");
-    let e = check_outputs(&input, &dir, &other, None)
-        .unwrap_err()
-        .to_string();
+    let e = check_outputs(&input, &dir, &other).unwrap_err().to_string();
     assert!(e.contains("is a directory"), "{e}");
-    assert!(check_outputs(&input, &other, &dir.join("f.jsonl"), None).is_ok());
+    assert!(check_outputs(&input, &other, &dir.join("f.jsonl")).is_ok());
     // The joblog is appended to: never the input or an output.
     let f = dir.join("f.jsonl");
+    let state = dir.join("state");
     for (joblog, names) in [
         (&same, "is the input file"),
         (&other, "is --out"),
         (&f, "is --failures"),
     ] {
-        let e = check_outputs(&input, &other, &f, Some(joblog))
+        let e = check_joblog((&input, &other, &f), &state, joblog)
             .unwrap_err()
             .to_string();
         assert!(e.contains(names) && e.starts_with("--joblog "), "{e}");
     }
-    assert!(check_outputs(&input, &other, &f, Some(&dir.join("calls.tsv"))).is_ok());
+    assert!(check_joblog((&input, &other, &f), &state, &dir.join("calls.tsv")).is_ok());
     // A hard link is the same file under another name.
     let hard = dir.join("hard.jsonl");
     std::fs::hard_link(&input, &hard).unwrap();
-    let e = check_outputs(&input, &other, &f, Some(&hard))
+    let e = check_joblog((&input, &other, &f), &state, &hard)
         .unwrap_err()
         .to_string();
     assert!(e.contains("is the input file"), "{e}");
-    let e = check_outputs(&input, &hard, &f, None)
-        .unwrap_err()
-        .to_string();
+    let e = check_outputs(&input, &hard, &f).unwrap_err().to_string();
     assert!(e.contains("is the input file"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
