@@ -56,8 +56,19 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 /// A path made absolute and resolved as far as it exists, so two spellings
 /// of one file compare equal even before the file is created.
 pub fn resolved(p: &Path) -> PathBuf {
+    resolved_within(p, 8)
+}
+
+/// [`resolved`], following at most `links` dangling symlinks: a link to a
+/// file not made yet stands for that file (`--failures` linked to where
+/// `--out` will be).
+fn resolved_within(p: &Path, links: u32) -> PathBuf {
     if let Ok(c) = std::fs::canonicalize(p) {
         return c;
+    }
+    if let (Some(links), Ok(target)) = (links.checked_sub(1), std::fs::read_link(p)) {
+        let base = p.parent().unwrap_or(Path::new(""));
+        return resolved_within(&base.join(target), links);
     }
     let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
     let dir = parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf);

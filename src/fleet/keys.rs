@@ -13,6 +13,7 @@
 //! | `batchrun:{ID}:leases` | sorted set | one member per call in flight; score = unix ms when its concurrency lease expires |
 //! | `batchrun:{ID}:pause` | string | unix ms when the current rate-limit pause ends |
 //! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at`, the `epoch`, and the drip rules' state (`s_*` SpikeArrest, `b_*` token bucket) |
+//! | `batchrun:{ID}:told` | hash | what each process was told to pace to (`--pacer`, `--limit`), with unix ms until when that stands |
 //! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
 
 use crate::rate::policy::Unit;
@@ -82,6 +83,12 @@ impl FleetKeys {
     /// The limit hash (in force, learnt).
     pub fn limit(&self) -> String {
         format!("{}:limit", self.prefix)
+    }
+
+    /// What each process of the fleet was told to pace to (its pacer and
+    /// limits), with how long that stands (a hash; [`super::told`]).
+    pub fn told(&self) -> String {
+        format!("{}:told", self.prefix)
     }
 
     /// When each call in flight was granted.

@@ -24,6 +24,7 @@ mod local;
 pub mod pacer;
 pub mod script;
 pub mod shard;
+pub mod told;
 
 pub use alerts::{AlertClaim, FleetAlerts};
 pub use keys::FleetKeys;

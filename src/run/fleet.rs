@@ -2,17 +2,18 @@
 //! call.
 
 use crate::exit::RunError;
-use crate::fleet::{Fleet, FleetSettings, Shard};
+use crate::fleet::told::Told;
+use crate::fleet::Fleet;
+use crate::pace::PacerKind;
 use crate::report::err_line;
+use crate::settings::Settings;
 
 /// Connects to the fleet's Redis, if the run is part of a fleet, and runs
 /// the fleet's script once. Redis out of reach, or refusing the script, is
 /// a fatal error before any request is sent.
-pub async fn join(
-    fleet: Option<&FleetSettings>,
-    shard: Option<Shard>,
-) -> Result<Option<Fleet>, RunError> {
-    let Some(f) = fleet else {
+pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError> {
+    let shard = settings.shard;
+    let Some(f) = settings.fleet.as_ref() else {
         if let Some(s) = shard {
             err_line(&format!(
                 "batchrun: shard {s} without --redis: this process paces to the whole limit by itself; \
@@ -46,5 +47,37 @@ pub async fn join(
         fleet.at(),
         fleet.keys().prefix()
     ));
-    Ok(Some(fleet))
+    let mine = told(settings);
+    let (told, others) = Told::join(&fleet, &mine).await;
+    for other in others {
+        err_line(&format!(
+            "batchrun: fleet: warning: another process of this fleet (running, or ended less than \
+             {} ago) paces to {other}, this one to {mine}: each keeps its own, so the fleet keeps \
+             neither as a whole (the higher one fills the window past the lower); give every \
+             process the same --pacer and --limit",
+            humantime::format_duration(crate::fleet::told::STANDS_FOR)
+        ));
+    }
+    Ok(Some((fleet, told)))
+}
+
+/// What this process paces to, as the fleet's processes compare it: its
+/// pacer and every limit, with a bucket's burst.
+fn told(settings: &Settings) -> String {
+    let pacer = match settings.pacer {
+        PacerKind::Window => "window",
+        PacerKind::Bucket => "bucket",
+        PacerKind::Spike => "spike",
+    };
+    let mut s = format!("--pacer {pacer}");
+    if let Some(b) = settings.burst {
+        s.push_str(&format!(" --burst {b}"));
+    }
+    if settings.policies.is_empty() {
+        s.push_str(&format!(" --limit {}", settings.limit));
+    }
+    for p in &settings.policies {
+        s.push_str(&format!(" --limit {p}"));
+    }
+    s
 }

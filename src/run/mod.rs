@@ -93,7 +93,7 @@ where
         return dry_run(&settings, n, started);
     }
     // A fleet's Redis must answer before anything else happens.
-    let fleet = fleet::join(settings.fleet.as_ref(), settings.shard).await?;
+    let (fleet, told) = fleet::join(&settings).await?.unzip();
     // 2. The checkpoint, then the whole input checked before any request
     //    (a shard checks every item too, and counts its own).
     let job = open_job(&settings)?;
@@ -123,6 +123,9 @@ where
     supervise(&pool, &mut running.workers, stopped).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
     let summary = finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await?;
+    if let Some(told) = told {
+        told.leave().await;
+    }
     if settings.metrics_addr.is_some() {
         crate::report::metrics::linger(settings.metrics_linger, &shared.reporter).await;
     }

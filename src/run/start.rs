@@ -123,6 +123,7 @@ fn concurrency(settings: &Settings) -> String {
 /// window: only the items past the first window wait, and the first
 /// window goes as fast as the calls in flight allow.
 fn projection(settings: &Settings, per_min: f64, pending: u64) -> String {
+    let pending = calls(settings, pending);
     let (waiting, window) = match (settings.pacer, settings.limit.rate()) {
         (crate::pace::PacerKind::Window, Some(r)) => {
             let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);
@@ -148,6 +149,17 @@ fn projection(settings: &Settings, per_min: f64, pending: u64) -> String {
                 crate::report::progress::fmt_secs(d)
             )
         }
+    }
+}
+
+/// How many calls `pending` items take: under `--batch` counted as one
+/// call each, a batch's worth of items go in one.
+fn calls(settings: &Settings, pending: u64) -> u64 {
+    match &settings.batch {
+        Some(b) if b.weight == crate::request::BatchWeight::Calls => {
+            pending.div_ceil(b.size.max(1) as u64)
+        }
+        _ => pending,
     }
 }
 

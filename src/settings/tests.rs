@@ -110,6 +110,18 @@ fn outputs_that_would_clobber_the_input_or_each_other_are_refused() {
     assert!(e.contains("is the input file"), "{e}");
     let e = check_outputs(&input, &hard, &f).unwrap_err().to_string();
     assert!(e.contains("is the input file"), "{e}");
+    // A link to where --out will be, before it exists, is --out too
+    // (relative, and through a second link).
+    let to_out = dir.join("to-out.jsonl");
+    let twice = dir.join("twice.jsonl");
+    std::os::unix::fs::symlink("new-out.jsonl", &to_out).unwrap();
+    std::os::unix::fs::symlink(&to_out, &twice).unwrap();
+    for link in [&to_out, &twice] {
+        let e = check_outputs(&input, &dir.join("new-out.jsonl"), link)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("same file"), "{e}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -29,6 +29,14 @@ async fn a_thousand_items_in_batches_of_fifty_run_once_each_with_its_own_element
         r.summary
     );
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    // 20 calls at 10 a window: the second window's, a second after the
+    // first (counted as 1,000 calls it said about 99 s).
+    let start = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("batchrun: job "))
+        .unwrap();
+    assert!(start.contains("; about 1s at the limit's pace"), "{start}");
     assert_each_item_once(&s.out_path(), 1000);
     assert_own_elements(&s);
     let stats = s.sim().stats().await;

@@ -483,3 +483,54 @@ async fn a_fleet_with_more_workers_than_the_limit_keeps_pace_with_one_process() 
         "through Redis {took_fleet:?}, in process {took_alone:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_told_another_limit_than_the_running_fleet_is_warned() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-told")
+        .with_sim(&["--limit", "none", "--latency", "20ms"])
+        .numbers(60);
+    // Another job (its own state dir) on the same fleet key.
+    let t = Scenario::new("fleet-told-other")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    let name = fleet_name("told");
+    let fleet = |limit: &'static str| {
+        let mut v = fleet_args(&redis.url, &name, &[]);
+        v[1] = limit;
+        v
+    };
+    // While the first process runs at 20 a second, a second one told 40.
+    let mut during = None;
+    let first = act_when(
+        s.cmd(&fleet("20/1s")),
+        s.sim(),
+        |st| st["accepted"] == 1,
+        |_| {
+            during = Some(t.run(&fleet("40/1s")));
+        },
+    )
+    .await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let during = during.unwrap();
+    assert_eq!(during.code, 0, "{}", during.stderr);
+    let warned = |r: &Finished| {
+        r.stderr
+            .contains("fleet: warning: another process of this fleet")
+    };
+    assert!(warned(&during), "{}", during.stderr);
+    assert!(
+        during.stderr.contains(
+            "paces to --pacer window --limit 20ps, this one to --pacer window --limit 40ps"
+        ),
+        "{}",
+        during.stderr
+    );
+    // Both ended cleanly and took their records out: a process told
+    // either limit now joins unwarned.
+    for limit in ["40/1s", "20/1s"] {
+        let r = t.run(&[&fleet(limit)[..], &["--fresh"]].concat());
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert!(!warned(&r), "{}", r.stderr);
+    }
+}
