@@ -56,6 +56,7 @@ impl FromStr for CostExpr {
             s: s.as_bytes(),
             at: 0,
             depth: 0,
+            ops: 0,
         };
         let root = p.expr().and_then(|n| {
             p.space();
@@ -201,11 +202,15 @@ impl Costing {
 
 /// Parentheses nest at most this deep: a bound, so no input overflows the stack.
 const MAX_DEPTH: usize = 32;
+/// At most this many operators: `a+b+c+...` nests each one in the next,
+/// and the tree is walked (and dropped) recursively.
+const MAX_OPS: usize = 256;
 
 struct Parser<'a> {
     s: &'a [u8],
     at: usize,
     depth: usize,
+    ops: usize,
 }
 
 impl Parser<'_> {
@@ -238,6 +243,7 @@ impl Parser<'_> {
             } else {
                 return Ok(n);
             };
+            self.count_op()?;
             n = Node::Op(op, Box::new(n), Box::new(self.term()?));
         }
     }
@@ -252,7 +258,16 @@ impl Parser<'_> {
             } else {
                 return Ok(n);
             };
+            self.count_op()?;
             n = Node::Op(op, Box::new(n), Box::new(self.factor()?));
+        }
+    }
+
+    fn count_op(&mut self) -> Result<(), String> {
+        self.ops += 1;
+        match self.ops > MAX_OPS {
+            true => Err(format!("more than {MAX_OPS} operators")),
+            false => Ok(()),
         }
     }
 
@@ -399,6 +414,20 @@ mod tests {
         ] {
             let e = bad.parse::<CostExpr>().unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_long_chain_of_operators_is_refused_not_walked_until_the_stack_overflows() {
+        let chain = |n: usize| vec!["1"; n].join("+");
+        assert_eq!(cost(&chain(MAX_OPS + 1), json!({})), Ok(MAX_OPS as u64 + 1));
+        for long in [chain(20_000), vec!["2"; 20_000].join("*")] {
+            let e = long.parse::<CostExpr>().unwrap_err().to_string();
+            assert!(
+                e.contains("more than 256 operators"),
+                "{}",
+                &e[e.len() - 200..]
+            );
         }
     }
 

@@ -18,7 +18,7 @@ mod test_support;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -177,8 +177,18 @@ impl InputError {
     }
 }
 
+/// Spooled copies ([`spool()`]) by the name the user gave their source:
+/// a message about a line of one names standard input or the FIFO, not a
+/// file of the state dir removed when the run ends. Written by `spool`
+/// alone.
+static SPOOLED_AS: std::sync::Mutex<Vec<(PathBuf, String)>> = std::sync::Mutex::new(Vec::new());
+
 fn display(path: &Path) -> String {
-    path.display().to_string()
+    let spooled = SPOOLED_AS.lock().unwrap_or_else(|p| p.into_inner());
+    match spooled.iter().find(|(copy, _)| copy == path) {
+        Some((_, name)) => name.clone(),
+        None => path.display().to_string(),
+    }
 }
 
 /// How messages name an input the user gave: `-` is standard input, not a

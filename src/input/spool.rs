@@ -133,6 +133,10 @@ fn copy_in(
     if let Ok(dir) = File::open(spool_dir) {
         let _ = dir.sync_all();
     }
+    super::SPOOLED_AS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((target.clone(), label(path)));
     Ok(Spooled {
         path: target,
         spooled: true,

@@ -58,8 +58,10 @@ impl Tally {
     /// Units occupying at `now`.
     pub fn used(&mut self, now: Instant) -> u64 {
         self.forget(now);
-        self.in_flight.values().map(|&(_, w)| w).sum::<u64>()
-            + self.done.iter().map(|&(_, w)| w).sum::<u64>()
+        // Saturating: a server may report any usage, up to u64::MAX.
+        let in_flight = self.in_flight.values().map(|&(_, w)| w);
+        let done = self.done.iter().map(|&(_, w)| w);
+        in_flight.chain(done).fold(0, u64::saturating_add)
     }
 
     /// Claims `weight` units at `now`, or says when to look again (a
@@ -181,5 +183,18 @@ mod tests {
         t.complete(a, t0 + ms(10), None);
         assert_eq!(t.try_take(t0, 1, ms(1000)), Err(t0 + ms(10)));
         assert!(t.try_take(t0 + ms(10), 1, ms(1000)).is_ok());
+    }
+
+    #[test]
+    fn usage_reported_near_u64_max_holds_calls_as_any_usage_over_the_quota_does() {
+        let t0 = Instant::now();
+        let mut t = Tally::new(200);
+        let (a, b) = (t.admit_in_flight(t0, 10), t.admit_in_flight(t0, 10));
+        // Two answers of 2^63 each: summed unchecked they wrap to nothing.
+        t.complete(a, t0 + ms(1000), Some(1 << 63));
+        t.complete(b, t0 + ms(1000), Some(1 << 63));
+        assert_eq!(t.used(t0), u64::MAX);
+        assert!(t.try_take(t0, 10, ms(1000)).is_err());
+        assert!(t.try_take(t0 + ms(1000), 10, ms(1000)).is_ok());
     }
 }

@@ -126,7 +126,11 @@ fn renamed_from(dir: &Path, input: &Path) -> Option<PathBuf> {
     }
     // A gone name's state dir is this input's only if it holds a job of
     // this very content: an unrelated new input never borrows one (its job
-    // would be made there, and lost when another name goes).
+    // would be made there, and lost when another name goes). A FIFO or a
+    // `<(cmd)` can be read only once, and that read is the spool's.
+    if !std::fs::metadata(input).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
     let content = crate::input::file_fingerprint(input).ok()?;
     gone.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
     gone.into_iter().map(|(_, p)| p).find(|dir| {

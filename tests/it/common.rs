@@ -410,7 +410,8 @@ pub async fn act_when(
     finished(child.wait_with_output().expect("wait for batchrun"))
 }
 
-fn finished(out: std::process::Output) -> Finished {
+/// What a finished run of `batchrun` showed (the key never in it).
+pub fn finished(out: std::process::Output) -> Finished {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(

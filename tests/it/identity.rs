@@ -188,8 +188,76 @@ async fn a_symlinked_release_directory_is_the_same_job() {
     assert_side_effects(&s.sim().stats().await, 40);
 }
 
+/// A FIFO beside the state dir of a name that is gone: finding whether
+/// the FIFO is that input renamed read it, and the run then waited for a
+/// writer that had already gone, for ever, with the items read away.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_beside_a_gone_names_state_is_read_once_and_run() {
+    let s = Scenario::new("fifo-gone").with_sim(&["--limit", "none"]);
+    let dir = s.dir().path();
+    let in_dir = |input: &str| {
+        let mut c = bin();
+        c.current_dir(dir)
+            .args([input, "--limit", "none", "--json", "--format", "jsonl"])
+            .args(["--url", &format!("{}/v1/echo?n={{n}}", s.sim().url)])
+            .env("BATCHRUN_API_KEY", KEY)
+            .stdin(Stdio::null());
+        c
+    };
+    numbers(s.dir(), "old.jsonl", 3);
+    assert_eq!(finish(in_dir("old.jsonl")).code, 0);
+    std::fs::remove_file(dir.join("old.jsonl")).unwrap();
+    let fifo = dir.join("items.jsonl");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success());
+    let writer = std::thread::spawn(move || std::fs::write(fifo, rows(1..=5)).unwrap());
+    let mut child = in_dir("items.jsonl")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A deadline, not a timing claim: the run takes milliseconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the run on the FIFO never ended");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = finished(child.wait_with_output().unwrap());
+    writer.join().unwrap();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5, "{}", r.summary);
+    assert_each_item_once(&dir.join("items.results.jsonl"), 5);
+}
+
 fn rows(range: std::ops::RangeInclusive<u64>) -> String {
     range.map(|n| format!("{{\"n\": {n}}}\n")).collect()
+}
+
+/// A bad line of a pipe is named as standard input's, not by the spooled
+/// copy's path in the state dir, which is gone when the run ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_line_of_a_pipe_is_named_as_standard_inputs() {
+    let s = Scenario::new("pipe-bad-line").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("piped.results.jsonl");
+    let items = "{\"n\": 1}\nnot json\n";
+    let r = piped(&s, items, &out, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("standard input:2: invalid JSON") && !r.stderr.contains("spool"),
+        "{}",
+        r.stderr
+    );
+    let r = piped(&s, items, &out, &["--skip-invalid"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let failed = jsonl(&out.with_extension("failures"));
+    let reason = failed[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("standard input:2: invalid JSON"),
+        "{reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
