@@ -114,6 +114,14 @@ impl<R: Read> JsonlItems<R> {
             })?;
             let value: Value = serde_json::from_str(text)
                 .map_err(|e| self.content_error(format!("invalid JSON: {}", json_reason(&e))))?;
+            if has_float(&value) {
+                if let Some((column, digits)) = wide_integer(text) {
+                    return Err(self.content_error(format!(
+                        "the integer {digits} at column {column} does not fit in 64 bits: it \
+                         would be sent rounded; quote it as a string"
+                    )));
+                }
+            }
             self.row_error = false;
             return Ok(Some(Item {
                 line: self.line,
@@ -121,6 +129,50 @@ impl<R: Read> JsonlItems<R> {
             }));
         }
     }
+}
+
+/// Whether `v` holds a number kept as a float: where an integer too wide
+/// for 64 bits went (serde_json reads it as the nearest f64).
+fn has_float(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.is_f64(),
+        Value::Array(a) => a.iter().any(has_float),
+        Value::Object(o) => o.values().any(has_float),
+        _ => false,
+    }
+}
+
+/// The first integer literal of the JSON `text`, outside strings, that
+/// fits neither i64 nor u64: its column and digits.
+fn wide_integer(text: &str) -> Option<(usize, &str)> {
+    let b = text.as_bytes();
+    let (mut i, mut in_string) = (0, false);
+    while i < b.len() {
+        match (in_string, b[i]) {
+            (true, b'\\') => i += 1,
+            (_, b'"') => in_string = !in_string,
+            (false, c) if c == b'-' || c.is_ascii_digit() => {
+                let start = i;
+                i += 1;
+                while i < b.len() && b[i].is_ascii_digit() {
+                    i += 1;
+                }
+                let fraction = i < b.len() && matches!(b[i], b'.' | b'e' | b'E');
+                let digits = &text[start..i];
+                if !fraction && digits.parse::<i64>().is_err() && digits.parse::<u64>().is_err() {
+                    return Some((start + 1, digits));
+                }
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
+                    i += 1;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 /// serde_json's message without its "at line 1 column N" tail: the line it
@@ -169,6 +221,25 @@ mod tests {
         assert_eq!(items[1].value, serde_json::json!([1, "x"]));
         assert_eq!(items[2].value, serde_json::json!("s"));
         assert_eq!(items[3].value, serde_json::json!(42));
+    }
+
+    #[test]
+    fn an_integer_too_wide_for_64_bits_is_refused_not_sent_rounded() {
+        let f = TempFile::new(
+            "ids.jsonl",
+            b"{\"id\": 18446744073709551615, \"x\": -9223372036854775808, \"p\": 2.5e3}\n\
+              {\"note\": \"123456789012345678901234567890\", \"f\": 1.5}\n\
+              {\"a\": [1.5, {\"id\": 123456789012345678901234567890}]}\n",
+        );
+        let mut reader = Reader::open(f.path(), Format::Jsonl).unwrap();
+        // u64::MAX and i64::MIN fit; digits in a string are text.
+        assert_eq!(reader.next().unwrap().unwrap().value["id"], u64::MAX);
+        assert!(reader.next().unwrap().is_ok());
+        let msg = reader.next().unwrap().unwrap_err().to_string();
+        assert!(
+            msg.ends_with(":3: the integer 123456789012345678901234567890 at column 20 does not fit in 64 bits: it would be sent rounded; quote it as a string"),
+            "{msg}"
+        );
     }
 
     #[test]

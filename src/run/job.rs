@@ -168,13 +168,6 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         .filter(|m| m.origin == settings.origin)
         .max_by_key(|m| m.last_active_unix_ms)
         .map_or(OriginWindow::default(), OriginWindow::of);
-    if let Some(m) = found {
-        return Ok(Located {
-            id: m.id.clone(),
-            window,
-            ..Located::default()
-        });
-    }
     // A job with outputs of its own (another --out) is another job on
     // purpose, say on another endpoint: only one that wrote, or would
     // write, these outputs is this command changed.
@@ -188,6 +181,17 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         }) || owned(&settings.out)
             || owned(&settings.failures)
     };
+    let found = match found {
+        Some(m) => Some(m),
+        None => pipe_regenerated(store, settings, &jobs, these_outputs)?,
+    };
+    if let Some(m) = found {
+        return Ok(Located {
+            id: m.id.clone(),
+            window,
+            ..Located::default()
+        });
+    }
     let (changed, idle): (Vec<&JobMeta>, Vec<&JobMeta>) = jobs
         .iter()
         .filter(this_input)
@@ -201,6 +205,30 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         idle: idle.into_iter().map(|m| m.id.clone()).collect(),
         window,
     })
+}
+
+/// For a pipe of content no job was made from: the last job of this
+/// request on a pipe, writing these outputs, when this content holds every
+/// result of it (a query's rows in another order, rows inserted): the
+/// run resumes it by content ([`super::regen`]).
+fn pipe_regenerated<'a>(
+    store: &Store,
+    settings: &Settings,
+    jobs: &'a [JobMeta],
+    these_outputs: impl Fn(&&JobMeta) -> bool,
+) -> Result<Option<&'a JobMeta>, RunError> {
+    if settings.spooled.is_none() {
+        return Ok(None);
+    }
+    let last = jobs
+        .iter()
+        .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
+        .filter(these_outputs)
+        .max_by_key(|m| m.last_active_unix_ms);
+    match last {
+        Some(m) if super::regen::holds_every_result(store, settings, m)? => Ok(Some(m)),
+        _ => Ok(None),
+    }
 }
 
 /// What differs between the request a job was made for and this one, one

@@ -393,6 +393,7 @@ fn build_pool(
         got_through: Default::default(),
         deferred: Default::default(),
         long_wait_said: Default::default(),
+        scrub_said: Default::default(),
         watch: watch::Watch::new(settings.fail_fast, settings.max_failures).with_silence(
             watch::SilenceLimit::for_concurrency(
                 match settings.pool {

@@ -64,6 +64,9 @@ pub struct Pool {
     /// A retry's long wait that the server asked for was said (once a
     /// run).
     pub long_wait_said: std::sync::atomic::AtomicBool,
+    /// A response held the key's text, and the results hold `***` in its
+    /// place: said once a run.
+    pub scrub_said: std::sync::atomic::AtomicBool,
     /// Fail fast on a wrong job; bound the failures.
     pub watch: Watch,
     /// Calls in flight at once.

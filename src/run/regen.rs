@@ -29,10 +29,27 @@ pub(super) fn regenerated(
     scan: &Scan,
 ) -> Result<Option<JobMeta>, RunError> {
     let old = store.job(id).context("reading the checkpoint")?;
-    // A pipe's job is found by its content: it never lands here.
-    Ok(old.filter(|old| {
-        old.fingerprint != scan.fingerprint && !grew(settings, old) && settings.spooled.is_none()
-    }))
+    // A pipe lands here only when its rows came otherwise and it holds
+    // every result of the job (`holds_every_result`).
+    Ok(old.filter(|old| old.fingerprint != scan.fingerprint && !grew(settings, old)))
+}
+
+/// Whether the input holds every finished item of `old` (found by
+/// content, wherever its line is now). A pipe of other content than its
+/// job's (the rows of a query without an order, rows inserted) is then
+/// that job regenerated, and resumes it by content, its calls that may
+/// have run under their keys; a pipe that lost some would lose their
+/// results, and is another job.
+pub(super) fn holds_every_result(
+    store: &Store,
+    settings: &Settings,
+    old: &JobMeta,
+) -> Result<bool, RunError> {
+    let items = store.items(&old.id).context("opening the checkpoint")?;
+    let states = items.states();
+    let pairs = tokio::task::block_in_place(|| pairs(settings, &items, old))?;
+    let kept = pairs.iter().filter(|(o, _)| states.is_finished(*o)).count() as u64;
+    Ok(kept >= old.done + old.failed)
 }
 
 /// Carries the items of `old` that the input still holds over to a new
@@ -82,7 +99,7 @@ pub(super) fn by_content(
     crate::report::err_line(&format!(
         "batchrun: {} changed since its checkpoint was made: {kept} item(s) it still holds \
          keep their results (matched by content); {rest}",
-        settings.input.display(),
+        super::job::shown_input(settings),
     ));
     Ok(new_id)
 }

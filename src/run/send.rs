@@ -141,6 +141,23 @@ impl Pool {
         }
     }
 
+    /// A body was changed to keep the key out of the files: said once, so
+    /// that `***` in a result is not taken for what the server answered (a
+    /// short key matches ordinary text too).
+    fn said_scrubbed(&self) {
+        if !self
+            .scrub_said
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.emit(Event::Note(
+                "batchrun: a response held the API key's text: the results and failures hold *** \
+                 in its place, so that the key never reaches a file (a short key may match \
+                 ordinary text)"
+                    .to_string(),
+            ));
+        }
+    }
+
     async fn read(&self, resp: Response, batch: Option<&BatchSpec>) -> Outcome {
         let Response {
             status,
@@ -157,7 +174,10 @@ impl Pool {
             .as_ref()
             .and_then(|k| k.scrub(&body, truncated))
         {
-            Some(clean) => clean,
+            Some(clean) => {
+                self.said_scrubbed();
+                clean
+            }
             None => body,
         };
         // A batch's success cut short pairs nothing, though its items ran.

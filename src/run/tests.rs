@@ -72,6 +72,7 @@ async fn run_pool(
         got_through: Default::default(),
         deferred: Default::default(),
         long_wait_said: Default::default(),
+        scrub_said: Default::default(),
         watch: super::watch::Watch::new(10, None),
         slots: std::sync::Arc::new(super::pool::Slots::new(workers)),
     });

@@ -303,6 +303,59 @@ async fn another_days_pipe_does_not_overwrite_the_results_of_the_last() {
     assert_side_effects(&s.sim().stats().await, 10);
 }
 
+/// A pipe's rows in another order (a query without ORDER BY), or with a
+/// row inserted, are its job regenerated: resumed by content, nothing sent
+/// again, calls of unknown outcome under their keys; a pipe that lost rows
+/// is another job, as above.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipe_whose_rows_come_in_another_order_resumes_its_job_by_content() {
+    let s = Scenario::new("pipe-order").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("stdin.results.jsonl");
+    let r = piped(&s, &rows(1..=20), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let reversed: String = rows(1..=20)
+        .lines()
+        .rev()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let r = piped(&s, &reversed, &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert!(
+        r.stderr.contains("the piped input (stdin) changed"),
+        "{}",
+        r.stderr
+    );
+    let r = piped(&s, &format!("{{\"n\": 99}}\n{reversed}"), &out, &[]);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
+    assert_each_item_once(&out, 21);
+    assert_side_effects(&s.sim().stats().await, 21);
+
+    // Every call ran and its answer was lost: reordered, and retried,
+    // each goes under its key again and is replayed.
+    let s = Scenario::new("pipe-order-unknown").with_sim(&[
+        "--limit",
+        "none",
+        "--reset-rate",
+        "1",
+        "--seed",
+        "3",
+    ]);
+    let out = s.dir().path().join("stdin.results.jsonl");
+    let r = piped(&s, &rows(1..=10), &out, &["--max-attempts", "1"]);
+    assert_eq!(r.summary["failed"], 10, "{}", r.summary);
+    let reversed: String = rows(1..=10)
+        .lines()
+        .rev()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let r = piped(&s, &reversed, &out, &["--retry-failed"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["idempotent_replays"], 10, "{stats}");
+    assert_side_effects(&stats, 10);
+}
+
 /// A file at `--out` that batchrun did not write (no owner record, not
 /// its format) is somebody's data: refused before any call, untouched,
 /// unless `--force-outputs`. batchrun's own outputs whose owner record is

@@ -77,6 +77,9 @@ async fn a_server_that_echoes_the_key_never_gets_it_written() {
         results.contains("\"key\":\"***\""),
         "the echo is kept, redacted: {results}"
     );
+    // Said once, so that *** is not taken for the server's answer.
+    let said = "a response held the API key's text: the results and failures hold ***";
+    assert_eq!(ok.stderr.matches(said).count(), 1, "{}", ok.stderr);
     // Another job (another URL) whose every call fails: the reasons too.
     let fail_out = s.dir().path().join("bad.failures.jsonl");
     let bad = s.run(&[
