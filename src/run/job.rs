@@ -70,6 +70,10 @@ pub(super) struct Located {
     /// What the last job on the same API origin left of the server's
     /// window: a new job starts from there.
     pub(super) window: OriginWindow,
+    /// For a pipe of new content, the last job of this request and these
+    /// outputs on a pipe: the job this run resumes by content if the
+    /// content holds every result of it.
+    pub(super) pipe_before: Option<JobMeta>,
 }
 
 /// When the last call of a job on an API origin went out, and what it
@@ -181,10 +185,6 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         }) || owned(&settings.out)
             || owned(&settings.failures)
     };
-    let found = match found {
-        Some(m) => Some(m),
-        None => pipe_regenerated(store, settings, &jobs, these_outputs)?,
-    };
     if let Some(m) = found {
         return Ok(Located {
             id: m.id.clone(),
@@ -204,31 +204,25 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         changed: changed.into_iter().cloned().collect(),
         idle: idle.into_iter().map(|m| m.id.clone()).collect(),
         window,
+        pipe_before: pipe_before(settings, &jobs, these_outputs),
     })
 }
 
 /// For a pipe of content no job was made from: the last job of this
-/// request on a pipe, writing these outputs, when this content holds every
-/// result of it (a query's rows in another order, rows inserted): the
-/// run resumes it by content ([`super::regen`]).
-fn pipe_regenerated<'a>(
-    store: &Store,
+/// request on a pipe, writing these outputs. If this content holds every
+/// result of it (a query's rows in another order, rows inserted), the run
+/// resumes it by content ([`Located::pipe_before`]).
+fn pipe_before(
     settings: &Settings,
-    jobs: &'a [JobMeta],
+    jobs: &[JobMeta],
     these_outputs: impl Fn(&&JobMeta) -> bool,
-) -> Result<Option<&'a JobMeta>, RunError> {
-    if settings.spooled.is_none() {
-        return Ok(None);
-    }
-    let last = jobs
-        .iter()
+) -> Option<JobMeta> {
+    settings.spooled.as_ref()?;
+    jobs.iter()
         .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
         .filter(these_outputs)
-        .max_by_key(|m| m.last_active_unix_ms);
-    match last {
-        Some(m) if super::regen::holds_every_result(store, settings, m)? => Ok(Some(m)),
-        _ => Ok(None),
-    }
+        .max_by_key(|m| m.last_active_unix_ms)
+        .cloned()
 }
 
 /// What differs between the request a job was made for and this one, one
