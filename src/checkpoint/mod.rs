@@ -121,6 +121,11 @@ pub struct JobMeta {
     pub created_unix: u64,
     /// The last time a call was sent (unix ms), to pace a quick resume.
     pub last_active_unix_ms: u64,
+    /// What each policy told (`--limit`) held at the last save, by its
+    /// name (`1000/1h`): a resume within a long window counts the last
+    /// run's calls there, not only in the shortest window it waits out.
+    #[serde(default)]
+    pub last_used: Vec<(String, u64)>,
     /// Credit meter state: last balance and alerts fired this cycle.
     pub meter: MeterState,
     /// Why the last run stopped, if it halted.

@@ -342,6 +342,7 @@ pub fn for_limit(
         wait_for_quota: false,
         learn_shape: true,
         start: false,
+        last_used: &[],
     };
     let learnt = learnt.map(Learnt::from);
     for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
@@ -383,6 +384,14 @@ pub fn for_limits(
                 ..policies
             };
             let mut set = window::policy_set(policies, r, learnt, now);
+            // As answered a margin after the last run's last call (the
+            // stamp a kill -9 may not have saved).
+            let ago = now_unix.saturating_sub(last_active);
+            if !last_active.is_zero() {
+                if let Some(at) = crate::rate::exact::later(now, STAMP_MARGIN).checked_sub(ago) {
+                    set.resume_use(policies.last_used, at);
+                }
+            }
             let policies = policies.specs;
             // Held for the shortest window only: a burst overruns that one,
             // while holding a whole hour for an hourly quota would stall a
@@ -428,9 +437,13 @@ pub fn still_counted(period: Duration, last_active: Duration, now_unix: Duration
         return Duration::ZERO;
     }
     period
-        .saturating_add(Duration::from_secs(3))
+        .saturating_add(STAMP_MARGIN)
         .saturating_sub(now_unix.saturating_sub(last_active))
 }
+
+/// How late the last call's stamp may be saved: every second, flushed
+/// within half a second more, so a kill -9 may lose that much.
+const STAMP_MARGIN: Duration = Duration::from_secs(3);
 
 /// The time on tokio's clock as a std instant, for the pure rate logic
 /// (which tokio's paused test clock then drives as well).
@@ -591,6 +604,7 @@ mod tests {
                 wait_for_quota: false,
                 learn_shape: true,
                 start: true,
+                last_used: &[],
             };
             for_limits(PacerKind::Window, limit, p, None, None, Duration::ZERO, NOW)
                 .unwrap()
@@ -652,6 +666,44 @@ mod tests {
         let (p, _) =
             for_limit(PacerKind::Window, per_second(20), None, None, long_ago, NOW).unwrap();
         assert_eq!(at_once(p.as_ref()).await, 20);
+    }
+
+    /// Two limits, the run before filled the long one: a resume waits for
+    /// it, not only for the shortest window.
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_resume_counts_the_previous_runs_use_of_each_window() {
+        let specs: Vec<PolicySpec> = ["60/20s", "50/1s"].map(|s| s.parse().unwrap()).to_vec();
+        let last = NOW - Duration::from_secs(1);
+        let resumed = |used: u64| {
+            let last_used = [("60/20s".to_string(), used), ("50ps".to_string(), 50)];
+            let p = Policies {
+                specs: &specs,
+                wait_for_quota: false,
+                learn_shape: true,
+                start: false,
+                last_used: &last_used,
+            };
+            let limit = Limit::Rate(specs[0].rate().unwrap());
+            for_limits(PacerKind::Window, limit, p, None, None, last, NOW)
+                .unwrap()
+                .0
+        };
+        let p = resumed(60);
+        let t0 = Instant::now();
+        call(p.as_ref()).await;
+        // Answered 3 s after the last stamp (its margin), free 20 s later.
+        assert_eq!(Instant::now() - t0, Duration::from_secs(22));
+        // Ten of sixty used: fifty go once the short window is waited out.
+        let p = resumed(10);
+        let t0 = Instant::now();
+        let mut at = Vec::new();
+        for _ in 0..51 {
+            call(p.as_ref()).await;
+            at.push(Instant::now() - t0);
+        }
+        assert_eq!(at[0], Duration::from_secs(3));
+        assert!(at[49] < Duration::from_secs(4), "{at:?}");
+        assert_eq!(at[50], Duration::from_secs(22));
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,6 +68,9 @@ pub struct Policies<'a> {
     /// [`START_AHEAD`](crate::rate::learn::START_AHEAD)), if it is no longer
     /// than [`START_WITHIN`](crate::rate::learn::START_WITHIN).
     pub start: bool,
+    /// What each told policy held at the last save of the job's last run
+    /// (by name): counted again on a resume ([`PolicySet::resume_use`]).
+    pub last_used: &'a [(String, u64)],
 }
 
 /// The set of `p`'s policies (the primary one first, of rate `r`): its
@@ -345,6 +348,7 @@ mod tests {
             wait_for_quota: false,
             learn_shape: true,
             start: false,
+            last_used: &[],
         };
         let r = spec.rate().unwrap();
         let p = WindowPacer::of(policy_set(policies, r, None, now_std()));

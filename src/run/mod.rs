@@ -306,6 +306,7 @@ fn build_pacer(
                     .as_ref()
                     .is_some_and(|b| b.weight == crate::request::BatchWeight::Items),
                 start: settings.shape_unknown,
+                last_used: &meta.last_used,
             },
             settings.burst,
             job::learnt(meta),

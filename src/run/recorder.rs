@@ -141,16 +141,30 @@ impl Recorder {
                         self.take(Event::Pace(note), &mut saving);
                     }
                     self.ticks.tick(&self.stats, &self.reporter);
-                    self.sinks.tick(self.moment());
+                    let moment = self.moment();
+                    self.keep_use(&moment.policies);
+                    self.sinks.tick(moment);
                 }
             }
         }
         self.ticks.end();
-        self.sinks.end(self.moment());
+        let moment = self.moment();
+        self.keep_use(&moment.policies);
+        self.sinks.end(moment);
         // The pacer owns the limit it learnt (it also probes upward without
         // a note); the job record takes its last word.
         super::job::keep_learnt(&mut self.meta, self.ticks.gauges.pacer.learnt());
         self.wind_down(saving.err).await
+    }
+
+    /// What each told policy holds, for a resume to count again (the
+    /// stated ones come back with the server's next answer).
+    fn keep_use(&mut self, policies: &[crate::rate::Occupancy]) {
+        self.meta.last_used = policies
+            .iter()
+            .filter(|o| o.used > 0 && !o.policy.ends_with(" (stated)"))
+            .map(|o| (o.policy.clone(), o.used))
+            .collect();
     }
 
     /// What the observers see on a tick: the gauges, and the credits'

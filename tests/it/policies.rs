@@ -86,6 +86,27 @@ async fn several_limits_of_several_shapes_are_each_kept() {
     assert_side_effects(&stats, 70);
 }
 
+/// Interrupted once the longer of two windows is full, the same command
+/// waits for that window, not only for the shortest one (the run before
+/// waited 1 s plus the stamp's margin, and was refused).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_counts_the_last_runs_calls_in_every_window() {
+    let limits = ["--limit", "50/1s,sliding", "--limit", "20/8s,sliding"];
+    let sim = [&limits[..], &["--cooldown", "1s"]].concat();
+    let s = Scenario::new("resume-windows").with_sim(&sim).numbers(25);
+    let r = s
+        .signal_when(&limits, |st| st["side_effects"] == 20, libc::SIGINT)
+        .await;
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let r = s.run(&limits);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    at_most(policy(&stats, 1), "max_in_window", 20);
+    assert_each_item_once(&s.out_path(), 25);
+}
+
 /// Items with a prompt and a `max_tokens`, of varied sizes.
 fn prompts(n: u64) -> String {
     (1..=n)

@@ -51,6 +51,34 @@ impl PolicySet {
     }
 }
 
+impl PolicySet {
+    /// Counts `used` (what each configured policy held when a run of the
+    /// job before this one was last saved, by the names [`Self::occupancy`]
+    /// gives) as answered at `answered`: a resume within a long window
+    /// does not send that window's quota again. Buckets are left out:
+    /// they start as they would for a new run.
+    pub fn resume_use(&mut self, used: &[(String, u64)], answered: Instant) {
+        let (windows, kept) = self.configured;
+        let held = |name: &str| used.iter().find(|(n, _)| n == name).map(|&(_, u)| u);
+        for w in self.windows.iter_mut().take(windows) {
+            let name = Rate {
+                count: w.configured(),
+                period: w.window(),
+            }
+            .to_string();
+            for _ in 0..held(&name).unwrap_or(0).min(w.limit()) {
+                w.admit_answered(answered);
+            }
+        }
+        for k in self.kept.iter_mut().take(kept) {
+            let bucket = matches!(k.spec().shape, crate::rate::policy::Shape::Bucket { .. });
+            if let Some(units) = held(&k.spec().to_string()).filter(|_| !bucket) {
+                k.admit_answered(answered, units);
+            }
+        }
+    }
+}
+
 fn label(name: String, stated: bool) -> String {
     match stated {
         true => format!("{name} (stated)"),
