@@ -555,7 +555,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_positive_duration, requires = "redis", help_heading = "Fleet", help_heading = "Fleet")]
     pub redis_timeout: Duration,
 
-    /// Take only the items whose line number modulo N is I-1, with a
+    /// Take only the items whose content's digest modulo N is I-1 (a row
+    /// keeps its shard wherever a regenerated input moves it), with a
     /// checkpoint and outputs of this shard's own.
     #[arg(
         long,

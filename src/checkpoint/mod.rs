@@ -199,6 +199,11 @@ pub struct JobMeta {
     /// lines' keys.
     #[serde(default)]
     pub keys_by_content: bool,
+    /// `--shard` splits its items by their content, not their lines (see
+    /// `fleet/shard.rs`): true for jobs made since; older jobs keep the
+    /// split by line.
+    #[serde(default)]
+    pub shards_by_content: bool,
     /// A run was killed with items pending: calls it had in flight may
     /// have run, and nothing says which. Until every item is finished (or
     /// `--fresh`), nothing may send them under other keys (other batches,

@@ -133,10 +133,12 @@ fn copy_in(
     if let Ok(dir) = File::open(spool_dir) {
         let _ = dir.sync_all();
     }
+    // Named before the lock: naming reads the list too.
+    let name = label(path);
     super::SPOOLED_AS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push((target.clone(), label(path)));
+        .push((target.clone(), name));
     Ok(Spooled {
         path: target,
         spooled: true,

@@ -17,7 +17,8 @@ pub(super) struct Source {
     pub(super) path: PathBuf,
     /// How it is read.
     pub(super) format: Format,
-    /// This process's share of the lines, in a fleet.
+    /// This process's share of the items, in a fleet (split as the job
+    /// was made: by content, or by line).
     pub(super) shard: Option<Shard>,
     /// `--skip-invalid`: bad rows were recorded as failed; pass them by.
     pub(super) skip_invalid: bool,
@@ -82,7 +83,7 @@ pub(super) fn spawn(
             };
             // Every item counts, whoever sends it and whether it is done.
             let repeat = repeats.of(&item);
-            if shard.is_some_and(|s| !s.takes(item.line)) {
+            if shard.is_some_and(|s| !s.takes(item.line, Some(item.digest()))) {
                 continue;
             }
             if states.is_finished(item.line) {
@@ -153,5 +154,5 @@ fn passed_by(
     shard: Option<Shard>,
 ) -> bool {
     e.line()
-        .is_some_and(|l| states.is_finished(l) || shard.is_some_and(|s| !s.takes(l)))
+        .is_some_and(|l| states.is_finished(l) || shard.is_some_and(|s| !s.takes(l, None)))
 }

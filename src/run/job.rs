@@ -266,7 +266,7 @@ pub(super) fn request_diff(old: &str, new: &str) -> Vec<String> {
 /// would point at nothing the user knows.
 pub(super) fn shown_input(settings: &Settings) -> String {
     if settings.spooled.is_some() {
-        "the piped input (stdin)".to_string()
+        format!("the piped input ({})", settings.input_name)
     } else {
         settings.input.display().to_string()
     }
@@ -352,6 +352,7 @@ pub fn open(
         input_len: file_len(&settings.input),
         layout: LAYOUT,
         keys_by_content: true,
+        shards_by_content: true,
         ..JobMeta::default()
     };
     keep_learnt(&mut meta, window.learnt);

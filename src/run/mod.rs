@@ -476,8 +476,12 @@ where
         true => std::mem::take(&mut *job.repeats.lock().unwrap_or_else(|p| p.into_inner())),
         false => repeats::Counter::default(),
     };
+    let mut source = feeder::Source::of(settings);
+    source.shard = source
+        .shard
+        .map(|s| s.by_content(job.meta.shards_by_content));
     let feeder = feeder::spawn(
-        feeder::Source::of(settings),
+        source,
         repeats,
         job.items.clone(),
         job.scan.total,

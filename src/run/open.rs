@@ -28,16 +28,7 @@ pub(super) struct Opened {
 /// will not be sent again is parsed but not rendered.
 pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
-    let mut located = super::job::locate(&store, settings)?;
-    if let Some(before) = located.pipe_before.take() {
-        if super::regen::holds_every_result(&store, settings, &before)? {
-            located = Located {
-                id: before.id,
-                window: located.window,
-                ..Located::default()
-            };
-        }
-    }
+    let located = locate(&store, settings)?;
     let (id, superseded) = changed_request(&store, settings, &located)?;
     super::owner::check_owners(settings, &id, &superseded)?;
     // A job the checkpoint does not know (lost, or moved aside as damaged)
@@ -58,24 +49,21 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
-    let (mut scan, mut invalid, mut repeats) = scan_input(settings, &items)?;
+    // A job splits its shards as it was made.
+    let shard =
+        (settings.shard).map(|s| s.by_content(old.as_ref().map_or(true, |o| o.shards_by_content)));
+    let (mut scan, mut invalid, mut repeats) = scan_input(settings, shard, &items)?;
     if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
         let so = "rows added to the last block would join its batch";
         check_moved_batches(settings, &items, old, ("grew", so))?;
     }
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
-        let so = "batches are formed from blocks of lines, which moved, so they would go again";
-        check_moved_batches(
-            settings,
-            &items,
-            &old,
-            ("changed since its checkpoint was made,", so),
-        )?;
+        check_regenerated(settings, &items, &old)?;
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
-        (scan, invalid, repeats) = scan_input(settings, &items)?;
+        (scan, invalid, repeats) = scan_input(settings, shard, &items)?;
     }
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
@@ -110,6 +98,47 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         scan,
         repeats: std::sync::Mutex::new(repeats),
     })
+}
+
+/// The job for this input and request ([`super::job::locate`]); for a
+/// pipe of new content, the pipe's last job when the content holds every
+/// result of it.
+fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
+    let mut located = super::job::locate(store, settings)?;
+    if let Some(before) = located.pipe_before.take() {
+        if super::regen::holds_every_result(store, settings, &before)? {
+            located = Located {
+                id: before.id,
+                window: located.window,
+                ..Located::default()
+            };
+        }
+    }
+    Ok(located)
+}
+
+/// Refuses to resume `old` by content on a regenerated input where that
+/// could send a call twice: batches whose blocks of lines moved after
+/// calls that may have run, and shards split by line (rows moved between
+/// shards, and a shard cannot know what another did).
+fn check_regenerated(settings: &Settings, items: &JobItems, old: &JobMeta) -> Result<(), RunError> {
+    let so = "batches are formed from blocks of lines, which moved, so they would go again";
+    check_moved_batches(
+        settings,
+        items,
+        old,
+        ("changed since its checkpoint was made,", so),
+    )?;
+    if settings.shard.is_some() && !old.shards_by_content {
+        return Err(RunError::Usage(format!(
+            "{} changed since its checkpoint was made, and this shard's job (made before \
+             shards followed content) splits the input by line: rows moved between shards, \
+             and a shard cannot know what another did. Run every shard on the input it was \
+             made from, or start the shards again on this one with --fresh",
+            super::job::shown_input(settings)
+        )));
+    }
+    Ok(())
 }
 
 /// `--fresh` means "run them again": the job `id` (`old`) is discarded,
@@ -358,6 +387,7 @@ type Invalid = Vec<(u64, String)>;
 /// unless it will not be sent again; a shard counts its own.
 fn scan_input(
     settings: &Settings,
+    shard: Option<crate::fleet::Shard>,
     items: &JobItems,
 ) -> Result<(input::Scan, Invalid, Counter), RunError> {
     let spec = &settings.request;
@@ -366,11 +396,11 @@ fn scan_input(
     let states = items.states();
     let retry_failed = settings.retry_failed;
     let in_shard = std::cell::Cell::new(0u64);
-    let ours = |line: u64| settings.shard.map_or(true, |s| s.takes(line));
+    let ours = |line: u64, digest: Option<u64>| shard.map_or(true, |s| s.takes(line, digest));
     let mut invalid: Invalid = Vec::new();
     let mut skip = |e: input::InputError| {
         let line = e.line().unwrap_or_default();
-        if ours(line) {
+        if ours(line, None) {
             in_shard.set(in_shard.get() + 1);
             invalid.push((line, e.to_string()));
         }
@@ -380,7 +410,8 @@ fn scan_input(
         false => None,
     };
     let check = &mut |item: &input::Item| {
-        repeats.borrow_mut().see(item.digest());
+        let digest = item.digest();
+        repeats.borrow_mut().see(digest);
         let checked = match states.state(item.line) {
             Some(ItemState::Done) => Ok(()),
             Some(ItemState::Failed) if !retry_failed => Ok(()),
@@ -390,7 +421,7 @@ fn scan_input(
         // --skip-invalid): counted here too, the feeder would look for an
         // item more than the file holds and call the input changed.
         if checked.is_ok() {
-            in_shard.set(in_shard.get() + u64::from(ours(item.line)));
+            in_shard.set(in_shard.get() + u64::from(ours(item.line, Some(digest))));
         }
         checked
     };

@@ -165,7 +165,7 @@ fn default_output(input: &Path, suffix: &str) -> PathBuf {
     if input == Path::new("-") {
         return PathBuf::from(format!("stdin.{suffix}.jsonl"));
     }
-    if input.starts_with("/dev") || input.starts_with("/proc") {
+    if places::special(input) {
         return PathBuf::from(format!("batchrun.{suffix}.jsonl"));
     }
     let stem = input
@@ -450,7 +450,7 @@ fn limit_source(args: &RunArgs, policies: &[PolicySpec]) -> String {
 
 /// The input's name as the job knows it (see [`Settings::input_name`]).
 fn input_name(input: &Path) -> String {
-    if input == Path::new("-") {
+    if input == Path::new("-") || places::special(input) {
         return "stdin".to_string();
     }
     input

@@ -77,14 +77,13 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
     if let Some(d) = given {
         return d.to_path_buf();
     }
-    let (dir, name) = if input == Path::new("-") {
+    let pipe = input == Path::new("-") || special(input);
+    let (dir, name) = if pipe {
         (PathBuf::from("."), "stdin".to_string())
     } else {
         let dir = input
             .parent()
-            .filter(|d| {
-                !d.as_os_str().is_empty() && !d.starts_with("/dev") && !d.starts_with("/proc")
-            })
+            .filter(|d| !d.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let name = input
             .file_name()
@@ -92,10 +91,18 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
         (dir, name)
     };
     let own = dir.join(".batchrun").join(&name);
-    if own.exists() || input == Path::new("-") {
+    if own.exists() || pipe {
         return own;
     }
     renamed_from(&dir, input).unwrap_or(own)
+}
+
+/// A path under `/dev` or `/proc`: `<(cmd)` (`/dev/fd/63`, a number
+/// the shell picks afresh each time), `/dev/stdin`. It is a pipe, as `-`
+/// is: its job is found by content, under `.batchrun/stdin` of the
+/// current directory, not by a name that changes from run to run.
+pub fn special(input: &Path) -> bool {
+    input.starts_with("/dev") || input.starts_with("/proc")
 }
 
 /// The state dir of the same file under another name: a link of another

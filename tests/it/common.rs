@@ -568,8 +568,20 @@ pub fn alert_ids(summary: &serde_json::Value) -> Vec<String> {
 /// Pipes `items` into `batchrun - --format jsonl --out OUT EXTRA`, the
 /// failures beside OUT.
 pub fn piped(s: &Scenario, items: &str, out: &std::path::Path, extra: &[&str]) -> Finished {
+    piped_as(s, "-", items, out, extra)
+}
+
+/// [`piped`], the pipe named `input` (`/dev/stdin`, `/proc/self/fd/0`:
+/// what `<(cmd)` gives is such a path).
+pub fn piped_as(
+    s: &Scenario,
+    input: &str,
+    items: &str,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> Finished {
     let mut c = s.cmd_for(
-        std::path::Path::new("-"),
+        std::path::Path::new(input),
         &[&["--limit", "none"], extra].concat(),
     );
     c.args(["--format", "jsonl", "--out"])

@@ -356,6 +356,21 @@ async fn a_pipe_whose_rows_come_in_another_order_resumes_its_job_by_content() {
     assert_side_effects(&stats, 10);
 }
 
+/// `<(cmd)` is `/dev/fd/N`, N whatever the shell picks that time: the
+/// same content through another number is the same job, found by content
+/// as a pipe is, not a new job under new keys.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_substitution_is_the_same_job_whatever_its_fd_number() {
+    let s = Scenario::new("fd-number").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("subst.results.jsonl");
+    let r = piped_as(&s, "/proc/self/fd/0", &rows(1..=10), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = piped_as(&s, "/dev/stdin", &rows(1..=10), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 10);
+}
+
 /// A file at `--out` that batchrun did not write (no owner record, not
 /// its format) is somebody's data: refused before any call, untouched,
 /// unless `--force-outputs`. batchrun's own outputs whose owner record is
@@ -546,6 +561,66 @@ fn with_a_row_on_top(s: &Scenario, n: u64) {
         text.push_str(&format!("{{\"n\": {i}}}\n"));
     }
     s.dir().write("items.jsonl", &text);
+}
+
+/// Shards of a regenerated input (a row inserted on top): each row keeps
+/// its shard wherever its line went, so each shard resumes its own items
+/// by content. Split by line, a shard carried its results over to another
+/// shard's lines and never sent its own new ones (lost), and the other
+/// shard sent them again, in other batches under other keys (run twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn shards_of_a_regenerated_input_run_every_item_once() {
+    for (tag, extra) in [
+        ("shards-regen", &[][..]),
+        ("shards-regen-batch", &["--batch", "4"][..]),
+    ] {
+        let s = Scenario::new(tag)
+            .with_sim(&["--limit", "none"])
+            .numbers(60);
+        let url = match extra.is_empty() {
+            true => format!("{}/v1/echo?n={{n}}", s.sim().url),
+            false => batch_url(&s),
+        };
+        let args = |i: u64| {
+            let mut v = vec![
+                "--limit".to_string(),
+                "none".into(),
+                "--url".into(),
+                url.clone(),
+            ];
+            v.extend([
+                "--json-body".to_string(),
+                "--shard".into(),
+                format!("{i}/3"),
+            ]);
+            v.extend(extra.iter().map(|a| a.to_string()));
+            v
+        };
+        let run = |i| {
+            let a = args(i);
+            s.run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        assert_eq!(run(1).code, 0, "{tag}");
+        with_a_row_on_top(&s, 60);
+        for i in 1..=3 {
+            let r = run(i);
+            assert_eq!(r.code, 0, "{tag} shard {i}: {}", r.stderr);
+        }
+        let mut seen: Vec<u64> = (1..=3)
+            .flat_map(|i| {
+                let out = s
+                    .dir()
+                    .path()
+                    .join(format!("items.shard-{i}-of-3.results.jsonl"));
+                jsonl(&out)
+            })
+            .map(|r| r["input"]["n"].as_u64().unwrap())
+            .collect();
+        seen.sort_unstable();
+        let want: Vec<u64> = (1..=60).chain([1000]).collect();
+        assert_eq!(seen, want, "{tag}: every row's result, once");
+        assert_side_effects(&s.sim().stats().await, 61);
+    }
 }
 
 /// Calls that may have run keep their Idempotency-Keys when a regenerated

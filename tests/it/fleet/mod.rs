@@ -47,8 +47,9 @@ fn assert_shards_did_each_item_once(s: &Scenario, n_shards: u64, n: u64) {
         let out = s
             .input_path()
             .with_file_name(format!("items.shard-{i}-of-{n_shards}.results.jsonl"));
+        // Which shard takes a line follows its content: only the union is
+        // fixed.
         for line in lines_of(&out) {
-            assert_eq!(line % n_shards, i - 1, "shard {i} did line {line}");
             *seen.entry(line).or_default() += 1;
         }
     }
