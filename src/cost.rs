@@ -187,11 +187,27 @@ impl Costing {
         };
         let tokens = e.eval(&item.value).map_err(at)?;
         match &self.most {
-            Some((most, limit)) if tokens > *most => Err(at(format!(
-                "the call is estimated at {tokens} tokens, more than --limit {limit} admits at once ({most}): a server keeping that limit never accepts it; lower the item's cost or raise the limit"
-            ))),
+            Some((most, limit)) if tokens > *most => {
+                Err(self.too_heavy(item, tokens, *most, &format!("--limit {limit}")))
+            }
             _ => Ok(tokens),
         }
+    }
+
+    /// Why an item estimated at `tokens` is failed unsent: more than the
+    /// policy `what` admits at once (`most`), which never accepts it.
+    pub fn too_heavy(
+        &self,
+        item: &crate::input::Item,
+        tokens: u64,
+        most: u64,
+        what: &str,
+    ) -> String {
+        let source = self.expr.as_ref().map_or("", |e| e.source.as_str());
+        format!(
+            "--cost {source:?} at {}:{}: the call is estimated at {tokens} tokens, more than {what} admits at once ({most}): a server keeping that limit never accepts it; lower the item's cost or raise the limit",
+            self.file, item.line
+        )
     }
 
     /// What the response body says the call used, if it says.

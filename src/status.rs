@@ -69,19 +69,26 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
     let shards = crate::settings::shard_checkpoints(dir);
     out.extend(shards.into_iter().map(|(s, p)| (Some(s), p)));
     // The default state dirs of several inputs sit side by side under
-    // .batchrun/: with no input named, show them all.
+    // .batchrun/: with no input named, show them all, a sharded job's
+    // shards (`<input>/shard-I-of-N/`) included.
     let mut others: Vec<PathBuf> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            p.join("checkpoint").exists()
+            p.is_dir()
                 && Shard::from_tag(&p.file_name().unwrap_or_default().to_string_lossy()).is_none()
         })
         .collect();
     others.sort();
-    out.extend(others.into_iter().map(|p| (None, p)));
+    for p in others {
+        if p.join("checkpoint").exists() {
+            out.push((None, p.clone()));
+        }
+        let shards = crate::settings::shard_checkpoints(&p);
+        out.extend(shards.into_iter().map(|(s, p)| (Some(s), p)));
+    }
     out
 }
 

@@ -38,14 +38,17 @@ pub trait AlertClaim: Send + Sync {
 /// Claims in the fleet's Redis.
 pub struct RedisClaim {
     fleet: Fleet,
+    account: String,
     who: String,
 }
 
 impl RedisClaim {
-    /// Claims alerts for this process in `fleet`.
-    pub fn new(fleet: Fleet) -> RedisClaim {
+    /// Claims alerts of the credit `account` ([`super::keys::account_of`])
+    /// for this process in `fleet`.
+    pub fn new(fleet: Fleet, account: String) -> RedisClaim {
         RedisClaim {
             fleet,
+            account,
             who: format!("pid {}", std::process::id()),
         }
     }
@@ -63,7 +66,7 @@ fn claim_ttl(cycle: Option<u64>) -> Duration {
 impl AlertClaim for RedisClaim {
     fn claim<'a>(&'a self, cycle: Option<u64>, id: &'a str) -> BoxFuture<'a, bool> {
         Box::pin(async move {
-            let key = self.fleet.keys().alert(cycle, id);
+            let key = self.fleet.keys().alert(&self.account, cycle, id);
             let ttl = claim_ttl(cycle).as_millis() as u64;
             let won = self
                 .fleet
@@ -89,7 +92,7 @@ impl AlertClaim for RedisClaim {
 
     fn release<'a>(&'a self, cycle: Option<u64>, id: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let key = self.fleet.keys().alert(cycle, id);
+            let key = self.fleet.keys().alert(&self.account, cycle, id);
             let _ = self
                 .fleet
                 .retry(
@@ -137,9 +140,10 @@ impl FleetAlerts {
         }
     }
 
-    /// Alerts deduplicated in `fleet`'s Redis.
-    pub fn for_fleet(fleet: &Fleet) -> FleetAlerts {
-        FleetAlerts::new(Arc::new(RedisClaim::new(fleet.clone())))
+    /// Alerts of the credit `account` ([`super::keys::account_of`])
+    /// deduplicated in `fleet`'s Redis.
+    pub fn for_fleet(fleet: &Fleet, account: String) -> FleetAlerts {
+        FleetAlerts::new(Arc::new(RedisClaim::new(fleet.clone(), account)))
     }
 
     /// Whether this process is the one to send `a`.

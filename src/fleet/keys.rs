@@ -14,7 +14,7 @@
 //! | `batchrun:{ID}:pause` | string | unix ms when the current rate-limit pause ends |
 //! | `batchrun:{ID}:limit` | hash | `in_force` (server-reported limit), `learnt`, `learnt_at`, the `epoch`, and the drip rules' state (`s_*` SpikeArrest, `b_*` token bucket) |
 //! | `batchrun:{ID}:told` | hash | what each process was told to pace to (`--pacer`, `--limit`), with unix ms until when that stands |
-//! | `batchrun:{ID}:alert:CYCLE:ALERT` | string | which process sent alert `ALERT` in the billing cycle renewing at `CYCLE` |
+//! | `batchrun:{ID}:alert:ACCOUNT:CYCLE:ALERT` | string | which process sent alert `ALERT` of the credit account `ACCOUNT` (a hash of origin and key) in the billing cycle renewing at `CYCLE` |
 
 use crate::rate::policy::Unit;
 use crate::util::sha_hex;
@@ -42,6 +42,17 @@ pub fn check_name(name: &str) -> Result<(), String> {
             "{name:?} must be 1 to {MAX_NAME} letters, digits, '.', '_' or '-'"
         ))
     }
+}
+
+/// Whose credits an alert is about: 16 hex digits of a hash of the API's
+/// origin and the key (the key itself never reaches Redis).
+pub fn account_of(origin: &str, api_key: &str) -> String {
+    sha_hex(&[
+        b"batchrun-account-v1",
+        origin.as_bytes(),
+        api_key.as_bytes(),
+    ])[..16]
+        .to_string()
 }
 
 impl FleetKeys {
@@ -96,11 +107,13 @@ impl FleetKeys {
         format!("{}:sent", self.prefix)
     }
 
-    /// The marker of alert `id` in the billing cycle renewing at `cycle`
-    /// (`none` when the renewal is unknown).
-    pub fn alert(&self, cycle: Option<u64>, id: &str) -> String {
+    /// The marker of alert `id` of the credit account `account` (see
+    /// [`account_of`]) in the billing cycle renewing at `cycle` (`none`
+    /// when the renewal is unknown): processes of two accounts sharing a
+    /// `--fleet-key` each send their own account's alerts.
+    pub fn alert(&self, account: &str, cycle: Option<u64>, id: &str) -> String {
         let cycle = cycle.map_or_else(|| "none".to_string(), |c| c.to_string());
-        format!("{}:alert:{cycle}:{id}", self.prefix)
+        format!("{}:alert:{account}:{cycle}:{id}", self.prefix)
     }
 
     /// The window of a further limit of `count` calls per `window_ms`
@@ -179,13 +192,21 @@ mod tests {
         let n = FleetKeys::named("nightly-backfill");
         assert_eq!(n.limit(), "batchrun:{name:nightly-backfill}:limit");
         assert_eq!(
-            n.alert(Some(1_796_860_800), "pct-0.8"),
-            "batchrun:{name:nightly-backfill}:alert:1796860800:pct-0.8"
+            n.alert("ab12", Some(1_796_860_800), "pct-0.8"),
+            "batchrun:{name:nightly-backfill}:alert:ab12:1796860800:pct-0.8"
         );
         assert_eq!(
-            n.alert(None, "exhausted"),
-            "batchrun:{name:nightly-backfill}:alert:none:exhausted"
+            n.alert("ab12", None, "exhausted"),
+            "batchrun:{name:nightly-backfill}:alert:ab12:none:exhausted"
         );
+        // Two accounts on one named fleet claim apart; the key stays out.
+        let (a, b) = (
+            account_of("https://a.example", "k1"),
+            account_of("https://b.example", "k1"),
+        );
+        assert_ne!(a, b);
+        assert_ne!(account_of("https://a.example", "k2"), a);
+        assert!(!a.contains("k1") && a.len() == 16);
         assert_eq!(n.pacer()[2], "batchrun:{name:nightly-backfill}:pause");
     }
 

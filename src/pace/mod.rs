@@ -205,6 +205,13 @@ pub trait Pacer: Send + Sync {
         Vec::new()
     }
 
+    /// The most tokens one call may weigh under the token policies the
+    /// server stated (the least of their quotas), with the policy's name:
+    /// such a server refuses a heavier call every time.
+    fn most_stated_tokens(&self) -> Option<(u64, String)> {
+        None
+    }
+
     /// Calls per minute the pacer allows now (the limit in force, or the one
     /// learnt), when it knows better than the configured limit: the
     /// progress display's ETA follows it.

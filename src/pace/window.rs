@@ -253,6 +253,10 @@ impl Pacer for WindowPacer {
         self.guarded.lock().occupancy(now_std())
     }
 
+    fn most_stated_tokens(&self) -> Option<(u64, String)> {
+        self.guarded.lock().most_stated_tokens()
+    }
+
     fn steady_per_min(&self) -> Option<f64> {
         let per_second = self.guarded.lock().per_second();
         per_second.is_finite().then_some(per_second * 60.0)

@@ -243,7 +243,11 @@ impl Shared {
             alerter: Arc::new(alerter),
             ledger,
             stats: Arc::new(Stats::resumed(meta.counts())),
-            fleet_alerts: fleet.map(|f| Arc::new(FleetAlerts::for_fleet(f))),
+            fleet_alerts: fleet.map(|f| {
+                let key = settings.request.key.as_ref().map_or("", |k| k.expose());
+                let account = crate::fleet::keys::account_of(&settings.origin, key);
+                Arc::new(FleetAlerts::for_fleet(f, account))
+            }),
             started,
         };
         Ok((shared, meter))

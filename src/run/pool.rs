@@ -158,6 +158,10 @@ impl Pool {
         };
         let mut tries = Tries { n: 0, maybe_ran };
         loop {
+            if let Some(reason) = self.over_stated(&item, weight, &tries) {
+                self.fail_refused_every_time(&item, reason, tries.n);
+                return None;
+            }
             let probing = match self.gate.pass().await {
                 Pass::Run => false,
                 Pass::Probe => true,
@@ -229,6 +233,32 @@ impl Pool {
             status: None,
             reason,
             attempts: 0,
+            unknown: false,
+            digest: item.digest(),
+        });
+    }
+
+    /// Why the item's call is heavier than a token policy the server
+    /// stated admits at once (learnt from an answer, maybe this item's own
+    /// 429), so that it is refused every time: failed rather than sent
+    /// again until `--max-wait`. Never for a call that may have run.
+    fn over_stated(&self, item: &Item, weight: Weight, tries: &Tries) -> Option<String> {
+        let cost = self.cfg.cost.as_ref()?;
+        let (most, name) = self.pacer.most_stated_tokens()?;
+        (weight.tokens > most && !tries.maybe_ran).then(|| {
+            let what = format!("the server's stated limit {name}");
+            cost.too_heavy(item, weight.tokens, most, &what)
+        })
+    }
+
+    /// Fails the item with `reason` after `attempts` calls, each refused
+    /// (nothing ran).
+    fn fail_refused_every_time(&self, item: &Item, reason: String, attempts: u32) {
+        self.emit(Event::Failed {
+            line: item.line,
+            status: None,
+            reason,
+            attempts,
             unknown: false,
             digest: item.digest(),
         });

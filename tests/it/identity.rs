@@ -865,7 +865,8 @@ async fn a_sharded_job_run_in_another_layout_sends_nothing_again() {
         let r = s.run(&args);
         assert_eq!(r.code, 2, "{other:?}: {}", r.stderr);
         assert!(
-            r.stderr.contains("4 item(s) done as shard 2/3")
+            r.stderr.contains("item(s) done as shard 2/3")
+                && r.stderr.contains("12 item(s) again")
                 && r.stderr.contains("Nothing was sent"),
             "{other:?}: {}",
             r.stderr
@@ -904,5 +905,8 @@ async fn a_run_in_another_layout_while_a_shard_runs_sends_nothing() {
         "{}",
         whole.stderr
     );
-    assert_side_effects(&s.sim().stats().await, 10);
+    // Only the shard's own items ran (about half: shards follow content).
+    let done = r.summary["done"].as_u64().unwrap();
+    assert!((1..20).contains(&done), "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, done);
 }

@@ -289,6 +289,54 @@ async fn an_item_heavier_than_a_bucket_of_tokens_admits_fails_unsent_and_the_res
     assert_eq!(stats["requests"], 2, "nothing sent for line 2: {stats}");
 }
 
+/// The same, the quota stated by the server only (OpenAI's headers): the
+/// heavy item is failed once the quota is known, at the latest after its
+/// own first 429, not sent into 429s until `--max-wait` (30 minutes).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known() {
+    let sim = [
+        "--limit",
+        "100/1s",
+        "--limit",
+        "1000/5s,tokens",
+        "--dialect",
+        "openai",
+        "--cooldown",
+        "0s",
+    ];
+    let s = Scenario::new("policies-too-heavy-stated").with_sim(&sim).input(
+        "in.jsonl",
+        "{\"n\": 1, \"max_tokens\": 5000}\n{\"n\": 2, \"max_tokens\": 50}\n{\"n\": 3, \"max_tokens\": 50}\n",
+    );
+    let r = s.run(&[
+        "--limit",
+        "100/1s",
+        "--cost",
+        "max_tokens",
+        "--json-body",
+        "-c",
+        "1",
+        // Sent into 429s again and again, it would halt (75) after this.
+        "--max-wait",
+        "20s",
+    ]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 2, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 1, "{}", r.summary);
+    assert!(
+        r.summary["rate_limited"].as_u64() <= Some(1),
+        "{}",
+        r.summary
+    );
+    let failures = std::fs::read_to_string(s.failures_path()).unwrap();
+    assert!(failures.contains("in.jsonl:1"), "{failures}");
+    assert!(
+        failures
+            .contains("the server's stated limit 1000/1m,tokens (stated) admits at once (1000)"),
+        "{failures}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daily_quota_used_up_halts_resumably_and_says_when_it_resets() {
     let s = Scenario::new("policies-daily")

@@ -341,3 +341,53 @@ async fn a_killed_run_is_counted_in_status_and_closed_as_killed() {
     let again = r.summary["requests"].as_u64().unwrap_or(0);
     assert_eq!(st[0]["requests"], sent + again, "{st}");
 }
+
+/// `status` with no input lists every job under `./.batchrun`, the shards
+/// of a sharded one (`<input>/shard-I-of-N/`) included: they were left
+/// out, and with only a sharded job there status said no checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_with_no_input_lists_the_shards_of_a_sharded_job() {
+    let s = Scenario::new("status-shards")
+        .with_sim(&["--limit", "none"])
+        .numbers(6);
+    let in_dir = |args: &[&str]| {
+        let mut c = bin();
+        c.current_dir(s.dir().path())
+            .args(args)
+            .env("BATCHRUN_API_KEY", KEY)
+            .stdin(std::process::Stdio::null());
+        c.output().unwrap()
+    };
+    let url = format!("{}/v1/echo?n={{n}}", s.sim().url);
+    for shard in ["1/2", "2/2"] {
+        let out = in_dir(&[
+            "items.jsonl",
+            "--limit",
+            "none",
+            "--url",
+            &url,
+            "--shard",
+            shard,
+            "-q",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = in_dir(&["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shards: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["shard"].as_str())
+        .collect();
+    assert_eq!(shards, ["1/2", "2/2"], "{jobs}");
+}

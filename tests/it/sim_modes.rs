@@ -324,3 +324,32 @@ async fn a_repeat_of_a_key_still_executing_gets_409_with_retry_after() {
         (1, 0)
     );
 }
+
+/// `--keep-working`: a batch whose client hangs up during its latency still
+/// runs to its end, each item executed once, as a single call does (the
+/// rehearsal of a killed batch run).
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_working_runs_a_batch_whose_client_left() {
+    let sim = Sim::start(&["--limit", "none", "--latency", "1s", "--keep-working"]);
+    let c = client();
+    let left = tokio::spawn({
+        let c = c.clone();
+        let url = format!("{}/batch/echo", sim.url);
+        async move {
+            c.post(url)
+                .header("x-api-key", KEY)
+                .header("idempotency-key", "b1")
+                .body(r#"[{"a": 1}, {"a": 2}]"#)
+                .send()
+                .await
+        }
+    });
+    stats_when(&sim, |s| stat(s, "in_flight") == 1).await;
+    left.abort();
+    let s = stats_when(&sim, |s| stat(s, "in_flight") == 0).await;
+    assert_eq!(
+        (stat(&s, "side_effects"), stat(&s, "abandoned")),
+        (2, 0),
+        "{s}"
+    );
+}

@@ -39,6 +39,16 @@ impl PolicySet {
 
     /// A token policy: kept by the token policy of the same window (or the
     /// nearest quota when none is stated), else added.
+    /// The least quota of the token policies the server stated, with its
+    /// name: the most one call may weigh there.
+    pub fn most_stated_tokens(&self) -> Option<(u64, String)> {
+        self.kept[self.configured.1.min(self.kept.len())..]
+            .iter()
+            .filter(|k| k.unit() == Unit::Tokens)
+            .map(|k| (k.quota(), format!("{} (stated)", k.spec())))
+            .min_by_key(|(q, _)| *q)
+    }
+
     pub(super) fn follow_tokens(&mut self, p: &Announced, now: Instant) {
         let i = match self.kept_for(p, Unit::Tokens) {
             Some(i) => i,

@@ -26,12 +26,12 @@ use super::{dialect, App, Shared};
 use crate::wire;
 
 /// Gives the ticket back if the client goes away during the latency.
-struct Held<'a> {
-    app: &'a App,
+struct Held {
+    app: Shared,
     ticket: Option<Ticket>,
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         if let Some(t) = self.ticket.take() {
             self.app.lock().abandon(t);
@@ -133,37 +133,93 @@ pub(super) async fn batch_post(
             return echo.error(status, "a batch is never replayed whole");
         }
     };
-    let mut held = Held {
-        app: &app,
-        ticket: Some(ticket),
+    let run = BatchRun {
+        idem: idem.map(str::to_string),
+        name,
+        batch,
+        cost,
+        usage,
+        rate,
+        view,
+        faults,
+        echo,
+        conn,
     };
-    if !faults.latency.is_zero() {
-        tokio::time::sleep(faults.latency).await;
+    if app.keep_working {
+        // Detached from the connection: the client leaving no longer
+        // drops it (`--keep-working`), as for a single call.
+        let echo = app.echo(&headers);
+        return match tokio::spawn(run.finish(app.clone(), ticket)).await {
+            Ok(r) => r,
+            Err(_) => echo.error(StatusCode::INTERNAL_SERVER_ERROR, "the call's task failed"),
+        };
     }
-    let Some(ticket) = held.ticket.take() else {
-        return echo.error(StatusCode::INTERNAL_SERVER_ERROR, "ticket already used");
-    };
-    if let Some(retry_after) = faults.fail {
-        let credits = app.lock().fail(ticket, Instant::now());
-        return injected_503(&echo, rate, credits, retry_after);
+    run.finish(app, ticket).await
+}
+
+/// An admitted batch, from its latency to its answer.
+struct BatchRun {
+    idem: Option<String>,
+    name: String,
+    batch: Vec<Value>,
+    cost: u64,
+    usage: Option<Usage>,
+    rate: Option<RateInfo>,
+    view: Vec<super::super::model::PolicyView>,
+    faults: super::super::model::Faults,
+    echo: Echo,
+    conn: ConnCtl,
+}
+
+impl BatchRun {
+    /// Latency, then an injected 503 or each item settled (and maybe a
+    /// reset).
+    async fn finish(self, app: Shared, ticket: Ticket) -> Response {
+        let BatchRun {
+            idem,
+            name,
+            batch,
+            cost,
+            usage,
+            rate,
+            view,
+            faults,
+            echo,
+            conn,
+        } = self;
+        let mut held = Held {
+            app: app.clone(),
+            ticket: Some(ticket),
+        };
+        if !faults.latency.is_zero() {
+            tokio::time::sleep(faults.latency).await;
+        }
+        let Some(ticket) = held.ticket.take() else {
+            return echo.error(StatusCode::INTERNAL_SERVER_ERROR, "ticket already used");
+        };
+        if let Some(retry_after) = faults.fail {
+            let credits = app.lock().fail(ticket, Instant::now());
+            return injected_503(&echo, rate, credits, retry_after);
+        }
+        let (results, credits, executed) =
+            settle(&app, ticket, idem.as_deref(), &name, batch, cost);
+        // A batch of replays only executed nothing: like a replayed single
+        // call, it is not subject to the fault, or under --reset-rate 1 a
+        // batch could never complete.
+        if faults.reset && executed {
+            // Every item settled, and the client never hears of it.
+            app.lock().note_reset();
+            conn.kill();
+        }
+        let mut answer = json!({"status": "ok", "results": results});
+        if let Some(u) = usage {
+            answer["usage"] = u.to_json();
+        }
+        let mut r = echo.json(StatusCode::OK, answer);
+        metered_headers(r.headers_mut(), rate, credits);
+        dialect::write(r.headers_mut(), app.dialect, &view);
+        r
     }
-    let (results, credits, executed) = settle(&app, ticket, idem, &name, batch, cost);
-    // A batch of replays only executed nothing: like a replayed single
-    // call, it is not subject to the fault, or under --reset-rate 1 a
-    // batch could never complete.
-    if faults.reset && executed {
-        // Every item settled, and the client never hears of it.
-        app.lock().note_reset();
-        conn.kill();
-    }
-    let mut answer = json!({"status": "ok", "results": results});
-    if let Some(u) = usage {
-        answer["usage"] = u.to_json();
-    }
-    let mut r = echo.json(StatusCode::OK, answer);
-    metered_headers(r.headers_mut(), rate, credits);
-    dialect::write(r.headers_mut(), app.dialect, &view);
-    r
 }
 
 /// The injected 503 of `--fail-rate`, with a Retry-After when it has one.

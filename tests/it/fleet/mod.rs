@@ -203,11 +203,16 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
         })
         .collect();
     let (runs, took_four) = run_measured(s.sim(), cmds, n).await;
+    let mut done = Vec::new();
     for r in &runs {
         assert_eq!(r.code, 0, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-        assert_eq!(r.summary["done"], 50, "{}", r.summary);
+        // About a quarter each: shards follow the items' content.
+        let own = r.summary["done"].as_u64().unwrap();
+        assert!((25..=75).contains(&own), "{}", r.summary);
+        done.push(own);
     }
+    assert_eq!(done.iter().sum::<u64>(), n);
     fleet_job_held(&s, 40, n, 4).await;
 
     let w = Duration::from_secs(1);
@@ -236,7 +241,7 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
             )
         })
         .collect();
-    let want: Vec<(String, u64)> = (1..=4).map(|i| (format!("{i}/4"), 50)).collect();
+    let want: Vec<(String, u64)> = (1..=4).map(|i| format!("{i}/4")).zip(done).collect();
     assert_eq!(shards, want);
 
     // Nothing in Redis names the key, and everything left expires.

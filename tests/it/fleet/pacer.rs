@@ -183,8 +183,8 @@ async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
 async fn fleet_alert_claims_go_to_one_process() {
     let redis = Redis::start();
     let name = fleet_name("claims");
-    let a = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
-    let b = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await);
+    let a = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await, "acct".into());
+    let b = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await, "acct".into());
     let alert = |renewal| {
         let mut x = batchrun::credits::Alert::new(
             batchrun::credits::AlertKind::Threshold,
@@ -201,6 +201,10 @@ async fn fleet_alert_claims_go_to_one_process() {
         b.claim(&alert(1_900_086_400)).await,
         "a new cycle alerts again"
     );
+    // Another account on the same named fleet, renewing at the same
+    // second, sends its own.
+    let other = FleetAlerts::for_fleet(&fleet_on(&redis, &name).await, "other".into());
+    assert!(other.claim(&alert(1_900_000_000)).await);
 }
 
 #[tokio::test(flavor = "multi_thread")]

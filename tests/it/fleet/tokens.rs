@@ -330,13 +330,23 @@ async fn a_fleet_halts_resumably_on_a_daily_quota_a_server_states() {
     let (runs, _) = run_all(cmds);
     let mut done = 0;
     for r in &runs {
-        assert_eq!(r.code, 75, "{}", r.stderr);
         assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+        done += r.summary["done"].as_u64().unwrap();
+        // A shard the quota let finish (shards follow content, so one may
+        // hold 6 items or fewer) ends 0; one with items left halts.
+        if r.summary["pending"] == 0 {
+            assert_eq!(r.code, 0, "{}", r.stderr);
+            continue;
+        }
+        assert_eq!(r.code, 75, "{}", r.stderr);
         let why = r.summary["halt_reason"].as_str().unwrap_or_default();
         assert!(why.contains("is used up until"), "{}", r.summary);
         assert!(r.stderr.contains("--wait-for-quota"), "{}", r.stderr);
-        done += r.summary["done"].as_u64().unwrap();
     }
+    assert!(
+        runs.iter().any(|r| r.code == 75),
+        "someone halts on the quota"
+    );
     assert_eq!(done, 6, "the day's quota, no more");
     let stats = s.sim().stats().await;
     assert_eq!(stats["accepted"], 6, "{stats}");
