@@ -138,6 +138,10 @@ pub struct Fleet {
     at: String,
     timeout: Duration,
     headroom: f64,
+    /// A retry gave up on Redis (out of reach for `--redis-timeout`) and
+    /// none has reached it since: the run is halting, and each of its last
+    /// calls tries once rather than waiting the whole timeout again.
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for Fleet {
@@ -203,6 +207,7 @@ impl Fleet {
             at,
             timeout: s.redis_timeout,
             headroom: s.headroom,
+            lost: Default::default(),
         })
     }
 
@@ -270,7 +275,12 @@ impl Fleet {
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        use std::sync::atomic::Ordering::Relaxed;
         let started = Instant::now();
+        let within = match self.lost.load(Relaxed) {
+            true => Duration::ZERO,
+            false => within,
+        };
         let mut pause = BACKOFF_FIRST;
         let mut warned = false;
         loop {
@@ -283,7 +293,10 @@ impl Fleet {
                     )))
                 });
             let e = match attempt {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.lost.store(false, Relaxed);
+                    return Ok(v);
+                }
                 Err(e) if transient(&e) => e,
                 Err(e) => {
                     return Err(FleetError::Refused {
@@ -298,6 +311,7 @@ impl Fleet {
             }
             let waited = started.elapsed();
             if waited >= within {
+                self.lost.store(true, Relaxed);
                 return Err(FleetError::Lost {
                     at: self.at.clone(),
                     waited,

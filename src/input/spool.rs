@@ -109,6 +109,7 @@ fn copy_in(
     spool_dir: &Path,
 ) -> Result<Spooled, InputError> {
     create_dir(spool_dir).map_err(|e| spool_error(path, spool_dir, &e))?;
+    sweep_partials(spool_dir);
     let partial = spool_dir.join(partial_name());
     let finished = write_partial(source, &partial, path, spool_dir).and_then(|sha256| {
         let mut name = OsString::from(&sha256);
@@ -152,6 +153,31 @@ fn partial_name() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!(".partial-{}-{n}", std::process::id())
+}
+
+/// Removes the partial copies that processes killed while spooling left
+/// (`.partial-PID-N` of a PID no longer running): they hold the items.
+fn sweep_partials(spool_dir: &Path) {
+    let Ok(entries) = fs::read_dir(spool_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(".partial-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok());
+        // SAFETY: signal 0 sends nothing; it only asks whether the process
+        // exists.
+        let gone = pid.is_some_and(|pid| {
+            pid > 0
+                && unsafe { libc::kill(pid, 0) } != 0
+                && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        });
+        if gone {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 fn create_dir(dir: &Path) -> io::Result<()> {
@@ -370,6 +396,25 @@ mod tests {
         assert!(s.spooled);
         assert_eq!(s.path, spool_dir.path().join(sha_hex(b"")));
         assert_eq!(fs::read(&s.path).unwrap(), b"");
+    }
+
+    #[test]
+    fn partial_copies_of_processes_gone_are_swept_and_a_live_ones_kept() {
+        let spool_dir = TempDir::new("partials");
+        // A process that has ended: its copy is litter holding the items.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let dead = spool_dir.path().join(format!(".partial-{gone_pid}-0"));
+        let live = spool_dir
+            .path()
+            .join(format!(".partial-{}-7", std::process::id()));
+        for p in [&dead, &live] {
+            fs::write(p, b"{\"secret\": 1}\n").unwrap();
+        }
+        spool(Path::new("/dev/null"), spool_dir.path()).unwrap();
+        assert!(!dead.exists(), "the dead process's partial copy is swept");
+        assert!(live.exists(), "a running spool's own is left alone");
     }
 
     #[test]

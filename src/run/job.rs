@@ -313,11 +313,14 @@ pub fn open(
         if meta.fingerprint != scan.fingerprint && grew(settings, &meta) {
             // The old content is an unchanged prefix of the new: the same
             // lines are the same items, and the appended ones are pending.
-            crate::report::err_line(&format!(
-                "batchrun: {} grew by {} item(s) since its checkpoint was made: they are added to the job",
-                shown_input(settings),
-                scan.total.saturating_sub(meta.total)
-            ));
+            // Blank lines alone add no item: nothing to say.
+            let added = scan.total.saturating_sub(meta.total);
+            if added > 0 {
+                crate::report::err_line(&format!(
+                    "batchrun: {} grew by {added} item(s) since its checkpoint was made: they are added to the job",
+                    shown_input(settings),
+                ));
+            }
             meta.fingerprint = scan.fingerprint.clone();
             meta.total = scan.total;
             meta.input_len = file_len(&settings.input);

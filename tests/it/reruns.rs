@@ -446,6 +446,10 @@ async fn a_grown_pipe_is_named_as_the_pipe_and_sends_only_its_new_row() {
     assert!(!r.stderr.contains("spool"), "{}", r.stderr);
     assert_eq!(r.summary["requests"], 1, "{}", r.summary);
     assert_side_effects(&s.sim().stats().await, 6);
+    // Blank lines appended add no item, and no "grew by 0".
+    let r = piped(&s, &format!("{}\n\n", rows(6)), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("grew by"), "{}", r.stderr);
 }
 
 /// A reserve halt's reason reads as one sentence: the alert's words go on
