@@ -409,6 +409,7 @@ mod tests {
         let live = spool_dir
             .path()
             .join(format!(".partial-{}-7", std::process::id()));
+        fs::create_dir_all(spool_dir.path()).unwrap();
         for p in [&dead, &live] {
             fs::write(p, b"{\"secret\": 1}\n").unwrap();
         }
