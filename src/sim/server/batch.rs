@@ -145,16 +145,8 @@ pub(super) async fn batch_post(
         echo,
         conn,
     };
-    if app.keep_working {
-        // Detached from the connection: the client leaving no longer
-        // drops it (`--keep-working`), as for a single call.
-        let echo = app.echo(&headers);
-        return match tokio::spawn(run.finish(app.clone(), ticket)).await {
-            Ok(r) => r,
-            Err(_) => echo.error(StatusCode::INTERNAL_SERVER_ERROR, "the call's task failed"),
-        };
-    }
-    run.finish(app, ticket).await
+    let echo = app.echo(&headers);
+    super::metered::detached_if_kept(&app, echo, run.finish(app.clone(), ticket)).await
 }
 
 /// An admitted batch, from its latency to its answer.
@@ -175,18 +167,7 @@ impl BatchRun {
     /// Latency, then an injected 503 or each item settled (and maybe a
     /// reset).
     async fn finish(self, app: Shared, ticket: Ticket) -> Response {
-        let BatchRun {
-            idem,
-            name,
-            batch,
-            cost,
-            usage,
-            rate,
-            view,
-            faults,
-            echo,
-            conn,
-        } = self;
+        let (faults, echo, rate) = (self.faults, &self.echo, self.rate);
         let mut held = Held {
             app: app.clone(),
             ticket: Some(ticket),
@@ -199,25 +180,26 @@ impl BatchRun {
         };
         if let Some(retry_after) = faults.fail {
             let credits = app.lock().fail(ticket, Instant::now());
-            return injected_503(&echo, rate, credits, retry_after);
+            return injected_503(echo, rate, credits, retry_after);
         }
+        let idem = self.idem.as_deref();
         let (results, credits, executed) =
-            settle(&app, ticket, idem.as_deref(), &name, batch, cost);
+            settle(&app, ticket, idem, &self.name, self.batch, self.cost);
         // A batch of replays only executed nothing: like a replayed single
         // call, it is not subject to the fault, or under --reset-rate 1 a
         // batch could never complete.
         if faults.reset && executed {
             // Every item settled, and the client never hears of it.
             app.lock().note_reset();
-            conn.kill();
+            self.conn.kill();
         }
         let mut answer = json!({"status": "ok", "results": results});
-        if let Some(u) = usage {
+        if let Some(u) = self.usage {
             answer["usage"] = u.to_json();
         }
         let mut r = echo.json(StatusCode::OK, answer);
         metered_headers(r.headers_mut(), rate, credits);
-        dialect::write(r.headers_mut(), app.dialect, &view);
+        dialect::write(r.headers_mut(), app.dialect, &self.view);
         r
     }
 }

@@ -210,18 +210,24 @@ async fn metered(
         echo,
         conn,
     };
-    if app.keep_working {
-        // Detached from the connection: the client leaving no longer drops it.
-        let done = tokio::spawn(run.finish(app.clone(), ticket));
-        return match done.await {
-            Ok(r) => r,
-            Err(_) => {
-                let status = StatusCode::INTERNAL_SERVER_ERROR;
-                Echo::from_headers(false, headers).error(status, "the call's task failed")
-            }
-        };
+    let echo = Echo::from_headers(false, headers);
+    detached_if_kept(&app, echo, run.finish(app.clone(), ticket)).await
+}
+
+/// `work`, the rest of an admitted call; with `--keep-working` detached
+/// from the connection, so that the client leaving no longer drops it.
+pub(super) async fn detached_if_kept(
+    app: &Shared,
+    echo: Echo,
+    work: impl std::future::Future<Output = Response> + Send + 'static,
+) -> Response {
+    if !app.keep_working {
+        return work.await;
     }
-    run.finish(app, ticket).await
+    match tokio::spawn(work).await {
+        Ok(r) => r,
+        Err(_) => echo.error(StatusCode::INTERNAL_SERVER_ERROR, "the call's task failed"),
+    }
 }
 
 /// The request's `Idempotency-Key`, if any; an empty or non-ASCII one is
