@@ -12,7 +12,7 @@ pub use limits::{
     all_limits, checked_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START,
 };
 use places::places;
-pub use places::{shard_checkpoints, state_dir_for};
+pub use places::{shard_checkpoints, special, state_dir_for};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

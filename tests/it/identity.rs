@@ -356,6 +356,27 @@ async fn a_pipe_whose_rows_come_in_another_order_resumes_its_job_by_content() {
     assert_side_effects(&stats, 10);
 }
 
+/// `status -` shows a pipe's jobs (there is no file to match them by):
+/// it said "-: cannot read".
+#[tokio::test(flavor = "multi_thread")]
+async fn status_of_a_pipe_shows_its_jobs() {
+    let s = Scenario::new("pipe-status").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("stdin.results.jsonl");
+    assert_eq!(piped(&s, &rows(1..=5), &out, &[]).code, 0);
+    let status = bin()
+        .args(["status", "-", "--json", "--state-dir"])
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let jobs: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(jobs[0]["done"], 5, "{jobs}");
+}
+
 /// `<(cmd)` is `/dev/fd/N`, N whatever the shell picks that time: the
 /// same content through another number is the same job, found by content
 /// as a pipe is, not a new job under new keys.
