@@ -25,18 +25,32 @@ const RENEW_EVERY: Duration = Duration::from_secs(20);
 /// [`Told::leave`] takes it out.
 pub struct Told {
     fleet: Fleet,
+    /// This process's field: its pid, a tab, its description (processes
+    /// told alike keep a field each, so one leaving does not take out
+    /// another's).
     mine: String,
     renewal: tokio::task::JoinHandle<()>,
+}
+
+/// The field of `description` for this process.
+fn field_of(description: &str) -> String {
+    format!("{}\t{description}", std::process::id())
+}
+
+/// The description a field holds.
+fn description_of(field: &str) -> &str {
+    field.split_once('\t').map_or(field, |(_, d)| d)
 }
 
 impl Told {
     /// Records `mine` in `fleet` and returns it, with the other
     /// descriptions on record there. Redis failing here only loses the
     /// warning: the run goes on.
-    pub async fn join(fleet: &Fleet, mine: &str) -> (Told, Vec<String>) {
-        let others = others(fleet, mine).await.unwrap_or_default();
-        let _ = renew(fleet, mine).await;
-        let (f, m) = (fleet.clone(), mine.to_string());
+    pub async fn join(fleet: &Fleet, description: &str) -> (Told, Vec<String>) {
+        let others = others(fleet, description).await.unwrap_or_default();
+        let mine = field_of(description);
+        let _ = renew(fleet, &mine).await;
+        let (f, m) = (fleet.clone(), mine.clone());
         let renewal = tokio::spawn(async move {
             let mut tick = tokio::time::interval(RENEW_EVERY);
             tick.tick().await;
@@ -47,7 +61,7 @@ impl Told {
         });
         let told = Told {
             fleet: fleet.clone(),
-            mine: mine.to_string(),
+            mine,
             renewal,
         };
         (told, others)
@@ -73,8 +87,8 @@ impl Drop for Told {
     }
 }
 
-/// The descriptions other than `mine` that still stand, the stale ones
-/// taken out.
+/// The descriptions other than `mine` that still stand (one each, however
+/// many processes were told it), the stale fields taken out.
 async fn others(fleet: &Fleet, mine: &str) -> redis::RedisResult<Vec<String>> {
     let key = fleet.keys().told();
     let mut c = fleet.conn();
@@ -85,14 +99,17 @@ async fn others(fleet: &Fleet, mine: &str) -> redis::RedisResult<Vec<String>> {
         let stale: Vec<String> = stale.into_iter().map(|(d, _)| d).collect();
         let _: i64 = within(c.hdel(&key, stale)).await?;
     }
-    Ok(live
-        .into_iter()
-        .map(|(d, _)| d)
+    let mut others: Vec<String> = live
+        .iter()
+        .map(|(field, _)| description_of(field).to_string())
         .filter(|d| d != mine)
-        .collect())
+        .collect();
+    others.sort();
+    others.dedup();
+    Ok(others)
 }
 
-/// Keeps `mine` on record for [`STANDS_FOR`] from now.
+/// Keeps the field `mine` on record for [`STANDS_FOR`] from now.
 async fn renew(fleet: &Fleet, mine: &str) -> redis::RedisResult<()> {
     let key = fleet.keys().told();
     let mut c = fleet.conn();

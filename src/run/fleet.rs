@@ -70,7 +70,8 @@ fn told(settings: &Settings) -> String {
         PacerKind::Spike => "spike",
     };
     let mut s = format!("--pacer {pacer}");
-    if let Some(b) = settings.burst {
+    // A burst sizes the bucket pacer alone.
+    if let (PacerKind::Bucket, Some(b)) = (settings.pacer, settings.burst) {
         s.push_str(&format!(" --burst {b}"));
     }
     if settings.policies.is_empty() {

@@ -87,13 +87,39 @@ fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Else
         Err(_) => return None,
     };
     let jobs = store.jobs().ok()?;
-    let done: u64 = jobs
+    let this: Vec<_> = jobs
         .iter()
         .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
-        .map(|m| m.done)
-        .sum();
-    (done > 0).then_some(Elsewhere {
-        layout,
+        .collect();
+    let done: u64 = this.iter().map(|m| m.done).sum();
+    // A killed run there may have run calls with nothing done yet: here
+    // they would go again, in other batches under other keys.
+    let unsettled = this.iter().any(|m| super::job::unsettled(m));
+    (done > 0 || unsettled).then_some(Elsewhere {
+        layout: match unsettled {
+            true => format!("{layout}, with calls that may have run"),
+            false => layout,
+        },
         done: Some(done),
     })
+}
+
+/// Whether the other shards of this count split the input by line (jobs
+/// made before shards followed content): a new shard among them must
+/// split it the same way, or the shards would not partition the input.
+pub(super) fn siblings_split_by_line(settings: &Settings) -> bool {
+    let (Some(mine), Some(base)) = (settings.shard, settings.state_dir.parent()) else {
+        return false;
+    };
+    crate::settings::shard_checkpoints(base)
+        .into_iter()
+        .filter(|(s, _)| s.count == mine.count && s.index != mine.index)
+        .filter_map(|(_, dir)| Store::open_to_read(&dir).ok())
+        .filter_map(|store| store.jobs().ok())
+        .flatten()
+        .any(|m| {
+            m.input_name == settings.input_name
+                && m.template == settings.identity
+                && !m.shards_by_content
+        })
 }

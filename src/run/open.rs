@@ -50,8 +50,8 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
     // A job splits its shards as it was made.
-    let shard =
-        (settings.shard).map(|s| s.by_content(old.as_ref().map_or(true, |o| o.shards_by_content)));
+    let by_line = line_split(settings, old.as_ref());
+    let shard = (settings.shard).map(|s| s.by_content(!by_line));
     let (mut scan, mut invalid, mut repeats) = scan_input(settings, shard, &items)?;
     if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
         let so = "rows added to the last block would join its batch";
@@ -67,6 +67,10 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
+    if by_line && meta.shards_by_content {
+        meta.shards_by_content = false;
+        store.save_job(&meta).context("writing the checkpoint")?;
+    }
     if old.is_none() && !settings.fresh {
         items
             .restore_generations(&recovered.generations)
@@ -102,11 +106,14 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
 
 /// The job for this input and request ([`super::job::locate`]); for a
 /// pipe of new content, the pipe's last job when the content holds every
-/// result of it.
+/// result of it, or when a run of it was killed.
 fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
     let mut located = super::job::locate(store, settings)?;
     if let Some(before) = located.pipe_before.take() {
-        if super::regen::holds_every_result(store, settings, &before)? {
+        // A killed run's pipe is resumed whatever it lost: its calls may
+        // have run, and only its job's keys (by content) replay them.
+        let killed = super::job::unsettled(&before);
+        if killed || super::regen::holds_every_result(store, settings, &before)? {
             located = Located {
                 id: before.id,
                 window: located.window,
@@ -115,6 +122,20 @@ fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
         }
     }
     Ok(located)
+}
+
+/// Whether this run's shard splits its input by line: a job made before
+/// shards followed content, continued (not discarded by `--fresh`, whose
+/// new job splits by content).
+fn line_split(settings: &Settings, old: Option<&JobMeta>) -> bool {
+    if settings.shard.is_none() || settings.fresh {
+        return false;
+    }
+    match old {
+        Some(o) => !o.shards_by_content,
+        // A new shard beside shards of the job made before: split as they do.
+        None => super::layouts::siblings_split_by_line(settings),
+    }
 }
 
 /// Refuses to resume `old` by content on a regenerated input where that

@@ -142,8 +142,17 @@ impl Recorder {
                     }
                     self.ticks.tick(&self.stats, &self.reporter);
                     let moment = self.moment();
-                    self.keep_use(&moment.policies);
+                    let changed = self.keep_use(&moment.policies);
                     self.sinks.tick(moment);
+                    // What each window holds goes to disk (flushed) as it
+                    // changes, event or none (a window full, a pause): a
+                    // kill -9 then finds it.
+                    if changed && saving.at.elapsed() >= SAVE_EVERY.mul_f64(0.9) {
+                        saving.at = Instant::now();
+                        if let Err(e) = self.persist(true) {
+                            saving.err.get_or_insert(e);
+                        }
+                    }
                 }
             }
         }
@@ -159,12 +168,16 @@ impl Recorder {
 
     /// What each told policy holds, for a resume to count again (the
     /// stated ones come back with the server's next answer).
-    fn keep_use(&mut self, policies: &[crate::rate::Occupancy]) {
-        self.meta.last_used = policies
+    /// Whether that changed.
+    fn keep_use(&mut self, policies: &[crate::rate::Occupancy]) -> bool {
+        let used: Vec<(String, u64)> = policies
             .iter()
             .filter(|o| o.used > 0 && !o.policy.ends_with(" (stated)"))
             .map(|o| (o.policy.clone(), o.used))
             .collect();
+        let changed = used != self.meta.last_used;
+        self.meta.last_used = used;
+        changed
     }
 
     /// What the observers see on a tick: the gauges, and the credits'

@@ -356,6 +356,49 @@ async fn a_pipe_whose_rows_come_in_another_order_resumes_its_job_by_content() {
     assert_side_effects(&stats, 10);
 }
 
+/// A pipe killed with calls in flight, then run with one finished row
+/// changed (a row updated between two queries): it resumes its job by
+/// content, its calls under their keys, rather than a new job sending
+/// every call again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_pipe_with_a_row_changed_runs_no_call_twice() {
+    let s = Scenario::new("pipe-killed-changed").with_sim(&[
+        "--limit",
+        "none",
+        "--latency",
+        "100ms",
+        "--keep-working",
+    ]);
+    let out = s.dir().path().join("stdin.results.jsonl");
+    let first = s.dir().write("first.jsonl", &rows(1..=30));
+    let mut c = s.cmd_for(
+        Path::new("-"),
+        &["--limit", "none", "-c", "4", "--format", "jsonl"],
+    );
+    c.arg("--out")
+        .arg(&out)
+        .arg("--failures")
+        .arg(out.with_extension("failures"));
+    c.stdin(std::fs::File::open(&first).unwrap());
+    let killed = act_when(
+        c,
+        s.sim(),
+        |st| side_effects(st) >= 8,
+        |pid| {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        },
+    )
+    .await;
+    assert_ne!(killed.code, 0);
+    wait_for_stats(s.sim(), 30, |st| st["in_flight"] == 0).await;
+    let changed = rows(1..=30).replacen("{\"n\": 1}", "{\"n\": 1, \"note\": \"updated\"}", 1);
+    let r = piped(&s, &changed, &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The 30 rows once each, and the changed row as a call of its own.
+    assert_side_effects(&s.sim().stats().await, 31);
+}
+
 /// `status -` shows a pipe's jobs (there is no file to match them by):
 /// it said "-: cannot read".
 #[tokio::test(flavor = "multi_thread")]
@@ -897,6 +940,51 @@ async fn a_sharded_job_run_in_another_layout_sends_nothing_again() {
     let r = s.run(&["--limit", "100/1s", "--fresh"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 12, "{}", r.summary);
+}
+
+/// A shard killed with its first batches in flight (nothing recorded
+/// done), then the input run whole: that layout's job would form other
+/// batches, under other keys, of calls that may have run. Refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_shard_with_calls_in_flight_stops_another_layout() {
+    let s = Scenario::new("layout-killed")
+        .with_sim(&["--limit", "none", "--latency", "2s", "--keep-working"])
+        .numbers(40);
+    let url = batch_url(&s);
+    let args = [
+        "--limit",
+        "none",
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "5",
+    ];
+    let shard = s.cmd(&[&args[..], &["--shard", "1/2"]].concat());
+    let killed = act_when(
+        shard,
+        s.sim(),
+        |st| st["in_flight"].as_u64() >= Some(1),
+        |pid| {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        },
+    )
+    .await;
+    assert_ne!(killed.code, 0);
+    let before = s.sim().stats().await["requests"].clone();
+    let r = s.run(&args);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("with calls that may have run"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        s.sim().stats().await["requests"],
+        before,
+        "nothing sent whole"
+    );
 }
 
 /// A shard running now holds its checkpoint: a run of the same input in
