@@ -102,6 +102,14 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
             ));
             continue;
         }
+        // A pipe's spooled copy is gone with its run: name what it was.
+        let spooled = Path::new(&input)
+            .parent()
+            .is_some_and(|d| d.file_name().is_some_and(|n| n == "spool"));
+        let input = match spooled {
+            true => "a piped input".to_string(),
+            false => input,
+        };
         return Err(RunError::Usage(format!(
             "{} holds the outputs of another job ({owner}, on {input}); this job ({job}) would \
              replace them. Nothing was sent. Give this job its own --out and --failures, or \

@@ -289,7 +289,9 @@ async fn another_days_pipe_does_not_overwrite_the_results_of_the_last() {
     let r = piped(&s, &rows(6..=10), &out, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains("holds the outputs of another job"),
+        r.stderr.contains("holds the outputs of another job")
+            && r.stderr.contains("on a piped input)")
+            && !r.stderr.contains("spool"),
         "{}",
         r.stderr
     );
