@@ -382,9 +382,8 @@ fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Re
 pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     // A pipe (`-`, `<(cmd)`) has no file to match its jobs by: every job
     // in its state dir (`.batchrun/stdin`) is shown.
-    let pipe = |i: &std::path::Path| i == std::path::Path::new("-") || crate::settings::special(i);
     let abs = match &args.input {
-        Some(i) if pipe(i) => None,
+        Some(i) if crate::settings::piped(i) => None,
         Some(i) => Some(
             std::fs::canonicalize(i)
                 .with_context(|| format!("{}: cannot read", i.display()))?

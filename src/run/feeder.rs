@@ -82,8 +82,12 @@ pub(super) fn spawn(
                 Err(e) => return Err(e.into()),
             };
             // Every item counts, whoever sends it and whether it is done.
-            let repeat = repeats.of(&item);
-            if shard.is_some_and(|s| !s.takes(item.line, Some(item.digest()))) {
+            // Digested once, and only if the repeats or a shard by
+            // content need it.
+            let digest = std::cell::OnceCell::new();
+            let digest = || *digest.get_or_init(|| item.digest());
+            let repeat = repeats.of(digest);
+            if shard.is_some_and(|s| !s.takes(item.line, s.by_content.then(digest))) {
                 continue;
             }
             if states.is_finished(item.line) {

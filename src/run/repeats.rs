@@ -67,12 +67,12 @@ pub(super) struct Counter {
 }
 
 impl Counter {
-    /// [`next`](Self::next) for `item`; its content is digested only when
-    /// some content may repeat.
-    pub(super) fn of(&mut self, item: &crate::input::Item) -> u32 {
+    /// [`next`](Self::next) for an item whose content's digest `digest`
+    /// gives: asked for only when some content may repeat.
+    pub(super) fn of(&mut self, digest: impl FnOnce() -> u64) -> u32 {
         match self.maybe.is_empty() {
             true => 0,
-            false => self.next(item.digest()),
+            false => self.next(digest()),
         }
     }
 

@@ -12,7 +12,7 @@ pub use limits::{
     all_limits, checked_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START,
 };
 use places::places;
-pub use places::{shard_checkpoints, special, state_dir_for};
+pub use places::{piped, shard_checkpoints, state_dir_for};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -450,7 +450,7 @@ fn limit_source(args: &RunArgs, policies: &[PolicySpec]) -> String {
 
 /// The input's name as the job knows it (see [`Settings::input_name`]).
 fn input_name(input: &Path) -> String {
-    if input == Path::new("-") || places::special(input) {
+    if places::piped(input) {
         return "stdin".to_string();
     }
     input

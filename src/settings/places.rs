@@ -77,7 +77,7 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
     if let Some(d) = given {
         return d.to_path_buf();
     }
-    let pipe = input == Path::new("-") || special(input);
+    let pipe = piped(input);
     let (dir, name) = if pipe {
         (PathBuf::from("."), "stdin".to_string())
     } else {
@@ -103,6 +103,12 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
 /// current directory, not by a name that changes from run to run.
 pub fn special(input: &Path) -> bool {
     input.starts_with("/dev") || input.starts_with("/proc")
+}
+
+/// Whether `input` is a pipe: `-`, or a [`special`] path. Its jobs live
+/// under `.batchrun/stdin` and are found by content.
+pub fn piped(input: &Path) -> bool {
+    input == Path::new("-") || special(input)
 }
 
 /// The state dir of the same file under another name: a link of another
