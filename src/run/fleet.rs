@@ -82,3 +82,32 @@ fn told(settings: &Settings) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a process run with `args` (on the sim) says it paces to.
+    fn told_by(args: &[&str]) -> String {
+        let argv = ["batchrun", "items.jsonl", "--sim"]
+            .iter()
+            .chain(args)
+            .map(std::ffi::OsString::from);
+        let crate::cli::Command::Run(a) = crate::cli::Cli::parse_with_default(argv).command else {
+            panic!("not a run")
+        };
+        told(&Settings::from_cli(&a, Some("http://127.0.0.1:9")).unwrap())
+    }
+
+    #[test]
+    fn processes_differing_in_a_buckets_burst_are_told_apart_and_in_a_windows_not() {
+        let bucket = |b: &str| told_by(&["--pacer", "bucket", "--burst", b, "-l", "30/1s"]);
+        assert_ne!(bucket("5"), bucket("2"), "{}", bucket("5"));
+        assert!(bucket("5").contains("--burst 5"), "{}", bucket("5"));
+        // The window pacer sends no burst of its own: the flag is no
+        // difference between two such processes.
+        let window = |b: &str| told_by(&["--pacer", "window", "--burst", b, "-l", "30/1s"]);
+        assert_eq!(window("5"), window("2"));
+        assert_ne!(told_by(&["-l", "30/1s"]), told_by(&["-l", "40/1s"]));
+    }
+}
