@@ -627,6 +627,11 @@ pub struct ReportArgs {
     /// Where the checkpoint lives [default: the input's, as for run].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// The shard whose job to report, as its run was given it (`--shard
+    /// I/N`): each shard keeps a checkpoint of its own.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<crate::fleet::Shard>,
 }
 
 /// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.

@@ -73,17 +73,41 @@ fn main() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// `batchrun report INPUT`: the input's state dir found as `run` finds it.
+/// `batchrun report INPUT`: the input's state dir found as `run` finds it
+/// (a shard's with `--shard`; a pipe's under `.batchrun/stdin`).
 fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
     use anyhow::Context as _;
-    let abs = std::fs::canonicalize(&args.input)
-        .with_context(|| format!("{}: cannot read", args.input.display()))?;
-    let state_dir = settings::state_dir_for(&args.input, args.state_dir.as_deref());
+    let pipe = settings::piped(&args.input);
+    let abs = match pipe {
+        true => None,
+        false => Some(
+            std::fs::canonicalize(&args.input)
+                .with_context(|| format!("{}: cannot read", args.input.display()))?,
+        ),
+    };
+    let base = settings::state_dir_for(&args.input, args.state_dir.as_deref());
+    let state_dir = args
+        .shard
+        .map_or_else(|| base.clone(), |s| base.join(s.tag()));
+    let shards = settings::shard_checkpoints(&base);
+    if args.shard.is_none() && !base.join("checkpoint").exists() && !shards.is_empty() {
+        let each: Vec<String> = shards.iter().map(|(s, _)| s.to_string()).collect();
+        anyhow::bail!(
+            "{} ran in shards ({}), each with a checkpoint of its own: name one with --shard I/N",
+            args.input.display(),
+            each.join(", ")
+        );
+    }
+    let named = match pipe {
+        true => std::path::Path::new("stdin"),
+        false => args.input.as_path(),
+    };
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| batchrun::report::html::default_path(&args.input, args.format));
-    batchrun::report::html::write(&state_dir, &abs.to_string_lossy(), &out, args.format)
+        .unwrap_or_else(|| batchrun::report::html::default_path(named, args.shard, args.format));
+    let input = abs.map(|a| a.to_string_lossy().into_owned());
+    batchrun::report::html::write(&state_dir, input.as_deref(), &out, args.format)
 }
 
 /// The async runtime. A run's per-call work is small next to what the

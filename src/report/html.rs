@@ -23,18 +23,20 @@ pub enum Format {
 }
 
 /// Where the report goes when no `-o` is given: `<input stem>.report.html`
-/// (or `.report.svg`) beside the input.
-pub fn default_path(input: &Path, format: Format) -> PathBuf {
+/// (or `.report.svg`) beside the input, a shard's tag before `.report`.
+pub fn default_path(input: &Path, shard: Option<crate::fleet::Shard>, format: Format) -> PathBuf {
     let stem = input.file_stem().unwrap_or_default().to_string_lossy();
     let ext = match format {
         Format::Html => "html",
         Format::Svg => "svg",
     };
-    input.with_file_name(format!("{stem}.report.{ext}"))
+    let tag = shard.map(|s| format!(".{}", s.tag())).unwrap_or_default();
+    input.with_file_name(format!("{stem}{tag}.report.{ext}"))
 }
 
-/// The job of `input` (its canonical path) in `state_dir` that ran last.
-fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
+/// The job of `input` (its canonical path; `None` for a pipe, whose state
+/// dir holds only its own jobs) in `state_dir` that ran last.
+fn latest_job(state_dir: &Path, input: Option<&str>) -> anyhow::Result<JobMeta> {
     // Opening a store makes one: a report must leave no state behind.
     if !state_dir.join("checkpoint").exists() {
         anyhow::bail!(
@@ -54,19 +56,30 @@ fn latest_job(state_dir: &Path, input: &str) -> anyhow::Result<JobMeta> {
             .max(m.last_active_unix_ms)
             .max(m.created_unix * 1000)
     };
-    store
-        .jobs_for_input(input)?
-        .into_iter()
-        .max_by_key(last_ran)
-        .with_context(|| format!("no job for {input} in {}", state_dir.display()))
+    let jobs = match input {
+        Some(i) => store.jobs_for_input(i)?,
+        None => store.jobs()?,
+    };
+    jobs.into_iter().max_by_key(last_ran).with_context(|| {
+        format!(
+            "no job for {} in {}",
+            input.unwrap_or("the pipe"),
+            state_dir.display()
+        )
+    })
 }
 
 /// Writes the report of `input`'s latest job (found in `state_dir`) to
 /// `out`; returns what it wrote, for the line the command prints.
-pub fn write(state_dir: &Path, input: &str, out: &Path, format: Format) -> anyhow::Result<String> {
+pub fn write(
+    state_dir: &Path,
+    input: Option<&str>,
+    out: &Path,
+    format: Format,
+) -> anyhow::Result<String> {
     // `-o` naming the input, or a file of the checkpoint, by mistake would
     // replace it with HTML.
-    if crate::util::same_file(out, Path::new(input)) {
+    if input.is_some_and(|i| crate::util::same_file(out, Path::new(i))) {
         anyhow::bail!(
             "{} is the input file: the report would replace it; name another with -o",
             out.display()
@@ -334,12 +347,17 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
         assert_eq!(
-            default_path(Path::new("/d/items.jsonl"), Format::Html),
+            default_path(Path::new("/d/items.jsonl"), None, Format::Html),
             Path::new("/d/items.report.html")
         );
         assert_eq!(
-            default_path(Path::new("items.csv"), Format::Svg),
+            default_path(Path::new("items.csv"), None, Format::Svg),
             Path::new("items.report.svg")
+        );
+        let shard = "2/3".parse().ok();
+        assert_eq!(
+            default_path(Path::new("/d/items.jsonl"), shard, Format::Html),
+            Path::new("/d/items.shard-2-of-3.report.html")
         );
     }
 }

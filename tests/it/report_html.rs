@@ -272,3 +272,57 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
     assert_eq!(onto.status.code(), Some(1));
     assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sharded_job_is_reported_shard_by_shard_and_a_piped_one_by_its_pipe() {
+    let s = Scenario::new("report-shards")
+        .with_sim(&["--limit", "none"])
+        .numbers(12);
+    for shard in ["1/2", "2/2"] {
+        let r = s.run(&["--limit", "none", "--shard", shard]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    let report = |extra: &[&str]| {
+        bin()
+            .arg("report")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // The whole input has no checkpoint of its own: the shards are named.
+    let whole = report(&[]);
+    assert_eq!(whole.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&whole.stderr);
+    assert!(err.contains("ran in shards (1/2, 2/2)"), "{err}");
+    assert!(err.contains("--shard I/N"), "{err}");
+    let one = report(&["--shard", "2/2"]);
+    let err = String::from_utf8_lossy(&one.stderr);
+    assert!(one.status.success(), "{err}");
+    let stem = s.input_path().file_stem().unwrap().to_string_lossy();
+    let page = s
+        .input_path()
+        .with_file_name(format!("{stem}.shard-2-of-2.report.html"));
+    let html = std::fs::read_to_string(&page).expect("the shard's report beside the input");
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+
+    // A pipe's job is found in the pipe's state dir, with no file to match.
+    let out = s.dir().path().join("piped.results.jsonl");
+    let r = piped(&s, "{\"n\": 1}\n{\"n\": 2}\n", &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let page = s.dir().path().join("piped.report.html");
+    let o = bin()
+        .args(["report", "-", "--state-dir"])
+        .arg(s.state_dir())
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(std::fs::read_to_string(&page)
+        .unwrap()
+        .starts_with("<!DOCTYPE html>"));
+}
