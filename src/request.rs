@@ -368,7 +368,7 @@ mod tests {
     }
 
     fn render(url: &str, value: serde_json::Value) -> Result<Request, String> {
-        spec(url).render(&Item { line: 3, value })
+        spec(url).render(&Item::new(3, value))
     }
 
     #[test]

@@ -355,7 +355,7 @@ mod tests {
     use serde_json::json;
 
     fn item(value: Value) -> Item {
-        Item { line: 7, value }
+        Item::new(7, value)
     }
 
     fn render(t: &str, value: Value, mode: Escape) -> Result<String, TemplateError> {

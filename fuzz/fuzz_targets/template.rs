@@ -23,13 +23,11 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(text);
     let value = serde_json::from_slice(json)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(json).into_owned()));
-    let item = Item {
-        line: match line {
-            255 => u64::MAX,
-            n => u64::from(*n),
-        },
-        value,
+    let line = match line {
+        255 => u64::MAX,
+        n => u64::from(*n),
     };
+    let item = Item::new(line, value);
 
     let template = match Template::parse(&text) {
         Ok(t) => t,

@@ -204,6 +204,11 @@ pub struct JobMeta {
     /// split by line.
     #[serde(default)]
     pub shards_by_content: bool,
+    /// The order of an item's fields is not part of its content (see
+    /// [`crate::input::FieldOrder`]): true for jobs made since; older jobs
+    /// keep theirs, as their results and keys were recorded.
+    #[serde(default)]
+    pub any_field_order: bool,
     /// A run was killed with items pending: calls it had in flight may
     /// have run, and nothing says which. Until every item is finished (or
     /// `--fresh`), nothing may send them under other keys (other batches,
@@ -213,6 +218,14 @@ pub struct JobMeta {
 }
 
 impl JobMeta {
+    /// How its items are fingerprinted, for its life.
+    pub fn field_order(&self) -> crate::input::FieldOrder {
+        match self.any_field_order {
+            true => crate::input::FieldOrder::Ignored,
+            false => crate::input::FieldOrder::Kept,
+        }
+    }
+
     /// Done and failed counts, as committed.
     pub fn counts(&self) -> Counts {
         Counts {

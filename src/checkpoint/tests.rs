@@ -362,3 +362,18 @@ fn a_job_record_from_before_shape_learning_opens_with_a_window_learnt() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_job_recorded_before_field_order_was_left_out_keeps_it() {
+    // A record as an older batchrun wrote it: no such field.
+    let mut record = serde_json::to_value(JobMeta::default()).unwrap();
+    record.as_object_mut().unwrap().remove("any_field_order");
+    let old: JobMeta = serde_json::from_value(record).unwrap();
+    assert_eq!(old.field_order(), crate::input::FieldOrder::Kept);
+    let new = JobMeta {
+        any_field_order: true,
+        ..old
+    };
+    let again: JobMeta = serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
+    assert_eq!(again.field_order(), crate::input::FieldOrder::Ignored);
+}

@@ -248,10 +248,7 @@ impl<R: Read> CsvItems<R> {
             .map(|(k, v)| (k.clone(), Value::String(v.to_owned())))
             .collect();
         self.row_error = false;
-        Ok(Some(Item {
-            line,
-            value: Value::Object(object),
-        }))
+        Ok(Some(Item::new(line, Value::Object(object))))
     }
 }
 

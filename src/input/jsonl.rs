@@ -123,10 +123,7 @@ impl<R: Read> JsonlItems<R> {
                 }
             }
             self.row_error = false;
-            return Ok(Some(Item {
-                line: self.line,
-                value,
-            }));
+            return Ok(Some(Item::new(self.line, value)));
         }
     }
 }

@@ -22,6 +22,8 @@ pub(super) struct Source {
     pub(super) shard: Option<Shard>,
     /// `--skip-invalid`: bad rows were recorded as failed; pass them by.
     pub(super) skip_invalid: bool,
+    /// How the job fingerprints its items.
+    pub(super) field_order: input::FieldOrder,
 }
 
 impl Source {
@@ -32,6 +34,7 @@ impl Source {
             format: settings.format,
             shard: settings.shard,
             skip_invalid: settings.skip_invalid,
+            field_order: input::FieldOrder::default(),
         }
     }
 }
@@ -56,6 +59,7 @@ pub(super) fn spawn(
         format,
         shard,
         skip_invalid,
+        field_order,
     } = source;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -75,7 +79,7 @@ pub(super) fn spawn(
         let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
-        for item in reader(&path, format, skip_invalid)? {
+        for item in reader(&path, format, skip_invalid)?.field_order(field_order) {
             let item = match item {
                 Ok(item) => item,
                 Err(e) if skip_invalid && passed_by(&e, &states, shard) => continue,

@@ -289,14 +289,15 @@ pub(super) fn grew(settings: &Settings, meta: &JobMeta) -> bool {
     }
 }
 
-/// Opens the job `id` for this input and request, or creates it. A job
+/// Opens the job `id` for this input and request, or creates it (its
+/// items fingerprinted by `order`). A job
 /// whose input changed since its checkpoint was made is refused: mixing
 /// results of two files would be silent corruption.
 pub fn open(
     store: &Store,
     settings: &Settings,
     scan: &input::Scan,
-    (id, epoch): (&str, u32),
+    (id, epoch, order): (&str, u32, input::FieldOrder),
     window: OriginWindow,
 ) -> Result<JobMeta, RunError> {
     let abs = std::fs::canonicalize(&settings.input)
@@ -356,6 +357,7 @@ pub fn open(
         layout: LAYOUT,
         keys_by_content: true,
         shards_by_content: true,
+        any_field_order: order == input::FieldOrder::Ignored,
         ..JobMeta::default()
     };
     keep_learnt(&mut meta, window.learnt);

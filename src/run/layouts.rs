@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{CheckpointError, Store};
+use crate::checkpoint::{CheckpointError, JobMeta, Store};
 use crate::exit::RunError;
 use crate::fleet::shard::Shard;
 use crate::settings::Settings;
@@ -108,18 +108,30 @@ fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Else
 /// made before shards followed content): a new shard among them must
 /// split it the same way, or the shards would not partition the input.
 pub(super) fn siblings_split_by_line(settings: &Settings) -> bool {
-    let (Some(mine), Some(base)) = (settings.shard, settings.state_dir.parent()) else {
-        return false;
+    siblings(settings).any(|m| !m.shards_by_content)
+}
+
+/// Whether the other shards of this count fingerprint their items with
+/// their fields in file order (jobs made before field order was left
+/// out): a new shard among them that splits by content must digest as
+/// they do, for the same reason.
+pub(super) fn siblings_keep_field_order(settings: &Settings) -> bool {
+    siblings(settings).any(|m| !m.any_field_order)
+}
+
+/// The jobs of this input and request in the other shards of this count.
+fn siblings(settings: &Settings) -> impl Iterator<Item = JobMeta> + '_ {
+    let found = match (settings.shard, settings.state_dir.parent()) {
+        (Some(mine), Some(base)) => crate::settings::shard_checkpoints(base)
+            .into_iter()
+            .filter(|(s, _)| s.count == mine.count && s.index != mine.index)
+            .collect(),
+        _ => Vec::new(),
     };
-    crate::settings::shard_checkpoints(base)
+    found
         .into_iter()
-        .filter(|(s, _)| s.count == mine.count && s.index != mine.index)
         .filter_map(|(_, dir)| Store::open_to_read(&dir).ok())
         .filter_map(|store| store.jobs().ok())
         .flatten()
-        .any(|m| {
-            m.input_name == settings.input_name
-                && m.template == settings.identity
-                && !m.shards_by_content
-        })
+        .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
 }

@@ -484,6 +484,7 @@ where
     source.shard = source
         .shard
         .map(|s| s.by_content(job.meta.shards_by_content));
+    source.field_order = job.meta.field_order();
     let feeder = feeder::spawn(
         source,
         repeats,

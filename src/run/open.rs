@@ -52,7 +52,8 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     // A job splits its shards as it was made.
     let by_line = line_split(settings, old.as_ref());
     let shard = (settings.shard).map(|s| s.by_content(!by_line));
-    let (mut scan, mut invalid, mut repeats) = scan_input(settings, shard, &items)?;
+    let order = field_order(settings, old.as_ref(), &id);
+    let (mut scan, mut invalid, mut repeats) = scan_input(settings, (shard, order), &items)?;
     if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
         let so = "rows added to the last block would join its batch";
         check_moved_batches(settings, &items, old, ("grew", so))?;
@@ -63,10 +64,10 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
-        (scan, invalid, repeats) = scan_input(settings, shard, &items)?;
+        (scan, invalid, repeats) = scan_input(settings, (shard, order), &items)?;
     }
     items.reserve_lines(scan.last_line);
-    let mut meta = super::job::open(&store, settings, &scan, (&id, epoch), located.window)?;
+    let mut meta = super::job::open(&store, settings, &scan, (&id, epoch, order), located.window)?;
     if by_line && meta.shards_by_content {
         meta.shards_by_content = false;
         store.save_job(&meta).context("writing the checkpoint")?;
@@ -136,6 +137,27 @@ fn line_split(settings: &Settings, old: Option<&JobMeta>) -> bool {
         // A new shard beside shards of the job made before: split as they do.
         None => super::layouts::siblings_split_by_line(settings),
     }
+}
+
+/// How the job fingerprints its items ([`input::FieldOrder`]): as it was
+/// made, for its life (its results, keys and shards were made with it).
+/// A job the checkpoint lost, as the owner record beside its outputs says;
+/// a new shard, as the other shards of its job do (or they would not
+/// partition the input); a new job (`--fresh` too) leaves field order out.
+fn field_order(settings: &Settings, old: Option<&JobMeta>, id: &str) -> input::FieldOrder {
+    if settings.fresh {
+        return input::FieldOrder::Ignored;
+    }
+    if let Some(o) = old {
+        return o.field_order();
+    }
+    if let Some(order) = super::owner::field_order_of(settings, id) {
+        return order;
+    }
+    if super::layouts::siblings_keep_field_order(settings) {
+        return input::FieldOrder::Kept;
+    }
+    input::FieldOrder::Ignored
 }
 
 /// Refuses to resume `old` by content on a regenerated input where that
@@ -408,7 +430,7 @@ type Invalid = Vec<(u64, String)>;
 /// unless it will not be sent again; a shard counts its own.
 fn scan_input(
     settings: &Settings,
-    shard: Option<crate::fleet::Shard>,
+    (shard, order): (Option<crate::fleet::Shard>, input::FieldOrder),
     items: &JobItems,
 ) -> Result<(input::Scan, Invalid, Counter), RunError> {
     let spec = &settings.request;
@@ -447,7 +469,7 @@ fn scan_input(
         checked
     };
     let mut scan = tokio::task::block_in_place(|| {
-        input::scan_with(&settings.input, settings.format, check, skip)
+        input::scan_with(&settings.input, (settings.format, order), check, skip)
     })?;
     scan.total = in_shard.get();
     Ok((scan, invalid, repeats.into_inner().counter()))

@@ -132,7 +132,8 @@ fn write_both(
     let mut out = Results::create(settings)?;
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
-    let mut reader = input::CheckedReader::open(&settings.input, settings.format)?;
+    let mut reader = input::CheckedReader::open(&settings.input, settings.format)?
+        .field_order(meta.field_order());
     if settings.skip_invalid {
         reader = reader.past_bad_rows();
     }
@@ -273,9 +274,13 @@ fn put_in_place(
         put()
             .with_context(|| format!("writing {}", p.display()))
             .map_err(OutputError::Write)?;
-        let rehearsal = meta.origin == crate::settings::SIM_ORIGIN;
-        super::owner::write_owner(p, &meta.id, &meta.input, rehearsal)
-            .map_err(OutputError::Write)?;
+        let owner = super::owner::Owner {
+            job: meta.id.clone(),
+            input: meta.input.clone(),
+            rehearsal: meta.origin == crate::settings::SIM_ORIGIN,
+            field_order: meta.field_order(),
+        };
+        super::owner::write_owner(p, &owner).map_err(OutputError::Write)?;
     }
     Ok(())
 }

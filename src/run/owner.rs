@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use crate::exit::RunError;
+use crate::input::FieldOrder;
 use crate::settings::{Settings, SIM_ORIGIN};
 use crate::util::owner_path;
 
@@ -20,6 +21,10 @@ pub(super) struct Owner {
     /// which a real run of the same input replaces (false in records
     /// written before it was kept).
     pub(super) rehearsal: bool,
+    /// How the job fingerprints its items: a job the checkpoint lost is
+    /// remade with it, or its keys and shards would change (`Kept` in
+    /// records written before it was kept, whose jobs all kept it).
+    pub(super) field_order: FieldOrder,
 }
 
 /// The job that wrote `p` last, if batchrun wrote it.
@@ -30,15 +35,37 @@ pub(super) fn owner_of(p: &Path) -> Option<Owner> {
         job: v["job"].as_str()?.to_string(),
         input: v["input"].as_str()?.to_string(),
         rehearsal: v["rehearsal"] == true,
+        field_order: match v["any_field_order"] == true {
+            true => FieldOrder::Ignored,
+            false => FieldOrder::Kept,
+        },
     })
 }
 
-/// Records that `job` (on `input`; a rehearsal's, on the built-in sim)
-/// wrote `p`.
-pub(super) fn write_owner(p: &Path, job: &str, input: &str, rehearsal: bool) -> anyhow::Result<()> {
+/// How the job `id`, which the checkpoint does not know, fingerprinted its
+/// items, if its outputs' owner record names it or its input (a job made
+/// again after a regenerated input took another id, and kept its keys).
+pub(super) fn field_order_of(settings: &Settings, id: &str) -> Option<FieldOrder> {
+    let input = std::fs::canonicalize(&settings.input).ok();
+    let ours = |o: &Owner| o.job == id || input.as_deref() == Some(Path::new(&o.input));
+    [&settings.out, &settings.failures]
+        .into_iter()
+        .filter_map(|p| owner_of(p))
+        .find(ours)
+        .map(|o| o.field_order)
+}
+
+/// Records that `o.job` (on `o.input`; a rehearsal's, on the built-in
+/// sim) wrote `p`.
+pub(super) fn write_owner(p: &Path, o: &Owner) -> anyhow::Result<()> {
     let path = owner_path(p);
     let tmp = path.with_extension(format!("owner.{}.tmp", std::process::id()));
-    let text = serde_json::json!({ "job": job, "input": input, "rehearsal": rehearsal });
+    let text = serde_json::json!({
+        "job": o.job,
+        "input": o.input,
+        "rehearsal": o.rehearsal,
+        "any_field_order": o.field_order == FieldOrder::Ignored,
+    });
     let text = text.to_string();
     std::fs::write(&tmp, text + "\n")
         .and_then(|()| std::fs::rename(&tmp, &path))
@@ -52,7 +79,11 @@ pub(super) fn hand_over(settings: &Settings, old: &str, new: &str) {
     for p in [&settings.out, &settings.failures] {
         if let Some(o) = owner_of(p) {
             if o.job == old {
-                let _ = write_owner(p, new, &o.input, o.rehearsal);
+                let o = Owner {
+                    job: new.to_string(),
+                    ..o
+                };
+                let _ = write_owner(p, &o);
             }
         }
     }
@@ -74,6 +105,7 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
             job: owner,
             input,
             rehearsal,
+            ..
         }) = owner_of(p)
         else {
             // No owner record: batchrun's own outputs of an earlier version

@@ -140,7 +140,9 @@ fn pairs(
     }
     let mut found: Vec<(u64, u64, u64)> = Vec::new();
     let mut in_new: HashMap<u64, u32> = HashMap::new();
-    let reader = input::Reader::open(&settings.input, settings.format)?.past_bad_rows();
+    let reader = input::Reader::open(&settings.input, settings.format)?
+        .past_bad_rows()
+        .field_order(old_meta.field_order());
     // A bad row is the scan's to report: here it matches nothing.
     for item in reader.flatten() {
         let d = item.digest();

@@ -79,7 +79,7 @@ async fn run_pool(
     let (item_tx, item_rx) = mpsc::channel(n as usize + 1);
     for line in 1..=n {
         let value = serde_json::json!({ "n": line });
-        let item = Item { line, value };
+        let item = Item::new(line, value);
         let queued = super::pool::Queued {
             item,
             generation: 0,

@@ -12,10 +12,7 @@ fn policy() -> Policy {
 }
 
 fn item() -> Item {
-    Item {
-        line: 7,
-        value: serde_json::json!({ "n": 7 }),
-    }
+    Item::new(7, serde_json::json!({ "n": 7 }))
 }
 
 /// The reaction to `outcome` on the item's `n`th call.
