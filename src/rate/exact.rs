@@ -244,6 +244,13 @@ impl ExactWindow {
             self.learn.pressed = true;
             return Err(at);
         }
+        if let Some(at) = self
+            .shape
+            .as_ref()
+            .and_then(|s| s.awaiting_ramp_answer(limit, now))
+        {
+            return Err(at);
+        }
         let ahead = match &self.shape {
             Some(s) => s.start_gate(now)?,
             None => false,
@@ -299,6 +306,9 @@ impl ExactWindow {
         // A response cannot precede its send; two threads reading the clock
         // in one order and locking in the other can make it look so.
         let arrived = arrived.max(sent);
+        if let Some(s) = &mut self.shape {
+            s.round_trip(arrived.saturating_duration_since(sent));
+        }
         // At or before: a lowering starts a pause, so a call sent in its
         // very instant was sent before it (the fleet, in whole ms, agrees).
         if self.learn.lowered_at.is_some_and(|l| sent <= l) {

@@ -183,6 +183,8 @@ pub struct ShapeLearner {
     /// burst smaller than that would refuse. A window of the limit loses
     /// nothing: the rate is the same.
     handover: Option<Instant>,
+    /// The last answered call's round trip (send to answer).
+    round_trip: Option<Duration>,
 }
 
 impl ShapeLearner {
@@ -203,6 +205,7 @@ impl ShapeLearner {
             most: None,
             held_in_a_row: [0; 2],
             handover: None,
+            round_trip: None,
         }
     }
 
@@ -292,6 +295,36 @@ impl ShapeLearner {
         let ahead = interval.saturating_mul(u32::try_from(burst).unwrap_or(u32::MAX));
         let at = tat.checked_sub(ahead).unwrap_or(now);
         (at > now).then_some(at)
+    }
+
+    /// During the ramp, while one of its calls is on its way and a round
+    /// trip is under two of the told rate's intervals: a time to look again
+    /// (an answer wakes the waiter sooner). The ramp then sends one call
+    /// at a time. Its refusal comes back before another call goes, where
+    /// the ramp's interval is shorter than a round trip, which leaves no
+    /// refused call in its wake. One call per round trip still reaches
+    /// half the told rate, beyond a secret limit at a third of it. Behind
+    /// a longer round trip one at a time would hold the ramp under the rate
+    /// it is there to try (docs/performance.md, "One call at a time during
+    /// the ramp"), and it goes as before.
+    pub fn awaiting_ramp_answer(&self, limit: u64, now: Instant) -> Option<Instant> {
+        let Phase::Probing {
+            since, ramp: true, ..
+        } = self.phase
+        else {
+            return None;
+        };
+        let told = self.window.div_f64(limit.max(1) as f64);
+        let short = self
+            .round_trip
+            .is_some_and(|rt| rt <= told.saturating_mul(2));
+        (short && now >= since && self.evidence.in_flight_since(since))
+            .then(|| now.checked_add(self.window).unwrap_or(now))
+    }
+
+    /// A call came back after `round_trip`.
+    pub fn round_trip(&mut self, round_trip: Duration) {
+        self.round_trip = Some(round_trip);
     }
 
     /// When a call may go after a response said nothing is left

@@ -81,6 +81,15 @@ impl Evidence {
         }
     }
 
+    /// Whether a call sent at or after `since` is still unanswered.
+    pub fn in_flight_since(&self, since: Instant) -> bool {
+        self.calls
+            .iter()
+            .rev()
+            .take_while(|c| c.1 >= since)
+            .any(|c| c.2.is_none())
+    }
+
     /// Whether every call kept has been answered.
     pub fn answered_all(&self) -> bool {
         self.calls.iter().all(|c| c.2.is_some())

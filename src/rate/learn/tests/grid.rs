@@ -120,3 +120,24 @@ fn survey_long_round_trips() {
         }
     }
 }
+
+/// A secret fixed window at a third behind round trips a little longer
+/// than the told pace's interval (40 ms against 33 ms), with several calls
+/// in flight: the ramp sends one call at a time, so its refusal comes back
+/// before another call goes. 3 429s each (the start's two, the ramp's
+/// one), where 4 were.
+#[test]
+fn a_ramp_behind_a_round_trip_longer_than_its_interval_leaves_no_refusal_in_its_wake() {
+    for workers in [3, 5, 10] {
+        for jitter in [2, 4] {
+            for seed in 0..3 {
+                let fates = link(ITEMS + 60, ms(40), ms(jitter), seed);
+                let mut server = at_a_third(1, Instant::now());
+                let o = job(30, workers, &fates, ITEMS, &mut server);
+                let case = format!("{workers} in flight, {jitter} ms jitter, seed {seed}");
+                assert!(o.refused <= 3, "{case}: {o:?}");
+                assert!(within_bar(&o, W * 20), "{case}: {o:?}");
+            }
+        }
+    }
+}
