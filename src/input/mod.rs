@@ -258,7 +258,7 @@ fn display(path: &Path) -> String {
 
 /// How messages name an input the user gave: `-` is standard input, not a
 /// file called "-".
-fn label(path: &Path) -> String {
+pub fn label(path: &Path) -> String {
     if is_stdin(path) {
         "standard input".to_owned()
     } else {

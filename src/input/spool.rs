@@ -25,6 +25,9 @@ pub struct Spooled {
     /// [`super::fingerprint`] and [`super::scan`] give it, and the stem of its
     /// file name. `None` for a regular file, which `spool` does not read.
     pub sha256: Option<String>,
+    /// For a copy, whether its last line ends without a newline: what a
+    /// writer that died mid-line leaves, its last item cut short.
+    pub unterminated: bool,
 }
 
 /// Makes `path` readable more than once: `-` (standard input) or anything that
@@ -72,6 +75,7 @@ pub fn spool(path: &Path, spool_dir: &Path) -> Result<Spooled, InputError> {
             path: path.to_owned(),
             spooled: false,
             sha256: None,
+            unterminated: false,
         });
     }
     if meta.is_dir() {
@@ -111,7 +115,7 @@ fn copy_in(
     create_dir(spool_dir).map_err(|e| spool_error(path, spool_dir, &e))?;
     sweep_partials(spool_dir);
     let partial = spool_dir.join(partial_name());
-    let finished = write_partial(source, &partial, path, spool_dir).and_then(|sha256| {
+    let finished = write_partial(source, &partial, path, spool_dir).and_then(|(sha256, last)| {
         let mut name = OsString::from(&sha256);
         if let Some(ext) = ext {
             name.push(".");
@@ -120,9 +124,9 @@ fn copy_in(
         let target = spool_dir.join(name);
         // Same name, same content: replacing an earlier copy is harmless.
         fs::rename(&partial, &target).map_err(|e| spool_error(path, spool_dir, &e))?;
-        Ok((target, sha256))
+        Ok((target, sha256, last))
     });
-    let (target, sha256) = match finished {
+    let (target, sha256, last) = match finished {
         Ok(done) => done,
         Err(e) => {
             let _ = fs::remove_file(&partial);
@@ -144,6 +148,7 @@ fn copy_in(
         path: target,
         spooled: true,
         sha256: Some(sha256),
+        unterminated: last.is_some_and(|b| b != b'\n'),
     })
 }
 
@@ -189,14 +194,14 @@ fn create_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Writes all of `source` to the new file `partial` and syncs it; returns the
-/// content's SHA-256. Read and write failures are told apart because only
-/// the latter is about the spool directory.
+/// content's SHA-256 and its last byte. Read and write failures are told
+/// apart because only the latter is about the spool directory.
 fn write_partial(
     source: impl Read,
     partial: &Path,
     path: &Path,
     spool_dir: &Path,
-) -> Result<String, InputError> {
+) -> Result<(String, Option<u8>), InputError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -206,6 +211,7 @@ fn write_partial(
         .map_err(|e| spool_error(path, spool_dir, &e))?;
     let mut source = HashingReader::new(source);
     let mut buf = vec![0u8; CHUNK];
+    let mut last = None;
     loop {
         let n = match source.read(&mut buf) {
             Ok(0) => break,
@@ -214,12 +220,13 @@ fn write_partial(
             Err(e) => return Err(io_error(path, format!("read error: {}", io_reason(&e)))),
         };
         let chunk = buf.get(..n).unwrap_or_default();
+        last = chunk.last().copied().or(last);
         out.write_all(chunk)
             .map_err(|e| spool_error(path, spool_dir, &e))?;
     }
     out.sync_all()
         .map_err(|e| spool_error(path, spool_dir, &e))?;
-    Ok(source.finish())
+    Ok((source.finish(), last))
 }
 
 #[cfg(test)]
@@ -289,6 +296,19 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_whose_last_line_has_no_newline_says_so() {
+        let dir = TempDir::new("spool-unterminated");
+        let copy = |bytes: &'static [u8]| {
+            copy_in(bytes, Path::new("-"), None, dir.path())
+                .unwrap()
+                .unterminated
+        };
+        assert!(copy(b"n,name\n1,a\n2,b"), "cut short");
+        assert!(!copy(b"n,name\n1,a\n2,b\n"));
+        assert!(!copy(b""), "nothing at all is no cut line");
+    }
+
+    #[test]
     fn regular_file_is_returned_unread_and_uncopied() {
         let f = TempFile::new("plain.jsonl", b"{}\n");
         let dir = TempDir::new("spool-unused");
@@ -298,7 +318,8 @@ mod tests {
             Spooled {
                 path: f.path().to_owned(),
                 spooled: false,
-                sha256: None
+                sha256: None,
+                unterminated: false,
             }
         );
         assert!(!dir.path().exists(), "no copy, no spool directory");

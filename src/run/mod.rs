@@ -163,6 +163,15 @@ fn spool_input(settings: &mut Settings) -> Result<(), RunError> {
     let spooled = tokio::task::block_in_place(|| {
         input::spool(&settings.input, &settings.state_dir.join("spool"))
     })?;
+    if spooled.unterminated {
+        // A writer that died mid-line leaves its last item cut short, and
+        // a CSV row cut within its last field still parses.
+        crate::report::err_line(&format!(
+            "batchrun: warning: {}'s last line ends without a newline: if what wrote it \
+             stopped part-way, that item is cut short (check it in the results)",
+            input::label(&settings.input)
+        ));
+    }
     if spooled.spooled {
         settings.input = spooled.path;
         settings.spooled = spooled.sha256;

@@ -1093,3 +1093,19 @@ async fn a_run_in_another_layout_while_a_shard_runs_sends_nothing() {
     assert!((1..20).contains(&done), "{}", r.summary);
     assert_side_effects(&s.sim().stats().await, done);
 }
+
+/// A pipe whose last line ends without a newline (what a writer that died
+/// mid-line leaves) is run, with a warning that its last item may be cut
+/// short; a pipe ending in a newline gets none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipe_cut_mid_line_is_warned_of() {
+    let s = Scenario::new("pipe-cut").with_sim(&["--limit", "none"]);
+    let out = s.dir().path().join("cut.results.jsonl");
+    let cut = piped(&s, "{\"n\": 1}\n{\"n\": 2}", &out, &[]);
+    assert_eq!(cut.code, 0, "{}", cut.stderr);
+    let warning = "standard input's last line ends without a newline";
+    assert!(cut.stderr.contains(warning), "{}", cut.stderr);
+    let whole = piped(&s, "{\"n\": 1}\n{\"n\": 2}\n{\"n\": 3}\n", &out, &[]);
+    assert_eq!(whole.code, 0, "{}", whole.stderr);
+    assert!(!whole.stderr.contains(warning), "{}", whole.stderr);
+}
