@@ -164,7 +164,9 @@ impl Pool {
             headers,
             body,
             truncated,
+            cut,
         } = resp;
+        let truncated = truncated || cut.is_some();
         // A server may echo the key back (in an error, a debug field), even
         // JSON-escaped or cut by --max-body: it must never reach the
         // checkpoint, the outputs, a failure reason or the pause line.
@@ -182,10 +184,10 @@ impl Pool {
         };
         // A batch's success cut short pairs nothing, though its items ran.
         let cut_batch = batch.filter(|_| truncated && (200..300).contains(&status));
-        let body = if truncated {
-            truncated_body(&body)
-        } else {
-            body
+        let body = match (&cut, truncated) {
+            (Some(why), _) => cut_body(&body, why),
+            (None, true) => truncated_body(&body),
+            (None, false) => body,
         };
         if let Some(note) = self.pacer.observe(&headers).await {
             self.emit(Event::Pace(note));
@@ -294,6 +296,18 @@ impl Pool {
         let clean = self.spec.key.as_ref().and_then(|k| k.scrub(head, true));
         truncated_body(clean.as_deref().unwrap_or(head))
     }
+}
+
+/// What is kept of a body the connection cut short after the server
+/// answered: its beginning, marked as [`truncated_body`] marks one, and why.
+fn cut_body(kept: &str, why: &str) -> String {
+    serde_json::json!({
+        "batchrun_truncated": true,
+        "bytes_kept": kept.len(),
+        "head": kept,
+        "cut": why,
+    })
+    .to_string()
 }
 
 /// What is kept of a body cut at `--max-body`: its beginning, and a mark

@@ -39,6 +39,7 @@ impl Step {
                 headers: h,
                 body: body.to_string(),
                 truncated: false,
+                cut: None,
             }),
         }
     }

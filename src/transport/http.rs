@@ -74,9 +74,16 @@ impl HttpTransport {
         let status = resp.status().as_u16();
         let headers = std::mem::take(resp.headers_mut());
         let mut body = Capped::new(self.max_body);
-        while let Some(chunk) = resp.chunk().await.map_err(|e| classify(&e, self.timeout))? {
-            if !body.push(&chunk) {
-                break;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) if body.push(&chunk) => {}
+                Ok(_) => break,
+                // The status came: the server answered, and a call sent
+                // again would run again. What came of the body is kept.
+                Err(e) => {
+                    body.cut = Some(classify(&e, self.timeout).reason);
+                    break;
+                }
             }
         }
         Ok(body.response(status, headers))
@@ -117,6 +124,7 @@ struct Capped {
     bytes: Vec<u8>,
     room: usize,
     truncated: bool,
+    cut: Option<String>,
 }
 
 impl Capped {
@@ -125,6 +133,7 @@ impl Capped {
             bytes: Vec::new(),
             room: max,
             truncated: false,
+            cut: None,
         }
     }
 
@@ -151,6 +160,7 @@ impl Capped {
             headers,
             body,
             truncated: self.truncated,
+            cut: self.cut,
         }
     }
 }

@@ -48,6 +48,11 @@ pub struct Response {
     pub body: String,
     /// Whether the body was cut at `--max-body` (the rest was never read).
     pub truncated: bool,
+    /// Why the body ended before its end, when the connection dropped (or
+    /// the time ran out) after the status and headers came: the server
+    /// answered, so the call ran and is not sent again; what came of the
+    /// body is kept, marked as cut.
+    pub cut: Option<String>,
 }
 
 /// What kind of transport failure happened; the pool retries all of them.

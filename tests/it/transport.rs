@@ -182,3 +182,57 @@ fn a_wrong_host_halts_at_once_whatever_the_plan() {
         started.elapsed()
     );
 }
+
+/// A server that runs each call, answers `200` with its head and the start
+/// of a body, then drops the connection: returns its base URL and the
+/// requests it got.
+async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let hits = std::sync::Arc::new(AtomicU64::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                              content-length: 100\r\n\r\n{\"ok\": tr";
+                let _ = sock.write_all(answer.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+/// A `200` whose body the connection cut: the server answered, so the
+/// call ran. It is recorded done with what came of the body, marked as
+/// cut, and never sent again (it was sent again, and ran twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_success_whose_body_was_cut_is_kept_and_never_sent_again() {
+    let (base, hits) = cutting_server().await;
+    let s = Scenario::new("cut-body").numbers(6);
+    let url = format!("{base}/v1/x?n={{n}}");
+    let r = s.run(&["--url", &url, "--limit", "100/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 6);
+    let out = jsonl(&s.out_path());
+    assert_eq!(out.len(), 6);
+    for v in &out {
+        assert_eq!(v["status"], 200, "{v}");
+        assert_eq!(v["body"]["batchrun_truncated"], true, "{v}");
+        assert_eq!(v["body"]["head"], "{\"ok\": tr", "{v}");
+        assert!(v["body"]["cut"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    }
+}
