@@ -115,7 +115,7 @@ pub fn classify(
             status: code,
             reason: reason_or_name(status, body, key),
         }),
-        429 if crate::wire::exhausted_by_headers(headers) => {
+        429 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
             Err(CallError::CreditsExhausted { status: code })
         }
         429 if headers.contains_key("x-concurrency-limit") => {
@@ -147,13 +147,30 @@ fn reason_or_name(status: StatusCode, body: &str, key: Option<&Secret>) -> Strin
     })
 }
 
-/// The API's own credits-exhausted answer: a JSON body whose `code` says so
-/// (as the sim's does), for APIs that send no credit headers.
+/// The codes an API's body gives for a balance or billing quota spent, not
+/// a rate: the sim's, and OpenAI's 429 `insufficient_quota` (whose calls
+/// wait for a top-up, not for a window).
+const CREDITS_SPENT: [&str; 4] = [
+    "credits_exhausted",
+    "insufficient_quota",
+    "insufficient_credits",
+    "billing_hard_limit_reached",
+];
+
+/// The API's own credits-exhausted answer, for APIs that send no credit
+/// headers: a JSON body whose `code` or `type`, at its top or in its
+/// `error` object, is one of [`CREDITS_SPENT`].
 fn says_credits_exhausted(body: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("code")?.as_str().map(str::to_string))
-        .is_some_and(|c| c == "credits_exhausted")
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return false;
+    };
+    let spent = |o: &serde_json::Value| {
+        ["code", "type"]
+            .iter()
+            .filter_map(|k| o.get(k)?.as_str())
+            .any(|c| CREDITS_SPENT.contains(&c))
+    };
+    spent(&v) || v.get("error").is_some_and(spent)
 }
 
 fn transient(
@@ -501,6 +518,29 @@ mod tests {
                 reason: "x".into(),
             };
             assert_eq!(unknown(Err(transport(&e))), may_have_run, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_429_whose_body_says_the_balance_is_spent_halts_on_credits() {
+        let openai = r#"{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}"#;
+        for body in [openai, r#"{"code": "credits_exhausted"}"#] {
+            assert_eq!(
+                c(429, &[], body),
+                Err(CallError::CreditsExhausted { status: 429 }),
+                "{body}"
+            );
+        }
+        // A rate limit's own words, or a code about the rate, stay a rate limit.
+        for body in [
+            r#"{"error": {"type": "rate_limit_error", "message": "quota of requests per minute"}}"#,
+            r#"{"error": {"code": "rate_limit_exceeded"}}"#,
+            "insufficient_quota",
+        ] {
+            assert!(
+                matches!(c(429, &[], body), Err(CallError::RateLimited { .. })),
+                "{body}"
+            );
         }
     }
 
