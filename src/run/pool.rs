@@ -349,6 +349,10 @@ impl Pool {
             }
             Action::Pause { pause, message } => self.pause(pause, message).await,
             Action::FewerInFlight(after) => {
+                self.limited_since
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(Instant::now);
                 if let Some(n) = self.slots.lower() {
                     self.emit(Event::Note(format!(
                         "batchrun: the server's concurrency ceiling was reached (429 with x-concurrency-limit): at most {n} calls in flight from now on"

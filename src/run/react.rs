@@ -234,8 +234,16 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             message,
         } => rate_limited(retry_after, message, call.limited_for, policy),
         CallError::Concurrency { retry_after } => {
-            let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
-            Action::FewerInFlight(pause)
+            // Nothing but these for `--max-wait` halts as rate limits do:
+            // a server that answers only them would keep the run forever.
+            let for_ = call.limited_for.unwrap_or(Duration::ZERO);
+            match for_ >= policy.max_wait {
+                true => stop(Halt::Stalled(for_)),
+                false => {
+                    let pause = retry_after.unwrap_or(Duration::from_secs(1)).max(MIN_PAUSE);
+                    Action::FewerInFlight(pause)
+                }
+            }
         }
         CallError::CreditsExhausted { .. } => match policy.wait_for_credits {
             true => Action::WaitForCredits {

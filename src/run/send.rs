@@ -199,7 +199,10 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
-        if !matches!(c, Err(CallError::RateLimited { .. })) {
+        if !matches!(
+            c,
+            Err(CallError::RateLimited { .. } | CallError::Concurrency { .. })
+        ) {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));

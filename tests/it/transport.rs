@@ -233,6 +233,9 @@ async fn a_success_whose_body_was_cut_is_kept_and_never_sent_again() {
         assert_eq!(v["status"], 200, "{v}");
         assert_eq!(v["body"]["batchrun_truncated"], true, "{v}");
         assert_eq!(v["body"]["head"], "{\"ok\": tr", "{v}");
-        assert!(v["body"]["cut"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+        assert!(
+            v["body"]["cut"].as_str().is_some_and(|c| !c.is_empty()),
+            "{v}"
+        );
     }
 }

@@ -178,18 +178,23 @@ fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
             retry_after: None,
             message: None,
         };
-        react(error(e), call, &policy()).action
+        let concurrency = CallError::Concurrency { retry_after: None };
+        let call2 = Call { ..call };
+        (
+            react(error(e), call, &policy()).action,
+            react(error(concurrency), call2, &policy()).action,
+        )
     };
     let max = policy().max_wait;
-    assert!(matches!(
-        after(Some(max - Duration::from_secs(1))),
-        Action::Pause { .. }
-    ));
-    let expected = Action::Stop {
+    let (window, ceiling) = after(Some(max - Duration::from_secs(1)));
+    assert!(matches!(window, Action::Pause { .. }), "{window:?}");
+    assert!(matches!(ceiling, Action::FewerInFlight(_)), "{ceiling:?}");
+    let expected = || Action::Stop {
         record: None,
         halt: Halt::Stalled(max),
     };
-    assert_eq!(after(Some(max)), expected);
+    // A server answering nothing but concurrency 429s kept the run forever.
+    assert_eq!(after(Some(max)), (expected(), expected()));
 }
 
 #[test]
