@@ -429,7 +429,8 @@ mod tests {
         let dead = spool_dir.path().join(format!(".partial-{gone_pid}-0"));
         let live = spool_dir
             .path()
-            .join(format!(".partial-{}-7", std::process::id()));
+            // A number this process's own spools never reach in a test run.
+            .join(format!(".partial-{}-{}", std::process::id(), u64::MAX));
         fs::create_dir_all(spool_dir.path()).unwrap();
         for p in [&dead, &live] {
             fs::write(p, b"{\"secret\": 1}\n").unwrap();

@@ -52,6 +52,10 @@ pub const LONG_HOLD: Duration = Duration::from_secs(60);
 /// wait), as it does when credits run out.
 pub const QUOTA_BOUND: Duration = Duration::from_secs(15 * 60);
 
+/// How long a quota with nothing left and a reset of nothing (or already
+/// past) holds calls: the second a reset in whole seconds may be early by.
+const RESET_NOW: Duration = Duration::from_secs(1);
+
 /// A policy the server says is used up, resetting beyond [`QUOTA_BOUND`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exhausted {
@@ -385,25 +389,32 @@ impl PolicySet {
             // finer (OpenAI's) and beyond one even interval is no bucket's
             // next unit, which its rate frees within one: something else
             // fills the quota (another client's calls), and it holds.
-            let reset = p.reset_in.filter(|r| !r.is_zero());
+            let reset = p.reset_in;
             let rounding = w.window() + Duration::from_secs(1);
             let unit = even_interval(w.window(), w.limit());
             let beyond_a_unit = |r: Duration| p.reset_exact && r > unit;
             let reset = reset.filter(|&r| r > rounding || !w.paced_evenly() || beyond_a_unit(r));
-            match reset {
-                None => {
-                    w.remaining_zero(now);
-                }
+            let r = match reset {
+                // Told nothing of when: until one of this client's calls
+                // leaves the window, said when long, and halting beyond the
+                // quota bound as a reset stated that far does.
+                None => w.remaining_zero(now).saturating_duration_since(now),
+                // A reset of nothing (`t=0`, whole seconds rounded down, an
+                // instant already past by the server's clock): the quota is
+                // back, or within the second. Held for the window, one
+                // call an hour went for a whole hour's quota.
                 Some(r) => {
+                    let r = if r.is_zero() { RESET_NOW } else { r };
                     w.hold_until(later(now, r));
-                    self.used_up(p, r, now);
-                    if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
-                        self.heard.push_back(Heard::Exhausted {
-                            name: p.name.clone(),
-                            for_: r,
-                        });
-                    }
+                    r
                 }
+            };
+            self.used_up(p, r, now);
+            if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
+                self.heard.push_back(Heard::Exhausted {
+                    name: p.name.clone(),
+                    for_: r,
+                });
             }
         }
     }

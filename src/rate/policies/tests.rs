@@ -166,6 +166,44 @@ fn used_up_holds_until_the_reset_in_any_dialect() {
     assert_eq!(s.try_take(t0 + ms(101)).unwrap_err(), t0 + ms(1100));
 }
 
+/// `remaining: 0` with a reset of nothing (IETF `t=0`, or a reset
+/// instant the server's clock put in the past) is a quota back within the
+/// second; told nothing of when, a long hold is said and, beyond the quota
+/// bound, is a used-up quota. Both held silently for the whole window (an
+/// hour here) before.
+#[test]
+fn nothing_left_with_a_reset_of_nothing_or_none_never_holds_silently() {
+    let t0 = Instant::now();
+    let hour = 3_600_000;
+    let mut s = set(&[(5000, hour)], t0);
+    let slot = s.try_take(t0).unwrap();
+    s.complete(slot, t0 + ms(10));
+    let now = Announced {
+        reset_in: Some(Duration::ZERO),
+        ..calls_policy(5000, Some(hour), Some(0))
+    };
+    s.announce(&[now], t0 + ms(10));
+    assert_eq!(s.try_take(t0 + ms(11)).unwrap_err(), t0 + ms(1010));
+    assert!(s.try_take(t0 + ms(1010)).is_ok());
+    assert!(s.exhausted(t0 + ms(1010)).is_none());
+
+    let mut s = set(&[(5000, hour)], t0);
+    let slot = s.try_take(t0).unwrap();
+    s.complete(slot, t0 + ms(10));
+    s.announce(&[calls_policy(5000, Some(hour), Some(0))], t0 + ms(10));
+    assert!(
+        s.exhausted(t0 + ms(11)).is_some(),
+        "an hour's hold is a used-up quota"
+    );
+    let notes: Vec<_> = std::iter::from_fn(|| s.take_note(t0 + ms(11))).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| matches!(n, Note::Heard(Heard::Exhausted { .. }))),
+        "{notes:?}"
+    );
+}
+
 #[test]
 fn an_announced_token_policy_is_paced_and_said_once() {
     let t0 = Instant::now();
