@@ -370,6 +370,7 @@ impl Pool {
             jitter: fastrand::f64(),
             got_through: self.got_through.load(Ordering::Relaxed),
             may_defer: false,
+            refusals_in_a_row: self.refusals_in_a_row.load(Ordering::Relaxed),
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         let spent = tries.n - reaction.tries.n;

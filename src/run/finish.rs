@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::events::Stats;
 use super::gate::Halt;
+use super::react::KEY_REVOKED_AFTER;
 use super::recorder::Recorded;
 use crate::checkpoint::{JobItems, JobMeta, Store};
 use crate::credits::Alerter;
@@ -100,8 +101,17 @@ pub(crate) fn end_state(
             status,
             line,
             reason,
+            mid_run: false,
         } => format!(
             "the API rejected the key (HTTP {status} for line {line}: {reason}) before any call got through: check {api_key_env} holds a valid key for this API; nothing was marked failed"
+        ),
+        Halt::Auth {
+            status,
+            line,
+            reason,
+            mid_run: true,
+        } => format!(
+            "the API rejected the key (HTTP {status} for line {line}: {reason}, {KEY_REVOKED_AFTER} calls in a row) after earlier calls got through: it was revoked or expired while the run went; put a valid key in {api_key_env} and run the same command to resume, with --retry-failed for the items refused before the run stopped"
         ),
         Halt::Interrupted(sig) => sig.describe().to_string(),
         Halt::Stalled(for_) => format!(

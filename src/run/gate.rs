@@ -17,8 +17,10 @@ pub enum Halt {
     Exhausted,
     /// The reserve was reached (the reason says how).
     Reserve(String),
-    /// The key was rejected before any call got through: the status, the
-    /// line of the item whose call it was, and the server's words (quoted).
+    /// The key was rejected: before any call got through (401 or 403), or
+    /// later by a 401 (revoked or expired while the run went): the status,
+    /// the line of the item whose call it was, and the server's words
+    /// (quoted).
     Auth {
         /// 401 or 403.
         status: u16,
@@ -26,6 +28,8 @@ pub enum Halt {
         line: u64,
         /// What the server said, quoted.
         reason: String,
+        /// Whether calls of the run had got through before.
+        mid_run: bool,
     },
     /// Ctrl-C or SIGTERM.
     Interrupted(crate::exit::Signal),

@@ -405,6 +405,7 @@ fn build_pool(
         },
         limited_since: std::sync::Mutex::new(None),
         got_through: Default::default(),
+        refusals_in_a_row: Default::default(),
         deferred: Default::default(),
         long_wait_said: Default::default(),
         scrub_said: Default::default(),

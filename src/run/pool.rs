@@ -58,6 +58,8 @@ pub struct Pool {
     pub limited_since: std::sync::Mutex<Option<Instant>>,
     /// A call of this run has succeeded (the key works).
     pub got_through: std::sync::atomic::AtomicBool,
+    /// 401s in a row since the last call that got through.
+    pub refusals_in_a_row: std::sync::atomic::AtomicU32,
     /// An item was set aside for a refusal before any call got through
     /// (once per run: a second such refusal is the key's).
     pub deferred: std::sync::atomic::AtomicBool,
@@ -301,6 +303,9 @@ impl Pool {
             jitter: fastrand::f64(),
             got_through,
             may_defer,
+            refusals_in_a_row: self
+                .refusals_in_a_row
+                .load(std::sync::atomic::Ordering::Relaxed),
         };
         let reaction = react(outcome, call, &self.cfg.policy);
         *tries = reaction.tries;

@@ -89,7 +89,15 @@ pub(super) struct Call<'a> {
     /// got through: this one may be, while the next item tells whether the
     /// key works.
     pub(super) may_defer: bool,
+    /// 401s in a row since the last call that got through, this one
+    /// counted.
+    pub(super) refusals_in_a_row: u32,
 }
+
+/// After calls got through, this many 401s in a row are the key's (revoked
+/// or expired mid-run), not their items': the run stops. A 401 is the
+/// credentials' answer; a lone one, an API's way to refuse one item.
+pub(super) const KEY_REVOKED_AFTER: u32 = 3;
 
 /// What the pool does next.
 #[derive(Debug, PartialEq)]
@@ -211,7 +219,12 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
     } = call;
     // A refusal before any call got through is the key's (or the
     // account's), after one it is the item's.
-    let key_refused = matches!(err, CallError::Refused { .. }) && !call.got_through;
+    let key_refused = match err {
+        CallError::Refused { status, .. } => {
+            !call.got_through || (status == 401 && call.refusals_in_a_row >= KEY_REVOKED_AFTER)
+        }
+        _ => false,
+    };
     // Whatever went wrong, a probe that did not find credits gone must
     // not hold the probe: the next waiting worker takes it.
     let release_probe =
@@ -257,6 +270,17 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
         CallError::Refused { status, reason } if !call.got_through => {
             refused_first(status, reason, item, probing, policy)
         }
+        // 401s in a row are the credentials' (a 403 may be an item's): a
+        // key revoked mid-run would fail every item left.
+        CallError::Refused {
+            status: 401,
+            reason,
+        } if call.refusals_in_a_row >= KEY_REVOKED_AFTER => stop(Halt::Auth {
+            status: 401,
+            line: item.line,
+            reason: quoted(&reason),
+            mid_run: true,
+        }),
         CallError::Refused { status, reason } => Action::Record {
             event: refused_item(item, status, &reason, tries.n),
             systemic,
@@ -363,6 +387,7 @@ fn refused_first(
             status,
             line: item.line,
             reason: quoted(&reason),
+            mid_run: false,
         }),
     }
 }

@@ -217,6 +217,12 @@ impl Pool {
         if c.is_ok() && (batch.is_none() || done > 0) {
             self.got_through
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.refusals_in_a_row
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        if matches!(c, Err(CallError::Refused { status: 401, .. })) {
+            self.refusals_in_a_row
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let snapshot = credits::snapshot_from_headers(&headers);
         let seen = self.ledger.observe_items(snapshot, done, charged);

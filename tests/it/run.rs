@@ -251,6 +251,35 @@ async fn a_rejected_key_halts_with_exit_1_and_marks_nothing_failed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("BATCHRUN_API_KEY"));
 }
 
+/// A key revoked mid-run: after the first calls got through, every call
+/// is a 401. A lone 401 fails its item; three in a row stop the run (exit
+/// 1), the rest of the items pending, where every item left was failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_revoked_mid_run_stops_the_run_with_the_rest_pending() {
+    let items: String = (1..=20)
+        .map(|i| {
+            let key = if i <= 5 { "good" } else { "revoked" };
+            format!("{{\"n\": {i}, \"key\": \"{key}\"}}\n")
+        })
+        .collect();
+    let s = Scenario::new("revoked")
+        .with_sim(&["--limit", "none", "--refuse", "key=revoked:401"])
+        .input("items.jsonl", &items);
+    let url = format!("{}/v1/echo?n={{n}}&key={{key}}", s.sim().url);
+    let r = s.run(&["--url", &url, "--limit", "none", "-c", "1"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 2, "the two refused before the third");
+    assert_eq!(r.summary["pending"], 13, "{}", r.summary);
+    assert!(
+        r.stderr
+            .contains("calls in a row) after earlier calls got through"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--retry-failed"), "{}", r.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn transient_failures_retry_and_permanent_ones_are_recorded() {
     let mut items = String::new();

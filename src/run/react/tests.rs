@@ -29,6 +29,7 @@ fn on(outcome: Outcome, n: u32, probing: bool, policy: &Policy) -> Reaction {
         jitter: 0.5,
         got_through: false,
         may_defer: false,
+        refusals_in_a_row: 0,
     };
     react(outcome, call, policy)
 }
@@ -124,6 +125,7 @@ fn out_of_handles_spends_no_attempt_and_waits_50_to_250_ms() {
             jitter,
             got_through: false,
             may_defer: false,
+            refusals_in_a_row: 0,
         };
         react(Outcome::OutOfHandles, call, &policy()).action
     };
@@ -173,6 +175,7 @@ fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
             jitter: 0.5,
             got_through: false,
             may_defer: false,
+            refusals_in_a_row: 0,
         };
         let e = CallError::RateLimited {
             retry_after: None,
@@ -254,6 +257,7 @@ fn on_after_success(outcome: Outcome, probing: bool, policy: &Policy) -> Reactio
         jitter: 0.5,
         got_through: true,
         may_defer: false,
+        refusals_in_a_row: 0,
     };
     react(outcome, call, policy)
 }
@@ -268,6 +272,7 @@ fn a_refusal_before_any_success_stops_the_run_and_marks_nothing() {
                 status,
                 line: 7,
                 reason: "\"needs the Geo add-on\"".into(),
+                mid_run: false,
             },
         };
         assert_eq!(r.action, expected);
@@ -304,6 +309,42 @@ fn a_refusal_after_a_success_fails_only_its_item_with_the_servers_words() {
         assert!(reason.starts_with(&format!("HTTP {status}")), "{reason}");
         assert!(r.release_probe);
     }
+}
+
+/// 401s in a row after calls got through are the key's (revoked or
+/// expired mid-run): the run stops, its items pending (each was failed,
+/// every item left). A lone 401 is its item's.
+#[test]
+fn a_401_after_a_success_fails_its_item_and_401s_in_a_row_stop_the_run() {
+    let item = item();
+    let call = |refusals_in_a_row| Call {
+        item: &item,
+        tries: tries(1),
+        probing: false,
+        limited_for: None,
+        jitter: 0.5,
+        got_through: true,
+        may_defer: false,
+        refusals_in_a_row,
+    };
+    let lone = react(refused(401), call(1), &policy());
+    assert!(
+        matches!(lone.action, Action::Record { .. }),
+        "{:?}",
+        lone.action
+    );
+    let r = react(refused(401), call(KEY_REVOKED_AFTER), &policy());
+    let expected = Action::Stop {
+        record: None,
+        halt: Halt::Auth {
+            status: 401,
+            line: 7,
+            reason: "\"needs the Geo add-on\"".into(),
+            mid_run: true,
+        },
+    };
+    assert_eq!(r.action, expected);
+    assert_eq!(r.tries, tries(0), "no attempt spent");
 }
 
 #[test]
@@ -399,6 +440,7 @@ fn once_a_call_may_have_run_the_item_stays_unknown() {
         jitter: 0.5,
         got_through: false,
         may_defer: false,
+        refusals_in_a_row: 0,
     };
     let r = react(error(transient("HTTP 503", false)), call, &p);
     match r.action {
