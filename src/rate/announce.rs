@@ -134,9 +134,12 @@ fn quota(v: Option<u64>) -> Option<u64> {
 }
 
 /// Seconds that are either a delta or an epoch (told apart by size);
-/// milliseconds since the epoch are recognized too.
+/// milliseconds since the epoch are recognized too: any value beyond 10^11,
+/// which in seconds would be past the year 5000 and in milliseconds is
+/// 1973. (A hundred times the delta bound, its first try, read a reset in
+/// the year 3000, in seconds, as milliseconds of 1971: already past.)
 pub fn reset_secs(v: u64, now_unix: Duration) -> Duration {
-    const MS_EPOCH_AFTER: u64 = 100 * EPOCH_AFTER_SECS;
+    const MS_EPOCH_AFTER: u64 = 100_000_000_000;
     if v > MS_EPOCH_AFTER {
         Duration::from_millis(v).saturating_sub(now_unix)
     } else if v > EPOCH_AFTER_SECS {

@@ -198,6 +198,11 @@ fn x_ratelimit_resets_may_be_deltas_and_batchrun_spells_it_its_way() {
         Duration::from_millis(500)
     );
     assert_eq!(reset_secs(1_600_000_000, NOW), Duration::ZERO);
+    // The year 3000, in epoch seconds: far off, not 1971 in milliseconds.
+    assert_eq!(
+        reset_secs(32_503_680_000, NOW),
+        Duration::from_secs(32_503_680_000) - NOW
+    );
 }
 
 #[test]
