@@ -81,12 +81,7 @@ impl View {
             parts.push(format!("429s {}", self.rate_limited));
         }
         if let Some(p) = self.paused_for {
-            let end = SystemTime::now() + p;
-            parts.push(format!(
-                "PAUSED {}s (until {} UTC)",
-                p.as_secs_f64().ceil() as u64,
-                &humantime::format_rfc3339_seconds(end).to_string()[11..19]
-            ));
+            parts.push(paused(p, SystemTime::now()));
         }
         if let Some(w) = self.waiting_probe_in {
             parts.push(format!(
@@ -107,6 +102,21 @@ fn fmt_rate(per_min: f64) -> String {
 }
 
 /// A duration as "1h05m", "3m07s" or "12s"; days past a day.
+/// A pause of `p` from `now`: its seconds and its end, the time of day,
+/// with the date when it ends on another day (a quota waited for).
+fn paused(p: Duration, now: SystemTime) -> String {
+    let stamp = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+    let (today, end) = (stamp(now), stamp(now + p));
+    let until = match today[..10] == end[..10] {
+        true => end[11..19].to_string(),
+        false => format!("{} {}", &end[..10], &end[11..19]),
+    };
+    format!(
+        "PAUSED {}s (until {until} UTC)",
+        p.as_secs_f64().ceil() as u64
+    )
+}
+
 pub fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 86_400 {
@@ -259,6 +269,20 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pause_into_another_day_gives_its_date() {
+        // 2026-12-06T12:00:00Z.
+        let noon = std::time::UNIX_EPOCH + Duration::from_secs(1_796_558_400);
+        assert_eq!(
+            paused(Duration::from_secs(90), noon),
+            "PAUSED 90s (until 12:01:30 UTC)"
+        );
+        assert_eq!(
+            paused(Duration::from_secs(2 * 86_400), noon),
+            "PAUSED 172800s (until 2026-12-08 12:00:00 UTC)"
+        );
+    }
 
     #[test]
     fn status_shows_pause_countdown_and_waiting() {
