@@ -345,7 +345,7 @@ impl Ledger {
             out.alert = Some(Alert::new(
                 AlertKind::Reserve,
                 "reserve-unmetered",
-                "--reserve is ignored: the API sends no credit headers (x-api-max-credits)",
+                "--reserve is ignored: the API's answers state no credit balance (x-api-max-credits, with x-api-remaining-credits or x-api-credits-used)",
                 None,
             ));
         }

@@ -61,9 +61,25 @@ impl CreditSnapshot {
 /// or an empty value make the whole snapshot `None`. A missing or malformed
 /// `x-api-renewal` only leaves `renewal` unknown. Never panics.
 pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
+    // Without x-api-max-credits the response was not metered. With it,
+    // either of the other two tells the one left out: an API that leaves
+    // one out still states its balance (the reserve was ignored for it).
     let max = wire::credit_int(h, &wire::MAX_CREDITS)?;
-    let used = wire::credit_int(h, &wire::CREDITS_USED)?;
-    let remaining = wire::credit_int(h, &wire::REMAINING_CREDITS)?;
+    // One sent but unreadable is no balance to trust, not one left out.
+    let unreadable =
+        |n: &reqwest::header::HeaderName| h.contains_key(n) && wire::credit_int(h, n).is_none();
+    let (used_name, remaining_name) = (wire::CREDITS_USED, wire::REMAINING_CREDITS);
+    if unreadable(&used_name) || unreadable(&remaining_name) {
+        return None;
+    }
+    let used = wire::credit_int(h, &wire::CREDITS_USED);
+    let remaining = wire::credit_int(h, &wire::REMAINING_CREDITS);
+    let (used, remaining) = match (used, remaining) {
+        (Some(u), Some(r)) => (u, r),
+        (None, Some(r)) => (max.saturating_sub(r), r),
+        (Some(u), None) => (u, max.saturating_sub(u)),
+        (None, None) => return None,
+    };
     // Zero is what a missing timestamp often serializes to; it is never a real
     // renewal, and treating it as one would start a bogus "new cycle".
     let renewal = wire::credit_int(h, &wire::RENEWAL)
@@ -121,14 +137,17 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_none_when_a_credit_header_is_missing() {
+    fn snapshot_none_without_the_maximum_or_both_of_the_others() {
         assert_eq!(snapshot_from_headers(&HeaderMap::new()), None);
         // Without x-api-max-credits the response was not metered.
         let h = headers(&[(CREDITS_USED, b"1"), (REMAINING_CREDITS, b"9")]);
         assert_eq!(snapshot_from_headers(&h), None);
+        // With it, either of the others tells the one left out.
         let h = headers(&[(MAX_CREDITS, b"10"), (REMAINING_CREDITS, b"9")]);
-        assert_eq!(snapshot_from_headers(&h), None);
+        assert_eq!(snapshot_from_headers(&h), Some(snap(1, 10, None)));
         let h = headers(&[(MAX_CREDITS, b"10"), (CREDITS_USED, b"1")]);
+        assert_eq!(snapshot_from_headers(&h), Some(snap(1, 10, None)));
+        let h = headers(&[(MAX_CREDITS, b"10")]);
         assert_eq!(snapshot_from_headers(&h), None);
     }
 
