@@ -117,3 +117,50 @@ fn holds_file(dir: &Path, file: &Path) -> bool {
     }
     false
 }
+
+/// `raw` as compact JSON text when it is valid JSON: its whitespace between
+/// tokens taken out, everything else as the server wrote it. Parsing it
+/// into a value and writing that out would round an integer beyond 64 bits
+/// (or a decimal's last digits) to the nearest float.
+pub fn compact_json(raw: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(raw).ok()?;
+    let mut out = Vec::with_capacity(raw.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in raw {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            continue;
+        }
+        out.push(b);
+    }
+    // Valid JSON is valid UTF-8, and only ASCII whitespace was taken out.
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compact_json;
+
+    #[test]
+    fn json_is_compacted_as_written_and_anything_else_is_none() {
+        let raw = b"{\n  \"id\": 12345678901234567890123,\n  \"pi\": 3.14159265358979323846,\n  \"s\": \"a \\\" b\\\\\", \"t\": \" x \"\n}\r\n";
+        assert_eq!(
+            compact_json(raw).as_deref(),
+            Some(
+                r#"{"id":12345678901234567890123,"pi":3.14159265358979323846,"s":"a \" b\\","t":" x "}"#
+            )
+        );
+        assert_eq!(compact_json(b"[1, 2]").as_deref(), Some("[1,2]"));
+        assert_eq!(compact_json(b"not json"), None);
+        assert_eq!(compact_json(b"{\"a\": 1"), None);
+        assert_eq!(compact_json(b""), None);
+    }
+}

@@ -121,13 +121,12 @@ fn cell(v: &Value) -> String {
     }
 }
 
-/// The body as JSON text: the response's JSON when it parses (compact),
-/// else its text as a JSON string, as `--out` JSONL has it.
+/// The body as JSON text: the response's JSON when it parses (compact, as
+/// the server wrote it), else its text as a JSON string, as `--out` JSONL
+/// has it.
 fn body_json(payload: &[u8]) -> String {
-    match serde_json::from_slice::<Value>(payload) {
-        Ok(v) => v.to_string(),
-        Err(_) => Value::String(String::from_utf8_lossy(payload).into_owned()).to_string(),
-    }
+    crate::util::compact_json(payload)
+        .unwrap_or_else(|| Value::String(String::from_utf8_lossy(payload).into_owned()).to_string())
 }
 
 #[cfg(test)]

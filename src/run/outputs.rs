@@ -481,9 +481,9 @@ fn done_line(w: &mut impl Write, item: &Item, e: &Entry<'_>, keyed: Keyed) -> an
     write!(w, ",\"status\":{},\"body\":", status(e.status))?;
     // The key was scrubbed from the body, escaped forms included, before
     // it was stored.
-    match serde_json::from_slice::<serde_json::Value>(e.payload) {
-        Ok(body) => serde_json::to_writer(&mut *w, &body)?,
-        Err(_) => serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?,
+    match crate::util::compact_json(e.payload) {
+        Some(body) => w.write_all(body.as_bytes())?,
+        None => serde_json::to_writer(&mut *w, &String::from_utf8_lossy(e.payload))?,
     }
     keyed.write(w)?;
     w.write_all(b"}\n")?;

@@ -239,3 +239,21 @@ async fn a_success_whose_body_was_cut_is_kept_and_never_sent_again() {
         );
     }
 }
+
+/// A body's JSON is kept as the server wrote it: an integer beyond 64 bits
+/// and a decimal's trailing digits were rounded to the nearest float.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_json_body_is_kept_as_written_whatever_its_numbers() {
+    let body = "{\n  \"id\": 12345678901234567890123,\n  \"price\": 1.10,\n  \"name\": \"a  b\"\n}";
+    let app = axum::Router::new()
+        .fallback(move || async move { ([("content-type", "application/json")], body) });
+    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let s = Scenario::new("raw-json").numbers(2);
+    let r = s.run(&["--url", &url, "--limit", "100/1s"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let text = std::fs::read_to_string(s.out_path()).unwrap();
+    let kept = r#""body":{"id":12345678901234567890123,"price":1.10,"name":"a  b"}"#;
+    assert_eq!(text.matches(kept).count(), 2, "{text}");
+    // Still one JSON object a line.
+    assert_eq!(jsonl(&s.out_path()).len(), 2);
+}
