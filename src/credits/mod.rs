@@ -39,7 +39,7 @@ pub struct CreditSnapshot {
     pub used: i64,
     /// `x-api-max-credits`.
     pub max: i64,
-    /// `x-api-renewal` in unix seconds, `None` when absent, zero or not a number.
+    /// `x-api-renewal` in unix seconds, `None` when absent, before 2001 or not a number.
     pub renewal: Option<u64>,
 }
 
@@ -81,9 +81,11 @@ pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
         (None, None) => return None,
     };
     // Zero is what a missing timestamp often serializes to; it is never a real
-    // renewal, and treating it as one would start a bogus "new cycle".
+    // renewal, and treating it as one would start a bogus "new cycle". Nor
+    // is any instant before 2001: a server flipping between its renewal and
+    // such a value raised every threshold alert again at each flip.
     let renewal = wire::credit_int(h, &wire::RENEWAL)
-        .filter(|&r| r > 0)
+        .filter(|&r| r > 1_000_000_000)
         .map(|r| r as u64);
     Some(CreditSnapshot {
         remaining,
@@ -186,7 +188,8 @@ mod tests {
 
     #[test]
     fn snapshot_renewal_unknown_when_absent_zero_or_garbage() {
-        for bad in [&b"soon"[..], b"0", b"-5", b"1.5", b""] {
+        // "1": 1970, a renewal no server means (an alert storm when it flipped).
+        for bad in [&b"soon"[..], b"0", b"-5", b"1.5", b"", b"1", b"86400"] {
             let h = headers(&[
                 (MAX_CREDITS, b"10"),
                 (CREDITS_USED, b"1"),
