@@ -64,6 +64,14 @@ pub enum CallError {
         /// Idempotency-Key so the server can answer with what it did.
         unknown: bool,
     },
+    /// An answer came that cannot be read (see
+    /// [`crate::transport::FailureKind::Unreadable`]): the call ran or may
+    /// have, and sending it again would bring the same answer.
+    #[error("{reason}")]
+    Unreadable {
+        /// What could not be read.
+        reason: String,
+    },
     /// Retrying cannot help: any other 4xx.
     #[error("HTTP {status}: {reason}")]
     Permanent {
@@ -198,6 +206,11 @@ fn transient(
 /// A transport failure (timeout, refused, reset) is always worth a retry.
 pub fn transport(err: &crate::transport::TransportError) -> CallError {
     use crate::transport::FailureKind;
+    if err.kind == FailureKind::Unreadable {
+        return CallError::Unreadable {
+            reason: err.reason.clone(),
+        };
+    }
     CallError::Transient {
         reason: err.reason.clone(),
         status: None,

@@ -39,6 +39,7 @@ impl Answer {
             Answer::Failure(FailureKind::Body) => "connection_lost".into(),
             Answer::Failure(FailureKind::Resources) => "out_of_handles".into(),
             Answer::Failure(FailureKind::Other) => "transport_error".into(),
+            Answer::Failure(FailureKind::Unreadable) => "unreadable".into(),
         }
     }
 }

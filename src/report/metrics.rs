@@ -202,7 +202,7 @@ impl Metrics {
             "Calls sent by this run",
             c(&m.requests),
         );
-        reg.register("batchrun_responses", "Calls of this run by what they got back: the HTTP status, or timeout, connect, connection_lost, out_of_handles, transport_error", m.responses.clone());
+        reg.register("batchrun_responses", "Calls of this run by what they got back: the HTTP status, or timeout, connect, connection_lost, out_of_handles, unreadable, transport_error", m.responses.clone());
         reg.register(
             "batchrun_rate_limited",
             "Rate-limit 429s this run received",

@@ -62,7 +62,7 @@ pub struct Summary {
     pub failures: String,
     /// This run's calls by what they got back: the HTTP status, or
     /// `timeout`, `connect`, `connection_lost`, `out_of_handles`,
-    /// `transport_error`.
+    /// `unreadable`, `transport_error`.
     pub status_counts: std::collections::BTreeMap<String, u64>,
     /// Median latency of this run's calls, in milliseconds.
     pub latency_p50_ms: Option<f64>,

@@ -289,6 +289,10 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
             event: permanent(item, status, &reason, tries.n),
             systemic,
         },
+        CallError::Unreadable { reason } => Action::Record {
+            event: unreadable(item, &reason, tries.n),
+            systemic,
+        },
         CallError::Transient {
             reason,
             status,
@@ -404,6 +408,22 @@ fn refused_item(item: &Item, status: u16, reason: &str, attempts: u32) -> Event 
         ),
         attempts,
         unknown: false,
+        digest: item.digest(),
+    }
+}
+
+/// An item whose call got an answer that cannot be read: it ran or may
+/// have, so it is not sent again (the same answer would come back).
+fn unreadable(item: &Item, reason: &str, attempts: u32) -> Event {
+    Event::Failed {
+        line: item.line,
+        status: None,
+        reason: format!(
+            "outcome unknown: {reason}; the server answered, so the call may have run and is \
+             not sent again (--retry-failed sends it again under the same Idempotency-Key)"
+        ),
+        attempts,
+        unknown: true,
         digest: item.digest(),
     }
 }

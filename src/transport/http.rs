@@ -104,6 +104,11 @@ fn classify(err: &reqwest::Error, timeout: Duration) -> TransportError {
     }
     let (kind, what) = if err.is_connect() {
         (FailureKind::Connect, "could not connect")
+    } else if unreadable(err) {
+        (
+            FailureKind::Unreadable,
+            "the server's answer could not be read",
+        )
     } else if err.is_body() || err.is_decode() {
         (
             FailureKind::Body,
@@ -113,6 +118,15 @@ fn classify(err: &reqwest::Error, timeout: Duration) -> TransportError {
         (FailureKind::Other, "connection failed")
     };
     failure(kind, what, err)
+}
+
+/// Whether `err` is a response that came but does not parse as HTTP.
+fn unreadable(err: &reqwest::Error) -> bool {
+    let first: &(dyn std::error::Error + 'static) = err;
+    std::iter::successors(Some(first), |e| e.source()).any(|e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse)
+    })
 }
 
 /// What the user agent header says unless the request sets its own.

@@ -67,6 +67,11 @@ pub enum FailureKind {
     /// This process ran out of file handles (EMFILE, ENFILE): the call
     /// never left, and it is nobody's fault but the machine's.
     Resources,
+    /// An answer came that is not HTTP this client can read (a head of
+    /// more than 100 headers, a bad header or status line): the server
+    /// answered, so the call ran or may have, and the same answer would
+    /// come again.
+    Unreadable,
     /// Anything else.
     Other,
 }

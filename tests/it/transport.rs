@@ -257,3 +257,61 @@ async fn a_json_body_is_kept_as_written_whatever_its_numbers() {
     // Still one JSON object a line.
     assert_eq!(jsonl(&s.out_path()).len(), 2);
 }
+
+/// A server whose every answer is a `200` with `headers` headers.
+async fn many_headers_server(
+    headers: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let hits = std::sync::Arc::new(AtomicU64::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut answer = String::from("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n");
+                for i in 0..headers {
+                    answer.push_str(&format!("x-h{i}: {i}\r\n"));
+                }
+                answer.push_str("connection: close\r\n\r\n{}");
+                let _ = sock.write_all(answer.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+/// An answer this client cannot read (a head of 150 headers, past the
+/// HTTP library's 100) came from a server that ran the call: it is failed
+/// with its outcome unknown, once, not sent again (it was sent five times,
+/// and ran five times).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_that_cannot_be_read_is_never_sent_again() {
+    let (base, hits) = many_headers_server(150).await;
+    let s = Scenario::new("unreadable").numbers(4);
+    let url = format!("{base}/v1/x?n={{n}}");
+    let r = s.run(&["--url", &url, "--limit", "100/1s"]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 4);
+    let failures = jsonl(&s.failures_path());
+    assert_eq!(failures.len(), 4);
+    for f in &failures {
+        assert_eq!(f["outcome_unknown"], true, "{f}");
+        let reason = f["reason"].as_str().unwrap();
+        assert!(reason.contains("could not be read"), "{reason}");
+    }
+    assert_eq!(r.summary["status_counts"]["unreadable"], 4, "{}", r.summary);
+}
