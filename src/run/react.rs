@@ -212,10 +212,7 @@ pub(super) fn react(outcome: Outcome, call: Call<'_>, policy: &Policy) -> Reacti
 /// A call that failed, for whatever reason.
 fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &Policy) -> Reaction {
     let Call {
-        item,
-        mut tries,
-        probing,
-        ..
+        mut tries, probing, ..
     } = call;
     // A refusal before any call got through is the key's (or the
     // account's), after one it is the item's.
@@ -241,7 +238,25 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
     {
         tries.n = tries.n.saturating_sub(1);
     }
-    let action = match err {
+    let action = action_for(err, systemic, call, &mut tries, policy);
+    Reaction {
+        tries,
+        release_probe,
+        action,
+    }
+}
+
+/// What the pool does after the call for `call.item` failed with `err`
+/// (`tries` as counted, marked when the call may have run).
+fn action_for(
+    err: CallError,
+    systemic: Option<Systemic>,
+    call: Call<'_>,
+    tries: &mut Tries,
+    policy: &Policy,
+) -> Action {
+    let (item, probing) = (call.item, call.probing);
+    match err {
         CallError::RateLimited {
             retry_after,
             message,
@@ -308,13 +323,8 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
                 status,
                 retry_after,
             };
-            transient(item, tries, why, systemic, call.jitter, policy)
+            transient(item, *tries, why, systemic, call.jitter, policy)
         }
-    };
-    Reaction {
-        tries,
-        release_probe,
-        action,
     }
 }
 

@@ -158,6 +158,26 @@ impl Pool {
         }
     }
 
+    /// What an answer says of the run as a whole: whether every answer is
+    /// still a rate limit, whether the key works (`got_through`), and how
+    /// many 401s came in a row.
+    fn standing(&self, c: &Result<(), CallError>, got_through: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !matches!(
+            c,
+            Err(CallError::RateLimited { .. } | CallError::Concurrency { .. })
+        ) {
+            *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        if got_through {
+            self.got_through.store(true, Relaxed);
+            self.refusals_in_a_row.store(0, Relaxed);
+        }
+        if matches!(c, Err(CallError::Refused { status: 401, .. })) {
+            self.refusals_in_a_row.fetch_add(1, Relaxed);
+        }
+    }
+
     async fn read(&self, resp: Response, batch: Option<&BatchSpec>) -> Outcome {
         let Response {
             status,
@@ -199,12 +219,6 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
-        if !matches!(
-            c,
-            Err(CallError::RateLimited { .. } | CallError::Concurrency { .. })
-        ) {
-            *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        }
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
         // A batch is charged per item: the items it settled count.
         let done = match (batch, c.is_ok()) {
@@ -214,16 +228,7 @@ impl Pool {
         };
         // A batch got through when an item of it was done: a 200 whose
         // every element is a refusal says nothing of the key's standing.
-        if c.is_ok() && (batch.is_none() || done > 0) {
-            self.got_through
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            self.refusals_in_a_row
-                .store(0, std::sync::atomic::Ordering::Relaxed);
-        }
-        if matches!(c, Err(CallError::Refused { status: 401, .. })) {
-            self.refusals_in_a_row
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.standing(&c, c.is_ok() && (batch.is_none() || done > 0));
         let snapshot = credits::snapshot_from_headers(&headers);
         let seen = self.ledger.observe_items(snapshot, done, charged);
         if let Some(s) = seen.newer {
