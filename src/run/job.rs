@@ -49,7 +49,11 @@ pub fn job_id(settings: &Settings) -> String {
     let spooled = settings.spooled.as_deref().unwrap_or_default();
     sha_hex(&[
         settings.input_name.as_bytes(),
-        settings.identity.as_bytes(),
+        settings
+            .id_basis
+            .as_ref()
+            .unwrap_or(&settings.identity)
+            .as_bytes(),
         spooled.as_bytes(),
     ])[..16]
         .to_string()
@@ -147,7 +151,7 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
     let renamed = |m: &&JobMeta| {
         settings.spooled.is_none()
             && m.input_name != settings.input_name
-            && m.template == settings.identity
+            && settings.same_request(&m.template)
             && m.done > 0
             && (grew(settings, m)
                 || (m.input_len.is_some()
@@ -160,7 +164,7 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
         .or_else(|| {
             jobs.iter()
                 .filter(this_input)
-                .find(|m| m.template == settings.identity)
+                .find(|m| settings.same_request(&m.template))
         })
         .or_else(|| {
             jobs.iter()
@@ -219,7 +223,7 @@ fn pipe_before(
 ) -> Option<JobMeta> {
     settings.spooled.as_ref()?;
     jobs.iter()
-        .filter(|m| m.input_name == settings.input_name && m.template == settings.identity)
+        .filter(|m| m.input_name == settings.input_name && settings.same_request(&m.template))
         .filter(these_outputs)
         .max_by_key(|m| m.last_active_unix_ms)
         .cloned()
@@ -305,6 +309,11 @@ pub fn open(
         .to_string_lossy()
         .into_owned();
     if let Some(mut meta) = store.job(id).context("reading the checkpoint")? {
+        // A record made before the key was hidden from it: hidden now.
+        if meta.template != settings.identity && settings.same_request(&meta.template) {
+            meta.template = settings.identity.clone();
+            store.save_job(&meta).context("writing the checkpoint")?;
+        }
         // Where the input lives now (moved, or reached by another path):
         // `status` finds the job from there.
         if meta.input != abs {

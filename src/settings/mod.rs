@@ -87,8 +87,14 @@ pub struct Settings {
     pub pacer: PacerKind,
     /// Token bucket capacity, when given (the bucket pacer only).
     pub burst: Option<u64>,
-    /// What identifies the job besides the input (never the key).
+    /// What identifies the job besides the input, the key's text hidden
+    /// (`***`) where a URL or header spelt it out: what the checkpoint
+    /// keeps, compares and shows.
     pub identity: String,
+    /// [`Settings::identity`] as first made, the key's text and all, when
+    /// the key was hidden from it: the job's id is a hash of this, so a job
+    /// made before keeps its id (and its Idempotency-Keys).
+    pub id_basis: Option<String>,
     /// The input's format.
     pub format: Format,
     /// The input file.
@@ -228,7 +234,9 @@ fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
     }
     let name = &args.api_key_env;
     let key = match std::env::var(name) {
-        Ok(k) if !k.is_empty() => Secret::new(k),
+        // Whitespace around it is no part of a key (a server trims it from
+        // the header, and would echo it back trimmed, past the scrubbing).
+        Ok(k) if !k.trim().is_empty() => Secret::new(k.trim()),
         // Nothing is sent, and the key is shown hidden anyway.
         _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
         Ok(_) => {
@@ -356,6 +364,12 @@ fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
 }
 
 impl Settings {
+    /// Whether a job recorded with `template` was made for this request
+    /// (recorded as it is now, or before the key was hidden from it).
+    pub fn same_request(&self, template: &str) -> bool {
+        template == self.identity || self.id_basis.as_deref() == Some(template)
+    }
+
     /// Validates `args`. `sim_base` is the built-in sim's URL when `--sim`
     /// started one: `--url` may then be a path on it, and no key is needed.
     pub fn from_cli(args: &RunArgs, sim_base: Option<&str>) -> Result<Settings, RunError> {
@@ -377,6 +391,15 @@ impl Settings {
         };
         let origin = origin(sim_base.is_some(), &identity_url, &url_src);
         let fleet = fleet_settings(args, &origin, &request)?;
+        let described = identity(args, &request, &identity_url)
+            + &format_note
+                .map(|f| format!("\nformat: {f}"))
+                .unwrap_or_default();
+        // A key spelt out in the URL or a header (`?apikey=`, a Bearer
+        // token) is kept out of what the checkpoint records and shows.
+        let hidden = (request.key.as_ref())
+            .map(|k| k.redact(&described))
+            .filter(|h| *h != described);
         let (state_dir, out, failures) = places(args)?;
         Ok(Settings {
             origin,
@@ -386,10 +409,8 @@ impl Settings {
             pool: pool_size(args, concurrency),
             pacer: args.pacer,
             burst: args.burst,
-            identity: identity(args, &request, &identity_url)
-                + &format_note
-                    .map(|f| format!("\nformat: {f}"))
-                    .unwrap_or_default(),
+            identity: hidden.clone().unwrap_or_else(|| described.clone()),
+            id_basis: hidden.map(|_| described),
             format,
             input: args.input.clone(),
             out_format: crate::settings::values::OutFormat::for_out(args.out_format, &out),

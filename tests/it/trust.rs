@@ -103,6 +103,58 @@ async fn a_server_that_echoes_the_key_never_gets_it_written() {
     assert_key_absent_from_files(s.dir().path());
 }
 
+/// The key spelt out in the URL (`?apikey=`) and in a header (a Bearer
+/// token) never reaches the checkpoint, `status`, or the changed-request
+/// refusal (the checkpoint recorded the request, key and all).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_spelt_out_in_the_url_or_a_header_is_never_recorded() {
+    let s = Scenario::new("key-in-url")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    let url = format!("{}/v1/echo?apikey={KEY}&n={{n}}", s.sim().url);
+    let bearer = format!("Authorization: Bearer {KEY}");
+    let r = s.run(&["--limit", "none", "--url", &url, "-H", &bearer]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains(KEY), "{}", r.stderr);
+    let status = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{shown}");
+    assert!(!shown.contains(KEY), "{shown}");
+    // The same command finds its job: nothing is sent again.
+    let again = s.run(&["--limit", "none", "--url", &url, "-H", &bearer]);
+    assert_eq!(again.summary["requests"], 0, "{}", again.stderr);
+    // Another URL: refused, the difference shown without the key.
+    let other = format!("{url}&x=1");
+    let changed = s.run(&["--limit", "none", "--url", &other, "-H", &bearer]);
+    assert_eq!(changed.code, 2, "{}", changed.stderr);
+    assert!(changed.stderr.contains("***"), "{}", changed.stderr);
+    assert!(!changed.stderr.contains(KEY), "{}", changed.stderr);
+    assert_key_absent_from_files(s.dir().path());
+}
+
+/// A key with whitespace around it (a copy and paste) is sent trimmed, as
+/// the server reads it: the server's echo of it is scrubbed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_with_spaces_around_it_is_trimmed_and_never_written() {
+    let s = Scenario::new("key-spaces")
+        .with_sim(&["--limit", "none", "--echo-key"])
+        .numbers(2);
+    let r = finish({
+        let mut c = s.cmd(&["--limit", "none"]);
+        c.env("BATCHRUN_API_KEY", format!(" {KEY} \t"));
+        c
+    });
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains(KEY), "{}", r.stderr);
+    assert_key_absent_from_files(s.dir().path());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_checkpoint_sends_the_same_keys_and_runs_nothing_twice() {
     let s = Scenario::new("lost-ckpt")
