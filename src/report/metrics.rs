@@ -92,21 +92,26 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Binds `addr` (port 0 picks one: see [`Metrics::addr`]) and serves
-    /// the metrics from the run's runtime. A usage error when the address
-    /// cannot be bound, said before any call goes out.
+    /// Binds `addr` (port 0 picks one: see [`Metrics::addr`]): a usage
+    /// error when it cannot be, said before the checkpoint is touched (a
+    /// `--fresh` applied and then refused would have lost the job).
+    pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(|e| format!("--metrics-addr {addr} cannot be bound: {e}"))
+    }
+
+    /// Serves the metrics on `listener` (see [`Metrics::bind`]) from the
+    /// run's runtime.
     pub fn serve(
-        addr: SocketAddr,
+        listener: tokio::net::TcpListener,
         limit: Option<(u64, Duration)>,
         read_items: ReadItems,
     ) -> Result<Metrics, String> {
-        let listener = std::net::TcpListener::bind(addr)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .and_then(tokio::net::TcpListener::from_std)
-            .map_err(|e| format!("--metrics-addr {addr} cannot be bound: {e}"))?;
         let addr = listener
             .local_addr()
-            .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+            .map_err(|e| format!("--metrics-addr: {e}"))?;
         let m = Metrics::registered(addr, read_items);
         if let Some((count, window)) = limit {
             let mut reg = m.registry.lock().unwrap_or_else(|p| p.into_inner());

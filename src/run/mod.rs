@@ -94,6 +94,11 @@ where
     }
     // A fleet's Redis must answer before anything else happens.
     let (fleet, told) = fleet::join(&settings).await?.unzip();
+    // A taken address refuses the run before the checkpoint is touched.
+    let listener = (settings.metrics_addr)
+        .map(crate::report::metrics::Metrics::bind)
+        .transpose()
+        .map_err(RunError::Usage)?;
     // 2. The checkpoint, then the whole input checked before any request
     //    (a shard checks every item too, and counts its own).
     let job = open_job(&settings)?;
@@ -118,7 +123,8 @@ where
         stops,
         first: (!heard_already).then_some(first),
     };
-    let mut running = start(&settings, &job, &pool, &shared, meter, (reports, signals))?;
+    let observers = (reports, signals, listener);
+    let mut running = start(&settings, &job, &pool, &shared, meter, observers)?;
     // 6. Wait for the pool, or a signal; then end the run.
     supervise(&pool, &mut running.workers, stopped).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
@@ -132,14 +138,15 @@ where
     Ok(summary)
 }
 
-/// `--metrics-addr`: the server, bound before any call (a taken address is
-/// a usage error), reading the run's own item counters.
+/// `--metrics-addr`: the server, on the address bound before the
+/// checkpoint was opened, reading the run's own item counters.
 fn metrics(
     settings: &Settings,
     job: &Opened,
     shared: &Shared,
+    listener: Option<tokio::net::TcpListener>,
 ) -> Result<Option<crate::report::metrics::Metrics>, RunError> {
-    let Some(addr) = settings.metrics_addr else {
+    let Some(listener) = listener else {
         return Ok(None);
     };
     let (stats, total) = (shared.stats.clone(), job.scan.total);
@@ -149,7 +156,8 @@ fn metrics(
         total,
     });
     let limit = settings.limit.rate().map(|r| (r.count, r.period));
-    let m = crate::report::metrics::Metrics::serve(addr, limit, items).map_err(RunError::Usage)?;
+    let m =
+        crate::report::metrics::Metrics::serve(listener, limit, items).map_err(RunError::Usage)?;
     shared
         .reporter
         .say(&format!("batchrun: metrics on http://{}/metrics", m.addr()));
@@ -446,13 +454,21 @@ struct Running {
 }
 
 /// Starts the feeder, the workers and the recording loop.
+/// What the run's observers hear from: the pool's events, the signals,
+/// and the metrics' listener when `--metrics-addr` bound one.
+type Observers<F> = (
+    mpsc::UnboundedReceiver<Event>,
+    Signals<F>,
+    Option<tokio::net::TcpListener>,
+);
+
 fn start<F>(
     settings: &Settings,
     job: &Opened,
     pool: &Arc<Pool>,
     shared: &Shared,
     meter: CreditMeter,
-    (reports, signals): (mpsc::UnboundedReceiver<Event>, Signals<F>),
+    (reports, signals, listener): Observers<F>,
 ) -> Result<Running, RunError>
 where
     F: Future<Output = Signal> + Send + 'static,
@@ -470,7 +486,7 @@ where
         shared.reporter.printer(),
     )
     .map_err(RunError::Usage)?
-    .with_metrics(metrics(settings, job, shared)?);
+    .with_metrics(metrics(settings, job, shared, listener)?);
     let committer = job
         .items
         .committer(job.meta.clone(), GroupCommit::default())

@@ -270,6 +270,15 @@ async fn a_taken_metrics_address_is_a_usage_error_before_any_call() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--metrics-addr"), "{}", r.stderr);
     assert_eq!(s.sim().stats().await["accepted"], 0, "nothing was sent");
+    // Refused before the checkpoint is touched: a --fresh refused so
+    // leaves the job whole, and the same command without it sends nothing
+    // again (the job was discarded, and every item ran twice).
+    assert_eq!(s.run(&[]).code, 0);
+    let fresh = s.run(&["--fresh", "--metrics-addr", &addr]);
+    assert_eq!(fresh.code, 2, "{}", fresh.stderr);
+    let again = s.run(&[]);
+    assert_eq!(again.summary["requests"], 0, "{}", again.stderr);
+    assert_side_effects(&s.sim().stats().await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
