@@ -258,7 +258,15 @@ impl Timeline {
     ) -> std::io::Result<Timeline> {
         set_aside_other_layout(path)?;
         let f = OpenOptions::new().create(true).append(true).open(path)?;
-        let new = f.metadata()?.len() == 0;
+        let len = f.metadata()?.len();
+        // A record cut short (a full disk, a kill mid-write) is dropped:
+        // appended after, every later record would be read askew.
+        let head = MAGIC.len() as u64;
+        let whole = head + len.saturating_sub(head) / RECORD as u64 * RECORD as u64;
+        if len > head && len != whole {
+            f.set_len(whole)?;
+        }
+        let new = len == 0;
         let mut w = BufWriter::with_capacity(16 * 1024, f);
         if new {
             w.write_all(MAGIC)?;
@@ -545,6 +553,30 @@ mod tests {
             (Second { sent: 65_535, ..s }, shares),
             "counts saturate"
         );
+    }
+
+    #[test]
+    fn a_record_cut_short_is_dropped_before_the_next_run_appends() {
+        let p = tmp("cut");
+        let mut tl = Timeline::open(&p, None, 100).unwrap();
+        tl.sent(100).unwrap();
+        tl.end(Moment::default(), 101).unwrap();
+        drop(tl);
+        let before = read(&p).unwrap();
+        // The disk filled mid-record.
+        let len = std::fs::metadata(&p).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(len - 20).unwrap();
+        drop(f);
+        let mut tl = Timeline::open(&p, None, 200).unwrap();
+        tl.sent(200).unwrap();
+        tl.end(Moment::default(), 200).unwrap();
+        drop(tl);
+        let after = read(&p).unwrap();
+        let ts: Vec<u64> = after.iter().map(|s| s.t).collect();
+        assert_eq!(ts, [100, 200], "{after:?}");
+        assert_eq!(after[0], before[0]);
+        assert_eq!(after[1].sent, 1);
     }
 
     #[test]
