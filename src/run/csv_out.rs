@@ -58,13 +58,26 @@ impl Columns {
         }
     }
 
-    fn header(&self) -> Vec<&str> {
-        let mut h = vec!["line", "status"];
-        h.extend(self.keys.iter().map(String::as_str));
-        if self.whole {
-            h.push(WHOLE);
+    /// The header: an input column named as one of batchrun's own
+    /// (`line`, `status`, `body`, `input`) is `input.NAME`, so that no
+    /// name stands for two columns (a reader by name took the input's for
+    /// the result's).
+    fn header(&self) -> Vec<String> {
+        let mut taken: std::collections::HashSet<String> = self.keys.iter().cloned().collect();
+        let ours = ["line", "status", "body", WHOLE];
+        let mut h: Vec<String> = vec!["line".into(), "status".into()];
+        for k in &self.keys {
+            let mut name = k.clone();
+            while ours.contains(&name.as_str()) || (name != *k && taken.contains(&name)) {
+                name = format!("input.{name}");
+            }
+            taken.insert(name.clone());
+            h.push(name);
         }
-        h.push("body");
+        if self.whole {
+            h.push(WHOLE.into());
+        }
+        h.push("body".into());
         h
     }
 }
@@ -147,6 +160,28 @@ mod tests {
         assert_eq!(
             c.header(),
             ["line", "status", "b", "a", "c", "input", "body"]
+        );
+    }
+
+    #[test]
+    fn an_input_column_named_as_one_of_ours_is_renamed() {
+        let mut c = Columns::default();
+        let mut seen = Default::default();
+        let row =
+            serde_json::json!({"line": 1, "status": "x", "id": 2, "body": "b", "input.line": 3});
+        c.see(&row, &mut seen);
+        assert_eq!(
+            c.header(),
+            [
+                "line",
+                "status",
+                "input.input.line",
+                "input.status",
+                "id",
+                "input.body",
+                "input.line",
+                "body"
+            ]
         );
     }
 
