@@ -254,7 +254,7 @@ impl JobStatus {
         let unclosed = meta.last_run().filter(|r| r.ended_unix_ms.is_none());
         JobStatus {
             job: meta.id.clone(),
-            input: meta.input.clone(),
+            input: shown_input(meta),
             shard: shard.map(|s| s.to_string()),
             running: false,
             pid: None,
@@ -377,6 +377,20 @@ fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Re
     Ok(())
 }
 
+/// How a job's input is named: a pipe's by what it was (its spooled copy,
+/// `spool/<sha256>` in the state dir, was removed when its run ended).
+fn shown_input(meta: &JobMeta) -> String {
+    let p = Path::new(&meta.input);
+    let in_spool = p.parent().and_then(Path::file_name) == Some(std::ffi::OsStr::new("spool"));
+    let hashed = p.file_stem().is_some_and(|s| {
+        s.len() == 64 && s.to_string_lossy().bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    match in_spool && hashed {
+        true => format!("the piped input ({})", meta.input_name),
+        false => meta.input.clone(),
+    }
+}
+
 /// `batchrun status INPUT`: progress from the checkpoint (and every shard's);
 /// no API call.
 pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
@@ -490,7 +504,7 @@ fn describe_job(
             );
         }
         None => {
-            let _ = writeln!(out, "job {}  ({})", meta.id, meta.input);
+            let _ = writeln!(out, "job {}  ({})", meta.id, st.input);
         }
     }
     if let Some(s) = shard {

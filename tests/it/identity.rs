@@ -420,6 +420,16 @@ async fn status_of_a_pipe_shows_its_jobs() {
     );
     let jobs: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(jobs[0]["done"], 5, "{jobs}");
+    // Named as what it was, not as its spooled copy (removed at the end).
+    assert_eq!(jobs[0]["input"], "the piped input (stdin)", "{jobs}");
+    let text = bin()
+        .args(["status", "-", "--state-dir"])
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("(the piped input (stdin))"), "{text}");
+    assert!(!text.contains("spool"), "{text}");
 }
 
 /// `<(cmd)` is `/dev/fd/N`, N whatever the shell picks that time: the
