@@ -436,6 +436,13 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
                 for p in &running {
                     p.describe(shard, args.json, &mut out, &mut json);
                 }
+                if args.prune {
+                    let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "{who}not pruned: a run holds the checkpoint; prune once it has ended"
+                    );
+                }
                 if running.is_empty() {
                     let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
                     if args.json {

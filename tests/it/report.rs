@@ -173,6 +173,21 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
+    // Pruning while the run holds the checkpoint says it cannot (it said
+    // nothing, and pruned nothing). Four seconds of the run are left.
+    let busy = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .arg("--prune")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&busy.stdout);
+    assert!(
+        said.contains("not pruned: a run holds the checkpoint"),
+        "{said}"
+    );
     assert!(child.wait().unwrap().success());
     assert_eq!(live["last_run"]["state"], "running");
     assert!(live["last_run"]["ended_unix_ms"].is_null());
