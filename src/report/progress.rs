@@ -64,7 +64,8 @@ impl View {
         let rate = self.expected_per_min();
         let mut parts = vec![format!("{}/min", fmt_rate(rate))];
         let left = total.saturating_sub(self.done + self.failed);
-        if left > 0 && rate > 0.0 {
+        // Waiting for a top-up, the rest waits on the account, not a pace.
+        if left > 0 && rate > 0.0 && self.waiting_probe_in.is_none() {
             // A pause in force holds every call first: the rest goes after it.
             let eta = Duration::try_from_secs_f64(left as f64 * 60.0 / rate)
                 .unwrap_or(Duration::MAX)
@@ -297,6 +298,15 @@ mod tests {
         };
         let s = v.status(100);
         assert!(s.contains("10/min"), "{s}");
+        let waiting = View {
+            waiting_probe_in: Some(Duration::from_secs(60)),
+            ..v.clone()
+        };
+        assert!(
+            !waiting.status(100).contains("ETA"),
+            "{}",
+            waiting.status(100)
+        );
         assert!(s.contains("PAUSED 12s (until "), "{s}");
         assert!(s.contains("credits 42"), "{s}");
         // 90 left at 10 a minute, after the pause's 11.2 s.
