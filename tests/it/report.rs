@@ -173,16 +173,19 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
+    let prune = || {
+        bin()
+            .arg("status")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .arg("--prune")
+            .output()
+            .unwrap()
+    };
     // Pruning while the run holds the checkpoint says it cannot (it said
     // nothing, and pruned nothing). Four seconds of the run are left.
-    let busy = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .arg("--prune")
-        .output()
-        .unwrap();
+    let busy = prune();
     let said = String::from_utf8_lossy(&busy.stdout);
     assert!(
         said.contains("not pruned: a run holds the checkpoint"),
@@ -241,14 +244,7 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
         .max_by_key(|j| j["last_run"]["started_unix_ms"].as_u64())
         .unwrap()["job"]
         .clone();
-    let pruned = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .arg("--prune")
-        .output()
-        .unwrap();
+    let pruned = prune();
     let text = String::from_utf8_lossy(&pruned.stdout);
     assert!(pruned.status.success(), "{text}");
     assert!(text.contains("forgot job"), "{text}");

@@ -183,10 +183,10 @@ fn a_wrong_host_halts_at_once_whatever_the_plan() {
     );
 }
 
-/// A server that runs each call, answers `200` with its head and the start
-/// of a body, then drops the connection: returns its base URL and the
-/// requests it got.
-async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+/// A server that reads each request's head, counts it, writes `answer`
+/// as it is and closes the connection: its base URL and the requests it
+/// got.
+async fn raw_server(answer: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let hits = std::sync::Arc::new(AtomicU64::new(0));
@@ -195,7 +195,7 @@ async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU6
     let counter = hits.clone();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
-            let counter = counter.clone();
+            let (counter, answer) = (counter.clone(), answer.clone());
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -206,14 +206,23 @@ async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU6
                     }
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
-                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                              content-length: 100\r\n\r\n{\"ok\": tr";
                 let _ = sock.write_all(answer.as_bytes()).await;
                 let _ = sock.shutdown().await;
             });
         }
     });
     (format!("http://{addr}"), hits)
+}
+
+/// A server that runs each call, answers `200` with its head and the start
+/// of a body, then drops the connection.
+async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    raw_server(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{\"ok\": tr"
+            .to_string(),
+    )
+    .await
 }
 
 /// A `200` whose body the connection cut: the server answered, so the
@@ -262,36 +271,12 @@ async fn a_json_body_is_kept_as_written_whatever_its_numbers() {
 async fn many_headers_server(
     headers: usize,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let hits = std::sync::Arc::new(AtomicU64::new(0));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let counter = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                counter.fetch_add(1, Ordering::SeqCst);
-                let mut answer = String::from("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n");
-                for i in 0..headers {
-                    answer.push_str(&format!("x-h{i}: {i}\r\n"));
-                }
-                answer.push_str("connection: close\r\n\r\n{}");
-                let _ = sock.write_all(answer.as_bytes()).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    (format!("http://{addr}"), hits)
+    let mut answer = String::from("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n");
+    for i in 0..headers {
+        answer.push_str(&format!("x-h{i}: {i}\r\n"));
+    }
+    answer.push_str("connection: close\r\n\r\n{}");
+    raw_server(answer).await
 }
 
 /// An answer this client cannot read (a head of 150 headers, past the
