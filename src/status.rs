@@ -377,6 +377,15 @@ fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Re
     Ok(())
 }
 
+/// `--prune` while a run holds the checkpoint: said, not done.
+fn not_pruned(shard: Option<Shard>, out: &mut String) {
+    let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{who}not pruned: a run holds the checkpoint; prune once it has ended"
+    );
+}
+
 /// How a job's input is named: a pipe's by what it was (its spooled copy,
 /// `spool/<sha256>` in the state dir, was removed when its run ended).
 fn shown_input(meta: &JobMeta) -> String {
@@ -437,11 +446,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
                     p.describe(shard, args.json, &mut out, &mut json);
                 }
                 if args.prune {
-                    let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
-                    let _ = writeln!(
-                        out,
-                        "{who}not pruned: a run holds the checkpoint; prune once it has ended"
-                    );
+                    not_pruned(shard, &mut out);
                 }
                 if running.is_empty() {
                     let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();

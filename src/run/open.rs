@@ -406,12 +406,7 @@ fn changed_request(
         let gone = discard(&mut all.collect::<Vec<_>>().into_iter())?;
         return Ok((located.id.clone(), gone));
     }
-    // A record made before the key was hidden from it still spells it out.
-    let recorded = match &settings.request.key {
-        Some(k) => k.redact(&old.template),
-        None => old.template.clone(),
-    };
-    let diff = super::job::request_diff(&recorded, &settings.identity);
+    let diff = super::job::request_diff(&settings.keyless(&old.template), &settings.identity);
     Err(RunError::Usage(format!(
         "the request changed since job {} on {} ({} of {} item(s) done, {pending} pending); \
          this command differs in:\n  {}\nNothing was sent. Run it again with --keep-done to \

@@ -241,7 +241,7 @@ impl Pool {
             self.emit(Event::Alert(a));
         }
         if let (Some(b), Ok(())) = (cut_batch, &c) {
-            return self.too_long(status, b.size);
+            return self.too_long(status, b.size, cut.as_deref());
         }
         match (c, seen.refusal) {
             (c, Some(why)) => Outcome::Refused {
@@ -260,7 +260,17 @@ impl Pool {
 impl Pool {
     /// A batch's success whose answer was longer than the most read for
     /// it: no item's result can be told, but they ran.
-    fn too_long(&self, status: u16, size: usize) -> Outcome {
+    fn too_long(&self, status: u16, size: usize, cut: Option<&str>) -> Outcome {
+        if let Some(why) = cut {
+            return Outcome::TooLong {
+                status,
+                reason: format!(
+                    "HTTP {status}, but the connection dropped while the batch's answer was \
+                     read ({why}): the items ran, their results were not kept; run with \
+                     --retry-failed, which sends them again under the same Idempotency-Key"
+                ),
+            };
+        }
         let max = self.cfg.max_body;
         let cap = super::batch::answer_cap(max, size);
         Outcome::TooLong {

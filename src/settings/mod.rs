@@ -364,6 +364,15 @@ fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
 }
 
 impl Settings {
+    /// `text` with the key's text hidden (`***`): a job record made before
+    /// the key was hidden from it still spells it out.
+    pub fn keyless(&self, text: &str) -> String {
+        match &self.request.key {
+            Some(k) => k.redact(text),
+            None => text.to_string(),
+        }
+    }
+
     /// Whether a job recorded with `template` was made for this request
     /// (recorded as it is now, or before the key was hidden from it).
     pub fn same_request(&self, template: &str) -> bool {
