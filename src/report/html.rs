@@ -85,6 +85,15 @@ pub fn write(
             out.display()
         );
     }
+    // The sidecars beside the outputs (`.NAME.owner`, `.NAME.keys`) say
+    // whose the outputs are and which keys a lost checkpoint sends again.
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
+    if name.is_some_and(|n| n.starts_with('.') && (n.ends_with(".owner") || n.ends_with(".keys"))) {
+        anyhow::bail!(
+            "{} is one of batchrun's records beside a job's outputs: the report would replace it; name another with -o",
+            out.display()
+        );
+    }
     if crate::util::within(state_dir, out) {
         anyhow::bail!(
             "{} is inside the checkpoint ({}): the report would damage it; name another with -o",

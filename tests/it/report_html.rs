@@ -258,6 +258,19 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
     assert_eq!(onto.status.code(), Some(1));
     let err = String::from_utf8_lossy(&onto.stderr);
     assert!(err.contains("is the input file"), "{err}");
+    // Nor the record of who owns the outputs.
+    let owner = s.dir().path().join(".items.results.jsonl.owner");
+    let onto = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("-o")
+        .arg(&owner)
+        .output()
+        .unwrap();
+    assert_eq!(onto.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&onto.stderr);
+    assert!(err.contains("one of batchrun's records"), "{err}");
+    assert!(!owner.exists());
     assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
     // Nor a hard link to it.
     let hard = s.dir().path().join("hard.jsonl");
