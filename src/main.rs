@@ -81,7 +81,7 @@ fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
     let abs = match pipe {
         true => None,
         false => Some(
-            std::fs::canonicalize(&args.input)
+            batchrun::util::recorded_path(&args.input)
                 .with_context(|| format!("{}: cannot read", args.input.display()))?,
         ),
     };

@@ -408,7 +408,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     let abs = match &args.input {
         Some(i) if crate::settings::piped(i) => None,
         Some(i) => Some(
-            std::fs::canonicalize(i)
+            crate::util::recorded_path(i)
                 .with_context(|| format!("{}: cannot read", i.display()))?
                 .to_string_lossy()
                 .into_owned(),

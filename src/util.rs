@@ -118,6 +118,16 @@ fn holds_file(dir: &Path, file: &Path) -> bool {
     false
 }
 
+/// An input path as its jobs record it: canonical, or, for an input since
+/// deleted or moved away, absolute as given (its checkpoint still knows
+/// it: `status` and `report` read no input).
+pub fn recorded_path(p: &Path) -> std::io::Result<PathBuf> {
+    match std::fs::canonicalize(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::path::absolute(p),
+        other => other,
+    }
+}
+
 /// `raw` as compact JSON text when it is valid JSON: its whitespace between
 /// tokens taken out, everything else as the server wrote it. Parsing it
 /// into a value and writing that out would round an integer beyond 64 bits

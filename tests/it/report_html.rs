@@ -245,7 +245,7 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no checkpoint in /nonexistent/"));
     // `-o` naming the input is refused, and the items stay as they were.
     let items = std::fs::read(s.input_path()).unwrap();
     let onto = bin()
@@ -338,4 +338,30 @@ async fn a_sharded_job_is_reported_shard_by_shard_and_a_piped_one_by_its_pipe() 
     assert!(std::fs::read_to_string(&page)
         .unwrap()
         .starts_with("<!DOCTYPE html>"));
+}
+
+/// An input deleted since its job ran: `status` and `report` read only the
+/// checkpoint, and find the job by the path given (they said "cannot
+/// read").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_input_is_still_reported_from_its_checkpoint() {
+    let s = Scenario::new("report-gone")
+        .with_sim(&["--limit", "none"])
+        .numbers(4);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    std::fs::remove_file(s.input_path()).unwrap();
+    let jobs = s.status_json().expect("status of a deleted input");
+    assert_eq!(jobs[0]["done"], 4, "{jobs}");
+    let page = s.dir().path().join("gone.report.html");
+    let o = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(page.exists());
 }
