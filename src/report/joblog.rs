@@ -3,9 +3,11 @@
 //! Status Attempt Outcome`), appended across resumes so one file holds
 //! every call the job made.
 //!
-//! Lines are buffered and flushed on every tick of the recording loop (and
-//! at its end): a killed run loses at most its last second of lines, never
-//! a call's record in the checkpoint, which does not depend on this file.
+//! Each line is handed to the system as it is written, before the call's
+//! result reaches the checkpoint (the recording loop hears of the answer
+//! first): a run killed with -9 loses no line of a result its checkpoint
+//! holds, which a resume never calls again. (Flushed once a second, the
+//! last second's lines were lost.)
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -69,7 +71,8 @@ impl JobLog {
             status(answer),
             id.attempt,
             outcome(answer)
-        );
+        )
+        .and_then(|()| self.w.flush());
         self.failed(r)
     }
 

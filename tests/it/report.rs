@@ -29,6 +29,44 @@ fn joblog_rows(path: &std::path::Path) -> (Vec<String>, Vec<Vec<String>>) {
     (headers, rows)
 }
 
+/// A run killed with -9: every item its checkpoint holds done has its
+/// line in the job log (a resume does not call it again, so a line lost
+/// then is lost for good). Lines were flushed once a second, and the last
+/// second's were lost while their results were committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_9_loses_no_joblog_line_of_a_committed_result() {
+    let s = Scenario::new("joblog-kill")
+        .with_sim(&["--limit", "none"])
+        .numbers(3000);
+    let log = s.dir().path().join("calls.tsv");
+    let log_arg = log.to_string_lossy().into_owned();
+    let args = ["--limit", "none", "--joblog", &log_arg];
+    let killed = s
+        .signal_when(
+            &args,
+            |st| st["side_effects"].as_u64() >= Some(300),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0);
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_each_item_once(&s.out_path(), 3000);
+    let (_, rows) = joblog_rows(&log);
+    let logged: std::collections::HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.len() == 6 && r[5] == "ok")
+        .filter_map(|r| r[0].parse().ok())
+        .collect();
+    let missing: Vec<u64> = (1..=3000).filter(|n| !logged.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} done items with no line: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_joblog_has_one_line_per_call_appended_across_resumes() {
     let s = Scenario::new("joblog")
