@@ -279,6 +279,9 @@ impl Pool {
                 }
                 continue;
             };
+            if chunk.iter().any(|e| e.tries.n > 0) {
+                self.emit(Event::Retry);
+            }
             self.emit(Event::Sent);
             for e in &mut chunk {
                 e.tries.n += 1;
@@ -458,7 +461,6 @@ impl Pool {
             return Sent::Over;
         }
         if !settled.again.is_empty() {
-            self.emit(Event::Retry);
             let attempts = back.iter().map(|e| e.tries.n).max().unwrap_or(1);
             let after = self
                 .cfg

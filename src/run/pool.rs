@@ -189,6 +189,11 @@ impl Pool {
                 }
                 continue;
             };
+            // A retry counts when it goes (a run stopped during its
+            // backoff sent none): an attempt before this one failed.
+            if tries.n > 0 {
+                self.emit(Event::Retry);
+            }
             self.emit(Event::Sent);
             tries.n += 1;
             let id = CallId {
@@ -349,7 +354,6 @@ impl Pool {
                 }) {
                     self.emit(Event::Note(asked));
                 }
-                self.emit(Event::Retry);
                 self.again_after(after).await
             }
             Action::Pause { pause, message } => self.pause(pause, message).await,

@@ -67,6 +67,35 @@ async fn a_kill_9_loses_no_joblog_line_of_a_committed_result() {
     );
 }
 
+/// `retries` counts calls sent again: a run stopped (here by
+/// `--max-failures`) while items wait out their backoff sent none of
+/// theirs. It counted retries scheduled (9 where 6 went).
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_count_the_calls_sent_again() {
+    let s = Scenario::new("retries-sent")
+        .with_sim(&["--limit", "none", "--fail-rate", "1.0"])
+        .numbers(30);
+    let log = s.dir().path().join("calls.tsv");
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "-c",
+        "4",
+        "--max-attempts",
+        "2",
+        "--max-failures",
+        "5",
+        "--joblog",
+        &log.to_string_lossy(),
+    ]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    let (_, rows) = joblog_rows(&log);
+    let again = rows.iter().filter(|r| r[4] != "1").count() as u64;
+    assert!(again > 0, "{rows:?}");
+    assert_eq!(r.summary["retries"].as_u64(), Some(again), "{}", r.summary);
+    assert_eq!(r.summary["requests"].as_u64(), Some(rows.len() as u64));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_joblog_has_one_line_per_call_appended_across_resumes() {
     let s = Scenario::new("joblog")
