@@ -60,6 +60,9 @@ pub struct CallStats {
     counts: BTreeMap<String, u64>,
     buckets: Vec<u64>,
     calls: u64,
+    /// The shortest and longest latency seen (µs): a percentile is never
+    /// outside them (a bucket's middle may be).
+    span_us: Option<(u64, u64)>,
 }
 
 impl Default for CallStats {
@@ -68,6 +71,7 @@ impl Default for CallStats {
             counts: BTreeMap::new(),
             buckets: vec![0; BUCKETS],
             calls: 0,
+            span_us: None,
         }
     }
 }
@@ -85,6 +89,9 @@ impl CallStats {
         if let Some(l) = latency {
             self.buckets[bucket(l)] += 1;
             self.calls += 1;
+            let us = u64::try_from(l.as_micros()).unwrap_or(u64::MAX);
+            let (lo, hi) = self.span_us.unwrap_or((us, us));
+            self.span_us = Some((lo.min(us), hi.max(us)));
         }
     }
 
@@ -109,8 +116,11 @@ impl CallStats {
                 seen >= rank
             })
             .unwrap_or(BUCKETS - 1);
-        // The middle of the bucket, in geometric terms.
-        let us = GROWTH.powf(at as f64 + 0.5);
+        // The middle of the bucket, in geometric terms, within what was seen.
+        let mut us = GROWTH.powf(at as f64 + 0.5);
+        if let Some((lo, hi)) = self.span_us {
+            us = us.clamp(lo as f64, hi as f64);
+        }
         Some((us / 100.0).round() / 10.0)
     }
 }
@@ -143,6 +153,16 @@ mod tests {
         assert_eq!(c.percentile_ms(0.5), None);
         c.add(Answer::Failure(FailureKind::Connect), None);
         assert_eq!(c.percentile_ms(0.99), None);
+    }
+
+    #[test]
+    fn calls_all_alike_give_their_own_latency() {
+        let mut c = CallStats::default();
+        for _ in 0..10 {
+            c.add(Answer::Status(200), Some(Duration::from_millis(3003)));
+        }
+        assert_eq!(c.percentile_ms(0.5), Some(3003.0));
+        assert_eq!(c.percentile_ms(0.99), Some(3003.0));
     }
 
     #[test]
