@@ -145,9 +145,11 @@ impl Progress {
                 st.rate_per_min
                     .map(|r| format!("; {r:.1} items/min"))
                     .unwrap_or_default(),
-                st.eta_s
-                    .map(|e| format!(", about {} to go", took(e)))
-                    .unwrap_or_default()
+                match (st.eta_s, self.waiting_for_credits) {
+                    (_, true) => ", waiting for credits (a top-up)".to_string(),
+                    (Some(e), false) => format!(", about {} to go", took(e)),
+                    (None, false) => String::new(),
+                }
             );
         }
     }
@@ -242,7 +244,10 @@ impl JobStatus {
             last_state: None,
             halt_reason: None,
             last_run,
-            eta_s: rate_per_min.map(|r| (pending as f64 * 60.0 / r).round()),
+            // Waiting for a top-up, the rest waits on the account.
+            eta_s: rate_per_min
+                .filter(|_| !p.waiting_for_credits)
+                .map(|r| (pending as f64 * 60.0 / r).round()),
             rate_per_min,
         }
     }
@@ -605,10 +610,18 @@ mod tests {
             done_this_run: 2,
             requests_before: 0,
             rate_limited_before: 0,
+            waiting_for_credits: false,
         };
         let st = serde_json::to_value(JobStatus::running(&p, None)).unwrap();
         assert_eq!(st["rate_per_min"], 400.0, "{st}");
         assert_eq!(st["eta_s"], 3.0, "{st}");
+        // Waiting for a top-up: no time to go at a pace that waits.
+        let waiting = Progress {
+            waiting_for_credits: true,
+            ..p.clone()
+        };
+        let st = serde_json::to_value(JobStatus::running(&waiting, None)).unwrap();
+        assert!(st["eta_s"].is_null(), "{st}");
         let old: Progress = serde_json::from_value({
             p.updated_unix = (started + 2300) / 1000;
             let mut v = serde_json::to_value(&p).unwrap();

@@ -44,6 +44,10 @@ pub struct Progress {
     /// Rate-limit 429s of the job's earlier runs.
     #[serde(default)]
     pub rate_limited_before: u64,
+    /// The run waits for a top-up (`--wait-for-credits`): its pace says
+    /// nothing of when it ends.
+    #[serde(default)]
+    pub waiting_for_credits: bool,
 }
 
 /// Where job `job` of a run in `state_dir` publishes its progress.

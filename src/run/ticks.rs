@@ -145,6 +145,7 @@ impl Ticks {
             done_this_run: Stats::get(&stats.done_this_run),
             requests_before: p.before.0,
             rate_limited_before: p.before.1,
+            waiting_for_credits: self.gauges.gate.waiting_probe_in(Instant::now()).is_some(),
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = progress.publish(&p.state_dir);
