@@ -204,10 +204,9 @@ impl Pool {
         };
         // A batch's success cut short pairs nothing, though its items ran.
         let cut_batch = batch.filter(|_| truncated && (200..300).contains(&status));
-        let body = match (&cut, truncated) {
-            (Some(why), _) => cut_body(&body, why),
-            (None, true) => truncated_body(&body),
-            (None, false) => body,
+        let body = match truncated {
+            true => truncated_body(&body, cut.as_deref()),
+            false => body,
         };
         if let Some(note) = self.pacer.observe(&headers).await {
             self.emit(Event::Pace(note));
@@ -318,29 +317,22 @@ impl Pool {
         let head = &body[..at];
         // The cut may leave the start of the key at the end.
         let clean = self.spec.key.as_ref().and_then(|k| k.scrub(head, true));
-        truncated_body(clean.as_deref().unwrap_or(head))
+        truncated_body(clean.as_deref().unwrap_or(head), None)
     }
 }
 
-/// What is kept of a body the connection cut short after the server
-/// answered: its beginning, marked as [`truncated_body`] marks one, and why.
-fn cut_body(kept: &str, why: &str) -> String {
-    serde_json::json!({
+/// What is kept of a body cut at `--max-body`, or by the connection after
+/// the server answered (`cut`, why): its beginning, and a mark that says
+/// so, as one JSON object in place of the body.
+fn truncated_body(kept: &str, cut: Option<&str>) -> String {
+    let mut v = serde_json::json!({
         "batchrun_truncated": true,
         "bytes_kept": kept.len(),
         "head": kept,
-        "cut": why,
-    })
-    .to_string()
-}
-
-/// What is kept of a body cut at `--max-body`: its beginning, and a mark
-/// that says so, as one JSON object in place of the body.
-fn truncated_body(kept: &str) -> String {
-    serde_json::json!({
-        "batchrun_truncated": true,
-        "bytes_kept": kept.len(),
-        "head": kept,
-    })
-    .to_string()
+    });
+    // Cut by the connection after the server answered, not at the cap.
+    if let Some(why) = cut {
+        v["cut"] = why.into();
+    }
+    v.to_string()
 }
