@@ -52,6 +52,16 @@ impl CreditSnapshot {
     }
 }
 
+/// A credit header's value, read once: `Some(None)` when it was not sent,
+/// `None` when it was sent but cannot be read (no balance to trust, not
+/// one left out).
+fn credit_field(h: &HeaderMap, name: &reqwest::header::HeaderName) -> Option<Option<i64>> {
+    match h.contains_key(name) {
+        false => Some(None),
+        true => wire::credit_int(h, name).map(Some),
+    }
+}
+
 /// Reads the credit headers of one response.
 ///
 /// Returns `None` unless `x-api-max-credits`, `x-api-credits-used` and
@@ -65,15 +75,8 @@ pub fn snapshot_from_headers(h: &HeaderMap) -> Option<CreditSnapshot> {
     // either of the other two tells the one left out: an API that leaves
     // one out still states its balance (the reserve was ignored for it).
     let max = wire::credit_int(h, &wire::MAX_CREDITS)?;
-    // One sent but unreadable is no balance to trust, not one left out.
-    let unreadable =
-        |n: &reqwest::header::HeaderName| h.contains_key(n) && wire::credit_int(h, n).is_none();
-    let (used_name, remaining_name) = (wire::CREDITS_USED, wire::REMAINING_CREDITS);
-    if unreadable(&used_name) || unreadable(&remaining_name) {
-        return None;
-    }
-    let used = wire::credit_int(h, &wire::CREDITS_USED);
-    let remaining = wire::credit_int(h, &wire::REMAINING_CREDITS);
+    let used = credit_field(h, &wire::CREDITS_USED)?;
+    let remaining = credit_field(h, &wire::REMAINING_CREDITS)?;
     let (used, remaining) = match (used, remaining) {
         (Some(u), Some(r)) => (u, r),
         (None, Some(r)) => (max.saturating_sub(r), r),
