@@ -394,12 +394,7 @@ fn not_pruned(shard: Option<Shard>, out: &mut String) {
 /// How a job's input is named: a pipe's by what it was (its spooled copy,
 /// `spool/<sha256>` in the state dir, was removed when its run ended).
 fn shown_input(meta: &JobMeta) -> String {
-    let p = Path::new(&meta.input);
-    let in_spool = p.parent().and_then(Path::file_name) == Some(std::ffi::OsStr::new("spool"));
-    let hashed = p.file_stem().is_some_and(|s| {
-        s.len() == 64 && s.to_string_lossy().bytes().all(|b| b.is_ascii_hexdigit())
-    });
-    match in_spool && hashed {
+    match crate::input::is_spooled_copy(Path::new(&meta.input)) {
         true => format!("the piped input ({})", meta.input_name),
         false => meta.input.clone(),
     }

@@ -25,7 +25,7 @@ use self::bytes::{io_reason, open_file, HashingReader};
 use self::csv::CsvItems;
 pub use self::item::{FieldOrder, Item};
 use self::jsonl::JsonlItems;
-pub use self::spool::{spool, Spooled};
+pub use self::spool::{is_spooled_copy, spool, Spooled};
 
 /// The longest JSONL line accepted, in bytes. Without a cap, a file that is
 /// not line-oriented (say, one huge JSON array) would be read whole into memory

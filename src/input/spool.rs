@@ -87,6 +87,16 @@ pub fn spool(path: &Path, spool_dir: &Path) -> Result<Spooled, InputError> {
     copy_in(source, path, path.extension(), spool_dir)
 }
 
+/// Whether `path` is a copy [`spool`] made (`spool/<sha256>[.ext]`): a
+/// job's input that was a pipe, the copy removed when its run ended.
+pub fn is_spooled_copy(path: &Path) -> bool {
+    let in_spool = path.parent().and_then(Path::file_name) == Some(OsStr::new("spool"));
+    let hashed = path.file_stem().is_some_and(|s| {
+        s.len() == 64 && s.to_string_lossy().bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    in_spool && hashed
+}
+
 fn io_error(path: &Path, reason: String) -> InputError {
     InputError::Io {
         path: label(path),

@@ -135,10 +135,7 @@ pub fn check_owners(settings: &Settings, job: &str, superseded: &[String]) -> Re
             continue;
         }
         // A pipe's spooled copy is gone with its run: name what it was.
-        let spooled = Path::new(&input)
-            .parent()
-            .is_some_and(|d| d.file_name().is_some_and(|n| n == "spool"));
-        let input = match spooled {
+        let input = match crate::input::is_spooled_copy(Path::new(&input)) {
             true => "a piped input".to_string(),
             false => input,
         };
