@@ -76,15 +76,7 @@ fn main() -> ExitCode {
 /// `batchrun report INPUT`: the input's state dir found as `run` finds it
 /// (a shard's with `--shard`; a pipe's under `.batchrun/stdin`).
 fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
-    use anyhow::Context as _;
-    let pipe = settings::piped(&args.input);
-    let abs = match pipe {
-        true => None,
-        false => Some(
-            batchrun::util::recorded_path(&args.input)
-                .with_context(|| format!("{}: cannot read", args.input.display()))?,
-        ),
-    };
+    let input = settings::recorded_input(&args.input)?;
     let base = settings::state_dir_for(&args.input, args.state_dir.as_deref());
     let state_dir = args
         .shard
@@ -98,15 +90,14 @@ fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
             each.join(", ")
         );
     }
-    let named = match pipe {
-        true => std::path::Path::new("stdin"),
-        false => args.input.as_path(),
+    let named = match &input {
+        None => std::path::Path::new("stdin"),
+        Some(_) => args.input.as_path(),
     };
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| batchrun::report::html::default_path(named, args.shard, args.format));
-    let input = abs.map(|a| a.to_string_lossy().into_owned());
     batchrun::report::html::write(&state_dir, input.as_deref(), &out, args.format)
 }
 

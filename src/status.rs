@@ -5,7 +5,6 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use serde::Serialize;
 
 use std::path::{Path, PathBuf};
@@ -406,13 +405,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     // A pipe (`-`, `<(cmd)`) has no file to match its jobs by: every job
     // in its state dir (`.batchrun/stdin`) is shown.
     let abs = match &args.input {
-        Some(i) if crate::settings::piped(i) => None,
-        Some(i) => Some(
-            crate::util::recorded_path(i)
-                .with_context(|| format!("{}: cannot read", i.display()))?
-                .to_string_lossy()
-                .into_owned(),
-        ),
+        Some(i) => crate::settings::recorded_input(i)?,
         None => None,
     };
     let state_dir = match (&args.input, &args.state_dir) {

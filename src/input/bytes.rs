@@ -39,7 +39,7 @@ pub(super) fn open_file(path: &Path) -> Result<File, InputError> {
 
 /// Feeds every byte read through SHA-256, so fingerprinting costs no second
 /// read of the file.
-pub(super) struct HashingReader<R> {
+pub struct HashingReader<R> {
     inner: R,
     hasher: Sha256,
 }

@@ -171,10 +171,17 @@ fn is_stdin(path: &Path) -> bool {
 
 /// Streams the items of an input file, one line or record in memory at a
 /// time. After the first error it yields nothing more.
-pub struct Reader {
-    items: Items<File>,
+pub struct Reader<R: Read = File> {
+    items: Items<R>,
+    path: String,
     field_order: FieldOrder,
 }
+
+/// Streams the items like [`Reader`] and fingerprints the bytes as it
+/// reads them. The output pass pairs each line with its result through it,
+/// so that an input edited while the job ran is seen, not silently paired
+/// with another file's results.
+pub type CheckedReader = Reader<HashingReader<File>>;
 
 impl Reader {
     /// Opens `path` to be read as `format`.
@@ -184,70 +191,22 @@ impl Reader {
     /// [`InputError::Io`] when the file cannot be opened. Content errors come
     /// from the iterator, at the item they concern.
     pub fn open(path: &Path, format: Format) -> Result<Reader, InputError> {
-        let file = open_file(path)?;
-        Ok(Reader {
-            items: Items::new(file, format, display(path)),
-            field_order: FieldOrder::default(),
-        })
+        Ok(Reader::over(open_file(path)?, format, path))
     }
-
-    /// Fingerprints the items as a job of `order` does.
-    pub fn field_order(mut self, order: FieldOrder) -> Reader {
-        self.field_order = order;
-        self
-    }
-}
-
-impl Reader {
-    /// Goes on past a row that is bad by itself (bad JSON, a ragged CSV
-    /// row, bytes that are not UTF-8), yielding its error and then the next
-    /// row; an error that spoils what follows still ends the stream.
-    pub fn past_bad_rows(mut self) -> Reader {
-        self.items.go_on();
-        self
-    }
-}
-
-impl Iterator for Reader {
-    type Item = Result<Item, InputError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let order = self.field_order;
-        self.items
-            .next()
-            .map(|r| r.map(|item| item.in_order(order)))
-    }
-}
-
-/// Streams the items like [`Reader`] and fingerprints the bytes as it
-/// reads them. The output pass pairs each line with its result through it,
-/// so that an input edited while the job ran is seen, not silently paired
-/// with another file's results.
-pub struct CheckedReader {
-    items: Items<HashingReader<File>>,
-    path: String,
-    field_order: FieldOrder,
 }
 
 impl CheckedReader {
-    /// Opens `path` to be read as `format`.
+    /// Opens `path` to be read as `format`, fingerprinting its bytes.
     ///
     /// # Errors
     ///
     /// [`InputError::Io`] when the file cannot be opened.
-    pub fn open(path: &Path, format: Format) -> Result<CheckedReader, InputError> {
-        let file = open_file(path)?;
-        Ok(CheckedReader {
-            items: Items::new(HashingReader::new(file), format, display(path)),
-            path: display(path),
-            field_order: FieldOrder::default(),
-        })
-    }
-
-    /// Fingerprints the items as a job of `order` does.
-    pub fn field_order(mut self, order: FieldOrder) -> CheckedReader {
-        self.field_order = order;
-        self
+    pub fn open_checked(path: &Path, format: Format) -> Result<CheckedReader, InputError> {
+        Ok(Reader::over(
+            HashingReader::new(open_file(path)?),
+            format,
+            path,
+        ))
     }
 
     /// The fingerprint of the whole file as read (what [`scan`] gives an
@@ -261,15 +220,31 @@ impl CheckedReader {
     }
 }
 
-impl CheckedReader {
-    /// Like [`Reader::past_bad_rows`].
-    pub fn past_bad_rows(mut self) -> CheckedReader {
+impl<R: Read> Reader<R> {
+    fn over(inner: R, format: Format, path: &Path) -> Reader<R> {
+        Reader {
+            items: Items::new(inner, format, display(path)),
+            path: display(path),
+            field_order: FieldOrder::default(),
+        }
+    }
+
+    /// Fingerprints the items as a job of `order` does.
+    pub fn field_order(mut self, order: FieldOrder) -> Reader<R> {
+        self.field_order = order;
+        self
+    }
+
+    /// Goes on past a row that is bad by itself (bad JSON, a ragged CSV
+    /// row, bytes that are not UTF-8), yielding its error and then the next
+    /// row; an error that spoils what follows still ends the stream.
+    pub fn past_bad_rows(mut self) -> Reader<R> {
         self.items.go_on();
         self
     }
 }
 
-impl Iterator for CheckedReader {
+impl<R: Read> Iterator for Reader<R> {
     type Item = Result<Item, InputError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -323,7 +298,7 @@ pub fn scan_with(
     check: &mut dyn FnMut(&Item) -> Result<(), String>,
     mut skip: Option<&mut dyn FnMut(InputError)>,
 ) -> Result<Scan, InputError> {
-    let mut items = CheckedReader::open(path, format)?.field_order(order);
+    let mut items = CheckedReader::open_checked(path, format)?.field_order(order);
     if skip.is_some() {
         items = items.past_bad_rows();
     }

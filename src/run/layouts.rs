@@ -104,19 +104,26 @@ fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Else
     })
 }
 
-/// Whether the other shards of this count split the input by line (jobs
-/// made before shards followed content): a new shard among them must
-/// split it the same way, or the shards would not partition the input.
-pub(super) fn siblings_split_by_line(settings: &Settings) -> bool {
-    siblings(settings).any(|m| !m.shards_by_content)
+/// How the other shards of this count made their jobs, which a new shard
+/// among them must follow or the shards would not partition the input.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Siblings {
+    /// They split the input by line (jobs made before shards followed
+    /// content).
+    pub split_by_line: bool,
+    /// They fingerprint their items with their fields in file order (jobs
+    /// made before field order was left out): a new shard that splits by
+    /// content must digest as they do.
+    pub keep_field_order: bool,
 }
 
-/// Whether the other shards of this count fingerprint their items with
-/// their fields in file order (jobs made before field order was left
-/// out): a new shard among them that splits by content must digest as
-/// they do, for the same reason.
-pub(super) fn siblings_keep_field_order(settings: &Settings) -> bool {
-    siblings(settings).any(|m| !m.any_field_order)
+/// How the other shards of this count made their jobs, read in one pass
+/// over their checkpoints.
+pub(super) fn siblings_made(settings: &Settings) -> Siblings {
+    siblings(settings).fold(Siblings::default(), |seen, m| Siblings {
+        split_by_line: seen.split_by_line || !m.shards_by_content,
+        keep_field_order: seen.keep_field_order || !m.any_field_order,
+    })
 }
 
 /// The jobs of this input and request in the other shards of this count.

@@ -5,6 +5,7 @@ use anyhow::Context as _;
 
 use super::damage::damaged;
 use super::job::Located;
+use super::layouts::Siblings;
 use super::repeats::{Counter, Repeats};
 use super::start::warn_unknown;
 use crate::checkpoint::{GroupCommit, ItemState, JobItems, JobMeta, Record, Store};
@@ -49,10 +50,14 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     let mut id = id;
     let mut items = store.items(&id).context("opening the checkpoint")?;
-    // A job splits its shards as it was made.
-    let by_line = line_split(settings, old.as_ref());
+    // A job splits its shards as it was made; a new shard as its siblings.
+    let siblings = match (&old, settings.shard, settings.fresh) {
+        (None, Some(_), false) => super::layouts::siblings_made(settings),
+        _ => Siblings::default(),
+    };
+    let by_line = line_split(settings, old.as_ref(), siblings);
     let shard = (settings.shard).map(|s| s.by_content(!by_line));
-    let order = field_order(settings, old.as_ref(), &id);
+    let order = field_order(settings, old.as_ref(), &id, siblings);
     let (mut scan, mut invalid, mut repeats) = scan_input(settings, (shard, order), &items)?;
     if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
         let so = "rows added to the last block would join its batch";
@@ -128,14 +133,14 @@ fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
 /// Whether this run's shard splits its input by line: a job made before
 /// shards followed content, continued (not discarded by `--fresh`, whose
 /// new job splits by content).
-fn line_split(settings: &Settings, old: Option<&JobMeta>) -> bool {
+fn line_split(settings: &Settings, old: Option<&JobMeta>, siblings: Siblings) -> bool {
     if settings.shard.is_none() || settings.fresh {
         return false;
     }
     match old {
         Some(o) => !o.shards_by_content,
         // A new shard beside shards of the job made before: split as they do.
-        None => super::layouts::siblings_split_by_line(settings),
+        None => siblings.split_by_line,
     }
 }
 
@@ -144,7 +149,12 @@ fn line_split(settings: &Settings, old: Option<&JobMeta>) -> bool {
 /// A job the checkpoint lost, as the owner record beside its outputs says;
 /// a new shard, as the other shards of its job do (or they would not
 /// partition the input); a new job (`--fresh` too) leaves field order out.
-fn field_order(settings: &Settings, old: Option<&JobMeta>, id: &str) -> input::FieldOrder {
+fn field_order(
+    settings: &Settings,
+    old: Option<&JobMeta>,
+    id: &str,
+    siblings: Siblings,
+) -> input::FieldOrder {
     if settings.fresh {
         return input::FieldOrder::Ignored;
     }
@@ -154,7 +164,7 @@ fn field_order(settings: &Settings, old: Option<&JobMeta>, id: &str) -> input::F
     if let Some(order) = super::owner::field_order_of(settings, id) {
         return order;
     }
-    if super::layouts::siblings_keep_field_order(settings) {
+    if siblings.keep_field_order {
         return input::FieldOrder::Kept;
     }
     input::FieldOrder::Ignored

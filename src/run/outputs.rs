@@ -132,7 +132,7 @@ fn write_both(
     let mut out = Results::create(settings)?;
     let mut fail = create(&settings.failures)?;
     let mut results = items.results();
-    let mut reader = input::CheckedReader::open(&settings.input, settings.format)?
+    let mut reader = input::CheckedReader::open_checked(&settings.input, settings.format)?
         .field_order(meta.field_order());
     if settings.skip_invalid {
         reader = reader.past_bad_rows();

@@ -6,19 +6,21 @@
 
 mod limits;
 mod places;
+mod request;
 pub mod values;
 
 pub use limits::{
     all_limits, checked_limits, plan_limits, pool_size, PoolSize, GROWN_POOL_CAP, GROWN_POOL_START,
 };
 use places::places;
-pub use places::{piped, shard_checkpoints, state_dir_for};
+pub use places::{piped, recorded_input, shard_checkpoints, state_dir_for};
+pub use request::SIM_KEY;
+use request::{api_key, batch_spec, identity, request_spec, url_source};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{HeaderName, HeaderValue};
 
 use crate::cli::RunArgs;
 use crate::exit::RunError;
@@ -28,15 +30,8 @@ use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::policy::PolicySpec;
 use crate::rate::Limit;
-use crate::request::{Body, RequestSpec, Secret};
-use crate::template::Template;
+use crate::request::RequestSpec;
 use crate::util::{resolved, same_file};
-
-/// The sim's default endpoint: it echoes the item back.
-const SIM_DEFAULT_PATH: &str = "/v1/echo";
-
-/// The key a rehearsal sends to the built-in sim.
-pub const SIM_KEY: &str = "sim-demo-key";
 
 /// What the credit features were asked to do.
 #[derive(Debug, Clone)]
@@ -185,184 +180,6 @@ fn usage(msg: String) -> RunError {
     RunError::Usage(msg)
 }
 
-/// The URL to send to, what of it identifies the job, and whether the body
-/// defaults to the item (the sim's echo endpoint).
-fn url_source(args: &RunArgs, sim_base: Option<&str>) -> Result<(String, String, bool), RunError> {
-    Ok(match (sim_base, &args.url) {
-        (Some(base), None) => (
-            format!("{base}{SIM_DEFAULT_PATH}"),
-            format!("sim:{SIM_DEFAULT_PATH}"),
-            true,
-        ),
-        // A rehearsal never leaves the machine: an absolute URL (given, or
-        // exported as BATCHRUN_URL for the real runs) keeps its path and
-        // query, and its origin becomes the sim's.
-        (Some(base), Some(u)) => {
-            let path = path_of(u);
-            (format!("{base}{path}"), format!("sim:{path}"), false)
-        }
-        (None, Some(u)) => (u.clone(), u.clone(), false),
-        (None, None) => {
-            return Err(usage(
-                "no --url given (nor BATCHRUN_URL); use --sim to rehearse against the built-in sim"
-                    .into(),
-            ))
-        }
-    })
-}
-
-/// The path and query of `url` (a template): all of it when it starts with
-/// `/`, else what follows its `scheme://host[:port]` (`/` when nothing does).
-fn path_of(url: &str) -> String {
-    if url.starts_with('/') {
-        return url.to_string();
-    }
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    match rest.find(['/', '?', '#']) {
-        Some(at) if rest[at..].starts_with('/') => rest[at..].to_string(),
-        Some(at) => format!("/{}", &rest[at..]),
-        None => "/".to_string(),
-    }
-}
-
-/// The key to send. A rehearsal sends the sim's demo key, never the one in
-/// the environment: the sim needs none, and a real key has no business in
-/// a rehearsal's requests.
-fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunError> {
-    if sim {
-        return Ok(Some(Secret::new(SIM_KEY)));
-    }
-    let name = &args.api_key_env;
-    let key = match std::env::var(name) {
-        // Whitespace around it is no part of a key (a server trims it from
-        // the header, and would echo it back trimmed, past the scrubbing).
-        Ok(k) if !k.trim().is_empty() => Secret::new(k.trim()),
-        // Nothing is sent, and the key is shown hidden anyway.
-        _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
-        Ok(_) => {
-            return Err(usage(format!(
-                "no API key: the environment variable {name} is empty"
-            )))
-        }
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(usage(format!(
-                "the API key in {name} is not valid UTF-8, so no header can carry it"
-            )))
-        }
-        Err(std::env::VarError::NotPresent) => {
-            return Err(usage(format!(
-            "no API key: set the environment variable {name} (or name another with --api-key-env)"
-        )))
-        }
-    };
-    HeaderValue::from_str(key.expose()).map_err(|_| {
-        usage(format!(
-            "the API key in {} contains characters a header cannot carry",
-            args.api_key_env
-        ))
-    })?;
-    Ok(Some(key))
-}
-
-/// Builds the request spec from the options.
-fn request_spec(
-    args: &RunArgs,
-    url_src: &str,
-    json_default: bool,
-    key: Option<Secret>,
-) -> Result<RequestSpec, RunError> {
-    let url = Template::parse(url_src).map_err(|e| usage(format!("--url: {e}")))?;
-    let body = if args.json_body || (json_default && args.body.is_none()) {
-        Body::Item
-    } else if let Some(b) = &args.body {
-        Body::Template(Template::parse(b).map_err(|e| usage(format!("--body: {e}")))?)
-    } else {
-        Body::None
-    };
-    let method = match &args.method {
-        Some(m) => reqwest::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-            .map_err(|_| usage(format!("--method {m:?} is not an HTTP method")))?,
-        None if matches!(body, Body::None) => reqwest::Method::GET,
-        None => reqwest::Method::POST,
-    };
-    let mut headers = Vec::new();
-    for (n, v) in &args.headers {
-        let name = HeaderName::from_bytes(n.as_bytes())
-            .map_err(|_| usage(format!("--header: {n:?} is not a header name")))?;
-        let t = Template::parse(v).map_err(|e| usage(format!("--header {n}: {e}")))?;
-        headers.push((name, t));
-    }
-    let key_header = HeaderName::from_bytes(args.api_key_header.as_bytes()).map_err(|_| {
-        usage(format!(
-            "--api-key-header {:?} is not a header name",
-            args.api_key_header
-        ))
-    })?;
-    Ok(RequestSpec {
-        method,
-        url,
-        headers,
-        body,
-        key_header,
-        key,
-    })
-}
-
-/// `--batch` and its options, checked.
-fn batch_spec(args: &RunArgs) -> Result<Option<crate::request::BatchSpec>, RunError> {
-    let Some(size) = args.batch else {
-        return Ok(None);
-    };
-    let pointer = |p: &str, flag: &str| match p.is_empty() || p.starts_with('/') {
-        true => Ok(p.to_string()),
-        false => Err(usage(format!(
-            "{flag} {p:?} is not a JSON pointer (it starts with '/', e.g. /results)"
-        ))),
-    };
-    // Only the default pacer in one process counts a batch as its items:
-    // anywhere else, a batch counted as one call would overrun an API that
-    // counts each item.
-    let fleet = args.redis.as_ref().is_some_and(|u| !u.trim().is_empty());
-    if args.batch_weight == crate::request::BatchWeight::Items
-        && (fleet || args.pacer != crate::pace::PacerKind::Window)
-    {
-        return Err(usage(
-            "--batch-weight items is kept by the default pacer in one process only: drop --pacer and --redis, or count a batch as one call".to_string(),
-        ));
-    }
-    Ok(Some(crate::request::BatchSpec {
-        size: usize::try_from(size).unwrap_or(usize::MAX),
-        body: match &args.batch_body {
-            Some(t) => Some(crate::request::BatchBody::parse(t).map_err(usage)?),
-            None => None,
-        },
-        results: pointer(&args.batch_results, "--batch-results")?,
-        status: match &args.batch_status {
-            Some(p) => Some(pointer(p, "--batch-status")?),
-            None => None,
-        },
-        weight: args.batch_weight,
-    }))
-}
-
-/// The job's identity: what is sent, never the key itself.
-fn identity(args: &RunArgs, spec: &RequestSpec, identity_url: &str) -> String {
-    let mut identity = format!("{} {identity_url}", spec.method);
-    for (n, v) in &args.headers {
-        identity.push_str(&format!("\n{n}: {v}"));
-    }
-    match (&spec.body, &args.body) {
-        (Body::Item, _) => identity.push_str("\nbody: <item as JSON>"),
-        (Body::Template(_), Some(b)) => identity.push_str(&format!("\nbody: {b}")),
-        _ => {}
-    }
-    if let (Some(_), Some(b)) = (args.batch, &args.batch_body) {
-        identity.push_str(&format!("\nbatch body: {b}"));
-    }
-    identity.push_str(&format!("\nkey header: {}", spec.key_header));
-    identity
-}
-
 impl Settings {
     /// `text` with the key's text hidden (`***`): a job record made before
     /// the key was hidden from it still spells it out.
@@ -400,15 +217,7 @@ impl Settings {
         };
         let origin = origin(sim_base.is_some(), &identity_url, &url_src);
         let fleet = fleet_settings(args, &origin, &request)?;
-        let described = identity(args, &request, &identity_url)
-            + &format_note
-                .map(|f| format!("\nformat: {f}"))
-                .unwrap_or_default();
-        // A key spelt out in the URL or a header (`?apikey=`, a Bearer
-        // token) is kept out of what the checkpoint records and shows.
-        let hidden = (request.key.as_ref())
-            .map(|k| k.redact(&described))
-            .filter(|h| *h != described);
+        let (identity, id_basis) = identity(args, &request, &identity_url, format_note);
         let (state_dir, out, failures) = places(args)?;
         Ok(Settings {
             origin,
@@ -418,8 +227,8 @@ impl Settings {
             pool: pool_size(args, concurrency),
             pacer: args.pacer,
             burst: args.burst,
-            identity: hidden.clone().unwrap_or_else(|| described.clone()),
-            id_basis: hidden.map(|_| described),
+            identity,
+            id_basis,
             format,
             input: args.input.clone(),
             out_format: crate::settings::values::OutFormat::for_out(args.out_format, &out),

@@ -111,6 +111,19 @@ pub fn piped(input: &Path) -> bool {
     input == Path::new("-") || special(input)
 }
 
+/// The input as its jobs record it, for `status` and `report`, which read
+/// no input: none for a pipe (`-`, `<(cmd)`), whose jobs are found by its
+/// state dir alone; else [`crate::util::recorded_path`].
+pub fn recorded_input(input: &Path) -> anyhow::Result<Option<String>> {
+    use anyhow::Context as _;
+    if piped(input) {
+        return Ok(None);
+    }
+    let path = crate::util::recorded_path(input)
+        .with_context(|| format!("{}: cannot read", input.display()))?;
+    Ok(Some(path.to_string_lossy().into_owned()))
+}
+
 /// The state dir of the same file under another name: a link of another
 /// name to it, or the name it had before a rename (a state dir whose input
 /// is gone and which holds a job of this content; the newest such). The job inside is then found by content

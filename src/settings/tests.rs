@@ -1,4 +1,5 @@
 use super::*;
+use crate::request::Secret;
 
 fn run_args(args: &[&str]) -> RunArgs {
     let argv = ["batchrun"]
@@ -191,14 +192,14 @@ fn shapes_are_refused_where_they_cannot_be_kept() {
 
 #[test]
 fn a_rehearsal_keeps_only_the_path_and_query_of_an_absolute_url() {
-    assert_eq!(path_of("/v1/echo?n={n}"), "/v1/echo?n={n}");
+    assert_eq!(request::path_of("/v1/echo?n={n}"), "/v1/echo?n={n}");
     assert_eq!(
-        path_of("https://api.example.com:8443/v1/x?n={n}"),
+        request::path_of("https://api.example.com:8443/v1/x?n={n}"),
         "/v1/x?n={n}"
     );
-    assert_eq!(path_of("https://api.example.com?n={n}"), "/?n={n}");
-    assert_eq!(path_of("https://api.example.com"), "/");
-    assert_eq!(path_of("api.example.com/v1/x"), "/v1/x");
+    assert_eq!(request::path_of("https://api.example.com?n={n}"), "/?n={n}");
+    assert_eq!(request::path_of("https://api.example.com"), "/");
+    assert_eq!(request::path_of("api.example.com/v1/x"), "/v1/x");
 }
 
 proptest::proptest! {
@@ -208,7 +209,7 @@ proptest::proptest! {
     fn a_rehearsal_url_never_names_another_host(
         u in "((https?|ftp)://)?[a-z0-9@:./\\[\\]]{0,16}([/?#][ -~]{0,24})?|.*"
     ) {
-        let path = path_of(&u);
+        let path = request::path_of(&u);
         proptest::prop_assert!(path.starts_with('/'), "{path:?}");
     }
 }
