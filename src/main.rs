@@ -82,7 +82,7 @@ fn report(args: &batchrun::cli::ReportArgs) -> anyhow::Result<String> {
         .shard
         .map_or_else(|| base.clone(), |s| base.join(s.tag()));
     let shards = settings::shard_checkpoints(&base);
-    if args.shard.is_none() && !base.join("checkpoint").exists() && !shards.is_empty() {
+    if args.shard.is_none() && !batchrun::checkpoint::held(&base) && !shards.is_empty() {
         let each: Vec<String> = shards.iter().map(|(s, _)| s.to_string()).collect();
         anyhow::bail!(
             "{} ran in shards ({}), each with a checkpoint of its own: name one with --shard I/N",

@@ -62,7 +62,7 @@ pub fn plans_table() -> String {
 /// (`shard-I-of-N/`), in shard order.
 fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
     let mut out = Vec::new();
-    if dir.join("checkpoint").exists() {
+    if crate::checkpoint::held(dir) {
         out.push((None, dir.to_path_buf()));
     }
     let shards = crate::settings::shard_checkpoints(dir);
@@ -82,7 +82,7 @@ fn checkpoints(dir: &Path) -> Vec<(Option<Shard>, PathBuf)> {
         .collect();
     others.sort();
     for p in others {
-        if p.join("checkpoint").exists() {
+        if crate::checkpoint::held(&p) {
             out.push((None, p.clone()));
         }
         let shards = crate::settings::shard_checkpoints(&p);

@@ -362,6 +362,14 @@ fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, CheckpointError> {
     serde_json::to_vec(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
 
+/// Whether `dir` (a state dir) holds a checkpoint sled ever wrote: its
+/// database file, not merely the folder, which opening a store makes. What
+/// only reads (`status`, `report`, a new job looking at other layouts)
+/// tests this first, so that it leaves no store behind where none was.
+pub fn held(dir: &Path) -> bool {
+    std::fs::metadata(dir.join("checkpoint").join("db")).is_ok_and(|m| m.len() > 0)
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Store, CheckpointError> {

@@ -38,7 +38,7 @@ pub fn default_path(input: &Path, shard: Option<crate::fleet::Shard>, format: Fo
 /// dir holds only its own jobs) in `state_dir` that ran last.
 fn latest_job(state_dir: &Path, input: Option<&str>) -> anyhow::Result<JobMeta> {
     // Opening a store makes one: a report must leave no state behind.
-    if !state_dir.join("checkpoint").exists() {
+    if !crate::checkpoint::held(state_dir) {
         anyhow::bail!(
             "no checkpoint in {} (was the job run with another --state-dir?)",
             state_dir.display()
@@ -108,6 +108,14 @@ pub fn write(
             out.display()
         );
     }
+    // Anything else already there (a joblog, a CSV, notes) is the user's:
+    // only a report, or nothing, is replaced.
+    if !replaceable(out) {
+        anyhow::bail!(
+            "{} exists and is not a report: the report would replace it; name another with -o, or remove it first",
+            out.display()
+        );
+    }
     let tl = timeline::path(state_dir, &meta.id);
     let secs = match timeline::read(&tl) {
         Ok(s) => s,
@@ -127,6 +135,22 @@ pub fn write(
         meta.runs.len(),
         out.display()
     ))
+}
+
+/// Whether writing the report to `out` loses nothing: it names no file, an
+/// empty one, or an earlier report (HTML or SVG, as this module writes
+/// them).
+fn replaceable(out: &Path) -> bool {
+    use std::io::Read as _;
+    let Ok(file) = std::fs::File::open(out) else {
+        // Nothing there, or not a file this could read: the write says.
+        return true;
+    };
+    let mut head = Vec::with_capacity(16);
+    if file.take(16).read_to_end(&mut head).is_err() {
+        return true;
+    }
+    head.is_empty() || head.starts_with(b"<!DOCTYPE html>") || head.starts_with(b"<svg ")
 }
 
 /// Whether `out` is an output a run wrote: it has an owner record beside

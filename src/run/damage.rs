@@ -81,7 +81,7 @@ fn unusable(dir: &Path, io: &std::io::Error, what: &str) -> anyhow::Error {
     // Its open may have made the directories and empty files before the
     // first write failed: a checkpoint that ever held anything has a
     // non-empty database file.
-    let held = std::fs::metadata(dir.join("checkpoint").join("db")).is_ok_and(|m| m.len() > 0);
+    let held = crate::checkpoint::held(dir);
     let (state, way_on) = match held {
         true => (
             "this is no sign of damage to the checkpoint in it",

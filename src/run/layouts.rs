@@ -64,7 +64,7 @@ fn other_layouts(settings: &Settings) -> Vec<(Option<Shard>, PathBuf)> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    if settings.shard.is_some() && base.join("checkpoint").exists() {
+    if settings.shard.is_some() && crate::checkpoint::held(&base) {
         out.push((None, base.clone()));
     }
     // Shards of the same count are parts of this layout.

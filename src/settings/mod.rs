@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::fleet::{FleetKeys, FleetSettings, Shard};

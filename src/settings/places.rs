@@ -19,7 +19,7 @@ pub fn shard_checkpoints(base: &Path) -> Vec<(Shard, PathBuf)> {
         .filter_map(|e| {
             let shard = Shard::from_tag(&e.file_name().to_string_lossy())?;
             let p = e.path();
-            p.join("checkpoint").exists().then_some((shard, p))
+            crate::checkpoint::held(&p).then_some((shard, p))
         })
         .collect();
     shards.sort_by_key(|(s, _)| (s.count, s.index));

@@ -62,6 +62,28 @@ fn class_count(svg: &str, class: &str) -> usize {
     svg.matches(&format!("class=\"{class}\"")).count()
 }
 
+/// The report's charts (pacing, latency, credits), checked to be one
+/// well-formed page that fetches nothing.
+fn self_contained_charts(html: &str) -> Vec<&str> {
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert_eq!(html.matches("<html").count(), 1);
+    assert_eq!(html.matches("</html>").count(), 1);
+    // Nothing to fetch: the only URLs are the SVG namespace.
+    let namespaces = html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count();
+    assert_eq!(html.matches("http").count(), namespaces);
+    assert!(!html.contains("src="));
+    let body = html
+        .trim_start_matches("<!DOCTYPE html>")
+        .replace("<meta charset=\"utf-8\">", "");
+    well_formed(&body).expect("the page is well-formed");
+    let charts = svgs(html);
+    assert_eq!(charts.len(), 3, "pacing, latency, credits");
+    for svg in &charts {
+        assert!(well_formed(svg).unwrap() > 10);
+    }
+    charts
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pause() {
     let s = Scenario::new("report-html")
@@ -126,22 +148,7 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
         .into_owned();
     let path = s.input_path().with_file_name(format!("{stem}.report.html"));
     let html = std::fs::read_to_string(&path).expect("the report beside the input");
-    assert!(html.starts_with("<!DOCTYPE html>"));
-    assert_eq!(html.matches("<html").count(), 1);
-    assert_eq!(html.matches("</html>").count(), 1);
-    // Nothing to fetch: the only URLs are the SVG namespace.
-    let namespaces = html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count();
-    assert_eq!(html.matches("http").count(), namespaces);
-    assert!(!html.contains("src="));
-    let body = html
-        .trim_start_matches("<!DOCTYPE html>")
-        .replace("<meta charset=\"utf-8\">", "");
-    well_formed(&body).expect("the page is well-formed");
-    let charts = svgs(&html);
-    assert_eq!(charts.len(), 3, "pacing, latency, credits");
-    for svg in &charts {
-        assert!(well_formed(svg).unwrap() > 10);
-    }
+    let charts = self_contained_charts(&html);
 
     // Against the timeline the run kept: one point per second, one band
     // per pause, one marker per second that got a 429.
@@ -187,6 +194,28 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
     well_formed(&svg).expect("the SVG is well-formed");
     assert_eq!(class_count(&svg, SECOND_CLASS), secs.len());
 
+    refuses_to_replace_what_is_not_a_report(&s, &svg_path);
+}
+
+/// `report -o` replaces an earlier report and nothing else: not a joblog,
+/// nor the checkpoint's files, nor the results.
+fn refuses_to_replace_what_is_not_a_report(s: &Scenario, svg_path: &std::path::Path) {
+    // An earlier report is replaced; a file that is not one (a joblog) is
+    // refused, and left as it was.
+    let again = bin()
+        .arg("report")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .args(["--format", "svg", "-o"])
+        .arg(svg_path)
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{again:?}");
+    let joblog = s.dir().path().join("calls.joblog");
+    std::fs::write(&joblog, "Line\tStarttime\tJobRuntime\n1\t1700000000\t0.1\n").unwrap();
+    let kept = std::fs::read(&joblog).unwrap();
+
     // Never onto the checkpoint (by path, or a hard link of one of its
     // files) nor onto the results: each is refused and left as it was.
     let refused = |o: &std::path::Path, says: &str| {
@@ -203,6 +232,8 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.contains(says), "{err}");
     };
+    refused(&joblog, "exists and is not a report");
+    assert_eq!(std::fs::read(&joblog).unwrap(), kept);
     refused(
         &s.state_dir().join("checkpoint").join("new.html"),
         "inside the checkpoint",
@@ -246,6 +277,25 @@ fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no checkpoint in /nonexistent/"));
+    // A state dir with an empty checkpoint folder (a first open killed
+    // before it wrote): looking at it writes no store into it.
+    let empty = s.state_dir().join("checkpoint");
+    std::fs::create_dir_all(&empty).unwrap();
+    for cmd in ["report", "status"] {
+        let out = bin()
+            .arg(cmd)
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no checkpoint in"), "{cmd}: {err}");
+        let left: Vec<_> = std::fs::read_dir(&empty).unwrap().collect();
+        assert!(left.is_empty(), "{cmd} left {left:?}");
+    }
+    std::fs::remove_dir_all(s.state_dir()).unwrap();
     // `-o` naming the input is refused, and the items stay as they were.
     let items = std::fs::read(s.input_path()).unwrap();
     let onto = bin()

@@ -767,9 +767,12 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     let stats = s.sim().stats().await;
     assert_side_effects(&stats, 10);
     assert_eq!(stats["idempotent_replays"], 10, "{stats}");
+}
 
-    // Killed while its batches are retried (each answer lost), then run in
-    // batches of another size: refused; as before: the old keys.
+/// Killed while its batches are retried (each answer lost), then run in
+/// batches of another size: refused; as before: the old keys.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_size_changed_after_a_kill_is_refused_and_the_old_keys_go_again() {
     let s = Scenario::new("rerun-batch-killed")
         .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "2"])
         .numbers(10);
@@ -804,9 +807,12 @@ async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
     let r = s.run(&[&first[..], &["--max-attempts", "1"]].concat());
     assert_ne!(r.code, 2, "{}", r.stderr);
     assert_side_effects(&s.sim().stats().await, 10);
+}
 
-    // Rows appended while the last block's batch is of unknown outcome
-    // would join it under another key: refused until it settles.
+/// Rows appended while the last block's batch is of unknown outcome would
+/// join it under another key: refused until it settles.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_appended_to_a_batch_of_unknown_outcome_are_refused() {
     let s = Scenario::new("rerun-batch-grown")
         .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "3"])
         .numbers(7);
