@@ -350,9 +350,20 @@ pub fn for_limit(
         learn_shape: true,
         start: false,
         last_used: &[],
+        recent_sends: &[],
     };
     let learnt = learnt.map(Learnt::from);
     for_limits(kind, limit, p, burst, learnt, last_active, now_unix)
+}
+
+/// The calls `recent` (unix second, calls sent in it) holds within `window`
+/// of `now_unix`, the second the window's start falls in counted whole.
+fn sent_within(recent: &[(u64, u32)], now_unix: Duration, window: Duration) -> u64 {
+    let from = now_unix.saturating_sub(window).as_secs();
+    (recent.iter())
+        .filter(|(t, _)| *t >= from)
+        .map(|(_, n)| u64::from(*n))
+        .sum()
 }
 
 /// [`for_limit`] with the `policies` every call must keep (`--limit`,
@@ -396,7 +407,8 @@ pub fn for_limits(
             let ago = now_unix.saturating_sub(last_active);
             if !last_active.is_zero() {
                 if let Some(at) = crate::rate::exact::later(now, STAMP_MARGIN).checked_sub(ago) {
-                    set.resume_use(policies.last_used, at);
+                    let sent_within = |w: Duration| sent_within(policies.recent_sends, now_unix, w);
+                    set.resume_use(policies.last_used, &sent_within, at);
                 }
             }
             let policies = policies.specs;
@@ -612,6 +624,7 @@ mod tests {
                 learn_shape: true,
                 start: true,
                 last_used: &[],
+                recent_sends: &[],
             };
             for_limits(PacerKind::Window, limit, p, None, None, Duration::ZERO, NOW)
                 .unwrap()
@@ -689,6 +702,7 @@ mod tests {
                 learn_shape: true,
                 start: false,
                 last_used: &last_used,
+                recent_sends: &[],
             };
             let limit = Limit::Rate(specs[0].rate().unwrap());
             for_limits(PacerKind::Window, limit, p, None, None, last, NOW)
@@ -711,6 +725,49 @@ mod tests {
         assert_eq!(at[0], Duration::from_secs(3));
         assert!(at[49] < Duration::from_secs(4), "{at:?}");
         assert_eq!(at[50], Duration::from_secs(22));
+    }
+
+    /// A policy added (or changed) since the last run has no record of
+    /// its use: a resume counts the calls the job's timeline shows sent
+    /// within its window, and none sent before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_counts_the_timelines_calls_in_a_policy_with_no_record() {
+        let specs: Vec<PolicySpec> = ["60/20s", "50/1s"].map(|s| s.parse().unwrap()).to_vec();
+        let last = NOW - Duration::from_secs(1);
+        let now_s = NOW.as_secs();
+        let resumed = |recent: &[(u64, u32)]| {
+            let p = Policies {
+                specs: &specs,
+                wait_for_quota: false,
+                learn_shape: true,
+                start: false,
+                last_used: &[],
+                recent_sends: recent,
+            };
+            let limit = Limit::Rate(specs[0].rate().unwrap());
+            for_limits(PacerKind::Window, limit, p, None, None, last, NOW)
+                .unwrap()
+                .0
+        };
+        // Sixty sent 10 s ago: the 20 s window is full until 20 s after
+        // their answers (3 s after the last stamp, its margin).
+        let p = resumed(&[(now_s - 30, 60), (now_s - 10, 40), (now_s - 9, 20)]);
+        let t0 = Instant::now();
+        call(p.as_ref()).await;
+        assert_eq!(Instant::now() - t0, Duration::from_secs(22));
+        // Sent 30 s ago: outside both windows, the resume goes as with none.
+        let times = |p: Arc<dyn Pacer>| async move {
+            let t0 = Instant::now();
+            let mut at = Vec::new();
+            for _ in 0..61 {
+                call(p.as_ref()).await;
+                at.push(Instant::now() - t0);
+            }
+            at
+        };
+        let old = times(resumed(&[(now_s - 30, 60)])).await;
+        assert_eq!(old, times(resumed(&[])).await);
+        assert!(old[59] < Duration::from_secs(20), "{old:?}");
     }
 
     #[tokio::test(start_paused = true)]

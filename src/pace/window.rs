@@ -71,6 +71,10 @@ pub struct Policies<'a> {
     /// What each told policy held at the last save of the job's last run
     /// (by name): counted again on a resume ([`PolicySet::resume_use`]).
     pub last_used: &'a [(String, u64)],
+    /// The calls the job's timeline shows sent in each of its last seconds
+    /// (unix second, calls), oldest first: a told policy of calls with no
+    /// record in `last_used` counts those within its window on a resume.
+    pub recent_sends: &'a [(u64, u32)],
 }
 
 /// The set of `p`'s policies (the primary one first, of rate `r`): its
@@ -353,6 +357,7 @@ mod tests {
             learn_shape: true,
             start: false,
             last_used: &[],
+            recent_sends: &[],
         };
         let r = spec.rate().unwrap();
         let p = WindowPacer::of(policy_set(policies, r, None, now_std()));

@@ -210,6 +210,48 @@ pub fn read(path: &Path) -> std::io::Result<Vec<Second>> {
     Ok(out)
 }
 
+/// The calls sent in each recorded second from `since` (unix seconds) on,
+/// oldest first, read from the end of the file: a resume counts them in a
+/// policy the last run kept no record of, and a week-long timeline is not
+/// read whole for it. A missing timeline holds none.
+pub fn sent_since(path: &Path, since: u64) -> std::io::Result<Vec<(u64, u32)>> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = match File::open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other?,
+    };
+    let mut magic = [0u8; MAGIC.len()];
+    if file.read_exact(&mut magic).is_err() || &magic != MAGIC {
+        return Ok(Vec::new());
+    }
+    // A torn last record (a kill mid-write) is left out.
+    let records = (file.metadata()?.len().saturating_sub(MAGIC.len() as u64)) / RECORD as u64;
+    const BLOCK: u64 = 1024;
+    let mut out = Vec::new();
+    let mut end = records;
+    'blocks: while end > 0 {
+        let start = end.saturating_sub(BLOCK);
+        file.seek(SeekFrom::Start(MAGIC.len() as u64 + start * RECORD as u64))?;
+        let mut bytes = vec![0u8; ((end - start) as usize) * RECORD];
+        file.read_exact(&mut bytes)?;
+        for c in bytes.rchunks_exact(RECORD) {
+            let c: &[u8; RECORD] = c.try_into().unwrap_or(&[0; RECORD]);
+            // A record naming a policy, not a second.
+            if c[0..4] == [0; 4] {
+                continue;
+            }
+            let (s, _) = Second::decode(c);
+            if s.t < since {
+                break 'blocks;
+            }
+            out.push((s.t, s.sent));
+        }
+        end = start;
+    }
+    out.reverse();
+    Ok(out)
+}
+
 /// What a tick of the recording loop shows the timeline besides the events.
 #[derive(Debug, Clone, Default)]
 pub struct Moment {
@@ -553,6 +595,57 @@ mod tests {
             (Second { sent: 65_535, ..s }, shares),
             "counts saturate"
         );
+    }
+
+    /// Read from the end, block by block, past the records naming
+    /// policies: the same seconds as the whole file read, from `since` on.
+    #[test]
+    fn the_calls_sent_since_a_second_read_from_the_end_agree_with_the_whole_file() {
+        let p = tmp("since");
+        let mut tl = Timeline::open(&p, None, 1000).unwrap();
+        for t in 1000..3500u64 {
+            for _ in 0..t % 4 {
+                tl.sent(t).unwrap();
+            }
+            if t % 700 == 0 {
+                // A policy shown anew writes a record naming it.
+                let m = Moment {
+                    policies: vec![crate::rate::Occupancy {
+                        policy: format!("{t}/1h"),
+                        limit: 10,
+                        used: 1,
+                    }],
+                    ..Moment::default()
+                };
+                tl.tick(m, t).unwrap();
+            }
+        }
+        tl.end(Moment::default(), 3500).unwrap();
+        drop(tl);
+        // A torn last record, as a kill mid-write leaves.
+        let len = std::fs::metadata(&p).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(len - 20)
+            .unwrap();
+        let whole = read(&p).unwrap();
+        for since in [0, 1000, 1001, 2300, 2450, 3498, 3499, 4000] {
+            let want: Vec<(u64, u32)> = (whole.iter())
+                .filter(|s| s.t >= since)
+                .map(|s| (s.t, s.sent))
+                .collect();
+            assert_eq!(sent_since(&p, since).unwrap(), want, "since {since}");
+        }
+        // 3500's record was torn.
+        let tail = sent_since(&p, 3000).unwrap();
+        assert_eq!(
+            (tail[0].0, tail[tail.len() - 1].0, tail.len()),
+            (3000, 3499, 500)
+        );
+        assert_eq!(tail[1], (3001, 1));
+        assert_eq!(sent_since(&tmp("none"), 0).unwrap(), []);
     }
 
     #[test]

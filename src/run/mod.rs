@@ -287,6 +287,27 @@ impl Shared {
     }
 }
 
+/// The calls the job's timeline shows sent within its longest told window
+/// of calls, for a resume to count in a policy the last run kept no record
+/// of ([`pace::Policies::recent_sends`]). None where a call counts as its
+/// items (`--batch-weight items`): the timeline counts calls.
+fn recent_sends(settings: &Settings, meta: &JobMeta) -> Vec<(u64, u32)> {
+    let by_items =
+        (settings.batch.as_ref()).is_some_and(|b| b.weight == crate::request::BatchWeight::Items);
+    let longest = (settings.policies.iter())
+        .filter(|p| p.unit == crate::rate::policy::Unit::Calls)
+        .filter_map(|p| p.rate())
+        .map(|r| r.period)
+        .max();
+    let (Some(longest), false) = (longest, by_items) else {
+        return Vec::new();
+    };
+    let since = crate::util::unix_now().saturating_sub(longest).as_secs();
+    let path = crate::report::timeline::path(&settings.state_dir, &meta.id);
+    // Unreadable: the last run's own record of its use still counts.
+    crate::report::timeline::sent_since(&path, since).unwrap_or_default()
+}
+
 /// The pacer, and the pause of a 429 without a usable Retry-After.
 type Paced = (Arc<dyn Pacer>, Duration);
 
@@ -320,6 +341,7 @@ fn build_pacer(
             settings.pacer,
             settings.limit,
             pace::Policies {
+                recent_sends: &recent_sends(settings, meta),
                 specs: &settings.policies,
                 wait_for_quota: settings.wait_for_quota,
                 learn_shape: !settings

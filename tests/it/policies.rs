@@ -107,6 +107,24 @@ async fn a_resume_counts_the_last_runs_calls_in_every_window() {
     assert_each_item_once(&s.out_path(), 25);
 }
 
+/// A limit added on the rerun (the user learnt of the API's 20/8s after
+/// the first run filled it): the rerun counts the calls the job's timeline
+/// shows sent within that window, and is not refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_added_on_a_resume_counts_the_calls_already_sent_within_it() {
+    let sim = ["--limit", "50/1s", "--limit", "20/8s", "--cooldown", "1s"];
+    let s = Scenario::new("resume-added").with_sim(&sim).numbers(25);
+    let first = ["--limit", "50/1s,sliding"];
+    let r = s
+        .signal_when(&first, |st| st["side_effects"] == 20, libc::SIGINT)
+        .await;
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    let r = s.run(&["--limit", "50/1s,sliding", "--limit", "20/8s,sliding"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 25);
+}
+
 /// Items with a prompt and a `max_tokens`, of varied sizes.
 fn prompts(n: u64) -> String {
     (1..=n)

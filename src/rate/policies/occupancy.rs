@@ -1,10 +1,11 @@
 //! How full each policy of a set is: read by the run's observers (the
 //! timeline, the metrics), never by the decisions.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::PolicySet;
-use crate::rate::{Occupancy, Rate};
+use crate::rate::policy::{Shape, Unit};
+use crate::rate::{Limit, Occupancy, Rate};
 
 /// At most this many policies are shown: the timeline keeps four.
 pub const SHOWN: usize = 4;
@@ -55,9 +56,17 @@ impl PolicySet {
     /// Counts `used` (what each configured policy held when a run of the
     /// job before this one was last saved, by the names [`Self::occupancy`]
     /// gives) as answered at `answered`: a resume within a long window
-    /// does not send that window's quota again. Buckets are left out:
-    /// they start as they would for a new run.
-    pub fn resume_use(&mut self, used: &[(String, u64)], answered: Instant) {
+    /// does not send that window's quota again. A policy of calls with no
+    /// record there (added or changed since, or empty then) counts
+    /// `sent_within` its window instead: the calls the job's timeline shows
+    /// sent in it. Buckets are left out: they start as they would for a
+    /// new run.
+    pub fn resume_use(
+        &mut self,
+        used: &[(String, u64)],
+        sent_within: &dyn Fn(Duration) -> u64,
+        answered: Instant,
+    ) {
         let (windows, kept) = self.configured;
         let held = |name: &str| used.iter().find(|(n, _)| n == name).map(|&(_, u)| u);
         for w in self.windows.iter_mut().take(windows) {
@@ -66,15 +75,21 @@ impl PolicySet {
                 period: w.window(),
             }
             .to_string();
-            for _ in 0..held(&name).unwrap_or(0).min(w.limit()) {
+            let units = held(&name).unwrap_or_else(|| sent_within(w.window()));
+            for _ in 0..units.min(w.limit()) {
                 w.admit_answered(answered);
             }
         }
         for k in self.kept.iter_mut().take(kept) {
-            let bucket = matches!(k.spec().shape, crate::rate::policy::Shape::Bucket { .. });
-            if let Some(units) = held(&k.spec().to_string()).filter(|_| !bucket) {
-                k.admit_answered(answered, units);
+            let spec = k.spec();
+            if matches!(spec.shape, Shape::Bucket { .. }) {
+                continue;
             }
+            let timeline = match (spec.unit, spec.limit) {
+                (Unit::Calls, Limit::Rate(r)) => sent_within(r.period),
+                _ => 0,
+            };
+            k.admit_answered(answered, held(&spec.to_string()).unwrap_or(timeline));
         }
     }
 }
