@@ -100,6 +100,11 @@ impl CallStats {
         self.counts.clone()
     }
 
+    /// Calls that came to an outcome: a status, or a failure to get one.
+    pub fn answered(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
     /// The latency below which a fraction `q` (0..=1) of the calls came
     /// back, in milliseconds rounded to 0.1; None when no call was timed.
     pub fn percentile_ms(&self, q: f64) -> Option<f64> {

@@ -222,7 +222,10 @@ pub async fn finish(
         Some(Halt::Interrupted(sig)) => sig.exit_code(),
         _ => exit::for_state(state, counts.failed),
     };
-    close_record(&e, &mut meta, state, &halt_reason);
+    // Calls still out when the run stopped (its grace ran out, a second
+    // Ctrl-C, a halt) got no outcome.
+    let unanswered = Stats::get(&e.stats.requests).saturating_sub(calls.answered());
+    close_record(&e, &mut meta, (state, unanswered), &halt_reason);
     close_run(&e, &mut meta, state, exit_code);
     let written = write(&e, &meta, &halt, counts.done);
     match written {
@@ -270,16 +273,24 @@ async fn raise(e: &Ending<'_>, meter: &mut CreditMeter, a: &Alert) {
 }
 
 /// The job record says how the run ended, what the calls cost and counted.
-fn close_record(e: &Ending<'_>, meta: &mut JobMeta, state: RunState, why: &Option<String>) {
+fn close_record(
+    e: &Ending<'_>,
+    meta: &mut JobMeta,
+    (state, unanswered): (RunState, u64),
+    why: &Option<String>,
+) {
     if let Some(c) = e.ledger.measured_cost() {
         meta.cost_per_item = Some(c);
     }
     meta.requests += Stats::get(&e.stats.requests);
     meta.rate_limited += Stats::get(&e.stats.rate_limited);
     // Every item finished: whatever a killed run had in flight has its
-    // verdict.
+    // verdict. Else calls this run abandoned may have run, as a killed
+    // run's may: a changed request must not send them under other keys.
     if meta.done + meta.failed >= meta.total {
         meta.unsettled = false;
+    } else if unanswered > 0 {
+        meta.unsettled = true;
     }
     meta.retries += Stats::get(&e.stats.retries);
     meta.halt_reason = why.clone();
@@ -423,9 +434,8 @@ fn summary(
             // nothing back: counted as such, so the counts add up.
             let mut counts = calls.status_counts();
             let requests = Stats::get(&e.stats.requests);
-            let answered: u64 = counts.values().sum();
-            if requests > answered {
-                counts.insert("no_answer".into(), requests - answered);
+            if requests > calls.answered() {
+                counts.insert("no_answer".into(), requests - calls.answered());
             }
             counts
         },

@@ -30,6 +30,12 @@ pub(super) struct Opened {
 pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let store = Store::open(&settings.state_dir).map_err(|e| damaged(&settings.state_dir, e))?;
     let located = locate(&store, settings)?;
+    // `--fresh` and `--keep-done` change the checkpoint before the scan
+    // below: every line is checked first, so that a typo in the new
+    // request, or a bad row, fails (exit 2) with the job as it was.
+    if settings.fresh || settings.keep_done {
+        scan_input(settings, (None, input::FieldOrder::default()), None)?;
+    }
     let (id, superseded) = changed_request(&store, settings, &located)?;
     super::owner::check_owners(settings, &id, &superseded)?;
     // A job the checkpoint does not know (lost, or moved aside as damaged)
@@ -45,11 +51,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         Some(_) => super::outputs::Recovered::default(),
     };
     let mut epoch = old.as_ref().map_or(recovered.epoch, |o| o.epoch);
-    if settings.fresh {
-        epoch = fresh(&store, &id, old.as_ref(), epoch)?;
-    }
     let mut id = id;
-    let mut items = store.items(&id).context("opening the checkpoint")?;
     // A job splits its shards as it was made; a new shard as its siblings.
     let siblings = match (&old, settings.shard, settings.fresh) {
         (None, Some(_), false) => super::layouts::siblings_made(settings),
@@ -58,7 +60,11 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     let by_line = line_split(settings, old.as_ref(), siblings);
     let shard = (settings.shard).map(|s| s.by_content(!by_line));
     let order = field_order(settings, old.as_ref(), &id, siblings);
-    let (mut scan, mut invalid, mut repeats) = scan_input(settings, (shard, order), &items)?;
+    if settings.fresh {
+        epoch = fresh(&store, &id, old.as_ref(), epoch)?;
+    }
+    let mut items = store.items(&id).context("opening the checkpoint")?;
+    let (mut scan, mut invalid, mut repeats) = scan_input(settings, (shard, order), Some(&items))?;
     if let Some(old) = old.as_ref().filter(|o| grown(settings, o, &scan)) {
         let so = "rows added to the last block would join its batch";
         check_moved_batches(settings, &items, old, ("grew", so))?;
@@ -69,7 +75,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
-        (scan, invalid, repeats) = scan_input(settings, (shard, order), &items)?;
+        (scan, invalid, repeats) = scan_input(settings, (shard, order), Some(&items))?;
     }
     items.reserve_lines(scan.last_line);
     let mut meta = super::job::open(&store, settings, &scan, (&id, epoch, order), located.window)?;
@@ -255,7 +261,7 @@ fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Resu
     // recorded the new batching would let a later --retry-failed by.
     let why = match may_have_run(items, meta)? {
         (0, false) => return Ok(()),
-        (0, true) => "a run of this job was killed: the calls it had in flight".to_string(),
+        (0, true) => "a run of this job was killed, or stopped before its calls in flight came back: those calls".to_string(),
         (n, _) => format!("{n} item(s) failed with their outcome unknown: their calls"),
     };
     let way = |b: &Option<String>| match b {
@@ -295,7 +301,7 @@ fn check_moved_batches(
     }
     let why = match may_have_run(items, old)? {
         (0, false) => return Ok(()),
-        (0, true) => "a run was killed".to_string(),
+        (0, true) => "a run was killed, or stopped with calls in flight".to_string(),
         (n, _) => format!("{n} item(s) of unknown outcome"),
     };
     Err(RunError::Usage(format!(
@@ -377,9 +383,10 @@ fn changed_request(
     let pending = old.total.saturating_sub(old.done + old.failed);
     if super::job::unsettled(old) && !settings.fresh {
         return Err(RunError::Usage(format!(
-            "the request changed since job {} on {}, whose run was killed with items pending: \
-             calls it had in flight may have run under the earlier request's keys, and the new \
-             request would send them again under its own. Nothing was sent. Run the earlier \
+            "the request changed since job {} on {}, whose run was killed with items pending (or \
+             stopped before its calls in flight came back): those calls may have run under the \
+             earlier request's keys, and the new request would send them again under its own. \
+             Nothing was sent. Run the earlier \
              command once more to settle them (the API replays what ran), then change the \
              request; or use --fresh to send every item again",
             old.id,
@@ -441,12 +448,13 @@ type Invalid = Vec<(u64, String)>;
 fn scan_input(
     settings: &Settings,
     (shard, order): (Option<crate::fleet::Shard>, input::FieldOrder),
-    items: &JobItems,
+    items: Option<&JobItems>,
 ) -> Result<(input::Scan, Invalid, Counter), RunError> {
     let spec = &settings.request;
     let len = std::fs::metadata(&settings.input).map_or(0, |m| m.len());
     let repeats = std::cell::RefCell::new(Repeats::sized(len));
-    let states = items.states();
+    // None: every line is to be sent, and rendered here.
+    let states = items.map(JobItems::states);
     let retry_failed = settings.retry_failed;
     let in_shard = std::cell::Cell::new(0u64);
     let ours = |line: u64, digest: Option<u64>| shard.map_or(true, |s| s.takes(line, digest));
@@ -465,7 +473,7 @@ fn scan_input(
     let check = &mut |item: &input::Item| {
         let digest = item.digest();
         repeats.borrow_mut().see(digest);
-        let checked = match states.state(item.line) {
+        let checked = match states.as_ref().and_then(|s| s.state(item.line)) {
             Some(ItemState::Done) => Ok(()),
             Some(ItemState::Failed) if !retry_failed => Ok(()),
             _ => spec.render(item).map(|_| ()),

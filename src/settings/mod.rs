@@ -386,7 +386,7 @@ fn check_joblog(
             )));
         }
     }
-    if crate::util::within(state_dir, joblog) {
+    if places::of_the_state(state_dir, joblog) {
         return Err(usage(format!(
             "--joblog {} is inside the checkpoint ({}): a line per call would damage it",
             joblog.display(),

@@ -33,7 +33,7 @@ pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunE
     let base = state_dir_for(&args.input, args.state_dir.as_deref());
     let (state_dir, out_suffix) = match args.shard {
         Some(s) => (base.join(s.tag()), format!("{}.", s.tag())),
-        None => (base, String::new()),
+        None => (base.clone(), String::new()),
     };
     let out = args
         .out
@@ -44,10 +44,35 @@ pub(super) fn places(args: &RunArgs) -> Result<(PathBuf, PathBuf, PathBuf), RunE
         .clone()
         .unwrap_or_else(|| default_output(&args.input, &format!("{out_suffix}failures")));
     check_outputs(&args.input, &out, &failures)?;
+    // Never, whatever --force-outputs says: a checkpoint overwritten loses
+    // every result it holds.
+    for (flag, p) in [("--out", &out), ("--failures", &failures)] {
+        if of_the_state(&base, p) {
+            return Err(RunError::Usage(format!(
+                "{flag} {} is inside the checkpoint ({}): writing it would damage the checkpoint",
+                p.display(),
+                base.display()
+            )));
+        }
+    }
     if let Some(j) = &args.joblog {
         check_joblog((&args.input, &out, &failures), &state_dir, j)?;
     }
     Ok((state_dir, through_link(out), through_link(failures)))
+}
+
+/// Whether `p` is (or would be) one of batchrun's own files in the state
+/// dir `base`: the checkpoint, the results logs, a spooled pipe (or a hard
+/// link to one of them), a timeline or a running job's progress. Any other
+/// file there is not: `--state-dir .` keeps outputs and joblogs beside it.
+pub(super) fn of_the_state(base: &Path, p: &Path) -> bool {
+    let ours = ["checkpoint", "results", "spool"];
+    if ours.iter().any(|d| crate::util::within(&base.join(d), p)) {
+        return true;
+    }
+    let beside = p.parent().map(crate::util::resolved) == Some(crate::util::resolved(base));
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+    beside && name.is_some_and(|n| n.starts_with("timeline-") || n.starts_with("running-"))
 }
 
 /// An output named by a symbolic link is written where the link points:
@@ -94,7 +119,23 @@ pub fn state_dir_for(input: &Path, given: Option<&Path>) -> PathBuf {
     if own.exists() || pipe {
         return own;
     }
-    renamed_from(&dir, input).unwrap_or(own)
+    renamed_from(&dir, input)
+        .or_else(|| linked_from(&dir, input))
+        .unwrap_or(own)
+}
+
+/// For a link in another folder than the file it points at: the state dir
+/// the file has in its own folder, under its name or another
+/// ([`renamed_from`]). A job run on the file, then on a link to it from
+/// elsewhere, resumes; where the file's folder holds none, the link's own
+/// is made.
+fn linked_from(dir: &Path, input: &Path) -> Option<PathBuf> {
+    let target = std::fs::canonicalize(input).ok()?;
+    let there = target.parent()?;
+    if std::fs::canonicalize(dir).is_ok_and(|d| d == there) {
+        return None;
+    }
+    renamed_from(there, input)
 }
 
 /// A path under `/dev` or `/proc`: `<(cmd)` (`/dev/fd/63`, a number

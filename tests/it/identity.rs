@@ -159,6 +159,24 @@ async fn a_renamed_input_and_a_link_of_another_name_keep_the_job() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["requests"], 0, "{}", r.summary);
     assert_each_item_once(&a.join("latest.results.jsonl"), 50);
+    // Links in other folders, of the same name and of another (relative):
+    // the state dir beside the file they point at is found.
+    for (dir, name, to) in [
+        ("b", "items-2026-12.jsonl", renamed.clone()),
+        (
+            "c",
+            "other.jsonl",
+            std::path::PathBuf::from("../a/items-2026-12.jsonl"),
+        ),
+    ] {
+        std::fs::create_dir_all(s.dir().path().join(dir)).unwrap();
+        let link = s.dir().path().join(dir).join(name);
+        std::os::unix::fs::symlink(&to, &link).unwrap();
+        let r = finish(beside(s.sim(), &link));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_eq!(r.summary["requests"], 0, "{dir}: {}", r.summary);
+        assert!(r.stderr.contains("a/.batchrun/"), "{}", r.stderr);
+    }
     assert_side_effects(&s.sim().stats().await, 50);
 }
 
@@ -496,6 +514,28 @@ async fn a_file_batchrun_did_not_write_is_not_replaced_unless_forced() {
     assert_eq!(r.summary["requests"], 0, "{}", r.summary);
     // The forced run's five and the --fresh run's five.
     assert_side_effects(&s.sim().stats().await, 10);
+    // Not even forced onto the checkpoint's own files: every result would
+    // be lost with it.
+    let db = s.state_dir().join("checkpoint").join("db");
+    let log = std::fs::read_dir(s.state_dir().join("results"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap();
+    for (flag, p) in [("--out", &db), ("--failures", &log)] {
+        let before = std::fs::read(p).unwrap();
+        let r = s.run(&[flag, p.to_str().unwrap(), "--force-outputs"]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("is inside the checkpoint"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(std::fs::read(p).unwrap(), before);
+    }
+    let r = s.run(&["--out", &out_arg]);
+    assert_eq!((r.code, &r.summary["requests"]), (0, &serde_json::json!(0)));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -518,6 +558,39 @@ async fn a_mistyped_rerun_leaves_the_results_byte_identical() {
     assert_ne!(r.code, 0, "{}", r.stderr);
     assert!(r.stderr.contains("is left as it was"), "{}", r.stderr);
     assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
+}
+
+/// `--fresh` (or `--keep-done`) with a template naming no field, or over a
+/// bad row, fails its checks (exit 2, nothing sent) before it changes the
+/// checkpoint: the job is still there, and the old command sends nothing
+/// again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fresh_that_fails_its_checks_discards_nothing() {
+    let s = Scenario::new("fresh-typo")
+        .with_sim(&["--limit", "none"])
+        .numbers(20);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let typo = format!("{}/v1/echo?n={{nn}}", s.sim().url);
+    let r = s.run(&["--limit", "none", "--url", &typo, "--fresh"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("no field \"nn\""), "{}", r.stderr);
+    assert!(!r.stderr.contains("sent again"), "{}", r.stderr);
+    assert_eq!(s.status_json().unwrap()[0]["done"], 20);
+    // Nor does --keep-done carry the job over to a request that fails.
+    let r = s.run(&["--limit", "none", "--url", &typo, "--keep-done"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(!r.stderr.contains("stay done"), "{}", r.stderr);
+    let lines = std::fs::read_to_string(s.input_path()).unwrap();
+    std::fs::write(s.input_path(), format!("{lines}{{not json\n")).unwrap();
+    let r = s.run(&["--limit", "none", "--fresh"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains(":21:"), "{}", r.stderr);
+    std::fs::write(s.input_path(), lines).unwrap();
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 20);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -232,7 +232,42 @@ async fn a_second_ctrl_c_stops_at_once_and_keeps_what_finished() {
         ])
         .numbers(40);
     let args = ["--limit", "600/1s", "--concurrency", "8"];
-    let mut c = s.cmd(&args);
+    let (r, took) = ctrl_c_twice(&s, &args).await;
+    assert!(!r.stderr.contains(KEY), "the API key leaked into output");
+    assert_eq!(r.code, 130, "{}", r.stderr);
+    assert!(r.stderr.contains("stopping now"), "{}", r.stderr);
+    assert!(
+        took < batchrun::run::INTERRUPT_GRACE,
+        "took {took:?}: the second Ctrl-C waited for the grace\n{}",
+        r.stderr
+    );
+    let done = r.summary["done"].as_u64().unwrap_or_default();
+    assert!(done >= 1, "{}", r.summary);
+    let mut lines = lines_of(&s.out_path());
+    assert_eq!(lines.len() as u64, done, "{}", r.summary);
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len() as u64, done);
+    assert_eq!(r.summary["pending"].as_u64(), Some(40 - done));
+    // The calls it abandoned may have run, as a killed run's may: a changed
+    // request, which would send them under other keys, is refused.
+    let sent = s.sim().stats().await["requests"].clone();
+    let r = s.run(&[&args[..], &["--header", "X-Trace: 2", "--keep-done"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("stopped before its calls in flight came back"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(s.sim().stats().await["requests"], sent);
+}
+
+/// Runs `args` and presses Ctrl-C twice once calls are in flight (the
+/// second once the run said it heard the first): what it said, and how
+/// long it took from the first.
+async fn ctrl_c_twice(s: &Scenario, args: &[&str]) -> (Finished, std::time::Duration) {
+    let mut c = s.cmd(args);
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
@@ -275,22 +310,7 @@ async fn a_second_ctrl_c_stops_at_once_and_keeps_what_finished() {
         summary: serde_json::from_slice(&out.stdout).unwrap_or_default(),
         stderr: reader.join().unwrap(),
     };
-    assert!(!r.stderr.contains(KEY), "the API key leaked into output");
-    assert_eq!(r.code, 130, "{}", r.stderr);
-    assert!(r.stderr.contains("stopping now"), "{}", r.stderr);
-    assert!(
-        took < batchrun::run::INTERRUPT_GRACE,
-        "took {took:?}: the second Ctrl-C waited for the grace\n{}",
-        r.stderr
-    );
-    let done = r.summary["done"].as_u64().unwrap_or_default();
-    assert!(done >= 1, "{}", r.summary);
-    let mut lines = lines_of(&s.out_path());
-    assert_eq!(lines.len() as u64, done, "{}", r.summary);
-    lines.sort_unstable();
-    lines.dedup();
-    assert_eq!(lines.len() as u64, done);
-    assert_eq!(r.summary["pending"].as_u64(), Some(40 - done));
+    (r, took)
 }
 
 /// A --state-dir that names a file is said to be one, with no talk of a
