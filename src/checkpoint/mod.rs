@@ -260,6 +260,10 @@ pub struct OutputStamp {
     pub out_file: (u64, u64),
     /// Length and modification time of `--failures`.
     pub failures_file: (u64, u64),
+    /// The results file's format when not JSON lines (`csv`): a rerun
+    /// asking for another writes the file again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
 }
 
 /// An item's final state.

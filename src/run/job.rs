@@ -390,6 +390,10 @@ pub(super) fn current_stamp(settings: &Settings, revision: u64) -> Option<Output
         revision,
         out_file: file_stamp(&settings.out)?,
         failures_file: file_stamp(&settings.failures)?,
+        format: match settings.out_format {
+            crate::settings::values::OutFormat::Jsonl => None,
+            crate::settings::values::OutFormat::Csv => Some("csv".into()),
+        },
     })
 }
 

@@ -89,6 +89,14 @@ pub(super) fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunEr
         )))
         }
     };
+    // A header carries bytes beyond ASCII only as Latin-1, and a server
+    // echoes them back escaped in ways the scrubbing could not all know.
+    if !key.expose().is_ascii() {
+        return Err(usage(format!(
+            "the API key in {name} holds characters beyond ASCII, which no API key has: \
+             check what the variable holds"
+        )));
+    }
     HeaderValue::from_str(key.expose()).map_err(|_| {
         usage(format!(
             "the API key in {} contains characters a header cannot carry",
@@ -132,6 +140,15 @@ pub(super) fn request_spec(
             args.api_key_header
         ))
     })?;
+    // The key's header would replace it: the --header never went out.
+    if key.is_some() && headers.iter().any(|(n, _)| *n == key_header) {
+        return Err(usage(format!(
+            "--header {key_header}: that header carries the API key (from {}), which replaces \
+             it; put the key in that variable, or name another header for it with \
+             --api-key-header",
+            args.api_key_env
+        )));
+    }
     Ok(RequestSpec {
         method,
         url,

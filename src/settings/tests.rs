@@ -242,6 +242,48 @@ fn a_rehearsal_sends_the_sim_key_never_the_exported_one() {
 }
 
 #[test]
+fn a_key_beyond_ascii_is_refused_without_showing_it() {
+    // A variable of this test's own: no other test reads it.
+    std::env::set_var("BATCHRUN_TEST_NON_ASCII_KEY", "k\"ey-th\u{e9}-Q9Z7");
+    let args = run_args(&[
+        "items.jsonl",
+        "--url",
+        "https://api.example.com/v1/x",
+        "--api-key-env",
+        "BATCHRUN_TEST_NON_ASCII_KEY",
+    ]);
+    let e = request::api_key(&args, false).unwrap_err().to_string();
+    assert!(e.contains("beyond ASCII"), "{e}");
+    assert!(!e.contains("Q9Z7"), "{e}");
+}
+
+#[test]
+fn a_header_the_key_would_replace_is_refused() {
+    let args = run_args(&[
+        "items.jsonl",
+        "-H",
+        "X-Api-Key: other",
+        "--url",
+        "https://h/x",
+    ]);
+    let spec = |key| request::request_spec(&args, "https://h/x", false, key);
+    let e = spec(Some(Secret::new("k"))).unwrap_err().to_string();
+    assert!(
+        e.contains("--header x-api-key") && e.contains("--api-key-header"),
+        "{e}"
+    );
+    // Another header for the key: both go.
+    let args = run_args(&[
+        "items.jsonl",
+        "-H",
+        "X-Api-Key: other",
+        "--api-key-header",
+        "Authorization",
+    ]);
+    assert!(request::request_spec(&args, "https://h/x", false, Some(Secret::new("k"))).is_ok());
+}
+
+#[test]
 fn the_key_never_shows_in_debug() {
     assert_eq!(format!("{:?}", Secret::new("sk_live_123")), "Secret(***)");
 }

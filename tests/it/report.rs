@@ -206,6 +206,14 @@ async fn results_as_csv_read_back_to_the_same_items_as_the_jsonl() {
         let body: serde_json::Value = serde_json::from_str(&row[5]).unwrap();
         assert_eq!(body, j["body"]);
     }
+    // The finished job asked for CSV where it wrote JSON lines: the file
+    // is written again, as CSV, and nothing is sent; and back.
+    for (format, first) in [("csv", "line,status,n,text,only,body"), ("jsonl", "{")] {
+        let r = s.run(&["--limit", "100/1s", "--out-format", format]);
+        assert_eq!((r.code, &r.summary["requests"]), (0, &serde_json::json!(0)));
+        let text = std::fs::read_to_string(s.out_path()).unwrap();
+        assert!(text.starts_with(first), "{format}: {text}");
+    }
 }
 
 /// The keys of a `status --json` job object.
