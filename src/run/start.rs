@@ -181,6 +181,24 @@ fn bound(settings: &Settings, per_min: Option<f64>) -> String {
     )
 }
 
+/// What the real run would refuse that the dry run's checks of the input
+/// do not show: a request changed under a job with items done (the
+/// checkpoint read, not written; a running job's is left alone).
+fn changed_note(settings: &Settings) -> Option<String> {
+    if settings.fresh || settings.keep_done || !crate::checkpoint::held(&settings.state_dir) {
+        return None;
+    }
+    let store = Store::open_to_read(&settings.state_dir).ok()?;
+    let located = super::job::locate(&store, settings).ok()?;
+    let old = located.changed.iter().max_by_key(|m| m.done)?;
+    Some(format!(
+        "batchrun: dry run: the real run would stop before any call: the request changed \
+         since job {} ({} of {} item(s) done); it says how, and what --keep-done and --fresh \
+         would do",
+        old.id, old.done, old.total
+    ))
+}
+
 /// `--dry-run N`: check the whole input, show the first N requests as
 /// they would go, the key hidden, and send nothing.
 pub(super) fn dry_run(
@@ -226,6 +244,9 @@ pub(super) fn dry_run(
     crate::report::err_line(&format!(
         "batchrun: dry run: {total} item(s) checked, nothing sent"
     ));
+    if let Some(note) = changed_note(settings) {
+        crate::report::err_line(&note);
+    }
     Ok(Summary {
         state: crate::exit::RunState::Checked,
         total,

@@ -553,6 +553,15 @@ async fn a_mistyped_rerun_leaves_the_results_byte_identical() {
     assert!(r.stderr.contains("URL: GET"), "{}", r.stderr);
     assert_eq!(std::fs::read(s.out_path()).unwrap(), results);
     assert_side_effects(&s.sim().stats().await, 30);
+    // A dry run of it says so too.
+    let r = s.run(&["--limit", "none", "--url", &wrong, "--dry-run", "1"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the real run would stop before any call")
+            && r.stderr.contains("30 of 30 item(s) done"),
+        "{}",
+        r.stderr
+    );
     // Even told to start over, a run that fails fast replaces nothing.
     let r = s.run(&["--limit", "none", "--url", &wrong, "--fresh"]);
     assert_ne!(r.code, 0, "{}", r.stderr);
