@@ -65,6 +65,11 @@ pub(super) struct Local {
     /// meanwhile from a checkpoint takes its learning (see the script's
     /// `recall`).
     pub(super) epoch_before_loss: Option<i64>,
+    /// This job sent calls within the last hour (its checkpoint says so):
+    /// a fleet missing from Redis on the first take was forgotten (a
+    /// FLUSHALL, a restart), not never begun, since the fleet's epoch
+    /// outlives its last take by an hour. See `loss_check`.
+    pub(super) ran_lately: bool,
     /// The bare rate told (`30/1s`), while the fleet's even pace (begun
     /// when a burst under it was refused) is still to be said, with how
     /// to name a bucket's shape to keep its burst.

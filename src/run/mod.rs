@@ -331,6 +331,12 @@ fn build_pacer(
                     wait_for_quota: settings.wait_for_quota,
                     shape_unknown: settings.shape_unknown,
                     learnt: job::learnt(meta),
+                    ran_lately: {
+                        let last = last_active(settings, meta);
+                        !last.is_zero()
+                            && crate::util::unix_now().saturating_sub(last)
+                                < Duration::from_secs(3600)
+                    },
                 },
                 FleetRule::of(settings.pacer, settings.burst),
                 &rest,

@@ -193,6 +193,12 @@ end
 local function forgotten(e, set, span)
   if ARGV[e] == nil then return false, nil end
   local heard, fresh, witness = ARGV[e], ARGV[e + 1], ARGV[e + 2]
+  -- 'r': none heard yet, but the process's job sent calls within the
+  -- hour the epoch outlives the last take: no epoch means Redis forgot
+  -- it, and processes still running may have filled the window. It
+  -- begins the fleet (a checkpoint's learning is put back) and holds it.
+  local lately = heard == 'r'
+  if lately then heard = '' end
   local epoch = redis.call('HGET', KEYS[4], 'epoch')
   local lost = false
   if epoch and heard ~= '' and epoch ~= heard then
@@ -205,7 +211,7 @@ local function forgotten(e, set, span)
     epoch = fresh
     redis.call('HSET', KEYS[4], 'epoch', epoch)
   end
-  if lost then hold_until(now + (span or W)) end
+  if lost or (began and lately) then hold_until(now + (span or W)) end
   keep(KEYS[4], limit_ttl)
   return lost, tonumber(epoch), began
 end

@@ -87,6 +87,11 @@ pub struct FleetPacing {
     /// process running on the key), so a resumed fleet does not pay for
     /// it again with 429s; a live fleet's own learning is left alone.
     pub learnt: Option<Learnt>,
+    /// The job sent calls within the last hour: a fleet this process finds
+    /// missing from Redis on its first take is taken as forgotten, and held
+    /// for a window, as a process that heard it would (other processes may
+    /// be running, their calls of the window lost with it).
+    pub ran_lately: bool,
 }
 
 /// How long a concurrency lease lasts without a heartbeat: three per-call
@@ -275,7 +280,10 @@ impl FleetPacer {
             wait_for_quota: cfg.wait_for_quota,
             tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             seq: AtomicU64::new(0),
-            local: Mutex::new(Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)),
+            local: Mutex::new(Local {
+                ran_lately: cfg.ran_lately,
+                ..Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)
+            }),
             front: tokio::sync::Mutex::new(()),
             settling: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),

@@ -183,7 +183,12 @@ impl Inner {
         if putting_back {
             return (String::new(), String::new());
         }
-        let heard = l.epoch.map_or(String::new(), |e| e.to_string());
+        // `r`: none heard yet, but the job ran lately (see `Local::ran_lately`).
+        let heard = match l.epoch {
+            Some(e) => e.to_string(),
+            None if l.ran_lately => "r".to_string(),
+            None => String::new(),
+        };
         let witness = l.in_flight.iter().next().cloned().unwrap_or_default();
         (heard, witness)
     }

@@ -275,3 +275,37 @@ async fn a_resumed_fleet_puts_back_what_its_checkpoint_learnt() {
     assert_each_item_once(&s.out_path(), 140);
     assert_side_effects(&s.sim().stats().await, 140);
 }
+
+/// A job that ran lately resumes into a fleet Redis forgot (a FLUSHALL, a
+/// restart without persistence): but for its checkpoint, its first take
+/// could not tell that from a fleet never begun. It holds one window, as a
+/// process that heard the loss would: processes still running, or its own
+/// run before, may have filled the server's window, as here (15 calls
+/// before the credits ran out, then 15 more of the 20 the window holds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_resumed_into_a_forgotten_fleet_holds_a_window() {
+    let redis = Redis::start();
+    let name = fleet_name("forgot-resume");
+    let s = Scenario::new("fleet-forgot-resume")
+        .with_sim(&["--limit", "20/2s", "--cooldown", "0s", "--credits", "15"])
+        .numbers(30);
+    let args = [
+        "--limit",
+        "20/2s,sliding",
+        "--concurrency",
+        "10",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &name,
+    ];
+    let first = s.run(&args);
+    assert_eq!(first.code, 75, "halted on credits: {}", first.stderr);
+    redis.forget("flushall", "");
+    s.sim().topup(100).await;
+    let again = s.run(&args);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.summary["rate_limited"], 0, "{}", again.stderr);
+    assert_each_item_once(&s.out_path(), 30);
+    assert_side_effects(&s.sim().stats().await, 30);
+}

@@ -47,6 +47,7 @@ fn paced_from(
             wait_for_quota: false,
             shape_unknown,
             learnt,
+            ran_lately: false,
         },
     ))
 }
