@@ -396,6 +396,21 @@ fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Rep
             }
         ));
     }
+    if let (Some(b), Some(shard)) = (&settings.batch, settings.shard.filter(|s| s.count > 1)) {
+        // A batch is formed from a block of input lines (so that a resume
+        // forms it again under the same key), and a shard holds about one
+        // line in N of each block.
+        reporter.println(&format!(
+            "batchrun: note: --batch {size} with --shard {shard}: a batch holds this shard's \
+             items of a block of {size} input lines, about {} of them, so the shards make about \
+             {} times the calls; --batch {} gives batches of about {size} (at most {})",
+            (b.size as u64).div_ceil(shard.count),
+            shard.count,
+            b.size as u64 * shard.count,
+            b.size as u64 * shard.count,
+            size = b.size,
+        ));
+    }
     let counts = job.meta.counts();
     if let Some(warning) = orphaned_results(settings, &job.meta, counts.done + counts.failed) {
         reporter.say(&warning);

@@ -830,7 +830,15 @@ async fn shards_of_a_regenerated_input_run_every_item_once() {
             let a = args(i);
             s.run(&a.iter().map(String::as_str).collect::<Vec<_>>())
         };
-        assert_eq!(run(1).code, 0, "{tag}");
+        let first = run(1);
+        assert_eq!(first.code, 0, "{tag}");
+        // A shard's batches are short: the run says so, and what to do.
+        assert_eq!(
+            first.stderr.contains("about 2 of them") && first.stderr.contains("--batch 12"),
+            !extra.is_empty(),
+            "{}",
+            first.stderr
+        );
         with_a_row_on_top(&s, 60);
         for i in 1..=3 {
             let r = run(i);
