@@ -78,7 +78,7 @@ pub enum FleetError {
         why: String,
     },
     /// Redis stayed out of reach mid-run for longer than `--redis-timeout`.
-    #[error("lost Redis at {at} for {waited:?} ({why}); no call goes out without a slot")]
+    #[error("lost Redis at {at} for {} ({why}); no call goes out without a slot", humantime::format_duration(*waited))]
     Lost {
         /// The URL without credentials.
         at: String,
@@ -142,6 +142,9 @@ pub struct Fleet {
     /// none has reached it since: the run is halting, and each of its last
     /// calls tries once rather than waiting the whole timeout again.
     lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// When Redis last stopped answering (cleared by an answer): what a
+    /// halt says it was lost for, whichever call finds it.
+    unanswered_since: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl fmt::Debug for Fleet {
@@ -208,6 +211,7 @@ impl Fleet {
             timeout: s.redis_timeout,
             headroom: s.headroom,
             lost: Default::default(),
+            unanswered_since: Default::default(),
         })
     }
 
@@ -292,9 +296,15 @@ impl Fleet {
                         "no answer within the attempt timeout",
                     )))
                 });
+            let since = || {
+                self.unanswered_since
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            };
             let e = match attempt {
                 Ok(v) => {
                     self.lost.store(false, Relaxed);
+                    *since() = None;
                     return Ok(v);
                 }
                 Err(e) if transient(&e) => e,
@@ -309,12 +319,15 @@ impl Fleet {
                 warned = true;
                 on_retry(&e);
             }
+            let first = *since().get_or_insert(started);
             let waited = started.elapsed();
             if waited >= within {
                 self.lost.store(true, Relaxed);
+                // Whole tenths: what a person reads against --redis-timeout.
+                let ms = first.elapsed().as_millis() as u64;
                 return Err(FleetError::Lost {
                     at: self.at.clone(),
-                    waited,
+                    waited: Duration::from_millis(ms - ms % 100),
                     why: e.to_string(),
                 });
             }

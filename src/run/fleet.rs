@@ -53,8 +53,9 @@ pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError
         err_line(&format!(
             "batchrun: fleet: warning: another process of this fleet (running, or ended less than \
              {} ago) paces to {other}, this one to {mine}: each keeps its own, so the fleet keeps \
-             neither as a whole (the higher one fills the window past the lower); give every \
-             process the same --pacer and --limit",
+             neither as a whole: the fleet may go past the lower, or (windows of other lengths \
+             filling each other) crawl far under both; give every process the same --pacer \
+             and --limit",
             humantime::format_duration(crate::fleet::told::STANDS_FOR)
         ));
     }

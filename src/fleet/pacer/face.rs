@@ -59,7 +59,12 @@ impl Pacer for FleetPacer {
                     }
                     // Another process may hold the fleet for a used-up
                     // quota meanwhile, to be halted on: look again by then.
-                    Took::Wait(d, _) => tokio::time::sleep(d.min(LOOK_AGAIN)).await,
+                    Took::Wait(d, why) => {
+                        if let Why::Quota(q) = why {
+                            inner.say_held(q).await;
+                        }
+                        tokio::time::sleep(d.min(LOOK_AGAIN)).await
+                    }
                 }
             }
         })

@@ -275,6 +275,26 @@ impl Inner {
         }
     }
 
+    /// A take told to wait `left` for a used-up quota another process
+    /// found (this one waits, with `--wait-for-quota`): said once, as if
+    /// heard here, or a run joining a held fleet would say nothing for
+    /// hours.
+    pub(super) async fn say_held(&self, left: Duration) {
+        if left <= LONG_HOLD || !self.lock().said.is_empty() {
+            return;
+        }
+        let name = (self
+            .limit_field("held_by", Duration::from_secs(2), |_| {})
+            .await)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "a quota".into());
+        let mut l = self.lock();
+        if l.said.insert(name.clone()) {
+            l.push(PaceNote::Heard(Heard::Exhausted { name, for_: left }));
+        }
+    }
+
     /// The error a take fails with while the fleet is held for `left` by a
     /// used-up quota beyond the bound: the run halts resumably and says
     /// when it resets.

@@ -55,6 +55,11 @@ async fn losing_redis_mid_run_halts_resumably_and_the_resume_finishes() {
         assert_eq!(r.summary["state"], "halted", "{}", r.summary);
         let why = r.summary["halt_reason"].as_str().unwrap();
         assert!(why.contains("Redis") && why.contains("resume"), "{why}");
+        // Lost for at least --redis-timeout, however it was found.
+        let lost_for = (why.split(" for ").nth(1))
+            .and_then(|r| r.split(" (").next())
+            .and_then(|d| humantime::parse_duration(d).ok());
+        assert!(lost_for >= Some(Duration::from_secs(2)), "{why}");
     }
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     let stats = s.sim().stats().await;

@@ -351,4 +351,51 @@ async fn a_fleet_halts_resumably_on_a_daily_quota_a_server_states() {
     let stats = s.sim().stats().await;
     assert_eq!(stats["accepted"], 6, "{stats}");
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    // A halted shard rerun to wait for the quota says what it waits for
+    // (it would wait a day, saying nothing).
+    let halted = runs.iter().position(|r| r.code == 75).unwrap();
+    let args = [
+        "--limit",
+        "100/1s",
+        "--concurrency",
+        "2",
+        "--wait-for-quota",
+    ];
+    let mut c = two_shards(&s, &args, &redis.url, &key).remove(halted);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let said = said_within(
+        child.stderr.take().unwrap(),
+        "is used up: holding calls for",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(said.is_ok(), "{}", said.unwrap_err());
+}
+
+/// Whether a line of `stderr` holds `what` within 30 s; else all it said.
+fn said_within(stderr: std::process::ChildStderr, what: &str) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut all = String::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains(what) => return Ok(()),
+            Ok(line) => all.push_str(&(line + "\n")),
+            Err(_) => break,
+        }
+    }
+    Err(all)
 }
