@@ -123,7 +123,12 @@ fn concurrency(settings: &Settings) -> String {
 /// window: only the items past the first window wait, and the first
 /// window goes as fast as the calls in flight allow.
 fn projection(settings: &Settings, per_min: f64, pending: u64) -> String {
-    let pending = calls(settings, pending);
+    let mut pending = calls(settings, pending);
+    // A shard of a fleet shares the limit with its siblings, which run
+    // alongside with about as many calls each.
+    if let (Some(shard), Some(_)) = (settings.shard, &settings.fleet) {
+        pending = pending.saturating_mul(shard.count);
+    }
     let (waiting, window) = match (settings.pacer, settings.limit.rate()) {
         (crate::pace::PacerKind::Window, Some(r)) => {
             let per_window = (per_min * r.period.as_secs_f64() / 60.0).max(1.0);

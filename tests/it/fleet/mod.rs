@@ -211,6 +211,10 @@ async fn four_shards_keep_one_limit_and_use_it_as_well_as_one_process() {
         let own = r.summary["done"].as_u64().unwrap();
         assert!((25..=75).contains(&own), "{}", r.summary);
         done.push(own);
+        // Its estimate counts the siblings' calls under the shared limit:
+        // about four times its own, 40 a window, the first at once.
+        let eta = format!("about {}s at the limit's pace", (own * 4).div_ceil(40) - 1);
+        assert!(r.stderr.contains(&eta), "{eta}: {}", r.stderr);
     }
     assert_eq!(done.iter().sum::<u64>(), n);
     fleet_job_held(&s, 40, n, 4).await;
