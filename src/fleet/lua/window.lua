@@ -180,7 +180,13 @@ end
 -- refuse; one would not hold the fleet for a day).
 local function forgotten_span()
   local span = W
-  for _, t in ipairs(tallies) do span = math.max(span, t.W + round) end
+  -- A token window's calls are not put back: held until what the server
+  -- counted of them has left it, and a skew allowance more (W/20, at most
+  -- 200 ms, as the buckets' D): a call granted just before the loss
+  -- reaches the server, and is counted, a little after it was found.
+  for _, t in ipairs(tallies) do
+    span = math.max(span, t.W + round + math.min(math.floor(t.W / 20), 200))
+  end
   for _, b in ipairs(buckets) do span = math.max(span, math.ceil((b.tau + b.T + b.D) / 1e6)) end
   return math.min(span, 300000)
 end

@@ -106,6 +106,26 @@ async fn redis_forgetting_the_fleet_never_overruns_a_longer_token_window() {
     let key = fleet_name("tokens-forgets");
     let cmds = shards(&s, &limits, &redis.url, &key);
     let runner = tokio::task::spawn_blocking(move || run_all(cmds));
+    // Both processes have taken before Redis forgets: one that starts
+    // after it takes the fleet for a new one, and cannot know better
+    // (docs/fleet.md).
+    let window = batchrun::fleet::FleetKeys::named(&key).window();
+    let mut c = redis.conn();
+    let mut both = false;
+    for _ in 0..3000 {
+        let ids: Vec<String> = (redis::cmd("ZRANGE").arg(&window).arg(0).arg(-1))
+            .query(&mut c)
+            .unwrap();
+        let tags: std::collections::HashSet<&str> = (ids.iter())
+            .filter_map(|id| id.rsplit_once(':').map(|(t, _)| t))
+            .collect();
+        if tags.len() >= 2 {
+            both = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(both, "both processes took within 30 s");
     crate::common::wait_for_stats(s.sim(), 30, |st| st["accepted"].as_u64() >= Some(30)).await;
     redis::cmd("FLUSHALL")
         .query::<()>(&mut redis.conn())
