@@ -52,14 +52,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     };
     let mut epoch = old.as_ref().map_or(recovered.epoch, |o| o.epoch);
     let mut id = id;
-    // A job splits its shards as it was made; a new shard as its siblings.
-    let siblings = match (&old, settings.shard, settings.fresh) {
-        (None, Some(_), false) => super::layouts::siblings_made(settings),
-        _ => Siblings::default(),
-    };
-    let by_line = line_split(settings, old.as_ref(), siblings);
-    let shard = (settings.shard).map(|s| s.by_content(!by_line));
-    let order = field_order(settings, old.as_ref(), &id, siblings);
+    let (by_line, shard, order) = made_as(settings, old.as_ref(), &id);
     if settings.fresh {
         epoch = fresh(&store, &id, old.as_ref(), epoch)?;
     }
@@ -134,6 +127,23 @@ fn locate(store: &Store, settings: &Settings) -> Result<Located, RunError> {
         }
     }
     Ok(located)
+}
+
+/// How the job splits its shards and fingerprints its items: as it was
+/// made; a new shard as its siblings. Whether by line, the shard, and the
+/// field order.
+fn made_as(
+    settings: &Settings,
+    old: Option<&JobMeta>,
+    id: &str,
+) -> (bool, Option<crate::fleet::Shard>, input::FieldOrder) {
+    let siblings = match (old, settings.shard, settings.fresh) {
+        (None, Some(_), false) => super::layouts::siblings_made(settings),
+        _ => Siblings::default(),
+    };
+    let by_line = line_split(settings, old, siblings);
+    let shard = (settings.shard).map(|s| s.by_content(!by_line));
+    (by_line, shard, field_order(settings, old, id, siblings))
 }
 
 /// Whether this run's shard splits its input by line: a job made before
