@@ -7,6 +7,14 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod parse;
+
+pub use parse::Thresholds;
+use parse::{
+    parse_cost, parse_duration, parse_fleet_key, parse_header, parse_headroom,
+    parse_positive_duration, parse_size, parse_thresholds, parse_usage, parse_webhook,
+};
+
 use crate::input::Format;
 use crate::pace::PacerKind;
 use crate::rate::Plan;
@@ -105,69 +113,6 @@ fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
     args
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration such as 30s, 5m, 6h: {e}"))
-}
-
-fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err("must be longer than zero".into());
-    }
-    Ok(d)
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: usize = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size such as 1MiB"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "{s:?}: unknown unit (B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    match n.checked_mul(mult) {
-        Some(v) if v >= 1 => Ok(v),
-        _ => Err(format!("{s:?} must be at least 1 byte and fit in memory")),
-    }
-}
-
-fn parse_header(s: &str) -> Result<(String, String), String> {
-    let (name, value) = s
-        .split_once(':')
-        .ok_or_else(|| format!("{s:?} is not 'Name: value'"))?;
-    let name = name.trim();
-    if name.is_empty() || reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(format!("{name:?} is not a valid header name"));
-    }
-    Ok((name.to_string(), value.trim().to_string()))
-}
-
-/// Credit alert thresholds, as fractions of the cycle's allowance used.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Thresholds(pub Vec<f64>);
-
-fn parse_thresholds(s: &str) -> Result<Thresholds, String> {
-    crate::credits::parse_thresholds(s).map(Thresholds)
-}
-
-fn parse_webhook(s: &str) -> Result<String, String> {
-    crate::credits::check_webhook_url(s).map(|()| s.to_string())
-}
-
 /// Examples and the exit codes, shown by `--help`.
 const RUN_AFTER_HELP: &str = "\
 Examples:
@@ -232,12 +177,12 @@ pub struct RunArgs {
 
     /// A call's estimated cost in tokens, from its item, for --limit ...,tokens:
     /// numbers, field paths, chars(FIELD), + - * / (e.g. 'max_tokens + chars(prompt)/4').
-    #[arg(long, value_name = "EXPR", value_parser = crate::cli::parse_cost, help_heading = "Pace")]
+    #[arg(long, value_name = "EXPR", value_parser = parse_cost, help_heading = "Pace")]
     pub cost: Option<crate::cost::CostExpr>,
 
     /// Where a response body's JSON says what a call really cost (a JSON pointer;
     /// token policies count it instead of the estimate).
-    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, value_parser = crate::cli::parse_usage, help_heading = "Pace")]
+    #[arg(long, value_name = "POINTER", default_value = crate::cost::DEFAULT_USAGE, value_parser = parse_usage, help_heading = "Pace")]
     pub usage: String,
 
     /// Token bucket capacity, for --pacer bucket only [default: max(1, limit/10)].
@@ -574,17 +519,6 @@ impl RunArgs {
     }
 }
 
-fn parse_headroom(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
-        _ => Err(format!("{s:?} must be a fraction in (0, 1], such as 0.9")),
-    }
-}
-
-fn parse_fleet_key(s: &str) -> Result<String, String> {
-    crate::fleet::keys::check_name(s).map(|()| s.to_string())
-}
-
 /// Options of `batchrun status`.
 #[derive(Args, Debug, Clone)]
 pub struct StatusArgs {
@@ -632,21 +566,6 @@ pub struct ReportArgs {
     /// I/N`): each shard keeps a checkpoint of its own.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<crate::fleet::Shard>,
-}
-
-/// `--usage`: a JSON pointer (`/usage/total_tokens`), or empty for none.
-pub(crate) fn parse_usage(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.starts_with('/') {
-        Ok(s.to_string())
-    } else {
-        Err(format!("{s:?} is not a JSON pointer: it starts with / (such as /usage/total_tokens), or is empty for none"))
-    }
-}
-
-/// `--cost`: a usage error naming the expression when it cannot be read.
-pub(crate) fn parse_cost(s: &str) -> Result<crate::cost::CostExpr, String> {
-    s.parse()
-        .map_err(|e: crate::cost::CostParseError| e.to_string())
 }
 
 #[cfg(test)]
