@@ -222,9 +222,10 @@ impl CheckedReader {
 
 impl<R: Read> Reader<R> {
     fn over(inner: R, format: Format, path: &Path) -> Reader<R> {
+        let path = display(path);
         Reader {
-            items: Items::new(inner, format, display(path)),
-            path: display(path),
+            items: Items::new(inner, format, path.clone()),
+            path,
             field_order: FieldOrder::default(),
         }
     }

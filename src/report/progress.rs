@@ -102,7 +102,6 @@ fn fmt_rate(per_min: f64) -> String {
     }
 }
 
-/// A duration as "1h05m", "3m07s" or "12s"; days past a day.
 /// A pause of `p` from `now`: its seconds and its end, the time of day,
 /// with the date when it ends on another day (a quota waited for).
 fn paused(p: Duration, now: SystemTime) -> String {
@@ -118,6 +117,7 @@ fn paused(p: Duration, now: SystemTime) -> String {
     )
 }
 
+/// A duration as "1h05m", "3m07s" or "12s"; days past a day.
 pub fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 86_400 {

@@ -167,6 +167,12 @@ fn name_record(slot: usize, name: &str) -> [u8; RECORD] {
     b
 }
 
+/// Whether a record names a policy ([`name_record`]: second 0), not a
+/// second.
+fn names_a_policy(c: &[u8; RECORD]) -> bool {
+    c[0..4] == [0; 4]
+}
+
 /// Where job `job` keeps its timeline.
 pub fn path(state_dir: &Path, job: &str) -> PathBuf {
     state_dir.join(format!("timeline-{job}.bin"))
@@ -190,7 +196,7 @@ pub fn read(path: &Path) -> std::io::Result<Vec<Second>> {
     let mut out = Vec::new();
     for c in bytes[MAGIC.len()..].chunks_exact(RECORD) {
         let c: &[u8; RECORD] = c.try_into().unwrap_or(&[0; RECORD]);
-        if c[0..4] == [0; 4] {
+        if names_a_policy(c) {
             let (slot, len) = (c[4] as usize, (c[5] as usize).min(RECORD - 6));
             if let Some(n) = names.get_mut(slot) {
                 let name = String::from_utf8_lossy(&c[6..6 + len]).into_owned();
@@ -236,8 +242,7 @@ pub fn sent_since(path: &Path, since: u64) -> std::io::Result<Vec<(u64, u32)>> {
         file.read_exact(&mut bytes)?;
         for c in bytes.rchunks_exact(RECORD) {
             let c: &[u8; RECORD] = c.try_into().unwrap_or(&[0; RECORD]);
-            // A record naming a policy, not a second.
-            if c[0..4] == [0; 4] {
+            if names_a_policy(c) {
                 continue;
             }
             let (s, _) = Second::decode(c);

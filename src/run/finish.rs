@@ -433,9 +433,9 @@ fn summary(
             // Calls still out when the run stopped (Ctrl-C, a halt) got
             // nothing back: counted as such, so the counts add up.
             let mut counts = calls.status_counts();
-            let requests = Stats::get(&e.stats.requests);
-            if requests > calls.answered() {
-                counts.insert("no_answer".into(), requests - calls.answered());
+            let unanswered = Stats::get(&e.stats.requests).saturating_sub(calls.answered());
+            if unanswered > 0 {
+                counts.insert("no_answer".into(), unanswered);
             }
             counts
         },

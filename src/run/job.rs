@@ -41,6 +41,12 @@ pub(super) fn unsettled(m: &JobMeta) -> bool {
     m.unsettled || (pending && m.last_run().is_some_and(|r| r.ended_unix_ms.is_none()))
 }
 
+/// Whether `m` is a job of this input's name made for this request (as
+/// recorded now, or before the key was hidden from it).
+pub(super) fn of_this_request(settings: &Settings, m: &JobMeta) -> bool {
+    m.input_name == settings.input_name && settings.same_request(&m.template)
+}
+
 /// The id of a job made for this request on this input: a hash of the
 /// input's name and the request (and, for a pipe, of the content it started
 /// with), never of a path, so that a moved input, or one reached through a
@@ -223,7 +229,7 @@ fn pipe_before(
 ) -> Option<JobMeta> {
     settings.spooled.as_ref()?;
     jobs.iter()
-        .filter(|m| m.input_name == settings.input_name && settings.same_request(&m.template))
+        .filter(|m| of_this_request(settings, m))
         .filter(these_outputs)
         .max_by_key(|m| m.last_active_unix_ms)
         .cloned()

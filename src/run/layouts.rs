@@ -89,7 +89,7 @@ fn done_in(settings: &Settings, shard: Option<Shard>, dir: &Path) -> Option<Else
     let jobs = store.jobs().ok()?;
     let this: Vec<_> = jobs
         .iter()
-        .filter(|m| m.input_name == settings.input_name && settings.same_request(&m.template))
+        .filter(|m| super::job::of_this_request(settings, m))
         .collect();
     let done: u64 = this.iter().map(|m| m.done).sum();
     // A killed run there may have run calls with nothing done yet: here
@@ -140,5 +140,5 @@ fn siblings(settings: &Settings) -> impl Iterator<Item = JobMeta> + '_ {
         .filter_map(|(_, dir)| Store::open_to_read(&dir).ok())
         .filter_map(|store| store.jobs().ok())
         .flatten()
-        .filter(|m| m.input_name == settings.input_name && settings.same_request(&m.template))
+        .filter(|m| super::job::of_this_request(settings, m))
 }

@@ -403,12 +403,11 @@ fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Rep
         reporter.println(&format!(
             "batchrun: note: --batch {size} with --shard {shard}: a batch holds this shard's \
              items of a block of {size} input lines, about {} of them, so the shards make about \
-             {} times the calls; --batch {} gives batches of about {size} (at most {})",
+             {} times the calls; --batch {wide} gives batches of about {size} (at most {wide})",
             (b.size as u64).div_ceil(shard.count),
             shard.count,
-            b.size as u64 * shard.count,
-            b.size as u64 * shard.count,
             size = b.size,
+            wide = b.size as u64 * shard.count,
         ));
     }
     let counts = job.meta.counts();

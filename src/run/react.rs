@@ -99,6 +99,12 @@ pub(super) struct Call<'a> {
 /// credentials' answer; a lone one, an API's way to refuse one item.
 pub(super) const KEY_REVOKED_AFTER: u32 = 3;
 
+/// Whether a refusal of `status` is the key's, revoked or expired after
+/// calls got through: a 401, [`KEY_REVOKED_AFTER`] in a row.
+fn revoked(status: u16, call: &Call<'_>) -> bool {
+    status == 401 && call.refusals_in_a_row >= KEY_REVOKED_AFTER
+}
+
 /// What the pool does next.
 #[derive(Debug, PartialEq)]
 pub(super) enum Action {
@@ -217,9 +223,7 @@ fn failed(err: CallError, systemic: Option<Systemic>, call: Call<'_>, policy: &P
     // A refusal before any call got through is the key's (or the
     // account's), after one it is the item's.
     let key_refused = match err {
-        CallError::Refused { status, .. } => {
-            !call.got_through || (status == 401 && call.refusals_in_a_row >= KEY_REVOKED_AFTER)
-        }
+        CallError::Refused { status, .. } => !call.got_through || revoked(status, &call),
         _ => false,
     };
     // Whatever went wrong, a probe that did not find credits gone must
@@ -287,11 +291,8 @@ fn action_for(
         }
         // 401s in a row are the credentials' (a 403 may be an item's): a
         // key revoked mid-run would fail every item left.
-        CallError::Refused {
-            status: 401,
-            reason,
-        } if call.refusals_in_a_row >= KEY_REVOKED_AFTER => stop(Halt::Auth {
-            status: 401,
+        CallError::Refused { status, reason } if revoked(status, &call) => stop(Halt::Auth {
+            status,
             line: item.line,
             reason: quoted(&reason),
             mid_run: true,

@@ -99,8 +99,7 @@ pub(super) fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunEr
     }
     HeaderValue::from_str(key.expose()).map_err(|_| {
         usage(format!(
-            "the API key in {} contains characters a header cannot carry",
-            args.api_key_env
+            "the API key in {name} contains characters a header cannot carry"
         ))
     })?;
     Ok(Some(key))

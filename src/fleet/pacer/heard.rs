@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::face::Stated;
 use super::rule::Verb;
-use super::{scaled, Inner};
+use super::{scaled, Inner, Local};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
@@ -267,11 +267,8 @@ impl Inner {
         let Ok(ms) = held else { return };
         let mut l = self.lock();
         l.held_until = Some(Instant::now() + Duration::from_millis(ms.max(0) as u64));
-        if reset > LONG_HOLD && l.said.insert(name.to_string()) {
-            l.push(PaceNote::Heard(Heard::Exhausted {
-                name: name.to_string(),
-                for_: reset,
-            }));
+        if reset > LONG_HOLD {
+            say_exhausted(&mut l, name.to_string(), reset);
         }
     }
 
@@ -283,29 +280,26 @@ impl Inner {
         if left <= LONG_HOLD || !self.lock().said.is_empty() {
             return;
         }
-        let name = (self
-            .limit_field("held_by", Duration::from_secs(2), |_| {})
-            .await)
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| "a quota".into());
-        let mut l = self.lock();
-        if l.said.insert(name.clone()) {
-            l.push(PaceNote::Heard(Heard::Exhausted { name, for_: left }));
-        }
+        let name = self.held_by().await;
+        say_exhausted(&mut self.lock(), name, left);
     }
 
     /// The error a take fails with while the fleet is held for `left` by a
     /// used-up quota beyond the bound: the run halts resumably and says
     /// when it resets.
     pub(super) async fn quota_error(&self, left: Duration) -> PaceError {
-        let within = Duration::from_secs(2);
-        let name = self
-            .limit_field("held_by", within, |_| {})
-            .await
+        PaceError::quota_exhausted(self.held_by().await, left)
+    }
+
+    /// The name of the quota the fleet is held for, as the process that
+    /// found it used up keeps it (`a quota` when Redis does not say).
+    async fn held_by(&self) -> String {
+        (self
+            .limit_field("held_by", Duration::from_secs(2), |_| {})
+            .await)
             .ok()
-            .flatten();
-        PaceError::quota_exhausted(name.unwrap_or_else(|| "a quota".into()), left)
+            .flatten()
+            .unwrap_or_else(|| "a quota".into())
     }
 
     /// One field of the fleet's limit hash, retried for at most `within`
@@ -323,5 +317,12 @@ impl Inner {
             async move { cmd.query_async(&mut c).await }
         };
         self.fleet.retry(within, get, on_retry).await
+    }
+}
+
+/// Says once that quota `name` is used up, held for `for_`.
+fn say_exhausted(l: &mut Local, name: String, for_: Duration) {
+    if l.said.insert(name.clone()) {
+        l.push(PaceNote::Heard(Heard::Exhausted { name, for_ }));
     }
 }
