@@ -13,6 +13,14 @@ use crate::util::BoxFuture;
 /// Redirects followed per call, at most (within the request's origin).
 const MAX_REDIRECTS: usize = 10;
 
+/// How long a keep-alive connection may sit idle before a call takes a
+/// new one instead. Node's and Apache's servers close theirs after 5 s: a
+/// call written into a connection the server is closing gets no answer and
+/// may have run (reqwest's 90 s would race them on a job paced a call per
+/// 5 s a worker). A slower pace pays a handshake per call, which is
+/// nothing at that pace.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
 /// The real transport, built once per run and shared by every worker.
 pub struct HttpTransport {
     client: reqwest::Client,
@@ -26,9 +34,21 @@ impl HttpTransport {
     /// per worker), that follows up to 10 redirects within the request's
     /// origin and reads at most `max_body` bytes of a body.
     pub fn new(timeout: Duration, idle: usize, max_body: usize) -> anyhow::Result<HttpTransport> {
+        Self::with_pool_idle(timeout, idle, max_body, POOL_IDLE)
+    }
+
+    /// [`HttpTransport::new`] whose idle connections are given up after
+    /// `pool_idle`.
+    fn with_pool_idle(
+        timeout: Duration,
+        idle: usize,
+        max_body: usize,
+        pool_idle: Duration,
+    ) -> anyhow::Result<HttpTransport> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(idle)
+            .pool_idle_timeout(pool_idle)
             // Requests are small: none should wait for Nagle's algorithm.
             .tcp_nodelay(true)
             // The pool retries under the Idempotency-Key itself; reqwest's
@@ -258,6 +278,61 @@ mod tests {
         assert!(out_of_handles(&enfile));
         let refused = Wrapped(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
         assert!(!out_of_handles(&refused));
+    }
+
+    /// A server answering every request on a kept-alive connection; the
+    /// count is of the connections it accepted.
+    async fn counting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    // Each request here is a bodiless GET in one read.
+                    while matches!(sock.read(&mut buf).await, Ok(n) if n > 0) {
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if sock.write_all(ok).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    /// Two calls `gap` apart through a transport giving idle connections up
+    /// after `pool_idle`: how many connections the server saw.
+    async fn connections_for(pool_idle: Duration, gap: Duration) -> usize {
+        let (url, accepted) = counting_server().await;
+        let t = HttpTransport::with_pool_idle(Duration::from_secs(5), 2, 1024, pool_idle).unwrap();
+        let req = Request {
+            url,
+            method: reqwest::Method::GET,
+            headers: HeaderMap::new(),
+            body: None,
+        };
+        for _ in 0..2 {
+            let r = t.call(&req).await.unwrap();
+            assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+            tokio::time::sleep(gap).await;
+        }
+        accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_pool_limit_is_not_reused() {
+        // The same gap once past the pool's limit and once within it: the
+        // late call opens a new connection where the early one reuses.
+        let gap = Duration::from_millis(300);
+        assert_eq!(connections_for(Duration::from_millis(50), gap).await, 2);
+        assert_eq!(connections_for(POOL_IDLE, gap).await, 1);
     }
 
     #[test]
