@@ -18,7 +18,92 @@ use sha2::{Digest, Sha256};
 
 use super::events::Event;
 use crate::request::BatchSpec;
+use crate::settings::Settings;
 use crate::transport::Request;
+
+/// How a run forms its batches: what the checkpoint records of it, and
+/// the blocks of the input its batches are formed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Formation {
+    /// As the checkpoint records it: `--batch` and what cuts a batch short.
+    pub how: String,
+    /// The blocks a batch holds pending items of one of.
+    pub blocks: Blocks,
+}
+
+/// The blocks of the input a batch is formed from: it holds pending items
+/// of one block, so any run forms a batch left unrecorded (a crash, a lost
+/// connection) again from the same items, under the same key, whatever
+/// else settled meanwhile. Consecutive pending items would not: one item
+/// settled out of turn shifts every later batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Blocks {
+    /// N lines of the input: lines 1-N, N+1-2N, ...
+    Lines(u64),
+    /// N of a shard's items, done or not: its first N, the next N, ...
+    /// A shard holds about one line in M, and blocks of lines left its
+    /// batches about N/M items.
+    ShardItems(u64),
+}
+
+impl Blocks {
+    /// The block of the item on `line`, the `nth` of its shard's (from 1).
+    pub fn of(self, line: u64, nth: u64) -> u64 {
+        match self {
+            Blocks::Lines(n) => line.saturating_sub(1) / n.max(1),
+            Blocks::ShardItems(n) => nth.saturating_sub(1) / n.max(1),
+        }
+    }
+}
+
+impl Formation {
+    /// `--batch` as `settings` ask it; `None` for one item per call.
+    pub fn asked(settings: &Settings) -> Option<Formation> {
+        let by_lines = Formation::by_lines(settings)?;
+        match settings.shard.is_some_and(|s| s.count > 1) {
+            true => Some(Formation {
+                how: format!("{} (blocks of this shard's items)", by_lines.how),
+                blocks: Blocks::ShardItems(by_lines.size()),
+            }),
+            false => Some(by_lines),
+        }
+    }
+
+    /// `--batch` formed from blocks of lines, as every job formed them
+    /// until shards formed theirs from their own items.
+    pub fn by_lines(settings: &Settings) -> Option<Formation> {
+        let b = settings.batch.as_ref()?;
+        let mut how = format!("--batch {}", b.size);
+        if let Some(c) = &settings.costing {
+            if let Some(e) = &c.expr {
+                how.push_str(&format!(" --cost {e}"));
+            }
+            if let Some((most, _)) = &c.most {
+                how.push_str(&format!(" (at most {most} tokens a call)"));
+            }
+        }
+        Some(Formation {
+            how,
+            blocks: Blocks::Lines(b.size.max(1) as u64),
+        })
+    }
+
+    /// How a job that recorded `recorded` forms its batches: from blocks
+    /// of lines if it recorded those (a shard's job keeps them while calls
+    /// formed so may have run), else as asked.
+    pub fn recorded(settings: &Settings, recorded: Option<&str>) -> Option<Formation> {
+        Formation::by_lines(settings)
+            .filter(|f| recorded == Some(f.how.as_str()))
+            .or_else(|| Formation::asked(settings))
+    }
+
+    /// The items a block holds (or the lines it spans).
+    fn size(&self) -> u64 {
+        match self.blocks {
+            Blocks::Lines(n) | Blocks::ShardItems(n) => n,
+        }
+    }
+}
 
 /// Cuts the next batch off the front of `pending`: at most `size` items,
 /// and no more than fit together in `most` tokens (the least a told

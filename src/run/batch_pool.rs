@@ -4,12 +4,12 @@
 //! each item, and each is recorded on its own (all of one call's in one
 //! commit).
 //!
-//! A batch holds the pending items of one block of N input lines (lines
-//! 1-N, N+1-2N, ...), and the items of a block that come back transient go
-//! again together: whatever else settled meanwhile, any run forms a batch
-//! left unrecorded by a crash again from the same items, with the same key,
-//! and the server replays what it settled. (Consecutive runs of pending
-//! items would not: one item settled out of turn shifts every later batch.)
+//! A batch holds the pending items of one block of the input (N lines, or
+//! N of a shard's items: [`super::batch::Blocks`]), and the items of a
+//! block that come back transient go again together: whatever else settled
+//! meanwhile, any run forms a batch left unrecorded by a crash again from
+//! the same items, with the same key, and the server replays what it
+//! settled.
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,14 +86,6 @@ impl Batching {
         self.size.load(Ordering::Relaxed)
     }
 
-    /// The block of `--batch` lines an item belongs to: a batch holds the
-    /// pending items of one block, so that a batch whose outcome is unknown
-    /// (a crash, a lost connection) is formed again by a resume from the
-    /// same items, under the same key, whatever else settled meanwhile.
-    fn block(&self, item: &Item) -> u64 {
-        item.line.saturating_sub(1) / self.spec.size.max(1) as u64
-    }
-
     /// A batch of `len` was too large: at most half of it from now on.
     /// The new size, when it is smaller than before.
     /// The first halving of the run is the one said: it alone sees the
@@ -148,8 +140,8 @@ impl Pool {
         }
     }
 
-    /// The pending items of the next block of lines (see
-    /// [`Batching::block`]); the queue yields them in line order. Nothing
+    /// The pending items of the next block (see [`super::batch::Blocks`]);
+    /// the queue yields them in line order. Nothing
     /// when the run stops meanwhile: the items taken were never sent, and
     /// an item of the next block put aside stays pending too.
     async fn take_batch(&self, queue: &Queue, batching: &Batching) -> Vec<Queued> {
@@ -164,7 +156,7 @@ impl Pool {
             };
             let Some(it) = it else { break };
             match taken.first() {
-                Some(first) if batching.block(&it.item) != batching.block(&first.item) => {
+                Some(first) if it.block != first.block => {
                     *put_aside() = Some(it);
                     break;
                 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::batch::Blocks;
 use super::pool::Queued;
 use super::repeats::Counter;
 use crate::checkpoint::{Backlog, JobItems};
@@ -24,6 +25,8 @@ pub(super) struct Source {
     pub(super) skip_invalid: bool,
     /// How the job fingerprints its items.
     pub(super) field_order: input::FieldOrder,
+    /// The blocks its batches are formed from, under `--batch`.
+    pub(super) blocks: Option<Blocks>,
 }
 
 impl Source {
@@ -35,6 +38,7 @@ impl Source {
             shard: settings.shard,
             skip_invalid: settings.skip_invalid,
             field_order: input::FieldOrder::default(),
+            blocks: None,
         }
     }
 }
@@ -60,6 +64,7 @@ pub(super) fn spawn(
         shard,
         skip_invalid,
         field_order,
+        blocks,
     } = source;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -72,6 +77,8 @@ pub(super) fn spawn(
         let reopened = items.any_reopened();
         let batch = (tx.max_capacity() / 2).max(1) as u64;
         let mut left = pending;
+        // This shard's items so far, done or not: a shard's batch blocks.
+        let mut nth = 0u64;
         let reserve = |left: u64| {
             backlog.wait();
             rt.block_on(tx.reserve_many(batch.min(left) as usize))
@@ -94,6 +101,7 @@ pub(super) fn spawn(
             if shard.is_some_and(|s| !s.takes(item.line, s.by_content.then(digest))) {
                 continue;
             }
+            nth += 1;
             if states.is_finished(item.line) {
                 continue;
             }
@@ -116,11 +124,13 @@ pub(super) fn spawn(
                     p
                 }
             };
+            let block = blocks.map_or(0, |b| b.of(item.line, nth));
             permit.send(Queued {
                 item,
                 generation,
                 maybe_ran,
                 repeat,
+                block,
             });
             left -= 1;
             if left == 0 {

@@ -396,19 +396,8 @@ fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Rep
             }
         ));
     }
-    if let (Some(b), Some(shard)) = (&settings.batch, settings.shard.filter(|s| s.count > 1)) {
-        // A batch is formed from a block of input lines (so that a resume
-        // forms it again under the same key), and a shard holds about one
-        // line in N of each block.
-        reporter.println(&format!(
-            "batchrun: note: --batch {size} with --shard {shard}: a batch holds this shard's \
-             items of a block of {size} input lines, about {} of them, so the shards make about \
-             {} times the calls; --batch {wide} gives batches of about {size} (at most {wide})",
-            (b.size as u64).div_ceil(shard.count),
-            shard.count,
-            size = b.size,
-            wide = b.size as u64 * shard.count,
-        ));
+    if let Some(note) = start::batches_of_lines(settings, &job.meta) {
+        reporter.println(&note);
     }
     let counts = job.meta.counts();
     if let Some(warning) = orphaned_results(settings, &job.meta, counts.done + counts.failed) {
@@ -553,6 +542,8 @@ where
         .shard
         .map(|s| s.by_content(job.meta.shards_by_content));
     source.field_order = job.meta.field_order();
+    source.blocks =
+        batch::Formation::recorded(settings, job.meta.batching.as_deref()).map(|f| f.blocks);
     let feeder = feeder::spawn(
         source,
         repeats,

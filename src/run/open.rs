@@ -3,6 +3,7 @@
 
 use anyhow::Context as _;
 
+use super::batch::Formation;
 use super::damage::damaged;
 use super::job::Located;
 use super::layouts::Siblings;
@@ -83,8 +84,8 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
     meta.close_killed_run();
-    check_batching(settings, &items, &meta)?;
-    record_batching(&store, settings, &mut meta)?;
+    let formation = check_batching(settings, &items, &meta)?;
+    record_batching(&store, formation, &mut meta)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;
@@ -227,27 +228,14 @@ fn fresh(store: &Store, id: &str, old: Option<&JobMeta>, epoch: u32) -> Result<u
     Ok(epoch.saturating_add(1))
 }
 
-/// How this run forms its calls, as the checkpoint records it: `None`
-/// for one item per call; else `--batch` and what cuts a batch short (an
-/// estimate of tokens against the most a told policy admits at once).
-fn batching(settings: &Settings) -> Option<String> {
-    let b = settings.batch.as_ref()?;
-    let mut how = format!("--batch {}", b.size);
-    if let Some(c) = &settings.costing {
-        if let Some(e) = &c.expr {
-            how.push_str(&format!(" --cost {e}"));
-        }
-        if let Some((most, _)) = &c.most {
-            how.push_str(&format!(" (at most {most} tokens a call)"));
-        }
-    }
-    Some(how)
-}
-
 /// Records how this run forms its calls, on disk before any call: a run
 /// killed after its first batch must find how it formed them.
-fn record_batching(store: &Store, settings: &Settings, meta: &mut JobMeta) -> Result<(), RunError> {
-    let batching = batching(settings);
+fn record_batching(
+    store: &Store,
+    formation: Option<Formation>,
+    meta: &mut JobMeta,
+) -> Result<(), RunError> {
+    let batching = formation.map(|f| f.how);
     if meta.batching != batching {
         meta.batching = batching;
         store.save_job(meta).context("writing the checkpoint")?;
@@ -256,24 +244,36 @@ fn record_batching(store: &Store, settings: &Settings, meta: &mut JobMeta) -> Re
     Ok(())
 }
 
-/// Refuses to form calls otherwise than the last run did while some of
-/// its calls may have run unanswered (a run killed with calls in flight,
-/// or items failed with their outcome unknown, sent again by
-/// `--retry-failed`). A batch's Idempotency-Key is made of its items':
-/// formed otherwise, those items would go under other keys, and an API
-/// that ran them would run them again.
-fn check_batching(settings: &Settings, items: &JobItems, meta: &JobMeta) -> Result<(), RunError> {
-    let now = batching(settings);
+/// How this run forms its calls: as asked, unless some of the last run's
+/// calls may have run unanswered (a run killed with calls in flight, or
+/// items failed with their outcome unknown, sent again by
+/// `--retry-failed`) and it formed them otherwise. A batch's
+/// Idempotency-Key is made of its items': formed otherwise, those items
+/// would go under other keys, and an API that ran them would run them
+/// again. Refused then; a shard's job begun with blocks of lines keeps
+/// them instead (its user changed nothing).
+fn check_batching(
+    settings: &Settings,
+    items: &JobItems,
+    meta: &JobMeta,
+) -> Result<Option<Formation>, RunError> {
+    let asked = Formation::asked(settings);
+    let now = asked.as_ref().map(|f| f.how.clone());
     if now == meta.batching || settings.fresh {
-        return Ok(());
+        return Ok(asked);
     }
     // Failed ones too, whether or not this run sends them: a run that
     // recorded the new batching would let a later --retry-failed by.
     let why = match may_have_run(items, meta)? {
-        (0, false) => return Ok(()),
+        (0, false) => return Ok(asked),
         (0, true) => "a run of this job was killed, or stopped before its calls in flight came back: those calls".to_string(),
         (n, _) => format!("{n} item(s) failed with their outcome unknown: their calls"),
     };
+    if let Some(lines) =
+        Formation::by_lines(settings).filter(|f| meta.batching.as_deref() == Some(f.how.as_str()))
+    {
+        return Ok(Some(lines));
+    }
     let way = |b: &Option<String>| match b {
         Some(b) => format!("in batches ({b})"),
         None => "one item per call".to_string(),

@@ -91,6 +91,9 @@ pub struct Queued {
     /// Earlier lines of the input with the same content: part of its key
     /// when keys follow content (see `run/keys.rs`).
     pub repeat: u32,
+    /// The block of the input its batch is formed from, under `--batch`
+    /// (see [`super::batch::Blocks`]).
+    pub block: u64,
 }
 
 impl Pool {
@@ -147,6 +150,7 @@ impl Pool {
             generation,
             maybe_ran,
             repeat,
+            block,
         } = queued;
         let req = self.render(&item, generation, repeat)?;
         // Before any slot or probe is held: an item whose cost cannot be
@@ -211,6 +215,7 @@ impl Pool {
                         generation,
                         maybe_ran: tries.maybe_ran,
                         repeat,
+                        block,
                     })
                 }
             }

@@ -168,6 +168,28 @@ fn calls(settings: &Settings, pending: u64) -> u64 {
     }
 }
 
+/// A shard's job that forms its batches from blocks of input lines, as
+/// every job did before shards formed theirs from their own items: it
+/// keeps them while calls so formed may have run (under their keys), and
+/// its batches hold about N/M items, so the shards make about M times the
+/// calls. Said at start, with when that ends.
+pub(super) fn batches_of_lines(settings: &Settings, meta: &JobMeta) -> Option<String> {
+    let shard = settings.shard.filter(|s| s.count > 1)?;
+    let f = super::batch::Formation::recorded(settings, meta.batching.as_deref())?;
+    let super::batch::Blocks::Lines(size) = f.blocks else {
+        return None;
+    };
+    Some(format!(
+        "batchrun: note: this shard's job began forming --batch {size} from blocks of {size} \
+         input lines, of which it holds about {}, so the shards make about {} times the calls; \
+         calls so formed may have run unanswered, and it keeps forming them so (under the same \
+         keys) until a run of it ends with none unsettled; then its batches are formed from \
+         its own items, {size} a call",
+        size.div_ceil(shard.count),
+        shard.count,
+    ))
+}
+
 /// When the calls in flight, not the limit, bound the run: said up front
 /// for any latency under a second (the run says it again once it has
 /// measured one).

@@ -86,6 +86,7 @@ async fn run_pool(
             generation: 0,
             maybe_ran: false,
             repeat: 0,
+            block: 0,
         };
         item_tx.send(queued).await.unwrap();
     }

@@ -832,13 +832,8 @@ async fn shards_of_a_regenerated_input_run_every_item_once() {
         };
         let first = run(1);
         assert_eq!(first.code, 0, "{tag}");
-        // A shard's batches are short: the run says so, and what to do.
-        assert_eq!(
-            first.stderr.contains("about 2 of them") && first.stderr.contains("--batch 12"),
-            !extra.is_empty(),
-            "{}",
-            first.stderr
-        );
+        // A shard's batches hold its own items: nothing to say of them.
+        assert!(!first.stderr.contains("blocks of"), "{}", first.stderr);
         with_a_row_on_top(&s, 60);
         for i in 1..=3 {
             let r = run(i);

@@ -2,6 +2,7 @@
 
 mod batch;
 mod batch_faults;
+mod batch_shards;
 mod common;
 mod crash;
 mod credits;
