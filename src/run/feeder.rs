@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::batch::Blocks;
+use super::batch::{Blocks, Formation};
 use super::pool::Queued;
 use super::repeats::Counter;
-use crate::checkpoint::{Backlog, JobItems};
+use crate::checkpoint::{Backlog, JobItems, JobMeta};
 use crate::fleet::Shard;
 use crate::input::{self, Format};
 
@@ -30,15 +30,18 @@ pub(super) struct Source {
 }
 
 impl Source {
-    /// The input as the settings name it.
-    pub(super) fn of(settings: &crate::settings::Settings) -> Source {
+    /// The input as the settings name it, read as the job `meta` reads it:
+    /// its shards split as it was made, its fingerprints, its batches'
+    /// blocks.
+    pub(super) fn of(settings: &crate::settings::Settings, meta: &JobMeta) -> Source {
+        let recorded = meta.batching.as_deref();
         Source {
             path: settings.input.clone(),
             format: settings.format,
-            shard: settings.shard,
+            shard: settings.shard.map(|s| s.by_content(meta.shards_by_content)),
             skip_invalid: settings.skip_invalid,
-            field_order: input::FieldOrder::default(),
-            blocks: None,
+            field_order: meta.field_order(),
+            blocks: Formation::recorded(settings, recorded).map(|f| f.blocks),
         }
     }
 }
@@ -58,14 +61,7 @@ pub(super) fn spawn(
     backlog: Backlog,
     tx: mpsc::Sender<Queued>,
 ) -> JoinHandle<anyhow::Result<()>> {
-    let Source {
-        path,
-        format,
-        shard,
-        skip_invalid,
-        field_order,
-        blocks,
-    } = source;
+    let (shard, skip_invalid) = (source.shard, source.skip_invalid);
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let states = items.states();
@@ -86,7 +82,8 @@ pub(super) fn spawn(
         let Ok(mut room) = reserve(left) else {
             return Ok(());
         };
-        for item in reader(&path, format, skip_invalid)?.field_order(field_order) {
+        let read = reader(&source.path, source.format, skip_invalid)?;
+        for item in read.field_order(source.field_order) {
             let item = match item {
                 Ok(item) => item,
                 Err(e) if skip_invalid && passed_by(&e, &states, shard) => continue,
@@ -105,26 +102,20 @@ pub(super) fn spawn(
             if states.is_finished(item.line) {
                 continue;
             }
-            let (generation, maybe_ran) = if reopened {
-                items.carried(item.line)?
-            } else {
-                (0, false)
+            let (generation, maybe_ran) = match reopened {
+                true => items.carried(item.line)?,
+                false => (0, false),
             };
             let permit = match room.next() {
                 Some(p) => p,
-                None => {
-                    // The queue closed: the run stopped.
-                    let Ok(more) = reserve(left) else {
-                        return Ok(());
-                    };
-                    room = more;
-                    let Some(p) = room.next() else {
-                        return Ok(());
-                    };
-                    p
-                }
+                // The room reserved is used: more, unless the queue closed
+                // (the run stopped).
+                None => match reserve(left).map(|more| room = more).map(|()| room.next()) {
+                    Ok(Some(p)) => p,
+                    _ => return Ok(()),
+                },
             };
-            let block = blocks.map_or(0, |b| b.of(item.line, nth));
+            let block = source.blocks.map_or(0, |b| b.of(item.line, nth));
             permit.send(Queued {
                 item,
                 generation,
@@ -138,7 +129,7 @@ pub(super) fn spawn(
             }
         }
         // The scan counted more pending items than the file holds now.
-        Err(changed(&path, left))
+        Err(changed(&source.path, left))
     })
 }
 

@@ -537,15 +537,8 @@ where
         true => std::mem::take(&mut *job.repeats.lock().unwrap_or_else(|p| p.into_inner())),
         false => repeats::Counter::default(),
     };
-    let mut source = feeder::Source::of(settings);
-    source.shard = source
-        .shard
-        .map(|s| s.by_content(job.meta.shards_by_content));
-    source.field_order = job.meta.field_order();
-    source.blocks =
-        batch::Formation::recorded(settings, job.meta.batching.as_deref()).map(|f| f.blocks);
     let feeder = feeder::spawn(
-        source,
+        feeder::Source::of(settings, &job.meta),
         repeats,
         job.items.clone(),
         job.scan.total,
