@@ -101,12 +101,7 @@ async fn kill_9_at_random_moments_then_resume_runs_every_item_once() {
         "4",
     ];
     for _ in 0..8 {
-        let mut child = s
-            .cmd(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = s.spawn_quiet(&args);
         std::thread::sleep(std::time::Duration::from_millis(fastrand::u64(20..300)));
         // SAFETY: signalling our own child.
         unsafe {

@@ -4,7 +4,6 @@
 //! may be unsettled.
 
 use std::collections::BTreeSet;
-use std::process::Stdio;
 
 use crate::common::*;
 
@@ -34,10 +33,15 @@ fn run_shard(s: &Scenario, args: &[String]) -> Finished {
 
 /// The `n` of every result of shard `i` of 3, in the order written.
 fn shard_results(s: &Scenario, i: u64) -> Vec<u64> {
+    shard_output(s, i, "results")
+}
+
+/// The `n` of every line of shard `i`'s output `kind`, in the order written.
+fn shard_output(s: &Scenario, i: u64, kind: &str) -> Vec<u64> {
     let out = s
         .dir()
         .path()
-        .join(format!("items.shard-{i}-of-3.results.jsonl"));
+        .join(format!("items.shard-{i}-of-3.{kind}.jsonl"));
     jsonl(&out)
         .iter()
         .map(|r| r["input"]["n"].as_u64().unwrap())
@@ -70,41 +74,52 @@ async fn a_shards_batches_hold_n_of_its_own_items() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_then_resume_runs_each_of_a_shards_items_once() {
     const ITEMS: u64 = 1200;
-    // About 20 calls of 50 ms, 4 at a time: the kills land mid-run.
+    // Every 37th item is refused: it fails in its batch while the rest of
+    // the batch is done.
+    let refused: Vec<String> = (1..=ITEMS / 37).map(|k| format!("n={}", 37 * k)).collect();
+    let mut sim = vec!["--limit", "none", "--concurrency", "64"];
+    sim.extend(["--latency", "20ms..80ms"]);
+    sim.extend(refused.iter().flat_map(|r| ["--refuse", r.as_str()]));
     let s = Scenario::new("shard-batch-kills")
-        .with_sim(&[
-            "--limit",
-            "none",
-            "--concurrency",
-            "64",
-            "--latency",
-            "20ms..80ms",
-        ])
+        .with_sim(&sim)
         .numbers(ITEMS);
     let first = shard_args(&s, 1, 20);
     let args: Vec<&str> = first.iter().map(String::as_str).collect();
-    for _ in 0..8 {
-        let mut child = s
-            .cmd(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(fastrand::u64(20..300)));
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGKILL);
-        }
-        let _ = child.wait();
+    // Shard 1 holds about 400 items (by content): kill k lands at a random
+    // point of the k-th stretch of 5%..80% of 400, with batches in flight.
+    for k in 0..3 {
+        let at = fastrand::u64(400 * (5 + 25 * k) / 100..400 * (5 + 25 * (k + 1)) / 100);
+        let mut child = s.spawn_quiet(&args);
+        wait_for_stats(s.sim(), 60, |st| {
+            st["side_effects"].as_u64().unwrap_or(0) >= at
+        })
+        .await;
+        child.kill().unwrap(); // SIGKILL: nothing is flushed on the way out
+        child.wait().unwrap();
     }
+    // --retry-failed: the refused items are pending again, beside the
+    // batches the kills left unrecorded, which go again under their keys.
     for i in 1..=3 {
-        let r = run_shard(&s, &shard_args(&s, i, 20));
-        assert_eq!(r.code, 0, "shard {i}: {}", r.stderr);
+        let mut args = shard_args(&s, i, 20);
+        args.push("--retry-failed".into());
+        let r = run_shard(&s, &args);
+        // 3: finished, with items failed (the refused ones).
+        let code = match shard_output(&s, i, "failures").is_empty() {
+            true => 0,
+            false => 3,
+        };
+        assert_eq!(r.code, code, "shard {i}: {}", r.stderr);
     }
-    let mut seen: Vec<u64> = (1..=3).flat_map(|i| shard_results(&s, i)).collect();
+    let done: Vec<u64> = (1..=3).flat_map(|i| shard_results(&s, i)).collect();
+    let failed: Vec<u64> = (1..=3)
+        .flat_map(|i| shard_output(&s, i, "failures"))
+        .collect();
+    assert!(failed.iter().all(|n| n % 37 == 0), "{failed:?}");
+    assert_eq!(failed.len() as u64, ITEMS / 37);
+    let mut seen = [&done[..], &failed[..]].concat();
     seen.sort_unstable();
     assert_eq!(seen, (1..=ITEMS).collect::<Vec<_>>(), "every item once");
-    assert_side_effects(&s.sim().stats().await, ITEMS);
+    assert_side_effects(&s.sim().stats().await, done.len() as u64);
 }
 
 /// Makes shard 1's job look as the earlier build left it when killed with

@@ -294,6 +294,15 @@ impl Scenario {
         }
     }
 
+    /// Starts [`Scenario::cmd`] with its output dropped: a run to kill.
+    pub fn spawn_quiet(&self, extra: &[&str]) -> Child {
+        self.cmd(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn batchrun")
+    }
+
     /// Runs [`Scenario::cmd`] to completion.
     pub fn run(&self, extra: &[&str]) -> Finished {
         finish(self.cmd(extra))

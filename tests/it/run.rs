@@ -135,12 +135,7 @@ async fn kill_9_mid_run_then_resume_does_every_item_exactly_once() {
         .numbers(400);
     let sim = s.sim();
     let args = ["--limit", "200/1s", "--concurrency", "5"];
-    let mut child = s
-        .cmd(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = s.spawn_quiet(&args);
     wait_for_stats(sim, 30, |st| st["side_effects"].as_u64().unwrap_or(0) >= 40).await;
     child.kill().unwrap(); // SIGKILL: no chance to flush anything
     child.wait().unwrap();

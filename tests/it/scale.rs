@@ -12,8 +12,6 @@
 //! server returned for that very item, and the server performed each item's
 //! side effect exactly once however many times it was sent.
 
-use std::process::Stdio;
-
 use crate::common::*;
 
 /// Items in the job: the 200k the issue names, hundreds of group commits
@@ -48,12 +46,7 @@ async fn killed_three_times_at_random_points_every_item_is_done_exactly_once() {
     for k in 0..3 {
         // Kill k lands at a random point of the k-th stretch of 5%..86%.
         let at = rng.u64(ITEMS * (5 + 27 * k) / 100..ITEMS * (5 + 27 * (k + 1)) / 100);
-        let mut child = s
-            .cmd(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = s.spawn_quiet(&args);
         wait_for_stats(sim, 60, |st| st["side_effects"].as_u64().unwrap_or(0) >= at).await;
         child.kill().unwrap(); // SIGKILL: nothing is flushed on the way out
         child.wait().unwrap();
