@@ -240,7 +240,7 @@ fn keep_out(s: String, key: Option<&Secret>, room: usize) -> String {
     let Some(key) = key else {
         return cut(s, room);
     };
-    let s = match s.contains(key.expose()) {
+    let s = match key.found_in(&s) {
         true => key.redact(&s),
         false => s,
     };

@@ -28,6 +28,7 @@ pub mod rate;
 pub mod report;
 pub mod request;
 pub mod run;
+pub mod secret;
 pub mod settings;
 pub mod sim;
 pub mod status;

@@ -4,177 +4,9 @@
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::input::Item;
+pub use crate::secret::Secret;
 use crate::template::{Escape, Template};
 use crate::transport::Request;
-
-/// The API key. Its `Debug` never shows it, and it only ever leaves the
-/// process as a sensitive header value.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> Secret {
-        Secret(key.into())
-    }
-
-    /// The key itself, for the one header that carries it (and redaction).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// `text` with every occurrence of the key replaced by `***`: for a URL
-    /// the key was templated into, or a body a server echoed it in.
-    pub fn redact(&self, text: &str) -> String {
-        if self.0.is_empty() {
-            return text.to_string();
-        }
-        text.replace(&self.0, "***")
-    }
-
-    /// Whether `text` spells out the key with other characters woven between
-    /// its own (`s.k._t...`): the key's characters, in order, with nothing
-    /// but characters foreign to the key in between. Keys shorter than 12
-    /// characters are left to plain redaction, which this would only
-    /// second-guess on ordinary text.
-    pub fn woven_into(&self, text: &str) -> bool {
-        let key = self.0.as_str();
-        key.chars().count() >= 12 && self.skeleton(text).contains(key)
-    }
-
-    /// The characters of `text` that occur in the key, in order: the key
-    /// itself, where other characters were woven into it.
-    fn skeleton(&self, text: &str) -> String {
-        text.chars().filter(|&c| self.0.contains(c)).collect()
-    }
-
-    /// Whether `text` holds a JSON escape standing for one of the key's
-    /// characters: only then can the key be in it escaped, and only then is
-    /// a body worth parsing to look (most bodies with escapes have none of
-    /// the key's).
-    fn escapes_a_key_char(&self, text: &str) -> bool {
-        let key = self.0.as_str();
-        text.match_indices('\\').any(|(at, _)| {
-            let rest = &text.as_bytes()[at + 1..];
-            match rest.first() {
-                Some(b'u') => std::str::from_utf8(rest.get(1..5).unwrap_or_default())
-                    .ok()
-                    .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-                    .and_then(char::from_u32)
-                    .is_some_and(|c| key.contains(c)),
-                Some(&b) => matches!(b, b'"' | b'\\' | b'/') && key.contains(char::from(b)),
-                None => false,
-            }
-        })
-    }
-
-    /// Whether `text` ends with the key's first four characters or more,
-    /// with characters foreign to the key woven in or not: what is left of
-    /// a key where the text was cut.
-    pub fn begun_at_end_of(&self, text: &str) -> bool {
-        let key = self.0.as_str();
-        let skeleton = self.skeleton(text);
-        (4..key.len())
-            .filter(|&n| key.is_char_boundary(n))
-            .any(|n| skeleton.ends_with(&key[..n]))
-    }
-
-    /// A response body with the key taken out however the server wrote it
-    /// back: as is, inside JSON strings in escaped form (`\u0073k...`), or,
-    /// for a body cut at `--max-body`, as the key's beginning at the very
-    /// end. None when there was nothing to take out, so the common case
-    /// costs a search or two and no copy.
-    pub fn scrub(&self, body: &str, cut: bool) -> Option<String> {
-        let key = self.0.as_str();
-        if key.is_empty() {
-            return None;
-        }
-        let mut out: Option<String> = None;
-        if body.contains(key) {
-            out = Some(self.redact(body));
-        }
-        let text = out.as_deref().unwrap_or(body);
-        if self.escapes_a_key_char(text) {
-            if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
-                if scrub_strings(&mut v, key) {
-                    out = Some(v.to_string());
-                }
-            }
-        }
-        if cut {
-            let text = out.as_deref().unwrap_or(body);
-            // The key's first characters, as is or JSON-escaped, cut off
-            // by the size cap. Fewer than four characters (or one escape)
-            // would match ordinary text too often to mean it.
-            let escaped = |upper: bool| -> String {
-                key.encode_utf16()
-                    .map(|u| match upper {
-                        true => format!("\\u{u:04X}"),
-                        false => format!("\\u{u:04x}"),
-                    })
-                    .collect()
-            };
-            let forms = [
-                (key.to_string(), 4),
-                (escaped(false), 6),
-                (escaped(true), 6),
-            ];
-            let tail = forms.iter().find_map(|(form, least)| {
-                (*least.min(&form.len())..form.len())
-                    .rev()
-                    .filter(|&n| form.is_char_boundary(n))
-                    .find(|&n| text.ends_with(&form[..n]))
-            });
-            // A key escaped only in part and cut could hide anywhere in the
-            // last few characters' worth of escapes: with an escape there,
-            // that whole stretch goes (the body is cut anyway).
-            let stretch = escaped(false).len();
-            let from = text.len().saturating_sub(stretch);
-            let from = (from..=text.len())
-                .find(|&i| text.is_char_boundary(i))
-                .unwrap_or(text.len());
-            let tail = match tail {
-                None if text[from..].contains('\\') => Some(text.len() - from),
-                t => t,
-            };
-            if let Some(n) = tail {
-                out = Some(format!("{}***", &text[..text.len() - n]));
-            }
-        }
-        out
-    }
-}
-
-/// Replaces the key in every string (and object key) of a JSON value; true
-/// when it found one.
-fn scrub_strings(v: &mut serde_json::Value, key: &str) -> bool {
-    use serde_json::Value;
-    match v {
-        Value::String(s) if s.contains(key) => {
-            *s = s.replace(key, "***");
-            true
-        }
-        Value::Array(a) => a.iter_mut().fold(false, |f, x| scrub_strings(x, key) | f),
-        Value::Object(o) => {
-            let mut found = false;
-            if o.keys().any(|k| k.contains(key)) {
-                let old = std::mem::take(o);
-                for (k, x) in old {
-                    found = true;
-                    o.insert(k.replace(key, "***"), x);
-                }
-            }
-            o.values_mut().fold(found, |f, x| scrub_strings(x, key) | f)
-        }
-        _ => false,
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 /// Where the body of each request comes from.
 #[derive(Debug)]
@@ -224,8 +56,12 @@ impl RequestSpec {
             let v = t
                 .render(item, Escape::Header)
                 .map_err(|e| format!("--header {name}: {e}"))?;
-            let v = HeaderValue::from_str(&v)
+            let mut v = HeaderValue::from_str(&v)
                 .map_err(|_| format!("--header {name}: value is not a valid header value"))?;
+            v.set_sensitive(
+                *name == reqwest::header::AUTHORIZATION
+                    || *name == reqwest::header::PROXY_AUTHORIZATION,
+            );
             headers.append(name.clone(), v);
         }
         let body = match &self.body {
@@ -413,71 +249,5 @@ mod tests {
             .with_idempotency_key("batchrun-abc");
         assert_eq!(r.headers[crate::wire::IDEMPOTENCY_KEY], "batchrun-abc");
         assert!(r.headers["x-api-key"].is_sensitive());
-    }
-
-    #[test]
-    fn the_key_is_scrubbed_however_a_server_writes_it_back() {
-        let k = Secret::new("sk_test_SECRET_abc123");
-        assert_eq!(k.scrub("{\"ok\":true}", false), None, "no copy when clean");
-        assert_eq!(
-            k.scrub("bad key sk_test_SECRET_abc123!", false).as_deref(),
-            Some("bad key ***!")
-        );
-        // JSON-escaped, in a value and in an object key.
-        let escaped = r#"{"error":"k=\u0073k_test_SECRET_abc123","\u0073k_test_SECRET_abc123":1}"#;
-        let clean = k.scrub(escaped, false).unwrap();
-        assert!(!clean.contains("SECRET"), "{clean}");
-        let v: serde_json::Value = serde_json::from_str(&clean).unwrap();
-        assert_eq!(v["error"], "k=***");
-        assert_eq!(v["***"], 1);
-        // Other escapes alone change nothing, and are not even parsed for.
-        assert_eq!(k.scrub(r#"{"name":"caf\u00e9"}"#, false), None);
-        assert!(!k.escapes_a_key_char(r#"{"name":"caf\u00e9 \"q\" \n"}"#));
-        assert!(k.escapes_a_key_char(r#"{"k":"\u0053ECRET"}"#));
-        assert!(k.escapes_a_key_char(r#"{"k":"sk\u005Ftest"}"#));
-        // Cut by the size cap in the middle of the key.
-        assert_eq!(
-            k.scrub("not found for key sk_test_SECRET_ab", true)
-                .as_deref(),
-            Some("not found for key ***")
-        );
-        assert_eq!(k.scrub("ends with sk", true), None, "too short to mean it");
-        // Cut in the middle of the escaped key, even inside one escape.
-        let cut = r#"{"head":"x","key":"\u0073\u006b\u005f\u0074\u0"#;
-        let clean = k.scrub(cut, true).unwrap();
-        assert!(clean.ends_with(r#""key":"***"#), "{clean}");
-        // Escaped in part, then cut.
-        let cut = r#"{"head":"x","key":"sk\u005ftest\u005fSECRET\u005fabc1"#;
-        let clean = k.scrub(cut, true).unwrap();
-        assert!(!clean.contains("SECRET"), "{clean}");
-        assert!(clean.ends_with("***"), "{clean}");
-    }
-
-    #[test]
-    fn a_key_with_other_characters_woven_in_is_still_the_key() {
-        let k = Secret::new("sk_test_SECRET_abcdef123");
-        let woven: String = "sk_test_SECRET_abcdef123"
-            .chars()
-            .flat_map(|c| [c, '\u{00B7}'])
-            .collect();
-        assert!(k.woven_into(&format!("bad key {woven}!")));
-        assert!(!k.woven_into("the secret key is kept safe: rate limit exceeded"));
-        assert!(
-            !Secret::new("short").woven_into("s-h-o-r-t"),
-            "short keys: no"
-        );
-        let body = serde_json::json!({ "error": format!("bad key {woven}") }).to_string();
-        let e = crate::classify::classify(
-            reqwest::StatusCode::BAD_REQUEST,
-            &HeaderMap::new(),
-            &body,
-            std::time::SystemTime::now(),
-            Some(&k),
-        )
-        .unwrap_err();
-        assert!(
-            format!("{e}").ends_with("held the API key; not shown)"),
-            "{e}"
-        );
     }
 }

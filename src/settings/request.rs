@@ -127,10 +127,16 @@ pub(super) fn request_spec(
         None => reqwest::Method::POST,
     };
     let mut headers = Vec::new();
+    let mut key = key;
     for (n, v) in &args.headers {
         let name = HeaderName::from_bytes(n.as_bytes())
             .map_err(|_| usage(format!("--header: {n:?} is not a header name")))?;
         let t = Template::parse(v).map_err(|e| usage(format!("--header {n}: {e}")))?;
+        // A credential given here is kept out of every output as the key
+        // is (the checkpoint, status, a dry run, errors, echoed bodies).
+        if let (Some(k), Some(value)) = (key.as_mut(), credential_value(&name, &t)) {
+            k.also(&value);
+        }
         headers.push((name, t));
     }
     let key_header = HeaderName::from_bytes(args.api_key_header.as_bytes()).map_err(|_| {
@@ -156,6 +162,18 @@ pub(super) fn request_spec(
         key_header,
         key,
     })
+}
+
+/// The value of a `--header` that carries a credential by HTTP's word
+/// (`Authorization`, `Proxy-Authorization`), when it is the same for every
+/// item: one made of an item's fields is the item's own data.
+fn credential_value(name: &HeaderName, t: &Template) -> Option<String> {
+    let credential =
+        *name == reqwest::header::AUTHORIZATION || *name == reqwest::header::PROXY_AUTHORIZATION;
+    let none = crate::input::Item::new(0, serde_json::Value::Null);
+    (credential && t.is_static())
+        .then(|| t.render(&none, crate::template::Escape::Header).ok())
+        .flatten()
 }
 
 /// `--batch` and its options, checked.

@@ -681,3 +681,75 @@ fn failed_unknown(tag: &str, n: u64) -> (Scenario, Finished) {
     assert_eq!(r.code, 3, "{}", r.stderr);
     (s, r)
 }
+
+/// A server answering 401 with the Authorization header's token named
+/// alone, as OpenAI's errors do (`Incorrect API key provided: sk-…`).
+async fn names_the_token() -> String {
+    let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+        let token = auth
+            .unwrap_or_default()
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default();
+        let said =
+            format!("{{\"error\":{{\"message\":\"Incorrect API key provided: {token}.\"}}}}");
+        (axum::http::StatusCode::UNAUTHORIZED, said)
+    });
+    format!("http://{}/v1/x", serve(app).await)
+}
+
+/// A key sent after an auth scheme (`Bearer …` in the key's variable with
+/// `--api-key-header Authorization`), or given with `-H Authorization:`,
+/// is kept out of every output as its token alone, which is what a
+/// server's error names: stderr, the summary, the checkpoint, status and a
+/// dry run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bearer_token_a_server_names_alone_is_never_shown() {
+    let s = Scenario::new("bearer").numbers(3);
+    let url = names_the_token().await;
+    let args = ["--limit", "none", "--url", &url, "--json-body"];
+    let in_var = finish({
+        let mut c = s.cmd(&[&args[..], &["--api-key-header", "Authorization"]].concat());
+        c.env("BATCHRUN_API_KEY", format!("Bearer {KEY}"));
+        c
+    });
+    assert_eq!(in_var.code, 1, "{}", in_var.stderr);
+    assert!(
+        in_var.stderr.contains("Incorrect API key provided: ***"),
+        "{}",
+        in_var.stderr
+    );
+    let bearer = format!("Authorization: Bearer {KEY}");
+    let with_h = [&args[..], &["-H", &bearer]].concat();
+    let other_key = |mut c: std::process::Command| {
+        c.env("BATCHRUN_API_KEY", "another-key-1234");
+        finish(c)
+    };
+    let in_header = other_key(s.cmd(&with_h));
+    assert_eq!(in_header.code, 1, "{}", in_header.stderr);
+    assert!(
+        in_header.stderr.contains("provided: ***"),
+        "{}",
+        in_header.stderr
+    );
+    let dry = other_key(s.cmd(&[&with_h[..], &["--dry-run", "1"]].concat()));
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    let shown_dry = format!("{}{}", dry.stderr, dry.summary);
+    assert!(shown_dry.contains("Bearer ***"), "{shown_dry}");
+    let status = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(shown.contains("Authorization: Bearer ***"), "{shown}");
+    for out in [&in_var, &in_header, &dry] {
+        assert!(!out.stderr.contains(KEY), "{}", out.stderr);
+        assert!(!out.summary.to_string().contains(KEY), "{}", out.summary);
+    }
+    assert!(!shown.contains(KEY), "{shown}");
+    assert_key_absent_from_files(s.dir().path());
+}
