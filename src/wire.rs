@@ -33,9 +33,13 @@ pub fn text<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
-/// A header as a whole number, when it is one.
+/// A header as a whole number, when it is one: the least of its lines
+/// when it came more than once (a proxy's and the API's), the tighter.
 pub fn whole(h: &HeaderMap, name: &HeaderName) -> Option<u64> {
-    text(h, name)?.parse().ok()
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.trim().parse().ok())
+        .min()
 }
 
 /// Parses a credit header as an integer.

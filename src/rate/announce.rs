@@ -120,12 +120,38 @@ fn bounded(mut a: Announced) -> Announced {
     a
 }
 
-fn text<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+// A header sent more than once (a proxy and the API behind it each setting
+// it) is read whole: a list field's lines joined, as HTTP combines them;
+// of several numbers the least quota or remaining and the latest reset, so
+// that the tighter statement governs, whichever line came first.
+
+/// Every line of the header `name`, trimmed (those that are text).
+fn each<'a>(h: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
+/// The first line of `name`: for a name, which one line says.
+fn text<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    each(h, name).next()
+}
+
+/// A list field's lines joined with commas, as one line.
+fn list(h: &HeaderMap, name: &str) -> Option<String> {
+    let lines: Vec<&str> = each(h, name).collect();
+    (!lines.is_empty()).then(|| lines.join(", "))
+}
+
+/// The least number the lines of `name` say (a quota, what is left).
 fn whole(h: &HeaderMap, name: &str) -> Option<u64> {
-    text(h, name)?.parse().ok()
+    each(h, name).filter_map(|v| v.parse().ok()).min()
+}
+
+/// The latest reset the lines of `name` say, each read by `read`.
+fn latest(h: &HeaderMap, name: &str, read: impl Fn(&str) -> Option<Duration>) -> Option<Duration> {
+    each(h, name).filter_map(read).max()
 }
 
 /// A positive quota: a quota of zero is no limit one could pace to.
@@ -164,12 +190,10 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
     // `RateLimit-Policy`: named (current draft) or bare quotas (older). An
     // early draft listed the policies after the limit in `RateLimit-Limit`
     // instead (`10, 10;w=1, 1000;w=3600`).
-    let policies = match text(h, "ratelimit-policy") {
-        Some(p) => members(p),
-        None => text(h, "ratelimit-limit")
-            .map(members)
-            .unwrap_or_default()
-            .into_iter()
+    let policies = match list(h, "ratelimit-policy") {
+        Some(p) => members(&p),
+        None => each(h, "ratelimit-limit")
+            .flat_map(members)
             .filter(|m| m.int("w").is_some())
             .collect(),
     };
@@ -187,11 +211,20 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         }
     }
     // `RateLimit: "name";r=..;t=..` (current draft).
-    for m in text(h, "ratelimit").map(members).unwrap_or_default() {
+    for m in list(h, "ratelimit")
+        .as_deref()
+        .map(members)
+        .unwrap_or_default()
+    {
         let Item::Name(name) = &m.item else { continue };
         let remaining = m.int("r");
         let reset_in = m.int("t").map(|t| reset_secs(t, now_unix));
         match out[start..].iter_mut().find(|a| &a.name == name) {
+            // Named twice (two lines): the least left, the latest reset.
+            Some(a) if a.remaining.is_some() => {
+                a.remaining = a.remaining.min(remaining).or(remaining);
+                a.reset_in = a.reset_in.max(reset_in);
+            }
             Some(a) => {
                 a.remaining = remaining;
                 a.reset_in = reset_in;
@@ -207,18 +240,19 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         }
     }
     // The older `RateLimit-Limit` / `-Remaining` / `-Reset` (delta seconds).
-    let limit =
-        text(h, "ratelimit-limit")
-            .map(members)
-            .and_then(|ms| match ms.first().map(|m| &m.item) {
-                Some(Item::Int(q)) => Some(*q),
-                _ => None,
-            });
+    let limit = each(h, "ratelimit-limit")
+        .filter_map(|line| match members(line).first().map(|m| &m.item) {
+            Some(Item::Int(q)) => Some(*q),
+            _ => None,
+        })
+        .min();
     let remaining = whole(h, "ratelimit-remaining");
     if limit.is_none() && remaining.is_none() {
         return;
     }
-    let reset_in = whole(h, "ratelimit-reset").map(|t| reset_secs(t, now_unix));
+    let reset_in = latest(h, "ratelimit-reset", |t| {
+        Some(reset_secs(t.parse().ok()?, now_unix))
+    });
     // The policy of that quota, if `RateLimit-Policy` listed it.
     let listed = out[start..]
         .iter_mut()
@@ -252,7 +286,9 @@ fn x_ratelimit(h: &HeaderMap, prefix: &str, now_unix: Duration, out: &mut Vec<An
     let mut a = Announced::new(name, Unit::Calls);
     a.quota = quota(limit);
     a.remaining = remaining;
-    a.reset_in = whole(h, &format!("{prefix}-reset")).map(|t| reset_secs(t, now_unix));
+    a.reset_in = latest(h, &format!("{prefix}-reset"), |t| {
+        Some(reset_secs(t.parse().ok()?, now_unix))
+    });
     push(out, a);
 }
 
@@ -266,7 +302,7 @@ fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
     let mut a = Announced::new(unit, unit_named(unit));
     a.quota = quota(limit);
     a.remaining = remaining;
-    a.reset_in = text(h, &format!("x-ratelimit-reset-{unit}")).and_then(go_duration);
+    a.reset_in = latest(h, &format!("x-ratelimit-reset-{unit}"), go_duration);
     // Whole seconds may be rounded (up, as the sim does from a second on).
     a.reset_exact = a.reset_in.is_some_and(|d| d.subsec_nanos() != 0);
     push(out, a);
@@ -282,9 +318,9 @@ fn anthropic(h: &HeaderMap, unit: &str, now_unix: Duration, out: &mut Vec<Announ
     let mut a = Announced::new(unit, unit_named(unit));
     a.quota = quota(limit);
     a.remaining = remaining;
-    a.reset_in = text(h, &format!("anthropic-ratelimit-{unit}-reset"))
-        .and_then(fields::rfc3339_unix)
-        .map(|at| at.saturating_sub(now_unix));
+    a.reset_in = latest(h, &format!("anthropic-ratelimit-{unit}-reset"), |t| {
+        fields::rfc3339_unix(t).map(|at| at.saturating_sub(now_unix))
+    });
     push(out, a);
 }
 

@@ -364,3 +364,79 @@ proptest! {
         }
     }
 }
+
+/// Every line of each header, in order (a header sent twice keeps both).
+fn lines(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.append(
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+/// A header sent twice (a proxy's line and the API's): the tighter line
+/// governs whichever came first, and a list field's lines are one list.
+#[test]
+fn a_header_sent_twice_is_read_as_its_tighter_line() {
+    for (a, b) in [("1000", "5"), ("5", "1000")] {
+        let h = lines(&[
+            ("x-rate-limit-limit", a),
+            ("x-rate-limit-limit", b),
+            ("x-rate-limit-remaining", b),
+            ("x-rate-limit-remaining", a),
+            ("x-rate-limit-reset", "10"),
+            ("x-rate-limit-reset", "60"),
+        ]);
+        let want = policy(
+            "x-rate-limit",
+            Unit::Calls,
+            Some(5),
+            None,
+            Some(5),
+            secs(60),
+        );
+        assert_eq!(read(&h, NOW), vec![want], "{a} then {b}");
+        assert_eq!(crate::wire::limit_in_force(&h), Some(5), "{a} then {b}");
+    }
+    let h = lines(&[
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-limit-requests", "60"),
+        ("x-ratelimit-remaining-requests", "59"),
+        ("x-ratelimit-reset-requests", "1s"),
+        ("x-ratelimit-reset-requests", "6m0s"),
+    ]);
+    let got = read(&h, NOW);
+    assert_eq!((got[0].quota, got[0].reset_in), (Some(60), secs(360)));
+    let h = lines(&[
+        ("ratelimit-policy", "\"burst\";q=100;w=1"),
+        ("ratelimit-policy", "\"daily\";q=1000;w=86400"),
+        ("ratelimit", "\"burst\";r=90;t=1"),
+        ("ratelimit", "\"burst\";r=3;t=1, \"daily\";r=7;t=600"),
+    ]);
+    let got = read(&h, NOW);
+    let burst = policy("burst", Unit::Calls, Some(100), secs(1), Some(3), secs(1));
+    let daily = policy(
+        "daily",
+        Unit::Calls,
+        Some(1000),
+        secs(86400),
+        Some(7),
+        secs(600),
+    );
+    assert_eq!(got, vec![burst, daily]);
+    // The older IETF form, its limit first on each line.
+    let h = lines(&[
+        ("ratelimit-limit", "1000"),
+        ("ratelimit-limit", "10, 10;w=1"),
+        ("ratelimit-remaining", "8"),
+    ]);
+    let got = read(&h, NOW);
+    assert!(
+        got.iter()
+            .any(|p| p.quota == Some(10) && p.remaining == Some(8)),
+        "{got:?}"
+    );
+}
