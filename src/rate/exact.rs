@@ -351,11 +351,17 @@ impl ExactWindow {
     /// The server reports the limit in force for this key
     /// (`x-rate-limit-limit`). The lowest report wins at once; the limit
     /// never grows above the configured one. A server that reports its
-    /// limit needs no learning, so a learnt limit is dropped.
+    /// limit needs no learning, so a learnt limit is dropped. A report
+    /// above the configured one changes nothing: 429s then come from a
+    /// limit the server does not state (a gateway's beside the API's
+    /// stated quota), which is learnt.
     ///
     /// Returns whether this report lowered the limit below the configured
     /// one and below every earlier report: worth telling the operator.
     pub fn set_limit_in_force(&mut self, l: u64, now: Instant) -> bool {
+        if l > self.configured {
+            return false;
+        }
         self.advance(now);
         let l = l.max(1);
         let lower = l < self.configured && self.reported.map_or(true, |r| l < r);

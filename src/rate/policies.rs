@@ -359,6 +359,7 @@ impl PolicySet {
 
     /// One call policy.
     fn follow(&mut self, p: &Announced, now: Instant) {
+        let had = self.windows.len();
         let i = match (p.window, p.quota) {
             (None, None) => Some(0),
             (None, Some(q)) => Some(self.nearest(q)),
@@ -369,7 +370,10 @@ impl PolicySet {
         };
         let Some(i) = i else { return };
         if let Some(q) = p.quota {
-            self.announced = true;
+            // A quota above what this window was told does not explain a
+            // 429: a limit the server keeps unstated does, and its 429s
+            // still teach.
+            self.announced |= i >= had || q <= self.windows[i].configured();
             self.report(i, p, q, now);
         }
         // What is left of a quota this response did not state says

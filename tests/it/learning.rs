@@ -119,3 +119,58 @@ async fn told_three_times_a_secret_buckets_rate_it_fits_the_rate_and_the_burst()
         "{first_line}"
     );
 }
+
+/// A server that states 1000 a second in every answer and keeps 5 in any
+/// second (a gateway's limit in front of the API's stated quota), with
+/// `Retry-After: 1` on its 429s; it counts what it refused.
+async fn states_more_than_it_keeps() -> (String, std::sync::Arc<std::sync::Mutex<u64>>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let sent: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let refused: Arc<Mutex<u64>> = Arc::default();
+    let count = refused.clone();
+    let app = axum::Router::new().fallback(move || {
+        let (sent, refused) = (sent.clone(), refused.clone());
+        async move {
+            let now = Instant::now();
+            let mut sent = sent.lock().unwrap();
+            sent.retain(|t| now.duration_since(*t) < Duration::from_secs(1));
+            let mut h = HeaderMap::new();
+            h.insert("x-ratelimit-limit", "1000".parse().unwrap());
+            if sent.len() >= 5 {
+                *refused.lock().unwrap() += 1;
+                h.insert("retry-after", "1".parse().unwrap());
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    h,
+                    "{\"error\":\"slow down\"}",
+                );
+            }
+            sent.push(now);
+            (StatusCode::OK, h, "{\"ok\":true}")
+        }
+    });
+    (format!("http://{}/v1/x", serve(app).await), count)
+}
+
+/// A limit the server states above the one told (1000 a second, told 40)
+/// does not switch learning off: its 429s come from a lower limit it keeps
+/// unstated, which is learnt as a secret one is. It took a 429 in every
+/// second of the run, for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_stated_above_the_told_one_leaves_a_lower_secret_one_to_learn() {
+    let (url, refused) = states_more_than_it_keeps().await;
+    let s = Scenario::new("stated-above").numbers(40);
+    let r = s.run(&["--limit", "40/1s", "--url", &url, "--json-body"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("pacing to the 5 calls per window"),
+        "{}",
+        r.stderr
+    );
+    let limited = r.summary["rate_limited"].as_u64().unwrap();
+    assert_eq!(limited, *refused.lock().unwrap());
+    assert!(limited <= 3, "{limited} 429s: {}", r.stderr);
+    assert_eq!(r.summary["done"], 40, "{}", r.summary);
+}

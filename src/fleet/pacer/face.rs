@@ -131,7 +131,7 @@ impl Pacer for FleetPacer {
                 return inner.drip_in_force(headers).await.or(queued);
             }
             let said = Said::of(headers, inner.window);
-            if said.told {
+            if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
             }
             if said.used_up {
@@ -152,7 +152,10 @@ impl Pacer for FleetPacer {
                 return queued;
             };
             // Only a change costs a round trip: most responses repeat it.
-            if inner.reported.swap(l, Ordering::SeqCst) == l {
+            // A limit above the configured one changes nothing (as
+            // in-process: `ExactWindow::set_limit_in_force`).
+            let above = inner.configured > 0 && l > inner.configured;
+            if above || inner.reported.swap(l, Ordering::SeqCst) == l {
                 return queued;
             }
             let told: Result<i64, PaceError> = inner
@@ -208,9 +211,11 @@ impl Pacer for FleetPacer {
 pub(super) struct Said {
     /// The lowest quota stated for the primary window.
     pub(super) limit: Option<u64>,
-    /// Whether a quota of calls or what is left of one is stated at all:
-    /// the limit is then no secret to learn from 429s (as in-process).
+    /// Whether a quota of calls or what is left of one is stated at all
+    /// (see [`Said::binds`]).
     pub(super) told: bool,
+    /// Whether it was stated for another window than the primary one.
+    pub(super) told_elsewhere: bool,
     /// Whether a policy of the primary window has nothing left: the fleet
     /// holds new calls until its window has room.
     pub(super) used_up: bool,
@@ -238,6 +243,15 @@ pub(super) struct Stated {
 }
 
 impl Said {
+    /// Whether what was stated binds a fleet configured `configured` per
+    /// window (0: none): the limit is then no secret to learn from 429s.
+    /// A quota of the primary window above the configured one does not
+    /// explain a 429, and leaves learning on (as in-process).
+    pub(super) fn binds(&self, configured: u64) -> bool {
+        let above = self.limit.is_some_and(|l| configured > 0 && l > configured);
+        self.told_elsewhere || (self.told && !above)
+    }
+
     pub(super) fn of(headers: &HeaderMap, window: Duration) -> Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
@@ -252,6 +266,7 @@ impl Said {
             match (p.unit, p.window, p.quota) {
                 (Unit::Calls, Some(w), q) if w != window => {
                     said.told |= q.is_some();
+                    said.told_elsewhere |= q.is_some();
                     if let Some(q) = q {
                         said.others.push(Stated {
                             used: used(q),

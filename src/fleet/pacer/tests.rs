@@ -74,6 +74,21 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     h
 }
 
+/// What a server states binds the fleet, switching learning from 429s off,
+/// unless it is a quota of the primary window above the configured one.
+#[test]
+fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
+    use face::Said;
+    let second = Duration::from_secs(1);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second);
+    let thousand = said(&[("x-ratelimit-limit", "1000")]);
+    assert!(!thousand.binds(40));
+    assert!(thousand.binds(1000) && thousand.binds(2000) && thousand.binds(0));
+    assert!(said(&[("x-ratelimit-remaining", "3")]).binds(40));
+    let other_window = said(&[("ratelimit-policy", r#""h";q=5000;w=3600"#)]);
+    assert!(other_window.binds(40));
+}
+
 #[test]
 fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
     use face::Said;
@@ -85,6 +100,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         used_up: false,
         others: Vec::new(),
         spent: Vec::new(),
+        ..Said::default()
     };
     assert_eq!(
         said(&[("ratelimit-policy", r#""default";q=20;w=1"#)]),
@@ -102,6 +118,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
             used_up: true,
             others: Vec::new(),
             spent: Vec::new(),
+            ..Said::default()
         }
     );
     assert_eq!(

@@ -141,6 +141,17 @@ fn a_reported_limit_at_or_above_the_configured_one_changes_nothing() {
     assert_eq!(fill(&mut w, t0), 10);
 }
 
+/// A server stating a limit above the configured one (1000 told 10) keeps
+/// a lower one unstated: its 429s still teach, and what they taught stays.
+#[test]
+fn a_report_above_the_configured_limit_leaves_learning_on() {
+    let (mut w, _, t0) = refused_after(10, 7, 1);
+    assert!(!w.set_limit_in_force(1000, t0));
+    assert_eq!(w.rate_limited(t0 + ms(10)), Some(5));
+    assert!(!w.set_limit_in_force(1000, t0 + ms(20)));
+    assert_eq!((w.limit(), w.learnt()), (5, Some(5)));
+}
+
 #[test]
 fn remaining_zero_holds_until_an_occupancy_ends() {
     let t0 = Instant::now();

@@ -152,6 +152,9 @@ impl Store for Lua {
                     learnt: v[1] as u64,
                 }
             }
+            // As the fleet's pacer: a limit above the configured one
+            // changes nothing and leaves learning on.
+            Call::InForce(l) if l > self.limit => Answer::InForce { lowered: false },
             Call::InForce(l) => {
                 self.secret = false;
                 let lowered: i64 = self.op(now, "inforce", |inv| {
