@@ -204,9 +204,11 @@ impl Pool {
         };
         // A batch's success cut short pairs nothing, though its items ran.
         let cut_batch = batch.filter(|_| truncated && (200..300).contains(&status));
-        let body = match truncated {
-            true => truncated_body(&body, cut.as_deref()),
-            false => body,
+        // What a cut body said is read from its words as they came (a
+        // 429's pause line quotes the server, not the record's marking).
+        let (body, head) = match truncated {
+            true => (truncated_body(&body, cut.as_deref()), Some(body)),
+            false => (body, None),
         };
         if let Some(note) = self.pacer.observe(&headers).await {
             self.emit(Event::Pace(note));
@@ -214,7 +216,7 @@ impl Pool {
         let c = classify::classify(
             reqwest::StatusCode::from_u16(status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY),
             &headers,
-            &body,
+            head.as_deref().unwrap_or(&body),
             SystemTime::now(),
             self.spec.key.as_ref(),
         );

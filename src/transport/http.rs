@@ -13,6 +13,11 @@ use crate::util::BoxFuture;
 /// Redirects followed per call, at most (within the request's origin).
 const MAX_REDIRECTS: usize = 10;
 
+/// How long the body of a 429 is read once its status came: the status and
+/// `Retry-After` are the answer, and a body that trickles in must not hold
+/// a worker, and the pause every worker waits for, until `--timeout`.
+const REFUSAL_BODY: Duration = Duration::from_secs(2);
+
 /// How long a keep-alive connection may sit idle before a call takes a
 /// new one instead. Node's and Apache's servers close theirs after 5 s: a
 /// call written into a connection the server is closing gets no answer and
@@ -94,8 +99,22 @@ impl HttpTransport {
         let status = resp.status().as_u16();
         let headers = std::mem::take(resp.headers_mut());
         let mut body = Capped::new(self.max_body);
+        let refusal = (status == 429).then(|| tokio::time::Instant::now() + REFUSAL_BODY);
         loop {
-            match resp.chunk().await {
+            let chunk = match refusal {
+                None => resp.chunk().await,
+                Some(by) => match tokio::time::timeout_at(by, resp.chunk()).await {
+                    Ok(chunk) => chunk,
+                    Err(_) => {
+                        body.cut = Some(format!(
+                            "the rest of a 429's body did not come within {}s",
+                            REFUSAL_BODY.as_secs()
+                        ));
+                        break;
+                    }
+                },
+            };
+            match chunk {
                 Ok(Some(chunk)) if body.push(&chunk) => {}
                 Ok(_) => break,
                 // The status came: the server answered, and a call sent
@@ -333,6 +352,38 @@ mod tests {
         let gap = Duration::from_millis(300);
         assert_eq!(connections_for(Duration::from_millis(50), gap).await, 2);
         assert_eq!(connections_for(POOL_IDLE, gap).await, 1);
+    }
+
+    /// A 429 whose body trickles in is the answer once its status came:
+    /// read for at most [`REFUSAL_BODY`], what came kept and marked cut,
+    /// where it held the call until the transport's timeout, as no answer.
+    #[tokio::test]
+    async fn a_429_whose_body_never_ends_is_answered_at_once() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = sock.read(&mut buf).await;
+            let head =
+                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 100\r\n\r\n";
+            sock.write_all(head.as_bytes()).await.unwrap();
+            sock.write_all(b"{\"error\":").await.unwrap();
+            // The rest never comes; the connection stays open.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        let t = HttpTransport::new(REFUSAL_BODY * 3, 1, 1024).unwrap();
+        let req = Request {
+            url,
+            method: reqwest::Method::GET,
+            headers: HeaderMap::new(),
+            body: None,
+        };
+        let r = t.call(&req).await.expect("the 429 is the answer");
+        assert_eq!((r.status, r.body.as_str()), (429, "{\"error\":"));
+        assert_eq!(r.headers["retry-after"], "1");
+        assert!(r.cut.is_some_and(|c| c.contains("429's body")));
     }
 
     #[test]

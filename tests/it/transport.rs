@@ -225,6 +225,29 @@ async fn cutting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU6
     .await
 }
 
+/// A 429 whose body the connection cut after its first words: the pause
+/// line quotes the server's words, not the record's marking of the cut
+/// (`{"batchrun_truncated":true,...`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_429_is_quoted_in_the_servers_words() {
+    let (url, hits) = raw_server(
+        "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\n\
+         content-length: 100\r\n\r\nslow down plea"
+            .to_string(),
+    )
+    .await;
+    let s = Scenario::new("cut-429").numbers(1);
+    let url = format!("{url}/v1/x");
+    let r = s.run(&["--limit", "none", "--url", &url, "--max-wait", "1s"]);
+    assert!(hits.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert!(
+        r.stderr.contains("(the server said: slow down plea"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("batchrun_truncated"), "{}", r.stderr);
+}
+
 /// A `200` whose body the connection cut: the server answered, so the
 /// call ran. It is recorded done with what came of the body, marked as
 /// cut, and never sent again (it was sent again, and ran twice).
