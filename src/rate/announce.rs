@@ -198,6 +198,10 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
             .collect(),
     };
     for (i, m) in policies.into_iter().enumerate() {
+        // A window that cannot be read is no window of the told limit's.
+        if m.unreadable("w") {
+            continue;
+        }
         let (name, q) = match &m.item {
             Item::Name(n) => (n.clone(), m.int("q")),
             Item::Int(q) => (format!("policy {}", i + 1), Some(*q)),

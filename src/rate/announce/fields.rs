@@ -35,6 +35,11 @@ impl Member {
         self.param(key)?.parse().ok()
     }
 
+    /// Whether the parameter `key` is there but no whole number.
+    pub(super) fn unreadable(&self, key: &str) -> bool {
+        self.param(key).is_some() && self.int(key).is_none()
+    }
+
     /// A parameter as text (quotes removed).
     pub(super) fn text(&self, key: &str) -> Option<&str> {
         self.param(key)
@@ -157,7 +162,12 @@ pub(super) fn rfc3339_unix(s: &str) -> Option<Duration> {
         let secs = hh.parse::<i64>().ok()? * 3600 + mm.parse::<i64>().ok()? * 60;
         (l, sign * secs)
     };
-    let at = humantime::parse_rfc3339_weak(local).ok()?;
+    // RFC 3339 allows a lowercase `t` between date and time (and a space).
+    let local = match local.as_bytes().get(10) {
+        Some(b't') => format!("{}T{}", &local[..10], &local[11..]),
+        _ => local.to_string(),
+    };
+    let at = humantime::parse_rfc3339_weak(&local).ok()?;
     let unix = at.duration_since(std::time::UNIX_EPOCH).ok()?;
     // Local time minus the offset is UTC.
     if offset_secs >= 0 {

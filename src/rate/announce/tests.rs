@@ -440,3 +440,26 @@ fn a_header_sent_twice_is_read_as_its_tighter_line() {
         "{got:?}"
     );
 }
+
+/// A policy whose window cannot be read is left out, not read as a quota
+/// of the told window (`q=1;w=1e99` was one call a second); an RFC 3339
+/// reset with a lowercase `t` (or a space) between date and time is read.
+#[test]
+fn an_unreadable_window_is_left_out_and_every_rfc3339_spelling_is_read() {
+    let h = map(&[("ratelimit-policy", r#""z";q=1;w=1e99, "ok";q=50;w=60"#)]);
+    let got = read(&h, NOW);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].name.as_str(), got[0].quota), ("ok", Some(50)));
+    for reset in [
+        "2023-08-09t14:29:23z",
+        "2023-08-09 14:29:23Z",
+        "2023-08-09T14:29:23Z",
+    ] {
+        let h = map(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", reset),
+        ]);
+        assert_eq!(read(&h, NOW)[0].reset_in, secs(100), "{reset}");
+    }
+}
