@@ -44,15 +44,15 @@ fn main() -> ExitCode {
                     exit::FATAL
                 }
             },
-            Command::Plans => {
-                let _ = write!(std::io::stdout(), "{}", batchrun::status::plans_table());
-                exit::OK
-            }
+            Command::Plans => match print_out(&batchrun::status::plans_table(), "the plans") {
+                true => exit::OK,
+                false => exit::FATAL,
+            },
             Command::Status(args) => match batchrun::status::status(&args) {
-                Ok(text) => {
-                    let _ = write!(std::io::stdout(), "{text}");
-                    exit::OK
-                }
+                Ok(text) => match print_out(&text, "the status") {
+                    true => exit::OK,
+                    false => exit::FATAL,
+                },
                 Err(e) => {
                     err_line(&format!("batchrun status: error: {e:#}"));
                     exit::FATAL
@@ -158,8 +158,9 @@ async fn run(args: RunArgs) -> i32 {
         Ok(summary) => {
             if json {
                 match serde_json::to_string(&summary) {
+                    // The run's exit code stands: only the summary is lost.
                     Ok(s) => {
-                        let _ = writeln!(std::io::stdout(), "{s}");
+                        print_out(&format!("{s}\n"), "the summary");
                     }
                     Err(e) => err_line(&format!("batchrun: cannot print the summary: {e}")),
                 }
@@ -182,7 +183,24 @@ fn failed(e: &batchrun::exit::RunError, json: bool) -> i32 {
             "exit_code": e.exit_code(),
             "message": message,
         });
-        let _ = writeln!(std::io::stdout(), "{v}");
+        print_out(&format!("{v}\n"), "the summary");
     }
     e.exit_code()
+}
+
+/// Writes `text` to stdout, or says on stderr that `what` could not be
+/// written (a full disk: `--json > /dev/full` was silent). A closed pipe is
+/// no error: its reader has read what it wanted. Whether it was written.
+fn print_out(text: &str, what: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => true,
+        Err(e) => {
+            err_line(&format!(
+                "batchrun: {what} could not be written to stdout: {e}"
+            ));
+            false
+        }
+    }
 }

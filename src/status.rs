@@ -422,6 +422,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     let mut out = String::new();
     let mut json = Vec::new();
+    let mut not_pruned_any = false;
     for (shard, dir) in found {
         // Pruning writes; looking does not, and reads a copy of a
         // checkpoint that cannot be written (an archive, a full disk).
@@ -440,6 +441,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
                 }
                 if args.prune {
                     not_pruned(shard, &mut out);
+                    not_pruned_any = true;
                 }
                 if running.is_empty() {
                     let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
@@ -471,6 +473,10 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
             .as_ref()
             .map_or("any input".to_string(), |i| i.display().to_string());
         anyhow::bail!("no job for {what} in {}", state_dir.display());
+    }
+    // Asked to prune and not done: no success to a script that asked.
+    if not_pruned_any {
+        anyhow::bail!("{}", out.trim_end());
     }
     if args.json && !args.prune {
         // Always an array, whatever the number of jobs: a script reads one shape.

@@ -260,12 +260,14 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
     };
     // Pruning while the run holds the checkpoint says it cannot (it said
     // nothing, and pruned nothing). Four seconds of the run are left.
+    // Not done, so no success (exit 1, as for a checkpoint in use).
     let busy = prune();
-    let said = String::from_utf8_lossy(&busy.stdout);
+    let said = String::from_utf8_lossy(&busy.stderr);
     assert!(
         said.contains("not pruned: a run holds the checkpoint"),
         "{said}"
     );
+    assert_eq!(busy.status.code(), Some(1), "{said}");
     assert!(child.wait().unwrap().success());
     assert_eq!(live["last_run"]["state"], "running");
     assert!(live["last_run"]["ended_unix_ms"].is_null());
@@ -476,4 +478,46 @@ async fn status_with_no_input_lists_the_shards_of_a_sharded_job() {
         .filter_map(|j| j["shard"].as_str())
         .collect();
     assert_eq!(shards, ["1/2", "2/2"], "{jobs}");
+}
+
+/// What cannot be written to stdout (a full disk) is said, not dropped: a
+/// status exits 1; a run keeps its own exit code and says its summary was
+/// lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_that_cannot_be_written_is_said() {
+    let s = Scenario::new("dev-full")
+        .with_sim(&["--limit", "none"])
+        .numbers(2);
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let mut run = s.cmd(&["--limit", "none"]);
+    let r = finish({
+        run.stdout(full());
+        run
+    });
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the summary could not be written to stdout"),
+        "{}",
+        r.stderr
+    );
+    let status = bin()
+        .arg("status")
+        .arg(s.input_path())
+        .arg("--state-dir")
+        .arg(s.state_dir())
+        .stdout(full())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("the status could not be written to stdout"),
+        "{said}"
+    );
 }
