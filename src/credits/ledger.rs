@@ -134,6 +134,23 @@ impl Ledger {
         self.lock().last
     }
 
+    /// Whether the credits are gone as far as the run can tell, asked while
+    /// one call's answer is read: an answer of this run said they are
+    /// exhausted and nothing got through since, or the last balance known,
+    /// less what the other calls in flight may have spent, is 0 or less.
+    /// A 402 that says nothing of credits is then the account's, not its
+    /// item's: APIs that state the balance on their successes often answer
+    /// a bare 402 once it is spent, and with calls in flight that 402 may
+    /// be read before the success that took the balance to 0.
+    pub fn spent(&self) -> bool {
+        let s = self.lock();
+        // The call being read is still counted in flight.
+        let others = s.in_flight.saturating_sub(1) as f64;
+        s.exhausted
+            || s.last
+                .is_some_and(|l| l.remaining as f64 <= s.cost.current() * others)
+    }
+
     /// The cost per item measured in this run, if any.
     pub fn measured_cost(&self) -> Option<f64> {
         self.lock().cost.per_item
@@ -203,13 +220,13 @@ impl Ledger {
             return Admit::WaitForBalance;
         }
         let Some(r) = &self.reserve else {
+            // Counted even without a reserve: [`Ledger::spent`] reads it.
             return match (s.solo, s.in_flight) {
-                (false, _) => Admit::Go(InFlight(None, items)),
-                (true, 0) => {
+                (true, 1..) => Admit::WaitForBalance,
+                _ => {
                     s.in_flight += items;
                     Admit::Go(InFlight(Some(self.clone()), items))
                 }
-                (true, _) => Admit::WaitForBalance,
             };
         };
         if s.disabled {
@@ -294,6 +311,10 @@ impl Ledger {
                 s.fresh = true;
                 out.newer = Some(snap);
             }
+            // Measured with or without a reserve: [`Ledger::spent`] reads it.
+            if charged {
+                s.cost.observe_items(&snap, done);
+            }
         }
         if let (Some(r), true) = (self.reserve, charged) {
             match snap {
@@ -317,7 +338,6 @@ impl Ledger {
         done: u64,
         out: &mut Observed,
     ) {
-        s.cost.observe_items(&snap, done);
         s.done_in_run += done;
         // Once the cost of a call is known, project the rest.
         if !s.projected_checked && s.cost.known() {
@@ -385,6 +405,30 @@ mod tests {
         );
         assert_eq!(l.observe(Some(snap(5, 1)), true, true).newer, None);
         assert_eq!(l.last(), Some(snap(6, 1)));
+    }
+
+    #[test]
+    fn spent_counts_what_the_other_calls_in_flight_may_spend() {
+        let l = Ledger::new(None, None, None, false);
+        let go = || match l.admit(false) {
+            Admit::Go(g) => g,
+            _ => panic!("no reserve: every call goes"),
+        };
+        let mut calls: Vec<InFlight> = (0..4).map(|_| go()).collect();
+        assert!(!l.spent());
+        // 2 left: the three other calls out may take them, a credit each.
+        l.observe(Some(snap(98, 1)), true, true);
+        assert!(l.spent());
+        calls.truncate(1);
+        assert!(!l.spent(), "2 left, no other call out");
+        l.observe(Some(snap(100, 1)), true, true);
+        assert!(l.spent(), "0 left");
+        // An exhaustion answer without a balance: spent until one gets through.
+        let l = Ledger::new(None, None, None, false);
+        l.observe(None, false, false);
+        assert!(l.spent());
+        l.observe(None, true, true);
+        assert!(!l.spent());
     }
 
     #[test]

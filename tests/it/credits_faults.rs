@@ -1,0 +1,106 @@
+//! Credits against APIs the sim does not play: a bare 402 once the balance
+//! is spent, renewals that wobble, cycles shown by `used` alone, a webhook
+//! that never answers.
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+
+use crate::common::*;
+
+/// The credit headers of a balance with `used` of `max` spent.
+fn balance(used: u64, max: u64, renewal: Option<u64>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let mut put = |k: &'static str, v: String| {
+        h.insert(k, HeaderValue::from_str(&v).unwrap());
+    };
+    put("x-api-max-credits", max.to_string());
+    put("x-api-credits-used", used.to_string());
+    put(
+        "x-api-remaining-credits",
+        max.saturating_sub(used).to_string(),
+    );
+    if let Some(r) = renewal {
+        put("x-api-renewal", r.to_string());
+    }
+    h
+}
+
+/// What an empty account answers on many APIs: a 402 with no credit
+/// header and a code that does not say credits.
+fn bare_402() -> (StatusCode, HeaderMap, &'static str) {
+    (
+        StatusCode::PAYMENT_REQUIRED,
+        HeaderMap::new(),
+        r#"{"error":{"message":"Your account is out of credits.","code":"payment_required"}}"#,
+    )
+}
+
+/// An API that states its balance on each success down to 0 of `max`, then
+/// answers every call with a bare 402.
+async fn bare_402_api(max: u64) -> String {
+    let used = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let used = used.clone();
+        async move {
+            let n = used.fetch_add(1, SeqCst);
+            match n < max {
+                true => (StatusCode::OK, balance(n + 1, max, None), r#"{"ok":true}"#),
+                false => bare_402(),
+            }
+        }
+    });
+    format!("http://{}/v1/x?n={{n}}", serve(app).await)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bare_402_once_the_balance_read_0_halts_resumably_with_items_pending() {
+    let url = bare_402_api(10).await;
+    let s = Scenario::new("bare402").numbers(40);
+    let r = s.run(&["--url", &url, "--limit", "none", "-c", "4"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(r.summary["pending"], 30, "{}", r.summary);
+    assert!(jsonl(&s.failures_path()).is_empty(), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probes_bare_402_keeps_the_run_waiting_for_credits() {
+    // 10 credits; then the exhaustion 429 (balance 0) four times, then a
+    // bare 402 three times (probes, by then), then a top-up's successes.
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, SeqCst);
+            match n {
+                0..=9 => (StatusCode::OK, balance(n + 1, 10, None), r#"{"ok":true}"#),
+                10..=13 => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    balance(10, 10, None),
+                    r#"{"error":"out of credits"}"#,
+                ),
+                14..=16 => bare_402(),
+                _ => (StatusCode::OK, balance(n, 1000, None), r#"{"ok":true}"#),
+            }
+        }
+    });
+    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let s = Scenario::new("probe402").numbers(30);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--limit",
+        "none",
+        "-c",
+        "2",
+        "--wait-for-credits",
+        "--probe-every",
+        "100ms",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 30, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+}
