@@ -104,3 +104,88 @@ async fn a_probes_bare_402_keeps_the_run_waiting_for_credits() {
     assert_eq!(r.summary["done"], 30, "{}", r.summary);
     assert_eq!(r.summary["failed"], 0, "{}", r.summary);
 }
+
+/// How many alerts of `id` a run's summary holds.
+fn count(summary: &serde_json::Value, id: &str) -> usize {
+    alert_ids(summary).iter().filter(|i| *i == id).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn renewals_a_second_apart_fire_each_threshold_once() {
+    // Two backends whose x-api-renewal differ by a second, answering in
+    // turn: one billing cycle, whose 50% fires once.
+    let renewal = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 20 * 86_400;
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, SeqCst);
+            let h = balance(n + 1, 100, Some(renewal + n % 2));
+            (StatusCode::OK, h, r#"{"ok":true}"#)
+        }
+    });
+    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let hook = Receiver::start().await;
+    let s = Scenario::new("renewalflip").numbers(60);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--limit",
+        "none",
+        "-c",
+        "2",
+        "--alert-webhook",
+        &hook.url,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(alert_ids(&r.summary), ["pct-0.5"], "{}", r.stderr);
+    assert_eq!(r.stderr.matches("ALERT [threshold]").count(), 1);
+    assert_eq!(hook.ids(), ["pct-0.5"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_renewal_a_used_that_falls_back_to_0_is_a_new_cycle() {
+    // 20 credits, no x-api-renewal: the exhaustion 429 states the balance,
+    // and POST /reset starts a new cycle (used back to 0).
+    let used = Arc::new(AtomicU64::new(0));
+    let reset = used.clone();
+    let app = axum::Router::new()
+        .route(
+            "/reset",
+            axum::routing::post(move || {
+                reset.store(0, SeqCst);
+                async { "ok" }
+            }),
+        )
+        .fallback(move || {
+            let used = used.clone();
+            async move {
+                match used.fetch_add(1, SeqCst) {
+                    n @ 0..=19 => (StatusCode::OK, balance(n + 1, 20, None), "{}"),
+                    _ => (StatusCode::TOO_MANY_REQUESTS, balance(20, 20, None), "{}"),
+                }
+            }
+        });
+    let addr = serve(app).await;
+    let url = format!("http://{addr}/v1/x?n={{n}}");
+    let s = Scenario::new("usedcycle").numbers(50);
+    let args = ["--url", url.as_str(), "--limit", "none", "-c", "2"];
+    let thresholds = ["pct-0.5", "pct-0.8", "pct-0.95"];
+    for cycle in 1..=2 {
+        let r = s.run(&args);
+        assert_eq!(r.code, 75, "cycle {cycle}: {}", r.stderr);
+        assert_eq!(r.summary["done"], 20 * cycle, "{}", r.summary);
+        for id in thresholds {
+            assert_eq!(count(&r.summary, id), 1, "cycle {cycle}: {}", r.summary);
+        }
+        reqwest::Client::new()
+            .post(format!("http://{addr}/reset"))
+            .send()
+            .await
+            .unwrap();
+    }
+}
