@@ -306,7 +306,7 @@ impl Ledger {
         s.exhausted = !charged || (s.exhausted && done == 0);
         let opened = was != (s.solo, s.exhausted);
         if let Some(snap) = snap {
-            if !s.fresh || !snap.is_older_than(s.last) {
+            if !s.fresh || !snap.is_older_than(s.last) || Self::fell_back(&s, snap) {
                 s.last = Some(snap);
                 s.fresh = true;
                 out.newer = Some(snap);
@@ -328,6 +328,18 @@ impl Ledger {
             self.changed.send_modify(|n| *n += 1);
         }
         out
+    }
+
+    /// Whether `snap`'s `used` fell back from the last known further than
+    /// an answer overtaken by the calls in flight can explain: below half,
+    /// and by more than their cost. A new cycle shows so when the API
+    /// sends no `x-api-renewal`; the balance must follow it, not keep the
+    /// last cycle's.
+    fn fell_back(s: &State, snap: CreditSnapshot) -> bool {
+        let slack = (s.cost.current() * s.in_flight.max(1) as f64).ceil() as i64;
+        s.last.is_some_and(|l| {
+            snap.used.saturating_mul(2) < l.used && l.used.saturating_sub(snap.used) > slack
+        })
     }
 
     fn reserve_sees(
@@ -405,6 +417,27 @@ mod tests {
         );
         assert_eq!(l.observe(Some(snap(5, 1)), true, true).newer, None);
         assert_eq!(l.last(), Some(snap(6, 1)));
+    }
+
+    #[test]
+    fn a_used_that_falls_back_clearly_is_a_new_balance() {
+        let l = Ledger::new(None, None, None, false);
+        let calls: Vec<_> = (0..4)
+            .filter_map(|_| match l.admit(false) {
+                Admit::Go(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        l.observe(Some(snap(7, 1)), true, true);
+        // Four calls out: an answer 4 behind is older news, not a new cycle.
+        assert_eq!(l.observe(Some(snap(3, 1)), true, true).newer, None);
+        drop(calls);
+        l.observe(Some(snap(60, 1)), true, true);
+        assert_eq!(
+            l.observe(Some(snap(1, 1)), true, true).newer,
+            Some(snap(1, 1))
+        );
+        assert_eq!(l.last(), Some(snap(1, 1)));
     }
 
     #[test]

@@ -189,3 +189,24 @@ async fn without_a_renewal_a_used_that_falls_back_to_0_is_a_new_cycle() {
             .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_renewal_a_cycle_that_begins_mid_run_fires_the_thresholds_again() {
+    // 100 credits, no x-api-renewal; after the 60th call the API's cycle
+    // renews: used starts again from 0.
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let calls = calls.clone();
+        async move {
+            let n = calls.fetch_add(1, SeqCst);
+            let used = if n < 60 { n + 1 } else { n - 59 };
+            (StatusCode::OK, balance(used, 100, None), "{}")
+        }
+    });
+    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let s = Scenario::new("usedmidrun").numbers(120);
+    let r = s.run(&["--url", &url, "--limit", "none", "-c", "1"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(count(&r.summary, "pct-0.5"), 2, "{}", r.summary);
+    assert_eq!(r.summary["credits_remaining"], 40, "{}", r.summary);
+}
