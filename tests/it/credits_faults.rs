@@ -210,3 +210,26 @@ async fn without_a_renewal_a_cycle_that_begins_mid_run_fires_the_thresholds_agai
     assert_eq!(count(&r.summary, "pct-0.5"), 2, "{}", r.summary);
     assert_eq!(r.summary["credits_remaining"], 40, "{}", r.summary);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_that_never_answers_is_said_at_exit_and_not_timed() {
+    let app = axum::Router::new().fallback(std::future::pending::<()>);
+    let addr = serve(app).await;
+    let hook = format!("http://user:pw@{addr}/hook?token=hook-secret");
+    let s = Scenario::new("hookhang")
+        .with_sim(&["--limit", "none", "--credits", "30"])
+        .numbers(60);
+    let began = std::time::Instant::now();
+    let r = s.run(&["--limit", "none", "-c", "2", "--alert-webhook", &hook]);
+    let wall = began.elapsed().as_secs_f64();
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    let alerts = alert_ids(&r.summary).len();
+    assert!(alerts >= 4, "{}", r.summary);
+    let said =
+        format!("batchrun: {alerts} alert(s) not delivered to the webhook at http://{addr}:");
+    assert!(r.stderr.contains(&said), "{}", r.stderr);
+    assert!(!r.stderr.contains("hook-secret") && !r.stderr.contains("pw@"));
+    // The run waited for the webhook, and its time does not count that.
+    let elapsed = r.summary["elapsed_s"].as_f64().unwrap();
+    assert!(elapsed + 4.5 <= wall, "elapsed_s {elapsed}, wall {wall}");
+}
