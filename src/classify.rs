@@ -145,6 +145,34 @@ pub fn classify(
     }
 }
 
+/// A verdict of [`classify`] read against the run's balance: a 402 that
+/// says nothing of credits (no credit header, no credits-spent code, so
+/// [`classify`] made it a refusal) is the account's when the run's last
+/// word on credits is that they are gone (`spent`, see
+/// [`crate::credits::Ledger::spent`]). Many APIs state the balance on
+/// their successes down to 0, then answer a bare 402: taken as each
+/// item's refusal, it would fail every item left. Any other verdict
+/// stands.
+pub fn against_balance(
+    verdict: Result<(), CallError>,
+    headers: &HeaderMap,
+    spent: bool,
+) -> Result<(), CallError> {
+    let states_credits = [
+        &crate::wire::REMAINING_CREDITS,
+        &crate::wire::CREDITS_USED,
+        &crate::wire::MAX_CREDITS,
+    ]
+    .iter()
+    .any(|h| headers.contains_key(*h));
+    match verdict {
+        Err(CallError::Refused { status: 402, .. }) if spent && !states_credits => {
+            Err(CallError::CreditsExhausted { status: 402 })
+        }
+        v => v,
+    }
+}
+
 /// The server's words, or the status's name when it said nothing.
 fn reason_or_name(status: StatusCode, body: &str, key: Option<&Secret>) -> String {
     short_reason(body, key, SHORT).unwrap_or_else(|| {
@@ -376,6 +404,34 @@ mod tests {
             SystemTime::now(),
             None,
         )
+    }
+
+    #[test]
+    fn a_bare_402_is_the_accounts_once_the_balance_read_0() {
+        let bare = || c(402, &[], r#"{"error":{"code":"payment_required"}}"#);
+        assert_eq!(
+            against_balance(bare(), &h(&[]), true),
+            Err(CallError::CreditsExhausted { status: 402 })
+        );
+        // Credits were left at the last word: an add-on its item needs.
+        assert!(matches!(
+            against_balance(bare(), &h(&[]), false),
+            Err(CallError::Refused { status: 402, .. })
+        ));
+        // The 402 states a balance of its own, and it is not spent.
+        let told = [
+            ("x-api-remaining-credits", "5"),
+            ("x-api-max-credits", "10"),
+        ];
+        assert!(matches!(
+            against_balance(c(402, &told, "{}"), &h(&told), true),
+            Err(CallError::Refused { status: 402, .. })
+        ));
+        // A 403 stays a refusal, whatever the balance.
+        assert!(matches!(
+            against_balance(c(403, &[], "{}"), &h(&[]), true),
+            Err(CallError::Refused { status: 403, .. })
+        ));
     }
 
     /// As [`c`], for a run whose key is `key`.

@@ -20,6 +20,9 @@ use super::{format_line, Alert};
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts per alert before giving up on the webhook.
 pub const WEBHOOK_TRIES: u32 = 3;
+/// How long the run waits at its end for webhook deliveries still under
+/// way ([`Alerter::flush`]).
+pub const WEBHOOK_GRACE: Duration = Duration::from_secs(5);
 /// Pause before the second attempt; doubled before each later one, plus up to
 /// 50% jitter so a fleet of runs does not retry in lockstep.
 const WEBHOOK_BACKOFF: Duration = Duration::from_millis(250);
@@ -217,15 +220,28 @@ impl Alerter {
     /// Waits until in-flight webhook deliveries finish, or `grace` passes,
     /// whichever is first. Returns at once when nothing is pending. Call it
     /// before the process exits; deliveries still running afterwards are
-    /// abandoned with the runtime.
-    pub async fn flush(&self, grace: Duration) {
+    /// abandoned with the runtime, and one line says how many and to where
+    /// (the webhook's origin only). Returns how many were abandoned.
+    pub async fn flush(&self, grace: Duration) -> usize {
         if self.deliveries.is_empty() {
-            return;
+            return 0;
         }
         // Closed only while waiting: an alert after a flush is still sent.
         self.deliveries.close();
         let _ = tokio::time::timeout(grace, self.deliveries.wait()).await;
         self.deliveries.reopen();
+        let left = self.deliveries.len();
+        if let (Some(hook), 1..) = (&self.webhook, left) {
+            // Each still waits on a receiver that took the POST and never
+            // answered: without this line they vanished unsaid.
+            (self.print)(&format!(
+                "batchrun: {left} alert(s) not delivered to the webhook at {}: no answer \
+                 within {}s of the run's end; they are on stderr and in the summary",
+                hook.origin,
+                grace.as_secs_f64()
+            ));
+        }
+        left
     }
 }
 
@@ -478,20 +494,28 @@ mod tests {
         alerter.send(&exhausted());
 
         let start = Instant::now();
-        alerter.flush(Duration::from_secs(2)).await;
+        assert_eq!(alerter.flush(Duration::from_secs(2)).await, 1);
         let waited = start.elapsed();
         assert!(
             waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
             "{waited:?}"
         );
         assert_eq!(alerter.pending(), 1, "still trying in the background");
+        // Said, naming where, not dropped unsaid.
+        assert_eq!(
+            lines(&out)[1],
+            format!(
+                "batchrun: 1 alert(s) not delivered to the webhook at http://{addr}: no answer \
+                 within 2s of the run's end; they are on stderr and in the summary"
+            )
+        );
 
         // Left alone, the delivery ends on its own once every try timed out.
         alerter.flush(Duration::from_secs(60)).await;
         assert_eq!(alerter.pending(), 0);
         let out = lines(&out);
         assert!(
-            out[1].contains("failed: no answer within 5s (after 3 tries)"),
+            out[2].contains("failed: no answer within 5s (after 3 tries)"),
             "{out:?}"
         );
     }

@@ -134,6 +134,23 @@ impl Ledger {
         self.lock().last
     }
 
+    /// Whether the credits are gone as far as the run can tell, asked while
+    /// one call's answer is read: an answer of this run said they are
+    /// exhausted and nothing got through since, or the last balance known,
+    /// less what the other calls in flight may have spent, is 0 or less.
+    /// A 402 that says nothing of credits is then the account's, not its
+    /// item's: APIs that state the balance on their successes often answer
+    /// a bare 402 once it is spent, and with calls in flight that 402 may
+    /// be read before the success that took the balance to 0.
+    pub fn spent(&self) -> bool {
+        let s = self.lock();
+        // The call being read is still counted in flight.
+        let others = s.in_flight.saturating_sub(1) as f64;
+        s.exhausted
+            || s.last
+                .is_some_and(|l| l.remaining as f64 <= s.cost.current() * others)
+    }
+
     /// The cost per item measured in this run, if any.
     pub fn measured_cost(&self) -> Option<f64> {
         self.lock().cost.per_item
@@ -203,13 +220,13 @@ impl Ledger {
             return Admit::WaitForBalance;
         }
         let Some(r) = &self.reserve else {
+            // Counted even without a reserve: [`Ledger::spent`] reads it.
             return match (s.solo, s.in_flight) {
-                (false, _) => Admit::Go(InFlight(None, items)),
-                (true, 0) => {
+                (true, 1..) => Admit::WaitForBalance,
+                _ => {
                     s.in_flight += items;
                     Admit::Go(InFlight(Some(self.clone()), items))
                 }
-                (true, _) => Admit::WaitForBalance,
             };
         };
         if s.disabled {
@@ -289,10 +306,14 @@ impl Ledger {
         s.exhausted = !charged || (s.exhausted && done == 0);
         let opened = was != (s.solo, s.exhausted);
         if let Some(snap) = snap {
-            if !s.fresh || !snap.is_older_than(s.last) {
+            if !s.fresh || !snap.is_older_than(s.last) || Self::fell_back(&s, snap) {
                 s.last = Some(snap);
                 s.fresh = true;
                 out.newer = Some(snap);
+            }
+            // Measured with or without a reserve: [`Ledger::spent`] reads it.
+            if charged {
+                s.cost.observe_items(&snap, done);
             }
         }
         if let (Some(r), true) = (self.reserve, charged) {
@@ -309,6 +330,18 @@ impl Ledger {
         out
     }
 
+    /// Whether `snap`'s `used` fell back from the last known further than
+    /// an answer overtaken by the calls in flight can explain: below half,
+    /// and by more than their cost. A new cycle shows so when the API
+    /// sends no `x-api-renewal`; the balance must follow it, not keep the
+    /// last cycle's.
+    fn fell_back(s: &State, snap: CreditSnapshot) -> bool {
+        let slack = (s.cost.current() * s.in_flight.max(1) as f64).ceil() as i64;
+        s.last.is_some_and(|l| {
+            snap.used.saturating_mul(2) < l.used && l.used.saturating_sub(snap.used) > slack
+        })
+    }
+
     fn reserve_sees(
         &self,
         s: &mut State,
@@ -317,7 +350,6 @@ impl Ledger {
         done: u64,
         out: &mut Observed,
     ) {
-        s.cost.observe_items(&snap, done);
         s.done_in_run += done;
         // Once the cost of a call is known, project the rest.
         if !s.projected_checked && s.cost.known() {
@@ -385,6 +417,51 @@ mod tests {
         );
         assert_eq!(l.observe(Some(snap(5, 1)), true, true).newer, None);
         assert_eq!(l.last(), Some(snap(6, 1)));
+    }
+
+    #[test]
+    fn a_used_that_falls_back_clearly_is_a_new_balance() {
+        let l = Ledger::new(None, None, None, false);
+        let calls: Vec<_> = (0..4)
+            .filter_map(|_| match l.admit(false) {
+                Admit::Go(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        l.observe(Some(snap(7, 1)), true, true);
+        // Four calls out: an answer 4 behind is older news, not a new cycle.
+        assert_eq!(l.observe(Some(snap(3, 1)), true, true).newer, None);
+        drop(calls);
+        l.observe(Some(snap(60, 1)), true, true);
+        assert_eq!(
+            l.observe(Some(snap(1, 1)), true, true).newer,
+            Some(snap(1, 1))
+        );
+        assert_eq!(l.last(), Some(snap(1, 1)));
+    }
+
+    #[test]
+    fn spent_counts_what_the_other_calls_in_flight_may_spend() {
+        let l = Ledger::new(None, None, None, false);
+        let go = || match l.admit(false) {
+            Admit::Go(g) => g,
+            _ => panic!("no reserve: every call goes"),
+        };
+        let mut calls: Vec<InFlight> = (0..4).map(|_| go()).collect();
+        assert!(!l.spent());
+        // 2 left: the three other calls out may take them, a credit each.
+        l.observe(Some(snap(98, 1)), true, true);
+        assert!(l.spent());
+        calls.truncate(1);
+        assert!(!l.spent(), "2 left, no other call out");
+        l.observe(Some(snap(100, 1)), true, true);
+        assert!(l.spent(), "0 left");
+        // An exhaustion answer without a balance: spent until one gets through.
+        let l = Ledger::new(None, None, None, false);
+        l.observe(None, false, false);
+        assert!(l.spent());
+        l.observe(None, true, true);
+        assert!(!l.spent());
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub fn parse_thresholds(s: &str) -> Result<Vec<f64>, String> {
     Ok(out)
 }
 
+/// How far the API's clock and this machine's may differ: a renewal time
+/// this close ahead is taken as passed.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+
 /// Tuning of [`CreditMeter`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeterConfig {
@@ -64,6 +68,9 @@ pub struct MeterConfig {
     /// Trailing window the burn rate is measured over (`--burn-window`). A
     /// window shorter than [`MIN_PROJECTION_SPAN`] never projects.
     pub burn_window: Duration,
+    /// The most calls in flight at once (`--concurrency`): how many
+    /// answers may arrive after a later one, older than it.
+    pub in_flight: u64,
 }
 
 impl Default for MeterConfig {
@@ -71,8 +78,20 @@ impl Default for MeterConfig {
         MeterConfig {
             thresholds: vec![0.5, 0.8, 0.95],
             burn_window: Duration::from_secs(6 * 3600),
+            in_flight: 1,
         }
     }
+}
+
+/// Which billing cycle a snapshot belongs to, as [`CreditMeter`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cycle {
+    /// The current one.
+    Same,
+    /// A new one began: the fired alerts and the burn samples are cleared.
+    New,
+    /// The one before, answered late (out of order): it says nothing new.
+    Stale,
 }
 
 /// The part of the meter kept in the checkpoint, so that an alert fired
@@ -127,6 +146,16 @@ pub struct CreditMeter {
     fired: Vec<String>,
     last: Option<CreditSnapshot>,
     cycle_renewal: Option<u64>,
+    /// The most `used` seen in this cycle.
+    peak: i64,
+    /// The largest rise of `used` from one snapshot of this run to the
+    /// next: what a call (or the calls between two answers) may cost.
+    /// Not from the checkpoint's: other traffic between runs spent that.
+    step: i64,
+    /// A snapshot of this run was seen.
+    seen: bool,
+    /// [`MeterConfig::in_flight`].
+    in_flight: u64,
 }
 
 impl CreditMeter {
@@ -147,6 +176,10 @@ impl CreditMeter {
             samples: VecDeque::new(),
             cycle_renewal: st.cycle_renewal.or(st.last.and_then(|l| l.renewal)),
             fired: st.fired,
+            peak: st.last.map_or(0, |l| l.used),
+            step: 0,
+            seen: false,
+            in_flight: cfg.in_flight.max(1),
             last: st.last,
         }
     }
@@ -154,18 +187,27 @@ impl CreditMeter {
     /// Records one metered response seen at `now` and returns the alerts that
     /// became due (each id at most once per billing cycle), in order.
     ///
-    /// A renewal different from the current cycle's starts a new cycle: the
-    /// burn samples and the fired set are cleared, so thresholds can fire
-    /// again against the fresh allowance.
+    /// A new cycle (see [`CreditMeter::cycle_of`]) clears the burn samples
+    /// and the fired set, so thresholds can fire again against the fresh
+    /// allowance. An answer of the cycle before, arriving late, is ignored.
     pub fn observe(&mut self, snap: CreditSnapshot, now: SystemTime) -> Vec<Alert> {
-        if let Some(r) = snap.renewal {
-            if self.cycle_renewal.is_some_and(|c| c != r) {
+        match self.cycle_of(&snap, now) {
+            Cycle::Stale => return Vec::new(),
+            Cycle::New => {
                 self.samples.clear();
                 self.fired.clear();
+                self.peak = snap.used;
+                self.cycle_renewal = snap.renewal.or(self.cycle_renewal);
             }
-            self.cycle_renewal = Some(r);
+            Cycle::Same => {
+                if let Some(l) = self.last.filter(|_| self.seen) {
+                    self.step = self.step.max(snap.used - l.used);
+                }
+                self.peak = self.peak.max(snap.used);
+            }
         }
         self.last = Some(snap);
+        self.seen = true;
         self.record(snap.used, now);
 
         let mut alerts = Vec::new();
@@ -212,6 +254,44 @@ impl CreditMeter {
             }
         }
         alerts
+    }
+
+    /// Which cycle `snap`, seen at `now`, belongs to; adopts its renewal
+    /// when it is the first known or moved earlier within the cycle.
+    ///
+    /// Only the balance shows a new cycle: the renewal moved later once
+    /// the cycle's own renewal time has passed (give or take
+    /// [`CLOCK_SKEW`]), or `used` fell back further than answers arriving
+    /// out of order can explain (see [`CreditMeter::fell_back`]). A
+    /// renewal that merely differs does not: backends a second apart, or
+    /// one that says "now + 30 days" on every answer, raised every
+    /// threshold again at each answer.
+    fn cycle_of(&mut self, snap: &CreditSnapshot, now: SystemTime) -> Cycle {
+        let now = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_add(CLOCK_SKEW.as_secs());
+        match (self.cycle_renewal, snap.renewal) {
+            (Some(c), Some(r)) if r > c && c <= now => return Cycle::New,
+            (Some(c), Some(r)) if r < c && r <= now => return Cycle::Stale,
+            // Still ahead: the renewal moved earlier (a plan changed).
+            (Some(c), Some(r)) if r < c => self.cycle_renewal = Some(r),
+            (None, Some(r)) => self.cycle_renewal = Some(r),
+            _ => {}
+        }
+        match self.fell_back(snap.used) {
+            true => Cycle::New,
+            false => Cycle::Same,
+        }
+    }
+
+    /// Whether `used` fell back clearly: below half the most seen this
+    /// cycle, and by more than the calls in flight could cost (at the
+    /// largest rise seen between two answers, and at least one credit
+    /// each). An answer overtaken by later ones is older by at most that.
+    fn fell_back(&self, used: i64) -> bool {
+        let slack = (self.in_flight as i64).saturating_mul(self.step.max(1));
+        used.saturating_mul(2) < self.peak && self.peak.saturating_sub(used) > slack
     }
 
     /// Adds a burn sample and trims the window.
@@ -475,6 +555,91 @@ mod tests {
             ids(&m.observe(snap(5_000, 10_000, r2), at(T0 + 2 * HOUR + 60))),
             ["pct-0.5"]
         );
+    }
+
+    #[test]
+    fn a_renewal_that_wobbles_or_moves_with_the_clock_is_one_cycle() {
+        let r = T0 + 20 * DAY;
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        let mut fired = Vec::new();
+        for used in 1..=100 {
+            // Backends a second apart, answering in turn.
+            let flip = snap(used, 100, Some(r + used as u64 % 2));
+            fired.extend(m.observe(flip, at(T0 + used as u64)));
+        }
+        assert_eq!(ids(&fired), ["pct-0.5", "pct-0.8", "pct-0.95"]);
+
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        let mut fired = Vec::new();
+        for used in 1..=100 {
+            // "Now + 30 days" on every answer.
+            let now = T0 + used as u64 * 7;
+            fired.extend(m.observe(snap(used, 100, Some(now + 30 * DAY)), at(now)));
+        }
+        assert_eq!(ids(&fired), ["pct-0.5", "pct-0.8", "pct-0.95"]);
+    }
+
+    #[test]
+    fn answers_out_of_order_across_a_renewal_do_not_flip_cycles() {
+        let (r1, r2) = (T0 + DAY, T0 + 31 * DAY);
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        assert_eq!(
+            ids(&m.observe(snap(9_000, 10_000, Some(r1)), at(T0))),
+            ["pct-0.5", "pct-0.8"]
+        );
+        // The renewal passed (answered by a clock a minute behind ours).
+        let after = r1 + 60;
+        assert!(m.observe(snap(10, 10_000, Some(r2)), at(after)).is_empty());
+        assert_eq!(m.state().cycle_renewal, Some(r2));
+        // A late answer of the cycle before: neither a cycle nor alerts.
+        assert!(m
+            .observe(snap(9_100, 10_000, Some(r1)), at(after + 1))
+            .is_empty());
+        assert!(m
+            .observe(snap(20, 10_000, Some(r2)), at(after + 2))
+            .is_empty());
+        assert_eq!(
+            ids(&m.observe(snap(5_000, 10_000, Some(r2)), at(after + 3))),
+            ["pct-0.5"]
+        );
+        // Within the clock skew of the renewal, a later one is the next cycle.
+        let mut m = CreditMeter::new(MeterConfig::default(), None);
+        m.observe(snap(9_000, 10_000, Some(r1)), at(T0));
+        let skewed = r1 - CLOCK_SKEW.as_secs() + 1;
+        assert_eq!(
+            ids(&m.observe(snap(9_500, 10_000, Some(r2)), at(skewed))),
+            ["pct-0.5", "pct-0.8", "pct-0.95"]
+        );
+    }
+
+    #[test]
+    fn without_a_renewal_used_falling_back_clearly_is_a_new_cycle() {
+        let cfg = MeterConfig {
+            in_flight: 8,
+            ..MeterConfig::default()
+        };
+        let mut m = CreditMeter::new(cfg.clone(), None);
+        assert_eq!(
+            ids(&m.observe(snap(8_500, 10_000, None), at(T0))),
+            ["pct-0.5", "pct-0.8"]
+        );
+        // Out of order by a few calls: the same cycle.
+        assert!(m.observe(snap(8_490, 10_000, None), at(T0 + 1)).is_empty());
+        assert!(m.observe(snap(8_510, 10_000, None), at(T0 + 2)).is_empty());
+        // Back near 0: a new cycle, whose thresholds fire again.
+        assert!(m.observe(snap(30, 10_000, None), at(T0 + 3)).is_empty());
+        assert!(m.state().fired.is_empty());
+        assert_eq!(
+            ids(&m.observe(snap(5_000, 10_000, None), at(T0 + 4))),
+            ["pct-0.5"]
+        );
+        // Early in a cycle, answers of 8 calls in flight may fall below
+        // half the most seen: not a new cycle.
+        let mut m = CreditMeter::new(cfg, None);
+        assert_eq!(ids(&m.observe(snap(6, 10, None), at(T0))), ["pct-0.5"]);
+        m.observe(snap(9, 10, None), at(T0 + 1));
+        assert!(m.observe(snap(2, 10, None), at(T0 + 2)).is_empty());
+        assert_eq!(m.state().fired, ["pct-0.5", "pct-0.8"]);
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub use alert::{
     describe_renewal, format_line, format_unix_date, format_unix_utc, is_repeat_of, repeat_id,
     Alert, AlertKind, ID_EXHAUSTED, ID_KEY_REJECTED, ID_PROJECTED, ID_RESERVE,
 };
-pub use deliver::{check_webhook_url, Alerter, WEBHOOK_TIMEOUT, WEBHOOK_TRIES};
+pub use deliver::{check_webhook_url, Alerter, WEBHOOK_GRACE, WEBHOOK_TIMEOUT, WEBHOOK_TRIES};
 pub use ledger::{Admit, InFlight, Ledger, Observed, ReserveConfig};
 pub use meter::{
     parse_thresholds, CreditMeter, MeterConfig, MeterState, Projection, MIN_PROJECTION_SPAN,

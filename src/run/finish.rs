@@ -245,9 +245,11 @@ pub async fn finish(
         Err(Ended::Error(err)) => return Err(err),
     }
     e.reporter.finish();
-    e.alerter.flush(std::time::Duration::from_secs(5)).await;
-    fatal(record_err.filter(|_| !storage_failed), feeder)?;
+    // Made before the webhook's grace: a receiver that never answers must
+    // not count in the run's time and rate.
     let summary = summary(&e, state, counts, last, exit_code, halt_reason, &calls);
+    e.alerter.flush(crate::credits::WEBHOOK_GRACE).await;
+    fatal(record_err.filter(|_| !storage_failed), feeder)?;
     let text = report::human_summary(&summary);
     match e.settings.style.bar {
         true => report::err_line(&text),

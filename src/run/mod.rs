@@ -253,6 +253,7 @@ impl Shared {
         let config = MeterConfig {
             thresholds: c.alert_at.clone(),
             burn_window: c.burn_window,
+            in_flight: settings.concurrency as u64,
         };
         let meter = CreditMeter::new(config, Some(restored));
         let shared = Shared {

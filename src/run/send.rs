@@ -220,6 +220,8 @@ impl Pool {
             SystemTime::now(),
             self.spec.key.as_ref(),
         );
+        // Read before this answer moves the balance: a bare 402 does not.
+        let c = classify::against_balance(c, &headers, self.ledger.spent());
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
         // A batch is charged per item: the items it settled count.
         let done = match (batch, c.is_ok()) {

@@ -6,6 +6,7 @@ mod batch_shards;
 mod common;
 mod crash;
 mod credits;
+mod credits_faults;
 mod damage;
 mod dialects;
 mod fleet;
