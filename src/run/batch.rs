@@ -305,7 +305,9 @@ pub(super) enum Verdict {
 /// What the answer says of the credits, for [`verdict`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Credits {
-    /// The answer's credit headers read 0 left, or less.
+    /// The balance is spent: the last balance seen, less what the other
+    /// calls in flight may cost, is 0 or less (`Ledger::spent`), as for
+    /// one item's call.
     pub(super) out: bool,
     /// A call of the run, or an item of this batch, was done: the key and
     /// the account work, so a 402 that says nothing of the credits is

@@ -422,7 +422,7 @@ impl Pool {
             })
             .collect();
         let credits = batch::Credits {
-            out: self.ledger.last().is_some_and(|s| s.remaining <= 0),
+            out: self.ledger.spent(),
             got_through: self.got_through.load(Ordering::Relaxed),
         };
         let max = self.cfg.policy.max_attempts;
