@@ -122,8 +122,13 @@ struct Learner {
 pub struct ExactWindow {
     configured: u64,
     window: Duration,
-    /// The lowest `x-rate-limit-limit` the server reported.
+    /// The lowest `x-rate-limit-limit` the server reported (since it last
+    /// raised it).
     reported: Option<u64>,
+    /// A higher limit the server reports since this instant (the least of
+    /// them): followed once reported for a whole window with no report at
+    /// or below the one in force.
+    raise: Option<(u64, Instant)>,
     learn: Learner,
     /// Telling a bucket from a window, when enabled.
     shape: Option<ShapeLearner>,
@@ -145,6 +150,7 @@ impl ExactWindow {
             configured: limit.max(1),
             window,
             reported: None,
+            raise: None,
             learn: Learner {
                 learnt: None,
                 refused_at: None,
@@ -349,19 +355,47 @@ impl ExactWindow {
     }
 
     /// The server reports the limit in force for this key
-    /// (`x-rate-limit-limit`). The lowest report wins at once; the limit
-    /// never grows above the configured one. A server that reports its
-    /// limit needs no learning, so a learnt limit is dropped. A report
-    /// above the configured one changes nothing: 429s then come from a
-    /// limit the server does not state (a gateway's beside the API's
-    /// stated quota), which is learnt.
+    /// (`x-rate-limit-limit`). A lower report wins at once; a higher one
+    /// once the server has said it for a whole window with nothing lower
+    /// between (a limit lowered for a moment held a run at a tenth of its
+    /// pace to the end); the limit never grows above the configured one. A
+    /// server that reports its limit needs no learning, so a learnt limit
+    /// is dropped. A report above the configured one, with none lower in
+    /// force, changes nothing: 429s then come from a limit the server does
+    /// not state (a gateway's beside the API's stated quota), which is
+    /// learnt.
     ///
     /// Returns whether this report lowered the limit below the configured
     /// one and below every earlier report: worth telling the operator.
     pub fn set_limit_in_force(&mut self, l: u64, now: Instant) -> bool {
-        if l > self.configured {
-            return false;
+        let Some(r) = self.reported else {
+            if l > self.configured {
+                return false;
+            }
+            return self.lower_to(l, now);
+        };
+        let l = l.clamp(1, self.configured);
+        if l <= r {
+            self.raise = None;
+            return self.lower_to(l, now);
         }
+        let (to, since) = match self.raise {
+            Some((to, since)) => (to.min(l), since),
+            None => (l, now),
+        };
+        match now.saturating_duration_since(since) >= self.window {
+            true => {
+                self.reported = Some(to);
+                self.raise = None;
+            }
+            false => self.raise = Some((to, since)),
+        }
+        false
+    }
+
+    /// [`set_limit_in_force`](Self::set_limit_in_force) at or below the
+    /// report in force (or the first).
+    fn lower_to(&mut self, l: u64, now: Instant) -> bool {
         self.advance(now);
         let l = l.max(1);
         let lower = l < self.configured && self.reported.map_or(true, |r| l < r);

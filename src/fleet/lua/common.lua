@@ -20,7 +20,9 @@
 -- KEYS[2] leases  ZSET  member = permit id, score = ms at which the lease
 --                       expires unless renewed (in flight only)
 -- KEYS[3] pause   STRING ms at which a rate-limit pause ends
--- KEYS[4] limit   HASH  in_force = lowest limit the server reported;
+-- KEYS[4] limit   HASH  in_force = lowest limit the server reported
+--                       (raise_to / raise_at: a higher one reported since,
+--                       in force once reported for a window, window.lua);
 --                       learnt = limit learnt from a 429 without limit
 --                       headers, refused_at = the limit that 429 refused,
 --                       learnt_at = start of the current clean window (ms),

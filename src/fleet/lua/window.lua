@@ -588,13 +588,30 @@ if op == 'start' then
   return 1
 end
 
--- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit).
--- The lowest report wins; a server that reports its limit needs no
--- learning. Returns 1 when it lowered the limit in force.
+-- inforce: ARGV[7] the limit the server reports (x-rate-limit-limit), at
+-- most the configured one (the caller's). A lower report wins at once; a
+-- higher one once reported for a whole window with nothing at or below the
+-- one in force between (`raise_to`, the least of them, since `raise_at`),
+-- as in-process (ExactWindow::set_limit_in_force). A server that reports
+-- its limit needs no learning. Returns 1 when it lowered the limit in
+-- force, 2 while a raise waits for its window, 3 when it raised it.
 if op == 'inforce' then
   local l = tonumber(ARGV[7])
-  local old = tonumber(redis.call('HGET', KEYS[4], 'in_force') or '0')
-  redis.call('HDEL', KEYS[4], 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
+  local h = redis.call('HMGET', KEYS[4], 'in_force', 'raise_to', 'raise_at')
+  local old = tonumber(h[1] or '0')
+  if old > 0 and l > old then
+    local to, since = l, now
+    if h[2] then to, since = math.min(tonumber(h[2]), l), tonumber(h[3]) end
+    keep(KEYS[4], limit_ttl)
+    if now - since >= W then
+      redis.call('HSET', KEYS[4], 'in_force', to)
+      redis.call('HDEL', KEYS[4], 'raise_to', 'raise_at')
+      return 3
+    end
+    redis.call('HSET', KEYS[4], 'raise_to', to, 'raise_at', since)
+    return 2
+  end
+  redis.call('HDEL', KEYS[4], 'raise_to', 'raise_at', 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
     'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since', 'ramp_a1',
     'ramp_t1', 'handover', 'recalled')
   if old > 0 and old <= l then

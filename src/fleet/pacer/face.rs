@@ -151,22 +151,33 @@ impl Pacer for FleetPacer {
             let Some(l) = said.limit else {
                 return queued;
             };
-            // Only a change costs a round trip: most responses repeat it.
-            // A limit above the configured one changes nothing (as
+            // Only a change costs a round trip: most responses repeat it
+            // (but for a raise waiting for its window: `RAISING`). A limit
+            // above the configured one changes nothing unless a lower one
+            // is in force, which it raises back to the configured one (as
             // in-process: `ExactWindow::set_limit_in_force`).
-            let above = inner.configured > 0 && l > inner.configured;
-            if above || inner.reported.swap(l, Ordering::SeqCst) == l {
+            let l_in = match inner.configured {
+                0 => l,
+                c => l.min(c),
+            };
+            let sent = inner.reported.load(Ordering::SeqCst);
+            if (sent == 0 && l > l_in) || inner.reported.swap(l_in, Ordering::SeqCst) == l_in {
                 return queued;
             }
             let told: Result<i64, PaceError> = inner
                 .run("inforce", Duration::from_secs(2), |inv| {
-                    inv.arg(l);
+                    inv.arg(l_in);
                 })
                 .await;
-            if told.is_err() {
+            match told {
+                Ok(0 | 1) => {}
+                Ok(RAISING) => inner.reported.store(u64::MAX, Ordering::SeqCst),
+                Ok(_) => return queued,
                 // Tell the fleet again with the next response.
-                inner.reported.store(0, Ordering::SeqCst);
-                return queued;
+                Err(_) => {
+                    inner.reported.store(0, Ordering::SeqCst);
+                    return queued;
+                }
             }
             let below = inner.configured == 0 || l < inner.configured;
             below.then_some(PaceNote::LimitInForce(l)).or(queued)
@@ -202,6 +213,10 @@ impl Pacer for FleetPacer {
         })
     }
 }
+
+/// The script's answer to `inforce` while a higher limit waits for its
+/// window: the fleet tells it again with each response until then.
+const RAISING: i64 = 2;
 
 /// What a response says, in any dialect (`rate::announce`), of the
 /// fleet's primary window (policies of calls stated for that window, or

@@ -141,6 +141,29 @@ fn a_reported_limit_at_or_above_the_configured_one_changes_nothing() {
     assert_eq!(fill(&mut w, t0), 10);
 }
 
+/// A limit the server lowered for a moment and raised again is followed
+/// back up once raised for a whole window with nothing lower between (it
+/// held a run at 5 a second to the end where 50 were allowed), never above
+/// the configured one.
+#[test]
+fn a_reported_limit_raised_again_for_a_window_is_followed() {
+    let t0 = Instant::now();
+    let mut w = ExactWindow::new(50, W, t0);
+    assert!(w.set_limit_in_force(5, t0));
+    assert!(!w.set_limit_in_force(40, t0 + ms(100)));
+    assert_eq!(w.limit(), 5, "not at once");
+    // A report at the limit in force between: the window starts again.
+    assert!(!w.set_limit_in_force(5, t0 + ms(600)));
+    assert!(!w.set_limit_in_force(40, t0 + ms(700)));
+    assert!(!w.set_limit_in_force(1000, t0 + ms(1600)));
+    assert_eq!(w.limit(), 5);
+    assert!(!w.set_limit_in_force(1000, t0 + ms(1700)));
+    assert_eq!(w.limit(), 40, "the least reported meanwhile");
+    assert!(!w.set_limit_in_force(1000, t0 + ms(1800)));
+    assert!(!w.set_limit_in_force(1000, t0 + ms(2800)));
+    assert_eq!(w.limit(), 50, "the configured one at most");
+}
+
 /// A server stating a limit above the configured one (1000 told 10) keeps
 /// a lower one unstated: its 429s still teach, and what they taught stays.
 #[test]

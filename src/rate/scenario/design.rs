@@ -92,8 +92,9 @@ pub fn late_429_10_per_1s() -> Scenario {
         .0
 }
 
-/// 10 per 1 s: a server that reports its limit lowers it at once, never
-/// raises it, and a 429 then teaches nothing; `remaining: 0` holds new
+/// 10 per 1 s: a server that reports its limit lowers it at once, raises
+/// it only after a window of higher reports (a lower one between starts it
+/// again), and a 429 then teaches nothing; `remaining: 0` holds new
 /// calls until the first place frees.
 pub fn reported_10_per_1s() -> Scenario {
     Build::new(10, 1000)
@@ -108,6 +109,21 @@ pub fn reported_10_per_1s() -> Scenario {
         .at(60, Op::Full)
         .at(70, Op::Take)
         .at(1000, Op::Take)
+        .0
+}
+
+/// 10 per 1 s: a limit reported at 4, then above the configured one and at
+/// 8: followed back up to 8 once a window passed since the first higher
+/// report, not before.
+pub fn raised_again_10_per_1s() -> Scenario {
+    Build::new(10, 1000)
+        .at(0, Op::InForce { limit: 4 })
+        .at(100, Op::InForce { limit: 20 })
+        .at(200, Op::Take)
+        .at(1099, Op::InForce { limit: 8 })
+        .at(1099, Op::Take)
+        .at(1100, Op::InForce { limit: 8 })
+        .at(1100, Op::Take)
         .0
 }
 
@@ -296,6 +312,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ("secret_6_of_10_per_1s", secret_6_of_10_per_1s()),
         ("late_429_10_per_1s", late_429_10_per_1s()),
         ("reported_10_per_1s", reported_10_per_1s()),
+        ("raised_again_10_per_1s", raised_again_10_per_1s()),
         (
             "held_while_learning_10_per_1s",
             held_while_learning_10_per_1s(),

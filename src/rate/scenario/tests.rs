@@ -87,6 +87,24 @@ fn a_429_just_after_a_call_from_before_the_lowering_teaches_nothing() {
 }
 
 #[test]
+fn a_reported_limit_raised_again_is_followed_after_a_window() {
+    let a = answers(&raised_again_10_per_1s());
+    let inforce = |lowered| Answer::InForce { lowered };
+    assert_eq!(
+        a,
+        [
+            inforce(true),
+            inforce(false),
+            granted(4, 1, 0, false),
+            inforce(false),
+            granted(4, 2, 0, false),
+            inforce(false),
+            granted(8, 3, 0, false),
+        ]
+    );
+}
+
+#[test]
 fn a_reported_limit_wins_and_remaining_zero_holds_until_a_place_frees() {
     let a = answers(&reported_10_per_1s());
     let inforce = |lowered| Answer::InForce { lowered };

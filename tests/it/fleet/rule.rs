@@ -27,6 +27,8 @@ pub(super) struct Lua {
     pub(super) limit: u64,
     /// No limit reported yet: a 429 teaches one, as in the fleet pacer.
     secret: bool,
+    /// A limit was reported to the script (it keeps one in force).
+    reported: bool,
 }
 
 impl Lua {
@@ -62,6 +64,7 @@ impl Lua {
             },
             limit: s.limit,
             secret: true,
+            reported: false,
         }
     }
 
@@ -153,10 +156,14 @@ impl Store for Lua {
                 }
             }
             // As the fleet's pacer: a limit above the configured one
-            // changes nothing and leaves learning on.
-            Call::InForce(l) if l > self.limit => Answer::InForce { lowered: false },
+            // changes nothing and leaves learning on, unless one is in
+            // force, which it raises back to the configured one.
+            Call::InForce(l) if l > self.limit && !self.reported => {
+                Answer::InForce { lowered: false }
+            }
             Call::InForce(l) => {
-                self.secret = false;
+                (self.secret, self.reported) = (false, true);
+                let l = l.min(self.limit);
                 let lowered: i64 = self.op(now, "inforce", |inv| {
                     inv.arg(l);
                 });
