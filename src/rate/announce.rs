@@ -214,35 +214,7 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
             out.push(a);
         }
     }
-    // `RateLimit: "name";r=..;t=..` (current draft).
-    for m in list(h, "ratelimit")
-        .as_deref()
-        .map(members)
-        .unwrap_or_default()
-    {
-        let Item::Name(name) = &m.item else { continue };
-        let remaining = m.int("r");
-        let reset_in = m.int("t").map(|t| reset_secs(t, now_unix));
-        match out[start..].iter_mut().find(|a| &a.name == name) {
-            // Named twice (two lines): the least left, the latest reset.
-            Some(a) if a.remaining.is_some() => {
-                a.remaining = a.remaining.min(remaining).or(remaining);
-                a.reset_in = a.reset_in.max(reset_in);
-            }
-            Some(a) => {
-                a.remaining = remaining;
-                a.reset_in = reset_in;
-            }
-            None => {
-                let mut a = Announced::new(name, Unit::Calls);
-                a.remaining = remaining;
-                a.reset_in = reset_in;
-                if a.says_something() {
-                    out.push(a);
-                }
-            }
-        }
-    }
+    ietf_left(h, now_unix, out, start);
     // The older `RateLimit-Limit` / `-Remaining` / `-Reset` (delta seconds).
     let limit = each(h, "ratelimit-limit")
         .filter_map(|line| match members(line).first().map(|m| &m.item) {
@@ -272,6 +244,39 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
             a.remaining = remaining;
             a.reset_in = reset_in;
             push(out, a);
+        }
+    }
+}
+
+/// `RateLimit: "name";r=..;t=..` (current draft): what is left of the
+/// policies read from `out[start..]`, or of policies named only there.
+fn ietf_left(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>, start: usize) {
+    for m in list(h, "ratelimit")
+        .as_deref()
+        .map(members)
+        .unwrap_or_default()
+    {
+        let Item::Name(name) = &m.item else { continue };
+        let remaining = m.int("r");
+        let reset_in = m.int("t").map(|t| reset_secs(t, now_unix));
+        match out[start..].iter_mut().find(|a| &a.name == name) {
+            // Named twice (two lines): the least left, the latest reset.
+            Some(a) if a.remaining.is_some() => {
+                a.remaining = a.remaining.min(remaining).or(remaining);
+                a.reset_in = a.reset_in.max(reset_in);
+            }
+            Some(a) => {
+                a.remaining = remaining;
+                a.reset_in = reset_in;
+            }
+            None => {
+                let mut a = Announced::new(name, Unit::Calls);
+                a.remaining = remaining;
+                a.reset_in = reset_in;
+                if a.says_something() {
+                    out.push(a);
+                }
+            }
         }
     }
 }

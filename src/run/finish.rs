@@ -211,13 +211,7 @@ pub async fn finish(
         billing.as_ref(),
         &e.settings.api_key_env,
     );
-    if let (Some(Halt::Auth { .. }), Some(why)) = (&halt, &halt_reason) {
-        // A revoked key stops every nightly run: each one pages, naming the
-        // input and the host like the billing alerts.
-        let id = crate::credits::ID_KEY_REJECTED;
-        e.alerter
-            .send(&Alert::new(AlertKind::KeyRejected, id, why.clone(), last));
-    }
+    page_rejected_key(&e, &halt, &halt_reason, last);
     let mut exit_code = match &halt {
         Some(Halt::Interrupted(sig)) => sig.exit_code(),
         _ => exit::for_state(state, counts.failed),
@@ -257,6 +251,21 @@ pub async fn finish(
         false => report::err_line(&crate::report::progress::stamped(&text)),
     }
     Ok(summary)
+}
+
+/// A revoked key stops every nightly run: each one pages, naming the input
+/// and the host like the billing alerts.
+fn page_rejected_key(
+    e: &Ending<'_>,
+    halt: &Option<Halt>,
+    why: &Option<String>,
+    last: Option<crate::credits::CreditSnapshot>,
+) {
+    if let (Some(Halt::Auth { .. }), Some(why)) = (halt, why) {
+        let id = crate::credits::ID_KEY_REJECTED;
+        e.alerter
+            .send(&Alert::new(AlertKind::KeyRejected, id, why.clone(), last));
+    }
 }
 
 /// Sends the halt's billing alert, once per cycle (in a fleet, by one
