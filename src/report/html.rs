@@ -117,19 +117,24 @@ pub fn write(
         );
     }
     let tl = timeline::path(state_dir, &meta.id);
-    let secs = match timeline::read(&tl) {
-        Ok(s) => s,
+    let (secs, unread) = match timeline::read(&tl) {
+        Ok(s) => (s, None),
         // A job run before timelines were kept still has its runs table.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", tl.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), None),
+        // So does one whose timeline was lost (a full disk left it empty;
+        // another version's): the charts go, not the report.
+        Err(e) => (Vec::new(), Some(e)),
     };
     let body = match format {
         Format::Svg => charts::pacing(&secs)?,
         Format::Html => page(&meta, &secs)?,
     };
     std::fs::write(out, body).with_context(|| format!("writing {}", out.display()))?;
+    let unread = unread.map_or(String::new(), |e| {
+        format!("; its timeline could not be read ({e}): the runs table only")
+    });
     Ok(format!(
-        "report of job {} ({} seconds of timeline, {} run(s)): {}",
+        "report of job {} ({} seconds of timeline, {} run(s)): {}{unread}",
         meta.id,
         secs.len(),
         meta.runs.len(),

@@ -415,3 +415,42 @@ async fn a_deleted_input_is_still_reported_from_its_checkpoint() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(page.exists());
 }
+
+/// A timeline that cannot be read (left empty by a full disk, or garbage)
+/// costs the charts, not the report: the runs table is written, and the
+/// run says why the charts are missing. It was an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeline_that_cannot_be_read_leaves_the_runs_table() {
+    let s = Scenario::new("report-garbled")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    let timeline = std::fs::read_dir(s.state_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("timeline-")
+        })
+        .expect("the job's timeline");
+    for garbled in [&b""[..], b"not a timeline at all"] {
+        std::fs::write(&timeline, garbled).unwrap();
+        let page = s.dir().path().join("garbled.report.html");
+        let o = bin()
+            .arg("report")
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .arg("-o")
+            .arg(&page)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{said}");
+        assert!(said.contains("its timeline could not be read"), "{said}");
+        let html = std::fs::read_to_string(&page).unwrap();
+        assert!(html.contains("<table"), "the runs table: {html}");
+    }
+}
