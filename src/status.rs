@@ -381,6 +381,18 @@ fn prune(store: &Store, dir: &Path, input: &str, out: &mut String) -> anyhow::Re
     Ok(())
 }
 
+/// A checkpoint `status` cannot open (but for a run holding it): damage is
+/// said with the way forward, once (sled's words were said twice).
+fn unreadable(dir: &Path, e: CheckpointError) -> anyhow::Error {
+    match crate::checkpoint::is_damage(&e) {
+        true => anyhow::anyhow!(
+            "{}",
+            crate::checkpoint::damage_advice(dir, &e, "Nothing was changed")
+        ),
+        false => e.into(),
+    }
+}
+
 /// `--prune` while a run holds the checkpoint: said, not done.
 fn not_pruned(shard: Option<Shard>, out: &mut String) {
     let who = shard.map(|s| format!("shard {s}: ")).unwrap_or_default();
@@ -453,16 +465,17 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<String> {
                 }
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(unreadable(&dir, e)),
         };
         if let (true, Some(a)) = (args.prune, &abs) {
             prune(&store, &dir, a, &mut out)?;
             continue;
         }
         let jobs = match &abs {
-            Some(a) => store.jobs_for_input(a)?,
-            None => store.jobs()?,
-        };
+            Some(a) => store.jobs_for_input(a),
+            None => store.jobs(),
+        }
+        .map_err(|e| unreadable(&dir, e))?;
         for meta in jobs {
             describe_job(&meta, shard, abs.as_deref(), args.json, &mut out, &mut json)?;
         }

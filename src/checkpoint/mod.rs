@@ -366,6 +366,31 @@ fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, CheckpointError> {
     serde_json::to_vec(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
 
+/// Whether `e` says the checkpoint's data is damaged (not that the system
+/// refused to reach it, nor that a run holds it): moving it aside is then
+/// the way forward, and only then.
+pub fn is_damage(e: &CheckpointError) -> bool {
+    match e {
+        CheckpointError::Corrupt(_) => true,
+        CheckpointError::Store { source, .. } => !matches!(source, sled::Error::Io(_)),
+        _ => false,
+    }
+}
+
+/// What a damaged checkpoint in `dir` means, and the way forward; `what`
+/// says what the caller did meanwhile ("Nothing was sent"). The words a
+/// run, `status` and `report` share.
+pub fn damage_advice(dir: &Path, e: &CheckpointError, what: &str) -> String {
+    format!(
+        "the checkpoint in {} is damaged ({e}). {what}. Move it aside \
+         (mv {0} {0}.damaged) and run the job's command again: every item goes again \
+         under the Idempotency-Key it was last sent with (read back from the \
+         outputs), so an API that honours it replays what already ran instead \
+         of running it twice",
+        dir.display()
+    )
+}
+
 /// Whether `dir` (a state dir) holds a checkpoint sled ever wrote: its
 /// database file, not merely the folder, which opening a store makes. What
 /// only reads (`status`, `report`, a new job looking at other layouts)

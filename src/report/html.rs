@@ -34,6 +34,25 @@ pub fn default_path(input: &Path, shard: Option<crate::fleet::Shard>, format: Fo
     input.with_file_name(format!("{stem}{tag}.report.{ext}"))
 }
 
+/// A checkpoint the report cannot read: in use by a run, or damaged (said
+/// once, with the way forward), or out of reach.
+fn unopened(state_dir: &Path, e: crate::checkpoint::CheckpointError) -> anyhow::Error {
+    match e {
+        crate::checkpoint::CheckpointError::Locked(_) => anyhow::anyhow!(
+            "the checkpoint in {} is in use by a run: report once it has ended",
+            state_dir.display()
+        ),
+        e if crate::checkpoint::is_damage(&e) => anyhow::anyhow!(
+            "{}",
+            crate::checkpoint::damage_advice(state_dir, &e, "Nothing was written")
+        ),
+        e => anyhow::Error::new(e).context(format!(
+            "cannot open the checkpoint in {}",
+            state_dir.display()
+        )),
+    }
+}
+
 /// The job of `input` (its canonical path; `None` for a pipe, whose state
 /// dir holds only its own jobs) in `state_dir` that ran last.
 fn latest_job(state_dir: &Path, input: Option<&str>) -> anyhow::Result<JobMeta> {
@@ -44,12 +63,7 @@ fn latest_job(state_dir: &Path, input: Option<&str>) -> anyhow::Result<JobMeta> 
             state_dir.display()
         );
     }
-    let store = Store::open_to_read(state_dir).with_context(|| {
-        format!(
-            "cannot open the checkpoint in {} (is the job running?)",
-            state_dir.display()
-        )
-    })?;
+    let store = Store::open_to_read(state_dir).map_err(|e| unopened(state_dir, e))?;
     let last_ran = |m: &JobMeta| {
         m.last_run()
             .map_or(0, |r| r.started_unix_ms)
@@ -57,9 +71,10 @@ fn latest_job(state_dir: &Path, input: Option<&str>) -> anyhow::Result<JobMeta> 
             .max(m.created_unix * 1000)
     };
     let jobs = match input {
-        Some(i) => store.jobs_for_input(i)?,
-        None => store.jobs()?,
-    };
+        Some(i) => store.jobs_for_input(i),
+        None => store.jobs(),
+    }
+    .map_err(|e| unopened(state_dir, e))?;
     jobs.into_iter().max_by_key(last_ran).with_context(|| {
         format!(
             "no job for {} in {}",

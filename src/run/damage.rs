@@ -20,12 +20,8 @@ pub(crate) fn damaged_when(dir: &Path, e: CheckpointError, what: &str) -> RunErr
         return RunError::Fatal(unusable(dir, io, what));
     }
     RunError::Fatal(anyhow::anyhow!(
-        "the checkpoint in {} is damaged ({e}). {what}. Move it aside \
-         (mv {0} {0}.damaged) and run the same command: every item goes again \
-         under the Idempotency-Key it was last sent with (read back from the \
-         outputs), so an API that honours it replays what already ran instead \
-         of running it twice",
-        dir.display()
+        "{}",
+        crate::checkpoint::damage_advice(dir, &e, what)
     ))
 }
 

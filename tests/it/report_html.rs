@@ -454,3 +454,47 @@ async fn a_timeline_that_cannot_be_read_leaves_the_runs_table() {
         assert!(html.contains("<table"), "the runs table: {html}");
     }
 }
+
+/// A job record that cannot be read is damage: `status` and `report` say
+/// so once, with the way forward (move the checkpoint aside), where they
+/// printed sled's or serde's words (twice) and asked whether the job was
+/// running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_job_record_is_said_with_the_way_forward() {
+    let s = Scenario::new("report-damaged")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    assert_eq!(s.run(&["--limit", "none"]).code, 0);
+    {
+        let db = sled::open(s.state_dir().join("checkpoint")).unwrap();
+        let jobs = db.open_tree("jobs").unwrap();
+        let records: Vec<_> = jobs
+            .iter()
+            .keys()
+            .map(Result::unwrap)
+            .filter(|k| !k.starts_with(b"meter:") && !k.starts_with(b"progress:"))
+            .collect();
+        assert_eq!(records.len(), 1, "the job's record");
+        jobs.insert(&records[0], &b"{not a job record"[..]).unwrap();
+        db.flush().unwrap();
+    }
+    let page = s.dir().path().join("damaged.report.html");
+    for cmd in ["status", "report"] {
+        let mut c = bin();
+        c.arg(cmd)
+            .arg(s.input_path())
+            .arg("--state-dir")
+            .arg(s.state_dir());
+        if cmd == "report" {
+            c.arg("-o").arg(&page);
+        }
+        let o = c.output().unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{cmd}: {said}");
+        assert_eq!(said.matches("is damaged").count(), 1, "{cmd}: {said}");
+        let advised = format!("mv {0} {0}.damaged", s.state_dir().display());
+        assert!(said.contains(&advised), "{cmd}: {said}");
+        assert!(!said.contains("is the job running"), "{cmd}: {said}");
+    }
+    assert!(!page.exists());
+}
