@@ -27,14 +27,35 @@ pub struct JobLog {
     broken: bool,
 }
 
+/// Whether the file at `path` begins with the joblog's header line.
+fn starts_as_joblog(path: &Path) -> std::io::Result<bool> {
+    use std::io::{BufRead as _, Read as _};
+    let mut first = String::new();
+    let file = File::open(path)?.take(HEADER.len() as u64 + 2);
+    // Not UTF-8 (a binary file): no joblog either.
+    if std::io::BufReader::new(file).read_line(&mut first).is_err() {
+        return Ok(false);
+    }
+    Ok(first.trim_end_matches(['\n', '\r']) == HEADER)
+}
+
 impl JobLog {
-    /// Opens `path` for appending, writing the header if it is new or empty.
+    /// Opens `path` for appending, writing the header if it is new or
+    /// empty. A file that holds something else (its first line is not the
+    /// header: notes, a CSV, a mistyped path) is refused, not appended to.
     pub fn open(path: &Path) -> std::io::Result<JobLog> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
         let f = OpenOptions::new().create(true).append(true).open(path)?;
         let empty = f.metadata()?.len() == 0;
+        if !empty && !starts_as_joblog(path)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "it holds something else than a joblog (its first line is not the joblog's \
+                 header); name another file, or remove it first",
+            ));
+        }
         let mut w = BufWriter::with_capacity(64 * 1024, f);
         if empty {
             writeln!(w, "{HEADER}")?;
@@ -150,6 +171,22 @@ mod tests {
                 "4\t1700000000.250\t0.000\t-\t2\tconnect",
             ]
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_that_is_no_joblog_is_refused_and_left_as_it_was() {
+        let dir = std::env::temp_dir().join(format!("batchrun-joblog-no-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notes.txt");
+        std::fs::write(&path, "my notes\n").unwrap();
+        let e = JobLog::open(&path).err().expect("refused");
+        assert!(
+            e.to_string().contains("something else than a joblog"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "my notes\n");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
