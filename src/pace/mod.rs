@@ -172,7 +172,8 @@ pub trait Pacer: Send + Sync {
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>>;
 
     /// Sees every response's headers, so the pacer can follow the limits the
-    /// server says are in force (every dialect for the window pacer,
+    /// server says are in force (every dialect for the window pacer and
+    /// for [`Unpaced`], which hands over to one at the first stated quota;
     /// `x-rate-limit-limit` for the others). Returns a note when that
     /// changed what the pacer does; more may follow through
     /// [`note`](Self::note).
@@ -328,7 +329,8 @@ impl Drop for Permit {
 }
 
 /// The pacer of `kind` for `limit`, and the pause a rate-limit 429 without
-/// a usable Retry-After causes. With no limit, every kind is [`Unpaced`].
+/// a usable Retry-After causes. With no limit, every kind is [`Unpaced`]
+/// (which keeps the quotas a server states with a window pacer).
 ///
 /// A job resumed within one window of its last call (`last_active`, unix
 /// time; zero for never) may have calls of the previous run still in the
@@ -381,7 +383,8 @@ pub fn for_limits(
     now_unix: Duration,
 ) -> Result<(Arc<dyn Pacer>, Duration), SizingError> {
     let Limit::Rate(r) = limit else {
-        return Ok((Arc::new(Unpaced::default()), Duration::from_secs(30)));
+        let unpaced = Unpaced::following(policies.wait_for_quota, policies.learn_shape);
+        return Ok((Arc::new(unpaced), Duration::from_secs(30)));
     };
     let busy_for = |period: Duration| still_counted(period, last_active, now_unix);
     let recent = !busy_for(r.period).is_zero();

@@ -1,93 +1,175 @@
-//! No per-period limit (Mega): calls go at once, but a 429 still pauses
-//! everyone. A Mega key can still be capped below its plan: the first
-//! `x-rate-limit-limit` it reports turns on a token bucket sized to that
-//! limit per minute (the plans' window).
+//! No per-period limit configured (Mega, `--limit none`): calls go at
+//! once, but a 429 still pauses everyone. A server may still state limits
+//! of its own, in any dialect (a key capped below its plan, a daily quota):
+//! the first response that states a quota of calls hands pacing over to a
+//! [`WindowPacer`] keeping that quota (per minute when no window is
+//! stated, as the plans' window), which follows every later statement as
+//! it does for a configured limit: other policies, `remaining: 0` with its
+//! reset, a quota used up beyond the bound halting the run resumably.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 use tokio::time::Instant;
 
-use super::{ready, BoxFuture, PaceError, PaceNote, Pacer, Permit};
-use crate::rate::bucket::{skew_allowance, TokenBucket};
-use crate::rate::Rate;
+use super::window::{policy_set, Policies, WindowPacer};
+use super::{ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Weight};
+use crate::rate::announce::{Announced, Unit};
+use crate::rate::bucket::skew_allowance;
+use crate::rate::policies::{Heard, MAX_PREFILL};
+use crate::rate::policy::PolicySpec;
+use crate::rate::{Limit, Rate};
 
 /// The pacer for an unlimited plan.
 pub struct Unpaced {
     state: Mutex<UnpacedState>,
+    /// `--wait-for-quota`, for the window pacer a stated quota hands over to.
+    wait_for_quota: bool,
+    /// Whether the stated quota's shape may be learnt (off when a call may
+    /// weigh several, as for a configured limit).
+    learn_shape: bool,
+    /// The window pacer keeping what the server stated, once it stated a
+    /// quota of calls: everything is its from then on.
+    stated: OnceLock<WindowPacer>,
 }
 
 struct UnpacedState {
     paused_until: Option<Instant>,
-    capped: Option<TokenBucket>,
     started: Instant,
     taken: u64,
+    /// What the window pacer made of the headers that handed over: said
+    /// through `note`, after the hand-over's own note.
+    pending: Option<PaceNote>,
 }
 
 impl Default for Unpaced {
     fn default() -> Self {
-        Unpaced {
-            state: Mutex::new(UnpacedState {
-                paused_until: None,
-                capped: None,
-                started: Instant::now(),
-                taken: 0,
-            }),
-        }
+        Unpaced::following(false, true)
     }
 }
 
-/// The window a cap reported without one is read against.
+/// The window a quota stated without one is read against.
 const CAP_WINDOW: Duration = Duration::from_secs(60);
 
 impl Unpaced {
+    /// An unpaced pacer that, once the server states a quota, keeps it with
+    /// `wait_for_quota` (`--wait-for-quota`) and `learn_shape` as the window
+    /// pacer of a configured limit would.
+    pub fn following(wait_for_quota: bool, learn_shape: bool) -> Unpaced {
+        Unpaced {
+            state: Mutex::new(UnpacedState {
+                paused_until: None,
+                started: Instant::now(),
+                taken: 0,
+                pending: None,
+            }),
+            wait_for_quota,
+            learn_shape,
+            stated: OnceLock::new(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, UnpacedState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cap(&self, cap: u64) -> Option<PaceNote> {
-        let rate = Rate {
-            count: cap,
-            period: CAP_WINDOW,
-        };
+    /// The window pacer for the quota `first` states at `rate`, counting
+    /// the calls already sent (those the server says it counts, and at
+    /// least this run's own within the window) and any pause in force.
+    fn hand_over(&self, first: &Announced, rate: Rate) -> WindowPacer {
         let now = Instant::now();
-        let mut s = self.lock();
-        if let Some(b) = s.capped.as_mut() {
-            return b
-                .shrink_to(rate, now.into_std())
-                .then_some(PaceNote::LimitInForce(cap));
+        let spec = [PolicySpec::sliding(Limit::Rate(rate))];
+        let p = Policies {
+            specs: &spec,
+            wait_for_quota: self.wait_for_quota,
+            learn_shape: self.learn_shape,
+            start: false,
+            last_used: &[],
+            recent_sends: &[],
+        };
+        let mut set = policy_set(p, rate, None, now.into_std());
+        let s = self.lock();
+        // The calls sent before the hand-over went untracked: counted as
+        // answered so that they leave the window at the stated reset, or a
+        // window from now (which errs on the slow side).
+        let answered = (first.reset_in.filter(|&r| r < rate.period))
+            .and_then(|r| (now + r).checked_sub(rate.period))
+            .unwrap_or(now);
+        let within =
+            now.saturating_duration_since(s.started) < rate.period + skew_allowance(rate.period);
+        let ours = if within { s.taken } else { 0 };
+        let told = rate
+            .count
+            .saturating_sub(first.remaining.unwrap_or(rate.count));
+        let w = set.primary_mut();
+        for _ in 0..ours.max(told).min(rate.count).min(MAX_PREFILL) {
+            w.admit_answered(answered.into_std());
         }
-        let mut b = TokenBucket::for_limit(rate, None, true, now.into_std()).ok()?;
-        // Calls already sent inside this window count against the cap.
-        if now.saturating_duration_since(s.started) < CAP_WINDOW + skew_allowance(CAP_WINDOW) {
-            b.owe(s.taken);
+        if let Some(until) = s.paused_until.filter(|&u| u > now) {
+            w.pause_until(until.into_std());
         }
-        if let Some(until) = s.paused_until {
-            b.pause_until(until.into_std(), now.into_std());
-        }
-        s.capped = Some(b);
-        Some(PaceNote::LimitInForce(cap))
+        WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }
+
+    /// Hands pacing over when `headers` state a quota of calls: the note
+    /// that says so, or `None` when they state none (or another worker's
+    /// response handed over first).
+    fn follow(&self, headers: &HeaderMap) -> Option<PaceNote> {
+        let stated = crate::rate::announce::read(headers, crate::util::unix_now());
+        let (first, rate) = primary_of(&stated)?;
+        self.stated.set(self.hand_over(first, rate)).ok()?;
+        Some(match first.window {
+            None => PaceNote::LimitInForce(rate.count),
+            Some(window) => PaceNote::Heard(Heard::Added {
+                name: first.name.clone(),
+                quota: rate.count,
+                window,
+                tokens: false,
+            }),
+        })
+    }
+}
+
+/// The stated quota of calls the window pacer's primary window keeps: of
+/// those stating a window, the shortest (a quota stated without one is
+/// then read against the nearest, as for a configured limit); else the
+/// least quota stated without one, read per minute.
+fn primary_of(stated: &[Announced]) -> Option<(&Announced, Rate)> {
+    stated
+        .iter()
+        .filter(|a| a.unit == Unit::Calls)
+        .filter_map(|a| {
+            let period = a.window.unwrap_or(CAP_WINDOW);
+            Some((
+                a,
+                Rate {
+                    count: a.quota?,
+                    period,
+                },
+            ))
+        })
+        .min_by_key(|(a, r)| (a.window.is_none(), r.period, r.count))
 }
 
 impl Pacer for Unpaced {
     fn take(&self) -> BoxFuture<'_, Result<Permit, PaceError>> {
+        self.take_weighted(Weight::default())
+    }
+
+    fn take_weighted(&self, weight: Weight) -> BoxFuture<'_, Result<Permit, PaceError>> {
         Box::pin(async move {
             loop {
-                let wait = {
-                    let mut s = self.lock();
-                    let now = Instant::now();
-                    match (s.paused_until.filter(|&u| u > now), s.capped.as_mut()) {
-                        (Some(until), _) => Some(until),
-                        (None, Some(b)) => b.try_take(now.into_std()).err().map(Instant::from_std),
-                        (None, None) => None,
-                    }
-                };
+                // Looked at again after every wait: a response may have
+                // handed over meanwhile.
+                if let Some(p) = self.stated.get() {
+                    return p.take_weighted(weight).await;
+                }
+                let wait = self.paused_until();
                 match wait {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => {
-                        self.lock().taken += 1;
+                        self.lock().taken += weight.calls;
                         return Ok(Permit::untracked());
                     }
                 }
@@ -96,30 +178,101 @@ impl Pacer for Unpaced {
     }
 
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
-        let now = Instant::now();
-        let until = now + for_;
+        if let Some(p) = self.stated.get() {
+            return p.pause(for_);
+        }
+        let until = Instant::now() + for_;
         let mut s = self.lock();
         s.paused_until = Some(s.paused_until.map_or(until, |old| old.max(until)));
-        if let Some(b) = s.capped.as_mut() {
-            b.pause_until(until.into_std(), now.into_std());
-        }
         ready(Ok(()))
     }
 
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
-        ready(crate::wire::limit_in_force(headers).and_then(|c| self.cap(c)))
+        Box::pin(async move {
+            let said = match self.stated.get() {
+                Some(_) => None,
+                None => self.follow(headers),
+            };
+            let more = self.stated.get()?.observe(headers).await;
+            match said {
+                // The hand-over is said first; what the window pacer made
+                // of the same headers follows through `note`.
+                Some(said) => {
+                    self.lock().pending = more;
+                    Some(said)
+                }
+                None => more,
+            }
+        })
+    }
+
+    fn note(&self) -> Option<PaceNote> {
+        let pending = self.lock().pending.take();
+        pending.or_else(|| self.stated.get()?.note())
     }
 
     fn paused_until(&self) -> Option<Instant> {
+        if let Some(p) = self.stated.get() {
+            return p.paused_until();
+        }
         let s = self.lock();
         s.paused_until.filter(|&u| u > Instant::now())
     }
+
+    fn learnt(&self) -> Option<crate::rate::learn::Learnt> {
+        self.stated.get()?.learnt()
+    }
+
+    fn occupancy(&self) -> Vec<crate::rate::Occupancy> {
+        let Some(p) = self.stated.get() else {
+            return Vec::new();
+        };
+        // The primary window is shown as configured by the window pacer:
+        // here every policy is the server's.
+        let mut o = p.occupancy();
+        for x in &mut o {
+            if !x.policy.ends_with(STATED) {
+                x.policy.push_str(STATED);
+            }
+        }
+        o
+    }
+
+    fn most_stated_tokens(&self) -> Option<(u64, String)> {
+        self.stated.get()?.most_stated_tokens()
+    }
+
+    fn steady_per_min(&self) -> Option<f64> {
+        self.stated.get()?.steady_per_min()
+    }
 }
+
+/// How a policy the server stated is labelled where it is shown.
+const STATED: &str = " (stated)";
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pace::testing::{call, limit_header, max_in_window};
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            let name = reqwest::header::HeaderName::from_bytes(n.as_bytes()).unwrap();
+            h.insert(name, v.parse().unwrap());
+        }
+        h
+    }
+
+    /// GitHub's daily quota, used up, its reset an epoch second a day away.
+    fn daily_quota_used_up() -> HeaderMap {
+        let reset = (crate::util::unix_now() + Duration::from_secs(86_400)).as_secs();
+        headers(&[
+            ("x-ratelimit-limit", "5"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", &reset.to_string()),
+        ])
+    }
 
     #[tokio::test(start_paused = true)]
     async fn unpaced_only_waits_for_pauses() {
@@ -155,5 +308,95 @@ mod tests {
         };
         let most = max_in_window(&stamps, Duration::from_secs(60));
         assert!(most <= 20, "{most} in one minute");
+    }
+
+    /// A daily quota stated in `X-RateLimit-*`, used up: takes fail naming
+    /// it (the run halts resumably), where calls went on to a 429.
+    #[tokio::test(start_paused = true)]
+    async fn a_used_up_daily_quota_in_any_dialect_fails_takes_naming_it() {
+        let p = Unpaced::default();
+        call(&p).await;
+        assert_eq!(
+            p.observe(&daily_quota_used_up()).await,
+            Some(PaceNote::LimitInForce(5))
+        );
+        let e = p.take().await.unwrap_err();
+        let PaceError::QuotaExhausted { name, in_, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(name, "x-ratelimit");
+        assert!(in_ > &Duration::from_secs(86_000), "{e}");
+    }
+
+    /// `--wait-for-quota`: the same quota is waited for instead.
+    #[tokio::test(start_paused = true)]
+    async fn told_to_wait_it_waits_for_the_used_up_quota() {
+        let p = Unpaced::following(true, true);
+        let t0 = Instant::now();
+        p.observe(&daily_quota_used_up()).await;
+        call(&p).await;
+        assert!(Instant::now() - t0 >= Duration::from_secs(86_000));
+    }
+
+    /// Nothing left, resetting soon: calls are held until the reset.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_left_holds_calls_until_the_reset() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        let h = headers(&[
+            ("ratelimit-limit", "100"),
+            ("ratelimit-remaining", "0"),
+            ("ratelimit-reset", "5"),
+        ]);
+        p.observe(&h).await;
+        call(&p).await;
+        assert!(Instant::now() - t0 >= Duration::from_secs(5));
+        assert!(Instant::now() - t0 < Duration::from_secs(7));
+    }
+
+    /// IETF policies with their windows: the first is kept from the
+    /// response that states it, the second as well, each said once.
+    #[tokio::test(start_paused = true)]
+    async fn policies_stated_with_windows_are_all_kept() {
+        let p = Unpaced::default();
+        let h = headers(&[("ratelimit-policy", r#""a";q=10;w=1, "b";q=25;w=5"#)]);
+        let first = p.observe(&h).await;
+        assert!(
+            matches!(
+                &first,
+                Some(PaceNote::Heard(Heard::Added { quota: 10, .. }))
+            ),
+            "{first:?}"
+        );
+        let rest: Vec<_> = std::iter::from_fn(|| p.note()).collect();
+        assert!(
+            matches!(&rest[..], [PaceNote::Heard(Heard::Added { quota: 25, .. })]),
+            "{rest:?}"
+        );
+        assert_eq!(p.observe(&h).await, None, "said once");
+        let mut stamps = Vec::new();
+        for _ in 0..60 {
+            call(&p).await;
+            stamps.push(Instant::now());
+        }
+        assert!(max_in_window(&stamps, Duration::from_secs(1)) <= 10);
+        assert!(max_in_window(&stamps, Duration::from_secs(5)) <= 25);
+        let shown = p.occupancy();
+        assert!(
+            shown.iter().all(|o| o.policy.ends_with(" (stated)")),
+            "{shown:?}"
+        );
+    }
+
+    /// A 429's pause before any statement still holds after the hand-over.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_before_the_hand_over_still_holds() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        p.pause(Duration::from_secs(3)).await.unwrap();
+        p.observe(&limit_header("20")).await;
+        assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(3)));
+        call(&p).await;
+        assert_eq!(Instant::now(), t0 + Duration::from_secs(3));
     }
 }

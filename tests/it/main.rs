@@ -28,3 +28,4 @@ mod sim_modes;
 mod sim_shapes;
 mod transport;
 mod trust;
+mod unlimited;
