@@ -294,6 +294,17 @@ impl Scenario {
         }
     }
 
+    /// `batchrun SUB INPUT --state-dir DIR` (`status`, `report`) for this
+    /// scenario's job.
+    pub fn tool(&self, sub: &str) -> Command {
+        let mut c = bin();
+        c.arg(sub)
+            .arg(self.input_path())
+            .arg("--state-dir")
+            .arg(self.state_dir());
+        c
+    }
+
     /// Starts [`Scenario::cmd`] with its output dropped: a run to kill.
     pub fn spawn_quiet(&self, extra: &[&str]) -> Child {
         self.cmd(extra)

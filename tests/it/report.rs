@@ -248,16 +248,7 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
-    let prune = || {
-        bin()
-            .arg("status")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .arg("--prune")
-            .output()
-            .unwrap()
-    };
+    let prune = || s.tool("status").arg("--prune").output().unwrap();
     // Pruning while the run holds the checkpoint says it cannot (it said
     // nothing, and pruned nothing). Four seconds of the run are left.
     // Not done, so no success (exit 1, as for a checkpoint in use).
@@ -506,14 +497,7 @@ async fn output_that_cannot_be_written_is_said() {
         "{}",
         r.stderr
     );
-    let status = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .stdout(full())
-        .output()
-        .unwrap();
+    let status = s.tool("status").stdout(full()).output().unwrap();
     let said = String::from_utf8_lossy(&status.stderr);
     assert_eq!(status.status.code(), Some(1), "{said}");
     assert!(

@@ -125,14 +125,7 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
     );
 
     let report = |extra: &[&str]| {
-        let out = bin()
-            .arg("report")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = s.tool("report").args(extra).output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -202,11 +195,8 @@ async fn the_report_of_a_run_with_429s_has_a_point_per_second_and_a_band_per_pau
 fn refuses_to_replace_what_is_not_a_report(s: &Scenario, svg_path: &std::path::Path) {
     // An earlier report is replaced; a file that is not one (a joblog) is
     // refused, and left as it was.
-    let again = bin()
-        .arg("report")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
+    let again = s
+        .tool("report")
         .args(["--format", "svg", "-o"])
         .arg(svg_path)
         .output()
@@ -219,15 +209,7 @@ fn refuses_to_replace_what_is_not_a_report(s: &Scenario, svg_path: &std::path::P
     // Never onto the checkpoint (by path, or a hard link of one of its
     // files) nor onto the results: each is refused and left as it was.
     let refused = |o: &std::path::Path, says: &str| {
-        let out = bin()
-            .arg("report")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .arg("-o")
-            .arg(o)
-            .output()
-            .unwrap();
+        let out = s.tool("report").arg("-o").arg(o).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.contains(says), "{err}");
@@ -257,13 +239,7 @@ fn refuses_to_replace_what_is_not_a_report(s: &Scenario, svg_path: &std::path::P
 #[test]
 fn a_report_of_an_input_never_run_is_an_error_that_leaves_nothing_behind() {
     let s = Scenario::new("report-none").numbers(3);
-    let out = bin()
-        .arg("report")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .output()
-        .unwrap();
+    let out = s.tool("report").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -345,16 +321,7 @@ async fn a_sharded_job_is_reported_shard_by_shard_and_a_piped_one_by_its_pipe() 
         let r = s.run(&["--limit", "none", "--shard", shard]);
         assert_eq!(r.code, 0, "{}", r.stderr);
     }
-    let report = |extra: &[&str]| {
-        bin()
-            .arg("report")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let report = |extra: &[&str]| s.tool("report").args(extra).output().unwrap();
     // The whole input has no checkpoint of its own: the shards are named.
     let whole = report(&[]);
     assert_eq!(whole.status.code(), Some(1));
@@ -403,15 +370,7 @@ async fn a_deleted_input_is_still_reported_from_its_checkpoint() {
     let jobs = s.status_json().expect("status of a deleted input");
     assert_eq!(jobs[0]["done"], 4, "{jobs}");
     let page = s.dir().path().join("gone.report.html");
-    let o = bin()
-        .arg("report")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .arg("-o")
-        .arg(&page)
-        .output()
-        .unwrap();
+    let o = s.tool("report").arg("-o").arg(&page).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(page.exists());
 }
@@ -438,15 +397,7 @@ async fn a_timeline_that_cannot_be_read_leaves_the_runs_table() {
     for garbled in [&b""[..], b"not a timeline at all"] {
         std::fs::write(&timeline, garbled).unwrap();
         let page = s.dir().path().join("garbled.report.html");
-        let o = bin()
-            .arg("report")
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir())
-            .arg("-o")
-            .arg(&page)
-            .output()
-            .unwrap();
+        let o = s.tool("report").arg("-o").arg(&page).output().unwrap();
         let said = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{said}");
         assert!(said.contains("its timeline could not be read"), "{said}");
@@ -480,11 +431,7 @@ async fn a_damaged_job_record_is_said_with_the_way_forward() {
     }
     let page = s.dir().path().join("damaged.report.html");
     for cmd in ["status", "report"] {
-        let mut c = bin();
-        c.arg(cmd)
-            .arg(s.input_path())
-            .arg("--state-dir")
-            .arg(s.state_dir());
+        let mut c = s.tool(cmd);
         if cmd == "report" {
             c.arg("-o").arg(&page);
         }

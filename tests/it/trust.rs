@@ -116,13 +116,7 @@ async fn a_key_spelt_out_in_the_url_or_a_header_is_never_recorded() {
     let r = s.run(&["--limit", "none", "--url", &url, "-H", &bearer]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(!r.stderr.contains(KEY), "{}", r.stderr);
-    let status = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .output()
-        .unwrap();
+    let status = s.tool("status").output().unwrap();
     let shown = String::from_utf8_lossy(&status.stdout);
     assert!(status.status.success(), "{shown}");
     assert!(!shown.contains(KEY), "{shown}");
@@ -737,13 +731,7 @@ async fn a_bearer_token_a_server_names_alone_is_never_shown() {
     assert_eq!(dry.code, 0, "{}", dry.stderr);
     let shown_dry = format!("{}{}", dry.stderr, dry.summary);
     assert!(shown_dry.contains("Bearer ***"), "{shown_dry}");
-    let status = bin()
-        .arg("status")
-        .arg(s.input_path())
-        .arg("--state-dir")
-        .arg(s.state_dir())
-        .output()
-        .unwrap();
+    let status = s.tool("status").output().unwrap();
     let shown = String::from_utf8_lossy(&status.stdout);
     assert!(shown.contains("Authorization: Bearer ***"), "{shown}");
     for out in [&in_var, &in_header, &dry] {
