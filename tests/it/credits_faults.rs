@@ -37,21 +37,28 @@ fn bare_402() -> (StatusCode, HeaderMap, &'static str) {
     )
 }
 
+/// What an API answers its `n`th call (from 0).
+type Answer = (StatusCode, HeaderMap, &'static str);
+
+/// An API answering each call as `answer` says for its number (from 0):
+/// its URL template.
+async fn api(answer: impl Fn(u64) -> Answer + Clone + Send + Sync + 'static) -> String {
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let (calls, answer) = (calls.clone(), answer.clone());
+        async move { answer(calls.fetch_add(1, SeqCst)) }
+    });
+    format!("http://{}/v1/x?n={{n}}", serve(app).await)
+}
+
 /// An API that states its balance on each success down to 0 of `max`, then
 /// answers every call with a bare 402.
 async fn bare_402_api(max: u64) -> String {
-    let used = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move || {
-        let used = used.clone();
-        async move {
-            let n = used.fetch_add(1, SeqCst);
-            match n < max {
-                true => (StatusCode::OK, balance(n + 1, max, None), r#"{"ok":true}"#),
-                false => bare_402(),
-            }
-        }
-    });
-    format!("http://{}/v1/x?n={{n}}", serve(app).await)
+    api(move |n| match n < max {
+        true => (StatusCode::OK, balance(n + 1, max, None), r#"{"ok":true}"#),
+        false => bare_402(),
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -70,24 +77,17 @@ async fn a_bare_402_once_the_balance_read_0_halts_resumably_with_items_pending()
 async fn a_probes_bare_402_keeps_the_run_waiting_for_credits() {
     // 10 credits; then the exhaustion 429 (balance 0) four times, then a
     // bare 402 three times (probes, by then), then a top-up's successes.
-    let calls = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move || {
-        let calls = calls.clone();
-        async move {
-            let n = calls.fetch_add(1, SeqCst);
-            match n {
-                0..=9 => (StatusCode::OK, balance(n + 1, 10, None), r#"{"ok":true}"#),
-                10..=13 => (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    balance(10, 10, None),
-                    r#"{"error":"out of credits"}"#,
-                ),
-                14..=16 => bare_402(),
-                _ => (StatusCode::OK, balance(n, 1000, None), r#"{"ok":true}"#),
-            }
-        }
-    });
-    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let url = api(move |n| match n {
+        0..=9 => (StatusCode::OK, balance(n + 1, 10, None), r#"{"ok":true}"#),
+        10..=13 => (
+            StatusCode::TOO_MANY_REQUESTS,
+            balance(10, 10, None),
+            r#"{"error":"out of credits"}"#,
+        ),
+        14..=16 => bare_402(),
+        _ => (StatusCode::OK, balance(n, 1000, None), r#"{"ok":true}"#),
+    })
+    .await;
     let s = Scenario::new("probe402").numbers(30);
     let r = s.run(&[
         "--url",
@@ -119,16 +119,11 @@ async fn renewals_a_second_apart_fire_each_threshold_once() {
         .unwrap()
         .as_secs()
         + 20 * 86_400;
-    let calls = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move || {
-        let calls = calls.clone();
-        async move {
-            let n = calls.fetch_add(1, SeqCst);
-            let h = balance(n + 1, 100, Some(renewal + n % 2));
-            (StatusCode::OK, h, r#"{"ok":true}"#)
-        }
-    });
-    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let url = api(move |n| {
+        let h = balance(n + 1, 100, Some(renewal + n % 2));
+        (StatusCode::OK, h, r#"{"ok":true}"#)
+    })
+    .await;
     let hook = Receiver::start().await;
     let s = Scenario::new("renewalflip").numbers(60);
     let r = s.run(&[
@@ -194,16 +189,11 @@ async fn without_a_renewal_a_used_that_falls_back_to_0_is_a_new_cycle() {
 async fn without_a_renewal_a_cycle_that_begins_mid_run_fires_the_thresholds_again() {
     // 100 credits, no x-api-renewal; after the 60th call the API's cycle
     // renews: used starts again from 0.
-    let calls = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move || {
-        let calls = calls.clone();
-        async move {
-            let n = calls.fetch_add(1, SeqCst);
-            let used = if n < 60 { n + 1 } else { n - 59 };
-            (StatusCode::OK, balance(used, 100, None), "{}")
-        }
-    });
-    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let url = api(move |n| {
+        let used = if n < 60 { n + 1 } else { n - 59 };
+        (StatusCode::OK, balance(used, 100, None), "{}")
+    })
+    .await;
     let s = Scenario::new("usedmidrun").numbers(120);
     let r = s.run(&["--url", &url, "--limit", "none", "-c", "1"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
