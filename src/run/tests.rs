@@ -225,6 +225,24 @@ async fn an_item_asked_to_wait_long_does_not_hold_its_worker() {
     assert_eq!(attempts, Some(2));
 }
 
+/// An item set aside for a first refusal waits for an answer that tells
+/// the key's refusal from its own: the next item's long wait is none.
+#[tokio::test(start_paused = true)]
+async fn a_refused_item_set_aside_waits_past_an_item_asked_to_wait() {
+    let (t, events, halt) = run_pool(4, 1, false, |_, n| match n {
+        0 | 3 => Step::status(401, &[], "not for this item"),
+        1 => Step::status(503, &[("retry-after", "600")], "busy"),
+        _ => Step::ok("{}"),
+    })
+    .await;
+    assert_eq!(halt, None, "the key works: item 3 got through");
+    let calls = t.calls();
+    let lines: Vec<&str> = calls.iter().map(|c| &c.1[c.1.len() - 1..]).collect();
+    assert_eq!(lines, ["1", "2", "3", "1", "4", "2"], "{calls:?}");
+    assert_eq!(done_lines(&events), vec![2, 3, 4]);
+    assert_eq!(failed(&events), 1, "item 1's refusal is its own");
+}
+
 #[tokio::test(start_paused = true)]
 async fn exhaustion_halts_with_nothing_failed() {
     let (t, events, halt) = run_pool(10, 2, false, |_, n| {
