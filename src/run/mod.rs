@@ -44,6 +44,7 @@ mod start;
 mod tests;
 mod ticks;
 pub mod watch;
+mod worker;
 
 use crate::checkpoint::{Committer, GroupCommit, JobMeta};
 use crate::credits::{self, Alerter, CreditMeter, Ledger, MeterConfig, ReserveConfig};

@@ -110,68 +110,53 @@ impl Pool {
         }
     }
 
-    /// One worker: takes items until the queue closes or the run stops.
-    pub async fn worker(self: Arc<Self>, queue: Queue) {
-        let mut held: Option<Queued> = None;
-        loop {
-            if self.gate.is_stopped() {
-                return;
-            }
-            let item = {
-                let mut q = queue.lock().await;
-                tokio::select! {
-                    it = q.recv() => it,
-                    _ = self.gate.until_stopped() => None,
-                }
-            };
-            let Some(queued) = item else {
-                // The queue is done: a lone item set aside goes again, and
-                // with nothing to tell the key from it, its refusal halts.
-                if let Some(h) = held.take() {
-                    self.process(h).await;
-                }
-                return;
-            };
-            let aside = self.process(queued).await;
-            // The item after the one set aside has had its answer: the one
-            // set aside goes again, its refusal now its own if the key works.
-            if let Some(h) = held.take() {
-                self.process(h).await;
-            }
-            held = aside;
-        }
-    }
-
-    /// Drives one item until it is done, failed, or left pending by a stop;
-    /// gives it back when it is set aside ([`Action::Defer`]).
-    pub async fn process(self: &Arc<Self>, queued: Queued) -> Option<Queued> {
-        let Queued {
-            item,
-            generation,
-            maybe_ran,
-            repeat,
-            block,
-        } = queued;
-        let req = self.render(&item, generation, repeat)?;
+    /// Readies one item from the queue and drives it (see [`Pool::drive`]).
+    pub(super) async fn process(self: &Arc<Self>, queued: Queued) -> Left {
+        let Some(req) = self.render(&queued.item, queued.generation, queued.repeat) else {
+            return Left::Over;
+        };
         // Before any slot or probe is held: an item whose cost cannot be
         // read fails with nothing to give back.
-        let weight = match self.weigh(&item) {
+        let weight = match self.weigh(&queued.item) {
             Ok(w) => w,
             Err(reason) => {
-                self.fail_unsent(&item, reason);
-                return None;
+                self.fail_unsent(&queued.item, reason);
+                return Left::Over;
             }
         };
-        let mut tries = Tries { n: 0, maybe_ran };
+        let tries = Tries {
+            n: 0,
+            maybe_ran: queued.maybe_ran,
+        };
+        self.drive(Going {
+            queued,
+            req,
+            weight,
+            tries,
+        })
+        .await
+    }
+
+    /// Drives one item until it is done, failed, left pending by a stop,
+    /// or set aside: for a refusal ([`Action::Defer`]) or for a long wait
+    /// the server asked for ([`Left::Later`]).
+    pub(super) async fn drive(self: &Arc<Self>, going: Going) -> Left {
+        let Going {
+            queued,
+            req,
+            weight,
+            mut tries,
+        } = going;
+        let item = &queued.item;
         loop {
-            if let Some(reason) = self.over_stated(&item, weight, &tries) {
-                self.fail_refused_every_time(&item, reason, tries.n);
-                return None;
+            if let Some(reason) = self.over_stated(item, weight, &tries) {
+                self.fail_refused_every_time(item, reason, tries.n);
+                return Left::Over;
             }
             let probing = match self.gate.pass().await {
                 Pass::Run => false,
                 Pass::Probe => true,
-                Pass::Stop => return None,
+                Pass::Stop => return Left::Over,
             };
             let slot = tokio::select! {
                 s = self.slots.acquire() => s,
@@ -181,15 +166,17 @@ impl Pool {
                 if probing {
                     self.gate.release_probe();
                 }
-                return None;
+                return Left::Over;
             };
-            let permit = self.pace(probing, weight).await?;
+            let Some(permit) = self.pace(probing, weight).await else {
+                return Left::Over;
+            };
             if !probing && !self.gate.is_running() {
                 continue;
             }
             let Some(guard) = self.admit(probing, 1).await else {
                 if self.gate.is_stopped() {
-                    return None;
+                    return Left::Over;
                 }
                 continue;
             };
@@ -206,17 +193,24 @@ impl Pool {
             };
             let outcome = self.call(&req, permit, guard, id, None).await;
             drop(slot);
-            match self.act(outcome, &item, &req, &mut tries, probing).await {
-                Next::Again => continue,
-                Next::Finished => return None,
-                Next::Defer => {
-                    return Some(Queued {
-                        item,
-                        generation,
-                        maybe_ran: tries.maybe_ran,
-                        repeat,
-                        block,
-                    })
+            match self.act(outcome, item, &req, &mut tries, probing).await {
+                Turn::Next(Next::Again) => continue,
+                Turn::Next(Next::Finished) => return Left::Over,
+                Turn::Next(Next::Defer) => {
+                    let maybe_ran = tries.maybe_ran;
+                    return Left::Defer(Queued {
+                        maybe_ran,
+                        ..queued
+                    });
+                }
+                Turn::Later(at) => {
+                    let going = Box::new(Going {
+                        queued,
+                        req,
+                        weight,
+                        tries,
+                    });
+                    return Left::Later { at, going };
                 }
             }
         }
@@ -293,7 +287,7 @@ impl Pool {
         req: &Request,
         tries: &mut Tries,
         probing: bool,
-    ) -> Next {
+    ) -> Turn {
         let limited_since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
         let got_through = self.got_through.load(std::sync::atomic::Ordering::Relaxed);
         // One item is set aside per run, claimed here: a second refusal
@@ -322,7 +316,18 @@ impl Pool {
         if reaction.release_probe {
             self.gate.release_probe();
         }
-        self.follow(reaction.action, req).await
+        match reaction.action {
+            Action::Retry {
+                after,
+                systemic,
+                asked,
+                later: true,
+            } => match self.retrying(systemic, asked, req) {
+                true => Turn::Later(Instant::now() + after),
+                false => Turn::Next(Next::Finished),
+            },
+            action => Turn::Next(self.follow(action, req).await),
+        }
     }
 
     /// Carries out what [`react`] decided for the call `req`.
@@ -344,23 +349,17 @@ impl Pool {
                 self.gate.stop(halt);
                 Next::Finished
             }
+            // A batch waits in its worker even when `later` says the item
+            // may be set aside: its items go again together.
             Action::Retry {
                 after,
                 systemic,
                 asked,
-            } => {
-                if !self.settle(systemic, None, req) {
-                    return Next::Finished;
-                }
-                if let Some(asked) = asked.filter(|_| {
-                    !self
-                        .long_wait_said
-                        .swap(true, std::sync::atomic::Ordering::Relaxed)
-                }) {
-                    self.emit(Event::Note(asked));
-                }
-                self.again_after(after).await
-            }
+                ..
+            } => match self.retrying(systemic, asked, req) {
+                true => self.again_after(after).await,
+                false => Next::Finished,
+            },
             Action::Pause { pause, message } => self.pause(pause, message).await,
             Action::FewerInFlight(after) => {
                 self.limited_since
@@ -397,6 +396,23 @@ impl Pool {
                 Next::Defer
             }
         }
+    }
+
+    /// Tells the watch of a call to be retried, and says the server's long
+    /// wait (once a run, so a long silence is explained). False when the
+    /// watch halted the run on it.
+    fn retrying(&self, systemic: Option<Systemic>, asked: Option<String>, req: &Request) -> bool {
+        if !self.settle(systemic, None, req) {
+            return false;
+        }
+        if let Some(asked) = asked.filter(|_| {
+            !self
+                .long_wait_said
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        }) {
+            self.emit(Event::Note(asked));
+        }
+        true
     }
 
     /// A window 429: every worker pauses, and the time since the first of
@@ -560,6 +576,45 @@ impl Pool {
             }
         }
     }
+}
+
+/// Where an item stands when its worker lets go of it.
+pub(super) enum Left {
+    /// Done, failed, or left pending by a stop: nothing more to do here.
+    Over,
+    /// Set aside after a refusal ([`Action::Defer`]): it goes again after
+    /// the worker's next item had its answer.
+    Defer(Queued),
+    /// Set aside until `at`, when it may go again: the server asked its
+    /// retry to wait that long (`later` in [`Action::Retry`]).
+    Later {
+        /// When it may go again.
+        at: Instant,
+        /// The item as it stood, to go on from (boxed: most items never
+        /// stand aside, and [`Left`] need not be as large for them).
+        going: Box<Going>,
+    },
+}
+
+/// An item between its calls: its request under its Idempotency-Key
+/// (rendered once, so a retry set aside goes under the same key), what it
+/// weighs, and its calls so far.
+pub(super) struct Going {
+    /// The item as queued.
+    queued: Queued,
+    /// Its request.
+    req: Request,
+    /// What its call weighs.
+    weight: Weight,
+    /// Its calls so far: a retry set aside keeps counting its attempts.
+    tries: Tries,
+}
+
+/// What the worker does after a call: [`Next`], or set its item aside
+/// until an instant.
+enum Turn {
+    Next(Next),
+    Later(Instant),
 }
 
 /// What the worker does next with its item.

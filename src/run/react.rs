@@ -19,6 +19,14 @@ use crate::rate::retry_after;
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 
+/// A transient failure whose `Retry-After` asks for longer than this sets
+/// its item aside, and its worker goes on with other items meanwhile (see
+/// [`Action::Retry`]). Lower than the backoff's cap: with `-c 1` every
+/// second a worker holds a waiting item is a second nothing is sent, and
+/// setting one aside costs a list entry. Not lower: a server's "again in
+/// a second or two" is soon enough to wait for in turn.
+pub(super) const SET_ASIDE_PAST: Duration = Duration::from_secs(2);
+
 /// What a response (or its absence) means for the item.
 #[derive(Debug)]
 pub(super) enum Outcome {
@@ -127,6 +135,12 @@ pub(super) enum Action {
         /// `Retry-After`): what to say, once a run, so a long silence is
         /// explained.
         asked: Option<String>,
+        /// The server asked for longer than [`SET_ASIDE_PAST`]: the worker
+        /// sets the item aside until then and sends others meanwhile. Only
+        /// the server's wait: a backoff of the run's own eases the load on
+        /// a failing server, which a worker going on to new items would
+        /// not.
+        later: bool,
     },
     /// A window 429: every worker pauses this long, then the item goes
     /// again; `message` is what the server said about it.
@@ -493,6 +507,7 @@ fn transient(
             after,
             systemic,
             asked,
+            later: retry_after.is_some_and(|r| r > SET_ASIDE_PAST),
         };
     }
     let reason = match unknown {

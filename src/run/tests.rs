@@ -198,6 +198,51 @@ async fn a_transient_error_is_retried_with_backoff() {
     }
 }
 
+/// With one worker, an item the server asks to wait ten minutes is set
+/// aside: the others go first, and it goes again under its key, its
+/// attempts counted on.
+#[tokio::test(start_paused = true)]
+async fn an_item_asked_to_wait_long_does_not_hold_its_worker() {
+    let (t, events, halt) = run_pool(4, 1, false, |_, n| match n {
+        0 => Step::status(503, &[("retry-after", "600")], "busy"),
+        _ => Step::ok("{}"),
+    })
+    .await;
+    assert_eq!(halt, None);
+    assert_eq!(done_lines(&events), vec![1, 2, 3, 4]);
+    let calls = t.calls();
+    let lines: Vec<&str> = calls.iter().map(|c| &c.1[c.1.len() - 1..]).collect();
+    assert_eq!(lines, ["1", "2", "3", "4", "1"], "{calls:?}");
+    assert!(calls[1..4].iter().all(|c| c.0 == Duration::ZERO));
+    assert_eq!(calls[4].0, Duration::from_secs(600));
+    assert_eq!(calls[4].2, calls[0].2, "the same Idempotency-Key");
+    let attempts = events.iter().find_map(|e| match e {
+        Event::Done {
+            line: 1, attempts, ..
+        } => Some(*attempts),
+        _ => None,
+    });
+    assert_eq!(attempts, Some(2));
+}
+
+/// An item set aside for a first refusal waits for an answer that tells
+/// the key's refusal from its own: the next item's long wait is none.
+#[tokio::test(start_paused = true)]
+async fn a_refused_item_set_aside_waits_past_an_item_asked_to_wait() {
+    let (t, events, halt) = run_pool(4, 1, false, |_, n| match n {
+        0 | 3 => Step::status(401, &[], "not for this item"),
+        1 => Step::status(503, &[("retry-after", "600")], "busy"),
+        _ => Step::ok("{}"),
+    })
+    .await;
+    assert_eq!(halt, None, "the key works: item 3 got through");
+    let calls = t.calls();
+    let lines: Vec<&str> = calls.iter().map(|c| &c.1[c.1.len() - 1..]).collect();
+    assert_eq!(lines, ["1", "2", "3", "1", "4", "2"], "{calls:?}");
+    assert_eq!(done_lines(&events), vec![2, 3, 4]);
+    assert_eq!(failed(&events), 1, "item 1's refusal is its own");
+}
+
 #[tokio::test(start_paused = true)]
 async fn exhaustion_halts_with_nothing_failed() {
     let (t, events, halt) = run_pool(10, 2, false, |_, n| {

@@ -1,6 +1,11 @@
 //! The pool's size: `--limit` without `-c` sizes the calls in flight to what
 //! the limit needs at the latency measured, within a plan's ceiling; a pool
-//! that cannot keep the limit's pace says concurrency bounds the run.
+//! that cannot keep the limit's pace says concurrency bounds the run. A
+//! worker whose item the server asks to wait long goes on with the others.
+
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, StatusCode, Uri};
 
 use crate::common::*;
 
@@ -121,4 +126,58 @@ async fn a_fixed_concurrency_is_kept_and_named_as_the_bound() {
         r.stderr
     );
     assert_eq!(s.sim().stats().await["in_flight_max"], 1);
+}
+
+/// The calls an API got, in order: each item's `n` and Idempotency-Key.
+type Log = Arc<Mutex<Vec<(u64, String)>>>;
+
+/// An API that answers item 1's first call 503 with `Retry-After: 3`
+/// (past the two seconds a worker waits in turn) and every other call 200.
+async fn busy_for_item_1() -> (String, Log) {
+    let log: Log = Arc::default();
+    let seen = log.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap, uri: Uri| {
+        let seen = seen.clone();
+        async move {
+            let n: u64 = uri
+                .query()
+                .unwrap()
+                .trim_start_matches("n=")
+                .parse()
+                .unwrap();
+            let key = headers["idempotency-key"].to_str().unwrap().to_string();
+            let first = {
+                let mut seen = seen.lock().unwrap();
+                seen.push((n, key));
+                seen.iter().filter(|(m, _)| *m == n).count() == 1
+            };
+            match (n, first) {
+                (1, true) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("retry-after", "3")],
+                    r#"{"error":"busy"}"#,
+                ),
+                _ => (StatusCode::OK, [("x-served", "1")], r#"{"ok":true}"#),
+            }
+        }
+    });
+    (format!("http://{}/v1/x?n={{n}}", serve(app).await), log)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_asked_to_wait_long_lets_the_others_go_first_with_one_worker() {
+    let (url, log) = busy_for_item_1().await;
+    let s = Scenario::new("waitlong").numbers(5);
+    let r = s.run(&["--url", &url, "--limit", "none", "-c", "1"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 5, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 5);
+    let calls = log.lock().unwrap().clone();
+    // The one worker did not hold item 1 for its wait: every other item
+    // went, and was answered, before item 1's second call.
+    let order: Vec<u64> = calls.iter().map(|(n, _)| *n).collect();
+    assert_eq!(order, [1, 2, 3, 4, 5, 1], "{}", r.stderr);
+    assert_eq!(calls[0].1, calls[5].1, "item 1 again under its key");
+    assert_eq!(r.summary["retries"], 1, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
 }

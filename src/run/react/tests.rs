@@ -378,6 +378,7 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
             after,
             systemic: None,
             asked: None,
+            later: false,
         }
     );
     assert!(r.release_probe);
@@ -392,6 +393,7 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
         after: Duration::from_secs(2),
         systemic: None,
         asked: None,
+        later: false,
     };
     assert_eq!(r.action, expected, "the server's Retry-After wins");
     // Longer than any backoff: waited for, and said.
@@ -402,10 +404,17 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
         unknown: false,
     };
     let r = on(error(e), 1, false, &p);
-    let Action::Retry { after, asked, .. } = r.action else {
+    let Action::Retry {
+        after,
+        asked,
+        later,
+        ..
+    } = r.action
+    else {
         panic!("{:?}", r.action)
     };
     assert_eq!(after, Duration::from_secs(900));
+    assert!(later, "a long wait sets the item aside");
     assert_eq!(
         asked.as_deref(),
         Some("batchrun: line 7: HTTP 503: the server asks to try again in 15m (Retry-After); the item waits that long, the others go on")
@@ -421,6 +430,28 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
     };
     let systemic = None;
     assert_eq!(r.action, Action::Record { event, systemic });
+}
+
+#[test]
+fn only_the_servers_long_wait_sets_an_item_aside() {
+    let p = Policy {
+        max_attempts: 10,
+        ..policy()
+    };
+    let asking = |secs: Option<u64>| CallError::Transient {
+        reason: "HTTP 503".into(),
+        status: Some(503),
+        retry_after: secs.map(Duration::from_secs),
+        unknown: false,
+    };
+    let later = |r: Reaction| match r.action {
+        Action::Retry { later, .. } => later,
+        other => panic!("{other:?}"),
+    };
+    assert!(later(on(error(asking(Some(3))), 1, false, &p)));
+    assert!(!later(on(error(asking(Some(2))), 1, false, &p)));
+    // The run's own backoff, even at its cap, keeps the item in turn.
+    assert!(!later(on(error(asking(None)), 8, false, &p)));
 }
 
 #[test]
