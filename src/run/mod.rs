@@ -389,6 +389,9 @@ fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Rep
     if let Some(note) = start::held_by_last_run(settings, last_active(settings, &job.meta)) {
         reporter.println(&note);
     }
+    if let Some(note) = start::uncosted_tokens(settings) {
+        reporter.println(&note);
+    }
     if settings.burst.is_some() && settings.pacer != PacerKind::Bucket {
         reporter.println(&format!(
             "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",

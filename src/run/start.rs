@@ -344,3 +344,23 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
         &until[11..19]
     ))
 }
+
+/// A policy of tokens told with no `--cost`: each call counts at what its
+/// answer says it used, a round trip late, and a server that checks a
+/// call's prompt and `max_tokens` against what is left (OpenAI's, the
+/// sim) refuses the calls sent as a window fills, once in every window.
+/// Said at start, with the way out; silent, it looked like a limit kept
+/// badly.
+pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
+    let c = settings.costing.as_ref().filter(|c| c.expr.is_none())?;
+    Some(format!(
+        "batchrun: note: a token policy is told and --cost is not: each call counts at the \
+         tokens its answer says it used ({}), a round trip late, so a server that checks a \
+         call's prompt and max_tokens against what is left refuses the calls sent as a window \
+         fills, once in every window; give --cost, e.g. --cost 'max_tokens + chars(prompt)/4'",
+        match c.usage.is_empty() {
+            true => "nothing: --usage is empty".to_string(),
+            false => format!("--usage {}", c.usage),
+        }
+    ))
+}

@@ -38,6 +38,7 @@ async fn told_a_bucket_and_its_burst_it_sends_the_burst_then_the_rate() {
     let r = s.run(&["--limit", "30/1s,burst=5", "--concurrency", "10"]);
     let took = t0.elapsed().as_secs_f64();
     assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("--cost is not"), "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     let stats = s.sim().stats().await;
     assert_eq!(stats["rejected_rate"], 0, "{stats}");
@@ -175,6 +176,32 @@ async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
     let ideal = (charged - 400) as f64 / 400.0;
     assert!(took >= ideal * 0.9, "took {took:.2} s, ideal {ideal:.2} s");
     assert_each_item_once(&s.out_path(), 60);
+}
+
+/// A policy of tokens told with no `--cost` is said at start, with the way
+/// out: each call counts a round trip late, and a server checking
+/// `max_tokens` against what is left refuses the window's last calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_policy_told_without_cost_is_said_at_start() {
+    let s = Scenario::new("policies-uncosted")
+        .with_sim(&["--limit", "400/1s,tokens"])
+        .input("prompts.jsonl", &prompts(3));
+    let r = s.run(&[
+        "--limit",
+        "1000/1s",
+        "--limit",
+        "400/1s,tokens",
+        "--json-body",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("a token policy is told and --cost is not")
+            && r.stderr.contains("--usage /usage/total_tokens")
+            && r.stderr.contains("give --cost"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Told three times the limit the sim states in `dialect`, with more
