@@ -51,7 +51,7 @@ use crate::credits::{self, Alerter, CreditMeter, Ledger, MeterConfig, ReserveCon
 use crate::exit::{RunError, Signal};
 use crate::fleet::{Fleet, FleetAlerts};
 use crate::input;
-use crate::pace::{self, Pacer, PacerKind};
+use crate::pace::{self, Pacer};
 use crate::rate::backoff::Backoff;
 use crate::report::{Reporter, Summary};
 use crate::settings::{CreditSettings, PoolSize, Settings};
@@ -63,7 +63,7 @@ use gate::{Gate, Halt};
 use open::{open_job, Opened};
 use pool::{Pool, PoolConfig, Queue, Queued};
 use recorder::{Recorded, Recorder, Signals, Stop};
-use start::{dry_run, orphaned_results, start_line, steady_per_min};
+use start::{announce, dry_run, steady_per_min};
 use ticks::{Gauges, Publish, Ticks};
 
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
@@ -107,7 +107,13 @@ where
     let (shared, meter) = Shared::open(&settings, &job, fleet.as_ref(), started)?;
     // 4. The pacer and the pool.
     let (pacer, default_pause) = build_pacer(&settings, fleet.as_ref(), &job.meta)?;
-    announce(&settings, &job, pacer.as_ref(), &shared.reporter);
+    let items = (job.pending(), job.scan.total);
+    announce(
+        &settings,
+        (&job.meta, items),
+        pacer.as_ref(),
+        &shared.reporter,
+    );
     let (events, reports) = mpsc::unbounded_channel();
     let paced = (pacer, default_pause);
     let pool = build_pool(&settings, &job.meta, paced, &shared.ledger, events)?;
@@ -371,42 +377,10 @@ fn build_pacer(
 /// When the API last saw a call of this job or of the last one on its
 /// origin (unix time; zero for never). A rehearsal's in-process sim is new
 /// with every run: no window of it outlives its run.
-fn last_active(settings: &Settings, meta: &JobMeta) -> Duration {
+pub(super) fn last_active(settings: &Settings, meta: &JobMeta) -> Duration {
     match settings.origin == crate::settings::SIM_ORIGIN {
         true => Duration::ZERO,
         false => Duration::from_millis(meta.last_active_unix_ms),
-    }
-}
-
-/// The start line, and the notes and warnings before the first call.
-fn announce(settings: &Settings, job: &Opened, pacer: &dyn Pacer, reporter: &Reporter) {
-    // Said once the pacer is built: a bucket's pace is its refill rate.
-    let pace = (settings.pacer == PacerKind::Bucket)
-        .then(|| pacer.steady_per_min())
-        .flatten();
-    let items = (job.pending(), job.scan.total);
-    reporter.println(&start_line(settings, &job.meta, items, pace));
-    if let Some(note) = start::held_by_last_run(settings, last_active(settings, &job.meta)) {
-        reporter.println(&note);
-    }
-    if let Some(note) = start::uncosted_tokens(settings) {
-        reporter.println(&note);
-    }
-    if settings.burst.is_some() && settings.pacer != PacerKind::Bucket {
-        reporter.println(&format!(
-            "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",
-            match settings.pacer {
-                PacerKind::Spike => "spike",
-                _ => "window",
-            }
-        ));
-    }
-    if let Some(note) = start::batches_of_lines(settings, &job.meta) {
-        reporter.println(&note);
-    }
-    let counts = job.meta.counts();
-    if let Some(warning) = orphaned_results(settings, &job.meta, counts.done + counts.failed) {
-        reporter.say(&warning);
     }
 }
 

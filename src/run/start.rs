@@ -364,3 +364,40 @@ pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
         }
     ))
 }
+
+/// The start line, and the notes and warnings before the first call.
+/// `items`: the job's pending items and all of them.
+pub(super) fn announce(
+    settings: &Settings,
+    (meta, items): (&JobMeta, (u64, u64)),
+    pacer: &dyn crate::pace::Pacer,
+    reporter: &crate::report::Reporter,
+) {
+    // Said once the pacer is built: a bucket's pace is its refill rate.
+    let pace = (settings.pacer == crate::pace::PacerKind::Bucket)
+        .then(|| pacer.steady_per_min())
+        .flatten();
+    reporter.println(&start_line(settings, meta, items, pace));
+    if let Some(note) = held_by_last_run(settings, super::last_active(settings, meta)) {
+        reporter.println(&note);
+    }
+    if let Some(note) = uncosted_tokens(settings) {
+        reporter.println(&note);
+    }
+    if settings.burst.is_some() && settings.pacer != crate::pace::PacerKind::Bucket {
+        reporter.println(&format!(
+            "batchrun: note: --burst applies to --pacer bucket only; the {} pacer ignores it",
+            match settings.pacer {
+                crate::pace::PacerKind::Spike => "spike",
+                _ => "window",
+            }
+        ));
+    }
+    if let Some(note) = batches_of_lines(settings, meta) {
+        reporter.println(&note);
+    }
+    let counts = meta.counts();
+    if let Some(warning) = orphaned_results(settings, meta, counts.done + counts.failed) {
+        reporter.say(&warning);
+    }
+}
