@@ -388,11 +388,15 @@ fn rate_limited(
         return stop(Halt::Stalled(for_));
     }
     // A zero Retry-After would turn the pause into a hot loop; any other
-    // is capped (a quota waited for excepted).
-    let pause = match quota {
-        Some(q) => q,
-        None => retry_after
-            .map_or(policy.default_pause, retry_after::capped)
+    // is capped (a quota waited for excepted). A pause of our own choosing
+    // (no Retry-After) ends when --max-wait does, so that the next 429
+    // halts then: a window's pause carried `--max-wait 5s` to 30 s.
+    let pause = match (quota, retry_after) {
+        (Some(q), _) => q,
+        (None, Some(r)) => retry_after::capped(r).max(MIN_PAUSE),
+        (None, None) => policy
+            .default_pause
+            .min(policy.max_wait.saturating_sub(for_))
             .max(MIN_PAUSE),
     };
     Action::Pause { pause, message }
