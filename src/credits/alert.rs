@@ -29,6 +29,10 @@ pub enum AlertKind {
     Exhausted,
     /// The run halted to keep the `--reserve` for production.
     Reserve,
+    /// `--reserve` (and `--require-full`) cannot be kept: the API's
+    /// answers state no balance. The run goes on; a receiver must not take
+    /// this for a halt.
+    Unmetered,
     /// The run is waiting for credits to come back (`--wait-for-credits`).
     Waiting,
     /// Credits came back and the run resumed.
@@ -47,6 +51,7 @@ impl AlertKind {
             AlertKind::Projection => "projection",
             AlertKind::Exhausted => "exhausted",
             AlertKind::Reserve => "reserve",
+            AlertKind::Unmetered => "unmetered",
             AlertKind::Waiting => "waiting",
             AlertKind::Resumed => "resumed",
             AlertKind::KeyRejected => "key_rejected",

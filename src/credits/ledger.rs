@@ -319,7 +319,7 @@ impl Ledger {
         if let (Some(r), true) = (self.reserve, charged) {
             match snap {
                 Some(snap) => self.reserve_sees(&mut s, &r, snap, done, &mut out),
-                None => Self::unmetered(&mut s, &mut out),
+                None => Self::unmetered(&mut s, &r, &mut out),
             }
             drop(s);
             self.changed.send_modify(|n| *n += 1);
@@ -370,14 +370,18 @@ impl Ledger {
         }
     }
 
-    fn unmetered(s: &mut State, out: &mut Observed) {
+    fn unmetered(s: &mut State, r: &ReserveConfig, out: &mut Observed) {
         s.unmetered_responses += 1;
         if !s.fresh && s.unmetered_responses >= 3 && !s.disabled {
             s.disabled = true;
+            let what = match r.require_full {
+                true => "--reserve and --require-full are",
+                false => "--reserve is",
+            };
             out.alert = Some(Alert::new(
-                AlertKind::Reserve,
+                AlertKind::Unmetered,
                 "reserve-unmetered",
-                "--reserve is ignored: the API's answers state no credit balance (x-api-max-credits, with x-api-remaining-credits or x-api-credits-used)",
+                format!("{what} ignored: the API's answers state no credit balance (x-api-max-credits, with x-api-remaining-credits or x-api-credits-used); the run goes on"),
                 None,
             ));
         }
@@ -507,6 +511,30 @@ mod tests {
         assert!(why.contains("~388 credits more"), "{why}");
         assert!(why.contains("goes on by itself"), "{why}");
         assert!(matches!(l.admit(true), Admit::Go(_)), "a probe may go");
+    }
+
+    /// A reserve the API states no balance for: said once, as what it is
+    /// (`unmetered`), not as a reserve halt a webhook receiver would page on.
+    #[test]
+    fn a_reserve_on_an_unmetered_api_is_said_as_unkept_not_as_a_halt() {
+        for require_full in [false, true] {
+            let r = ReserveConfig {
+                floor: 90,
+                require_full,
+                pending_at_start: 10,
+                per_call: 1,
+                alone: true,
+            };
+            let l = Ledger::new(None, Some(r), None, false);
+            let alerts: Vec<Alert> = (0..5)
+                .filter_map(|_| l.observe(None, true, true).alert)
+                .collect();
+            assert_eq!(alerts.len(), 1, "{alerts:?}");
+            assert_eq!(alerts[0].kind, AlertKind::Unmetered);
+            let said = &alerts[0].message;
+            assert_eq!(said.contains("--require-full"), require_full, "{said}");
+            assert!(said.contains("the run goes on"), "{said}");
+        }
     }
 
     #[test]
