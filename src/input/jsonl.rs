@@ -108,12 +108,14 @@ impl<R: Read> JsonlItems<R> {
             self.row_error = true;
             let text = std::str::from_utf8(content).map_err(|e| {
                 self.content_error(format!(
-                    "not valid UTF-8 (bad byte at column {})",
-                    e.valid_up_to() + 1
+                    "not valid UTF-8 (bad byte at column {}){}",
+                    e.valid_up_to() + 1,
+                    utf16_hint(content)
                 ))
             })?;
-            let value: Value = serde_json::from_str(text)
-                .map_err(|e| self.content_error(format!("invalid JSON: {}", json_reason(&e))))?;
+            let value: Value = serde_json::from_str(text).map_err(|e| {
+                self.content_error(format!("invalid JSON: {}{}", json_reason(&e), hint(text)))
+            })?;
             if has_float(&value) {
                 if let Some((column, digits)) = wide_integer(text) {
                     return Err(self.content_error(format!(
@@ -174,6 +176,31 @@ fn wide_integer(text: &str) -> Option<(usize, &str)> {
 
 /// serde_json's message without its "at line 1 column N" tail: the line it
 /// counts is within our single line, so only the column means anything.
+/// What a line that is no JSON says of the file, when it says something a
+/// parser's words ("expected value at column 1") would not: a byte-order
+/// mark in the middle (two files joined), lines ending with CR alone (an
+/// old Mac's), whose whole file reads as one line.
+fn hint(text: &str) -> &'static str {
+    if text.starts_with('\u{feff}') {
+        "; the line begins with a byte-order mark (U+FEFF): two files joined? Remove it"
+    } else if text.contains('\r') {
+        "; the lines end with CR alone (an old Mac's): convert them to LF (or CRLF)"
+    } else {
+        ""
+    }
+}
+
+/// A line of UTF-16 (a byte-order mark `FF FE` or `FE FF`, or a NUL every
+/// other byte) is said as such, with the way to convert it.
+fn utf16_hint(line: &[u8]) -> &'static str {
+    let bom = line.starts_with(&[0xFF, 0xFE]) || line.starts_with(&[0xFE, 0xFF]);
+    let nuls = line.len() >= 4 && line.iter().filter(|&&b| b == 0).count() * 3 >= line.len();
+    match bom || nuls {
+        true => "; the file looks like UTF-16: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)",
+        false => "",
+    }
+}
+
 fn json_reason(err: &serde_json::Error) -> String {
     let full = err.to_string();
     let tail = format!(" at line {} column {}", err.line(), err.column());
@@ -270,6 +297,32 @@ mod tests {
         let err = read_all(f.path(), Format::Jsonl).unwrap_err();
         assert_eq!(err.line(), Some(2));
         assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+    }
+
+    /// Files joined with a byte-order mark between them, CR-only line
+    /// ends and UTF-16 are said as what they are, with the way out, beside
+    /// the file and line.
+    #[test]
+    fn jsonl_errors_say_what_the_file_is() {
+        let cases: [(&str, &[u8], &str); 3] = [
+            (
+                "joined.jsonl",
+                b"{\"n\":1}\n\xEF\xBB\xBF{\"n\":2}\n",
+                "byte-order mark",
+            ),
+            ("mac.jsonl", b"{\"n\":1}\r{\"n\":2}\r", "end with CR alone"),
+            (
+                "wide.jsonl",
+                b"\xFF\xFE{\x00\"\x00n\x00\"\x00}\x00\n\x00",
+                "looks like UTF-16",
+            ),
+        ];
+        for (name, bytes, said) in cases {
+            let f = TempFile::new(name, bytes);
+            let err = read_all(f.path(), Format::Jsonl).unwrap_err();
+            assert!(err.to_string().contains(said), "{name}: {err}");
+            assert!(err.to_string().contains(name), "{name}: {err}");
+        }
     }
 
     #[test]
