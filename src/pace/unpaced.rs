@@ -19,7 +19,7 @@ use crate::rate::announce::{Announced, Unit};
 use crate::rate::bucket::skew_allowance;
 use crate::rate::policies::{Heard, MAX_PREFILL};
 use crate::rate::policy::PolicySpec;
-use crate::rate::{Limit, Rate};
+use crate::rate::{Limit, Rate, STATED};
 
 /// The pacer for an unlimited plan.
 pub struct Unpaced {
@@ -246,9 +246,6 @@ impl Pacer for Unpaced {
         self.stated.get()?.steady_per_min()
     }
 }
-
-/// How a policy the server stated is labelled where it is shown.
-const STATED: &str = " (stated)";
 
 #[cfg(test)]
 mod tests {

@@ -111,13 +111,17 @@ impl fmt::Display for Limit {
     }
 }
 
+/// What the name of a policy the server stated ends in, where it is shown
+/// ([`Occupancy::policy`]): told apart from those configured.
+pub const STATED: &str = " (stated)";
+
 /// How full one policy is at a moment: what the run's timeline, its
 /// metrics and `batchrun report` show against every limit in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Occupancy {
     /// The policy as `--limit` spells it (`30ps`, `1000/1h,fixed`,
     /// `30ps,burst=5`, `90000/1m,tokens`); one the server stated ends in
-    /// ` (stated)`.
+    /// [`STATED`].
     pub policy: String,
     /// What it allows: calls (or tokens) per window in force (a learnt
     /// limit when one was learnt), or a bucket's capacity, its burst and one.

@@ -172,7 +172,7 @@ impl Recorder {
     fn keep_use(&mut self, policies: &[crate::rate::Occupancy]) -> bool {
         let used: Vec<(String, u64)> = policies
             .iter()
-            .filter(|o| o.used > 0 && !o.policy.ends_with(" (stated)"))
+            .filter(|o| o.used > 0 && !o.policy.ends_with(crate::rate::STATED))
             .map(|o| (o.policy.clone(), o.used))
             .collect();
         let changed = used != self.meta.last_used;

@@ -96,7 +96,7 @@ impl PolicySet {
 
 fn label(name: String, stated: bool) -> String {
     match stated {
-        true => format!("{name} (stated)"),
+        true => format!("{name}{}", crate::rate::STATED),
         false => name,
     }
 }

@@ -45,7 +45,7 @@ impl PolicySet {
         self.kept[self.configured.1.min(self.kept.len())..]
             .iter()
             .filter(|k| k.unit() == Unit::Tokens)
-            .map(|k| (k.quota(), format!("{} (stated)", k.spec())))
+            .map(|k| (k.quota(), format!("{}{}", k.spec(), crate::rate::STATED)))
             .min_by_key(|(q, _)| *q)
     }
 
