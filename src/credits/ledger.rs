@@ -337,9 +337,8 @@ impl Ledger {
     /// last cycle's.
     fn fell_back(s: &State, snap: CreditSnapshot) -> bool {
         let slack = (s.cost.current() * s.in_flight.max(1) as f64).ceil() as i64;
-        s.last.is_some_and(|l| {
-            snap.used.saturating_mul(2) < l.used && l.used.saturating_sub(snap.used) > slack
-        })
+        s.last
+            .is_some_and(|l| super::fell_back(snap.used, l.used, slack))
     }
 
     fn reserve_sees(

@@ -291,7 +291,7 @@ impl CreditMeter {
     /// each). An answer overtaken by later ones is older by at most that.
     fn fell_back(&self, used: i64) -> bool {
         let slack = (self.in_flight as i64).saturating_mul(self.step.max(1));
-        used.saturating_mul(2) < self.peak && self.peak.saturating_sub(used) > slack
+        super::fell_back(used, self.peak, slack)
     }
 
     /// Adds a burn sample and trims the window.

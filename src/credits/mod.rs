@@ -62,6 +62,15 @@ fn credit_field(h: &HeaderMap, name: &reqwest::header::HeaderName) -> Option<Opt
     }
 }
 
+/// Whether a `used` of `used` fell back clearly from `from`: below half of
+/// it, and by more than `slack` (what the calls in flight could cost, by
+/// which an answer they overtook is older). A new billing cycle shows so
+/// when the API sends no `x-api-renewal`; the meter and the ledger each
+/// measure their own slack.
+pub(crate) fn fell_back(used: i64, from: i64, slack: i64) -> bool {
+    used.saturating_mul(2) < from && from.saturating_sub(used) > slack
+}
+
 /// Reads the credit headers of one response.
 ///
 /// Returns `None` unless `x-api-max-credits`, `x-api-credits-used` and
