@@ -10,7 +10,7 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 
 use crate::rate::retry_after;
-use crate::request::Secret;
+use crate::secret::Secret;
 
 /// Why a call did not succeed, in the terms the pool acts on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

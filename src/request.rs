@@ -4,7 +4,7 @@
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::input::Item;
-pub use crate::secret::Secret;
+use crate::secret::Secret;
 use crate::template::{Escape, Template};
 use crate::transport::Request;
 

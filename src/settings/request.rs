@@ -7,7 +7,8 @@ use super::usage;
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::input::Format;
-use crate::request::{Body, RequestSpec, Secret};
+use crate::request::{Body, RequestSpec};
+use crate::secret::Secret;
 use crate::template::Template;
 
 /// The sim's default endpoint: it echoes the item back.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::request::Secret;
+use crate::secret::Secret;
 
 fn run_args(args: &[&str]) -> RunArgs {
     let argv = ["batchrun"]
