@@ -88,15 +88,6 @@ impl Formation {
         })
     }
 
-    /// How a job that recorded `recorded` forms its batches: from blocks
-    /// of lines if it recorded those (a shard's job keeps them while calls
-    /// formed so may have run), else as asked.
-    pub fn recorded(settings: &Settings, recorded: Option<&str>) -> Option<Formation> {
-        Formation::by_lines(settings)
-            .filter(|f| recorded == Some(f.how.as_str()))
-            .or_else(|| Formation::asked(settings))
-    }
-
     /// The items a block holds (or the lines it spans).
     fn size(&self) -> u64 {
         match self.blocks {

@@ -30,18 +30,21 @@ pub(super) struct Source {
 }
 
 impl Source {
-    /// The input as the settings name it, read as the job `meta` reads it:
-    /// its shards split as it was made, its fingerprints, its batches'
-    /// blocks.
-    pub(super) fn of(settings: &crate::settings::Settings, meta: &JobMeta) -> Source {
-        let recorded = meta.batching.as_deref();
+    /// The input as the settings name it, read as the job `meta` reads it
+    /// (its shards split as it was made, its fingerprints), in the blocks
+    /// of the batches this run forms (`formation`).
+    pub(super) fn of(
+        settings: &crate::settings::Settings,
+        meta: &JobMeta,
+        formation: Option<&Formation>,
+    ) -> Source {
         Source {
             path: settings.input.clone(),
             format: settings.format,
             shard: settings.shard.map(|s| s.by_content(meta.shards_by_content)),
             skip_invalid: settings.skip_invalid,
             field_order: meta.field_order(),
-            blocks: Formation::recorded(settings, recorded).map(|f| f.blocks),
+            blocks: formation.map(|f| f.blocks),
         }
     }
 }

@@ -110,7 +110,7 @@ where
     let items = (job.pending(), job.scan.total);
     announce(
         &settings,
-        (&job.meta, items),
+        (&job.meta, items, job.formation.as_ref()),
         pacer.as_ref(),
         &shared.reporter,
     );
@@ -517,7 +517,7 @@ where
         false => repeats::Counter::default(),
     };
     let feeder = feeder::spawn(
-        feeder::Source::of(settings, &job.meta),
+        feeder::Source::of(settings, &job.meta, job.formation.as_ref()),
         repeats,
         job.items.clone(),
         job.scan.total,

@@ -23,6 +23,9 @@ pub(super) struct Opened {
     /// The feeder's count of each item's earlier lines of the same content
     /// (taken once).
     pub(super) repeats: std::sync::Mutex<Counter>,
+    /// How this run forms its batches, as decided against the checkpoint
+    /// (`None`: one item per call).
+    pub(super) formation: Option<Formation>,
 }
 
 /// Opens the checkpoint, checks the whole input before any request is sent,
@@ -85,7 +88,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     check_checkpoint(settings, &items, &mut meta, scan.last_line)?;
     meta.close_killed_run();
     let formation = check_batching(settings, &items, &meta)?;
-    record_batching(&store, formation, &mut meta)?;
+    record_batching(&store, formation.as_ref(), &mut meta)?;
     // Until this run ends, a reader of the checkpoint sees it unfinished.
     meta.last_state = None;
     meta.halt_reason = None;
@@ -107,6 +110,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
         meta,
         scan,
         repeats: std::sync::Mutex::new(repeats),
+        formation,
     })
 }
 
@@ -232,10 +236,10 @@ fn fresh(store: &Store, id: &str, old: Option<&JobMeta>, epoch: u32) -> Result<u
 /// killed after its first batch must find how it formed them.
 fn record_batching(
     store: &Store,
-    formation: Option<Formation>,
+    formation: Option<&Formation>,
     meta: &mut JobMeta,
 ) -> Result<(), RunError> {
-    let batching = formation.map(|f| f.how);
+    let batching = formation.map(|f| f.how.clone());
     if meta.batching != batching {
         meta.batching = batching;
         store.save_job(meta).context("writing the checkpoint")?;

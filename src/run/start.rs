@@ -173,10 +173,12 @@ fn calls(settings: &Settings, pending: u64) -> u64 {
 /// keeps them while calls so formed may have run (under their keys), and
 /// its batches hold about N/M items, so the shards make about M times the
 /// calls. Said at start, with when that ends.
-pub(super) fn batches_of_lines(settings: &Settings, meta: &JobMeta) -> Option<String> {
+pub(super) fn batches_of_lines(
+    settings: &Settings,
+    formation: Option<&super::batch::Formation>,
+) -> Option<String> {
     let shard = settings.shard.filter(|s| s.count > 1)?;
-    let f = super::batch::Formation::recorded(settings, meta.batching.as_deref())?;
-    let super::batch::Blocks::Lines(size) = f.blocks else {
+    let super::batch::Blocks::Lines(size) = formation?.blocks else {
         return None;
     };
     Some(format!(
@@ -366,10 +368,11 @@ pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
 }
 
 /// The start line, and the notes and warnings before the first call.
-/// `items`: the job's pending items and all of them.
+/// `items`: the job's pending items and all of them; `formation`: how
+/// this run forms its batches.
 pub(super) fn announce(
     settings: &Settings,
-    (meta, items): (&JobMeta, (u64, u64)),
+    (meta, items, formation): (&JobMeta, (u64, u64), Option<&super::batch::Formation>),
     pacer: &dyn crate::pace::Pacer,
     reporter: &crate::report::Reporter,
 ) {
@@ -393,7 +396,7 @@ pub(super) fn announce(
             }
         ));
     }
-    if let Some(note) = batches_of_lines(settings, meta) {
+    if let Some(note) = batches_of_lines(settings, formation) {
         reporter.println(&note);
     }
     let counts = meta.counts();
