@@ -156,12 +156,59 @@ pub fn used(body: &str, pointer: &str) -> Option<u64> {
     v.pointer(pointer)?.as_u64()
 }
 
+/// The fields whose text is a request's prompt, in the APIs that count
+/// tokens (OpenAI's completions, chat and responses; Anthropic's messages).
+const PROMPT_FIELDS: [&str; 4] = ["prompt", "input", "system", "messages"];
+
+/// The fields that cap an answer's tokens, by API.
+const ANSWER_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// What a request may use, as OpenAI's limiter reckons it before the call
+/// runs: the tokens its answer may take (`max_tokens`,
+/// `max_completion_tokens` or `max_output_tokens`) and its prompt at a
+/// token per four characters, rounded up (every string under `prompt`,
+/// `input`, `system` and `messages`, the roles included, which OpenAI
+/// counts a few tokens a message for). The estimate when `--cost` is not
+/// given; an item with none of these fields weighs nothing until its
+/// answer says what it used. An `n` is not read as a count of answers:
+/// items carry `n` as an id or a count of their own as often (a request
+/// asking several answers gives `--cost 'max_tokens * n + ...'`).
+pub fn requested(item: &Value) -> u64 {
+    let mut chars = 0u64;
+    let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| item.get(f)).collect();
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => chars = chars.saturating_add(s.chars().count() as u64),
+            Value::Array(a) => stack.extend(a),
+            Value::Object(o) => stack.extend(o.values()),
+            _ => {}
+        }
+    }
+    answers_cap(item).saturating_add(chars.div_ceil(4))
+}
+
+/// The part of [`requested`] that is certain: the tokens the answers may
+/// take, which a limiter counting them counts in full.
+pub fn answers_cap(item: &Value) -> u64 {
+    let number = |v: &Value| match v {
+        Value::Number(x) => x.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    };
+    let cap = ANSWER_CAPS
+        .iter()
+        .find_map(|f| item.get(f).and_then(number))
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .unwrap_or(0.0);
+    cap.ceil().min(u64::MAX as f64) as u64
+}
+
 /// How a run weighs its calls in tokens: the estimate from each item, and
 /// the correction from each response.
 #[derive(Debug, Clone)]
 pub struct Costing {
-    /// `--cost`; without it a call is estimated at zero and counted at
-    /// what its response says it used.
+    /// `--cost`; without it a call is estimated at what it requests
+    /// ([`requested`]) and counted at what its response says it used.
     pub expr: Option<CostExpr>,
     /// `--usage`: a JSON pointer into the response body.
     pub usage: String,
@@ -177,8 +224,14 @@ pub struct Costing {
 
 impl Costing {
     /// The estimated tokens of `item`, or the item's error naming its line.
+    /// Without `--cost` the estimate is a guess: never failed for being
+    /// heavier than a told policy admits, only held to it, so the call goes
+    /// alone and the server decides.
     pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
-        let Some(e) = &self.expr else { return Ok(0) };
+        let Some(e) = &self.expr else {
+            let tokens = requested(&item.value);
+            return Ok(self.most.as_ref().map_or(tokens, |m| tokens.min(m.0)));
+        };
         let at = |why: String| {
             format!(
                 "--cost {:?} at {}:{}: {why}",
@@ -203,9 +256,12 @@ impl Costing {
         most: u64,
         what: &str,
     ) -> String {
-        let source = self.expr.as_ref().map_or("", |e| e.source.as_str());
+        let (estimated, lower) = match &self.expr {
+            Some(e) => (format!("--cost {:?} at", e.source), "the item's cost"),
+            None => ("at".to_string(), "its max_tokens or prompt"),
+        };
         format!(
-            "--cost {source:?} at {}:{}: the call is estimated at {tokens} tokens, more than {what} admits at once ({most}): a server keeping that limit never accepts it; lower the item's cost or raise the limit",
+            "{estimated} {}:{}: the call is estimated at {tokens} tokens, more than {what} admits at once ({most}): a server keeping that limit never accepts it; lower {lower} or raise the limit",
             self.file, item.line
         )
     }
@@ -445,6 +501,37 @@ mod tests {
                 &e[e.len() - 200..]
             );
         }
+    }
+
+    #[test]
+    fn a_request_is_estimated_at_its_answers_cap_and_its_prompt() {
+        let chat = json!({"model": "m", "max_tokens": 100, "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "abcdefghij"}]},
+        ]});
+        // 100, and "system" + "be brief" + "user" + "text" + "abcdefghij"
+        // (32 characters) a token per four.
+        assert_eq!(requested(&chat), 108);
+        assert_eq!(answers_cap(&chat), 100);
+        let csv = json!({"max_completion_tokens": " 40 ", "n": "3", "prompt": "abcde"});
+        assert_eq!(requested(&csv), 42, "an n is not a count of answers");
+        let responses = json!({"max_output_tokens": 7, "input": "abcd", "other": "x".repeat(99)});
+        assert_eq!(requested(&responses), 8, "only the prompt's fields count");
+        for none in [
+            json!({"id": 7, "text": "not a prompt"}),
+            json!(null),
+            json!([1, 2]),
+        ] {
+            assert_eq!(requested(&none), 0, "{none}");
+        }
+        for odd in [
+            json!({"max_tokens": -5, "n": 0}),
+            json!({"max_tokens": "lots", "n": 1e308}),
+        ] {
+            assert_eq!(requested(&odd), 0, "{odd}");
+        }
+        let huge = json!({"max_tokens": 1e308, "n": 1e308});
+        assert_eq!(requested(&huge), u64::MAX, "saturates, never panics");
     }
 
     #[test]

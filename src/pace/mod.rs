@@ -171,6 +171,15 @@ pub trait Pacer: Send + Sync {
     /// its headers: a pacer that learns the limit from 429s relies on both.
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>>;
 
+    /// A used-up quota is waited for (`--wait-for-quota`, a 429 asking for
+    /// longer than a pause is worth): every worker waits `for_`, as for
+    /// [`pause`](Self::pause), but nothing is learnt from it. The quota's
+    /// reset refused the call, not the rate; learnt from, a day's wait
+    /// would end at a lowered limit. Pacers that never learn pause.
+    fn hold(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        self.pause(for_)
+    }
+
     /// Sees every response's headers, so the pacer can follow the limits the
     /// server says are in force (every dialect for the window pacer and
     /// for [`Unpaced`], which hands over to one at the first stated quota;

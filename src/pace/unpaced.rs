@@ -187,6 +187,13 @@ impl Pacer for Unpaced {
         ready(Ok(()))
     }
 
+    fn hold(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        match self.stated.get() {
+            Some(p) => p.hold(for_),
+            None => self.pause(for_),
+        }
+    }
+
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
         Box::pin(async move {
             let said = match self.stated.get() {

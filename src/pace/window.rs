@@ -210,6 +210,12 @@ impl Pacer for WindowPacer {
         ready(Ok(()))
     }
 
+    fn hold(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        let now = now_std();
+        self.guarded.lock().primary_mut().pause_until(now + for_);
+        ready(Ok(()))
+    }
+
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
         let now = now_std();
         let policies = crate::rate::announce::read(headers, crate::util::unix_now());
@@ -469,6 +475,24 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(held);
         assert_eq!(waiter.await.unwrap(), t0 + Duration::from_millis(10));
+    }
+
+    /// A quota waited for holds every worker as a pause does, and
+    /// teaches nothing: after a day's wait the run goes on at its limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_quota_waited_for_holds_every_worker_and_teaches_nothing() {
+        let p = pacer(10, Duration::from_secs(1));
+        for _ in 0..4 {
+            call(p.as_ref()).await;
+        }
+        let t0 = Instant::now();
+        p.hold(Duration::from_secs(3)).await.unwrap();
+        assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(3)));
+        assert_eq!(p.learnt(), None);
+        assert_eq!(p.observe(&HeaderMap::new()).await, None);
+        for at in released(&p, 4).await {
+            assert_eq!(at, t0 + Duration::from_secs(3));
+        }
     }
 
     #[tokio::test(start_paused = true)]

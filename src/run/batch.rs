@@ -74,13 +74,12 @@ impl Formation {
     pub fn by_lines(settings: &Settings) -> Option<Formation> {
         let b = settings.batch.as_ref()?;
         let mut how = format!("--batch {}", b.size);
-        if let Some(c) = &settings.costing {
-            if let Some(e) = &c.expr {
-                how.push_str(&format!(" --cost {e}"));
-            }
-            if let Some((most, _)) = &c.most {
-                how.push_str(&format!(" (at most {most} tokens a call)"));
-            }
+        let c = &settings.costing;
+        if let Some(e) = &c.expr {
+            how.push_str(&format!(" --cost {e}"));
+        }
+        if let Some((most, _)) = &c.most {
+            how.push_str(&format!(" (at most {most} tokens a call)"));
         }
         Some(Formation {
             how,

@@ -418,7 +418,7 @@ fn build_pool(
                 wait_for_quota: settings.wait_for_quota,
             },
             verbose: settings.verbose,
-            cost: settings.costing.clone().map(Arc::new),
+            cost: Some(Arc::new(settings.costing.clone())),
             max_body: settings.max_body,
         },
         limited_since: std::sync::Mutex::new(None),

@@ -248,12 +248,18 @@ impl Pool {
     /// stated admits at once (learnt from an answer, maybe this item's own
     /// 429), so that it is refused every time: failed rather than sent
     /// again until `--max-wait`. Never for a call that may have run.
+    /// An estimate `--cost` did not give is a guess: only the answers'
+    /// cap in it, which such a limiter counts in full, fails the call.
     fn over_stated(&self, item: &Item, weight: Weight, tries: &Tries) -> Option<String> {
         let cost = self.cfg.cost.as_ref()?;
         let (most, name) = self.pacer.most_stated_tokens()?;
-        (weight.tokens > most && !tries.maybe_ran).then(|| {
+        let tokens = match cost.expr {
+            Some(_) => weight.tokens,
+            None => crate::cost::answers_cap(&item.value),
+        };
+        (tokens > most && !tries.maybe_ran).then(|| {
             let what = format!("the server's stated limit {name}");
-            cost.too_heavy(item, weight.tokens, most, &what)
+            cost.too_heavy(item, tokens, most, &what)
         })
     }
 
@@ -360,7 +366,8 @@ impl Pool {
                 true => self.again_after(after).await,
                 false => Next::Finished,
             },
-            Action::Pause { pause, message } => self.pause(pause, message).await,
+            Action::Pause { pause, message } => self.pause(pause, message, false).await,
+            Action::Hold { pause, message } => self.pause(pause, message, true).await,
             Action::FewerInFlight(after) => {
                 self.limited_since
                     .lock()
@@ -417,12 +424,18 @@ impl Pool {
 
     /// A window 429: every worker pauses, and the time since the first of
     /// an unbroken run of them is kept (past `--max-wait` the run halts).
-    async fn pause(&self, pause: Duration, message: Option<String>) -> Next {
+    /// Every worker waits `pause`; `hold`: for a quota waited for, which
+    /// teaches the pacer nothing.
+    async fn pause(&self, pause: Duration, message: Option<String>, hold: bool) -> Next {
         self.limited_since
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(Instant::now);
-        if let Err(e) = self.pacer.pause(pause).await {
+        let paused = match hold {
+            true => self.pacer.hold(pause).await,
+            false => self.pacer.pause(pause).await,
+        };
+        if let Err(e) = paused {
             self.gate.stop(Halt::of_pace_error(&e));
             return Next::Finished;
         }

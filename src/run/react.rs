@@ -148,6 +148,12 @@ pub(super) enum Action {
         pause: Duration,
         message: Option<String>,
     },
+    /// A used-up quota waited for (`--wait-for-quota`): as a pause, but
+    /// nothing about the rate is learnt from it.
+    Hold {
+        pause: Duration,
+        message: Option<String>,
+    },
     /// A concurrency 429: one call fewer in flight, and this item goes
     /// again after this long.
     FewerInFlight(Duration),
@@ -392,7 +398,7 @@ fn rate_limited(
     // (no Retry-After) ends when --max-wait does, so that the next 429
     // halts then: a window's pause carried `--max-wait 5s` to 30 s.
     let pause = match (quota, retry_after) {
-        (Some(q), _) => q,
+        (Some(pause), _) => return Action::Hold { pause, message },
         (None, Some(r)) => retry_after::capped(r).max(MIN_PAUSE),
         (None, None) => policy
             .default_pause

@@ -347,24 +347,25 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
     ))
 }
 
-/// A policy of tokens told with no `--cost`: each call counts at what its
-/// answer says it used, a round trip late, and a server that checks a
-/// call's prompt and `max_tokens` against what is left (OpenAI's, the
-/// sim) refuses the calls sent as a window fills, once in every window.
-/// Said at start, with the way out; silent, it looked like a limit kept
-/// badly.
+/// A policy of tokens told with no `--cost`: each call is estimated at
+/// what its item requests, read from the fields OpenAI's and Anthropic's
+/// bodies use. Said at start, so that a job whose items say it otherwise
+/// (a body from `--body`, other field names) knows to give `--cost`.
 pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
-    let c = settings.costing.as_ref().filter(|c| c.expr.is_none())?;
-    Some(format!(
-        "batchrun: note: a token policy is told and --cost is not: each call counts at the \
-         tokens its answer says it used ({}), a round trip late, so a server that checks a \
-         call's prompt and max_tokens against what is left refuses the calls sent as a window \
-         fills, once in every window; give --cost, e.g. --cost 'max_tokens + chars(prompt)/4'",
-        match c.usage.is_empty() {
-            true => "nothing: --usage is empty".to_string(),
-            false => format!("--usage {}", c.usage),
-        }
-    ))
+    let c = &settings.costing;
+    let told = (settings.policies.iter()).any(|p| p.unit == crate::rate::policy::Unit::Tokens);
+    (told && c.expr.is_none()).then(|| {
+        format!(
+            "batchrun: note: a token policy is told and --cost is not: each call is estimated at \
+             what its item requests (max_tokens, max_completion_tokens or max_output_tokens, and \
+             a token per 4 characters of prompt, input, system and messages) and counted at what \
+             its answer used ({}); give --cost where the items say it otherwise",
+            match c.usage.is_empty() {
+                true => "nothing: --usage is empty".to_string(),
+                false => format!("--usage {}", c.usage),
+            }
+        )
+    })
 }
 
 /// The start line, and the notes and warnings before the first call.

@@ -74,7 +74,7 @@ pub struct Settings {
     pub shape_unknown: bool,
     /// How calls are weighed in tokens, when a policy counts tokens or
     /// `--cost` is given.
-    pub costing: Option<crate::cost::Costing>,
+    pub costing: crate::cost::Costing,
     /// `--wait-for-quota`: wait for a used-up quota however far its reset.
     pub wait_for_quota: bool,
     /// Which pacer paces a limited run.
@@ -453,18 +453,17 @@ fn fleet_settings(
     }))
 }
 
-/// How calls are weighed in tokens: when a policy counts tokens or
-/// `--cost` is given.
-fn costing(args: &RunArgs, policies: &[PolicySpec]) -> Option<crate::cost::Costing> {
-    let tokens = policies
-        .iter()
-        .any(|p| p.unit == crate::rate::policy::Unit::Tokens);
-    (tokens || args.cost.is_some()).then(|| crate::cost::Costing {
+/// How calls are weighed in tokens. Always: a server may state a token
+/// policy that nothing told (OpenAI's, Anthropic's headers), and it is kept
+/// only if each call is estimated before it goes and counted at what it
+/// used.
+fn costing(args: &RunArgs, policies: &[PolicySpec]) -> crate::cost::Costing {
+    crate::cost::Costing {
         expr: args.cost.clone(),
         usage: args.usage.clone(),
         file: input_name(&args.input),
         most: limits::most_at_once(policies),
-    })
+    }
 }
 
 #[cfg(test)]

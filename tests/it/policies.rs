@@ -137,11 +137,12 @@ fn prompts(n: u64) -> String {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
+/// Told the sim's budget of 400 tokens a second, 60 prompts through 10
+/// calls at once, estimated by `cost` (none: what each request asks).
+async fn a_token_budget_is_never_exceeded(name: &str, cost: &[&str]) {
     // The sim checks each call's max_tokens + prompt/4 against 400 tokens
     // a second and charges what its answer's usage says.
-    let s = Scenario::new("policies-tokens")
+    let s = Scenario::new(name)
         .with_sim(&[
             "--limit",
             "1000/1s",
@@ -152,17 +153,10 @@ async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
         ])
         .input("prompts.jsonl", &prompts(60));
     let t0 = Instant::now();
-    let r = s.run(&[
-        "--limit",
-        "1000/1s",
-        "--limit",
-        "400/1s,tokens",
-        "--cost",
-        "max_tokens + chars(prompt)/4",
-        "--json-body",
-        "--concurrency",
-        "10",
-    ]);
+    let mut args = vec!["--limit", "1000/1s", "--limit", "400/1s,tokens"];
+    args.extend(cost);
+    args.extend(["--json-body", "--concurrency", "10"]);
+    let r = s.run(&args);
     let took = t0.elapsed().as_secs_f64();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
@@ -178,9 +172,23 @@ async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
     assert_each_item_once(&s.out_path(), 60);
 }
 
-/// A policy of tokens told with no `--cost` is said at start, with the way
-/// out: each call counts a round trip late, and a server checking
-/// `max_tokens` against what is left refuses the window's last calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_budget_paced_by_estimate_and_usage_is_never_exceeded() {
+    let cost = ["--cost", "max_tokens + chars(prompt)/4"];
+    a_token_budget_is_never_exceeded("policies-tokens", &cost).await;
+}
+
+/// Without `--cost` each call is estimated at what it requests (its
+/// `max_tokens` and its prompt), as OpenAI's limiter and the sim reckon
+/// it. Counted at zero until its answer came back, a call sent as the
+/// window filled was refused, once in every window.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_budget_is_kept_without_cost_from_what_each_request_asks() {
+    a_token_budget_is_never_exceeded("policies-tokens-asked", &[]).await;
+}
+
+/// A policy of tokens told with no `--cost` says at start how calls are
+/// estimated, so that a job whose items say it otherwise gives `--cost`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_policy_told_without_cost_is_said_at_start() {
     let s = Scenario::new("policies-uncosted")
@@ -196,7 +204,7 @@ async fn a_token_policy_told_without_cost_is_said_at_start() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
         r.stderr
-            .contains("a token policy is told and --cost is not")
+            .contains("a token policy is told and --cost is not: each call is estimated at what its item requests")
             && r.stderr.contains("--usage /usage/total_tokens")
             && r.stderr.contains("give --cost"),
         "{}",
@@ -337,8 +345,7 @@ async fn an_item_heavier_than_a_bucket_of_tokens_admits_fails_unsent_and_the_res
 /// The same, the quota stated by the server only (OpenAI's headers): the
 /// heavy item is failed once the quota is known, at the latest after its
 /// own first 429, not sent into 429s until `--max-wait` (30 minutes).
-#[tokio::test(flavor = "multi_thread")]
-async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known() {
+async fn an_item_heavier_than_a_stated_token_quota_fails(name: &str, cost: &[&str]) {
     let sim = [
         "--limit",
         "100/1s",
@@ -349,22 +356,15 @@ async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known
         "--cooldown",
         "0s",
     ];
-    let s = Scenario::new("policies-too-heavy-stated").with_sim(&sim).input(
+    let s = Scenario::new(name).with_sim(&sim).input(
         "in.jsonl",
         "{\"n\": 1, \"max_tokens\": 5000}\n{\"n\": 2, \"max_tokens\": 50}\n{\"n\": 3, \"max_tokens\": 50}\n",
     );
-    let r = s.run(&[
-        "--limit",
-        "100/1s",
-        "--cost",
-        "max_tokens",
-        "--json-body",
-        "-c",
-        "1",
-        // Sent into 429s again and again, it would halt (75) after this.
-        "--max-wait",
-        "20s",
-    ]);
+    let mut args = vec!["--limit", "100/1s"];
+    args.extend(cost);
+    // Sent into 429s again and again, it would halt (75) after this.
+    args.extend(["--json-body", "-c", "1", "--max-wait", "20s"]);
+    let r = s.run(&args);
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert_eq!(r.summary["done"], 2, "{}", r.summary);
     assert_eq!(r.summary["failed"], 1, "{}", r.summary);
@@ -380,6 +380,20 @@ async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known
             .contains("the server's stated limit 1000/1m,tokens (stated) admits at once (1000)"),
         "{failures}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known() {
+    let cost = ["--cost", "max_tokens"];
+    an_item_heavier_than_a_stated_token_quota_fails("policies-too-heavy-stated", &cost).await;
+}
+
+/// Estimated at what it asks (no `--cost`): its `max_tokens` alone is more
+/// than the stated quota, which such a server counts in full, so it fails
+/// once the quota is known rather than being sent until `--max-wait`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_asking_more_than_a_stated_token_quota_fails_once_the_quota_is_known() {
+    an_item_heavier_than_a_stated_token_quota_fails("policies-too-heavy-asked", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -71,56 +71,11 @@ impl Pacer for FleetPacer {
     }
 
     fn pause(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            // 2: a bare rate, whose first refused burst paces evenly.
-            let learn = match (inner.secret.load(Ordering::SeqCst), inner.shape_unknown) {
-                (false, _) => 0u8,
-                (true, false) => 1,
-                (true, true) => 2,
-            };
-            let settles = inner.take_settles();
-            let (a, b) = inner.rule.params();
-            let v: Result<Vec<i64>, PaceError> = inner
-                .run(
-                    inner.rule.op(Verb::Pause),
-                    inner.fleet.redis_timeout(),
-                    |inv| {
-                        inv.arg(millis(for_));
-                        // The window rule may learn a limit; a drip rule's state
-                        // is made on first use from its sizing.
-                        if inner.rule.windowed() {
-                            inv.arg(inner.cap).arg(learn);
-                        } else {
-                            inv.arg(&a).arg(&b);
-                        }
-                        inv.arg(settles.len());
-                        for (id, ago) in &settles {
-                            inv.arg(id).arg(ago);
-                        }
-                    },
-                )
-                .await;
-            let v = v.inspect_err(|_| inner.requeue(settles))?;
-            let left = v.first().copied().unwrap_or(0).max(0) as u64;
-            let mut l = inner.lock();
-            l.paused_until = Some(Instant::now() + Duration::from_millis(left));
-            // This process's 429 taught the fleet a limit, or began its
-            // even pace (the limit in force then unchanged: the cap).
-            let began = v.get(2) == Some(&1);
-            let learnt = v.get(1).copied().unwrap_or(0).max(0) as u64;
-            if learnt > 0 || began {
-                // A lowering says nothing of the even pace: the fleet keeps
-                // it if it had it (what a take puts back after a loss).
-                let even = began || l.even;
-                l.heard(inner.cap, learnt, false, even);
-            }
-            if began {
-                // Its ramp rises from the pause's end.
-                (l.even_since, l.even_grants) = (l.paused_until, 0);
-            }
-            Ok(())
-        })
+        Box::pin(self.inner.paused(for_, true))
+    }
+
+    fn hold(&self, for_: Duration) -> BoxFuture<'_, Result<(), PaceError>> {
+        Box::pin(self.inner.paused(for_, false))
     }
 
     fn observe<'a>(&'a self, headers: &'a HeaderMap) -> BoxFuture<'a, Option<PaceNote>> {
@@ -310,5 +265,63 @@ impl Said {
             }
         }
         said
+    }
+}
+
+impl super::Inner {
+    /// Every process waits `for_`; `learning`: a rate-limit 429 of a secret
+    /// limit may teach the fleet a limit, a quota waited for (`hold`) not.
+    async fn paused(&self, for_: Duration, learning: bool) -> Result<(), PaceError> {
+        let inner = self;
+        // 2: a bare rate, whose first refused burst paces evenly.
+        let learn = match (
+            learning && inner.secret.load(Ordering::SeqCst),
+            inner.shape_unknown,
+        ) {
+            (false, _) => 0u8,
+            (true, false) => 1,
+            (true, true) => 2,
+        };
+        let settles = inner.take_settles();
+        let (a, b) = inner.rule.params();
+        let v: Result<Vec<i64>, PaceError> = inner
+            .run(
+                inner.rule.op(Verb::Pause),
+                inner.fleet.redis_timeout(),
+                |inv| {
+                    inv.arg(millis(for_));
+                    // The window rule may learn a limit; a drip rule's state
+                    // is made on first use from its sizing.
+                    if inner.rule.windowed() {
+                        inv.arg(inner.cap).arg(learn);
+                    } else {
+                        inv.arg(&a).arg(&b);
+                    }
+                    inv.arg(settles.len());
+                    for (id, ago) in &settles {
+                        inv.arg(id).arg(ago);
+                    }
+                },
+            )
+            .await;
+        let v = v.inspect_err(|_| inner.requeue(settles))?;
+        let left = v.first().copied().unwrap_or(0).max(0) as u64;
+        let mut l = inner.lock();
+        l.paused_until = Some(Instant::now() + Duration::from_millis(left));
+        // This process's 429 taught the fleet a limit, or began its
+        // even pace (the limit in force then unchanged: the cap).
+        let began = v.get(2) == Some(&1);
+        let learnt = v.get(1).copied().unwrap_or(0).max(0) as u64;
+        if learnt > 0 || began {
+            // A lowering says nothing of the even pace: the fleet keeps
+            // it if it had it (what a take puts back after a loss).
+            let even = began || l.even;
+            l.heard(inner.cap, learnt, false, even);
+        }
+        if began {
+            // Its ramp rises from the pause's end.
+            (l.even_since, l.even_grants) = (l.paused_until, 0);
+        }
+        Ok(())
     }
 }

@@ -519,7 +519,7 @@ fn a_retry_after_beyond_the_quota_bound_is_a_quota() {
     }
     assert!(matches!(
         limited(day, true),
-        Action::Pause { pause, .. } if pause == Duration::from_secs(day)
+        Action::Hold { pause, .. } if pause == Duration::from_secs(day)
     ));
     let within = QUOTA_BOUND.as_secs();
     assert!(matches!(

@@ -143,6 +143,31 @@ async fn a_pause_from_one_process_holds_every_process() {
     );
 }
 
+/// A quota waited for (`--wait-for-quota`) holds every process as a pause
+/// does, and teaches the fleet no limit: the quota refused the call.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_waited_for_holds_every_process_and_teaches_nothing() {
+    let redis = Redis::start();
+    let name = fleet_name("hold");
+    let a = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let b = pacer(fleet_on(&redis, &name).await, "10/300ms");
+    let mut c = redis.conn();
+    calls(&a, 4).await;
+    a.hold(Duration::from_millis(800)).await.unwrap();
+    assert_eq!(learnt_in(&mut c, &name), None);
+    assert_eq!(a.learnt(), None);
+    let t0 = Instant::now();
+    b.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_secret_limit_is_learnt_at_a_429_and_probed_back_up() {
     let redis = Redis::start();
