@@ -88,7 +88,6 @@ impl ShapeLearner {
             return self.fitted_window(limit, slack);
         };
         let burst = f.burst.saturating_sub(1);
-        self.phase = Phase::Bucket { burst };
         self.held = per_window(f.per_second);
         // Both may fit: a fixed window's answers, by a bucket a little
         // faster with a burst (the window's count went at once in the
@@ -104,10 +103,21 @@ impl ShapeLearner {
             .flatten()
             .map(|l| l.clamp(1, limit))
             .filter(|&l| l < self.held && 2 * l >= self.held);
+        // While the window may be the server's, the bucket is paced with
+        // no burst: its burst, sent at once into a window the start and the
+        // ramp had filled, was refused with a call more in its wake (4
+        // 429s), where an even pace a little over the window's rate is
+        // refused once. A bucket it truly is loses only its burst's head
+        // start, and the fit's rate still allows probing.
+        let paced = match self.fixed_too {
+            Some(_) => 0,
+            None => burst,
+        };
+        self.phase = Phase::Bucket { burst: paced };
         self.searching = false;
         Some(Fitted {
             limit: self.held,
-            kind: FittedKind::Bucket(burst),
+            kind: FittedKind::Bucket(paced),
             // f.most ≥ f.per_second: the greatest rate that fits. With no
             // burst, no probing above the fit, as the fleet does: a probe
             // a step above the rate it learnt is refused by the first
