@@ -255,7 +255,10 @@ impl JobStatus {
         let c = meta.counts();
         let last = meta.meter.last;
         let now_ms = crate::util::unix_now().as_millis() as u64;
-        let unclosed = meta.last_run().filter(|r| r.ended_unix_ms.is_none());
+        // A run not ended (killed, or another process's) as far as the
+        // checkpoint has it: its record lags by up to a second.
+        let last_run = meta.last_run().map(|r| r.caught_up(c.done, c.failed));
+        let unclosed = last_run.as_ref().filter(|r| r.ended_unix_ms.is_none());
         JobStatus {
             job: meta.id.clone(),
             input: shown_input(meta),
@@ -275,7 +278,7 @@ impl JobStatus {
             alerts_fired: meta.meter.fired.clone(),
             last_state: meta.last_state.clone(),
             halt_reason: meta.halt_reason.clone(),
-            last_run: meta.last_run().map(|r| RunStatus {
+            last_run: last_run.as_ref().map(|r| RunStatus {
                 started_unix_ms: r.started_unix_ms,
                 ended_unix_ms: r.ended_unix_ms,
                 // A killed run: until it last saved its record or sent.
@@ -576,10 +579,12 @@ fn describe_job(
         meta.meter.fired.join(", ")
     };
     let _ = writeln!(out, "  alerts fired this cycle: {fired}");
+    // As `--json` has them: a killed run's calls until the next run
+    // closes it (and adds them to the job's) are in its record.
     let _ = writeln!(
         out,
         "  totals:   {} requests, {} rate-limited, {} retries",
-        meta.requests, meta.rate_limited, meta.retries
+        st.requests, st.rate_limited, meta.retries
     );
     Ok(())
 }

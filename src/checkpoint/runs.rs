@@ -38,8 +38,14 @@ pub struct RunRecord {
     #[serde(default)]
     pub rate_limited: u64,
     /// The job's failed items when it started, to count its own at the end.
-    #[serde(skip)]
+    #[serde(default)]
     pub failed_before: u64,
+    /// The job's done items when it started (none in a record of an older
+    /// build, whose `failed_before` was not kept either): a killed run's
+    /// own are read from the checkpoint, which records each item as it
+    /// ends, where its record lags by up to a second.
+    #[serde(default)]
+    pub done_before: Option<u64>,
     /// When the run last saved its record (unix ms; about once a second):
     /// a killed run ended about then, with the counts saved with it.
     #[serde(default)]
@@ -47,6 +53,19 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The record of a run that has not ended, its counts caught up with a
+    /// checkpoint holding `done` and `failed` items: the items it finished
+    /// since it last saved its record, and at least a call for each.
+    pub fn caught_up(&self, done: u64, failed: u64) -> RunRecord {
+        let mut r = self.clone();
+        if let (None, Some(before)) = (r.ended_unix_ms, r.done_before) {
+            r.done = r.done.max(done.saturating_sub(before));
+            r.failed = r.failed.max(failed.saturating_sub(r.failed_before));
+            r.requests = r.requests.max(r.done.saturating_add(r.failed));
+        }
+        r
+    }
+
     /// How long it ran (until `now_ms` if it has not ended), in seconds.
     pub fn duration_s(&self, now_ms: u64) -> f64 {
         let end = self.ended_unix_ms.unwrap_or(now_ms);
@@ -61,6 +80,7 @@ impl JobMeta {
         self.runs.push(RunRecord {
             started_unix_ms: now_unix_ms,
             failed_before: self.failed,
+            done_before: Some(self.done),
             ..RunRecord::default()
         });
         let over = self.runs.len().saturating_sub(RUNS_KEPT);
@@ -71,9 +91,11 @@ impl JobMeta {
     /// checkpoint): it is closed as `killed` where it last saved its
     /// record, and what it sent joins the job's totals. True if it was.
     pub fn close_killed_run(&mut self) -> bool {
+        let (done, failed) = (self.done, self.failed);
         let Some(run) = self.runs.last_mut().filter(|r| r.ended_unix_ms.is_none()) else {
             return false;
         };
+        *run = run.caught_up(done, failed);
         run.ended_unix_ms = Some(run.seen_unix_ms.unwrap_or(run.started_unix_ms));
         run.state = Some("killed".into());
         self.unsettled |= self.done + self.failed < self.total;
@@ -125,6 +147,35 @@ mod tests {
         assert_eq!(run.state.as_deref(), Some("killed"));
         assert_eq!(run.duration_s(99_000), 2.5);
         assert_eq!((meta.requests, meta.rate_limited), (105, 2));
+    }
+
+    /// Killed a moment after it last saved its record, a run finished more
+    /// items than the record says: the checkpoint's counts, less what the
+    /// job had when it started, are its own, and each took a call.
+    #[test]
+    fn a_killed_run_is_counted_as_far_as_the_checkpoint_recorded_it() {
+        let mut meta = JobMeta {
+            total: 300,
+            done: 20,
+            failed: 1,
+            requests: 21,
+            ..JobMeta::default()
+        };
+        meta.start_run(1_000);
+        if let Some(r) = meta.last_run_mut() {
+            (r.done, r.requests, r.seen_unix_ms) = (60, 61, Some(4_000));
+        }
+        (meta.done, meta.failed) = (100, 3);
+        let shown = meta.last_run().unwrap().caught_up(meta.done, meta.failed);
+        assert_eq!((shown.done, shown.failed, shown.requests), (80, 2, 82));
+        assert!(meta.close_killed_run());
+        let run = meta.last_run().unwrap();
+        assert_eq!((run.done, run.failed, run.requests), (80, 2, 82));
+        assert_eq!(meta.requests, 21 + 82);
+        // A record of an older build knows not where the run began.
+        let mut old = shown.clone();
+        (old.ended_unix_ms, old.done_before, old.done, old.requests) = (None, None, 60, 61);
+        assert_eq!(old.caught_up(100, 3), old);
     }
 
     #[test]

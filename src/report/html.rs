@@ -260,7 +260,12 @@ fn page(meta: &JobMeta, secs: &[Second]) -> anyhow::Result<String> {
         );
         outcomes(secs, &mut h);
     }
-    runs_table(&meta.runs, meta.last_active_unix_ms, &mut h);
+    // A killed run's record lags the checkpoint by up to a second.
+    let c = meta.counts();
+    let runs: Vec<RunRecord> = (meta.runs.iter())
+        .map(|r| r.caught_up(c.done, c.failed))
+        .collect();
+    runs_table(&runs, meta.last_active_unix_ms, &mut h);
     h.push_str("</body>\n</html>\n");
     Ok(h)
 }
