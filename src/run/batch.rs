@@ -244,21 +244,39 @@ pub(super) fn pair(
         .collect())
 }
 
-/// How many items a batch's answer settled (its 2xx elements), for the
-/// credit meter, which charges per item: 0 when it cannot be paired.
-pub(super) fn settled(spec: &BatchSpec, call_status: u16, body: &str) -> u64 {
+/// What a batch's answer holds, for the run's standing, before it is
+/// paired with its items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tally {
+    /// The items it settled (its 2xx elements), for the credit meter,
+    /// which charges per item: 0 when it cannot be paired.
+    pub(super) settled: u64,
+    /// Every element is a rate-limit 429 (and there is one): the answer
+    /// is nothing but 429s, as a call's 429 is, for `--max-wait`.
+    pub(super) all_limited: bool,
+}
+
+/// What a batch's answer holds (see [`Tally`]).
+pub(super) fn tally(spec: &BatchSpec, call_status: u16, body: &str) -> Tally {
     let Ok(v) = serde_json::from_str::<Value>(body) else {
-        return 0;
+        return Tally::default();
     };
     let array = match &v {
         Value::Array(a) => a,
         other => match other.pointer(&spec.results) {
             Some(Value::Array(a)) => a,
-            _ => return 0,
+            _ => return Tally::default(),
         },
     };
-    let ok = |e: &Value| (200..300).contains(&element_status(spec, e).unwrap_or(call_status));
-    array.iter().filter(|e| ok(e)).count() as u64
+    let status = |e: &Value| element_status(spec, e).unwrap_or(call_status);
+    Tally {
+        settled: array
+            .iter()
+            .filter(|e| (200..300).contains(&status(e)))
+            .count() as u64,
+        all_limited: !array.is_empty()
+            && array.iter().all(|e| status(e) == 429 && !says_exhausted(e)),
+    }
 }
 
 /// Whether an element says the credits are exhausted (its `code`).

@@ -89,7 +89,7 @@ fn elements_pair_by_position_only_when_the_count_is_right() {
     };
     assert_eq!(pair(&pointed, 200, &bare, 1).unwrap()[0].status, 409);
     assert_eq!(
-        settled(&spec(), 200, &body),
+        tally(&spec(), 200, &body).settled,
         2,
         "the 200 and the one without a status"
     );
@@ -178,6 +178,20 @@ fn an_items_429_is_a_rate_limit_that_never_fails_it() {
     // Nothing asked: the run's default pause.
     let s = settle(&members(&[1]), vec![el(429)], THROUGH, 5);
     assert_eq!(s.limit.map(|l| l.retry_after), Some(None));
+}
+
+#[test]
+fn an_answer_of_nothing_but_429s_is_a_rate_limit_for_max_wait() {
+    let body = |v: serde_json::Value| json!({ "results": v }).to_string();
+    let all = body(json!([{"status": 429}, {"status": 429, "error": "slow down"}]));
+    assert!(tally(&spec(), 200, &all).all_limited);
+    let one_done = body(json!([{"status": 429}, {"status": 200}]));
+    let t = tally(&spec(), 200, &one_done);
+    assert_eq!((t.settled, t.all_limited), (1, false));
+    // The credits', not the rate's.
+    let out = body(json!([{"status": 429, "code": "credits_exhausted"}]));
+    assert!(!tally(&spec(), 200, &out).all_limited);
+    assert!(!tally(&spec(), 200, &body(json!([]))).all_limited);
 }
 
 /// An element with its own status and an error.
