@@ -13,6 +13,8 @@
 //! pairs nothing: the whole batch is one transient failure, since pairing
 //! by position with a wrong count would give items each other's results.
 
+use std::time::Duration;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -237,26 +239,49 @@ pub(super) fn pair(
         .map(|e| Element {
             status: element_status(spec, e).unwrap_or(call_status),
             body: e.to_string(),
-            exhausted: e.get("code").and_then(Value::as_str) == Some("credits_exhausted"),
+            exhausted: says_exhausted(e),
         })
         .collect())
 }
 
-/// How many items a batch's answer settled (its 2xx elements), for the
-/// credit meter, which charges per item: 0 when it cannot be paired.
-pub(super) fn settled(spec: &BatchSpec, call_status: u16, body: &str) -> u64 {
+/// What a batch's answer holds, for the run's standing, before it is
+/// paired with its items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tally {
+    /// The items it settled (its 2xx elements), for the credit meter,
+    /// which charges per item: 0 when it cannot be paired.
+    pub(super) settled: u64,
+    /// Every element is a rate-limit 429 (and there is one): the answer
+    /// is nothing but 429s, as a call's 429 is, for `--max-wait`.
+    pub(super) all_limited: bool,
+}
+
+/// What a batch's answer holds (see [`Tally`]).
+pub(super) fn tally(spec: &BatchSpec, call_status: u16, body: &str) -> Tally {
     let Ok(v) = serde_json::from_str::<Value>(body) else {
-        return 0;
+        return Tally::default();
     };
     let array = match &v {
         Value::Array(a) => a,
         other => match other.pointer(&spec.results) {
             Some(Value::Array(a)) => a,
-            _ => return 0,
+            _ => return Tally::default(),
         },
     };
-    let ok = |e: &Value| (200..300).contains(&element_status(spec, e).unwrap_or(call_status));
-    array.iter().filter(|e| ok(e)).count() as u64
+    let status = |e: &Value| element_status(spec, e).unwrap_or(call_status);
+    Tally {
+        settled: array
+            .iter()
+            .filter(|e| (200..300).contains(&status(e)))
+            .count() as u64,
+        all_limited: !array.is_empty()
+            && array.iter().all(|e| status(e) == 429 && !says_exhausted(e)),
+    }
+}
+
+/// Whether an element says the credits are exhausted (its `code`).
+fn says_exhausted(e: &Value) -> bool {
+    e.get("code").and_then(Value::as_str) == Some("credits_exhausted")
 }
 
 /// An element's own status: at `--batch-status`, else its `status` or
@@ -286,8 +311,14 @@ pub(super) enum Verdict {
     /// Credits did not cover it: it stays pending, and the run stops (or
     /// waits for credits).
     Unpaid,
-    /// Worth another call (a 429, 408 or 5xx of its own): it did not run.
+    /// Worth another call (a 408, 425 or 5xx of its own): it did not run.
     Again,
+    /// A rate-limit 429 of its own: it did not run, and the rate, not the
+    /// item, refused it. It goes again after every worker paused, as the
+    /// item of a call's 429 does, and never uses up an attempt. Whatever
+    /// the element says beside (a concurrency ceiling, say), its 429 is a
+    /// rate limit: an element has no headers to tell a ceiling by.
+    Limited,
     /// Failed for good with its own status.
     Failed,
 }
@@ -317,7 +348,8 @@ pub(super) fn verdict(status: u16, exhausted: bool, credits: Credits) -> Verdict
         402 | 429 if out => Verdict::Unpaid,
         402 if !credits.got_through => Verdict::Unpaid,
         402 => Verdict::Failed,
-        408 | 425 | 429 | 500..=599 => Verdict::Again,
+        429 => Verdict::Limited,
+        408 | 425 | 500..=599 => Verdict::Again,
         _ => Verdict::Failed,
     }
 }
@@ -343,12 +375,41 @@ pub(super) struct Settlement {
     pub(super) unpaid: Vec<usize>,
     /// Positions of the items to send again.
     pub(super) again: Vec<usize>,
+    /// Positions of the items refused by a rate limit of their own, to
+    /// send again after a pause.
+    pub(super) limited: Vec<usize>,
+    /// What those items' elements asked: the pause every worker takes.
+    pub(super) limit: Option<Limit>,
+}
+
+/// What the rate-limited elements of an answer ask of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Limit {
+    /// The longest wait an element asked for (its `retry_after` or
+    /// `Retry-After`, in seconds or as an HTTP-date), if any did.
+    pub(super) retry_after: Option<Duration>,
+    /// What the first of them said.
+    pub(super) message: String,
+}
+
+/// The wait an element asks for, as a `Retry-After` header would.
+fn element_retry_after(element: &str) -> Option<Duration> {
+    let v: Value = serde_json::from_str(element).ok()?;
+    let asked = ["retry_after", "Retry-After", "retry-after"]
+        .iter()
+        .find_map(|f| v.get(f))?;
+    let text = match asked {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    crate::rate::retry_after::parse_uncapped(&text, std::time::SystemTime::now())
 }
 
 /// Each member's outcome from its own element: `elements[i]` is
 /// `members[i]`'s (as [`pair`] guarantees).
 /// An item worth another call that has had `max_attempts` fails with its
-/// own status.
+/// own status; one refused by a rate limit never does.
 pub(super) fn settle(
     members: &[Member],
     elements: Vec<Element>,
@@ -371,6 +432,15 @@ pub(super) fn settle(
             }),
             Verdict::Unpaid => s.unpaid.push(i),
             Verdict::Again => s.again.push(i),
+            Verdict::Limited => {
+                let asked = element_retry_after(&e.body);
+                let limit = s.limit.get_or_insert_with(|| Limit {
+                    retry_after: None,
+                    message: reason(&e.body),
+                });
+                limit.retry_after = limit.retry_after.max(asked);
+                s.limited.push(i);
+            }
             Verdict::Failed => s.record.push(Event::Failed {
                 line: m.line,
                 status: Some(e.status),

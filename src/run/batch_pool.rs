@@ -21,7 +21,7 @@ use super::events::Event;
 use super::gate::{Halt, Pass};
 use super::keys::At;
 use super::pool::{Next, Pool, Queue, Queued};
-use super::react::{react, Action, Call, Outcome, Tries};
+use super::react::{rate_limited, react, Action, Call, Outcome, Tries};
 use super::watch::{Systemic, Verdict};
 use crate::classify::CallError;
 use crate::input::Item;
@@ -448,9 +448,22 @@ impl Pool {
         } else if probing {
             self.gate.release_probe();
         }
+        // A rate limit says nothing of its items: no attempt is spent.
+        for &i in &settled.limited {
+            if let Some(e) = slots[i].as_mut() {
+                e.tries.n = e.tries.n.saturating_sub(1);
+            }
+        }
+        back.extend(settled.limited.iter().filter_map(|&i| slots[i].take()));
         back.extend(settled.again.iter().filter_map(|&i| slots[i].take()));
         if back.is_empty() {
             return Sent::Over;
+        }
+        if let Some(limit) = settled.limit {
+            let n = settled.limited.len();
+            if matches!(self.items_limited(limit, n, req).await, Next::Finished) {
+                return Sent::Stop;
+            }
         }
         if !settled.again.is_empty() {
             let attempts = back.iter().map(|e| e.tries.n).max().unwrap_or(1);
@@ -464,6 +477,43 @@ impl Pool {
             }
         }
         Sent::Back(back)
+    }
+
+    /// `n` items of a batch came back with a rate-limit 429 of their own:
+    /// as for a call's 429, every worker pauses (as long as an element
+    /// asked, else the default pause), each counts as rate limited, and
+    /// past `--max-wait` of nothing but 429s the run halts resumably.
+    async fn items_limited(&self, limit: batch::Limit, n: usize, req: &Request) -> Next {
+        let since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
+        let limited_for = since.map(|s| tokio::time::Instant::now() - s);
+        let message = Some(limit.message);
+        let action = match rate_limited(limit.retry_after, message, limited_for, &self.cfg.policy) {
+            // The call's own status was a success, so its permit was
+            // completed as accepted: the pacer's limit let it through. A
+            // limit learnt from it would be learnt from a call counted
+            // accepted, and lowered for a refusal that may be a limit of
+            // the backend behind the batch, not of the calls: every worker
+            // waits all the same, but nothing is learnt (a hold).
+            Action::Pause { pause, message } => Action::Hold { pause, message },
+            other => other,
+        };
+        let pause = match &action {
+            Action::Hold { pause, .. } => Some(*pause),
+            _ => None,
+        };
+        let next = self.follow(action, req).await;
+        // The pause counted the first item; the others count too, each a
+        // 429 (said once: the same pause).
+        if let (Some(pause), Next::Again) = (pause, &next) {
+            for _ in 1..n {
+                self.emit(Event::RateLimited {
+                    pause,
+                    concurrency: false,
+                    message: None,
+                });
+            }
+        }
+        next
     }
 
     /// Records `event` (a failure of the whole call) for every item of the

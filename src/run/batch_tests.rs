@@ -89,7 +89,7 @@ fn elements_pair_by_position_only_when_the_count_is_right() {
     };
     assert_eq!(pair(&pointed, 200, &bare, 1).unwrap()[0].status, 409);
     assert_eq!(
-        settled(&spec(), 200, &body),
+        tally(&spec(), 200, &body).settled,
         2,
         "the 200 and the one without a status"
     );
@@ -145,7 +145,53 @@ fn each_item_is_settled_by_its_own_status() {
         got_through: true,
     };
     assert_eq!(verdict(429, false, out), Verdict::Unpaid);
-    assert_eq!(verdict(429, false, THROUGH), Verdict::Again);
+    assert_eq!(verdict(429, false, THROUGH), Verdict::Limited);
+}
+
+#[test]
+fn an_items_429_is_a_rate_limit_that_never_fails_it() {
+    let limited = |body: serde_json::Value| Element {
+        status: 429,
+        body: body.to_string(),
+        exhausted: false,
+    };
+    let elements = vec![
+        limited(json!({"status": 429, "error": "slow down"})),
+        el(200),
+        limited(json!({"status": 429, "retry_after": "2"})),
+        // What it says beside its 429 makes it no concurrency ceiling.
+        limited(json!({"status": 429, "error": "too many concurrent requests", "Retry-After": 1})),
+    ];
+    // Out of attempts (1 of 1): a rate limit never fails its item.
+    let s = settle(&members(&[3, 4, 6, 9]), elements, THROUGH, 1);
+    assert_eq!(s.limited, [0, 2, 3]);
+    assert!(s.again.is_empty() && s.unpaid.is_empty(), "{s:?}");
+    assert!(
+        matches!(s.record[..], [Event::Done { line: 4, .. }]),
+        "{s:?}"
+    );
+    // Every worker pauses as long as the longest element asked; the
+    // first one's words are what the pause line quotes.
+    let limit = s.limit.expect("a pause");
+    assert_eq!(limit.retry_after, Some(Duration::from_secs(2)));
+    assert_eq!(limit.message, "slow down");
+    // Nothing asked: the run's default pause.
+    let s = settle(&members(&[1]), vec![el(429)], THROUGH, 5);
+    assert_eq!(s.limit.map(|l| l.retry_after), Some(None));
+}
+
+#[test]
+fn an_answer_of_nothing_but_429s_is_a_rate_limit_for_max_wait() {
+    let body = |v: serde_json::Value| json!({ "results": v }).to_string();
+    let all = body(json!([{"status": 429}, {"status": 429, "error": "slow down"}]));
+    assert!(tally(&spec(), 200, &all).all_limited);
+    let one_done = body(json!([{"status": 429}, {"status": 200}]));
+    let t = tally(&spec(), 200, &one_done);
+    assert_eq!((t.settled, t.all_limited), (1, false));
+    // The credits', not the rate's.
+    let out = body(json!([{"status": 429, "code": "credits_exhausted"}]));
+    assert!(!tally(&spec(), 200, &out).all_limited);
+    assert!(!tally(&spec(), 200, &body(json!([]))).all_limited);
 }
 
 /// An element with its own status and an error.

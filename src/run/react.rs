@@ -148,8 +148,10 @@ pub(super) enum Action {
         pause: Duration,
         message: Option<String>,
     },
-    /// A used-up quota waited for (`--wait-for-quota`): as a pause, but
-    /// nothing about the rate is learnt from it.
+    /// A used-up quota waited for (`--wait-for-quota`), or items of a
+    /// batch call the pacer's limit let through refused by a rate limit
+    /// of their own: as a pause, but nothing about the rate is learnt
+    /// from it.
     Hold {
         pause: Duration,
         message: Option<String>,
@@ -374,8 +376,9 @@ pub(super) fn done(item: &Item, status: u16, body: String, attempts: u32) -> Eve
 
 /// A rate-limit 429: every worker pauses; the item goes again after. A
 /// server that answers nothing but rate limits would keep the run waiting
-/// forever: past `max_wait` of it, halt resumably.
-fn rate_limited(
+/// forever: past `max_wait` of it, halt resumably. Also what the 429s of
+/// a batch's items lead to (`run/batch_pool.rs`).
+pub(super) fn rate_limited(
     retry_after: Option<Duration>,
     message: Option<String>,
     limited_for: Option<Duration>,

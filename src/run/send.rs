@@ -159,14 +159,17 @@ impl Pool {
     }
 
     /// What an answer says of the run as a whole: whether every answer is
-    /// still a rate limit, whether the key works (`got_through`), and how
-    /// many 401s came in a row.
-    fn standing(&self, c: &Result<(), CallError>, got_through: bool) {
+    /// still a rate limit (`limited`: a batch's whose every item's is),
+    /// whether the key works (`got_through`), and how many 401s came in a
+    /// row.
+    fn standing(&self, c: &Result<(), CallError>, limited: bool, got_through: bool) {
         use std::sync::atomic::Ordering::Relaxed;
-        if !matches!(
-            c,
-            Err(CallError::RateLimited { .. } | CallError::Concurrency { .. })
-        ) {
+        if !limited
+            && !matches!(
+                c,
+                Err(CallError::RateLimited { .. } | CallError::Concurrency { .. })
+            )
+        {
             *self.limited_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         if got_through {
@@ -223,15 +226,19 @@ impl Pool {
         // Read before this answer moves the balance: a bare 402 does not.
         let c = classify::against_balance(c, &headers, self.ledger.spent());
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
+        let tally = match (batch, c.is_ok()) {
+            (Some(b), true) => super::batch::tally(b, status, &body),
+            _ => super::batch::Tally::default(),
+        };
         // A batch is charged per item: the items it settled count.
-        let done = match (batch, c.is_ok()) {
-            (Some(b), true) => super::batch::settled(b, status, &body),
-            (None, ok) => u64::from(ok),
-            (Some(_), false) => 0,
+        let done = match batch {
+            Some(_) => tally.settled,
+            None => u64::from(c.is_ok()),
         };
         // A batch got through when an item of it was done: a 200 whose
         // every element is a refusal says nothing of the key's standing.
-        self.standing(&c, c.is_ok() && (batch.is_none() || done > 0));
+        let got_through = c.is_ok() && (batch.is_none() || done > 0);
+        self.standing(&c, tally.all_limited, got_through);
         let snapshot = credits::snapshot_from_headers(&headers);
         let seen = self.ledger.observe_items(snapshot, done, charged);
         if let Some(s) = seen.newer {

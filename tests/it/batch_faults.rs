@@ -201,3 +201,135 @@ async fn a_rerun_at_the_reserve_learns_the_balance_with_one_item_not_a_batch() {
     assert_eq!(left(&stats), first - 2, "{stats}");
     assert_side_effects(&stats, 47 - first + 2);
 }
+
+/// When a batch API answered, and whether that answer held an item's 429.
+type Answers = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, bool)>>>;
+
+/// A batch API whose items with `n` a multiple of 3 come back with their
+/// own `{"status": 429, "error": "slow down"}` (and `retry_after` when
+/// given) for their first `refusals` sends, the call itself a 200; the
+/// others are echoed.
+async fn item_429s(refusals: usize, retry_after: Option<&'static str>) -> (String, Answers) {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let sent: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let answers: Answers = Arc::default();
+    let log = answers.clone();
+    let app = axum::Router::new().route(
+        "/batch",
+        axum::routing::post(
+            move |axum::Json(items): axum::Json<Vec<serde_json::Value>>| {
+                let (sent, log) = (sent.clone(), log.clone());
+                async move {
+                    let mut sent = sent.lock().unwrap();
+                    let results: Vec<serde_json::Value> = items
+                        .into_iter()
+                        .map(|data| {
+                            let n = data["n"].as_u64().unwrap();
+                            let times = sent.entry(n).or_default();
+                            *times += 1;
+                            match n % 3 == 0 && *times <= refusals {
+                                true => {
+                                    let mut e =
+                                        serde_json::json!({"status": 429, "error": "slow down"});
+                                    if let Some(r) = retry_after {
+                                        e["retry_after"] = r.into();
+                                    }
+                                    e
+                                }
+                                false => serde_json::json!({"status": 200, "data": data}),
+                            }
+                        })
+                        .collect();
+                    let limited = results.iter().any(|e| e["status"] == 429);
+                    log.lock()
+                        .unwrap()
+                        .push((std::time::Instant::now(), limited));
+                    axum::Json(serde_json::json!({ "results": results }))
+                }
+            },
+        ),
+    );
+    (format!("http://{}/batch", serve(app).await), answers)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_items_429_in_a_batch_pauses_every_worker_and_never_fails_it() {
+    let s = Scenario::new("batch-item-429").numbers(20);
+    let (url, answers) = item_429s(2, Some("1")).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "-c",
+        "1",
+        // Each of lines 3, 6, ..., 18 is refused twice: were a rate
+        // limit an attempt, they would fail.
+        "--max-attempts",
+        "2",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 20, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    // Each item's 429 counts: 6 items, twice each.
+    assert_eq!(r.summary["rate_limited"], 12, "{}", r.summary);
+    assert!(jsonl(&s.failures_path()).is_empty());
+    assert_each_item_once(&s.out_path(), 20);
+    for row in jsonl(&s.out_path()) {
+        assert_eq!(row["body"]["data"], row["input"], "{row}");
+    }
+    assert!(
+        r.stderr
+            .contains("rate limited (429): pausing every worker")
+            && r.stderr.contains("slow down"),
+        "{}",
+        r.stderr
+    );
+    // The element's retry_after (1 s) held the next call back.
+    let answers = answers.lock().unwrap().clone();
+    assert_eq!(answers.len(), 6, "three calls per block of 10");
+    for pair in answers.windows(2) {
+        let ((at, limited), (next, _)) = (pair[0], pair[1]);
+        if limited {
+            let gap = next - at;
+            assert!(gap >= std::time::Duration::from_millis(950), "{gap:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn items_429s_for_max_wait_halt_resumably_with_every_item_pending() {
+    // Lines of multiples of 3 only: every element of the batch, forever.
+    let input: String = (1..=3).map(|i| format!("{{\"n\": {}}}\n", i * 3)).collect();
+    let s = Scenario::new("batch-item-429-forever").input("items.jsonl", &input);
+    let (url, _) = item_429s(usize::MAX, None).await;
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+        "--max-wait",
+        "2s",
+    ]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("nothing but rate limits (429)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert_eq!(r.summary["done"], 0, "{}", r.summary);
+    assert!(
+        r.summary["rate_limited"].as_u64().unwrap() > 0,
+        "{}",
+        r.summary
+    );
+    assert!(jsonl(&s.failures_path()).is_empty());
+}
