@@ -579,8 +579,7 @@ fn describe_job(
         meta.meter.fired.join(", ")
     };
     let _ = writeln!(out, "  alerts fired this cycle: {fired}");
-    // As `--json` has them: a killed run's calls until the next run
-    // closes it (and adds them to the job's) are in its record.
+    // As `--json`: a killed run's calls are in its record until closed.
     let _ = writeln!(
         out,
         "  totals:   {} requests, {} rate-limited, {} retries",

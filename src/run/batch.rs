@@ -256,6 +256,16 @@ pub(super) struct Tally {
     pub(super) all_limited: bool,
 }
 
+impl Tally {
+    /// A call of one item: settled if it went through.
+    pub(super) fn one(ok: bool) -> Tally {
+        Tally {
+            settled: u64::from(ok),
+            all_limited: false,
+        }
+    }
+}
+
 /// What a batch's answer holds (see [`Tally`]).
 pub(super) fn tally(spec: &BatchSpec, call_status: u16, body: &str) -> Tally {
     let Ok(v) = serde_json::from_str::<Value>(body) else {

@@ -226,15 +226,13 @@ impl Pool {
         // Read before this answer moves the balance: a bare 402 does not.
         let c = classify::against_balance(c, &headers, self.ledger.spent());
         let charged = !matches!(c, Err(CallError::CreditsExhausted { .. }));
+        // A batch is charged per item: the items it settled count.
         let tally = match (batch, c.is_ok()) {
             (Some(b), true) => super::batch::tally(b, status, &body),
-            _ => super::batch::Tally::default(),
+            (Some(_), false) => super::batch::Tally::default(),
+            (None, ok) => super::batch::Tally::one(ok),
         };
-        // A batch is charged per item: the items it settled count.
-        let done = match batch {
-            Some(_) => tally.settled,
-            None => u64::from(c.is_ok()),
-        };
+        let done = tally.settled;
         // A batch got through when an item of it was done: a 200 whose
         // every element is a refusal says nothing of the key's standing.
         let got_through = c.is_ok() && (batch.is_none() || done > 0);
