@@ -238,7 +238,7 @@ impl JobStatus {
             requests: p.requests_before + p.requests,
             rate_limited: p.rate_limited_before + p.rate_limited,
             credits_remaining: p.credits_remaining,
-            renewal: None,
+            renewal: p.renewal,
             alerts_fired: Vec::new(),
             last_state: None,
             halt_reason: None,
@@ -622,6 +622,7 @@ mod tests {
             requests_before: 0,
             rate_limited_before: 0,
             waiting_for_credits: false,
+            renewal: None,
         };
         let st = serde_json::to_value(JobStatus::running(&p, None)).unwrap();
         assert_eq!(st["rate_per_min"], 400.0, "{st}");

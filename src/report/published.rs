@@ -48,6 +48,9 @@ pub struct Progress {
     /// nothing of when it ends.
     #[serde(default)]
     pub waiting_for_credits: bool,
+    /// When the credits renew (unix seconds), as last seen.
+    #[serde(default)]
+    pub renewal: Option<u64>,
 }
 
 /// Where job `job` of a run in `state_dir` publishes its progress.

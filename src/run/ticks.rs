@@ -146,6 +146,7 @@ impl Ticks {
             requests_before: p.before.0,
             rate_limited_before: p.before.1,
             waiting_for_credits: self.gauges.gate.waiting_probe_in(Instant::now()).is_some(),
+            renewal: self.gauges.ledger.last().and_then(|s| s.renewal),
         };
         // Best effort: a full disk must not stop the run over a status file.
         let _ = progress.publish(&p.state_dir);

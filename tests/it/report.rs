@@ -265,6 +265,9 @@ async fn status_shows_the_runs_in_one_shape_running_or_not_and_prune_forgets_old
     assert!(live["rate_per_min"].as_f64().unwrap() > 0.0, "{live}");
     assert!(live["eta_s"].as_f64().is_some(), "{live}");
     let after = s.status_json().unwrap()[0].clone();
+    // The sim says when its credits renew: a running job says it too.
+    assert!(after["renewal"].as_u64().is_some(), "{after}");
+    assert_eq!(live["renewal"], after["renewal"], "{live} / {after}");
     assert_eq!(keys(&live), keys(&after), "one shape: {live} / {after}");
     assert_eq!(
         keys(&live["last_run"]),
