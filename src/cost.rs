@@ -160,6 +160,17 @@ pub fn used(body: &str, pointer: &str) -> Option<u64> {
 /// tokens (OpenAI's completions, chat and responses; Anthropic's messages).
 const PROMPT_FIELDS: [&str; 4] = ["prompt", "input", "system", "messages"];
 
+/// The most tokens any call is estimated at (about a trillion): a count
+/// the fleet's script keeps exactly (Lua writes 1e14 and more as
+/// `1e+14`), and a weight that pushes no bucket centuries ahead.
+pub const MAX_ESTIMATE: u64 = 1 << 40;
+
+/// Fields whose strings are no text of the prompt: an image's or a file's
+/// data (base64, a `data:` URL) or its address, which a model does not
+/// read as text and which would weigh a million tokens at four characters
+/// each.
+const NOT_TEXT: [&str; 5] = ["data", "image_url", "file_data", "input_audio", "url"];
+
 /// The fields that cap an answer's tokens, by API.
 const ANSWER_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
@@ -178,9 +189,14 @@ pub fn requested(item: &Value) -> u64 {
     let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| item.get(f)).collect();
     while let Some(v) = stack.pop() {
         match v {
+            Value::String(s) if s.starts_with("data:") => {}
             Value::String(s) => chars = chars.saturating_add(s.chars().count() as u64),
             Value::Array(a) => stack.extend(a),
-            Value::Object(o) => stack.extend(o.values()),
+            Value::Object(o) => stack.extend(
+                (o.iter())
+                    .filter(|(k, _)| !NOT_TEXT.contains(&k.as_str()))
+                    .map(|(_, v)| v),
+            ),
             _ => {}
         }
     }
@@ -220,6 +236,10 @@ pub struct Costing {
     /// that policy refuses a heavier call every time, so it is failed
     /// unsent rather than sent again after each 429.
     pub most: Option<(u64, String)>,
+    /// The least quota of any told policy of tokens: an estimate without
+    /// `--cost`, a guess, is held to it rather than failed (a bucket given
+    /// no burst would otherwise be pushed a guess's weight ahead).
+    pub guess_cap: Option<u64>,
 }
 
 impl Costing {
@@ -229,8 +249,8 @@ impl Costing {
     /// alone and the server decides.
     pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
         let Some(e) = &self.expr else {
-            let tokens = requested(&item.value);
-            return Ok(self.most.as_ref().map_or(tokens, |m| tokens.min(m.0)));
+            let tokens = requested(&item.value).min(MAX_ESTIMATE);
+            return Ok(self.guess_cap.map_or(tokens, |cap| tokens.min(cap)));
         };
         let at = |why: String| {
             format!(
@@ -238,7 +258,7 @@ impl Costing {
                 e.source, self.file, item.line
             )
         };
-        let tokens = e.eval(&item.value).map_err(at)?;
+        let tokens = e.eval(&item.value).map_err(at)?.min(MAX_ESTIMATE);
         match &self.most {
             Some((most, limit)) if tokens > *most => {
                 Err(self.too_heavy(item, tokens, *most, &format!("--limit {limit}")))
@@ -266,9 +286,20 @@ impl Costing {
         )
     }
 
-    /// What the response body says the call used, if it says.
+    /// What the response body says the call used, if it says: at the
+    /// default `--usage`, Anthropic's input and output tokens where
+    /// OpenAI's total is not there.
     pub fn used(&self, body: &str) -> Option<u64> {
-        used(body, &self.usage)
+        if self.usage != DEFAULT_USAGE {
+            return used(body, &self.usage);
+        }
+        let v: Value = serde_json::from_str(body).ok()?;
+        let at = |p: &str| v.pointer(p).and_then(Value::as_u64);
+        at(DEFAULT_USAGE).or_else(|| {
+            let (i, o) = (at("/usage/input_tokens"), at("/usage/output_tokens"));
+            i.or(o)?;
+            Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0)))
+        })
     }
 }
 
@@ -532,6 +563,64 @@ mod tests {
         }
         let huge = json!({"max_tokens": 1e308, "n": 1e308});
         assert_eq!(requested(&huge), u64::MAX, "saturates, never panics");
+    }
+
+    /// An image's data and address are no text: 100,000 characters of
+    /// base64 weighed 25,000 tokens. A guess is held to the least told
+    /// quota of tokens, and no estimate goes past MAX_ESTIMATE.
+    #[test]
+    fn an_image_weighs_nothing_and_a_guess_is_held_to_the_told_quota() {
+        let data = "A".repeat(100_000);
+        let image = json!({"max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "abcd"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{data}")}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        ]}]});
+        // "user", "text", "abcd", "image_url", "image", "base64",
+        // "image/png": 41 characters, 11 tokens.
+        assert_eq!(requested(&image), 21);
+        let item = |value: Value| crate::input::Item {
+            line: 7,
+            value,
+            field_order: Default::default(),
+        };
+        let mut c = Costing {
+            expr: None,
+            usage: DEFAULT_USAGE.into(),
+            file: "in.jsonl".into(),
+            most: None,
+            guess_cap: Some(500),
+        };
+        let huge = item(json!({"max_tokens": 1e15}));
+        assert_eq!(c.estimate(&huge), Ok(500));
+        c.guess_cap = None;
+        assert_eq!(c.estimate(&huge), Ok(MAX_ESTIMATE));
+        c.expr = Some("max_tokens".parse().unwrap());
+        assert_eq!(c.estimate(&huge), Ok(MAX_ESTIMATE));
+    }
+
+    /// At the default `--usage`, Anthropic's usage (input and output
+    /// tokens, no total) counts as their sum; another `--usage` is read
+    /// as given.
+    #[test]
+    fn anthropics_usage_is_read_at_the_default_pointer() {
+        let mut c = Costing {
+            expr: None,
+            usage: DEFAULT_USAGE.into(),
+            file: "in.jsonl".into(),
+            most: None,
+            guess_cap: None,
+        };
+        let anthropic = r#"{"usage": {"input_tokens": 12, "output_tokens": 30}}"#;
+        assert_eq!(c.used(anthropic), Some(42));
+        assert_eq!(c.used(r#"{"usage": {"output_tokens": 30}}"#), Some(30));
+        assert_eq!(
+            c.used(r#"{"usage": {"total_tokens": 5, "input_tokens": 9}}"#),
+            Some(5)
+        );
+        assert_eq!(c.used(r#"{"usage": {}}"#), None);
+        c.usage = "/usage/total_tokens/x".into();
+        assert_eq!(c.used(anthropic), None);
     }
 
     #[test]

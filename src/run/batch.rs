@@ -388,6 +388,12 @@ pub(super) struct Settlement {
     /// Positions of the items refused by a rate limit of their own, to
     /// send again after a pause.
     pub(super) limited: Vec<usize>,
+    /// Those refusals are the items' own: other items of the same call
+    /// were accepted. Each spends an attempt, as a retry does: an item
+    /// refused every time (OpenAI's "request too large") would otherwise
+    /// ride in every batch after it, each pausing every worker, and never
+    /// let `--max-wait` end the run.
+    pub(super) own: bool,
     /// What those items' elements asked: the pause every worker takes.
     pub(super) limit: Option<Limit>,
 }
@@ -419,17 +425,22 @@ fn element_retry_after(element: &str) -> Option<Duration> {
 /// Each member's outcome from its own element: `elements[i]` is
 /// `members[i]`'s (as [`pair`] guarantees).
 /// An item worth another call that has had `max_attempts` fails with its
-/// own status; one refused by a rate limit never does.
+/// own status; one refused by a rate limit only when the refusal is its
+/// own (see [`Settlement::own`]).
 pub(super) fn settle(
     members: &[Member],
     elements: Vec<Element>,
     credits: Credits,
     max_attempts: u32,
 ) -> Settlement {
-    let mut s = Settlement::default();
+    let mut s = Settlement {
+        own: elements.iter().any(|e| (200..300).contains(&e.status)),
+        ..Settlement::default()
+    };
     for (i, (m, e)) in members.iter().zip(elements).enumerate() {
         let v = match verdict(e.status, e.exhausted, credits) {
             Verdict::Again if m.attempts >= max_attempts => Verdict::Failed,
+            Verdict::Limited if s.own && m.attempts >= max_attempts => Verdict::Failed,
             v => v,
         };
         match v {

@@ -199,18 +199,19 @@ impl Pool {
                 }),
             }
         }
-        let most = self
-            .cfg
-            .cost
-            .as_ref()
-            .and_then(|c| c.most.as_ref())
-            .map(|m| m.0);
+        let cost = self.cfg.cost.as_ref();
+        let most = cost.and_then(|c| c.most.as_ref()).map(|m| m.0);
+        // Batches are cut by `--cost` only: a guess (no `--cost`) must not
+        // form them otherwise than the run killed before it did (under
+        // other Idempotency-Keys), nor split them by a guess.
+        let guessed = cost.is_some_and(|c| c.expr.is_none());
         while !entries.is_empty() {
             // With a reserve, one item learns the balance before a batch
             // spends it (see Ledger::first_alone); one sent alone before
             // goes alone again.
             let size = batching.next_size(&entries, self.ledger.first_alone());
-            let chunk = batch::cut(&mut entries, |e| e.item.line, |e| e.tokens, size, most);
+            let weigh = |e: &Entry| if guessed { 0 } else { e.tokens };
+            let chunk = batch::cut(&mut entries, |e| e.item.line, weigh, size, most);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
                 Sent::Back(mut back) => {
@@ -242,6 +243,16 @@ impl Pool {
                 BatchWeight::Items => chunk.len() as u64,
             },
             tokens: chunk.iter().map(|e| e.tokens).fold(0, u64::saturating_add),
+        };
+        // A batch of guesses is held to what one may weigh, as its items are.
+        let weight = match self.cfg.cost.as_ref() {
+            Some(c) if c.expr.is_none() => Weight {
+                tokens: weight
+                    .tokens
+                    .min(c.guess_cap.unwrap_or(crate::cost::MAX_ESTIMATE)),
+                ..weight
+            },
+            _ => weight,
         };
         loop {
             let probing = match self.gate.pass().await {
@@ -448,8 +459,9 @@ impl Pool {
         } else if probing {
             self.gate.release_probe();
         }
-        // A rate limit says nothing of its items: no attempt is spent.
-        for &i in &settled.limited {
+        // A rate limit says nothing of its items: no attempt is spent,
+        // unless the refusals are the items' own (others were accepted).
+        for &i in settled.limited.iter().filter(|_| !settled.own) {
             if let Some(e) = slots[i].as_mut() {
                 e.tries.n = e.tries.n.saturating_sub(1);
             }

@@ -162,8 +162,13 @@ fn an_items_429_is_a_rate_limit_that_never_fails_it() {
         // What it says beside its 429 makes it no concurrency ceiling.
         limited(json!({"status": 429, "error": "too many concurrent requests", "Retry-After": 1})),
     ];
-    // Out of attempts (1 of 1): a rate limit never fails its item.
-    let s = settle(&members(&[3, 4, 6, 9]), elements, THROUGH, 1);
+    // Others of the call accepted: the refusals are the items' own, each
+    // an attempt, and at the last one they fail.
+    let own = settle(&members(&[3, 4, 6, 9]), elements.clone(), THROUGH, 1);
+    assert!(own.own && own.limited.is_empty(), "{own:?}");
+    assert_eq!(own.record.len(), 4, "{own:?}");
+    let s = settle(&members(&[3, 4, 6, 9]), elements, THROUGH, 2);
+    assert!(s.own, "{s:?}");
     assert_eq!(s.limited, [0, 2, 3]);
     assert!(s.again.is_empty() && s.unpaid.is_empty(), "{s:?}");
     assert!(
@@ -175,8 +180,13 @@ fn an_items_429_is_a_rate_limit_that_never_fails_it() {
     let limit = s.limit.expect("a pause");
     assert_eq!(limit.retry_after, Some(Duration::from_secs(2)));
     assert_eq!(limit.message, "slow down");
-    // Nothing asked: the run's default pause.
-    let s = settle(&members(&[1]), vec![el(429)], THROUGH, 5);
+    // Nothing asked: the run's default pause. Every element a 429: a
+    // rate limit, which never fails an item, out of attempts or not.
+    let s = settle(&members(&[1, 2]), vec![el(429), el(429)], THROUGH, 1);
+    assert!(
+        !s.own && s.record.is_empty() && s.limited == [0, 1],
+        "{s:?}"
+    );
     assert_eq!(s.limit.map(|l| l.retry_after), Some(None));
 }
 

@@ -121,3 +121,15 @@ pub(super) fn most_at_once(policies: &[PolicySpec]) -> Option<(u64, String)> {
         })
         .min_by_key(|&(most, _)| most)
 }
+
+/// The least quota of any policy of tokens among `policies` (a bucket's
+/// burst and one where told, else its count per window): what a call's
+/// estimate without `--cost`, a guess, is held to.
+pub(super) fn least_quota(policies: &[PolicySpec]) -> Option<u64> {
+    let told = most_at_once(policies).map(|(m, _)| m);
+    let unbursted = (policies.iter())
+        .filter(|p| p.unit == Unit::Tokens)
+        .filter_map(|p| p.rate().map(|r| r.count))
+        .min();
+    told.into_iter().chain(unbursted).min()
+}

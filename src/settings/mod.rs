@@ -463,6 +463,7 @@ fn costing(args: &RunArgs, policies: &[PolicySpec]) -> crate::cost::Costing {
         usage: args.usage.clone(),
         file: input_name(&args.input),
         most: limits::most_at_once(policies),
+        guess_cap: limits::least_quota(policies),
     }
 }
 

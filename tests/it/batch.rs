@@ -443,3 +443,31 @@ async fn batches_weigh_their_items_tokens_and_never_exceed_a_token_budget() {
     assert!(r.summary["requests"].as_u64().unwrap() > 5, "{}", r.summary);
     assert_each_item_once(&s.out_path(), 40);
 }
+
+/// Without `--cost` a call's tokens are a guess (its `max_tokens` and its
+/// prompt): batches are formed as they always were without it, blocks of
+/// `--batch` items, so that a job killed by an earlier build forms the
+/// same batches under the same Idempotency-Keys on its resume. Cut by
+/// the guess, these went in 10 calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guess_of_tokens_forms_no_batch_otherwise() {
+    let items: String = (1..=40)
+        .map(|i| {
+            let prompt = "word ".repeat((i % 7) * 4 + 1);
+            let max_tokens = 10 + (i % 5) * 8;
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect();
+    let s = Scenario::new("batch-tokens-guessed")
+        .with_sim(&["--limit", "100/1s", "--limit", "3000/1s,tokens"])
+        .input("items.jsonl", &items);
+    let url = batch_url(&s);
+    let args = ["--limit", "100/1s", "--limit", "300/1s,tokens"];
+    let mut args = args.to_vec();
+    args.extend(["--url", &url, "--json-body", "--batch", "8"]);
+    let r = s.run(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 40, "{}", r.summary);
+    assert_eq!(r.summary["requests"], 5, "{}", r.summary);
+    assert_each_item_once(&s.out_path(), 40);
+}
