@@ -68,6 +68,9 @@ use ticks::{Gauges, Publish, Ticks};
 
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+/// How long the pacer may take to hand back what it owes once a signal
+/// stopped the run.
+const STOP_FLUSH_WITHIN: Duration = Duration::from_secs(1);
 
 /// Runs a job to its end: done, halted, interrupted or failed. Each call
 /// of `signals` waits for the next Ctrl-C or SIGTERM: the first stops the
@@ -611,8 +614,16 @@ impl Running {
             pool.release_held();
         }
         pool.gate.close();
-        pool.pacer.flush().await;
         let halt = pool.gate.halt();
+        // A signal asked the run to stop: what the pacer hands back (the
+        // slots of the calls that ended) waits a moment, not its whole
+        // bound, should its store not answer.
+        match halt {
+            Some(Halt::Interrupted(_)) => {
+                let _ = tokio::time::timeout(STOP_FLUSH_WITHIN, pool.pacer.flush()).await;
+            }
+            _ => pool.pacer.flush().await,
+        }
         // The pool holds the recording loop's last sender: it ends now.
         drop(pool);
         // Closing the queue lets a feeder blocked on a full queue finish.

@@ -1,0 +1,63 @@
+//! How a fleet run ends when its Redis fails it: a signal while Redis is
+//! away, `--redis-timeout` kept, a run refused at start leaving nothing in
+//! the fleet, a full Redis at start.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::common::*;
+
+use super::support::{fleet_name, Proxy, Redis};
+use super::*;
+
+/// Starts `cmd`, cuts Redis off once the sim accepted a few calls, and
+/// returns the child and when Redis was cut.
+async fn run_then_cut(s: &Scenario, proxy: &mut Proxy, mut cmd: Command) -> (Child, Instant) {
+    let before = s.sim().stats().await["accepted"].as_u64().unwrap();
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn batchrun");
+    let accepted = |st: &serde_json::Value| st["accepted"].as_u64().unwrap();
+    wait_for_stats(s.sim(), 20, |st| accepted(st) >= before + 40).await;
+    proxy.cut().await;
+    (child, Instant::now())
+}
+
+/// Ctrl-C or SIGTERM while Redis is away stops the run at once, as it
+/// would with Redis up: the pacer's wait for Redis (`--redis-timeout`, a
+/// minute here) is given up, and the items not sent stay pending.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_while_redis_is_away_stops_the_run_at_once() {
+    let redis = Redis::start();
+    let mut proxy = Proxy::start(&redis.url).await;
+    let s = Scenario::new("fleet-sig")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(400);
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let name = fleet_name("sig");
+        let url = proxy.url();
+        let cmd = s.cmd(&fleet_args(&url, &name, &["--redis-timeout", "60s"]));
+        let (child, _) = run_then_cut(&s, &mut proxy, cmd).await;
+        // Long enough for the run to find Redis gone (it asks at least
+        // once a second), though it stops as promptly if it has not.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let t0 = Instant::now();
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(child.id() as i32, signal);
+        }
+        let r = finished(child.wait_with_output().unwrap());
+        assert_eq!(r.code, code, "{}", r.stderr);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the stop took {:?} (--redis-timeout is 60s): {}",
+            t0.elapsed(),
+            r.stderr
+        );
+        assert_eq!(r.summary["state"], "interrupted", "{}", r.summary);
+        assert!(r.summary["pending"].as_u64().unwrap() > 0, "{}", r.summary);
+        proxy.resume().await;
+    }
+}
