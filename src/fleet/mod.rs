@@ -32,6 +32,10 @@ pub use shard::Shard;
 
 /// How long one attempt at one Redis operation may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the one attempt of an operation without retries may take (a
+/// halting run's last calls, a flush): a Redis that answers at all answers
+/// within it.
+const LAST_TRY: Duration = Duration::from_millis(500);
 /// The first and the longest pause between attempts while Redis is away.
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -261,6 +265,12 @@ impl Fleet {
         self.timeout
     }
 
+    /// Whether an operation gave up on Redis (out of reach for
+    /// `--redis-timeout`) and none has reached it since.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A handle on the connection (cheap: it is shared).
     pub fn conn(&self) -> ConnectionManager {
         self.conn.clone()
@@ -281,14 +291,22 @@ impl Fleet {
     {
         use std::sync::atomic::Ordering::Relaxed;
         let started = Instant::now();
-        let within = match self.lost.load(Relaxed) {
-            true => Duration::ZERO,
-            false => within,
-        };
         let mut pause = BACKOFF_FIRST;
         let mut warned = false;
         loop {
-            let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, op(self.conn.clone()))
+            // Another operation giving up on Redis ends this one's retries
+            // too: the run is halting.
+            let within = match self.lost.load(Relaxed) {
+                true => Duration::ZERO,
+                false => within,
+            };
+            // No attempt outlasts the time left: the halt comes after
+            // --redis-timeout, not an attempt's timeout past it.
+            let bound = match within.is_zero() {
+                true => LAST_TRY,
+                false => ATTEMPT_TIMEOUT.min(within.saturating_sub(started.elapsed())),
+            };
+            let attempt = tokio::time::timeout(bound, op(self.conn.clone()))
                 .await
                 .unwrap_or_else(|_| {
                     Err(RedisError::from((

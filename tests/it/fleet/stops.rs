@@ -61,3 +61,30 @@ async fn a_signal_while_redis_is_away_stops_the_run_at_once() {
         proxy.resume().await;
     }
 }
+
+/// A run that loses Redis halts about `--redis-timeout` after it finds it
+/// gone, not seconds past it.
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_redis_halts_within_the_redis_timeout() {
+    let redis = Redis::start();
+    let mut proxy = Proxy::start(&redis.url).await;
+    let s = Scenario::new("fleet-timeout")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(400);
+    let name = fleet_name("timeout");
+    let url = proxy.url();
+    let cmd = s.cmd(&fleet_args(&url, &name, &["--redis-timeout", "5s"]));
+    let (child, cut) = run_then_cut(&s, &mut proxy, cmd).await;
+    let r = finished(child.wait_with_output().unwrap());
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    // 5s, the second the run may take to find Redis gone, and slack; it
+    // took 10s.
+    assert!(
+        cut.elapsed() < Duration::from_secs(8),
+        "halted {:?} after Redis went, --redis-timeout 5s: {}",
+        cut.elapsed(),
+        r.stderr
+    );
+    let why = r.summary["halt_reason"].as_str().unwrap();
+    assert!(why.contains("lost Redis"), "{why}");
+}
