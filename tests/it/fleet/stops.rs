@@ -88,3 +88,44 @@ async fn losing_redis_halts_within_the_redis_timeout() {
     let why = r.summary["halt_reason"].as_str().unwrap();
     assert!(why.contains("lost Redis"), "{why}");
 }
+
+/// A fleet run refused before any call (a URL its items cannot fill) does
+/// not stand in the fleet: the next run, told another limit, hears of no
+/// other process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_refused_at_start_leaves_nothing_in_the_fleet() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-refused")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(5);
+    let name = fleet_name("refused");
+    let bad = format!("{}/v1/echo?x={{missing}}", s.sim().url);
+    let r = finish(s.cmd(&[
+        "--url",
+        &bad,
+        "--limit",
+        "40/1s",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &name,
+    ]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("missing"), "{}", r.stderr);
+    assert!(!r.stderr.contains("sharing the limit"), "{}", r.stderr);
+    let told: u64 = redis::cmd("HLEN")
+        .arg(FleetKeys::named(&name).told())
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(told, 0, "the refused run stands in the fleet");
+    let r = s.run(&[
+        "--limit",
+        "20/1s",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &name,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("another process"), "{}", r.stderr);
+}
