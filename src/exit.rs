@@ -92,6 +92,10 @@ pub enum RunError {
     /// Anything else (exit 1): state mismatch, unusable state dir, ...
     #[error(transparent)]
     Fatal(#[from] anyhow::Error),
+    /// Something the run needs is unable for now (exit 75): nothing was
+    /// sent, and the same command may go once it is able again.
+    #[error(transparent)]
+    Unable(anyhow::Error),
 }
 
 impl RunError {
@@ -100,6 +104,7 @@ impl RunError {
         match self {
             RunError::Usage(_) | RunError::Input(_) => USAGE,
             RunError::Fatal(_) => FATAL,
+            RunError::Unable(_) => HALTED,
         }
     }
 }

@@ -91,6 +91,18 @@ pub enum FleetError {
         /// The last error.
         why: String,
     },
+    /// Redis answered at start that it cannot take writes for now (out of
+    /// memory, loading its data, busy with a script, its primary down):
+    /// nothing was sent, and the same command may go once it can.
+    #[error("Redis at {at} cannot run the fleet's script for now ({why}); no request was sent: {remedy}")]
+    Unable {
+        /// The URL without credentials.
+        at: String,
+        /// Redis's error.
+        why: String,
+        /// What the operator can do.
+        remedy: String,
+    },
     /// Redis answered with an error that retrying cannot fix.
     #[error("Redis at {at} refused the fleet's script: {why}")]
     Refused {
@@ -166,14 +178,27 @@ fn transient(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            ErrorKind::BusyLoadingError
-                | ErrorKind::TryAgain
-                | ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::ReadOnly
-        )
+        || e.kind() == ErrorKind::ReadOnly
+        || unable_for_now(e).is_some()
+}
+
+/// What to do about an error by which Redis says it cannot serve for now
+/// rather than that it never will (its memory full, its data loading, a
+/// script running, its primary away); None for any other error.
+pub fn unable_for_now(e: &RedisError) -> Option<&'static str> {
+    let remedy = match e.code()? {
+        "OOM" => {
+            "Redis is out of memory (maxmemory): free memory or raise maxmemory, \
+             then run the same command"
+        }
+        "LOADING" => "Redis is loading its data: run the same command once it has",
+        "BUSY" => "Redis is busy running a script: run the same command once it is done",
+        "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" => {
+            "Redis is waiting for its primary: run the same command once it is back"
+        }
+        _ => return None,
+    };
+    Some(remedy)
 }
 
 impl Fleet {

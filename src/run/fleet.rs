@@ -3,7 +3,7 @@
 
 use crate::exit::RunError;
 use crate::fleet::told::Told;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetError};
 use crate::pace::PacerKind;
 use crate::report::err_line;
 use crate::settings::Settings;
@@ -28,7 +28,11 @@ pub async fn join(settings: &Settings) -> Result<Option<Fleet>, RunError> {
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
     crate::fleet::script::probe(&fleet)
         .await
-        .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+        .map_err(|e| match e {
+            // Resumable: running the same command later cures it.
+            FleetError::Unable { .. } => RunError::Unable(anyhow::Error::new(e)),
+            e => RunError::Fatal(anyhow::Error::new(e)),
+        })?;
     if let Some(policy) = fleet.eviction_policy().await {
         err_line(&format!(
             "batchrun: fleet: warning: Redis at {} may evict keys (maxmemory-policy {policy}); \

@@ -129,3 +129,31 @@ async fn a_run_refused_at_start_leaves_nothing_in_the_fleet() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(!r.stderr.contains("another process"), "{}", r.stderr);
 }
+
+/// A Redis out of memory at start is a resumable halt that says so, not a
+/// permissions problem: freed, the same command runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_redis_at_start_halts_resumably_and_says_so() {
+    let redis = Redis::start();
+    let config = |name: &str, value: &str| {
+        redis::cmd("CONFIG")
+            .arg(&["SET", name, value])
+            .query::<()>(&mut redis.conn())
+            .unwrap()
+    };
+    config("maxmemory-policy", "noeviction");
+    config("maxmemory", "1");
+    let s = Scenario::new("fleet-oom")
+        .with_sim(&["--limit", LIMIT])
+        .numbers(5);
+    let name = fleet_name("oom");
+    let r = s.run(&fleet_args(&redis.url, &name, &[]));
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(r.stderr.contains("out of memory"), "{}", r.stderr);
+    assert!(!r.stderr.contains("allowed to run scripts"), "{}", r.stderr);
+    assert_eq!(r.summary["exit_code"], 75, "{}", r.summary);
+    assert_eq!(s.sim().stats().await["requests"], 0);
+    config("maxmemory", "0");
+    let r = s.run(&fleet_args(&redis.url, &name, &[]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
