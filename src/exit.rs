@@ -6,7 +6,7 @@
 //! | 1 | fatal: the key was rejected, the job fails alike on every call, the input changed, the checkpoint is damaged or unusable, a bug |
 //! | 2 | bad options or bad input (file, line and reason given); nothing sent |
 //! | 3 | finished, but some items failed (see the failures file) |
-//! | 75 | halted resumably: credits exhausted, reserve reached, nothing but 429s for `--max-wait`, the fleet's Redis out of reach, or the checkpoint or the outputs could not be written; run again to resume |
+//! | 75 | halted resumably: credits exhausted, reserve reached, nothing but 429s for `--max-wait`, the fleet's Redis out of reach (or out of memory at the start), or the checkpoint or the outputs could not be written; run again to resume |
 //! | 129 | stopped by SIGHUP (the terminal or ssh session closed); run again to resume |
 //! | 130 | interrupted by Ctrl-C (SIGINT); run again to resume |
 //! | 143 | stopped by SIGTERM (a scheduler); run again to resume |
@@ -92,6 +92,10 @@ pub enum RunError {
     /// Anything else (exit 1): state mismatch, unusable state dir, ...
     #[error(transparent)]
     Fatal(#[from] anyhow::Error),
+    /// Something the run needs is unable for now (exit 75): nothing was
+    /// sent, and the same command may go once it is able again.
+    #[error(transparent)]
+    Unable(anyhow::Error),
 }
 
 impl RunError {
@@ -100,6 +104,7 @@ impl RunError {
         match self {
             RunError::Usage(_) | RunError::Input(_) => USAGE,
             RunError::Fatal(_) => FATAL,
+            RunError::Unable(_) => HALTED,
         }
     }
 }

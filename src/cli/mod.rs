@@ -130,8 +130,9 @@ Exit codes:
   2    bad options or bad input (file, line and reason given); nothing sent
   3    finished, but some items failed (see the failures file)
   75   halted resumably: credits exhausted, reserve reached, nothing but 429s,
-       the last calls all timed out, the fleet's Redis out of reach, or the
-       checkpoint or the outputs could not be written; run the same command
+       the last calls all timed out, the fleet's Redis out of reach (or out of
+       memory at the start), or the checkpoint or the outputs could not be
+       written; run the same command
   129  stopped by SIGHUP (the terminal closed); run the same command to resume
   130  interrupted by Ctrl-C; run the same command to resume
   143  stopped by SIGTERM; run the same command to resume";

@@ -32,6 +32,10 @@ pub use shard::Shard;
 
 /// How long one attempt at one Redis operation may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the one attempt of an operation without retries may take (a
+/// halting run's last calls, a flush): a Redis that answers at all answers
+/// within it.
+const LAST_TRY: Duration = Duration::from_millis(500);
 /// The first and the longest pause between attempts while Redis is away.
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -86,6 +90,18 @@ pub enum FleetError {
         waited: Duration,
         /// The last error.
         why: String,
+    },
+    /// Redis answered at start that it cannot take writes for now (out of
+    /// memory, loading its data, busy with a script, its primary down):
+    /// nothing was sent, and the same command may go once it can.
+    #[error("Redis at {at} cannot run the fleet's script for now ({why}); no request was sent: {remedy}")]
+    Unable {
+        /// The URL without credentials.
+        at: String,
+        /// Redis's error.
+        why: String,
+        /// What the operator can do.
+        remedy: String,
     },
     /// Redis answered with an error that retrying cannot fix.
     #[error("Redis at {at} refused the fleet's script: {why}")]
@@ -162,14 +178,27 @@ fn transient(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            ErrorKind::BusyLoadingError
-                | ErrorKind::TryAgain
-                | ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::ReadOnly
-        )
+        || e.kind() == ErrorKind::ReadOnly
+        || unable_for_now(e).is_some()
+}
+
+/// What to do about an error by which Redis says it cannot serve for now
+/// rather than that it never will (its memory full, its data loading, a
+/// script running, its primary away); None for any other error.
+pub fn unable_for_now(e: &RedisError) -> Option<&'static str> {
+    let remedy = match e.code()? {
+        "OOM" => {
+            "Redis is out of memory (maxmemory): free memory or raise maxmemory, \
+             then run the same command"
+        }
+        "LOADING" => "Redis is loading its data: run the same command once it has",
+        "BUSY" => "Redis is busy running a script: run the same command once it is done",
+        "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" => {
+            "Redis is waiting for its primary: run the same command once it is back"
+        }
+        _ => return None,
+    };
+    Some(remedy)
 }
 
 impl Fleet {
@@ -261,6 +290,12 @@ impl Fleet {
         self.timeout
     }
 
+    /// Whether an operation gave up on Redis (out of reach for
+    /// `--redis-timeout`) and none has reached it since.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A handle on the connection (cheap: it is shared).
     pub fn conn(&self) -> ConnectionManager {
         self.conn.clone()
@@ -281,14 +316,22 @@ impl Fleet {
     {
         use std::sync::atomic::Ordering::Relaxed;
         let started = Instant::now();
-        let within = match self.lost.load(Relaxed) {
-            true => Duration::ZERO,
-            false => within,
-        };
         let mut pause = BACKOFF_FIRST;
         let mut warned = false;
         loop {
-            let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, op(self.conn.clone()))
+            // Another operation giving up on Redis ends this one's retries
+            // too: the run is halting.
+            let within = match self.lost.load(Relaxed) {
+                true => Duration::ZERO,
+                false => within,
+            };
+            // No attempt outlasts the time left: the halt comes after
+            // --redis-timeout, not an attempt's timeout past it.
+            let bound = match within.is_zero() {
+                true => LAST_TRY,
+                false => ATTEMPT_TIMEOUT.min(within.saturating_sub(started.elapsed())),
+            };
+            let attempt = tokio::time::timeout(bound, op(self.conn.clone()))
                 .await
                 .unwrap_or_else(|_| {
                     Err(RedisError::from((

@@ -80,13 +80,22 @@ pub async fn probe(fleet: &Fleet) -> Result<(), super::FleetError> {
                 "timed out",
             ))),
         };
-    answer.map(|_| ()).map_err(|e| super::FleetError::Refused {
-        at: fleet.at().to_string(),
-        why: format!(
-            "{e}. The fleet needs a writable primary and a user allowed to run scripts \
+    answer
+        .map(|_| ())
+        .map_err(|e| match super::unable_for_now(&e) {
+            Some(remedy) => super::FleetError::Unable {
+                at: fleet.at().to_string(),
+                why: e.to_string(),
+                remedy: remedy.to_string(),
+            },
+            None => super::FleetError::Refused {
+                at: fleet.at().to_string(),
+                why: format!(
+                    "{e}. The fleet needs a writable primary and a user allowed to run scripts \
              (EVAL, EVALSHA, SCRIPT LOAD) on its keys; no request was sent"
-        ),
-    })
+                ),
+            },
+        })
 }
 
 /// How long the probe at join may take.

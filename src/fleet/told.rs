@@ -68,9 +68,13 @@ impl Told {
     }
 
     /// Takes this process's record out (the run ended): a process joining
-    /// after it is not warned of it.
+    /// after it is not warned of it. Not tried when the run gave up on
+    /// Redis: the halt would wait for it, and the record expires anyway.
     pub async fn leave(self) {
         self.renewal.abort();
+        if self.fleet.is_lost() {
+            return;
+        }
         let mut c = self.fleet.conn();
         let key = self.fleet.keys().told();
         let _ = tokio::time::timeout(

@@ -3,15 +3,16 @@
 
 use crate::exit::RunError;
 use crate::fleet::told::Told;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetError};
 use crate::pace::PacerKind;
 use crate::report::err_line;
 use crate::settings::Settings;
 
 /// Connects to the fleet's Redis, if the run is part of a fleet, and runs
 /// the fleet's script once. Redis out of reach, or refusing the script, is
-/// a fatal error before any request is sent.
-pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError> {
+/// an error before any request is sent. The run tells the fleet of itself
+/// later, once it is sure to go ([`enter`]).
+pub async fn join(settings: &Settings) -> Result<Option<Fleet>, RunError> {
     let shard = settings.shard;
     let Some(f) = settings.fleet.as_ref() else {
         if let Some(s) = shard {
@@ -27,7 +28,11 @@ pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError
         .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
     crate::fleet::script::probe(&fleet)
         .await
-        .map_err(|e| RunError::Fatal(anyhow::Error::new(e)))?;
+        .map_err(|e| match e {
+            // Resumable: running the same command later cures it.
+            FleetError::Unable { .. } => RunError::Unable(anyhow::Error::new(e)),
+            e => RunError::Fatal(anyhow::Error::new(e)),
+        })?;
     if let Some(policy) = fleet.eviction_policy().await {
         err_line(&format!(
             "batchrun: fleet: warning: Redis at {} may evict keys (maxmemory-policy {policy}); \
@@ -36,8 +41,17 @@ pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError
             fleet.at()
         ));
     }
-    let share = if f.headroom < 1.0 {
-        format!(" ({:.0}% of it)", f.headroom * 100.0)
+    Ok(Some(fleet))
+}
+
+/// Tells the fleet this run is in it and what it paces to, and warns of
+/// any process told otherwise. Only once nothing more can refuse the run
+/// before its first call: a run refused at start would stand in the fleet
+/// for [`STANDS_FOR`](crate::fleet::told::STANDS_FOR) and set the next run
+/// warning of a limit nobody keeps.
+pub async fn enter(settings: &Settings, fleet: &Fleet) -> Told {
+    let share = if fleet.headroom() < 1.0 {
+        format!(" ({:.0}% of it)", fleet.headroom() * 100.0)
     } else {
         String::new()
     };
@@ -48,7 +62,7 @@ pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError
         fleet.keys().prefix()
     ));
     let mine = told(settings);
-    let (told, others) = Told::join(&fleet, &mine).await;
+    let (told, others) = Told::join(fleet, &mine).await;
     for other in others {
         err_line(&format!(
             "batchrun: fleet: warning: another process of this fleet (running, or ended less than \
@@ -59,7 +73,7 @@ pub async fn join(settings: &Settings) -> Result<Option<(Fleet, Told)>, RunError
             humantime::format_duration(crate::fleet::told::STANDS_FOR)
         ));
     }
-    Ok(Some((fleet, told)))
+    told
 }
 
 /// What this process paces to, as the fleet's processes compare it: its

@@ -40,6 +40,7 @@ mod repeats;
 mod send;
 mod slots;
 mod start;
+mod supervise;
 #[cfg(test)]
 mod tests;
 mod ticks;
@@ -62,12 +63,16 @@ use finish::{Ending, FeederResult};
 use gate::{Gate, Halt};
 use open::{open_job, Opened};
 use pool::{Pool, PoolConfig, Queue, Queued};
-use recorder::{Recorded, Recorder, Signals, Stop};
+use recorder::{Recorded, Recorder, Signals};
 use start::{announce, dry_run, steady_per_min};
+use supervise::supervise;
 use ticks::{Gauges, Publish, Ticks};
 
 /// How long in-flight calls get to finish after Ctrl-C before they are abandoned.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+/// How long the pacer may take to hand back what it owes once a signal
+/// stopped the run.
+const STOP_FLUSH_WITHIN: Duration = Duration::from_secs(1);
 
 /// Runs a job to its end: done, halted, interrupted or failed. Each call
 /// of `signals` waits for the next Ctrl-C or SIGTERM: the first stops the
@@ -94,7 +99,7 @@ where
         return dry_run(&settings, n, started);
     }
     // A fleet's Redis must answer before anything else happens.
-    let (fleet, told) = fleet::join(&settings).await?.unzip();
+    let fleet = fleet::join(&settings).await?;
     // A taken address refuses the run before the checkpoint is touched.
     let listener = (settings.metrics_addr)
         .map(crate::report::metrics::Metrics::bind)
@@ -107,18 +112,59 @@ where
     let (shared, meter) = Shared::open(&settings, &job, fleet.as_ref(), started)?;
     // 4. The pacer and the pool.
     let (pacer, default_pause) = build_pacer(&settings, fleet.as_ref(), &job.meta)?;
+    let (events, reports) = mpsc::unbounded_channel();
+    let paced = (pacer, default_pause);
+    let pool = build_pool(&settings, &job.meta, paced, &shared.ledger, events)?;
+    // Nothing refuses the run from here but what it leaves the fleet for.
+    let told = match &fleet {
+        Some(f) => Some(fleet::enter(&settings, f).await),
+        None => None,
+    };
     let items = (job.pending(), job.scan.total);
     announce(
         &settings,
         (&job.meta, items, job.formation.as_ref()),
-        pacer.as_ref(),
+        pool.pacer.as_ref(),
         &shared.reporter,
     );
-    let (events, reports) = mpsc::unbounded_channel();
-    let paced = (pacer, default_pause);
-    let pool = build_pool(&settings, &job.meta, paced, &shared.ledger, events)?;
-    // 5. Feed the pool (unless the reserve refuses before any call), and
-    //    record what it reports and hear the signals.
+    let ran = drive(
+        &settings,
+        &job,
+        pool,
+        &shared,
+        meter,
+        (reports, listener),
+        signals,
+    )
+    .await;
+    if let Some(told) = told {
+        told.leave().await;
+    }
+    let summary = ran?;
+    if settings.metrics_addr.is_some() {
+        crate::report::metrics::linger(settings.metrics_linger, &shared.reporter).await;
+    }
+    Ok(summary)
+}
+
+/// Steps 5 and 6 of [`run`]: feeds the pool (unless the reserve refuses
+/// before any call), records what it reports and hears the signals; then
+/// ends the run.
+async fn drive<F>(
+    settings: &Settings,
+    job: &Opened,
+    pool: Arc<Pool>,
+    shared: &Shared,
+    meter: CreditMeter,
+    (reports, listener): (
+        mpsc::UnboundedReceiver<Event>,
+        Option<tokio::net::TcpListener>,
+    ),
+    signals: impl Fn() -> F + Send + 'static,
+) -> Result<Summary, RunError>
+where
+    F: Future<Output = Signal> + Send + 'static,
+{
     let (stops, stopped) = mpsc::unbounded_channel();
     // Listening before the first call goes out: a signal stream hears only
     // what comes after its first poll, and until then a Ctrl-C kills the
@@ -131,18 +177,11 @@ where
         first: (!heard_already).then_some(first),
     };
     let observers = (reports, signals, listener);
-    let mut running = start(&settings, &job, &pool, &shared, meter, observers)?;
+    let mut running = start(settings, job, &pool, shared, meter, observers)?;
     // 6. Wait for the pool, or a signal; then end the run.
     supervise(&pool, &mut running.workers, stopped).await;
     let (halt, recorded, feeder) = running.wind_down(pool).await?;
-    let summary = finish::finish(shared.ending(&settings, &job), halt, recorded, feeder).await?;
-    if let Some(told) = told {
-        told.leave().await;
-    }
-    if settings.metrics_addr.is_some() {
-        crate::report::metrics::linger(settings.metrics_linger, &shared.reporter).await;
-    }
-    Ok(summary)
+    finish::finish(shared.ending(settings, job), halt, recorded, feeder).await
 }
 
 /// `--metrics-addr`: the server, on the address bound before the
@@ -611,8 +650,16 @@ impl Running {
             pool.release_held();
         }
         pool.gate.close();
-        pool.pacer.flush().await;
         let halt = pool.gate.halt();
+        // A signal asked the run to stop: what the pacer hands back (the
+        // slots of the calls that ended) waits a moment, not its whole
+        // bound, should its store not answer.
+        match halt {
+            Some(Halt::Interrupted(_)) => {
+                let _ = tokio::time::timeout(STOP_FLUSH_WITHIN, pool.pacer.flush()).await;
+            }
+            _ => pool.pacer.flush().await,
+        }
         // The pool holds the recording loop's last sender: it ends now.
         drop(pool);
         // Closing the queue lets a feeder blocked on a full queue finish.
@@ -645,50 +692,4 @@ fn precheck(c: &CreditSettings, pool: &Pool, meta: &JobMeta, pending: u64, repor
             "batchrun: the job's last run found the credits exhausted: one call learns whether they are back",
         );
     }
-}
-
-/// Waits for every worker, or for the recorder's word that a signal came:
-/// then the calls in flight get [`INTERRUPT_GRACE`] to finish before they
-/// are abandoned (they stay pending; their Idempotency-Key makes the
-/// resend safe), or none at all after a second signal. A worker that
-/// panicked stops the run.
-async fn supervise(
-    pool: &Pool,
-    workers: &mut JoinSet<()>,
-    mut stops: mpsc::UnboundedReceiver<Stop>,
-) {
-    let mut open = true;
-    let now = loop {
-        tokio::select! {
-            r = workers.join_next() => match r {
-                None => return,
-                Some(Err(e)) if e.is_panic() => pool.gate.stop(Halt::Internal(
-                    "a worker crashed (a bug in batchrun); the checkpoint is saved: run the same command to resume".into(),
-                )),
-                Some(_) => {}
-            },
-            s = stops.recv(), if open => match s {
-                Some(Stop::Grace) => break false,
-                Some(Stop::Now) => break true,
-                None => open = false,
-            },
-        }
-    };
-    if !now {
-        let grace = tokio::time::sleep(INTERRUPT_GRACE);
-        tokio::pin!(grace);
-        loop {
-            tokio::select! {
-                r = workers.join_next() => if r.is_none() { return },
-                _ = &mut grace => break,
-                s = stops.recv(), if open => match s {
-                    Some(Stop::Now) => break,
-                    Some(Stop::Grace) => {}
-                    None => open = false,
-                },
-            }
-        }
-    }
-    workers.abort_all();
-    while workers.join_next().await.is_some() {}
 }

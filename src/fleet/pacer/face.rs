@@ -9,7 +9,9 @@ use tokio::time::Instant;
 
 use super::rule::Verb;
 use super::tasks::{Abandon, SharedTicket};
-use super::{FleetPacer, Took, Why, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MAX};
+use super::{
+    FleetPacer, Took, Why, FLUSH_LOST_WITHIN, FLUSH_WITHIN, LOOK_AGAIN, POLL_FIRST, POLL_MAX,
+};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
@@ -159,12 +161,14 @@ impl Pacer for FleetPacer {
     fn flush(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             // Redis already out of reach: one try, not a long wait.
-            let within = if self.inner.lock().lost {
-                Duration::ZERO
+            let (within, bound) = if self.inner.lock().lost {
+                (Duration::ZERO, FLUSH_LOST_WITHIN)
             } else {
-                FLUSH_WITHIN
+                (FLUSH_WITHIN, FLUSH_WITHIN)
             };
-            self.inner.flush_settles(within).await;
+            // Bounded as a whole: the settler's batch in flight, which the
+            // flush waits for, may be retrying for --redis-timeout.
+            let _ = tokio::time::timeout(bound, self.inner.flush_settles(within)).await;
         })
     }
 }

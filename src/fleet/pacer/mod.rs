@@ -63,6 +63,10 @@ const POLL_MAX: Duration = Duration::from_millis(50);
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// How long the end of a run waits to hand back what it owes.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
+/// How long it waits while Redis is not answering: what it owes is lost
+/// with the run's end either way (the leases expire), and the run is
+/// halting or stopping.
+const FLUSH_LOST_WITHIN: Duration = Duration::from_secs(1);
 
 /// What the fleet pacer paces to.
 #[derive(Debug, Clone, Copy)]

@@ -9,6 +9,7 @@ mod even;
 mod faults;
 mod pacer;
 mod rule;
+mod stops;
 mod support;
 mod tokens;
 
