@@ -413,13 +413,7 @@ async fn retry_failed_sends_the_failed_items_again_one_batch_per_block() {
 async fn batches_weigh_their_items_tokens_and_never_exceed_a_token_budget() {
     // A batch of 8 of these needs about 400 tokens, more than the budget
     // holds: batches are cut to fit, each weighed by its items' estimates.
-    let items: String = (1..=40)
-        .map(|i| {
-            let prompt = "word ".repeat((i % 7) * 4 + 1);
-            let max_tokens = 10 + (i % 5) * 8;
-            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
-        })
-        .collect();
+    let items = prompts(40);
     let limits = ["--limit", "100/1s", "--limit", "300/1s,tokens"];
     let mut sim = limits.to_vec();
     sim.extend(["--cooldown", "1s"]);
@@ -451,13 +445,7 @@ async fn batches_weigh_their_items_tokens_and_never_exceed_a_token_budget() {
 /// the guess, these went in 10 calls.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guess_of_tokens_forms_no_batch_otherwise() {
-    let items: String = (1..=40)
-        .map(|i| {
-            let prompt = "word ".repeat((i % 7) * 4 + 1);
-            let max_tokens = 10 + (i % 5) * 8;
-            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
-        })
-        .collect();
+    let items = prompts(40);
     let s = Scenario::new("batch-tokens-guessed")
         .with_sim(&["--limit", "100/1s", "--limit", "3000/1s,tokens"])
         .input("items.jsonl", &items);

@@ -639,3 +639,15 @@ pub fn assert_own_elements(s: &Scenario) {
         assert_eq!(r["body"]["status"], 200, "{r}");
     }
 }
+
+/// Items with a prompt and a `max_tokens`, of varied sizes, as an LLM
+/// API's requests are.
+pub fn prompts(n: u64) -> String {
+    (1..=n)
+        .map(|i| {
+            let prompt = "word ".repeat((i % 7) as usize * 4 + 1);
+            let max_tokens = 10 + (i % 5) * 8;
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect()
+}

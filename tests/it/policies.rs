@@ -126,17 +126,6 @@ async fn a_limit_added_on_a_resume_counts_the_calls_already_sent_within_it() {
     assert_each_item_once(&s.out_path(), 25);
 }
 
-/// Items with a prompt and a `max_tokens`, of varied sizes.
-fn prompts(n: u64) -> String {
-    (1..=n)
-        .map(|i| {
-            let prompt = "word ".repeat((i % 7) as usize * 4 + 1);
-            let max_tokens = 10 + (i % 5) * 8;
-            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
-        })
-        .collect()
-}
-
 /// Told the sim's budget of 400 tokens a second, 60 prompts through 10
 /// calls at once, estimated by `cost` (none: what each request asks).
 async fn a_token_budget_is_never_exceeded(name: &str, cost: &[&str]) {

@@ -124,6 +124,16 @@ async fn two_processes_share_one_window_exactly() {
     assert!(s.len() >= 15, "only {} calls", s.len());
 }
 
+/// `p`'s next call waits at least `for_`: another process's pause holds it.
+async fn assert_held(p: &FleetPacer, for_: Duration) {
+    let t0 = Instant::now();
+    p.take()
+        .await
+        .unwrap()
+        .complete(tokio::time::Instant::now());
+    assert!(t0.elapsed() >= for_, "{:?}", t0.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pause_from_one_process_holds_every_process() {
     let redis = Redis::start();
@@ -131,16 +141,7 @@ async fn a_pause_from_one_process_holds_every_process() {
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
     let b = pacer(fleet_on(&redis, &name).await, "50/1s");
     a.pause(Duration::from_millis(800)).await.unwrap();
-    let t0 = Instant::now();
-    b.take()
-        .await
-        .unwrap()
-        .complete(tokio::time::Instant::now());
-    assert!(
-        t0.elapsed() >= Duration::from_millis(700),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert_held(&b, Duration::from_millis(700)).await;
 }
 
 /// A quota waited for (`--wait-for-quota`) holds every process as a pause
@@ -156,16 +157,7 @@ async fn a_quota_waited_for_holds_every_process_and_teaches_nothing() {
     a.hold(Duration::from_millis(800)).await.unwrap();
     assert_eq!(learnt_in(&mut c, &name), None);
     assert_eq!(a.learnt(), None);
-    let t0 = Instant::now();
-    b.take()
-        .await
-        .unwrap()
-        .complete(tokio::time::Instant::now());
-    assert!(
-        t0.elapsed() >= Duration::from_millis(700),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert_held(&b, Duration::from_millis(700)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
