@@ -205,7 +205,7 @@ pub fn requested(item: &Value) -> u64 {
 
 /// The part of [`requested`] that is certain: the tokens the answers may
 /// take, which a limiter counting them counts in full.
-pub fn answers_cap(item: &Value) -> u64 {
+fn answers_cap(item: &Value) -> u64 {
     let number = |v: &Value| match v {
         Value::Number(x) => x.as_f64(),
         Value::String(s) => s.trim().parse().ok(),
@@ -244,11 +244,16 @@ pub struct Costing {
 
 impl Costing {
     /// The estimated tokens of `item`, or the item's error naming its line.
-    /// Without `--cost` the estimate is a guess: never failed for being
-    /// heavier than a told policy admits, only held to it, so the call goes
-    /// alone and the server decides.
+    /// Without `--cost` the estimate is a guess: held to the least told
+    /// quota, and failed only where its certain part, the answers' cap,
+    /// is more than a told policy admits at once (sent, it would be
+    /// refused every time, and each 429 would teach a lower call limit).
     pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
         let Some(e) = &self.expr else {
+            let cap = answers_cap(&item.value);
+            if let Some((most, limit)) = self.most.as_ref().filter(|(m, _)| cap > *m) {
+                return Err(self.too_heavy(item, cap, *most, &format!("--limit {limit}")));
+            }
             let tokens = requested(&item.value).min(MAX_ESTIMATE);
             return Ok(self.guess_cap.map_or(tokens, |cap| tokens.min(cap)));
         };
@@ -593,6 +598,17 @@ mod tests {
         };
         let huge = item(json!({"max_tokens": 1e15}));
         assert_eq!(c.estimate(&huge), Ok(500));
+        // Its max_tokens alone past what a told policy admits: refused
+        // every time, so failed unsent; a long prompt is a guess, held.
+        c.most = Some((500, "500/1s,tokens".into()));
+        let err = c.estimate(&huge).unwrap_err();
+        assert!(
+            err.contains("in.jsonl:7") && err.contains("--limit 500/1s,tokens"),
+            "{err}"
+        );
+        let long = item(json!({"max_tokens": 10, "prompt": "x".repeat(4000)}));
+        assert_eq!(c.estimate(&long), Ok(500));
+        c.most = None;
         c.guess_cap = None;
         assert_eq!(c.estimate(&huge), Ok(MAX_ESTIMATE));
         c.expr = Some("max_tokens".parse().unwrap());

@@ -248,18 +248,15 @@ impl Pool {
     /// stated admits at once (learnt from an answer, maybe this item's own
     /// 429), so that it is refused every time: failed rather than sent
     /// again until `--max-wait`. Never for a call that may have run.
-    /// An estimate `--cost` did not give is a guess: only the answers'
-    /// cap in it, which such a limiter counts in full, fails the call.
+    /// Not for an estimate `--cost` did not give: a server may state
+    /// quotas that do not count a call's `max_tokens` (Anthropic's input
+    /// tokens), read here as one quota of tokens.
     fn over_stated(&self, item: &Item, weight: Weight, tries: &Tries) -> Option<String> {
-        let cost = self.cfg.cost.as_ref()?;
+        let cost = self.cfg.cost.as_ref().filter(|c| c.expr.is_some())?;
         let (most, name) = self.pacer.most_stated_tokens()?;
-        let tokens = match cost.expr {
-            Some(_) => weight.tokens,
-            None => crate::cost::answers_cap(&item.value),
-        };
-        (tokens > most && !tries.maybe_ran).then(|| {
+        (weight.tokens > most && !tries.maybe_ran).then(|| {
             let what = format!("the server's stated limit {name}");
-            cost.too_heavy(item, tokens, most, &what)
+            cost.too_heavy(item, weight.tokens, most, &what)
         })
     }
 

@@ -377,12 +377,31 @@ async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known
     an_item_heavier_than_a_stated_token_quota_fails("policies-too-heavy-stated", &cost).await;
 }
 
-/// Estimated at what it asks (no `--cost`): its `max_tokens` alone is more
-/// than the stated quota, which such a server counts in full, so it fails
-/// once the quota is known rather than being sent until `--max-wait`.
+/// Estimated at what it asks (no `--cost`): its `max_tokens` alone, which
+/// a server keeping the told quota counts in full, is more than the quota,
+/// so it fails unsent. Sent, it was refused every second until
+/// `--max-wait`, each 429 teaching a lower call limit that slowed the rest.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_item_asking_more_than_a_stated_token_quota_fails_once_the_quota_is_known() {
-    an_item_heavier_than_a_stated_token_quota_fails("policies-too-heavy-asked", &[]).await;
+async fn an_item_asking_more_than_a_told_token_quota_fails_unsent() {
+    let limits = ["--limit", "100/1s", "--limit", "1000/5s,tokens"];
+    let s = Scenario::new("policies-too-heavy-asked").with_sim(&limits).input(
+        "in.jsonl",
+        "{\"n\": 1, \"max_tokens\": 50}\n{\"n\": 2, \"max_tokens\": 5000}\n{\"n\": 3, \"max_tokens\": 50}\n",
+    );
+    let mut args = limits.to_vec();
+    args.extend(["--json-body", "-c", "1", "--max-wait", "20s"]);
+    let r = s.run(&args);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 2, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 1, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let failures = std::fs::read_to_string(s.failures_path()).unwrap();
+    assert!(
+        failures.contains("in.jsonl:2")
+            && failures.contains("more than --limit 1000/5s,tokens admits at once (1000)"),
+        "{failures}"
+    );
+    assert_side_effects(&s.sim().stats().await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
