@@ -255,7 +255,7 @@ impl Pool {
         let cost = self.cfg.cost.as_ref().filter(|c| c.expr.is_some())?;
         let (most, name) = self.pacer.most_stated_tokens()?;
         (weight.tokens > most && !tries.maybe_ran).then(|| {
-            let what = format!("the server's stated limit {name}");
+            let what = format!("the server's limit {name}");
             cost.too_heavy(item, weight.tokens, most, &what)
         })
     }
