@@ -168,6 +168,10 @@ pub struct ShapeLearner {
     /// the bucket taken, below the bucket's rate: what a refusal of that
     /// bucket switches to (once).
     fixed_too: Option<u64>,
+    /// The fitted bucket's burst, set aside (paced with none) while a
+    /// fixed window fits as well; given back once two windows held rule
+    /// the window out.
+    burst_aside: u64,
     /// Whether the limit was learnt to be a fixed window's.
     fixed: bool,
     /// The most the last fit allowed (see [`LearntShape::most`]).
@@ -201,6 +205,7 @@ impl ShapeLearner {
             evidence: fit::Evidence::default(),
             pending_fit: None,
             fixed_too: None,
+            burst_aside: 0,
             fixed: false,
             most: None,
             held_in_a_row: [0; 2],
@@ -453,6 +458,7 @@ impl ShapeLearner {
         // a little faster than the window, with a burst).
         if let (Phase::Bucket { .. }, true) = (self.phase, secret) {
             if let Some(fixed) = self.fixed_too.take() {
+                self.burst_aside = 0;
                 self.phase = Phase::Window;
                 self.fixed = true;
                 return Verdict::Fixed(fixed);
@@ -507,6 +513,14 @@ impl ShapeLearner {
         let count = (slower as f64 / (1.0 + SKEW)).floor() as u64;
         if slower > 0 {
             self.fixed_too = self.fixed_too.filter(|&f| count <= f.saturating_add(2));
+        }
+        if self.fixed_too.is_none() && self.burst_aside > 0 {
+            if self.phase == (Phase::Bucket { burst: 0 }) {
+                self.phase = Phase::Bucket {
+                    burst: self.burst_aside,
+                };
+            }
+            self.burst_aside = 0;
         }
     }
 

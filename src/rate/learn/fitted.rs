@@ -113,6 +113,7 @@ impl ShapeLearner {
             Some(_) => 0,
             None => burst,
         };
+        self.burst_aside = burst - paced;
         self.phase = Phase::Bucket { burst: paced };
         self.searching = false;
         Some(Fitted {

@@ -8,17 +8,6 @@ use super::support::{fleet_name, Redis};
 use super::{assert_runs_clean, assert_shards_did_each_item_once, run_all};
 use crate::common::*;
 
-/// Items with a prompt and a `max_tokens`, of varied sizes.
-fn prompts(n: u64) -> String {
-    (1..=n)
-        .map(|i| {
-            let prompt = "word ".repeat((i % 7) as usize * 4 + 1);
-            let max_tokens = 10 + (i % 5) * 8;
-            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
-        })
-        .collect()
-}
-
 /// Two shards of one job on fleet `key`, each told `limits` and weighing
 /// its calls by their prompts.
 fn shards(s: &Scenario, limits: &[&str], redis: &str, key: &str) -> Vec<std::process::Command> {
