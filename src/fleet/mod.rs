@@ -316,6 +316,7 @@ impl Fleet {
     {
         use std::sync::atomic::Ordering::Relaxed;
         let started = Instant::now();
+        let timeout = within;
         let mut pause = BACKOFF_FIRST;
         let mut warned = false;
         loop {
@@ -367,7 +368,10 @@ impl Fleet {
             if waited >= within {
                 self.lost.store(true, Relaxed);
                 // Whole tenths: what a person reads against --redis-timeout.
-                let ms = first.elapsed().as_millis() as u64;
+                // At least the timeout: this operation, or the one whose
+                // giving up ended its retries, waited that long, even where
+                // an answer in between moved `first` later.
+                let ms = first.elapsed().max(waited).max(timeout).as_millis() as u64;
                 return Err(FleetError::Lost {
                     at: self.at.clone(),
                     waited: Duration::from_millis(ms - ms % 100),
