@@ -163,7 +163,7 @@ const PROMPT_FIELDS: [&str; 4] = ["prompt", "input", "system", "messages"];
 /// The most tokens any call is estimated at (about a trillion): a count
 /// the fleet's script keeps exactly (Lua writes 1e14 and more as
 /// `1e+14`), and a weight that pushes no bucket centuries ahead.
-pub const MAX_ESTIMATE: u64 = 1 << 40;
+const MAX_ESTIMATE: u64 = 1 << 40;
 
 /// Fields whose strings are no text of the prompt: an image's or a file's
 /// data (base64, a `data:` URL) or its address, which a model does not
@@ -184,7 +184,7 @@ const ANSWER_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_outp
 /// answer says what it used. An `n` is not read as a count of answers:
 /// items carry `n` as an id or a count of their own as often (a request
 /// asking several answers gives `--cost 'max_tokens * n + ...'`).
-pub fn requested(item: &Value) -> u64 {
+fn requested(item: &Value) -> u64 {
     let mut chars = 0u64;
     let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| item.get(f)).collect();
     while let Some(v) = stack.pop() {
@@ -224,7 +224,7 @@ fn answers_cap(item: &Value) -> u64 {
 #[derive(Debug, Clone)]
 pub struct Costing {
     /// `--cost`; without it a call is estimated at what it requests
-    /// ([`requested`]) and counted at what its response says it used.
+    /// (its `max_tokens` and prompt) and counted at what its response says it used.
     pub expr: Option<CostExpr>,
     /// `--usage`: a JSON pointer into the response body.
     pub usage: String,
@@ -254,8 +254,7 @@ impl Costing {
             if let Some((most, limit)) = self.most.as_ref().filter(|(m, _)| cap > *m) {
                 return Err(self.too_heavy(item, cap, *most, &format!("--limit {limit}")));
             }
-            let tokens = requested(&item.value).min(MAX_ESTIMATE);
-            return Ok(self.guess_cap.map_or(tokens, |cap| tokens.min(cap)));
+            return Ok(self.held(requested(&item.value)));
         };
         let at = |why: String| {
             format!(
@@ -270,6 +269,18 @@ impl Costing {
             }
             _ => Ok(tokens),
         }
+    }
+
+    /// Whether estimates are guesses: no `--cost`.
+    pub fn guessed(&self) -> bool {
+        self.expr.is_none()
+    }
+
+    /// A guess of `tokens` (one call's, or a batch's sum) held to what one
+    /// call may weigh: the least told quota of tokens, and at most about a
+    /// trillion (`MAX_ESTIMATE`).
+    pub fn held(&self, tokens: u64) -> u64 {
+        tokens.min(self.guess_cap.unwrap_or(MAX_ESTIMATE))
     }
 
     /// Why an item estimated at `tokens` is failed unsent: more than the

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 mod alone;
 mod batch;
 mod batch_pool;
+mod batch_settle;
 mod csv_out;
 mod damage;
 pub mod events;

@@ -252,7 +252,7 @@ impl Pool {
     /// quotas that do not count a call's `max_tokens` (Anthropic's input
     /// tokens), read here as one quota of tokens.
     fn over_stated(&self, item: &Item, weight: Weight, tries: &Tries) -> Option<String> {
-        let cost = self.cfg.cost.as_ref().filter(|c| c.expr.is_some())?;
+        let cost = self.cfg.cost.as_ref().filter(|c| !c.guessed())?;
         let (most, name) = self.pacer.most_stated_tokens()?;
         (weight.tokens > most && !tries.maybe_ran).then(|| {
             let what = format!("the server's limit {name}");
@@ -421,8 +421,8 @@ impl Pool {
 
     /// A window 429: every worker pauses, and the time since the first of
     /// an unbroken run of them is kept (past `--max-wait` the run halts).
-    /// Every worker waits `pause`; `hold`: for a quota waited for, which
-    /// teaches the pacer nothing.
+    /// `hold`: a wait that teaches the pacer nothing (a quota waited for, a
+    /// batch item's own 429).
     async fn pause(&self, pause: Duration, message: Option<String>, hold: bool) -> Next {
         self.limited_since
             .lock()

@@ -354,7 +354,7 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
 pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
     let c = &settings.costing;
     let told = (settings.policies.iter()).any(|p| p.unit == crate::rate::policy::Unit::Tokens);
-    (told && c.expr.is_none()).then(|| {
+    (told && c.guessed()).then(|| {
         format!(
             "batchrun: note: a token policy is told and --cost is not: each call is estimated at \
              what its item requests (max_tokens, max_completion_tokens or max_output_tokens, and \

@@ -127,9 +127,9 @@ pub(super) fn most_at_once(policies: &[PolicySpec]) -> Option<(u64, String)> {
 /// estimate without `--cost`, a guess, is held to.
 pub(super) fn least_quota(policies: &[PolicySpec]) -> Option<u64> {
     let told = most_at_once(policies).map(|(m, _)| m);
-    let unbursted = (policies.iter())
+    let counts = (policies.iter())
         .filter(|p| p.unit == Unit::Tokens)
         .filter_map(|p| p.rate().map(|r| r.count))
         .min();
-    told.into_iter().chain(unbursted).min()
+    told.into_iter().chain(counts).min()
 }

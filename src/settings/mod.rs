@@ -72,8 +72,8 @@ pub struct Settings {
     /// Whether the primary policy is a bare rate (`--limit 30/1s`), its
     /// shape not named (`30/1s,sliding`, a plan's window are named).
     pub shape_unknown: bool,
-    /// How calls are weighed in tokens, when a policy counts tokens or
-    /// `--cost` is given.
+    /// How calls are weighed in tokens: by `--cost`, else by what each
+    /// item requests (see [`costing`]).
     pub costing: crate::cost::Costing,
     /// `--wait-for-quota`: wait for a used-up quota however far its reset.
     pub wait_for_quota: bool,

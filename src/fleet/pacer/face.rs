@@ -276,28 +276,27 @@ impl super::Inner {
     /// Every process waits `for_`; `learning`: a rate-limit 429 of a secret
     /// limit may teach the fleet a limit, a quota waited for (`hold`) not.
     async fn paused(&self, for_: Duration, learning: bool) -> Result<(), PaceError> {
-        let inner = self;
         // 2: a bare rate, whose first refused burst paces evenly.
         let learn = match (
-            learning && inner.secret.load(Ordering::SeqCst),
-            inner.shape_unknown,
+            learning && self.secret.load(Ordering::SeqCst),
+            self.shape_unknown,
         ) {
             (false, _) => 0u8,
             (true, false) => 1,
             (true, true) => 2,
         };
-        let settles = inner.take_settles();
-        let (a, b) = inner.rule.params();
-        let v: Result<Vec<i64>, PaceError> = inner
+        let settles = self.take_settles();
+        let (a, b) = self.rule.params();
+        let v: Result<Vec<i64>, PaceError> = self
             .run(
-                inner.rule.op(Verb::Pause),
-                inner.fleet.redis_timeout(),
+                self.rule.op(Verb::Pause),
+                self.fleet.redis_timeout(),
                 |inv| {
                     inv.arg(millis(for_));
                     // The window rule may learn a limit; a drip rule's state
                     // is made on first use from its sizing.
-                    if inner.rule.windowed() {
-                        inv.arg(inner.cap).arg(learn);
+                    if self.rule.windowed() {
+                        inv.arg(self.cap).arg(learn);
                     } else {
                         inv.arg(&a).arg(&b);
                     }
@@ -308,9 +307,9 @@ impl super::Inner {
                 },
             )
             .await;
-        let v = v.inspect_err(|_| inner.requeue(settles))?;
+        let v = v.inspect_err(|_| self.requeue(settles))?;
         let left = v.first().copied().unwrap_or(0).max(0) as u64;
-        let mut l = inner.lock();
+        let mut l = self.lock();
         l.paused_until = Some(Instant::now() + Duration::from_millis(left));
         // This process's 429 taught the fleet a limit, or began its
         // even pace (the limit in force then unchanged: the cap).
@@ -320,7 +319,7 @@ impl super::Inner {
             // A lowering says nothing of the even pace: the fleet keeps
             // it if it had it (what a take puts back after a loss).
             let even = began || l.even;
-            l.heard(inner.cap, learnt, false, even);
+            l.heard(self.cap, learnt, false, even);
         }
         if began {
             // Its ramp rises from the pause's end.
