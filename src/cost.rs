@@ -175,18 +175,17 @@ const NOT_TEXT: [&str; 5] = ["data", "image_url", "file_data", "input_audio", "u
 const ANSWER_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
 /// What a request may use, as OpenAI's limiter reckons it before the call
-/// runs: the tokens its answer may take (`max_tokens`,
-/// `max_completion_tokens` or `max_output_tokens`) and its prompt at a
-/// token per four characters, rounded up (every string under `prompt`,
-/// `input`, `system` and `messages`, the roles included, which OpenAI
-/// counts a few tokens a message for). The estimate when `--cost` is not
-/// given; an item with none of these fields weighs nothing until its
-/// answer says what it used. An `n` is not read as a count of answers:
-/// items carry `n` as an id or a count of their own as often (a request
-/// asking several answers gives `--cost 'max_tokens * n + ...'`).
-fn requested(item: &Value) -> u64 {
+/// runs: the tokens its answers may take (`max_tokens`,
+/// `max_completion_tokens` or `max_output_tokens`, times `n` where the
+/// body sent asks for several answers) and its prompt at a token per four
+/// characters, rounded up (every string under `prompt`, `input`, `system`
+/// and `messages`, the roles included, which OpenAI counts a few tokens a
+/// message for). The estimate when `--cost` is not given, read from the
+/// `--body` rendered (`rendered`) or else the item; one with none of these
+/// fields weighs nothing until its answer says what it used.
+fn requested(v: &Value, rendered: bool) -> u64 {
     let mut chars = 0u64;
-    let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| item.get(f)).collect();
+    let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| v.get(f)).collect();
     while let Some(v) = stack.pop() {
         match v {
             Value::String(s) if s.starts_with("data:") => {}
@@ -200,12 +199,18 @@ fn requested(item: &Value) -> u64 {
             _ => {}
         }
     }
-    answers_cap(item).saturating_add(chars.div_ceil(4))
+    answers_cap(v, rendered).saturating_add(chars.div_ceil(4))
 }
 
+/// The most answers a request may ask for (OpenAI's `n`).
+const MAX_ANSWERS: u64 = 128;
+
 /// The part of [`requested`] that is certain: the tokens the answers may
-/// take, which a limiter counting them counts in full.
-fn answers_cap(item: &Value) -> u64 {
+/// take, which a limiter counting them counts in full. `n` is read only
+/// from a `--body` rendered (`rendered`), where its author put it for the
+/// API: an item's own `n` is as often its id (batchrun's examples number
+/// items so) and, counted, would weigh item 90 ninety answers.
+fn answers_cap(v: &Value, rendered: bool) -> u64 {
     let number = |v: &Value| match v {
         Value::Number(x) => x.as_f64(),
         Value::String(s) => s.trim().parse().ok(),
@@ -213,10 +218,13 @@ fn answers_cap(item: &Value) -> u64 {
     };
     let cap = ANSWER_CAPS
         .iter()
-        .find_map(|f| item.get(f).and_then(number))
+        .find_map(|f| v.get(f).and_then(number))
         .filter(|x| x.is_finite() && *x > 0.0)
         .unwrap_or(0.0);
-    cap.ceil().min(u64::MAX as f64) as u64
+    let answers = (v.get("n").and_then(Value::as_u64))
+        .filter(|n| rendered && (1..=MAX_ANSWERS).contains(n))
+        .unwrap_or(1);
+    (cap.ceil().min(u64::MAX as f64) as u64).saturating_mul(answers)
 }
 
 /// How a run weighs its calls in tokens: the estimate from each item, and
@@ -248,13 +256,22 @@ impl Costing {
     /// quota, and failed only where its certain part, the answers' cap,
     /// is more than a told policy admits at once (sent, it would be
     /// refused every time, and each 429 would teach a lower call limit).
-    pub fn estimate(&self, item: &crate::input::Item) -> Result<u64, String> {
+    ///
+    /// `rendered` is the item's `--body` rendered, where it has one and it
+    /// is JSON: the guess reads it (the template's `max_tokens`, `n` and
+    /// prompt are there, not in the item); `--cost` reads the item.
+    pub fn estimate(
+        &self,
+        item: &crate::input::Item,
+        rendered: Option<&Value>,
+    ) -> Result<u64, String> {
         let Some(e) = &self.expr else {
-            let cap = answers_cap(&item.value);
+            let read = rendered.unwrap_or(&item.value);
+            let cap = answers_cap(read, rendered.is_some());
             if let Some((most, limit)) = self.most.as_ref().filter(|(m, _)| cap > *m) {
                 return Err(self.too_heavy(item, cap, *most, &format!("--limit {limit}")));
             }
-            return Ok(self.held(requested(&item.value)));
+            return Ok(self.held(requested(read, rendered.is_some())));
         };
         let at = |why: String| {
             format!(
@@ -558,27 +575,67 @@ mod tests {
         ]});
         // 100, and "system" + "be brief" + "user" + "text" + "abcdefghij"
         // (32 characters) a token per four.
-        assert_eq!(requested(&chat), 108);
-        assert_eq!(answers_cap(&chat), 100);
-        let csv = json!({"max_completion_tokens": " 40 ", "n": "3", "prompt": "abcde"});
-        assert_eq!(requested(&csv), 42, "an n is not a count of answers");
+        assert_eq!(requested(&chat, true), 108);
+        assert_eq!(answers_cap(&chat, true), 100);
+        let csv = json!({"max_completion_tokens": " 40 ", "n": 3, "prompt": "abcde"});
+        assert_eq!(requested(&csv, false), 42, "an item's own n may be its id");
+        assert_eq!(
+            requested(&csv, true),
+            122,
+            "a --body's n asks for 3 answers of 40"
+        );
         let responses = json!({"max_output_tokens": 7, "input": "abcd", "other": "x".repeat(99)});
-        assert_eq!(requested(&responses), 8, "only the prompt's fields count");
+        assert_eq!(
+            requested(&responses, true),
+            8,
+            "only the prompt's fields count"
+        );
         for none in [
             json!({"id": 7, "text": "not a prompt"}),
             json!(null),
             json!([1, 2]),
         ] {
-            assert_eq!(requested(&none), 0, "{none}");
+            assert_eq!(requested(&none, true), 0, "{none}");
         }
         for odd in [
             json!({"max_tokens": -5, "n": 0}),
             json!({"max_tokens": "lots", "n": 1e308}),
         ] {
-            assert_eq!(requested(&odd), 0, "{odd}");
+            assert_eq!(requested(&odd, true), 0, "{odd}");
         }
-        let huge = json!({"max_tokens": 1e308, "n": 1e308});
-        assert_eq!(requested(&huge), u64::MAX, "saturates, never panics");
+        let many = json!({"max_tokens": 10, "n": 5000});
+        assert_eq!(
+            requested(&many, true),
+            10,
+            "an n past 128 is no count of answers"
+        );
+        let huge = json!({"max_tokens": 1e308, "n": 100});
+        assert_eq!(requested(&huge, true), u64::MAX, "saturates, never panics");
+    }
+
+    /// Items whose `--body` template holds the request: the guess reads the
+    /// body rendered, where the item has only the prompt's text under its
+    /// own name (it guessed 0, and every token window ran into a 429).
+    #[test]
+    fn a_body_templates_request_is_estimated_from_the_body_sent() {
+        let c = Costing {
+            expr: None,
+            usage: DEFAULT_USAGE.into(),
+            file: "in.csv".into(),
+            most: None,
+            guess_cap: None,
+        };
+        let item = crate::input::Item {
+            line: 3,
+            value: json!({"id": "7", "text": "abcdefgh", "n": "9"}),
+            field_order: Default::default(),
+        };
+        assert_eq!(c.estimate(&item, None), Ok(0));
+        let body = json!({"model": "m", "max_tokens": 50, "n": 2, "messages": [
+            {"role": "user", "content": "abcdefgh"},
+        ]});
+        // 2 answers of 50, and "user" + "abcdefgh" (12 characters).
+        assert_eq!(c.estimate(&item, Some(&body)), Ok(103));
     }
 
     /// An image's data and address are no text: 100,000 characters of
@@ -594,7 +651,7 @@ mod tests {
         ]}]});
         // "user", "text", "abcd", "image_url", "image", "base64",
         // "image/png": 41 characters, 11 tokens.
-        assert_eq!(requested(&image), 21);
+        assert_eq!(requested(&image, true), 21);
         let item = |value: Value| crate::input::Item {
             line: 7,
             value,
@@ -608,22 +665,22 @@ mod tests {
             guess_cap: Some(500),
         };
         let huge = item(json!({"max_tokens": 1e15}));
-        assert_eq!(c.estimate(&huge), Ok(500));
+        assert_eq!(c.estimate(&huge, None), Ok(500));
         // Its max_tokens alone past what a told policy admits: refused
         // every time, so failed unsent; a long prompt is a guess, held.
         c.most = Some((500, "500/1s,tokens".into()));
-        let err = c.estimate(&huge).unwrap_err();
+        let err = c.estimate(&huge, None).unwrap_err();
         assert!(
             err.contains("in.jsonl:7") && err.contains("--limit 500/1s,tokens"),
             "{err}"
         );
         let long = item(json!({"max_tokens": 10, "prompt": "x".repeat(4000)}));
-        assert_eq!(c.estimate(&long), Ok(500));
+        assert_eq!(c.estimate(&long, None), Ok(500));
         c.most = None;
         c.guess_cap = None;
-        assert_eq!(c.estimate(&huge), Ok(MAX_ESTIMATE));
+        assert_eq!(c.estimate(&huge, None), Ok(MAX_ESTIMATE));
         c.expr = Some("max_tokens".parse().unwrap());
-        assert_eq!(c.estimate(&huge), Ok(MAX_ESTIMATE));
+        assert_eq!(c.estimate(&huge, None), Ok(MAX_ESTIMATE));
     }
 
     /// At the default `--usage`, Anthropic's usage (input and output

@@ -1,11 +1,13 @@
 //! No per-period limit configured (Mega, `--limit none`): calls go at
 //! once, but a 429 still pauses everyone. A server may still state limits
 //! of its own, in any dialect (a key capped below its plan, a daily quota):
-//! the first response that states a quota of calls hands pacing over to a
+//! the first response that states a quota hands pacing over to a
 //! [`WindowPacer`] keeping that quota (per minute when no window is
 //! stated, as the plans' window), which follows every later statement as
 //! it does for a configured limit: other policies, `remaining: 0` with its
-//! reset, a quota used up beyond the bound halting the run resumably.
+//! reset, a quota used up beyond the bound halting the run resumably. A
+//! server stating only quotas of tokens (an LLM endpoint limiting tokens
+//! alone) hands over as a told `--limit Q/W,tokens` would.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -17,7 +19,7 @@ use super::window::{policy_set, Policies, WindowPacer};
 use super::{ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::{Announced, Unit};
 use crate::rate::bucket::skew_allowance;
-use crate::rate::policies::{Heard, MAX_PREFILL};
+use crate::rate::policies::{Heard, MAX_PREFILL, TOKEN_WINDOW};
 use crate::rate::policy::PolicySpec;
 use crate::rate::{Limit, Rate, STATED};
 
@@ -79,7 +81,14 @@ impl Unpaced {
     /// least this run's own within the window) and any pause in force.
     fn hand_over(&self, first: &Announced, rate: Rate) -> WindowPacer {
         let now = Instant::now();
-        let spec = [PolicySpec::sliding(Limit::Rate(rate))];
+        let unit = match first.unit {
+            Unit::Tokens => crate::rate::policy::Unit::Tokens,
+            _ => crate::rate::policy::Unit::Calls,
+        };
+        let spec = [PolicySpec {
+            unit,
+            ..PolicySpec::sliding(Limit::Rate(rate))
+        }];
         let p = Policies {
             specs: &spec,
             wait_for_quota: self.wait_for_quota,
@@ -99,9 +108,14 @@ impl Unpaced {
         let within =
             now.saturating_duration_since(s.started) < rate.period + skew_allowance(rate.period);
         let ours = if within { s.taken } else { 0 };
-        let told = rate
-            .count
-            .saturating_sub(first.remaining.unwrap_or(rate.count));
+        // What a quota of tokens says was used is tokens, not calls: the
+        // window pacer counts it against that policy from the same headers.
+        let told = match first.unit {
+            Unit::Calls => rate
+                .count
+                .saturating_sub(first.remaining.unwrap_or(rate.count)),
+            _ => 0,
+        };
         let w = set.primary_mut();
         for _ in 0..ours.max(told).min(rate.count).min(MAX_PREFILL) {
             w.admit_answered(answered.into_std());
@@ -112,44 +126,50 @@ impl Unpaced {
         WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }
 
-    /// Hands pacing over when `headers` state a quota of calls: the note
-    /// that says so, or `None` when they state none (or another worker's
-    /// response handed over first).
+    /// Hands pacing over when `headers` state a quota: the note that says
+    /// so, or `None` when they state none (or another worker's response
+    /// handed over first).
     fn follow(&self, headers: &HeaderMap) -> Option<PaceNote> {
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         let (first, rate) = primary_of(&stated)?;
         self.stated.set(self.hand_over(first, rate)).ok()?;
+        let tokens = first.unit == Unit::Tokens;
         Some(match first.window {
-            None => PaceNote::LimitInForce(rate.count),
-            Some(window) => PaceNote::Heard(Heard::Added {
+            None if !tokens => PaceNote::LimitInForce(rate.count),
+            _ => PaceNote::Heard(Heard::Added {
                 name: first.name.clone(),
                 quota: rate.count,
-                window,
-                tokens: false,
+                window: rate.period,
+                tokens,
             }),
         })
     }
 }
 
-/// The stated quota of calls the window pacer's primary window keeps: of
-/// those stating a window, the shortest (a quota stated without one is
-/// then read against the nearest, as for a configured limit); else the
-/// least quota stated without one, read per minute.
+/// The stated quota the window pacer's primary policy keeps: of the
+/// quotas of calls stating a window, the shortest (a quota stated without
+/// one is then read against the nearest, as for a configured limit); else
+/// the least quota of calls stated without one, read per minute; else,
+/// where only tokens are limited, the shortest quota of tokens (per minute
+/// when no window is stated, as OpenAI and Anthropic publish theirs).
 fn primary_of(stated: &[Announced]) -> Option<(&Announced, Rate)> {
-    stated
-        .iter()
-        .filter(|a| a.unit == Unit::Calls)
-        .filter_map(|a| {
-            let period = a.window.unwrap_or(CAP_WINDOW);
-            Some((
-                a,
-                Rate {
-                    count: a.quota?,
-                    period,
-                },
-            ))
-        })
-        .min_by_key(|(a, r)| (a.window.is_none(), r.period, r.count))
+    let of = |unit: Unit, unstated: Duration| {
+        stated
+            .iter()
+            .filter(move |a| a.unit == unit)
+            .filter_map(move |a| {
+                let period = a.window.unwrap_or(unstated);
+                Some((
+                    a,
+                    Rate {
+                        count: a.quota?,
+                        period,
+                    },
+                ))
+            })
+            .min_by_key(|(a, r)| (a.window.is_none(), r.period, r.count))
+    };
+    of(Unit::Calls, CAP_WINDOW).or_else(|| of(Unit::Tokens, TOKEN_WINDOW))
 }
 
 impl Pacer for Unpaced {
@@ -389,6 +409,56 @@ mod tests {
         assert!(
             shown.iter().all(|o| o.policy.ends_with(" (stated)")),
             "{shown:?}"
+        );
+    }
+
+    /// A server stating only a quota of tokens (OpenAI's headers without
+    /// the requests ones): pacing is handed over to it, where calls went on
+    /// unpaced to a 429 in every window. 40 calls of 100 tokens each
+    /// against 1000 a minute, 300 used already: at most 1000 tokens in any
+    /// minute, counting the 300.
+    #[tokio::test(start_paused = true)]
+    async fn a_server_stating_only_tokens_gets_its_tokens_paced() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        let h = headers(&[
+            ("x-ratelimit-limit-tokens", "1000"),
+            ("x-ratelimit-remaining-tokens", "700"),
+            ("x-ratelimit-reset-tokens", "18s"),
+        ]);
+        let said = p.observe(&h).await;
+        assert!(
+            matches!(
+                &said,
+                Some(PaceNote::Heard(Heard::Added {
+                    quota: 1000,
+                    tokens: true,
+                    ..
+                }))
+            ),
+            "{said:?}"
+        );
+        let heavy = Weight {
+            calls: 1,
+            tokens: 100,
+        };
+        let mut stamps = Vec::new();
+        for _ in 0..40 {
+            let permit = p.take_weighted(heavy).await.expect("permit");
+            permit.complete_used(Instant::now(), Some(100));
+            stamps.push(Instant::now());
+        }
+        let minute = Duration::from_secs(60);
+        let in_first_minute = stamps.iter().filter(|&&t| t - t0 < minute).count();
+        assert!(
+            in_first_minute <= 7,
+            "{in_first_minute} calls of 100 with 300 used"
+        );
+        let most = max_in_window(&stamps, minute);
+        assert!(most <= 10, "{most} calls of 100 tokens in one minute");
+        assert!(
+            Instant::now() - t0 < Duration::from_secs(300),
+            "paced, not stalled"
         );
     }
 

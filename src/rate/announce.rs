@@ -34,7 +34,7 @@ use fields::{go_duration, members, Item};
 pub enum Unit {
     /// Requests: what batchrun paces.
     Calls,
-    /// Tokens (input, output or both): read and reported, not yet paced.
+    /// Tokens (input, output or both): paced as a policy of tokens.
     Tokens,
     /// Anything else (content bytes, concurrent requests, …).
     Other,

@@ -151,7 +151,7 @@ impl Pool {
         let mut entries = Vec::with_capacity(taken.len());
         for q in taken {
             let made = self.spec.render(&q.item).and_then(|req| {
-                let tokens = self.weigh(&q.item)?.tokens;
+                let tokens = self.weigh(&q.item, &req)?.tokens;
                 Ok((req, tokens))
             });
             match made {

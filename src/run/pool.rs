@@ -20,7 +20,7 @@ use crate::credits::{self, Admit, InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{Pacer, Permit, Weight};
 use crate::report::calls::CallId;
-use crate::request::RequestSpec;
+use crate::request::{Body, RequestSpec};
 use crate::transport::{Request, Transport};
 
 /// How the pool treats each item.
@@ -117,7 +117,7 @@ impl Pool {
         };
         // Before any slot or probe is held: an item whose cost cannot be
         // read fails with nothing to give back.
-        let weight = match self.weigh(&queued.item) {
+        let weight = match self.weigh(&queued.item, &req) {
             Ok(w) => w,
             Err(reason) => {
                 self.fail_unsent(&queued.item, reason);
@@ -273,12 +273,19 @@ impl Pool {
         });
     }
 
-    /// What the item's call weighs: one call, and its `--cost` in tokens.
-    pub(super) fn weigh(&self, item: &Item) -> Result<Weight, String> {
-        let tokens = match &self.cfg.cost {
-            Some(c) => c.estimate(item)?,
-            None => 0,
+    /// What the item's call (`req`, rendered) weighs: one call, and its
+    /// estimate in tokens.
+    pub(super) fn weigh(&self, item: &Item, req: &Request) -> Result<Weight, String> {
+        let Some(c) = &self.cfg.cost else {
+            return Ok(Weight::default());
         };
+        // A `--body` rendered holds the request (read again only for a
+        // guess, which reads the request); otherwise the item is it.
+        let rendered = match (&self.spec.body, &req.body) {
+            (Body::Template(_), Some(b)) if c.guessed() => serde_json::from_slice(b).ok(),
+            _ => None,
+        };
+        let tokens = c.estimate(item, rendered.as_ref())?;
         Ok(Weight { calls: 1, tokens })
     }
 

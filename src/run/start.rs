@@ -348,18 +348,19 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
 }
 
 /// A policy of tokens told with no `--cost`: each call is estimated at
-/// what its item requests, read from the fields OpenAI's and Anthropic's
-/// bodies use. Said at start, so that a job whose items say it otherwise
-/// (a body from `--body`, other field names) knows to give `--cost`.
+/// what its request asks, read from the fields OpenAI's and Anthropic's
+/// bodies use. Said at start, so that a job whose
+/// requests say it otherwise (other field names) knows to give `--cost`.
 pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
     let c = &settings.costing;
     let told = (settings.policies.iter()).any(|p| p.unit == crate::rate::policy::Unit::Tokens);
     (told && c.guessed()).then(|| {
         format!(
             "batchrun: note: a token policy is told and --cost is not: each call is estimated at \
-             what its item requests (max_tokens, max_completion_tokens or max_output_tokens, and \
-             a token per 4 characters of prompt, input, system and messages) and counted at what \
-             its answer used ({}); give --cost where the items say it otherwise",
+             what its request asks (max_tokens, max_completion_tokens or max_output_tokens, and \
+             a token per 4 characters of prompt, input, system and messages, read from --body \
+             rendered or else the item) and counted at what its answer used ({}); give --cost where the requests say \
+             it otherwise",
             match c.usage.is_empty() {
                 true => "nothing: --usage is empty".to_string(),
                 false => format!("--usage {}", c.usage),

@@ -193,12 +193,64 @@ async fn a_token_policy_told_without_cost_is_said_at_start() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
         r.stderr
-            .contains("a token policy is told and --cost is not: each call is estimated at what its item requests")
+            .contains("a token policy is told and --cost is not: each call is estimated at what its request asks")
             && r.stderr.contains("--usage /usage/total_tokens")
             && r.stderr.contains("give --cost"),
         "{}",
         r.stderr
     );
+}
+
+/// Items of a CSV whose `--body` template makes the chat request: the
+/// guess reads the body sent (its `max_tokens` and the message rendered
+/// from `text`). It read the item, guessed 0, and a call sent as the token
+/// window filled was refused in every window.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_budget_is_kept_for_requests_a_body_template_makes() {
+    let rows: String = (1..=40)
+        .map(|i| format!("{i},{}\n", "word ".repeat(i % 7 * 4 + 1).trim_end()))
+        .collect();
+    let s = Scenario::new("policies-tokens-body")
+        .with_sim(&["--limit", "1000/1s", "--limit", "400/1s,tokens"])
+        .input("prompts.csv", &format!("n,text\n{rows}"));
+    let body = r#"{{"model": "m", "max_tokens": 40, "messages": [{{"role": "user", "content": "{text}"}}]}}"#;
+    let r = s.run(&[
+        "--limit",
+        "1000/1s",
+        "--limit",
+        "400/1s,tokens",
+        "--body",
+        body,
+        "--concurrency",
+        "10",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 800, "{stats}");
+    assert_eq!(r.summary["done"], 40, "{}", r.summary);
+    assert_side_effects(&stats, 40);
+}
+
+/// `--limit none` against a server stating only a quota of tokens (an LLM
+/// endpoint limiting tokens alone): pacing is handed over to it from the
+/// first response, as to a stated quota of calls. It never was: calls went
+/// on unpaced into a 429 in every window.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
+    let s = Scenario::new("policies-tokens-only")
+        .with_sim(&["--limit", "400/1s,tokens", "--dialect", "ietf"])
+        .input("prompts.jsonl", &prompts(60));
+    let r = s.run(&["--limit", "none", "--json-body", "--concurrency", "4"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // Four calls of at most 74 tokens each go before the first answer:
+    // none of them can overrun 400.
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 800, "{stats}");
+    assert_each_item_once(&s.out_path(), 60);
 }
 
 /// Told three times the limit the sim states in `dialect`, with more
