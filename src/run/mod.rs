@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+mod admit;
 mod alone;
 mod batch;
 mod batch_pool;
