@@ -40,6 +40,9 @@ struct UnpacedState {
     paused_until: Option<Instant>,
     started: Instant,
     taken: u64,
+    /// The estimated tokens of the calls taken: what the server may not
+    /// have counted yet when it first states a quota of tokens.
+    tokens_taken: u64,
     /// What the window pacer made of the headers that handed over: said
     /// through `note`, after the hand-over's own note.
     pending: Option<PaceNote>,
@@ -64,6 +67,7 @@ impl Unpaced {
                 paused_until: None,
                 started: Instant::now(),
                 taken: 0,
+                tokens_taken: 0,
                 pending: None,
             }),
             wait_for_quota,
@@ -122,6 +126,14 @@ impl Unpaced {
         }
         if let Some(until) = s.paused_until.filter(|&u| u > now) {
             w.pause_until(until.into_std());
+        }
+        // A quota of tokens counts this run's own estimates as spent now:
+        // the calls still on their way are not in what the server said was
+        // used, nor in its reset (the same headers, read next, add what it
+        // says was used beyond them).
+        if unit == crate::rate::policy::Unit::Tokens && within {
+            let ours = [(spec[0].to_string(), s.tokens_taken)];
+            set.resume_use(&ours, &|_| 0, now.into_std());
         }
         WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }
@@ -189,7 +201,9 @@ impl Pacer for Unpaced {
                 match wait {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => {
-                        self.lock().taken += weight.calls;
+                        let mut s = self.lock();
+                        s.taken += weight.calls;
+                        s.tokens_taken = s.tokens_taken.saturating_add(weight.tokens);
                         return Ok(Permit::untracked());
                     }
                 }
@@ -415,16 +429,24 @@ mod tests {
     /// A server stating only a quota of tokens (OpenAI's headers without
     /// the requests ones): pacing is handed over to it, where calls went on
     /// unpaced to a 429 in every window. 40 calls of 100 tokens each
-    /// against 1000 a minute, 300 used already: at most 1000 tokens in any
-    /// minute, counting the 300.
+    /// against 1000 a minute, after 3 sent before the first answer, which
+    /// the server has not counted yet: at most 1000 tokens in any minute,
+    /// counting the 300.
     #[tokio::test(start_paused = true)]
     async fn a_server_stating_only_tokens_gets_its_tokens_paced() {
         let p = Unpaced::default();
         let t0 = Instant::now();
+        let heavy = Weight {
+            calls: 1,
+            tokens: 100,
+        };
+        for _ in 0..3 {
+            p.take_weighted(heavy).await.expect("permit");
+        }
         let h = headers(&[
             ("x-ratelimit-limit-tokens", "1000"),
-            ("x-ratelimit-remaining-tokens", "700"),
-            ("x-ratelimit-reset-tokens", "18s"),
+            ("x-ratelimit-remaining-tokens", "1000"),
+            ("x-ratelimit-reset-tokens", "0s"),
         ]);
         let said = p.observe(&h).await;
         assert!(
@@ -438,10 +460,6 @@ mod tests {
             ),
             "{said:?}"
         );
-        let heavy = Weight {
-            calls: 1,
-            tokens: 100,
-        };
         let mut stamps = Vec::new();
         for _ in 0..40 {
             let permit = p.take_weighted(heavy).await.expect("permit");
@@ -452,7 +470,7 @@ mod tests {
         let in_first_minute = stamps.iter().filter(|&&t| t - t0 < minute).count();
         assert!(
             in_first_minute <= 7,
-            "{in_first_minute} calls of 100 with 300 used"
+            "{in_first_minute} calls of 100 after 300 sent"
         );
         let most = max_in_window(&stamps, minute);
         assert!(most <= 10, "{most} calls of 100 tokens in one minute");

@@ -110,6 +110,10 @@ pub struct PolicySet {
     configured: (usize, usize),
     /// The primary window is only the envelope of the first kept policy.
     envelope_first: bool,
+    /// The tokens the answered calls weighed (what each answer said it
+    /// used, else its estimate), and how many calls: their mean turns a
+    /// token policy's rate into calls for [`per_second`](Self::per_second).
+    weighed: (u64, u64),
 }
 
 impl PolicySet {
@@ -130,6 +134,7 @@ impl PolicySet {
             heard: VecDeque::new(),
             configured: (0, 0),
             envelope_first: false,
+            weighed: (0, 0),
         }
         .configured_now()
     }
@@ -175,16 +180,20 @@ impl PolicySet {
         &mut self.windows[0]
     }
 
-    /// Calls per second the set allows at most: the lowest of its windows.
+    /// Calls per second the set allows at most: the lowest of its windows,
+    /// and of its token policies at the calls answered so far's mean
+    /// weight (none before an answer, or while they weighed nothing).
     pub fn per_second(&self) -> f64 {
-        let kept = self
-            .kept
-            .iter()
-            .filter(|k| k.unit() == crate::rate::policy::Unit::Calls);
+        let (tokens, calls) = self.weighed;
+        let mean = (calls > 0 && tokens > 0).then(|| tokens as f64 / calls as f64);
+        let kept = self.kept.iter().filter_map(|k| match k.unit() {
+            crate::rate::policy::Unit::Calls => Some(k.per_second()),
+            crate::rate::policy::Unit::Tokens => Some(k.per_second() / mean?),
+        });
         self.windows
             .iter()
             .map(|w| w.limit() as f64 / w.window().as_secs_f64().max(1e-9))
-            .chain(kept.map(Kept::per_second))
+            .chain(kept)
             .fold(f64::INFINITY, f64::min)
     }
 
@@ -272,7 +281,12 @@ impl PolicySet {
     }
 
     fn settle(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>, refused: bool) {
-        if let Some((sent, slots, kept, _)) = self.in_flight.remove(&slot) {
+        if let Some((sent, slots, kept, estimate)) = self.in_flight.remove(&slot) {
+            if !refused {
+                let (tokens, calls) = self.weighed;
+                let weighed = used.unwrap_or(estimate);
+                self.weighed = (tokens.saturating_add(weighed), calls.saturating_add(1));
+            }
             self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));
             for (i, (w, slots)) in self.windows.iter_mut().zip(slots).enumerate() {
                 for s in slots {

@@ -462,3 +462,26 @@ fn a_told_bucket_refused_widens_its_allowance() {
     s.widen_buckets();
     assert_eq!(gap(&mut s, t2 + ms(2000)), ms(120));
 }
+
+/// The progress line's pace and ETA under a token policy: 600 tokens a
+/// second at 100 a call is 6 calls a second, not the 1,000 the policy of
+/// calls allows. Read from what the answers used, else the estimates; a
+/// refused call weighs nothing, and before any answer the calls' own
+/// policies are all there is to go by.
+#[test]
+fn the_pace_under_a_token_policy_is_its_rate_at_the_calls_mean_weight() {
+    let t0 = Instant::now();
+    let mut s = set(&[(1000, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(
+        "600/1s,tokens".parse().unwrap(),
+    )
+    .unwrap()]);
+    assert_eq!(s.per_second(), 1000.0);
+    let slot = s.try_take_weighted(t0, 1, 60).unwrap();
+    s.complete_used(slot, t0 + ms(5), Some(150));
+    let slot = s.try_take_weighted(t0, 1, 50).unwrap();
+    s.complete_used(slot, t0 + ms(5), None);
+    let slot = s.try_take_weighted(t0, 1, 400).unwrap();
+    s.complete_refused(slot, t0 + ms(5));
+    // (150 + 50) / 2 = 100 tokens a call.
+    assert!((s.per_second() - 6.0).abs() < 1e-9, "{}", s.per_second());
+}
