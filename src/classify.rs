@@ -93,11 +93,50 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// Whether a response is the rate limiter's refusal (what [`classify`]
 /// calls [`CallError::RateLimited`]): a 429 that says neither that the
-/// credits ran out nor that the concurrency ceiling was reached.
+/// credits ran out nor that the concurrency ceiling was reached, or a 403
+/// that [`limits_rate`] says is one.
 pub fn is_rate_limited(code: u16, headers: &HeaderMap) -> bool {
-    code == 429
-        && !crate::wire::exhausted_by_headers(headers)
-        && !headers.contains_key("x-concurrency-limit")
+    match code {
+        429 => {
+            !crate::wire::exhausted_by_headers(headers)
+                && !headers.contains_key("x-concurrency-limit")
+        }
+        403 => limits_rate(headers, SystemTime::now()),
+        _ => false,
+    }
+}
+
+/// Whether a 403 is a rate limit's: GitHub answers its limits with a 403
+/// as often as a 429, with a `Retry-After` (its secondary limits) or a
+/// quota stated used up (`X-RateLimit-Remaining: 0`, its primary one). A
+/// 403 saying neither refuses the key or the call.
+fn limits_rate(headers: &HeaderMap, now: SystemTime) -> bool {
+    let said = header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now));
+    said.is_some() || stated_wait(headers, now).is_some()
+}
+
+/// How long a refusal with no usable `Retry-After` asks to wait, by what
+/// else its headers say: OpenAI's `retry-after-ms`, else the latest reset
+/// of the quotas it states used up (`remaining` 0, in any dialect: IETF
+/// `RateLimit: r=0;t=1`, GitHub's `X-RateLimit-Reset`, OpenAI's and
+/// Anthropic's per unit). `None` when it says neither: the pool's default
+/// pause then.
+fn stated_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let ms = header_str(headers, "retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| {
+            Duration::from_secs_f64((ms / 1000.0).min(retry_after::MAX_QUOTA_RESET.as_secs_f64()))
+        });
+    ms.or_else(|| {
+        let unix = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        (crate::rate::announce::read(headers, unix).iter())
+            .filter(|a| a.remaining == Some(0))
+            .filter_map(|a| a.reset_in)
+            .max()
+    })
 }
 
 /// Classifies a response by status and headers. `body` is used only to give
@@ -119,6 +158,10 @@ pub fn classify(
         402 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
             Err(CallError::CreditsExhausted { status: code })
         }
+        403 if limits_rate(headers, now) => Err(CallError::RateLimited {
+            retry_after: said.or_else(|| stated_wait(headers, now)),
+            message: short_reason(body, key, SHORT),
+        }),
         401..=403 => Err(CallError::Refused {
             status: code,
             reason: reason_or_name(status, body, key),
@@ -130,7 +173,7 @@ pub fn classify(
             Err(CallError::Concurrency { retry_after })
         }
         429 => Err(CallError::RateLimited {
-            retry_after: said,
+            retry_after: said.or_else(|| stated_wait(headers, now)),
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),
@@ -456,10 +499,19 @@ mod tests {
     /// when the classifier says so.
     #[test]
     fn is_rate_limited_agrees_with_the_classifier() {
-        let cases: [(u16, &[(&str, &str)]); 5] = [
+        let cases: [(u16, &[(&str, &str)]); 8] = [
             (
                 429,
                 &[("retry-after", "7"), ("x-api-remaining-credits", "12")],
+            ),
+            (403, &[("retry-after", "5")]),
+            (
+                403,
+                &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "60")],
+            ),
+            (
+                403,
+                &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "60")],
             ),
             (
                 429,
@@ -476,6 +528,102 @@ mod tests {
                 limited,
                 "{code} {pairs:?}"
             );
+        }
+    }
+
+    /// GitHub's rate limits answer 403 as often as 429: its secondary
+    /// limit with a `Retry-After`, its primary one with
+    /// `X-RateLimit-Remaining: 0` and the reset in epoch seconds. Each is
+    /// a rate limit waited out; a 403 saying neither refuses the key (it
+    /// stopped the run as "the API rejected the key", or failed items).
+    #[test]
+    fn a_403_that_asks_to_wait_or_states_a_quota_used_up_is_a_rate_limit() {
+        let limited = |r: Result<(), CallError>| match r {
+            Err(CallError::RateLimited { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        let secondary = c(
+            403,
+            &[("retry-after", "5")],
+            r#"{"message": "secondary rate limit"}"#,
+        );
+        assert_eq!(limited(secondary), Some(Duration::from_secs(5)));
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let reset = (now.as_secs() + 120).to_string();
+        let primary = c(
+            403,
+            &[
+                ("x-ratelimit-limit", "60"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-used", "60"),
+                ("x-ratelimit-reset", &reset),
+                ("x-ratelimit-resource", "core"),
+            ],
+            r#"{"message": "API rate limit exceeded"}"#,
+        );
+        let wait = limited(primary).expect("the reset");
+        assert!(
+            wait > Duration::from_secs(110) && wait <= Duration::from_secs(121),
+            "{wait:?}"
+        );
+        for refused in [
+            c(403, &[], r#"{"message": "Bad credentials"}"#),
+            c(
+                403,
+                &[
+                    ("x-ratelimit-remaining", "59"),
+                    ("x-ratelimit-reset", &reset),
+                ],
+                "",
+            ),
+        ] {
+            assert!(
+                matches!(refused, Err(CallError::Refused { status: 403, .. })),
+                "{refused:?}"
+            );
+        }
+    }
+
+    /// A 429 with no `Retry-After` waits what else its headers ask:
+    /// OpenAI's `retry-after-ms`, else the reset of the quota it states
+    /// used up. It paused the default (a window, up to a minute) where
+    /// the server asked for 821 ms or a second.
+    #[test]
+    fn a_429_without_retry_after_waits_what_its_other_headers_ask() {
+        let wait = |pairs: &[(&str, &str)]| match c(429, pairs, "") {
+            Err(CallError::RateLimited { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            wait(&[("retry-after-ms", "821")]),
+            Some(Duration::from_millis(821))
+        );
+        let ietf = [
+            ("ratelimit-policy", r#""p";q=10;w=1"#),
+            ("ratelimit", r#""p";r=0;t=1"#),
+        ];
+        assert_eq!(wait(&ietf), Some(Duration::from_secs(1)));
+        let openai = [
+            ("x-ratelimit-limit-requests", "1000"),
+            ("x-ratelimit-remaining-requests", "990"),
+            ("x-ratelimit-reset-requests", "600ms"),
+            ("x-ratelimit-limit-tokens", "20000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "180ms"),
+        ];
+        assert_eq!(wait(&openai), Some(Duration::from_millis(180)));
+        assert_eq!(
+            wait(&[("retry-after", "7"), ("retry-after-ms", "1")]),
+            Some(Duration::from_secs(7))
+        );
+        for nothing in [
+            &[][..],
+            &[("retry-after-ms", "soon")][..],
+            &[("x-ratelimit-remaining", "4"), ("x-ratelimit-reset", "3")][..],
+        ] {
+            assert_eq!(wait(nothing), None, "{nothing:?}");
         }
     }
 

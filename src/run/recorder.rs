@@ -400,7 +400,7 @@ impl Recorder {
                 .map(|m| format!(" (the server said: {m})"))
                 .unwrap_or_default();
             self.reporter.println(&format!(
-                "batchrun: rate limited (429): pausing every worker for {:.1}s{said}",
+                "batchrun: rate limited: pausing every worker for {:.1}s{said}",
                 pause.as_secs_f64()
             ));
         }

@@ -284,9 +284,7 @@ async fn an_items_429_in_a_batch_pauses_every_worker_and_never_fails_it() {
         assert_eq!(row["body"]["data"], row["input"], "{row}");
     }
     assert!(
-        r.stderr
-            .contains("rate limited (429): pausing every worker")
-            && r.stderr.contains("slow down"),
+        r.stderr.contains("rate limited: pausing every worker") && r.stderr.contains("slow down"),
         "{}",
         r.stderr
     );

@@ -283,6 +283,42 @@ async fn a_stated_limit_is_kept_after_the_first_response(dialect: &str) {
     assert_side_effects(&stats, 30);
 }
 
+/// GitHub answers its rate limit with a 403, the quota stated used up and
+/// no `Retry-After` (the reset says when). A job started while another
+/// client's calls fill the key's window (here a run with a checkpoint of
+/// its own elsewhere) gets them for its first calls: they are rate limits,
+/// waited out to the reset. They stopped the run as "the API rejected the
+/// key" (exit 1).
+#[tokio::test(flavor = "multi_thread")]
+async fn githubs_403_for_its_rate_limit_is_waited_out_not_taken_for_the_key() {
+    let s = Scenario::new("policies-github-403")
+        .with_sim(&[
+            "--limit",
+            "10/2s,fixed",
+            "--dialect",
+            "github",
+            "--cooldown",
+            "0s",
+        ])
+        .numbers(10);
+    let told = ["--limit", "10/2s,fixed"];
+    let elsewhere = TempDir::new("policies-github-403-elsewhere");
+    let first = finish(run_cmd(s.sim(), &elsewhere, s.input_path(), &told));
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let next = s.dir().path().join("next.jsonl");
+    std::fs::write(&next, "{\"n\": 11}\n{\"n\": 12}\n{\"n\": 13}\n").unwrap();
+    let r = s.run_for(&next, &[told[0], told[1], "--concurrency", "3"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("rejected the key"), "{}", r.stderr);
+    assert_eq!(r.summary["done"], 3, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    let refused = stats["rejected_rate"].as_u64().unwrap();
+    assert!(refused >= 1, "the window was full: {stats}");
+    assert_eq!(r.summary["status_counts"]["403"], refused, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], refused, "{}", r.summary);
+    assert_side_effects(&stats, 13);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_limit_stated_in_batchruns_dialect_is_kept() {
     a_stated_limit_is_kept_after_the_first_response("batchrun").await;

@@ -21,7 +21,7 @@ use super::super::model::usage::Usage;
 use super::super::model::{refusals, Admission, CreditView, RateInfo, Settled, Ticket};
 use super::conn::ConnCtl;
 use super::metered::idempotency_key;
-use super::respond::{metered_headers, rejected, Echo};
+use super::respond::{metered_headers, refused_in, Echo};
 use super::{dialect, App, Shared};
 use crate::wire;
 
@@ -123,9 +123,7 @@ pub(super) async fn batch_post(
             faults,
         } => (ticket, rate, faults),
         Admission::Rejected { why, rate, credits } => {
-            let mut r = rejected(why, rate, credits, &echo);
-            dialect::write(r.headers_mut(), app.dialect, &view);
-            return r;
+            return refused_in(why, (rate, credits), &echo, app.dialect, &view);
         }
         Admission::Replay { .. } => {
             // Never: the batch is admitted without a key of its own.

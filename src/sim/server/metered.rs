@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use super::super::model::usage::Usage;
 use super::super::model::{Admission, Faults, PolicyView, RateInfo, Ticket};
 use super::conn::ConnCtl;
-use super::respond::{body_response, metered_headers, rejected, Echo};
+use super::respond::{body_response, metered_headers, refused_in, Echo};
 use super::{big, dialect, App, Shared};
 use crate::wire;
 
@@ -180,9 +180,7 @@ async fn metered(
     };
     let (ticket, rate, faults) = match admission {
         Admission::Rejected { why, rate, credits } => {
-            let mut r = rejected(why, rate, credits, &echo);
-            dialect::write(r.headers_mut(), app.dialect, &view);
-            return r;
+            return refused_in(why, (rate, credits), &echo, app.dialect, &view);
         }
         Admission::Replay {
             body,

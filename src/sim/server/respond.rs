@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::super::model::{CreditView, RateInfo, Rejection};
+use super::super::model::{CreditView, Dialect, PolicyView, RateInfo, Rejection};
 use crate::wire;
 
 /// The API key to write into response bodies, if `--echo-key` is on and the
@@ -157,12 +157,7 @@ fn refusal(why: &Rejection, credits: CreditView) -> (StatusCode, Value, Option<u
 }
 
 /// The response to a refused metered request.
-pub(super) fn rejected(
-    why: Rejection,
-    rate: Option<RateInfo>,
-    credits: CreditView,
-    echo: &Echo,
-) -> Response {
+fn rejected(why: Rejection, rate: Option<RateInfo>, credits: CreditView, echo: &Echo) -> Response {
     let (status, body, retry_after) = refusal(&why, credits);
     let mut r = echo.json(status, body);
     let h = r.headers_mut();
@@ -172,6 +167,31 @@ pub(super) fn rejected(
     }
     if let Rejection::Concurrency { limit } = why {
         h.insert(wire::CONCURRENCY_LIMIT, HeaderValue::from(limit));
+    }
+    r
+}
+
+/// The response to a refused metered request in `dialect`, stating the
+/// key's policies `view` in it. GitHub answers its rate limits with a 403
+/// (as it documents, a 429 as often): with no `Retry-After` once the
+/// quota it states is used up (its primary limit: the reset says when),
+/// with one otherwise (its secondary limits).
+pub(super) fn refused_in(
+    why: Rejection,
+    (rate, credits): (Option<RateInfo>, CreditView),
+    echo: &Echo,
+    dialect: Dialect,
+    view: &[PolicyView],
+) -> Response {
+    let for_rate = matches!(why, Rejection::Rate { .. } | Rejection::Cooldown { .. });
+    let mut r = rejected(why, rate, credits, echo);
+    super::dialect::write(r.headers_mut(), dialect, view);
+    if dialect == Dialect::Github && for_rate {
+        *r.status_mut() = StatusCode::FORBIDDEN;
+        let h = r.headers_mut();
+        if h.get("x-ratelimit-remaining").is_some_and(|v| v == "0") {
+            h.remove(wire::RETRY_AFTER);
+        }
     }
     r
 }
