@@ -211,6 +211,13 @@ impl Kept {
         }
     }
 
+    /// A bucket's interval between two units at its rate (when the next
+    /// unit drips in after it is emptied); `None` for a window.
+    pub fn unit_interval(&self) -> Option<Duration> {
+        let per = self.rate.period.as_secs_f64() / self.rate.count.max(1) as f64;
+        matches!(self.rule, Rule::Bucket(_)).then(|| Duration::from_secs_f64(per))
+    }
+
     /// Whether this is a fixed window.
     pub fn is_fixed(&self) -> bool {
         matches!(self.rule, Rule::Fixed(_))
@@ -234,6 +241,20 @@ pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
         }
     };
     Some((n, r.period))
+}
+
+/// How long a policy a response states used up holds calls, the reset
+/// said `reset` (stated to the millisecond: `exact`): a bucket's (of
+/// interval `unit` between two units) next unit drips in within one
+/// interval, so a reset in whole seconds no later than that and the second
+/// it is rounded up by says no more (nginx's IETF `t=1` held a bucket of
+/// 10 a second for a second each time it emptied). A reset beyond that is
+/// another client draining it, and holds, as any reset of a window does.
+pub fn emptied_hold(reset: Duration, exact: bool, unit: Option<Duration>) -> Duration {
+    match unit {
+        Some(u) if !exact && reset <= u + Duration::from_secs(1) => u,
+        _ => reset,
+    }
 }
 
 /// Whether `spec` is kept by an [`ExactWindow`](crate::rate::exact::ExactWindow).

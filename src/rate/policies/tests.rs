@@ -485,3 +485,32 @@ fn the_pace_under_a_token_policy_is_its_rate_at_the_calls_mean_weight() {
     // (150 + 50) / 2 = 100 tokens a call.
     assert!((s.per_second() - 6.0).abs() < 1e-9, "{}", s.per_second());
 }
+
+/// Told a bucket of 10 a second with a burst of 5, a response stating it
+/// empty with a reset in whole seconds (IETF `t=1`, rounded up from the
+/// next unit's 100 ms) holds calls for that one unit, not the second; a
+/// reset stated to the millisecond (OpenAI's) is held as said, and one
+/// beyond a unit and the rounding is another client's draining it.
+#[test]
+fn an_emptied_bucket_stated_in_whole_seconds_waits_its_next_unit_not_the_second() {
+    let t0 = Instant::now();
+    let hold_after = |reset: Duration, exact: bool| {
+        let mut s = set(&[(16, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(
+            "10/1s,burst=5".parse().unwrap(),
+        )
+        .unwrap()]);
+        let said = Announced {
+            reset_in: Some(reset),
+            reset_exact: exact,
+            ..calls_policy(10, Some(1000), Some(0))
+        };
+        s.announce(&[said], t0);
+        match s.try_take(t0 + ms(1)) {
+            Ok(_) => Duration::ZERO,
+            Err(at) => at - t0,
+        }
+    };
+    assert_eq!(hold_after(Duration::from_secs(1), false), ms(100));
+    assert_eq!(hold_after(Duration::from_secs(1), true), ms(1000));
+    assert_eq!(hold_after(Duration::from_secs(2), false), ms(2000));
+}
