@@ -30,6 +30,9 @@ enum Node {
     Number(f64),
     Field(Vec<Step>),
     Chars(Vec<Step>),
+    /// `or(FIELD, DEFAULT)`: the field, or the default where the item has
+    /// no such field (or it is null).
+    Or(Vec<Step>, Box<Node>),
     Neg(Box<Node>),
     Op(char, Box<Node>, Box<Node>),
 }
@@ -42,7 +45,7 @@ enum Step {
 
 /// Why an expression could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid --cost {input:?}: {reason} (expected numbers, field paths, chars(FIELD), + - * / and parentheses, such as 'max_tokens + chars(prompt)/4')")]
+#[error("invalid --cost {input:?}: {reason} (expected numbers, field paths, chars(FIELD), or(FIELD, DEFAULT), + - * / and parentheses, such as 'max_tokens + chars(prompt)/4')")]
 pub struct CostParseError {
     input: String,
     reason: String,
@@ -99,6 +102,10 @@ impl CostExpr {
 fn eval(n: &Node, item: &Value) -> Result<f64, String> {
     Ok(match n {
         Node::Number(x) => *x,
+        Node::Or(path, default) => match lookup(item, path) {
+            None | Some(Value::Null) => eval(default, item)?,
+            Some(_) => eval(&Node::Field(path.clone()), item)?,
+        },
         Node::Field(path) => match lookup(item, path) {
             Some(Value::Number(x)) => x.as_f64().unwrap_or(0.0),
             Some(Value::String(s)) => s
@@ -442,11 +449,28 @@ impl Parser<'_> {
                     }
                     return Ok(Node::Chars(inner));
                 }
+                if path == [Step::Key("or".into())] && self.eat(b'(') {
+                    return self.or();
+                }
                 Ok(Node::Field(path))
             }
             Some(c) => Err(format!("unexpected {:?} at {}", c as char, self.at + 1)),
             None => Err("it ends where a value is expected".into()),
         }
+    }
+
+    /// `or(FIELD, DEFAULT)`, after its `(`.
+    fn or(&mut self) -> Result<Node, String> {
+        self.space();
+        let field = (self.path()).map_err(|e| format!("or( takes a field first: {e}"))?;
+        if !self.eat(b',') {
+            return Err("or( takes a field, a comma and a default".into());
+        }
+        let default = self.expr()?;
+        if !self.eat(b')') {
+            return Err("or( is not closed".into());
+        }
+        Ok(Node::Or(field, Box::new(default)))
     }
 
     fn number(&mut self) -> Result<Node, String> {
@@ -518,6 +542,30 @@ mod tests {
         assert_eq!(cost("chars(m[0].c) * 10", item.clone()), Ok(20));
         assert_eq!(cost("1 - 5", item.clone()), Ok(0), "never below zero");
         assert_eq!(cost("2.5", item), Ok(3), "rounded up");
+    }
+
+    /// `or(FIELD, DEFAULT)`: a request asking several answers where some
+    /// items carry no `n` (every item without one failed: 65 of 100).
+    #[test]
+    fn or_gives_a_default_to_an_item_without_the_field() {
+        let e = "max_tokens * or(n, 1) + chars(prompt)/4";
+        let item = |v: Value| cost(e, v);
+        assert_eq!(
+            item(json!({"max_tokens": 10, "n": 3, "prompt": "abcd"})),
+            Ok(31)
+        );
+        assert_eq!(item(json!({"max_tokens": 10, "prompt": "abcd"})), Ok(11));
+        assert_eq!(
+            item(json!({"max_tokens": 10, "n": null, "prompt": "abcd"})),
+            Ok(11)
+        );
+        let words = item(json!({"max_tokens": 10, "n": "lots", "prompt": "abcd"}));
+        assert!(words.unwrap_err().contains("not a number"));
+        assert_eq!(cost("or(p.q, 2 * 3)", json!({})), Ok(6));
+        for bad in ["or(n)", "or(n, 1", "or(, 1)"] {
+            let e = bad.parse::<CostExpr>().unwrap_err().to_string();
+            assert!(e.contains("or("), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -177,7 +177,7 @@ pub struct RunArgs {
     pub pacer: PacerKind,
 
     /// A call's estimated cost in tokens, from its item, for --limit ...,tokens:
-    /// numbers, field paths, chars(FIELD), + - * / (e.g. 'max_tokens + chars(prompt)/4').
+    /// numbers, field paths, chars(FIELD), or(FIELD, DEFAULT), + - * / (e.g. 'max_tokens + chars(prompt)/4').
     #[arg(long, value_name = "EXPR", value_parser = parse_cost, help_heading = "Pace")]
     pub cost: Option<crate::cost::CostExpr>,
 
