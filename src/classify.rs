@@ -116,27 +116,50 @@ fn limits_rate(headers: &HeaderMap, now: SystemTime) -> bool {
 }
 
 /// How long a refusal with no usable `Retry-After` asks to wait, by what
-/// else its headers say: OpenAI's `retry-after-ms`, else the latest reset
-/// of the quotas it states used up (`remaining` 0, in any dialect: IETF
-/// `RateLimit: r=0;t=1`, GitHub's `X-RateLimit-Reset`, OpenAI's and
-/// Anthropic's per unit). `None` when it says neither: the pool's default
-/// pause then.
+/// else its headers say: OpenAI's `retry-after-ms`, else [`used_up_reset`].
+/// `None` when they say neither: the pool's default pause then.
 fn stated_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let ms = header_str(headers, "retry-after-ms")
+    retry_after_ms(headers).or_else(|| used_up_reset(headers, now))
+}
+
+/// OpenAI's `retry-after-ms`.
+fn retry_after_ms(headers: &HeaderMap) -> Option<Duration> {
+    header_str(headers, "retry-after-ms")
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0)
         .map(|ms| {
             Duration::from_secs_f64((ms / 1000.0).min(retry_after::MAX_QUOTA_RESET.as_secs_f64()))
-        });
-    ms.or_else(|| {
-        let unix = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        (crate::rate::announce::read(headers, unix).iter())
-            .filter(|a| a.remaining == Some(0))
-            .filter_map(|a| a.reset_in)
-            .max()
-    })
+        })
+}
+
+/// The latest reset of the quotas a response states used up (`remaining`
+/// 0, in any dialect: IETF `RateLimit: r=0;t=1`, GitHub's
+/// `X-RateLimit-Reset`, OpenAI's and Anthropic's per unit).
+fn used_up_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let unix = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    (crate::rate::announce::read(headers, unix).iter())
+        .filter(|a| a.remaining == Some(0))
+        .filter_map(|a| a.reset_in)
+        .max()
+}
+
+/// How long a 429's message asks to wait, where its headers do not say:
+/// OpenAI's "... Please try again in 240ms." (its token 429s carry no
+/// `Retry-After` when less is left than a call asks, yet not nothing).
+fn asked_in_body(body: &str) -> Option<Duration> {
+    const ASK: &str = "try again in ";
+    let at = body.find(ASK)? + ASK.len();
+    let word = body[at..]
+        .split(|c: char| c.is_whitespace() || matches!(c, '"' | ',' | ')'))
+        .next()?;
+    // A unit is part of the word ("240ms", "1.5s", "6m0s"): "in 5
+    // minutes" is not five seconds.
+    let word = word.trim_end_matches('.');
+    let d = (word.ends_with(|c: char| c.is_ascii_alphabetic()))
+        .then(|| crate::rate::announce::go_duration(word))??;
+    Some(d.min(retry_after::MAX_QUOTA_RESET))
 }
 
 /// Classifies a response by status and headers. `body` is used only to give
@@ -173,7 +196,9 @@ pub fn classify(
             Err(CallError::Concurrency { retry_after })
         }
         429 => Err(CallError::RateLimited {
-            retry_after: said.or_else(|| stated_wait(headers, now)),
+            retry_after: (said.or_else(|| retry_after_ms(headers)))
+                .or_else(|| asked_in_body(body))
+                .or_else(|| used_up_reset(headers, now)),
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),
@@ -625,6 +650,43 @@ mod tests {
         ] {
             assert_eq!(wait(nothing), None, "{nothing:?}");
         }
+    }
+
+    /// OpenAI's token 429 when less is left than the call asks, yet not
+    /// nothing: no `Retry-After`, and the wait in its message. It paused
+    /// a window (60 s) where 240 ms was asked.
+    #[test]
+    fn a_429_whose_message_asks_a_wait_waits_it() {
+        let wait = |body: &str, pairs: &[(&str, &str)]| match c(429, pairs, body) {
+            Err(CallError::RateLimited { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        let openai = |ask: &str| {
+            format!(
+                r#"{{"error": {{"message": "Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 20000, Used 19765, Requested 315. Please try again in {ask} Visit https://platform.openai.com/account/rate-limits to learn more.", "type": "tokens", "code": "rate_limit_exceeded"}}}}"#
+            )
+        };
+        let tokens = [
+            ("x-ratelimit-remaining-tokens", "235"),
+            ("x-ratelimit-reset-tokens", "59.3s"),
+        ];
+        assert_eq!(
+            wait(&openai("240ms."), &tokens),
+            Some(Duration::from_millis(240))
+        );
+        assert_eq!(
+            wait(&openai("1.054s."), &[]),
+            Some(Duration::from_millis(1054))
+        );
+        assert_eq!(wait(&openai("6m0s."), &[]), Some(Duration::from_secs(360)));
+        for vague in ["5 minutes.", "a moment.", "1e400s.", ""] {
+            assert_eq!(wait(&openai(vague), &[]), None, "{vague}");
+        }
+        assert_eq!(
+            wait(&openai("240ms."), &[("retry-after", "2")]),
+            Some(Duration::from_secs(2)),
+            "Retry-After first"
+        );
     }
 
     #[test]

@@ -27,7 +27,8 @@ mod fields;
 mod tests;
 
 use super::retry_after::MAX_QUOTA_RESET;
-use fields::{go_duration, members, Item};
+pub(crate) use fields::go_duration;
+use fields::{members, Item};
 
 /// What an announced quota counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -107,7 +107,7 @@ pub(super) fn members(s: &str) -> Vec<Member> {
 
 /// A Go-style duration (`6m0s`, `1s`, `20ms`, `1h2m3.5s`); a bare number
 /// is seconds. `None` for anything else.
-pub(super) fn go_duration(s: &str) -> Option<Duration> {
+pub(crate) fn go_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if s.is_empty() {
         return None;
