@@ -94,25 +94,35 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// Whether a response is the rate limiter's refusal (what [`classify`]
 /// calls [`CallError::RateLimited`]): a 429 that says neither that the
 /// credits ran out nor that the concurrency ceiling was reached, or a 403
-/// that [`limits_rate`] says is one.
-pub fn is_rate_limited(code: u16, headers: &HeaderMap) -> bool {
+/// that is a rate limit's (see `limited_403`).
+pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
     match code {
         429 => {
             !crate::wire::exhausted_by_headers(headers)
                 && !headers.contains_key("x-concurrency-limit")
         }
-        403 => limits_rate(headers, SystemTime::now()),
+        403 => limited_403(headers, body, SystemTime::now()).is_some(),
         _ => false,
     }
 }
 
-/// Whether a 403 is a rate limit's: GitHub answers its limits with a 403
-/// as often as a 429, with a `Retry-After` (its secondary limits) or a
-/// quota stated used up (`X-RateLimit-Remaining: 0`, its primary one). A
-/// 403 saying neither refuses the key or the call.
-fn limits_rate(headers: &HeaderMap, now: SystemTime) -> bool {
+/// How long a 403 that is a rate limit's asks to wait; `None` for any
+/// other 403, which refuses the key or the call. GitHub answers its limits
+/// with a 403 as often as a 429, with a `Retry-After` (its secondary
+/// limits) or a quota stated used up (`X-RateLimit-Remaining: 0`, its
+/// primary one), always beside its `X-RateLimit-*` fields: a 403 asking
+/// to wait is a rate limit's only where it states a limit too, or says
+/// "rate limit" (a firewall's 403 with a `Retry-After` for one item would
+/// otherwise be sent again for ever).
+fn limited_403(headers: &HeaderMap, body: &str, now: SystemTime) -> Option<Duration> {
+    let unix = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let states_a_limit = !crate::rate::announce::read(headers, unix).is_empty();
+    let says_so = || body.to_ascii_lowercase().contains("rate limit");
     let said = header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now));
-    said.is_some() || stated_wait(headers, now).is_some()
+    let wait = said.or_else(|| stated_wait(headers, now))?;
+    (states_a_limit || says_so()).then_some(wait)
 }
 
 /// How long a refusal with no usable `Retry-After` asks to wait, by what
@@ -139,8 +149,9 @@ fn used_up_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
+    use crate::rate::announce::Unit;
     (crate::rate::announce::read(headers, unix).iter())
-        .filter(|a| a.remaining == Some(0))
+        .filter(|a| a.remaining == Some(0) && a.unit != Unit::Other)
         .filter_map(|a| a.reset_in)
         .max()
 }
@@ -181,8 +192,8 @@ pub fn classify(
         402 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
             Err(CallError::CreditsExhausted { status: code })
         }
-        403 if limits_rate(headers, now) => Err(CallError::RateLimited {
-            retry_after: said.or_else(|| stated_wait(headers, now)),
+        403 if limited_403(headers, body, now).is_some() => Err(CallError::RateLimited {
+            retry_after: limited_403(headers, body, now),
             message: short_reason(body, key, SHORT),
         }),
         401..=403 => Err(CallError::Refused {
@@ -549,7 +560,7 @@ mod tests {
         for (code, pairs) in cases {
             let limited = matches!(c(code, pairs, ""), Err(CallError::RateLimited { .. }));
             assert_eq!(
-                is_rate_limited(code, &h(pairs)),
+                is_rate_limited(code, &h(pairs), ""),
                 limited,
                 "{code} {pairs:?}"
             );
@@ -595,6 +606,9 @@ mod tests {
         );
         for refused in [
             c(403, &[], r#"{"message": "Bad credentials"}"#),
+            // A firewall's refusal of one item, asking to wait: no limit
+            // stated, none named. Sent again, it would be refused for ever.
+            c(403, &[("retry-after", "60")], "Request blocked."),
             c(
                 403,
                 &[

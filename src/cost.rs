@@ -31,7 +31,7 @@ enum Node {
     Field(Vec<Step>),
     Chars(Vec<Step>),
     /// `or(FIELD, DEFAULT)`: the field, or the default where the item has
-    /// no such field (or it is null).
+    /// no such field (or it is null, or an empty CSV cell).
     Or(Vec<Step>, Box<Node>),
     Neg(Box<Node>),
     Op(char, Box<Node>, Box<Node>),
@@ -104,17 +104,10 @@ fn eval(n: &Node, item: &Value) -> Result<f64, String> {
         Node::Number(x) => *x,
         Node::Or(path, default) => match lookup(item, path) {
             None | Some(Value::Null) => eval(default, item)?,
-            Some(_) => eval(&Node::Field(path.clone()), item)?,
+            Some(Value::String(s)) if s.trim().is_empty() => eval(default, item)?,
+            found => number(found, path)?,
         },
-        Node::Field(path) => match lookup(item, path) {
-            Some(Value::Number(x)) => x.as_f64().unwrap_or(0.0),
-            Some(Value::String(s)) => s
-                .trim()
-                .parse()
-                .map_err(|_| format!("field {} is {s:?}, not a number", show(path)))?,
-            Some(other) => return Err(format!("field {} is {other}, not a number", show(path))),
-            None => return Err(format!("the item has no field {}", show(path))),
-        },
+        Node::Field(path) => number(lookup(item, path), path)?,
         Node::Chars(path) => match lookup(item, path) {
             Some(Value::String(s)) => s.chars().count() as f64,
             Some(other) => other.to_string().chars().count() as f64,
@@ -131,6 +124,19 @@ fn eval(n: &Node, item: &Value) -> Result<f64, String> {
                 _ => a / b,
             }
         }
+    })
+}
+
+/// The number a field holds (`found` at `path`), or why it holds none.
+fn number(found: Option<&Value>, path: &[Step]) -> Result<f64, String> {
+    Ok(match found {
+        Some(Value::Number(x)) => x.as_f64().unwrap_or(0.0),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse()
+            .map_err(|_| format!("field {} is {s:?}, not a number", show(path)))?,
+        Some(other) => return Err(format!("field {} is {other}, not a number", show(path))),
+        None => return Err(format!("the item has no field {}", show(path))),
     })
 }
 
@@ -559,6 +565,9 @@ mod tests {
             item(json!({"max_tokens": 10, "n": null, "prompt": "abcd"})),
             Ok(11)
         );
+        // A CSV's empty cell is no value either.
+        let blank = item(json!({"max_tokens": "10", "n": " ", "prompt": "abcd"}));
+        assert_eq!(blank, Ok(11));
         let words = item(json!({"max_tokens": 10, "n": "lots", "prompt": "abcd"}));
         assert!(words.unwrap_err().contains("not a number"));
         assert_eq!(cost("or(p.q, 2 * 3)", json!({})), Ok(6));

@@ -7,7 +7,9 @@
 //! it does for a configured limit: other policies, `remaining: 0` with its
 //! reset, a quota used up beyond the bound halting the run resumably. A
 //! server stating only quotas of tokens (an LLM endpoint limiting tokens
-//! alone) hands over as a told `--limit Q/W,tokens` would.
+//! alone) hands over to the shortest of them, kept as a told `--limit
+//! Q/W,tokens` is (but that an item heavier than it is sent, not failed
+//! unsent: `--cost` items are weighed against told limits at start).
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -131,9 +133,14 @@ impl Unpaced {
         // the calls still on their way are not in what the server said was
         // used, nor in its reset (the same headers, read next, add what it
         // says was used beyond them).
-        if unit == crate::rate::policy::Unit::Tokens && within {
-            let ours = [(spec[0].to_string(), s.tokens_taken)];
-            set.resume_use(&ours, &|_| 0, now.into_std());
+        match unit {
+            crate::rate::policy::Unit::Tokens if within => {
+                let ours = [(spec[0].to_string(), s.tokens_taken)];
+                set.resume_use(&ours, &|_| 0, now.into_std());
+            }
+            // A policy of tokens the same headers state is added next.
+            _ if within => set.untracked_tokens(s.tokens_taken),
+            _ => {}
         }
         WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }
@@ -481,6 +488,46 @@ mod tests {
         assert!(
             Instant::now() - t0 < Duration::from_secs(300),
             "paced, not stalled"
+        );
+    }
+
+    /// OpenAI's usual headers state requests and tokens: the hand-over
+    /// goes to the quota of requests, and the policy of tokens added from
+    /// the same headers counts the 300 tokens sent before them as well.
+    #[tokio::test(start_paused = true)]
+    async fn tokens_sent_before_a_hand_over_to_requests_count_in_the_tokens_added() {
+        let p = Unpaced::default();
+        let t0 = Instant::now();
+        let heavy = Weight {
+            calls: 1,
+            tokens: 100,
+        };
+        let mut on_their_way = Vec::new();
+        for _ in 0..3 {
+            on_their_way.push(p.take_weighted(heavy).await.expect("permit"));
+        }
+        let h = headers(&[
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "499"),
+            ("x-ratelimit-limit-tokens", "1000"),
+            ("x-ratelimit-remaining-tokens", "1000"),
+            ("x-ratelimit-reset-tokens", "0s"),
+        ]);
+        p.observe(&h).await;
+        for permit in on_their_way {
+            permit.complete_used(Instant::now(), Some(100));
+        }
+        let mut in_first_minute = 0;
+        while Instant::now() - t0 < Duration::from_secs(60) {
+            let permit = p.take_weighted(heavy).await.expect("permit");
+            if Instant::now() - t0 < Duration::from_secs(60) {
+                in_first_minute += 1;
+            }
+            permit.complete_used(Instant::now(), Some(100));
+        }
+        assert!(
+            in_first_minute <= 7,
+            "{in_first_minute} calls of 100 after 300 sent"
         );
     }
 

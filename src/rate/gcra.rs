@@ -203,6 +203,25 @@ impl Gcra {
     pub fn hold_until(&mut self, until: Instant) {
         self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));
     }
+
+    /// `units` spent at `now` outside this bucket's calls (what a server
+    /// says was used beyond them): the TAT moves on by as many intervals,
+    /// full or held as it may be.
+    pub fn spend(&mut self, now: Instant, units: u64) {
+        let tat = self.tat.map_or(now, |t| t.max(now));
+        self.tat = Some(later(tat, mul(self.interval, units)));
+    }
+
+    /// The server's bucket is empty and holds until `until`: no call before
+    /// it, then one per interval, with no burst until the bucket refills
+    /// (its whole burst went at `until` after a short hold, where another
+    /// client had emptied the server's bucket and one unit was back).
+    pub fn empty_until(&mut self, until: Instant) {
+        self.hold_until(until);
+        let full = later(until, self.tolerance);
+        let tat = full.checked_sub(self.allowance).unwrap_or(full);
+        self.tat = Some(self.tat.map_or(tat, |t| t.max(tat)));
+    }
 }
 
 fn mul(d: Duration, n: u64) -> Duration {

@@ -142,12 +142,13 @@ impl Kept {
         }
     }
 
-    /// The server says the quota is used up: no call starts before `until`.
+    /// The server says the quota is used up: no call starts before
+    /// `until`, and a bucket is empty then (no burst after the hold).
     pub fn hold_until(&mut self, until: Instant) {
         match &mut self.rule {
             Rule::Sliding(t, _) => t.hold_until(until),
             Rule::Fixed(f) => f.tally_mut().hold_until(until),
-            Rule::Bucket(g) => g.hold_until(until),
+            Rule::Bucket(g) => g.empty_until(until),
         }
     }
 
@@ -184,19 +185,19 @@ impl Kept {
                 let id = f.tally_mut().admit_in_flight(now, units);
                 f.complete(id, now, None);
             }
-            Rule::Bucket(g) => {
-                if let Ok(id) = g.try_take(now, 0) {
-                    g.complete(id, Some(units));
-                }
-            }
+            Rule::Bucket(g) => g.spend(now, units),
         }
     }
 
-    /// Units occupying at `now`, for a window (`None` for a bucket).
+    /// Units occupying at `now`: a window's, or a bucket of tokens' level
+    /// (OpenAI's and Anthropic's `remaining` is their bucket's, so what it
+    /// says was spent corrects ours). `None` for a bucket of calls, whose
+    /// stated quota per window is no measure of its level.
     pub fn used(&mut self, now: Instant) -> Option<u64> {
         match &mut self.rule {
             Rule::Sliding(t, _) => Some(t.used(now)),
             Rule::Fixed(f) => Some(f.tally_mut().used(now)),
+            Rule::Bucket(g) if self.spec.unit == Unit::Tokens => Some(g.level(now)),
             Rule::Bucket(_) => None,
         }
     }
@@ -211,11 +212,13 @@ impl Kept {
         }
     }
 
-    /// A bucket's interval between two units at its rate (when the next
-    /// unit drips in after it is emptied); `None` for a window.
+    /// A bucket of calls' interval between two calls at its rate (when the
+    /// next drips in after it is emptied); `None` for a window, or a bucket
+    /// of tokens (a token's interval says nothing of when a call fits).
     pub fn unit_interval(&self) -> Option<Duration> {
         let per = self.rate.period.as_secs_f64() / self.rate.count.max(1) as f64;
-        matches!(self.rule, Rule::Bucket(_)).then(|| Duration::from_secs_f64(per))
+        let calls = self.spec.unit == Unit::Calls;
+        (calls && matches!(self.rule, Rule::Bucket(_))).then(|| Duration::from_secs_f64(per))
     }
 
     /// Whether this is a fixed window.
@@ -245,11 +248,12 @@ pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
 
 /// How long a policy a response states used up holds calls, the reset
 /// said `reset` (stated to the millisecond: `exact`): a bucket's (of
-/// interval `unit` between two units) next unit drips in within one
+/// interval `unit` between two calls) next call drips in within one
 /// interval, so a reset in whole seconds no later than that and the second
 /// it is rounded up by says no more (nginx's IETF `t=1` held a bucket of
-/// 10 a second for a second each time it emptied). A reset beyond that is
-/// another client draining it, and holds, as any reset of a window does.
+/// 10 a second for a second each time it emptied). The bucket kept here is
+/// emptied as the server's is ([`Kept::hold_until`]), so whoever emptied
+/// it, no burst follows the hold. A longer reset holds as said.
 pub fn emptied_hold(reset: Duration, exact: bool, unit: Option<Duration>) -> Duration {
     match unit {
         Some(u) if !exact && reset <= u + Duration::from_secs(1) => u,

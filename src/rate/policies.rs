@@ -114,6 +114,11 @@ pub struct PolicySet {
     /// used, else its estimate), and how many calls: their mean turns a
     /// token policy's rate into calls for [`per_second`](Self::per_second).
     weighed: (u64, u64),
+    /// Tokens this client's calls were estimated at before the set kept
+    /// them (sent unpaced before a server stated its first quota): a
+    /// policy of tokens the server states counts them as spent when added,
+    /// as it may not have counted those still on their way.
+    untracked_tokens: u64,
 }
 
 impl PolicySet {
@@ -135,6 +140,7 @@ impl PolicySet {
             configured: (0, 0),
             envelope_first: false,
             weighed: (0, 0),
+            untracked_tokens: 0,
         }
         .configured_now()
     }
@@ -178,6 +184,12 @@ impl PolicySet {
     /// The primary window, to pause, hold or teach.
     pub fn primary_mut(&mut self) -> &mut ExactWindow {
         &mut self.windows[0]
+    }
+
+    /// The set takes over from calls sent untracked, estimated at `tokens`
+    /// in all (see `untracked_tokens`).
+    pub fn untracked_tokens(&mut self, tokens: u64) {
+        self.untracked_tokens = tokens;
     }
 
     /// Calls per second the set allows at most: the lowest of its windows,

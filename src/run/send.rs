@@ -87,7 +87,7 @@ impl Pool {
         }
         let outcome = match result {
             Ok(resp) => {
-                match classify::is_rate_limited(resp.status, &resp.headers) {
+                match classify::is_rate_limited(resp.status, &resp.headers, &resp.body) {
                     true => permit.complete_refused(Instant::now()),
                     false => {
                         let used = self.cfg.cost.as_ref().and_then(|c| c.used(&resp.body));

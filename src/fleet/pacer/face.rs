@@ -87,7 +87,7 @@ impl Pacer for FleetPacer {
                 let queued = inner.lock().notes.pop_front();
                 return inner.drip_in_force(headers).await.or(queued);
             }
-            let said = Said::of(headers, inner.window, &inner.bucket_units);
+            let said = Said::of(headers, inner.window);
             if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
             }
@@ -226,23 +226,14 @@ impl Said {
         self.told_elsewhere || (self.told && !above)
     }
 
-    /// What `headers` state, for a fleet whose primary window is `window`
-    /// and whose told buckets of calls are `buckets` (each one's window and
-    /// interval between two units).
-    pub(super) fn of(
-        headers: &HeaderMap,
-        window: Duration,
-        buckets: &[(Duration, Duration)],
-    ) -> Said {
+    pub(super) fn of(headers: &HeaderMap, window: Duration) -> Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
-            let bucket = (buckets.iter().find(|b| Some(b.0) == p.window)).map(|b| b.1);
             if let Some(r) = p
                 .reset_in
                 .filter(|r| p.remaining == Some(0) && !r.is_zero())
             {
-                let r = crate::rate::kept::emptied_hold(r, p.reset_exact, bucket);
                 said.spent.push((p.name.clone(), r));
             }
             let used = |q: u64| q.saturating_sub(p.remaining.unwrap_or(q));
@@ -265,9 +256,7 @@ impl Said {
                         said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
                     }
                     said.told |= q.is_some() || p.remaining.is_some();
-                    // A told bucket's own emptying holds as `spent` says,
-                    // not until a call leaves the window.
-                    said.used_up |= p.remaining == Some(0) && bucket.is_none();
+                    said.used_up |= p.remaining == Some(0);
                 }
                 (Unit::Tokens, w, Some(q)) => said.others.push(Stated {
                     used: used(q),

@@ -129,10 +129,6 @@ struct Inner {
     weighed: AtomicBool,
     /// How many keys were configured (those after were adopted).
     configured_keys: usize,
-    /// The told buckets of calls: each one's window and the interval
-    /// between two of its units (how long an emptied one holds, see
-    /// [`emptied_hold`](crate::rate::kept::emptied_hold)).
-    bucket_units: Vec<(Duration, Duration)>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -271,13 +267,6 @@ impl FleetPacer {
                     .collect(),
             ),
             configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
-            bucket_units: (buckets.iter())
-                .filter(|b| b.2 == Unit::Calls)
-                .map(|(r, _, _)| {
-                    let unit = r.period.as_secs_f64() / r.count.max(1) as f64;
-                    (r.period, Duration::from_secs_f64(unit))
-                })
-                .collect(),
             weighed: AtomicBool::new(
                 !tokens.is_empty() || buckets.iter().any(|b| b.2 == Unit::Tokens),
             ),

@@ -80,7 +80,7 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     use face::Said;
     let second = Duration::from_secs(1);
-    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[]);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second);
     let thousand = said(&[("x-ratelimit-limit", "1000")]);
     assert!(!thousand.binds(40));
     assert!(thousand.binds(1000) && thousand.binds(2000) && thousand.binds(0));
@@ -89,39 +89,11 @@ fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     assert!(other_window.binds(40));
 }
 
-/// As in-process: a told bucket of 10 a second stated empty with a reset
-/// in whole seconds (IETF `t=1`) holds the fleet for its next unit, not
-/// the second, nor until a call leaves its window (9.7 s for 60 calls
-/// where 5.7 s does); another window's used-up quota holds until its
-/// reset.
-#[test]
-fn an_emptied_bucket_stated_in_whole_seconds_holds_the_fleet_one_unit() {
-    use face::Said;
-    let second = Duration::from_secs(1);
-    let bucket = [(second, Duration::from_millis(100))];
-    let pairs = [
-        ("ratelimit-policy", r#""p";q=10;w=1, "h";q=500;w=3600"#),
-        ("ratelimit", r#""p";r=0;t=1, "h";r=0;t=1"#),
-    ];
-    let said = Said::of(&headers(&pairs), second, &bucket);
-    assert_eq!(
-        said.spent,
-        vec![
-            ("p".to_string(), Duration::from_millis(100)),
-            ("h".to_string(), second)
-        ]
-    );
-    assert!(!said.used_up, "the bucket's hold, not a window's");
-    let unbucketed = Said::of(&headers(&pairs), second, &[]);
-    assert_eq!(unbucketed.spent[0], ("p".to_string(), second));
-    assert!(unbucketed.used_up);
-}
-
 #[test]
 fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
     use face::Said;
     let second = Duration::from_secs(1);
-    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[]);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second);
     let twenty = Said {
         limit: Some(20),
         told: true,
@@ -177,7 +149,7 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
     use face::Said;
     let second = Duration::from_secs(1);
     let others = |pairs: &[(&str, &str)]| {
-        let s = Said::of(&headers(pairs), second, &[]);
+        let s = Said::of(&headers(pairs), second);
         let o: Vec<(bool, u64, u64, u64)> = s
             .others
             .iter()
@@ -218,7 +190,7 @@ fn a_used_up_policy_with_a_reset_is_said_with_its_reset() {
     use face::Said;
     let second = Duration::from_secs(1);
     let spent = |pairs: &[(&str, &str)]| -> Vec<u64> {
-        let s = Said::of(&headers(pairs), second, &[]);
+        let s = Said::of(&headers(pairs), second);
         s.spent.iter().map(|(_, r)| r.as_secs()).collect()
     };
     assert_eq!(

@@ -514,3 +514,71 @@ fn an_emptied_bucket_stated_in_whole_seconds_waits_its_next_unit_not_the_second(
     assert_eq!(hold_after(Duration::from_secs(1), true), ms(1000));
     assert_eq!(hold_after(Duration::from_secs(2), false), ms(2000));
 }
+
+/// After the one unit's hold, the bucket kept here is as empty as the
+/// server's: one call, then one per 100 ms, not its burst of 6 (which
+/// another client emptying the server's bucket would see refused); and a
+/// told bucket of tokens is held as its reset says (a token's interval
+/// says nothing of when a call fits).
+#[test]
+fn after_an_emptied_buckets_hold_calls_go_one_unit_apart() {
+    let t0 = Instant::now();
+    let kept = |spec: &str| {
+        set(&[(100, 1000)], t0).with_kept(vec![
+            crate::rate::kept::Kept::new(spec.parse().unwrap()).unwrap()
+        ])
+    };
+    let mut s = kept("10/1s,burst=5");
+    let said = Announced {
+        reset_in: Some(Duration::from_secs(1)),
+        ..calls_policy(10, Some(1000), Some(0))
+    };
+    s.announce(&[said], t0);
+    let mut sent = Vec::new();
+    let mut now = t0;
+    while sent.len() < 4 {
+        match s.try_take(now) {
+            Ok(slot) => {
+                s.complete(slot, now);
+                sent.push(now - t0);
+            }
+            Err(at) => now = at,
+        }
+    }
+    assert_eq!(sent, [ms(100), ms(200), ms(300), ms(400)]);
+    let mut tokens = kept("60000/1m,burst=60000,tokens");
+    let said = Announced {
+        unit: Unit::Tokens,
+        reset_in: Some(Duration::from_secs(1)),
+        ..calls_policy(60000, Some(60_000), Some(0))
+    };
+    tokens.announce(&[said], t0);
+    let at = tokens.try_take_weighted(t0, 1, 10).unwrap_err();
+    assert_eq!(at - t0, ms(1000));
+}
+
+/// A told bucket of tokens (`--limit 1000/1m,burst=1000,tokens`, as
+/// OpenAI's refill) follows what the server says is left, as a window of
+/// tokens does: a server charging more than the answers said they used
+/// (OpenAI charges `max_tokens` when it admits a call) was sent into a 429
+/// after every one-second pause, 13 of them for 100 calls.
+#[test]
+fn a_told_token_bucket_counts_what_the_server_says_was_spent() {
+    let t0 = Instant::now();
+    let mut s = set(&[(100, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(
+        "1000/1m,burst=1000,tokens".parse().unwrap(),
+    )
+    .unwrap()]);
+    let slot = s.try_take_weighted(t0, 1, 100).unwrap();
+    s.complete_used(slot, t0, Some(100));
+    assert!(s
+        .try_take_weighted(t0, 1, 800)
+        .is_ok_and(|slot| s.cancel(slot)));
+    let said = Announced {
+        unit: Unit::Tokens,
+        ..calls_policy(1000, None, Some(300))
+    };
+    s.announce(&[said], t0);
+    assert!(s.try_take_weighted(t0, 1, 400).is_err(), "300 are left");
+    assert!(s.try_take_weighted(t0, 1, 250).is_ok());
+}

@@ -169,7 +169,7 @@ impl PolicySet {
         };
         let mut k = Kept::new(spec).expect("a rate");
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
-        k.admit_answered(now, used);
+        k.admit_answered(now, used.max(self.untracked_tokens));
         // The calls out weigh their estimates until they are answered:
         // the server counts them, and what it said was used did not.
         let index = self.kept.len();
