@@ -433,6 +433,21 @@ mod tests {
         );
     }
 
+    /// A call of 100 tokens.
+    const HEAVY: Weight = Weight {
+        calls: 1,
+        tokens: 100,
+    };
+
+    /// Three calls of 100 tokens sent before any answer, still on their way.
+    async fn three_on_their_way(p: &Unpaced) -> Vec<Permit> {
+        let mut on_their_way = Vec::new();
+        for _ in 0..3 {
+            on_their_way.push(p.take_weighted(HEAVY).await.expect("permit"));
+        }
+        on_their_way
+    }
+
     /// A server stating only a quota of tokens (OpenAI's headers without
     /// the requests ones): pacing is handed over to it, where calls went on
     /// unpaced to a 429 in every window. 40 calls of 100 tokens each
@@ -443,14 +458,7 @@ mod tests {
     async fn a_server_stating_only_tokens_gets_its_tokens_paced() {
         let p = Unpaced::default();
         let t0 = Instant::now();
-        let heavy = Weight {
-            calls: 1,
-            tokens: 100,
-        };
-        let mut on_their_way = Vec::new();
-        for _ in 0..3 {
-            on_their_way.push(p.take_weighted(heavy).await.expect("permit"));
-        }
+        let on_their_way = three_on_their_way(&p).await;
         let h = headers(&[
             ("x-ratelimit-limit-tokens", "1000"),
             ("x-ratelimit-remaining-tokens", "1000"),
@@ -473,7 +481,7 @@ mod tests {
         }
         let mut stamps = Vec::new();
         for _ in 0..40 {
-            let permit = p.take_weighted(heavy).await.expect("permit");
+            let permit = p.take_weighted(HEAVY).await.expect("permit");
             permit.complete_used(Instant::now(), Some(100));
             stamps.push(Instant::now());
         }
@@ -498,14 +506,7 @@ mod tests {
     async fn tokens_sent_before_a_hand_over_to_requests_count_in_the_tokens_added() {
         let p = Unpaced::default();
         let t0 = Instant::now();
-        let heavy = Weight {
-            calls: 1,
-            tokens: 100,
-        };
-        let mut on_their_way = Vec::new();
-        for _ in 0..3 {
-            on_their_way.push(p.take_weighted(heavy).await.expect("permit"));
-        }
+        let on_their_way = three_on_their_way(&p).await;
         let h = headers(&[
             ("x-ratelimit-limit-requests", "500"),
             ("x-ratelimit-remaining-requests", "499"),
@@ -519,7 +520,7 @@ mod tests {
         }
         let mut in_first_minute = 0;
         while Instant::now() - t0 < Duration::from_secs(60) {
-            let permit = p.take_weighted(heavy).await.expect("permit");
+            let permit = p.take_weighted(HEAVY).await.expect("permit");
             if Instant::now() - t0 < Duration::from_secs(60) {
                 in_first_minute += 1;
             }
