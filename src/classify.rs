@@ -101,35 +101,46 @@ pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
             !crate::wire::exhausted_by_headers(headers)
                 && !headers.contains_key("x-concurrency-limit")
         }
-        403 => limited_403(headers, body, SystemTime::now()).is_some(),
+        403 => {
+            let now = SystemTime::now();
+            limited_403(headers, body, retry_after_header(headers, now), now).is_some()
+        }
         _ => false,
     }
 }
 
-/// How long a 403 that is a rate limit's asks to wait; `None` for any
-/// other 403, which refuses the key or the call. GitHub answers its limits
-/// with a 403 as often as a 429, with a `Retry-After` (its secondary
-/// limits) or a quota stated used up (`X-RateLimit-Remaining: 0`, its
-/// primary one), always beside its `X-RateLimit-*` fields: a 403 asking
-/// to wait is a rate limit's only where it states a limit too, or says
-/// "rate limit" (a firewall's 403 with a `Retry-After` for one item would
-/// otherwise be sent again for ever).
-fn limited_403(headers: &HeaderMap, body: &str, now: SystemTime) -> Option<Duration> {
+/// The response's `Retry-After`, uncapped (beyond the cap it is a used-up
+/// quota's reset).
+fn retry_after_header(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now))
+}
+
+/// How long a 403 that is a rate limit's asks to wait (`said`: its
+/// `Retry-After`); `None` for any other 403, which refuses the key or the
+/// call. GitHub answers its limits with a 403 as often as a 429, with a
+/// `Retry-After` (its secondary limits) or a quota stated used up
+/// (`X-RateLimit-Remaining: 0`, its primary one), always beside its
+/// `X-RateLimit-*` fields: a 403 asking to wait is a rate limit's only
+/// where it states a limit too, or says "rate limit" (a firewall's 403
+/// with a `Retry-After` for one item would otherwise be sent again for
+/// ever).
+fn limited_403(
+    headers: &HeaderMap,
+    body: &str,
+    said: Option<Duration>,
+    now: SystemTime,
+) -> Option<Duration> {
+    let stated = stated(headers, now);
+    let wait = (said.or_else(|| retry_after_ms(headers))).or_else(|| used_up_reset(&stated))?;
+    (!stated.is_empty() || body.to_ascii_lowercase().contains("rate limit")).then_some(wait)
+}
+
+/// The policies a response states, in any dialect, read at `now`.
+fn stated(headers: &HeaderMap, now: SystemTime) -> Vec<crate::rate::announce::Announced> {
     let unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    let states_a_limit = !crate::rate::announce::read(headers, unix).is_empty();
-    let says_so = || body.to_ascii_lowercase().contains("rate limit");
-    let said = header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now));
-    let wait = said.or_else(|| stated_wait(headers, now))?;
-    (states_a_limit || says_so()).then_some(wait)
-}
-
-/// How long a refusal with no usable `Retry-After` asks to wait, by what
-/// else its headers say: OpenAI's `retry-after-ms`, else [`used_up_reset`].
-/// `None` when they say neither: the pool's default pause then.
-fn stated_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    retry_after_ms(headers).or_else(|| used_up_reset(headers, now))
+    crate::rate::announce::read(headers, unix)
 }
 
 /// OpenAI's `retry-after-ms`.
@@ -142,15 +153,12 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<Duration> {
         })
 }
 
-/// The latest reset of the quotas a response states used up (`remaining`
-/// 0, in any dialect: IETF `RateLimit: r=0;t=1`, GitHub's
-/// `X-RateLimit-Reset`, OpenAI's and Anthropic's per unit).
-fn used_up_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let unix = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
+/// The latest reset of the quotas `stated` used up (`remaining` 0, in any
+/// dialect: IETF `RateLimit: r=0;t=1`, GitHub's `X-RateLimit-Reset`,
+/// OpenAI's and Anthropic's per unit).
+fn used_up_reset(stated: &[crate::rate::announce::Announced]) -> Option<Duration> {
     use crate::rate::announce::Unit;
-    (crate::rate::announce::read(headers, unix).iter())
+    (stated.iter())
         .filter(|a| a.remaining == Some(0) && a.unit != Unit::Other)
         .filter_map(|a| a.reset_in)
         .max()
@@ -184,16 +192,19 @@ pub fn classify(
 ) -> Result<(), CallError> {
     // Read once: a rate-limit 429 keeps it uncapped (beyond the cap it is
     // a used-up quota's reset), everything else as a pause.
-    let said = header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now));
+    let said = retry_after_header(headers, now);
     let retry_after = said.map(retry_after::capped);
     let code = status.as_u16();
+    let limited = (code == 403)
+        .then(|| limited_403(headers, body, said, now))
+        .flatten();
     match code {
         200..=299 => Ok(()),
         402 if crate::wire::exhausted_by_headers(headers) || says_credits_exhausted(body) => {
             Err(CallError::CreditsExhausted { status: code })
         }
-        403 if limited_403(headers, body, now).is_some() => Err(CallError::RateLimited {
-            retry_after: limited_403(headers, body, now),
+        403 if limited.is_some() => Err(CallError::RateLimited {
+            retry_after: limited,
             message: short_reason(body, key, SHORT),
         }),
         401..=403 => Err(CallError::Refused {
@@ -209,7 +220,7 @@ pub fn classify(
         429 => Err(CallError::RateLimited {
             retry_after: (said.or_else(|| retry_after_ms(headers)))
                 .or_else(|| asked_in_body(body))
-                .or_else(|| used_up_reset(headers, now)),
+                .or_else(|| used_up_reset(&stated(headers, now))),
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),

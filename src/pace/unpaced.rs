@@ -129,18 +129,13 @@ impl Unpaced {
         if let Some(until) = s.paused_until.filter(|&u| u > now) {
             w.pause_until(until.into_std());
         }
-        // A quota of tokens counts this run's own estimates as spent now:
-        // the calls still on their way are not in what the server said was
+        // Quotas of tokens count this run's own estimates as spent now: the
+        // calls still on their way are not in what the server said was
         // used, nor in its reset (the same headers, read next, add what it
-        // says was used beyond them).
-        match unit {
-            crate::rate::policy::Unit::Tokens if within => {
-                let ours = [(spec[0].to_string(), s.tokens_taken)];
-                set.resume_use(&ours, &|_| 0, now.into_std());
-            }
-            // A policy of tokens the same headers state is added next.
-            _ if within => set.untracked_tokens(s.tokens_taken),
-            _ => {}
+        // says was used beyond them, and the quotas of tokens it states
+        // beside a quota of calls).
+        if within {
+            set.untracked_tokens(s.tokens_taken, now.into_std());
         }
         WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }

@@ -212,13 +212,23 @@ impl Kept {
         }
     }
 
-    /// A bucket of calls' interval between two calls at its rate (when the
-    /// next drips in after it is emptied); `None` for a window, or a bucket
-    /// of tokens (a token's interval says nothing of when a call fits).
-    pub fn unit_interval(&self) -> Option<Duration> {
-        let per = self.rate.period.as_secs_f64() / self.rate.count.max(1) as f64;
-        let calls = self.spec.unit == Unit::Calls;
-        (calls && matches!(self.rule, Rule::Bucket(_))).then(|| Duration::from_secs_f64(per))
+    /// How long a response stating this policy used up holds calls, its
+    /// reset said `reset` (stated to the millisecond: `exact`). A bucket of
+    /// calls' next call drips in within one interval, so a reset in whole
+    /// seconds no later than that and the second it is rounded up by says
+    /// no more (nginx's IETF `t=1` held a bucket of 10 a second for a
+    /// second each time it emptied); [`hold_until`](Self::hold_until)
+    /// empties the bucket kept here as the server's is, so whoever emptied
+    /// it, no burst follows the hold. A longer reset, a window's, and a
+    /// bucket of tokens' (a token's interval says nothing of when a call
+    /// fits) hold as said.
+    pub fn emptied_hold(&self, reset: Duration, exact: bool) -> Duration {
+        let calls = self.spec.unit == Unit::Calls && matches!(self.rule, Rule::Bucket(_));
+        let unit = super::gcra::interval(self.rate);
+        match calls && !exact && reset <= unit + Duration::from_secs(1) {
+            true => unit,
+            false => reset,
+        }
     }
 
     /// Whether this is a fixed window.
@@ -244,21 +254,6 @@ pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
         }
     };
     Some((n, r.period))
-}
-
-/// How long a policy a response states used up holds calls, the reset
-/// said `reset` (stated to the millisecond: `exact`): a bucket's (of
-/// interval `unit` between two calls) next call drips in within one
-/// interval, so a reset in whole seconds no later than that and the second
-/// it is rounded up by says no more (nginx's IETF `t=1` held a bucket of
-/// 10 a second for a second each time it emptied). The bucket kept here is
-/// emptied as the server's is ([`Kept::hold_until`]), so whoever emptied
-/// it, no burst follows the hold. A longer reset holds as said.
-pub fn emptied_hold(reset: Duration, exact: bool, unit: Option<Duration>) -> Duration {
-    match unit {
-        Some(u) if !exact && reset <= u + Duration::from_secs(1) => u,
-        _ => reset,
-    }
 }
 
 /// Whether `spec` is kept by an [`ExactWindow`](crate::rate::exact::ExactWindow).

@@ -186,10 +186,16 @@ impl PolicySet {
         &mut self.windows[0]
     }
 
-    /// The set takes over from calls sent untracked, estimated at `tokens`
-    /// in all (see `untracked_tokens`).
-    pub fn untracked_tokens(&mut self, tokens: u64) {
+    /// The set takes over at `now` from calls sent untracked, estimated at
+    /// `tokens` in all: each policy of tokens it keeps counts them as spent
+    /// now, and so does each one added later (see `untracked_tokens`).
+    pub fn untracked_tokens(&mut self, tokens: u64, now: Instant) {
         self.untracked_tokens = tokens;
+        for k in &mut self.kept {
+            if k.unit() == crate::rate::policy::Unit::Tokens {
+                k.admit_answered(now, tokens);
+            }
+        }
     }
 
     /// Calls per second the set allows at most: the lowest of its windows,

@@ -8,7 +8,7 @@ use super::{Heard, PolicySet, LONG_HOLD, MAX_WINDOWS};
 use crate::rate::announce::Announced;
 use crate::rate::exact::later;
 use crate::rate::fixed::Align;
-use crate::rate::kept::{emptied_hold, Kept};
+use crate::rate::kept::Kept;
 use crate::rate::policy::{PolicySpec, Shape, Unit};
 use crate::rate::{Limit, Rate};
 
@@ -126,7 +126,7 @@ impl PolicySet {
             });
         }
         if p.remaining == Some(0) {
-            let reset = emptied_hold(reset, p.reset_exact, self.kept[i].unit_interval());
+            let reset = self.kept[i].emptied_hold(reset, p.reset_exact);
             self.kept[i].hold_until(later(now, reset));
             self.used_up(p, reset, now);
             if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
