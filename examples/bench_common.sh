@@ -37,10 +37,11 @@ start_redis() {
     exit 1
 }
 
-# Starts `$BIN sim` on a free loopback port with the options given, its
-# output under $TMP; sets SIM_PID (also in PIDS) and URL once it listens.
+# Starts `$BIN sim` (or `$SIM_BIN sim`, to judge an older client against
+# today's sim) on a free loopback port with the options given, its output
+# under $TMP; sets SIM_PID (also in PIDS) and URL once it listens.
 start_sim_with() {
-    "$BIN" sim --listen 127.0.0.1:0 "$@" >"$TMP/sim.out" 2>"$TMP/sim.err" &
+    "${SIM_BIN:-$BIN}" sim --listen 127.0.0.1:0 "$@" >"$TMP/sim.out" 2>"$TMP/sim.err" &
     SIM_PID=$!
     PIDS+=("$SIM_PID")
     for _ in $(seq 100); do

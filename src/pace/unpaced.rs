@@ -137,6 +137,12 @@ impl Unpaced {
         if within {
             set.untracked_tokens(s.tokens_taken, now.into_std());
         }
+        // A quota of tokens stated without a window may be a bucket
+        // (OpenAI's, Anthropic's).
+        if unit == crate::rate::policy::Unit::Tokens && first.window.is_none() {
+            set.watch_refill();
+        }
+        set.all_stated();
         WindowPacer::of(set).waiting_for_quota(self.wait_for_quota)
     }
 

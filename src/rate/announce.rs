@@ -61,6 +61,10 @@ pub struct Announced {
     /// durations, `20ms`, `1.5s`), which every other dialect rounds to (so
     /// up to a second late).
     pub reset_exact: bool,
+    /// Whether the reset, an instant, was measured from the response's own
+    /// `Date` (the server's clock as it answered), so that neither the way
+    /// back nor a skew between the clocks is in it.
+    pub reset_dated: bool,
 }
 
 impl Announced {
@@ -73,6 +77,7 @@ impl Announced {
             remaining: None,
             reset_in: None,
             reset_exact: false,
+            reset_dated: false,
         }
     }
 
@@ -328,9 +333,17 @@ fn anthropic(h: &HeaderMap, unit: &str, now_unix: Duration, out: &mut Vec<Announ
     let mut a = Announced::new(unit, unit_named(unit));
     a.quota = quota(limit);
     a.remaining = remaining;
+    // The instant is measured from the response's `Date` where it has a
+    // sane one (within a day of this clock): both the server's.
+    let date = text(h, "date")
+        .and_then(|d| httpdate::parse_http_date(d).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .filter(|&d| d.max(now_unix) - d.min(now_unix) < Duration::from_secs(86_400));
+    let since = date.unwrap_or(now_unix);
     a.reset_in = latest(h, &format!("anthropic-ratelimit-{unit}-reset"), |t| {
-        fields::rfc3339_unix(t).map(|at| at.saturating_sub(now_unix))
+        fields::rfc3339_unix(t).map(|at| at.saturating_sub(since))
     });
+    a.reset_dated = date.is_some() && a.reset_in.is_some();
     push(out, a);
 }
 

@@ -212,6 +212,30 @@ impl Gcra {
         self.tat = Some(later(tat, mul(self.interval, units)));
     }
 
+    /// The bucket refills at `rate` from `now`, with room for `burst`
+    /// beyond one: its level in units is kept, at most the new room (a
+    /// level beyond it waits as long as an empty bucket would), and the
+    /// calls out by their units.
+    pub fn retime(&mut self, rate: Rate, burst: u64, now: Instant) {
+        let level = self.level(now).min(burst.saturating_add(1));
+        let fresh = Gcra::new(rate, burst);
+        self.interval = fresh.interval;
+        self.burst = burst;
+        self.tolerance = fresh.tolerance;
+        self.allowance = self.allowance.max(fresh.allowance);
+        self.tat = (level > 0).then(|| later(now, mul(self.interval, level)));
+    }
+
+    /// Counts a call of `units` already on its way as spent at `now`: its
+    /// id, to complete it with.
+    pub fn admit(&mut self, now: Instant, units: u64) -> u64 {
+        self.spend(now, units);
+        let id = self.next;
+        self.next += 1;
+        self.in_flight.insert(id, units);
+        id
+    }
+
     /// The server's bucket is empty and holds until `until`: no call before
     /// it, then one per interval, with no burst until the bucket refills
     /// (its whole burst went at `until` after a short hold, where another

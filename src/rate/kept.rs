@@ -10,8 +10,9 @@ use super::exact::later;
 use super::fixed::{Align, FixedWindow};
 use super::gcra::Gcra;
 use super::policy::{PolicySpec, Shape, Unit};
+use super::refill::{RefillFit, Said};
 use super::tally::Tally;
-use super::Rate;
+use super::{Limit, Rate};
 
 /// How one policy keeps its quota.
 #[derive(Debug, Clone)]
@@ -24,12 +25,26 @@ enum Rule {
     Bucket(Gcra),
 }
 
+/// Whether a stated policy of tokens is watched for a continuous refill
+/// (see [`crate::rate::refill`]).
+#[derive(Debug, Clone)]
+enum Refill {
+    Unwatched,
+    /// The statements so far, and the policy's window.
+    Watching(RefillFit, Duration),
+    /// Found: kept as a bucket since, its reset the time until full; the
+    /// statements go on narrowing its period (the first ones found it
+    /// before much of the quota was used, where whole seconds say little).
+    Found(RefillFit, Duration),
+}
+
 /// One policy and how it is kept.
 #[derive(Debug, Clone)]
 pub struct Kept {
     spec: PolicySpec,
     rate: Rate,
     rule: Rule,
+    refill: Refill,
 }
 
 impl Kept {
@@ -42,7 +57,121 @@ impl Kept {
             Shape::Fixed => Rule::Fixed(FixedWindow::new(rate.count, rate.period)),
             Shape::Bucket { burst } => Rule::Bucket(Gcra::new(rate, burst.unwrap_or(0))),
         };
-        Some(Kept { spec, rate, rule })
+        Some(Kept {
+            spec,
+            rate,
+            rule,
+            refill: Refill::Unwatched,
+        })
+    }
+
+    /// Watches the server's statements of this policy for a continuous
+    /// refill: a sliding window of tokens kept for a stated quota (OpenAI's
+    /// and Anthropic's state no shape) that may be a bucket.
+    pub fn watch_refill(&mut self) {
+        if matches!(self.rule, Rule::Sliding(..)) && self.spec.unit == Unit::Tokens {
+            self.refill = Refill::Watching(RefillFit::new(), self.rate.period);
+        }
+    }
+
+    /// Whether this policy is watched for a continuous refill, or found.
+    pub fn watched(&self) -> bool {
+        !matches!(self.refill, Refill::Unwatched)
+    }
+
+    /// Whether its level follows the server's `remaining` and its reset is
+    /// when it is full again, so that a `remaining` of 0 is its level, not
+    /// a hold until the reset: a bucket of tokens told (OpenAI's and
+    /// Anthropic's reset is when full), or found while the statements still
+    /// keep proportion (when they stop, a `remaining` of 0 holds again).
+    pub fn refills(&self) -> bool {
+        let tokens = self.spec.unit == Unit::Tokens && matches!(self.rule, Rule::Bucket(_));
+        match &self.refill {
+            Refill::Unwatched => tokens,
+            Refill::Watching(..) => false,
+            Refill::Found(fit, _) => fit.holding(),
+        }
+    }
+
+    /// A statement of this policy, read on its arrival at `now`. Once the
+    /// statements show a continuous
+    /// refill, the policy is kept from `now` as a bucket of the quota
+    /// refilling over the period found; returns that period, and the new
+    /// ids of the `in_flight` calls (their tokens, by their places). Once
+    /// found, the bucket follows what the statements fit since: its period
+    /// and its quota, its level kept.
+    pub fn heard_reset(
+        &mut self,
+        said: Said,
+        in_flight: &[u64],
+        now: Instant,
+    ) -> Option<(Duration, Vec<u64>)> {
+        let (fit, window, found) = match &mut self.refill {
+            Refill::Unwatched => return None,
+            Refill::Watching(fit, w) => (fit, *w, false),
+            Refill::Found(fit, w) => (fit, *w, true),
+        };
+        let period = fit.observe(said, window);
+        let rate = Rate {
+            count: said.quota.max(1),
+            period: period.unwrap_or(self.rate.period),
+        };
+        if found {
+            let was = self.rate;
+            let moved =
+                rate.period.max(was.period) - rate.period.min(was.period) > was.period / 100;
+            if let (Rule::Bucket(g), true) = (&mut self.rule, moved || rate.count != was.count) {
+                g.retime(rate, rate.count - 1, now);
+                self.rate = rate;
+                self.spec.limit = Limit::Rate(rate);
+                self.spec.shape = Shape::Bucket {
+                    burst: Some(rate.count - 1),
+                };
+            }
+            return None;
+        }
+        period?;
+        Some((rate.period, self.become_bucket(rate, said, in_flight, now)))
+    }
+
+    /// Kept from `now` as a bucket of `rate` with room for all of it, after
+    /// `said` showed a continuous refill. Its level is this client's own
+    /// calls replayed into it, each from when its answer came back (the
+    /// server counted it no later, so it drains no sooner), and the calls
+    /// on their way, or what the statement says is used where that is
+    /// more (other clients on the key). The statement alone misses calls
+    /// the server counted after it whose answers were read before it; the
+    /// statement and the calls on their way both count those the server
+    /// counted at admission. The in-flight calls' ids.
+    fn become_bucket(
+        &mut self,
+        rate: Rate,
+        said: Said,
+        in_flight: &[u64],
+        now: Instant,
+    ) -> Vec<u64> {
+        let burst = rate.count - 1;
+        let mut g = Gcra::new(rate, burst);
+        if let Rule::Sliding(t, window) = &self.rule {
+            for &(until, w) in t.answered() {
+                g.spend(until.checked_sub(*window).unwrap_or(until).min(now), w);
+            }
+        }
+        let ids = in_flight.iter().map(|&t| g.admit(now, t)).collect();
+        let stated = said.quota.saturating_sub(said.remaining);
+        let ours = g.level(now);
+        if stated > ours {
+            g.spend(now, stated - ours);
+        }
+        self.spec.limit = Limit::Rate(rate);
+        self.spec.shape = Shape::Bucket { burst: Some(burst) };
+        self.rate = rate;
+        self.rule = Rule::Bucket(g);
+        self.refill = match std::mem::replace(&mut self.refill, Refill::Unwatched) {
+            Refill::Watching(fit, w) => Refill::Found(fit, w),
+            other => other,
+        };
+        ids
     }
 
     /// What the policy is.

@@ -15,6 +15,7 @@ pub mod kept;
 pub mod learn;
 pub mod policies;
 pub mod policy;
+pub mod refill;
 pub mod retry_after;
 pub mod scenario;
 pub mod spike_pace;

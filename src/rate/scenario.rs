@@ -536,6 +536,7 @@ impl Store for InProcess {
                     remaining: Some(quota.saturating_sub(used)),
                     reset_in: None,
                     reset_exact: false,
+                    reset_dated: false,
                 };
                 self.w.announce(&[stated], t);
                 Answer::Noted

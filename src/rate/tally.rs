@@ -64,6 +64,11 @@ impl Tally {
         in_flight.chain(done).fold(0, u64::saturating_add)
     }
 
+    /// The answered calls still occupying: (until, weight), by until.
+    pub fn answered(&self) -> &[(Instant, u64)] {
+        &self.done
+    }
+
     /// Claims `weight` units at `now`, or says when to look again (a
     /// completion may make room sooner: waiters also wake on those).
     /// `fallback` is how long to wait when only calls in flight occupy.

@@ -130,9 +130,19 @@ impl Slots {
         (mean > 0.0).then(|| self.size() as f64 * 60.0 / mean)
     }
 
-    /// Calls in flight the limit's pace needs at mean latency `mean`.
-    fn need(&self, mean: f64) -> Option<usize> {
-        let per_second = self.per_second?;
+    /// The limit's pace, calls per second: the configured one, or what the
+    /// pacer allows now when that is less (`live`: a quota of tokens it
+    /// follows, at the calls' mean weight, or a limit the server states).
+    fn pace(&self, live: Option<f64>) -> Option<f64> {
+        let live = live.filter(|p| p.is_finite() && *p > 0.0);
+        match (self.per_second, live) {
+            (Some(c), Some(l)) => Some(c.min(l)),
+            (c, _) => c,
+        }
+    }
+
+    /// Calls in flight a pace of `per_second` needs at mean latency `mean`.
+    fn need(per_second: f64, mean: f64) -> Option<usize> {
         let need = (per_second * mean * HEADROOM).ceil() + 1.0;
         Some(if need >= usize::MAX as f64 {
             usize::MAX
@@ -143,8 +153,11 @@ impl Slots {
 
     /// Feeds the latency of one answered call: a growing pool grows toward
     /// what the limit needs; a pool that cannot keep the limit's pace says
-    /// so once.
-    pub(super) fn measured(&self, latency: Duration) -> Option<Resized> {
+    /// so once, judged against `live` too (see [`pace`](Self::pace)): a
+    /// run bound by its tokens is not bound by its concurrency. The growth
+    /// follows the configured pace only, so that a limit the pacer is still
+    /// learning upward does not hold it back.
+    pub(super) fn measured(&self, latency: Duration, live: Option<f64>) -> Option<Resized> {
         let (mean, n) = {
             let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
             let x = latency.as_secs_f64();
@@ -156,7 +169,7 @@ impl Slots {
             l.1 += 1;
             *l
         };
-        let need = self.need(mean)?;
+        let need = Self::need(self.per_second?, mean)?;
         if self.grows {
             if let Some(grown) = self.grow_to(need) {
                 // Said once: later growth follows the latency quietly.
@@ -166,11 +179,12 @@ impl Slots {
         let size = self.size();
         // Bound only when the calls in flight fall short of the limit's pace
         // itself (the headroom is for growing, not for judging).
-        let short = (size as f64) < self.per_second.unwrap_or(0.0) * mean;
+        let pace = self.pace(live).unwrap_or(0.0);
+        let short = (size as f64) < pace * mean;
         if n >= SAMPLES_TO_JUDGE && short && !self.noted_bound.swap(true, SeqCst) {
             return Some(Resized::Bound {
                 size,
-                need,
+                need: Self::need(pace, mean).unwrap_or(need),
                 latency: Duration::from_secs_f64(mean),
                 per_min: size as f64 * 60.0 / mean,
             });
@@ -224,16 +238,16 @@ mod tests {
         // the headroom.
         let s = Slots::sized(4, 100, true, Some(100.0));
         assert_eq!(s.size(), 4);
-        assert_eq!(s.measured(200 * MS), Some(Resized::Grew(26)));
+        assert_eq!(s.measured(200 * MS, None), Some(Resized::Grew(26)));
         assert_eq!(s.size(), 26);
         assert_eq!(s.sem.available_permits(), 26);
         // Faster calls never shrink it; slower ones grow it, quietly.
-        assert_eq!(s.measured(50 * MS), None);
+        assert_eq!(s.measured(50 * MS, None), None);
         assert_eq!(s.size(), 26);
-        assert_eq!(s.measured(Duration::from_secs(2)), None);
+        assert_eq!(s.measured(Duration::from_secs(2), None), None);
         assert!(s.size() > 26, "{}", s.size());
         let s = Slots::sized(4, 20, true, Some(100.0));
-        assert_eq!(s.measured(200 * MS), Some(Resized::Grew(20)));
+        assert_eq!(s.measured(200 * MS, None), Some(Resized::Grew(20)));
         assert_eq!(s.pace_per_min().map(|p| p.round()), Some(6000.0));
     }
 
@@ -242,25 +256,32 @@ mod tests {
         // 10 calls a second at 200 ms: 2 in flight, 4 with the headroom.
         let s = Slots::sized(1, 1, false, Some(10.0));
         for _ in 1..SAMPLES_TO_JUDGE {
-            assert_eq!(s.measured(200 * MS), None);
+            assert_eq!(s.measured(200 * MS, None), None);
         }
         let Some(Resized::Bound {
             size,
             need,
             per_min,
             ..
-        }) = s.measured(200 * MS)
+        }) = s.measured(200 * MS, None)
         else {
             panic!("bound")
         };
         assert_eq!((size, need), (1, 4));
         assert!((per_min - 300.0).abs() < 1e-6, "{per_min}");
-        assert_eq!(s.measured(200 * MS), None, "said once");
+        assert_eq!(s.measured(200 * MS, None), None, "said once");
         // Quick enough calls keep the pace (4 a second at 240 ms is 0.96 in
         // flight): nothing to say, headroom or not.
         let s = Slots::sized(1, 1, false, Some(4.0));
         for _ in 0..20 {
-            assert_eq!(s.measured(240 * MS), None);
+            assert_eq!(s.measured(240 * MS, None), None);
+        }
+        // 10 calls a second configured, but a quota of tokens the pacer
+        // follows allows 4 (`live`): 1 in flight at 200 ms keeps that
+        // pace, and the run is not bound by its concurrency.
+        let s = Slots::sized(1, 1, false, Some(10.0));
+        for _ in 0..20 {
+            assert_eq!(s.measured(200 * MS, Some(4.0)), None);
         }
         // Without a limit there is no pace to keep.
         let s = Slots::new(1);
@@ -269,7 +290,7 @@ mod tests {
             ..s
         };
         for _ in 0..20 {
-            assert_eq!(s.measured(200 * MS), None);
+            assert_eq!(s.measured(200 * MS, None), None);
         }
     }
 
@@ -277,7 +298,11 @@ mod tests {
     fn a_lowered_pool_never_grows_past_the_ceiling_it_was_told() {
         let s = Slots::sized(4, 100, true, Some(100.0));
         assert_eq!(s.lower(), Some(3));
-        assert_eq!(s.measured(200 * MS), None, "the server's ceiling is 3");
+        assert_eq!(
+            s.measured(200 * MS, None),
+            None,
+            "the server's ceiling is 3"
+        );
         assert_eq!(s.size(), 3);
         assert_eq!(s.sem.available_permits(), 3);
     }
@@ -295,7 +320,7 @@ mod tests {
         drop(b);
         assert_eq!(s.sem.available_permits(), 1);
         // Grows back only to the ceiling it was told: it stays at 1.
-        assert_eq!(s.measured(Duration::from_secs(1)), None);
+        assert_eq!(s.measured(Duration::from_secs(1), None), None);
         assert_eq!(s.size(), 1);
     }
 
@@ -339,7 +364,7 @@ mod tests {
                         }
                     }
                     Op::Give => drop(held.pop()),
-                    Op::Measure(ms) => drop(s.measured(Duration::from_millis(ms))),
+                    Op::Measure(ms) => drop(s.measured(Duration::from_millis(ms), None)),
                     Op::Lower => {
                         if let Some(n) = s.lower() {
                             lowered_to = Some(n);

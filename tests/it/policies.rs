@@ -253,6 +253,52 @@ async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
     assert_each_item_once(&s.out_path(), 60);
 }
 
+/// OpenAI and Anthropic state their token limits without a window, and
+/// keep them as buckets refilling continuously, their reset the time until
+/// full (to the millisecond, or an RFC 3339 instant in whole seconds). Kept
+/// as a sliding minute, 6,630 tokens against a bucket of 6,000 a minute
+/// sent the 6,000 and then waited out the minute; the resets keep
+/// proportion with what is used, so it is found to be a bucket and the
+/// last 630 go at its refill, about 6 s. Told a rate of calls, or
+/// `--limit none` (pacing handed over to the only quota stated).
+async fn a_token_bucket_stated_in_is_paced_at_its_refill(dialect: &str, told: &str) {
+    // 50 tokens of prompt and 1 of answer at most: charged about what is
+    // estimated.
+    let prompt = "word ".repeat(40);
+    let items: String = (1..=130)
+        .map(|i| format!("{{\"n\": {i}, \"max_tokens\": 1, \"prompt\": \"{prompt}\"}}\n"))
+        .collect();
+    let s = Scenario::new(&format!("policies-{dialect}-bucket"))
+        .with_sim(&["--limit", "6000/1m,tokens,burst=5999", "--dialect", dialect])
+        .input("prompts.jsonl", &items);
+    let t0 = Instant::now();
+    let r = s.run(&["--limit", told, "--json-body", "--concurrency", "10"]);
+    let took = t0.elapsed().as_secs_f64();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert!(
+        r.stderr.contains("\"tokens\" of 6000 refills continuously"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 6000, "{stats}");
+    // A window would hold the last calls for the rest of the minute.
+    assert!(took < 30.0, "took {took:.1} s");
+    assert_each_item_once(&s.out_path(), 130);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_bucket_stated_as_openai_does_is_paced_at_its_refill() {
+    a_token_bucket_stated_in_is_paced_at_its_refill("openai", "1000/1s").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_bucket_stated_as_anthropic_does_is_paced_at_its_refill_without_a_limit() {
+    a_token_bucket_stated_in_is_paced_at_its_refill("anthropic", "none").await;
+}
+
 /// Told three times the limit the sim states in `dialect`, with more
 /// calls in flight than the limit: only the first flight (sent before any
 /// response said the limit) may be refused.
@@ -462,6 +508,37 @@ async fn an_item_heavier_than_a_stated_token_quota_fails(name: &str, cost: &[&st
 async fn an_item_heavier_than_a_stated_token_quota_fails_once_the_quota_is_known() {
     let cost = ["--cost", "max_tokens"];
     an_item_heavier_than_a_stated_token_quota_fails("policies-too-heavy-stated", &cost).await;
+}
+
+/// The same under `--limit none`, against a server stating only its quota
+/// of tokens: pacing is handed over to that quota, which an item costing
+/// more than it never fits. It was sent into 429s until `--max-wait`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_heavier_than_a_token_quota_handed_over_to_fails_unsent() {
+    let sim = ["--limit", "1000/5s,tokens", "--dialect", "openai"];
+    let s = Scenario::new("policies-too-heavy-handed").with_sim(&sim).input(
+        "in.jsonl",
+        "{\"n\": 1, \"max_tokens\": 50}\n{\"n\": 2, \"max_tokens\": 5000}\n{\"n\": 3, \"max_tokens\": 50}\n",
+    );
+    let args = [
+        "--limit",
+        "none",
+        "--cost",
+        "max_tokens",
+        "--json-body",
+        "-c",
+        "1",
+    ];
+    let r = s.run(&[&args[..], &["--max-wait", "20s"]].concat());
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.summary["done"], 2, "{}", r.summary);
+    assert_eq!(r.summary["failed"], 1, "{}", r.summary);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    let failures = std::fs::read_to_string(s.failures_path()).unwrap();
+    assert!(
+        failures.contains("in.jsonl:2") && failures.contains("admits at once (1000)"),
+        "{failures}"
+    );
 }
 
 /// Estimated at what it asks (no `--cost`): its `max_tokens` alone, which

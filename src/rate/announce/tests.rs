@@ -36,6 +36,7 @@ fn policy(
         remaining,
         reset_in,
         reset_exact: false,
+        reset_dated: false,
     }
 }
 
@@ -462,4 +463,26 @@ fn an_unreadable_window_is_left_out_and_every_rfc3339_spelling_is_read() {
         ]);
         assert_eq!(read(&h, NOW)[0].reset_in, secs(100), "{reset}");
     }
+}
+
+/// An Anthropic reset is an instant: measured from the response's own
+/// `Date` (the server's clock as it answered) it holds neither the way
+/// back nor a skew between the clocks; a `Date` more than a day off this
+/// clock is no clock to trust, and this one is used.
+#[test]
+fn an_anthropic_reset_is_measured_from_the_responses_date() {
+    let said = |date: &str| {
+        let h = map(&[
+            ("date", date),
+            ("anthropic-ratelimit-tokens-limit", "40000"),
+            ("anthropic-ratelimit-tokens-remaining", "39000"),
+            ("anthropic-ratelimit-tokens-reset", "2023-08-09T14:28:03Z"),
+        ]);
+        let a = read(&h, NOW).remove(0);
+        (a.reset_in, a.reset_dated)
+    };
+    // Stamped 3 s before this clock read it.
+    assert_eq!(said("Wed, 09 Aug 2023 14:27:40 GMT"), (secs(23), true));
+    assert_eq!(said("Fri, 09 Aug 2024 14:27:40 GMT"), (secs(20), false));
+    assert_eq!(said("not a date"), (secs(20), false));
 }

@@ -104,6 +104,7 @@ proptest! {
         let k = Kept {
             spec: spec("30/1s,bucket"),
             rate: r,
+            refill: Refill::Unwatched,
             rule: Rule::Bucket(crate::rate::gcra::Gcra::with_allowance(r, burst, d)),
         };
         let a = run_kept(k, plan, workers, &f, t0);

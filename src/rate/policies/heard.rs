@@ -19,7 +19,8 @@ pub enum Heard {
         /// Whether it counts tokens (else calls).
         tokens: bool,
     },
-    /// The server's quota for a configured window is lower: paced to it.
+    /// The server's quota for a window in force (configured, or handed
+    /// over to under `--limit none`) is lower: paced to it.
     Lowered {
         /// The policy's name in the headers.
         name: String,
@@ -32,8 +33,8 @@ pub enum Heard {
         /// Whether it counts tokens (else calls).
         tokens: bool,
     },
-    /// The server's quota for a configured window is higher: the
-    /// configured limit is kept.
+    /// The server's quota for a window in force is higher: the limit in
+    /// force is kept.
     Above {
         /// The policy's name in the headers.
         name: String,
@@ -45,6 +46,16 @@ pub enum Heard {
         configured: u64,
         /// Whether it counts tokens (else calls).
         tokens: bool,
+    },
+    /// A stated quota of tokens refills continuously (its resets keep
+    /// proportion with its use): paced as a bucket.
+    Refills {
+        /// The policy's name in the headers.
+        name: String,
+        /// Its quota: the bucket's size.
+        quota: u64,
+        /// The period it refills the whole quota over.
+        period: Duration,
     },
     /// A policy is used up: calls are held until it resets.
     Exhausted {
@@ -81,15 +92,20 @@ impl fmt::Display for Heard {
             ),
             Heard::Lowered { name, quota, window, configured, tokens } => write!(
                 f,
-                "the server announces a {} {name:?} of {quota} {}, below the configured {configured}: slowing down to it",
+                "the server announces a {} {name:?} of {quota} {}, below the {configured} in force: slowing down to it",
                 what(*tokens),
                 per(*window)
             ),
             Heard::Above { name, quota, window, configured, tokens } => write!(
                 f,
-                "the server announces a {} {name:?} of {quota} {}, above the configured {configured}: keeping the configured one",
+                "the server announces a {} {name:?} of {quota} {}, above the {configured} in force: keeping that one",
                 what(*tokens),
                 per(*window)
+            ),
+            Heard::Refills { name, quota, period } => write!(
+                f,
+                "the server's token limit {name:?} of {quota} refills continuously, in full over {}: pacing to it as a bucket",
+                humantime::format_duration(Duration::from_millis(period.as_millis() as u64))
             ),
             Heard::Exhausted { name, for_ } => write!(
                 f,

@@ -4,12 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Heard, PolicySet, LONG_HOLD, MAX_WINDOWS};
+use super::{Heard, PolicySet, SetSlot, LONG_HOLD, MAX_WINDOWS};
 use crate::rate::announce::Announced;
 use crate::rate::exact::later;
 use crate::rate::fixed::Align;
 use crate::rate::kept::Kept;
 use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::refill::Said;
 use crate::rate::{Limit, Rate};
 
 /// The window of a token quota whose headers do not state one: OpenAI and
@@ -108,6 +109,7 @@ impl PolicySet {
                 });
             }
         }
+        self.heard_reset(i, p, now);
         self.spent_elsewhere(i, p, now);
         let Some(reset) = p.reset_in.filter(|r| !r.is_zero()) else {
             return;
@@ -125,7 +127,10 @@ impl PolicySet {
                 late: grain,
             });
         }
-        if p.remaining == Some(0) {
+        // A bucket refilling continuously is full again at its reset, and
+        // takes the next call as soon as its tokens are back: its level
+        // (the server's, from `spent_elsewhere`) paces it, not the reset.
+        if p.remaining == Some(0) && !self.kept[i].refills() {
             let reset = self.kept[i].emptied_hold(reset, p.reset_exact);
             self.kept[i].hold_until(later(now, reset));
             self.used_up(p, reset, now);
@@ -136,6 +141,59 @@ impl PolicySet {
                 });
             }
         }
+    }
+
+    /// Every policy kept was stated by the server, none configured (a set
+    /// handed over to under `--limit none`): its quotas of tokens are the
+    /// most a call may weigh ([`most_stated_tokens`](Self::most_stated_tokens)).
+    pub fn all_stated(&mut self) {
+        self.configured = (0, 0);
+    }
+
+    /// Watches every policy of tokens kept for a continuous refill: under
+    /// `--limit none`, the quota of tokens handed over to, stated without a
+    /// window (OpenAI's, Anthropic's).
+    pub fn watch_refill(&mut self) {
+        for k in &mut self.kept {
+            k.watch_refill();
+        }
+    }
+
+    /// A statement of kept policy `i` read for a continuous refill (a
+    /// quota of tokens stated without a window, see
+    /// [`Kept::watch_refill`]): once found, the policy is a bucket, and the
+    /// calls out are counted in it anew.
+    fn heard_reset(&mut self, i: usize, p: &Announced, now: Instant) {
+        let (Some(left), Some(reset), true) = (p.remaining, p.reset_in, self.kept[i].watched())
+        else {
+            return;
+        };
+        let quota = p.quota.unwrap_or(self.kept[i].quota());
+        let out: Vec<(SetSlot, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, (_, _, ids, _))| ids.len() > i)
+            .map(|(slot, (.., tokens))| (*slot, *tokens))
+            .collect();
+        let tokens: Vec<u64> = out.iter().map(|(_, t)| *t).collect();
+        let read_late = match p.reset_dated {
+            true => Duration::ZERO,
+            false => self.rtt.saturating_add(Duration::from_secs(1)),
+        };
+        let said = Said::new(quota, left, reset, p.reset_exact, read_late);
+        let Some((period, ids)) = self.kept[i].heard_reset(said, &tokens, now) else {
+            return;
+        };
+        for ((slot, _), id) in out.into_iter().zip(ids) {
+            if let Some((_, _, ids, _)) = self.in_flight.get_mut(&slot) {
+                ids[i] = id;
+            }
+        }
+        self.heard.push_back(Heard::Refills {
+            name: p.name.clone(),
+            quota,
+            period,
+        });
     }
 
     /// The server says less is left than this client counts spent: the
@@ -168,6 +226,11 @@ impl PolicySet {
             named: true,
         };
         let mut k = Kept::new(spec).expect("a rate");
+        // A bucket states no window (OpenAI, Anthropic); a quota stated
+        // with one is kept as the window it says.
+        if p.window.is_none() {
+            k.watch_refill();
+        }
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
         k.admit_answered(now, used.max(self.untracked_tokens));
         // The calls out weigh their estimates until they are answered:

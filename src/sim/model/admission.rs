@@ -29,6 +29,10 @@ pub struct PolicyView {
     /// sliding window ages out, a fixed window's boundary, a bucket can take
     /// a call again (zero when it can now, or the window is empty).
     pub reset: Duration,
+    /// When it is back to its initial state: a bucket drained to idle, a
+    /// window at its reset. OpenAI and Anthropic state this as a token
+    /// limit's reset (their buckets refill continuously).
+    pub idle: Duration,
     /// What `limit` and `remaining` count: calls or tokens.
     pub unit: crate::rate::policy::Unit,
 }

@@ -104,6 +104,13 @@ impl Gcra {
         )))
     }
 
+    /// How long until the bucket is back to idle at `now`, every unit in it
+    /// drained: what OpenAI and Anthropic state as a token limit's reset.
+    pub fn until_idle(&self, now: Instant) -> Duration {
+        let ns = self.level_at(now).div_ceil(self.per_nano);
+        Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
+
     /// Takes a request of `units` at `now` without checking; returns the
     /// excess after it, in requests.
     pub fn record(&mut self, now: Instant, units: u64) -> f64 {

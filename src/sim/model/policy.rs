@@ -217,6 +217,10 @@ impl Policy {
             window: self.rate.period,
             remaining: self.remaining(now),
             reset: self.reset(now),
+            idle: match &self.counter {
+                Counter::Bucket(b) => b.until_idle(now),
+                _ => self.reset(now),
+            },
             unit: self.unit,
         }
     }

@@ -37,18 +37,32 @@ fn put(h: &mut HeaderMap, name: &str, value: String) {
     }
 }
 
-/// A Go-style duration as OpenAI sends it (`20ms`, `1s`, `6m0s`, `24h0m0s`),
-/// rounded up to the second from one second on.
+/// A Go-style duration as OpenAI sends it (`20ms`, `1.5s`, `6m0s`,
+/// `2m52.8s`, `24h0m0s`), rounded up to the millisecond.
 fn go(d: Duration) -> String {
-    let ms = d.as_millis();
+    let ms = d.as_nanos().div_ceil(1_000_000);
     if ms < 1000 {
         return format!("{ms}ms");
     }
-    let s = ms.div_ceil(1000);
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{}s", s / 60, s % 60),
-        _ => format!("{}h{}m{}s", s / 3600, s % 3600 / 60, s % 60),
+    let (h, m, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    let secs = match frac {
+        0 => format!("{s}s"),
+        f => format!("{s}.{}s", format!("{f:03}").trim_end_matches('0')),
+    };
+    match (h, m) {
+        (0, 0) => secs,
+        (0, m) => format!("{m}m{secs}"),
+        (h, m) => format!("{h}h{m}m{secs}"),
+    }
+}
+
+/// What a token limit's reset is in OpenAI's and Anthropic's headers: when
+/// it is full again (their token buckets refill continuously); a limit of
+/// calls states when the next call fits.
+fn reset_of(t: &PolicyView) -> Duration {
+    match t.unit {
+        Unit::Tokens => t.idle,
+        Unit::Calls => t.reset,
     }
 }
 
@@ -98,7 +112,7 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
                     &format!("x-ratelimit-remaining-{unit}"),
                     t.remaining.to_string(),
                 );
-                put(h, &format!("x-ratelimit-reset-{unit}"), go(t.reset));
+                put(h, &format!("x-ratelimit-reset-{unit}"), go(reset_of(t)));
             }
         }
         Dialect::Anthropic => {
@@ -110,7 +124,7 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
                 // Whole seconds, rounded up, and one more: the format
                 // carries no fraction here, and truncating must not make
                 // the instant early.
-                let at = SystemTime::now() + Duration::from_secs(secs_up(t.reset) + 1);
+                let at = SystemTime::now() + Duration::from_secs(secs_up(reset_of(t)) + 1);
                 let at = humantime::format_rfc3339_seconds(at).to_string();
                 put(h, &name("reset"), at);
             }
@@ -180,6 +194,7 @@ mod tests {
                 window: Duration::from_secs(1),
                 remaining: 5,
                 reset: Duration::from_millis(300),
+                idle: Duration::from_millis(300),
                 unit: Unit::Calls,
             },
             PolicyView {
@@ -187,6 +202,7 @@ mod tests {
                 window: Duration::from_secs(10),
                 remaining: 0,
                 reset: Duration::from_millis(4200),
+                idle: Duration::from_millis(4200),
                 unit: Unit::Calls,
             },
         ]
@@ -244,5 +260,12 @@ mod tests {
         );
         assert_eq!(go(Duration::from_millis(20)), "20ms");
         assert_eq!(go(Duration::from_secs(360)), "6m0s");
+        assert_eq!(go(Duration::from_micros(1_500_001)), "1.501s");
+        assert_eq!(go(Duration::from_millis(172_800)), "2m52.8s");
+        assert_eq!(go(Duration::from_secs(86_400)), "24h0m0s");
+        for ms in [1, 999, 1000, 1001, 59_999, 61_250, 3_600_001] {
+            let d = Duration::from_millis(ms);
+            assert_eq!(crate::rate::announce::go_duration(&go(d)), Some(d), "{ms}");
+        }
     }
 }

@@ -306,3 +306,198 @@ fn an_exact_reset_holds_the_even_pace_and_a_whole_second_does_not() {
     assert_eq!(at_50ms(true), Err(ms(107)));
     assert!(at_50ms(false).is_ok(), "the even pace's slot governs");
 }
+
+/// A server's token bucket as OpenAI and Anthropic keep it: `quota`
+/// refilling over a minute, a call admitted when its tokens fit, stating
+/// what is left and when it is full again (to the millisecond, `exact`, or
+/// in whole seconds rounded up and one more, as the sim's RFC 3339
+/// instant, read against the response's `Date`).
+struct TokenBucket {
+    quota: u64,
+    exact: bool,
+    /// Tokens in the bucket as of `at`.
+    level: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn drain(&mut self, now: Instant) {
+        let gone = now.saturating_duration_since(self.at).as_secs_f64() * self.quota as f64 / 60.0;
+        self.level = (self.level - gone).max(0.0);
+        self.at = self.at.max(now);
+    }
+
+    /// Admits `tokens` at `now`, or refuses; then states (remaining, reset).
+    fn admit(&mut self, now: Instant, tokens: u64) -> (bool, Announced) {
+        self.drain(now);
+        let fits = self.level + tokens as f64 <= self.quota as f64;
+        if fits {
+            self.level += tokens as f64;
+        }
+        let reset = Duration::from_secs_f64(self.level * 60.0 / self.quota as f64);
+        let reset = match self.exact {
+            true => ms(reset.as_nanos().div_ceil(1_000_000) as u64),
+            false => Duration::from_secs(reset.as_nanos().div_ceil(1_000_000_000) as u64 + 1),
+        };
+        let said = Announced {
+            unit: Unit::Tokens,
+            reset_in: Some(reset),
+            reset_exact: self.exact,
+            reset_dated: !self.exact,
+            ..calls_policy(
+                self.quota,
+                None,
+                Some(self.quota - self.level.ceil() as u64),
+            )
+        };
+        (fits, said)
+    }
+}
+
+/// A call out: its arrival at the server, its response back, its slot,
+/// its tokens, and the server's verdict once it arrived.
+type Out = (Instant, Instant, SetSlot, u64, Option<(bool, Announced)>);
+
+/// Drives a set told `--limit 1000/1s` against a [`TokenBucket`] of
+/// `quota` stating itself as OpenAI (`exact`) or Anthropic does, with
+/// calls of `weights` tokens each, `latency` ms each way (the way back
+/// taken from the next entry, so that responses come back out of the
+/// order the server admitted them in), at most `workers` at once. The
+/// server admits calls in the order they reach it; the client reads each
+/// answer when it is back. The first call goes alone (before it, the token
+/// quota is unknown). Returns the calls refused, when the last was sent,
+/// and whether a refill was heard.
+fn against_a_token_bucket(
+    (quota, exact): (u64, bool),
+    weights: &[u64],
+    latency: &[u64],
+    workers: usize,
+    t0: Instant,
+) -> (usize, Instant, bool) {
+    let mut s = PolicySet::new(ExactWindow::new(1000, ms(1000), t0), Vec::new());
+    let mut server = TokenBucket {
+        quota,
+        exact,
+        level: 0.0,
+        at: t0,
+    };
+    let mut out: Vec<Out> = Vec::new();
+    let (mut now, mut refused, mut last, mut heard) = (t0, 0, t0, false);
+    let mut next = 0;
+    while next < weights.len() || !out.is_empty() {
+        let alone = next > 0 && !heard_any(&s) && !out.is_empty();
+        let first_back = out.iter().map(|o| o.1).min();
+        if next < weights.len() && out.len() < workers && !alone {
+            match s.try_take_weighted(now, 1, weights[next]) {
+                Ok(slot) => {
+                    let there = ms(latency[next % latency.len()]);
+                    let back = ms(latency[(next + 1) % latency.len()]);
+                    let sent = (now + there, now + there + back, slot, weights[next], None);
+                    out.push(sent);
+                    last = now;
+                    next += 1;
+                    continue;
+                }
+                Err(at) => now = first_back.map_or(at, |b| b.min(at)).max(now),
+            }
+        } else if let Some(b) = first_back {
+            now = now.max(b);
+        }
+        // The server admits what reached it by `now`, in arrival order.
+        out.sort_by_key(|o| o.0);
+        for o in out.iter_mut().filter(|o| o.0 <= now && o.4.is_none()) {
+            o.4 = Some(server.admit(o.0, o.3));
+        }
+        // The client reads what is back, in the order it came back.
+        out.sort_by_key(|o| o.1);
+        while out.first().is_some_and(|o| o.1 <= now) {
+            let (_, back, slot, tokens, verdict) = out.remove(0);
+            let (fits, said) = verdict.expect("admitted before it is back");
+            if fits {
+                s.complete_used(slot, back, Some(tokens));
+            } else {
+                refused += 1;
+                s.complete_refused(slot, back);
+            }
+            s.announce(&[said], back);
+            while let Some(n) = s.take_note(back) {
+                heard |= matches!(n, Note::Heard(Heard::Refills { .. }));
+            }
+        }
+    }
+    (refused, last, heard)
+}
+
+fn heard_any(s: &PolicySet) -> bool {
+    s.kept()
+        .iter()
+        .any(|k| k.unit() == crate::rate::policy::Unit::Tokens)
+}
+
+/// OpenAI's token bucket, whose quota is stated without a window: kept
+/// as a sliding minute it sent the quota, then waited out the minute
+/// (2.3 times the ideal time in trial K); its resets keep proportion with
+/// its use, so it is found to be a bucket and paced as one: 9,000 tokens
+/// against 6,000 refilling over a minute take about 30 s, not 60.
+#[test]
+fn a_stated_token_bucket_is_found_and_paced_at_its_refill() {
+    let t0 = Instant::now();
+    let weights = vec![300; 30];
+    let (refused, last, heard) = against_a_token_bucket((6000, true), &weights, &[20], 4, t0);
+    assert_eq!(refused, 0);
+    assert!(heard);
+    // 3,000 beyond the quota at 100 a second: 30 s; at most 34 with the
+    // skew allowance, and far under the minute a window would wait.
+    let took = last - t0;
+    assert!(took >= ms(29_000) && took <= ms(34_000), "{took:?}");
+    // Answers read out of the order the server admitted the calls in, in
+    // whole seconds too: found all the same, and nothing refused.
+    for exact in [true, false] {
+        let latency = [5, 80, 20, 140, 1];
+        let (refused, _, heard) = against_a_token_bucket((6000, exact), &weights, &latency, 8, t0);
+        assert_eq!((refused, heard), (0, true), "{exact}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Whatever the calls weigh, the latency and the calls at once, no
+    /// call after the first answer is refused by a stated token bucket,
+    /// found or not.
+    #[test]
+    fn a_stated_token_bucket_never_refuses_a_call_after_the_first_answer(
+        weights in proptest::collection::vec(1u64..900, 10..80),
+        latency in proptest::collection::vec(1u64..150, 1..8),
+        workers in 1usize..12,
+        quota in 2_000u64..12_000,
+        exact in any::<bool>(),
+    ) {
+        let server = (quota, exact);
+        let (refused, _, _) = against_a_token_bucket(server, &weights, &latency, workers, Instant::now());
+        prop_assert_eq!(refused, 0);
+    }
+}
+
+/// A found bucket whose quota the server then states lower (a tier
+/// changed, or a proxy's lower quota): the bucket shrinks to it. It kept
+/// its first size and let 7,900 tokens go at once against a stated 4,000.
+#[test]
+fn a_found_bucket_stated_smaller_shrinks_to_it() {
+    let t0 = Instant::now();
+    let mut s = PolicySet::new(ExactWindow::new(1000, ms(1000), t0), Vec::new());
+    let said = |quota: u64, used: u64| Announced {
+        unit: Unit::Tokens,
+        reset_in: Some(ms(used * 60_000 / quota)),
+        reset_exact: true,
+        ..calls_policy(quota, None, Some(quota - used))
+    };
+    for used in (500..=4000).step_by(500) {
+        s.announce(&[said(8000, used)], t0);
+    }
+    assert!(s.kept()[0].refills(), "{:?}", s.kept()[0].spec());
+    let later = t0 + ms(60_000);
+    s.announce(&[said(4000, 1)], later);
+    assert!(s.try_take_weighted(later, 1, 4500).is_err());
+    assert!(s.try_take_weighted(later, 1, 3500).is_ok());
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A token quota stated as OpenAI and Anthropic state theirs (issue 19): a
+# bucket of 20,000 tokens refilling continuously over a minute, its limit,
+# what is left and when it is full again in the dialect's headers, with no
+# window and no shape. batchrun is told only a rate of calls (or
+# `--limit none`, or the bucket itself, the README's recipe) and paces the
+# tokens to what the headers say.
+#
+# The job: 585 prompts of 50 tokens and an answer of at most 1 (charged
+# about what each asks, as a server charging `max_tokens` at admission
+# would be), 29,250 tokens in all: the bucket's 20,000 at once, the rest at
+# its 333 a second, so 27.75 s is the ideal. A window of a minute sends the
+# 20,000, then waits out the minute.
+#
+# Prints one row per run: dialect, what batchrun was told, tokens charged,
+# 429s, wall time against the ideal, and the line saying the bucket was
+# found (when it was).
+#
+#   examples/token_bucket_bench.sh                 # target/release/batchrun
+#   REPEAT=3 BIN=/path/to/older/batchrun examples/token_bucket_bench.sh
+#   LATENCY=500ms..1500ms CONC=40 examples/token_bucket_bench.sh   # an LLM's answers
+set -euo pipefail
+
+BIN=${BIN:-target/release/batchrun}
+REPEAT=${REPEAT:-1}
+LATENCY=${LATENCY:-20ms..60ms}
+CONC=${CONC:-10}
+CALLS=${CALLS:-585}
+QUOTA=20000
+
+[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
+
+. "$(dirname "$0")/bench_common.sh"
+bench_tmp token_bucket_bench
+
+python3 - "$CALLS" >"$TMP/items.jsonl" <<'PY'
+import sys
+prompt = "word " * 40
+for i in range(1, int(sys.argv[1]) + 1):
+    print('{"n": %d, "max_tokens": 1, "prompt": "%s"}' % (i, prompt))
+PY
+
+printf '%-10s %-38s %7s %5s %7s %7s %6s  %s\n' dialect told charged 429s wall_s ideal_s ratio found
+for run in $(seq "$REPEAT"); do
+    for dialect in openai anthropic; do
+        for told in "--limit 500/1s" "--limit none" "--limit 500/1s --limit $QUOTA/1m,tokens,burst=$QUOTA"; do
+            start_sim_with --limit 1000/1s --limit "$QUOTA/1m,tokens,burst=$((QUOTA - 1))" \
+                --dialect "$dialect" --latency "$LATENCY" --concurrency 1000 --credits 1000000000
+            dir="$TMP/run$run-$dialect-$(echo "$told" | tr -c 'a-z0-9' _)"
+            mkdir -p "$dir"
+            cp "$TMP/items.jsonl" "$dir/items.jsonl"
+            start=$(date +%s.%N)
+            # shellcheck disable=SC2086
+            BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" $told \
+                --json-body -c "$CONC" --json --state-dir "$dir/state" >"$dir/out.json" 2>"$dir/err" || true
+            end=$(date +%s.%N)
+            python3 -c "
+import urllib.request
+print(urllib.request.urlopen('$URL/admin/stats').read().decode())" >"$dir/stats.json"
+            kill "$SIM_PID" 2>/dev/null || true
+            wait "$SIM_PID" 2>/dev/null || true
+            python3 - "$dir" "$start" "$end" "$QUOTA" "$dialect" "$told" <<'PY'
+import json, sys
+d, t0, t1, quota, dialect, told = sys.argv[1:7]
+quota = int(quota)
+stats = json.load(open(f"{d}/stats.json"))
+charged = stats["tokens_charged"]
+summary = [json.loads(l) for l in open(f"{d}/out.json") if l.startswith("{")]
+limited = summary[-1].get("rate_limited", "?") if summary else "?"
+ideal = max(charged - quota, 0) / (quota / 60)
+wall = float(t1) - float(t0)
+found = "yes" if "refills continuously" in open(f"{d}/err").read() else "-"
+print(f"{dialect:<10} {told:<38} {charged:>7} {limited:>5} {wall:7.2f} {ideal:7.2f} {wall / ideal:5.2f}x  {found}")
+PY
+        done
+    done
+done
