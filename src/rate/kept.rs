@@ -94,12 +94,11 @@ impl Kept {
     }
 
     /// A statement of this policy, read on its arrival at `now`. Once the
-    /// statements show a continuous
-    /// refill, the policy is kept from `now` as a bucket of the quota
-    /// refilling over the period found; returns that period, and the new
-    /// ids of the `in_flight` calls (their tokens, by their places). Once
-    /// found, the bucket follows what the statements fit since: its period
-    /// and its quota, its level kept.
+    /// statements show a continuous refill, the policy is kept from `now`
+    /// as a bucket of the quota refilling over the period found; returns
+    /// that period, and the new ids of the `in_flight` calls (their tokens,
+    /// by their places). Once found, the bucket follows what the statements
+    /// fit since: its period and its quota, its level kept.
     pub fn heard_reset(
         &mut self,
         said: Said,
