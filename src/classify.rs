@@ -450,12 +450,17 @@ fn visible(text: &str) -> String {
 /// The `error` or `message` field of a JSON error body, or the first line of
 /// a text body, trimmed to something a failures file can hold.
 fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String> {
+    // `{"error": "..."}`, `{"message": "..."}`, or OpenAI's and
+    // Anthropic's `{"error": {"message": "...", "type": ...}}`: the words,
+    // not the JSON around them.
     let from_json = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| {
-            ["error", "message", "detail"]
-                .iter()
-                .find_map(|k| v.get(k).and_then(|m| m.as_str()).map(str::to_string))
+            ["error", "message", "detail"].iter().find_map(|k| {
+                let m = v.get(k)?;
+                let m = m.get("message").unwrap_or(m);
+                m.as_str().map(str::to_string)
+            })
         });
     let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
     // A server's words go into logs and terminals: no escape sequences, no
@@ -863,6 +868,15 @@ mod tests {
             Some("slow down please")
         );
         assert_eq!(said(""), None);
+        // OpenAI's and Anthropic's error objects: their message alone.
+        assert_eq!(
+            said(r#"{"error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}}"#).as_deref(),
+            Some("Rate limit reached for requests")
+        );
+        assert_eq!(
+            said(r#"{"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}"#).as_deref(),
+            Some("Number of request tokens has exceeded your per-minute rate limit")
+        );
         assert_eq!(
             said("abc\u{202E}def\u{2066}\u{2028}!").as_deref(),
             Some("abcdef!"),
