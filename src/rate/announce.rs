@@ -109,9 +109,7 @@ pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     for unit in ["requests", "tokens"] {
         openai(h, unit, &mut out);
     }
-    for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
-        anthropic(h, unit, now_unix, &mut out);
-    }
+    anthropic(h, now_unix, &mut out);
     out.into_iter().map(bounded).collect()
 }
 
@@ -323,28 +321,34 @@ fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
     push(out, a);
 }
 
-/// Anthropic: `anthropic-ratelimit-requests-limit`, `-remaining`, `-reset`.
-fn anthropic(h: &HeaderMap, unit: &str, now_unix: Duration, out: &mut Vec<Announced>) {
-    let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));
-    let remaining = whole(h, &format!("anthropic-ratelimit-{unit}-remaining"));
-    if limit.is_none() && remaining.is_none() {
-        return;
+/// Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
+fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
+    // The instants are measured from the response's `Date` where it has a
+    // sane one (within a day of this clock): both the server's. Read once,
+    // and only for a response that states a quota this way.
+    let mut date = None;
+    for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));
+        let remaining = whole(h, &format!("anthropic-ratelimit-{unit}-remaining"));
+        if limit.is_none() && remaining.is_none() {
+            continue;
+        }
+        let date = *date.get_or_insert_with(|| {
+            text(h, "date")
+                .and_then(|d| httpdate::parse_http_date(d).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .filter(|&d| d.max(now_unix) - d.min(now_unix) < Duration::from_secs(86_400))
+        });
+        let since = date.unwrap_or(now_unix);
+        let mut a = Announced::new(unit, unit_named(unit));
+        a.quota = quota(limit);
+        a.remaining = remaining;
+        a.reset_in = latest(h, &format!("anthropic-ratelimit-{unit}-reset"), |t| {
+            fields::rfc3339_unix(t).map(|at| at.saturating_sub(since))
+        });
+        a.reset_dated = date.is_some() && a.reset_in.is_some();
+        push(out, a);
     }
-    let mut a = Announced::new(unit, unit_named(unit));
-    a.quota = quota(limit);
-    a.remaining = remaining;
-    // The instant is measured from the response's `Date` where it has a
-    // sane one (within a day of this clock): both the server's.
-    let date = text(h, "date")
-        .and_then(|d| httpdate::parse_http_date(d).ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .filter(|&d| d.max(now_unix) - d.min(now_unix) < Duration::from_secs(86_400));
-    let since = date.unwrap_or(now_unix);
-    a.reset_in = latest(h, &format!("anthropic-ratelimit-{unit}-reset"), |t| {
-        fields::rfc3339_unix(t).map(|at| at.saturating_sub(since))
-    });
-    a.reset_dated = date.is_some() && a.reset_in.is_some();
-    push(out, a);
 }
 
 /// Keeps `a` when it says anything (a zero quota and no remaining do not).

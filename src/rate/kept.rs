@@ -85,26 +85,19 @@ impl Kept {
     /// Anthropic's reset is when full), or found while the statements still
     /// keep proportion (when they stop, a `remaining` of 0 holds again).
     pub fn refills(&self) -> bool {
-        let tokens = self.spec.unit == Unit::Tokens && matches!(self.rule, Rule::Bucket(_));
         match &self.refill {
-            Refill::Unwatched => tokens,
-            Refill::Watching(..) => false,
             Refill::Found(fit, _) => fit.holding(),
+            // Watched, it is still a window.
+            _ => self.spec.unit == Unit::Tokens && matches!(self.rule, Rule::Bucket(_)),
         }
     }
 
     /// A statement of this policy, read on its arrival at `now`. Once the
-    /// statements show a continuous refill, the policy is kept from `now`
-    /// as a bucket of the quota refilling over the period found; returns
-    /// that period, and the new ids of the `in_flight` calls (their tokens,
-    /// by their places). Once found, the bucket follows what the statements
-    /// fit since: its period and its quota, its level kept.
-    pub fn heard_reset(
-        &mut self,
-        said: Said,
-        in_flight: &[u64],
-        now: Instant,
-    ) -> Option<(Duration, Vec<u64>)> {
+    /// statements show a continuous refill, the rate of the bucket it is
+    /// to be kept as ([`become_bucket`](Self::become_bucket)). Once found,
+    /// the bucket follows what the statements fit since: its period and its
+    /// quota, its level kept.
+    pub fn heard_reset(&mut self, said: Said, now: Instant) -> Option<Rate> {
         let (fit, window, found) = match &mut self.refill {
             Refill::Unwatched => return None,
             Refill::Watching(fit, w) => (fit, *w, false),
@@ -115,42 +108,36 @@ impl Kept {
             count: said.quota.max(1),
             period: period.unwrap_or(self.rate.period),
         };
-        if found {
-            let was = self.rate;
-            let moved =
-                rate.period.max(was.period) - rate.period.min(was.period) > was.period / 100;
-            if let (Rule::Bucket(g), true) = (&mut self.rule, moved || rate.count != was.count) {
-                g.retime(rate, rate.count - 1, now);
-                self.rate = rate;
-                self.spec.limit = Limit::Rate(rate);
-                self.spec.shape = Shape::Bucket {
-                    burst: Some(rate.count - 1),
-                };
-            }
-            return None;
+        if !found {
+            return period.map(|_| rate);
         }
-        period?;
-        Some((rate.period, self.become_bucket(rate, said, in_flight, now)))
+        let was = self.rate;
+        let moved = rate.period.max(was.period) - rate.period.min(was.period) > was.period / 100;
+        if let (Rule::Bucket(g), true) = (&mut self.rule, moved || rate.count != was.count) {
+            g.retime(rate, rate.count - 1, now);
+            self.bucket_of(rate);
+        }
+        None
     }
 
     /// Kept from `now` as a bucket of `rate` with room for all of it, after
     /// `said` showed a continuous refill. Its level is this client's own
     /// calls replayed into it, each from when its answer came back (the
     /// server counted it no later, so it drains no sooner), and the calls
-    /// on their way, or what the statement says is used where that is
-    /// more (other clients on the key). The statement alone misses calls
-    /// the server counted after it whose answers were read before it; the
-    /// statement and the calls on their way both count those the server
-    /// counted at admission. The in-flight calls' ids.
-    fn become_bucket(
+    /// on their way (their tokens: `in_flight`), or what the statement says
+    /// is used where that is more (other clients on the key). The statement
+    /// alone misses calls the server counted after it whose answers were
+    /// read before it; the statement and the calls on their way both count
+    /// those the server counted at admission. The in-flight calls' new ids,
+    /// in their order.
+    pub fn become_bucket(
         &mut self,
         rate: Rate,
         said: Said,
         in_flight: &[u64],
         now: Instant,
     ) -> Vec<u64> {
-        let burst = rate.count - 1;
-        let mut g = Gcra::new(rate, burst);
+        let mut g = Gcra::new(rate, rate.count - 1);
         if let Rule::Sliding(t, window) = &self.rule {
             for &(until, w) in t.answered() {
                 g.spend(until.checked_sub(*window).unwrap_or(until).min(now), w);
@@ -162,15 +149,22 @@ impl Kept {
         if stated > ours {
             g.spend(now, stated - ours);
         }
-        self.spec.limit = Limit::Rate(rate);
-        self.spec.shape = Shape::Bucket { burst: Some(burst) };
-        self.rate = rate;
         self.rule = Rule::Bucket(g);
+        self.bucket_of(rate);
         self.refill = match std::mem::replace(&mut self.refill, Refill::Unwatched) {
             Refill::Watching(fit, w) => Refill::Found(fit, w),
             other => other,
         };
         ids
+    }
+
+    /// The policy is a bucket of `rate` with room for all of it.
+    fn bucket_of(&mut self, rate: Rate) {
+        self.rate = rate;
+        self.spec.limit = Limit::Rate(rate);
+        self.spec.shape = Shape::Bucket {
+            burst: Some(rate.count - 1),
+        };
     }
 
     /// What the policy is.

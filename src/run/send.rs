@@ -121,7 +121,7 @@ impl Pool {
     /// a refusal comes back faster than the work), and says what changed.
     fn sized(&self, latency: Duration) {
         let ms = |d: Duration| d.as_millis().max(1);
-        let live = self.pacer.steady_per_min().map(|m| m / 60.0);
+        let live = || self.pacer.steady_per_min().map(|m| m / 60.0);
         match self.slots.measured(latency, live) {
             Some(Resized::Grew(n)) => self.emit(Event::Note(format!(
                 "batchrun: calls take ~{} ms: up to {n} calls in flight to keep the limit's pace",

@@ -153,11 +153,15 @@ impl Slots {
 
     /// Feeds the latency of one answered call: a growing pool grows toward
     /// what the limit needs; a pool that cannot keep the limit's pace says
-    /// so once, judged against `live` too (see [`pace`](Self::pace)): a
-    /// run bound by its tokens is not bound by its concurrency. The growth
-    /// follows the configured pace only, so that a limit the pacer is still
-    /// learning upward does not hold it back.
-    pub(super) fn measured(&self, latency: Duration, live: Option<f64>) -> Option<Resized> {
+    /// so once, judged against `live` too (see [`pace`](Self::pace); asked
+    /// only then): a run bound by its tokens is not bound by its
+    /// concurrency. The growth follows the configured pace only, so that a
+    /// limit the pacer is still learning upward does not hold it back.
+    pub(super) fn measured(
+        &self,
+        latency: Duration,
+        live: impl FnOnce() -> Option<f64>,
+    ) -> Option<Resized> {
         let (mean, n) = {
             let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
             let x = latency.as_secs_f64();
@@ -179,9 +183,12 @@ impl Slots {
         let size = self.size();
         // Bound only when the calls in flight fall short of the limit's pace
         // itself (the headroom is for growing, not for judging).
-        let pace = self.pace(live).unwrap_or(0.0);
+        if n < SAMPLES_TO_JUDGE || self.noted_bound.load(SeqCst) {
+            return None;
+        }
+        let pace = self.pace(live()).unwrap_or(0.0);
         let short = (size as f64) < pace * mean;
-        if n >= SAMPLES_TO_JUDGE && short && !self.noted_bound.swap(true, SeqCst) {
+        if short && !self.noted_bound.swap(true, SeqCst) {
             return Some(Resized::Bound {
                 size,
                 need: Self::need(pace, mean).unwrap_or(need),
@@ -238,16 +245,16 @@ mod tests {
         // the headroom.
         let s = Slots::sized(4, 100, true, Some(100.0));
         assert_eq!(s.size(), 4);
-        assert_eq!(s.measured(200 * MS, None), Some(Resized::Grew(26)));
+        assert_eq!(s.measured(200 * MS, || None), Some(Resized::Grew(26)));
         assert_eq!(s.size(), 26);
         assert_eq!(s.sem.available_permits(), 26);
         // Faster calls never shrink it; slower ones grow it, quietly.
-        assert_eq!(s.measured(50 * MS, None), None);
+        assert_eq!(s.measured(50 * MS, || None), None);
         assert_eq!(s.size(), 26);
-        assert_eq!(s.measured(Duration::from_secs(2), None), None);
+        assert_eq!(s.measured(Duration::from_secs(2), || None), None);
         assert!(s.size() > 26, "{}", s.size());
         let s = Slots::sized(4, 20, true, Some(100.0));
-        assert_eq!(s.measured(200 * MS, None), Some(Resized::Grew(20)));
+        assert_eq!(s.measured(200 * MS, || None), Some(Resized::Grew(20)));
         assert_eq!(s.pace_per_min().map(|p| p.round()), Some(6000.0));
     }
 
@@ -256,32 +263,32 @@ mod tests {
         // 10 calls a second at 200 ms: 2 in flight, 4 with the headroom.
         let s = Slots::sized(1, 1, false, Some(10.0));
         for _ in 1..SAMPLES_TO_JUDGE {
-            assert_eq!(s.measured(200 * MS, None), None);
+            assert_eq!(s.measured(200 * MS, || None), None);
         }
         let Some(Resized::Bound {
             size,
             need,
             per_min,
             ..
-        }) = s.measured(200 * MS, None)
+        }) = s.measured(200 * MS, || None)
         else {
             panic!("bound")
         };
         assert_eq!((size, need), (1, 4));
         assert!((per_min - 300.0).abs() < 1e-6, "{per_min}");
-        assert_eq!(s.measured(200 * MS, None), None, "said once");
+        assert_eq!(s.measured(200 * MS, || None), None, "said once");
         // Quick enough calls keep the pace (4 a second at 240 ms is 0.96 in
         // flight): nothing to say, headroom or not.
         let s = Slots::sized(1, 1, false, Some(4.0));
         for _ in 0..20 {
-            assert_eq!(s.measured(240 * MS, None), None);
+            assert_eq!(s.measured(240 * MS, || None), None);
         }
         // 10 calls a second configured, but a quota of tokens the pacer
         // follows allows 4 (`live`): 1 in flight at 200 ms keeps that
         // pace, and the run is not bound by its concurrency.
         let s = Slots::sized(1, 1, false, Some(10.0));
         for _ in 0..20 {
-            assert_eq!(s.measured(200 * MS, Some(4.0)), None);
+            assert_eq!(s.measured(200 * MS, || Some(4.0)), None);
         }
         // Without a limit there is no pace to keep.
         let s = Slots::new(1);
@@ -290,7 +297,7 @@ mod tests {
             ..s
         };
         for _ in 0..20 {
-            assert_eq!(s.measured(200 * MS, None), None);
+            assert_eq!(s.measured(200 * MS, || None), None);
         }
     }
 
@@ -299,7 +306,7 @@ mod tests {
         let s = Slots::sized(4, 100, true, Some(100.0));
         assert_eq!(s.lower(), Some(3));
         assert_eq!(
-            s.measured(200 * MS, None),
+            s.measured(200 * MS, || None),
             None,
             "the server's ceiling is 3"
         );
@@ -320,7 +327,7 @@ mod tests {
         drop(b);
         assert_eq!(s.sem.available_permits(), 1);
         // Grows back only to the ceiling it was told: it stays at 1.
-        assert_eq!(s.measured(Duration::from_secs(1), None), None);
+        assert_eq!(s.measured(Duration::from_secs(1), || None), None);
         assert_eq!(s.size(), 1);
     }
 
@@ -364,7 +371,7 @@ mod tests {
                         }
                     }
                     Op::Give => drop(held.pop()),
-                    Op::Measure(ms) => drop(s.measured(Duration::from_millis(ms), None)),
+                    Op::Measure(ms) => drop(s.measured(Duration::from_millis(ms), || None)),
                     Op::Lower => {
                         if let Some(n) = s.lower() {
                             lowered_to = Some(n);

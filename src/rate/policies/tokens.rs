@@ -169,22 +169,22 @@ impl PolicySet {
             return;
         };
         let quota = p.quota.unwrap_or(self.kept[i].quota());
-        let out: Vec<(SetSlot, u64)> = self
-            .in_flight
-            .iter()
-            .filter(|(_, (_, _, ids, _))| ids.len() > i)
-            .map(|(slot, (.., tokens))| (*slot, *tokens))
-            .collect();
-        let tokens: Vec<u64> = out.iter().map(|(_, t)| *t).collect();
         let read_late = match p.reset_dated {
             true => Duration::ZERO,
             false => self.rtt.saturating_add(Duration::from_secs(1)),
         };
         let said = Said::new(quota, left, reset, p.reset_exact, read_late);
-        let Some((period, ids)) = self.kept[i].heard_reset(said, &tokens, now) else {
+        let Some(rate) = self.kept[i].heard_reset(said, now) else {
             return;
         };
-        for ((slot, _), id) in out.into_iter().zip(ids) {
+        let (slots, tokens): (Vec<SetSlot>, Vec<u64>) = self
+            .in_flight
+            .iter()
+            .filter(|(_, (_, _, ids, _))| ids.len() > i)
+            .map(|(slot, (.., tokens))| (*slot, *tokens))
+            .unzip();
+        let ids = self.kept[i].become_bucket(rate, said, &tokens, now);
+        for (slot, id) in slots.into_iter().zip(ids) {
             if let Some((_, _, ids, _)) = self.in_flight.get_mut(&slot) {
                 ids[i] = id;
             }
@@ -192,7 +192,7 @@ impl PolicySet {
         self.heard.push_back(Heard::Refills {
             name: p.name.clone(),
             quota,
-            period,
+            period: rate.period,
         });
     }
 

@@ -212,14 +212,15 @@ impl Policy {
 
     /// The policy as the header dialects state it at `now`.
     pub(super) fn view(&self, now: Instant) -> PolicyView {
+        let reset = self.reset(now);
         PolicyView {
             limit: self.rate.count,
             window: self.rate.period,
             remaining: self.remaining(now),
-            reset: self.reset(now),
+            reset,
             idle: match &self.counter {
                 Counter::Bucket(b) => b.until_idle(now),
-                _ => self.reset(now),
+                _ => reset,
             },
             unit: self.unit,
         }
