@@ -19,6 +19,12 @@
 #   examples/token_bucket_bench.sh                 # target/release/batchrun
 #   REPEAT=3 BIN=/path/to/older/batchrun examples/token_bucket_bench.sh
 #   LATENCY=500ms..1500ms CONC=40 examples/token_bucket_bench.sh   # an LLM's answers
+#
+# SPLIT=1: Anthropic's input and output buckets, stated apart (and
+# `tokens`, the more restrictive of the two, beside them): 20,000 input
+# and 3,000 output tokens a minute; prompts of 50 tokens and answers of at
+# most 20 (about 10 charged). The ideal is the slower of the two buckets'
+# refill times for what they were charged (from the answers' usage).
 set -euo pipefail
 
 BIN=${BIN:-target/release/batchrun}
@@ -27,31 +33,46 @@ LATENCY=${LATENCY:-20ms..60ms}
 CONC=${CONC:-10}
 CALLS=${CALLS:-585}
 QUOTA=20000
+SPLIT=${SPLIT:-}
+OUT_QUOTA=3000
 
 [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
 
 . "$(dirname "$0")/bench_common.sh"
 bench_tmp token_bucket_bench
 
-python3 - "$CALLS" >"$TMP/items.jsonl" <<'PY'
+if [ -n "$SPLIT" ]; then
+    ANSWER=20
+    DIALECTS="anthropic"
+    SIM_TOKENS=(--limit "$QUOTA/1m,input-tokens,burst=$((QUOTA - 1))"
+        --limit "$OUT_QUOTA/1m,output-tokens,burst=$((OUT_QUOTA - 1))")
+    TOLD_BUCKET="--limit 500/1s --limit $QUOTA/1m,input-tokens,burst=$QUOTA --limit $OUT_QUOTA/1m,output-tokens,burst=$OUT_QUOTA"
+else
+    ANSWER=1
+    DIALECTS="openai anthropic"
+    SIM_TOKENS=(--limit "$QUOTA/1m,tokens,burst=$((QUOTA - 1))")
+    TOLD_BUCKET="--limit 500/1s --limit $QUOTA/1m,tokens,burst=$QUOTA"
+fi
+
+python3 - "$CALLS" "$ANSWER" >"$TMP/items.jsonl" <<'PY'
 import sys
 prompt = "word " * 40
 for i in range(1, int(sys.argv[1]) + 1):
-    print('{"n": %d, "max_tokens": 1, "prompt": "%s"}' % (i, prompt))
+    print('{"n": %d, "max_tokens": %s, "prompt": "%s"}' % (i, sys.argv[2], prompt))
 PY
 
 printf '%-10s %-38s %7s %5s %7s %7s %6s  %s\n' dialect told charged 429s wall_s ideal_s ratio found
 for run in $(seq "$REPEAT"); do
-    for dialect in openai anthropic; do
-        for told in "--limit 500/1s" "--limit none" "--limit 500/1s --limit $QUOTA/1m,tokens,burst=$QUOTA"; do
-            start_sim_with --limit 1000/1s --limit "$QUOTA/1m,tokens,burst=$((QUOTA - 1))" \
+    for dialect in $DIALECTS; do
+        for told in "--limit 500/1s" "--limit none" "$TOLD_BUCKET"; do
+            start_sim_with --limit 1000/1s "${SIM_TOKENS[@]}" \
                 --dialect "$dialect" --latency "$LATENCY" --concurrency 1000 --credits 1000000000
             dir="$TMP/run$run-$dialect-$(echo "$told" | tr -c 'a-z0-9' _)"
             mkdir -p "$dir"
             cp "$TMP/items.jsonl" "$dir/items.jsonl"
             start=$(date +%s.%N)
             # shellcheck disable=SC2086
-            BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" $told \
+            BATCHRUN_API_KEY=sk-bench-token-key "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" $told \
                 --json-body -c "$CONC" --json --state-dir "$dir/state" >"$dir/out.json" 2>"$dir/err" || true
             end=$(date +%s.%N)
             python3 -c "
@@ -59,18 +80,23 @@ import urllib.request
 print(urllib.request.urlopen('$URL/admin/stats').read().decode())" >"$dir/stats.json"
             kill "$SIM_PID" 2>/dev/null || true
             wait "$SIM_PID" 2>/dev/null || true
-            python3 - "$dir" "$start" "$end" "$QUOTA" "$dialect" "$told" <<'PY'
+            python3 - "$dir" "$start" "$end" "$QUOTA" "$dialect" "$told" "$SPLIT" "$OUT_QUOTA" <<'PY'
 import json, sys
-d, t0, t1, quota, dialect, told = sys.argv[1:7]
-quota = int(quota)
+d, t0, t1, quota, dialect, told, split, out_quota = sys.argv[1:9]
+quota, out_quota = int(quota), int(out_quota)
 stats = json.load(open(f"{d}/stats.json"))
 charged = stats["tokens_charged"]
 summary = [json.loads(l) for l in open(f"{d}/out.json") if l.startswith("{")]
 limited = summary[-1].get("rate_limited", "?") if summary else "?"
-ideal = max(charged - quota, 0) / (quota / 60)
+if split:
+    usage = [json.loads(l)["body"]["usage"] for l in open(f"{d}/items.results.jsonl")]
+    spent = sum(u["input_tokens"] for u in usage), sum(u["output_tokens"] for u in usage)
+    ideal = max(max(c - q, 0) / (q / 60) for c, q in zip(spent, (quota, out_quota)))
+else:
+    ideal = max(charged - quota, 0) / (quota / 60)
 wall = float(t1) - float(t0)
 found = "yes" if "refills continuously" in open(f"{d}/err").read() else "-"
-print(f"{dialect:<10} {told:<38} {charged:>7} {limited:>5} {wall:7.2f} {ideal:7.2f} {wall / ideal:5.2f}x  {found}")
+print(f"{dialect:<10} {told:<38} {charged:>7} {limited:>5} {wall:7.2f} {ideal:7.2f} {(wall / ideal if ideal else float('inf')):5.2f}x  {found}")
 PY
         done
     done

@@ -15,6 +15,8 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
+use crate::rate::policy::TokenWeight;
+
 /// The default `--usage`: where OpenAI-style responses say what a call used.
 pub const DEFAULT_USAGE: &str = "/usage/total_tokens";
 
@@ -195,8 +197,10 @@ const ANSWER_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_outp
 /// and `messages`, the roles included, which OpenAI counts a few tokens a
 /// message for). The estimate when `--cost` is not given, read from the
 /// `--body` rendered (`rendered`) or else the item; one with none of these
-/// fields weighs nothing until its answer says what it used.
-fn requested(v: &Value, rendered: bool) -> u64 {
+/// fields weighs nothing until its answer says what it used. The prompt is
+/// its input and the answers' cap its output, for a server that limits
+/// them apart (Anthropic).
+fn requested(v: &Value, rendered: bool) -> TokenWeight {
     let mut chars = 0u64;
     let mut stack: Vec<&Value> = PROMPT_FIELDS.iter().filter_map(|f| v.get(f)).collect();
     while let Some(v) = stack.pop() {
@@ -212,7 +216,7 @@ fn requested(v: &Value, rendered: bool) -> u64 {
             _ => {}
         }
     }
-    answers_cap(v, rendered).saturating_add(chars.div_ceil(4))
+    TokenWeight::split(chars.div_ceil(4), answers_cap(v, rendered))
 }
 
 /// The most answers a request may ask for (OpenAI's `n`).
@@ -257,10 +261,16 @@ pub struct Costing {
     /// that policy refuses a heavier call every time, so it is failed
     /// unsent rather than sent again after each 429.
     pub most: Option<(u64, String)>,
-    /// The least quota of any told policy of tokens: an estimate without
-    /// `--cost`, a guess, is held to it rather than failed (a bucket given
-    /// no burst would otherwise be pushed a guess's weight ahead).
-    pub guess_cap: Option<u64>,
+    /// [`most`](Self::most) among the told policies that count an answer's
+    /// tokens (all of a call's, or its output's): what a guess's certain
+    /// part, the answers' cap, is held against.
+    pub most_answered: Option<(u64, String)>,
+    /// The least quota of the told policies counting each part of a call's
+    /// tokens (all, input, output; about a trillion where none does): an
+    /// estimate without `--cost`, a guess, is held to it rather than failed
+    /// (a bucket given no burst would otherwise be pushed a guess's weight
+    /// ahead).
+    pub guess_cap: TokenWeight,
 }
 
 impl Costing {
@@ -277,11 +287,12 @@ impl Costing {
         &self,
         item: &crate::input::Item,
         rendered: Option<&Value>,
-    ) -> Result<u64, String> {
+    ) -> Result<TokenWeight, String> {
         let Some(e) = &self.expr else {
             let read = rendered.unwrap_or(&item.value);
             let cap = answers_cap(read, rendered.is_some());
-            if let Some((most, limit)) = self.most.as_ref().filter(|(m, _)| cap > *m) {
+            let most = self.most_answered.as_ref();
+            if let Some((most, limit)) = most.filter(|(m, _)| cap > *m) {
                 return Err(self.too_heavy(item, cap, *most, &format!("--limit {limit}")));
             }
             return Ok(self.held(requested(read, rendered.is_some())));
@@ -297,7 +308,7 @@ impl Costing {
             Some((most, limit)) if tokens > *most => {
                 Err(self.too_heavy(item, tokens, *most, &format!("--limit {limit}")))
             }
-            _ => Ok(tokens),
+            _ => Ok(TokenWeight::whole(tokens)),
         }
     }
 
@@ -307,10 +318,15 @@ impl Costing {
     }
 
     /// A guess of `tokens` (one call's, or a batch's sum) held to what one
-    /// call may weigh: the least told quota of tokens, and at most about a
-    /// trillion (`MAX_ESTIMATE`).
-    pub fn held(&self, tokens: u64) -> u64 {
-        tokens.min(self.guess_cap.unwrap_or(MAX_ESTIMATE))
+    /// call may weigh: each part to the least told quota counting it, and
+    /// at most about a trillion (`MAX_ESTIMATE`).
+    pub fn held(&self, tokens: TokenWeight) -> TokenWeight {
+        let cap = self.guess_cap.at_most(MAX_ESTIMATE);
+        TokenWeight {
+            total: tokens.total.min(cap.total),
+            input: tokens.input.min(cap.input),
+            output: tokens.output.min(cap.output),
+        }
     }
 
     /// Why an item estimated at `tokens` is failed unsent: more than the
@@ -333,19 +349,38 @@ impl Costing {
     }
 
     /// What the response body says the call used, if it says: at the
-    /// default `--usage`, Anthropic's input and output tokens where
-    /// OpenAI's total is not there.
-    pub fn used(&self, body: &str) -> Option<u64> {
+    /// default `--usage`, OpenAI's total with its prompt's and answer's
+    /// parts, else Anthropic's input tokens (those it writes to its cache
+    /// count as input too) and output tokens. A total not split (another
+    /// `--usage`) counts whole in each part.
+    pub fn used(&self, body: &str) -> Option<TokenWeight> {
         if self.usage != DEFAULT_USAGE {
-            return used(body, &self.usage);
+            return used(body, &self.usage).map(TokenWeight::whole);
         }
         let v: Value = serde_json::from_str(body).ok()?;
         let at = |p: &str| v.pointer(p).and_then(Value::as_u64);
-        at(DEFAULT_USAGE).or_else(|| {
-            let (i, o) = (at("/usage/input_tokens"), at("/usage/output_tokens"));
-            i.or(o)?;
-            Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0)))
-        })
+        if let Some(total) = at(DEFAULT_USAGE) {
+            // Chat completions name the parts so, the Responses API as
+            // Anthropic does.
+            let part = |a: &str, b: &str| at(a).or_else(|| at(b));
+            let parts = (
+                part("/usage/prompt_tokens", "/usage/input_tokens"),
+                part("/usage/completion_tokens", "/usage/output_tokens"),
+            );
+            return Some(match parts {
+                (Some(i), Some(o)) => TokenWeight {
+                    total,
+                    input: i,
+                    output: o,
+                },
+                _ => TokenWeight::whole(total),
+            });
+        }
+        let (i, o) = (at("/usage/input_tokens"), at("/usage/output_tokens"));
+        i.or(o)?;
+        let cached = at("/usage/cache_creation_input_tokens").unwrap_or(0);
+        let input = i.unwrap_or(0).saturating_add(cached);
+        Some(TokenWeight::split(input, o.unwrap_or(0)))
     }
 }
 
@@ -632,18 +667,22 @@ mod tests {
         ]});
         // 100, and "system" + "be brief" + "user" + "text" + "abcdefghij"
         // (32 characters) a token per four.
-        assert_eq!(requested(&chat, true), 108);
+        assert_eq!(requested(&chat, true).total, 108);
         assert_eq!(answers_cap(&chat, true), 100);
         let csv = json!({"max_completion_tokens": " 40 ", "n": 3, "prompt": "abcde"});
-        assert_eq!(requested(&csv, false), 42, "an item's own n may be its id");
         assert_eq!(
-            requested(&csv, true),
+            requested(&csv, false).total,
+            42,
+            "an item's own n may be its id"
+        );
+        assert_eq!(
+            requested(&csv, true).total,
             122,
             "a --body's n asks for 3 answers of 40"
         );
         let responses = json!({"max_output_tokens": 7, "input": "abcd", "other": "x".repeat(99)});
         assert_eq!(
-            requested(&responses, true),
+            requested(&responses, true).total,
             8,
             "only the prompt's fields count"
         );
@@ -652,22 +691,26 @@ mod tests {
             json!(null),
             json!([1, 2]),
         ] {
-            assert_eq!(requested(&none, true), 0, "{none}");
+            assert_eq!(requested(&none, true).total, 0, "{none}");
         }
         for odd in [
             json!({"max_tokens": -5, "n": 0}),
             json!({"max_tokens": "lots", "n": 1e308}),
         ] {
-            assert_eq!(requested(&odd, true), 0, "{odd}");
+            assert_eq!(requested(&odd, true).total, 0, "{odd}");
         }
         let many = json!({"max_tokens": 10, "n": 5000});
         assert_eq!(
-            requested(&many, true),
+            requested(&many, true).total,
             10,
             "an n past 128 is no count of answers"
         );
         let huge = json!({"max_tokens": 1e308, "n": 100});
-        assert_eq!(requested(&huge, true), u64::MAX, "saturates, never panics");
+        assert_eq!(
+            requested(&huge, true).total,
+            u64::MAX,
+            "saturates, never panics"
+        );
     }
 
     /// Items whose `--body` template holds the request: the guess reads the
@@ -680,19 +723,24 @@ mod tests {
             usage: DEFAULT_USAGE.into(),
             file: "in.csv".into(),
             most: None,
-            guess_cap: None,
+            most_answered: None,
+            guess_cap: TokenWeight::whole(u64::MAX),
         };
         let item = crate::input::Item {
             line: 3,
             value: json!({"id": "7", "text": "abcdefgh", "n": "9"}),
             field_order: Default::default(),
         };
-        assert_eq!(c.estimate(&item, None), Ok(0));
+        assert_eq!(c.estimate(&item, None).map(|t| t.total), Ok(0));
         let body = json!({"model": "m", "max_tokens": 50, "n": 2, "messages": [
             {"role": "user", "content": "abcdefgh"},
         ]});
         // 2 answers of 50, and "user" + "abcdefgh" (12 characters).
-        assert_eq!(c.estimate(&item, Some(&body)), Ok(103));
+        // Its prompt is its input, its answers' cap its output.
+        assert_eq!(
+            c.estimate(&item, Some(&body)),
+            Ok(TokenWeight::split(3, 100))
+        );
     }
 
     /// An image's data and address are no text: 100,000 characters of
@@ -708,7 +756,7 @@ mod tests {
         ]}]});
         // "user", "text", "abcd", "image_url", "image", "base64",
         // "image/png": 41 characters, 11 tokens.
-        assert_eq!(requested(&image, true), 21);
+        assert_eq!(requested(&image, true).total, 21);
         let item = |value: Value| crate::input::Item {
             line: 7,
             value,
@@ -719,30 +767,32 @@ mod tests {
             usage: DEFAULT_USAGE.into(),
             file: "in.jsonl".into(),
             most: None,
-            guess_cap: Some(500),
+            most_answered: None,
+            guess_cap: TokenWeight::whole(500),
         };
         let huge = item(json!({"max_tokens": 1e15}));
-        assert_eq!(c.estimate(&huge, None), Ok(500));
+        assert_eq!(c.estimate(&huge, None).map(|t| t.total), Ok(500));
         // Its max_tokens alone past what a told policy admits: refused
         // every time, so failed unsent; a long prompt is a guess, held.
-        c.most = Some((500, "500/1s,tokens".into()));
+        c.most_answered = Some((500, "500/1s,tokens".into()));
         let err = c.estimate(&huge, None).unwrap_err();
         assert!(
             err.contains("in.jsonl:7") && err.contains("--limit 500/1s,tokens"),
             "{err}"
         );
         let long = item(json!({"max_tokens": 10, "prompt": "x".repeat(4000)}));
-        assert_eq!(c.estimate(&long, None), Ok(500));
-        c.most = None;
-        c.guess_cap = None;
-        assert_eq!(c.estimate(&huge, None), Ok(MAX_ESTIMATE));
+        assert_eq!(c.estimate(&long, None).map(|t| t.total), Ok(500));
+        c.most_answered = None;
+        c.guess_cap = TokenWeight::whole(u64::MAX);
+        assert_eq!(c.estimate(&huge, None).map(|t| t.total), Ok(MAX_ESTIMATE));
         c.expr = Some("max_tokens".parse().unwrap());
-        assert_eq!(c.estimate(&huge, None), Ok(MAX_ESTIMATE));
+        assert_eq!(c.estimate(&huge, None).map(|t| t.total), Ok(MAX_ESTIMATE));
     }
 
     /// At the default `--usage`, Anthropic's usage (input and output
-    /// tokens, no total) counts as their sum; another `--usage` is read
-    /// as given.
+    /// tokens, no total) counts as their sum, apart as well; OpenAI's
+    /// total with its parts; another `--usage` is read as given, a total
+    /// not split.
     #[test]
     fn anthropics_usage_is_read_at_the_default_pointer() {
         let mut c = Costing {
@@ -750,18 +800,30 @@ mod tests {
             usage: DEFAULT_USAGE.into(),
             file: "in.jsonl".into(),
             most: None,
-            guess_cap: None,
+            most_answered: None,
+            guess_cap: TokenWeight::whole(u64::MAX),
         };
         let anthropic = r#"{"usage": {"input_tokens": 12, "output_tokens": 30}}"#;
-        assert_eq!(c.used(anthropic), Some(42));
-        assert_eq!(c.used(r#"{"usage": {"output_tokens": 30}}"#), Some(30));
+        assert_eq!(c.used(anthropic), Some(TokenWeight::split(12, 30)));
+        let written = r#"{"usage": {"input_tokens": 12, "cache_creation_input_tokens": 8,
+            "cache_read_input_tokens": 500, "output_tokens": 30}}"#;
+        assert_eq!(c.used(written), Some(TokenWeight::split(20, 30)));
+        assert_eq!(
+            c.used(r#"{"usage": {"output_tokens": 30}}"#),
+            Some(TokenWeight::split(0, 30))
+        );
         assert_eq!(
             c.used(r#"{"usage": {"total_tokens": 5, "input_tokens": 9}}"#),
-            Some(5)
+            Some(TokenWeight::whole(5))
         );
+        let openai =
+            r#"{"usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}"#;
+        assert_eq!(c.used(openai), Some(TokenWeight::split(9, 4)));
         assert_eq!(c.used(r#"{"usage": {}}"#), None);
         c.usage = "/usage/total_tokens/x".into();
         assert_eq!(c.used(anthropic), None);
+        c.usage = "/usage/output_tokens".into();
+        assert_eq!(c.used(anthropic), Some(TokenWeight::whole(30)));
     }
 
     #[test]

@@ -140,9 +140,11 @@ impl FleetKeys {
         let t = interval(rate);
         let d = Gcra::new(rate, burst).allowance().as_nanos();
         let tau = t.as_nanos().saturating_mul(u128::from(burst));
+        // The script weighs a call by all its tokens in a bucket of input
+        // or output tokens too (never less than it counts).
         let of = match unit {
             Unit::Calls => "",
-            Unit::Tokens => ":tokens",
+            Unit::Tokens | Unit::InputTokens | Unit::OutputTokens => ":tokens",
         };
         format!("{}:gcra:{}:{tau}:{d}{of}", self.prefix, t.as_nanos())
     }

@@ -16,7 +16,7 @@ use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::Learning;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::Heard;
-use crate::rate::policy::PolicySpec;
+use crate::rate::policy::{PolicySpec, TokenWeight};
 use crate::rate::retry_after::MAX_QUOTA_RESET;
 use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
@@ -244,14 +244,14 @@ pub struct Weight {
     /// Calls it counts as against call policies; at least one.
     pub calls: u64,
     /// Estimated cost units against token policies.
-    pub tokens: u64,
+    pub tokens: TokenWeight,
 }
 
 impl Default for Weight {
     fn default() -> Weight {
         Weight {
             calls: 1,
-            tokens: 0,
+            tokens: TokenWeight::default(),
         }
     }
 }
@@ -262,7 +262,7 @@ pub trait Ticket: Send {
     fn complete(self: Box<Self>, arrived: Instant);
     /// [`complete`](Self::complete), with the tokens the call really used
     /// when the response said so. Pacers that count no tokens ignore it.
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
         let _ = used;
         self.complete(arrived);
     }
@@ -313,7 +313,7 @@ impl Permit {
     /// [`complete`](Self::complete), settling the call at the tokens it
     /// really `used` (from the response; `None`: the estimate stands), so
     /// that a token policy counts what was spent.
-    pub fn complete_used(mut self, arrived: Instant, used: Option<u64>) {
+    pub fn complete_used(mut self, arrived: Instant, used: Option<TokenWeight>) {
         if let Some(t) = self.ticket.take() {
             t.complete_used(arrived, used);
         }

@@ -22,7 +22,7 @@ use super::{ready, BoxFuture, PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::{Announced, Unit};
 use crate::rate::bucket::skew_allowance;
 use crate::rate::policies::{Heard, MAX_PREFILL, TOKEN_WINDOW};
-use crate::rate::policy::PolicySpec;
+use crate::rate::policy::{PolicySpec, TokenWeight};
 use crate::rate::{Limit, Rate, STATED};
 
 /// The pacer for an unlimited plan.
@@ -44,7 +44,7 @@ struct UnpacedState {
     taken: u64,
     /// The estimated tokens of the calls taken: what the server may not
     /// have counted yet when it first states a quota of tokens.
-    tokens_taken: u64,
+    tokens_taken: TokenWeight,
     /// What the window pacer made of the headers that handed over: said
     /// through `note`, after the hand-over's own note.
     pending: Option<PaceNote>,
@@ -69,7 +69,7 @@ impl Unpaced {
                 paused_until: None,
                 started: Instant::now(),
                 taken: 0,
-                tokens_taken: 0,
+                tokens_taken: TokenWeight::default(),
                 pending: None,
             }),
             wait_for_quota,
@@ -87,10 +87,7 @@ impl Unpaced {
     /// least this run's own within the window) and any pause in force.
     fn hand_over(&self, first: &Announced, rate: Rate) -> WindowPacer {
         let now = Instant::now();
-        let unit = match first.unit {
-            Unit::Tokens => crate::rate::policy::Unit::Tokens,
-            _ => crate::rate::policy::Unit::Calls,
-        };
+        let unit = first.unit.counted();
         let spec = [PolicySpec {
             unit,
             ..PolicySpec::sliding(Limit::Rate(rate))
@@ -139,7 +136,7 @@ impl Unpaced {
         }
         // A quota of tokens stated without a window may be a bucket
         // (OpenAI's, Anthropic's).
-        if unit == crate::rate::policy::Unit::Tokens && first.window.is_none() {
+        if unit.is_tokens() && first.window.is_none() {
             set.watch_refill();
         }
         set.all_stated();
@@ -153,7 +150,7 @@ impl Unpaced {
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         let (first, rate) = primary_of(&stated)?;
         self.stated.set(self.hand_over(first, rate)).ok()?;
-        let tokens = first.unit == Unit::Tokens;
+        let tokens = first.unit.is_tokens();
         Some(match first.window {
             None if !tokens => PaceNote::LimitInForce(rate.count),
             _ => PaceNote::Heard(Heard::Added {
@@ -173,10 +170,10 @@ impl Unpaced {
 /// where only tokens are limited, the shortest quota of tokens (per minute
 /// when no window is stated, as OpenAI and Anthropic publish theirs).
 fn primary_of(stated: &[Announced]) -> Option<(&Announced, Rate)> {
-    let of = |unit: Unit, unstated: Duration| {
+    let of = |unit: fn(&Unit) -> bool, unstated: Duration| {
         stated
             .iter()
-            .filter(move |a| a.unit == unit)
+            .filter(move |a| unit(&a.unit))
             .filter_map(move |a| {
                 let period = a.window.unwrap_or(unstated);
                 Some((
@@ -189,7 +186,7 @@ fn primary_of(stated: &[Announced]) -> Option<(&Announced, Rate)> {
             })
             .min_by_key(|(a, r)| (a.window.is_none(), r.period, r.count))
     };
-    of(Unit::Calls, CAP_WINDOW).or_else(|| of(Unit::Tokens, TOKEN_WINDOW))
+    of(|u| *u == Unit::Calls, CAP_WINDOW).or_else(|| of(|u| u.is_tokens(), TOKEN_WINDOW))
 }
 
 impl Pacer for Unpaced {
@@ -437,7 +434,7 @@ mod tests {
     /// A call of 100 tokens.
     const HEAVY: Weight = Weight {
         calls: 1,
-        tokens: 100,
+        tokens: TokenWeight::whole(100),
     };
 
     /// Three calls of 100 tokens sent before any answer, still on their way.
@@ -478,12 +475,12 @@ mod tests {
             "{said:?}"
         );
         for permit in on_their_way {
-            permit.complete_used(Instant::now(), Some(100));
+            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
         }
         let mut stamps = Vec::new();
         for _ in 0..40 {
             let permit = p.take_weighted(HEAVY).await.expect("permit");
-            permit.complete_used(Instant::now(), Some(100));
+            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
             stamps.push(Instant::now());
         }
         let minute = Duration::from_secs(60);
@@ -517,7 +514,7 @@ mod tests {
         ]);
         p.observe(&h).await;
         for permit in on_their_way {
-            permit.complete_used(Instant::now(), Some(100));
+            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
         }
         let mut in_first_minute = 0;
         while Instant::now() - t0 < Duration::from_secs(60) {
@@ -525,7 +522,7 @@ mod tests {
             if Instant::now() - t0 < Duration::from_secs(60) {
                 in_first_minute += 1;
             }
-            permit.complete_used(Instant::now(), Some(100));
+            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
         }
         assert!(
             in_first_minute <= 7,

@@ -17,7 +17,7 @@ use super::{
 use crate::rate::exact::ExactWindow;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
-use crate::rate::policy::PolicySpec;
+use crate::rate::policy::{PolicySpec, TokenWeight};
 use crate::rate::Rate;
 
 /// The exact sliding-window pacer, shared by every worker.
@@ -88,7 +88,6 @@ pub(super) fn policy_set(
     now: std::time::Instant,
 ) -> PolicySet {
     use crate::rate::kept::{envelope, is_sliding_calls, Kept};
-    use crate::rate::policy::PolicySpec;
     let policies = p.specs;
     let (n, w) = envelope(&policies[0]).unwrap_or((r.count, r.period));
     // A bare rate says nothing of the server's shape: learn it. A policy
@@ -133,7 +132,7 @@ impl Ticket for WindowTicket {
         self.complete_used(arrived, None);
     }
 
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
         self.guarded
             .lock()
             .complete_used(self.slot, arrived.into_std(), used);

@@ -35,10 +35,32 @@ use fields::{members, Item};
 pub enum Unit {
     /// Requests: what batchrun paces.
     Calls,
-    /// Tokens (input, output or both): paced as a policy of tokens.
+    /// Tokens, input and output together: paced as a policy of tokens.
     Tokens,
+    /// A prompt's tokens alone (Anthropic's `input-tokens`).
+    InputTokens,
+    /// An answer's tokens alone (Anthropic's `output-tokens`).
+    OutputTokens,
     /// Anything else (content bytes, concurrent requests, …).
     Other,
+}
+
+impl Unit {
+    /// What a policy of tokens kept for it counts; calls for any other.
+    pub fn counted(self) -> crate::rate::policy::Unit {
+        use crate::rate::policy::Unit as Counted;
+        match self {
+            Unit::Tokens => Counted::Tokens,
+            Unit::InputTokens => Counted::InputTokens,
+            Unit::OutputTokens => Counted::OutputTokens,
+            Unit::Calls | Unit::Other => Counted::Calls,
+        }
+    }
+
+    /// Whether it counts tokens of any kind.
+    pub fn is_tokens(self) -> bool {
+        matches!(self, Unit::Tokens | Unit::InputTokens | Unit::OutputTokens)
+    }
 }
 
 /// One limit a server says it keeps, whatever the dialect.
@@ -183,8 +205,7 @@ pub fn reset_secs(v: u64, now_unix: Duration) -> Duration {
 fn ietf_unit(qu: Option<&str>) -> Unit {
     match qu.map(str::to_ascii_lowercase).as_deref() {
         None | Some("requests") | Some("request") => Unit::Calls,
-        Some(u) if u.contains("token") => Unit::Tokens,
-        Some(_) => Unit::Other,
+        Some(u) => unit_named(u),
     }
 }
 
@@ -327,6 +348,7 @@ fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
     // sane one (within a day of this clock): both the server's. Read once,
     // and only for a response that states a quota this way.
     let mut date = None;
+    let start = out.len();
     for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
         let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));
         let remaining = whole(h, &format!("anthropic-ratelimit-{unit}-remaining"));
@@ -349,6 +371,17 @@ fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         a.reset_dated = date.is_some() && a.reset_in.is_some();
         push(out, a);
     }
+    // `tokens` is the most restrictive of the input and output limits
+    // (Anthropic's documentation): where they are stated apart, it adds
+    // nothing, and read as all of a call's tokens it would hold the
+    // prompt and the answer together to the lesser quota.
+    let split = out[start..]
+        .iter()
+        .any(|a| matches!(a.unit, Unit::InputTokens | Unit::OutputTokens));
+    if split {
+        let stated = out.split_off(start);
+        out.extend(stated.into_iter().filter(|a| a.unit != Unit::Tokens));
+    }
 }
 
 /// Keeps `a` when it says anything (a zero quota and no remaining do not).
@@ -358,10 +391,14 @@ fn push(out: &mut Vec<Announced>, a: Announced) {
     }
 }
 
+/// A unit named in a header or a `qu`: requests, tokens, or a prompt's or
+/// an answer's tokens alone.
 fn unit_named(unit: &str) -> Unit {
-    if unit.contains("token") {
-        Unit::Tokens
-    } else {
-        Unit::Calls
+    match unit {
+        u if u.contains("input") && u.contains("token") => Unit::InputTokens,
+        u if u.contains("output") && u.contains("token") => Unit::OutputTokens,
+        u if u.contains("token") => Unit::Tokens,
+        "requests" | "request" => Unit::Calls,
+        _ => Unit::Other,
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::exact::later;
 use super::fixed::{Align, FixedWindow};
 use super::gcra::Gcra;
-use super::policy::{PolicySpec, Shape, Unit};
+use super::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use super::refill::{RefillFit, Said};
 use super::tally::Tally;
 use super::{Limit, Rate};
@@ -69,7 +69,7 @@ impl Kept {
     /// refill: a sliding window of tokens kept for a stated quota (OpenAI's
     /// and Anthropic's state no shape) that may be a bucket.
     pub fn watch_refill(&mut self) {
-        if matches!(self.rule, Rule::Sliding(..)) && self.spec.unit == Unit::Tokens {
+        if matches!(self.rule, Rule::Sliding(..)) && self.spec.unit.is_tokens() {
             self.refill = Refill::Watching(RefillFit::new(), self.rate.period);
         }
     }
@@ -88,7 +88,7 @@ impl Kept {
         match &self.refill {
             Refill::Found(fit, _) => fit.holding(),
             // Watched, it is still a window.
-            _ => self.spec.unit == Unit::Tokens && matches!(self.rule, Rule::Bucket(_)),
+            _ => self.spec.unit.is_tokens() && matches!(self.rule, Rule::Bucket(_)),
         }
     }
 
@@ -196,16 +196,21 @@ impl Kept {
         self.quota() as f64 / self.rate.period.as_secs_f64().max(1e-9)
     }
 
-    /// What a call weighing `calls` calls and `tokens` tokens weighs here.
-    fn weight(&self, calls: u64, tokens: u64) -> u64 {
+    /// What a call weighing `calls` calls and `tokens` weighs here.
+    fn weight(&self, calls: u64, tokens: TokenWeight) -> u64 {
         match self.spec.unit {
             Unit::Calls => calls,
-            Unit::Tokens => tokens,
+            unit => tokens.of(unit),
         }
     }
 
     /// Claims a place for a call at `now`, or says when to look again.
-    pub fn try_take(&mut self, now: Instant, calls: u64, tokens: u64) -> Result<u64, Instant> {
+    pub fn try_take(
+        &mut self,
+        now: Instant,
+        calls: u64,
+        tokens: TokenWeight,
+    ) -> Result<u64, Instant> {
         let w = self.weight(calls, tokens);
         match &mut self.rule {
             Rule::Sliding(t, window) => t.try_take(now, w, *window),
@@ -216,8 +221,9 @@ impl Kept {
 
     /// Call `id` came back at `arrived`; `used` is the tokens it really
     /// cost, when the response said (calls are counted as taken).
-    pub fn complete(&mut self, id: u64, arrived: Instant, used: Option<u64>) {
-        let used = used.filter(|_| self.spec.unit == Unit::Tokens);
+    pub fn complete(&mut self, id: u64, arrived: Instant, used: Option<TokenWeight>) {
+        let unit = self.spec.unit;
+        let used = used.filter(|_| unit.is_tokens()).map(|u| u.of(unit));
         match &mut self.rule {
             Rule::Sliding(t, window) => {
                 let arrived = t.sent(id).map_or(arrived, |s| arrived.max(s));
@@ -231,7 +237,7 @@ impl Kept {
     /// Counts a call sent at `sent`, still in flight, estimated at
     /// `tokens` (a policy added while it is out); its id, to complete it
     /// with. `None` for a bucket, which keeps no calls in flight to add.
-    pub fn admit_in_flight(&mut self, sent: Instant, tokens: u64) -> Option<u64> {
+    pub fn admit_in_flight(&mut self, sent: Instant, tokens: TokenWeight) -> Option<u64> {
         let w = self.weight(1, tokens);
         match &mut self.rule {
             Rule::Sliding(t, _) => Some(t.admit_in_flight(sent, w)),
@@ -319,7 +325,7 @@ impl Kept {
         match &mut self.rule {
             Rule::Sliding(t, _) => Some(t.used(now)),
             Rule::Fixed(f) => Some(f.tally_mut().used(now)),
-            Rule::Bucket(g) if self.spec.unit == Unit::Tokens => Some(g.level(now)),
+            Rule::Bucket(g) if self.spec.unit.is_tokens() => Some(g.level(now)),
             Rule::Bucket(_) => None,
         }
     }
@@ -368,7 +374,7 @@ impl Kept {
 pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
     let r = spec.rate()?;
     let n = match (spec.unit, spec.shape) {
-        (Unit::Tokens, _) => r.count,
+        (Unit::Tokens | Unit::InputTokens | Unit::OutputTokens, _) => r.count,
         (Unit::Calls, Shape::Sliding) => r.count,
         (Unit::Calls, Shape::Fixed) => r.count.saturating_mul(2),
         (Unit::Calls, Shape::Bucket { burst }) => {

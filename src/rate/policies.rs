@@ -22,6 +22,7 @@ use super::announce::{Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
 use super::learn::even_interval;
+use super::policy::{TokenWeight, Unit as PolicyUnit};
 
 mod heard;
 mod occupancy;
@@ -83,7 +84,7 @@ pub enum Note {
 /// A call in flight: when it was sent, its places in each window (one per
 /// call it counts as), its ids in the kept policies, and its estimated
 /// tokens (which a token policy added while it is out counts).
-type Places = (Instant, Vec<Vec<SlotId>>, Vec<u64>, u64);
+type Places = (Instant, Vec<Vec<SlotId>>, Vec<u64>, TokenWeight);
 
 /// Several exact sliding windows, every call counted in each.
 #[derive(Debug, Clone)]
@@ -113,12 +114,12 @@ pub struct PolicySet {
     /// The tokens the answered calls weighed (what each answer said it
     /// used, else its estimate), and how many calls: their mean turns a
     /// token policy's rate into calls for [`per_second`](Self::per_second).
-    weighed: (u64, u64),
+    weighed: (TokenWeight, u64),
     /// Tokens this client's calls were estimated at before the set kept
     /// them (sent unpaced before a server stated its first quota): a
     /// policy of tokens the server states counts them as spent when added,
     /// as it may not have counted those still on their way.
-    untracked_tokens: u64,
+    untracked_tokens: TokenWeight,
 }
 
 impl PolicySet {
@@ -139,8 +140,8 @@ impl PolicySet {
             heard: VecDeque::new(),
             configured: (0, 0),
             envelope_first: false,
-            weighed: (0, 0),
-            untracked_tokens: 0,
+            weighed: (TokenWeight::default(), 0),
+            untracked_tokens: TokenWeight::default(),
         }
         .configured_now()
     }
@@ -189,12 +190,10 @@ impl PolicySet {
     /// The set takes over at `now` from calls sent untracked, estimated at
     /// `tokens` in all: each policy of tokens it keeps counts them as spent
     /// now, and so does each one added later (see `untracked_tokens`).
-    pub fn untracked_tokens(&mut self, tokens: u64, now: Instant) {
+    pub fn untracked_tokens(&mut self, tokens: TokenWeight, now: Instant) {
         self.untracked_tokens = tokens;
         for k in &mut self.kept {
-            if k.unit() == crate::rate::policy::Unit::Tokens {
-                k.admit_answered(now, tokens);
-            }
+            k.admit_answered(now, tokens.of(k.unit()));
         }
     }
 
@@ -203,10 +202,13 @@ impl PolicySet {
     /// weight (none before an answer, or while they weighed nothing).
     pub fn per_second(&self) -> f64 {
         let (tokens, calls) = self.weighed;
-        let mean = (calls > 0 && tokens > 0).then(|| tokens as f64 / calls as f64);
+        let mean = |unit| {
+            let t = tokens.of(unit);
+            (calls > 0 && t > 0).then(|| t as f64 / calls as f64)
+        };
         let kept = self.kept.iter().filter_map(|k| match k.unit() {
-            crate::rate::policy::Unit::Calls => Some(k.per_second()),
-            crate::rate::policy::Unit::Tokens => Some(k.per_second() / mean?),
+            PolicyUnit::Calls => Some(k.per_second()),
+            unit => Some(k.per_second() / mean(unit)?),
         });
         self.windows
             .iter()
@@ -219,7 +221,7 @@ impl PolicySet {
     /// the latest of the refusing windows' answers, since every one of them
     /// must admit the call.
     pub fn try_take(&mut self, now: Instant) -> Result<SetSlot, Instant> {
-        self.try_take_weighted(now, 1, 0)
+        self.try_take_weighted(now, 1, TokenWeight::default())
     }
 
     /// [`try_take`](Self::try_take) for a call counting as `calls` calls
@@ -230,7 +232,7 @@ impl PolicySet {
         &mut self,
         now: Instant,
         calls: u64,
-        tokens: u64,
+        tokens: TokenWeight,
     ) -> Result<SetSlot, Instant> {
         let mut taken = Vec::with_capacity(self.windows.len());
         let mut kept = Vec::with_capacity(self.kept.len());
@@ -288,7 +290,7 @@ impl PolicySet {
     /// [`complete`](Self::complete), with the tokens the call really used
     /// when the response said: the token policies count those instead of
     /// the estimate.
-    pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>) {
+    pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<TokenWeight>) {
         self.settle(slot, arrived, used, false);
     }
 
@@ -298,7 +300,13 @@ impl PolicySet {
         self.settle(slot, arrived, None, true);
     }
 
-    fn settle(&mut self, slot: SetSlot, arrived: Instant, used: Option<u64>, refused: bool) {
+    fn settle(
+        &mut self,
+        slot: SetSlot,
+        arrived: Instant,
+        used: Option<TokenWeight>,
+        refused: bool,
+    ) {
         if let Some((sent, slots, kept, estimate)) = self.in_flight.remove(&slot) {
             if !refused {
                 let (tokens, calls) = self.weighed;
@@ -382,7 +390,9 @@ impl PolicySet {
             match p.unit {
                 Unit::Calls if self.follow_kept(p, now) => {}
                 Unit::Calls => self.follow(p, now),
-                Unit::Tokens => self.follow_tokens(p, now),
+                Unit::Tokens | Unit::InputTokens | Unit::OutputTokens => {
+                    self.follow_tokens(p, p.unit.counted(), now)
+                }
                 Unit::Other => {}
             }
         }

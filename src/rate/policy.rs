@@ -4,7 +4,9 @@
 //! `RATE[,SHAPE][,burst=N][,UNIT]`, where `RATE` is a [`Limit`] (`30/1s`,
 //! `60/1m`, `30ps`, `none`), `SHAPE` is `sliding` (the default), `fixed` or
 //! `bucket`, `burst=N` sizes a bucket (and implies `bucket`), and `UNIT` is
-//! `calls` (the default) or `tokens` (cost units, such as an LLM's tokens).
+//! `calls` (the default), `tokens` (cost units, such as an LLM's tokens),
+//! or `input-tokens` / `output-tokens` (a prompt's tokens or an answer's
+//! alone, as Anthropic limits them apart).
 //!
 //! ```
 //! use batchrun::rate::policy::{PolicySpec, Shape, Unit};
@@ -50,6 +52,89 @@ pub enum Unit {
     /// Cost units (an LLM's tokens, an API's credits per minute): each call
     /// weighs what its item costs.
     Tokens,
+    /// A prompt's tokens alone (Anthropic's input tokens per minute).
+    InputTokens,
+    /// An answer's tokens alone (Anthropic's output tokens per minute).
+    OutputTokens,
+}
+
+impl Unit {
+    /// Whether it counts tokens of any kind (each call weighs its item's).
+    pub fn is_tokens(self) -> bool {
+        self != Unit::Calls
+    }
+
+    /// As `--limit` spells it after the rate (`""` for calls).
+    fn suffix(self) -> &'static str {
+        match self {
+            Unit::Calls => "",
+            Unit::Tokens => ",tokens",
+            Unit::InputTokens => ",input-tokens",
+            Unit::OutputTokens => ",output-tokens",
+        }
+    }
+}
+
+/// What a call weighs in tokens as each unit of tokens counts it: all of
+/// its tokens, its prompt's (input) and its answer's (output). A weight
+/// that is not split (a `--cost` expression, a `--usage` total) counts
+/// whole in each, which never under-counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenWeight {
+    /// Every token of the call.
+    pub total: u64,
+    /// Its prompt's tokens.
+    pub input: u64,
+    /// Its answer's tokens.
+    pub output: u64,
+}
+
+impl TokenWeight {
+    /// `n` tokens not split: counted whole by every unit of tokens.
+    pub const fn whole(n: u64) -> TokenWeight {
+        TokenWeight {
+            total: n,
+            input: n,
+            output: n,
+        }
+    }
+
+    /// `input` tokens of prompt and `output` of answer.
+    pub const fn split(input: u64, output: u64) -> TokenWeight {
+        TokenWeight {
+            total: input.saturating_add(output),
+            input,
+            output,
+        }
+    }
+
+    /// What a policy counting `unit` counts of it (0 for calls).
+    pub fn of(self, unit: Unit) -> u64 {
+        match unit {
+            Unit::Calls => 0,
+            Unit::Tokens => self.total,
+            Unit::InputTokens => self.input,
+            Unit::OutputTokens => self.output,
+        }
+    }
+
+    /// Both together (a batch's items).
+    pub fn saturating_add(self, o: TokenWeight) -> TokenWeight {
+        TokenWeight {
+            total: self.total.saturating_add(o.total),
+            input: self.input.saturating_add(o.input),
+            output: self.output.saturating_add(o.output),
+        }
+    }
+
+    /// Each part held to at most `most`.
+    pub fn at_most(self, most: u64) -> TokenWeight {
+        TokenWeight {
+            total: self.total.min(most),
+            input: self.input.min(most),
+            output: self.output.min(most),
+        }
+    }
 }
 
 /// One policy: a rate, its shape and what it counts. Two are equal when
@@ -116,10 +201,7 @@ impl fmt::Display for PolicySpec {
             Shape::Bucket { burst: None } => f.write_str(",bucket")?,
             Shape::Bucket { burst: Some(b) } => write!(f, ",burst={b}")?,
         }
-        if self.unit == Unit::Tokens {
-            f.write_str(",tokens")?;
-        }
-        Ok(())
+        f.write_str(self.unit.suffix())
     }
 }
 
@@ -130,7 +212,7 @@ pub enum PolicyParseError {
     #[error(transparent)]
     Rate(#[from] LimitParseError),
     /// A modifier after the rate.
-    #[error("invalid limit {input:?}: {reason} (expected RATE[,sliding|fixed|bucket][,burst=N][,tokens], such as 30/1s,burst=5 or 90000/1m,tokens)")]
+    #[error("invalid limit {input:?}: {reason} (expected RATE[,sliding|fixed|bucket][,burst=N][,tokens|input-tokens|output-tokens], such as 30/1s,burst=5 or 90000/1m,tokens)")]
     Modifier {
         /// The whole value.
         input: String,
@@ -155,7 +237,9 @@ impl FromStr for PolicySpec {
                 "sliding" | "window" => Some(Shape::Sliding),
                 "fixed" => Some(Shape::Fixed),
                 "bucket" | "gcra" => Some(Shape::Bucket { burst: None }),
-                "calls" | "requests" | "tokens" if unit.is_some() => {
+                "calls" | "requests" | "tokens" | "input-tokens" | "output-tokens"
+                    if unit.is_some() =>
+                {
                     return Err(err("two units given".into()))
                 }
                 "calls" | "requests" => {
@@ -164,6 +248,14 @@ impl FromStr for PolicySpec {
                 }
                 "tokens" => {
                     unit = Some(Unit::Tokens);
+                    None
+                }
+                "input-tokens" => {
+                    unit = Some(Unit::InputTokens);
+                    None
+                }
+                "output-tokens" => {
+                    unit = Some(Unit::OutputTokens);
                     None
                 }
                 b if b.starts_with("burst=") && burst.is_none() => {
@@ -254,6 +346,18 @@ mod tests {
                 "1000/1day,fixed,tokens",
             ),
             ("60/1m,sliding,calls", Shape::Sliding, Unit::Calls, "60/1m"),
+            (
+                "40000/1m,burst=40000,input-tokens",
+                Shape::Bucket { burst: Some(40000) },
+                Unit::InputTokens,
+                "40000/1m,burst=40000,input-tokens",
+            ),
+            (
+                "8000/1m,output-tokens",
+                Shape::Sliding,
+                Unit::OutputTokens,
+                "8000/1m,output-tokens",
+            ),
         ] {
             let p = spec(given);
             assert_eq!((p.shape, p.unit), (shape, unit), "{given}");
@@ -268,6 +372,7 @@ mod tests {
             ("30/1s,fixed,bucket", "two shapes"),
             ("30/1s,fixed,burst=3", "two shapes"),
             ("30/1s,tokens,calls", "two units"),
+            ("30/1s,input-tokens,tokens", "two units"),
             ("30/1s,burst=x", "not a whole number"),
             ("30/1s,,fixed", "empty modifier"),
             ("30/1s,leaky", "unknown or repeated modifier"),

@@ -24,7 +24,7 @@ use super::announce::Announced;
 use super::exact::{ExactWindow, Learning};
 use super::kept::Kept;
 use super::policies::{PolicySet, SetSlot};
-use super::policy::{PolicySpec, Shape, Unit};
+use super::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use super::{Limit, Rate};
 
 pub mod design;
@@ -411,7 +411,7 @@ impl InProcess {
     }
 
     fn take(&mut self, id: u64, tokens: u64, now: Instant) -> Answer {
-        let r = self.w.try_take_weighted(now, 1, tokens);
+        let r = self.w.try_take_weighted(now, 1, TokenWeight::whole(tokens));
         self.hear(now);
         match r {
             Ok(slot) => {
@@ -492,7 +492,8 @@ impl Store for InProcess {
             Call::Take(id, tokens) => self.take(id, tokens, t),
             Call::Settle(id, ago, used) => {
                 if let Some(slot) = self.slots.remove(&id) {
-                    self.w.complete_used(slot, at(now - ago), used);
+                    self.w
+                        .complete_used(slot, at(now - ago), used.map(TokenWeight::whole));
                 }
                 Answer::Noted
             }

@@ -25,6 +25,7 @@ use super::pool::{Next, Pool, Queue, Queued};
 use super::react::{react, Action, Call, Outcome, Tries};
 use crate::classify::CallError;
 use crate::pace::Weight;
+use crate::rate::policy::TokenWeight;
 use crate::report::calls::CallId;
 use crate::request::{BatchSpec, BatchWeight};
 use crate::transport::Request;
@@ -189,7 +190,7 @@ impl Pool {
             // spends it (see Ledger::first_alone); one sent alone before
             // goes alone again.
             let size = batching.next_size(&entries, self.ledger.first_alone());
-            let weigh = |e: &Entry| if guessed { 0 } else { e.tokens };
+            let weigh = |e: &Entry| if guessed { 0 } else { e.tokens.total };
             let chunk = batch::cut(&mut entries, |e| e.item.line, weigh, size, most);
             match self.send_batch(chunk, batching).await {
                 Sent::Over => {}
@@ -221,7 +222,8 @@ impl Pool {
                 BatchWeight::Calls => Weight::default().calls,
                 BatchWeight::Items => chunk.len() as u64,
             },
-            tokens: chunk.iter().map(|e| e.tokens).fold(0, u64::saturating_add),
+            tokens: (chunk.iter().map(|e| e.tokens))
+                .fold(TokenWeight::default(), TokenWeight::saturating_add),
         };
         // A batch of guesses is held to what one may weigh, as its items are.
         let weight = match self.cfg.cost.as_ref() {

@@ -22,7 +22,7 @@ pub(super) struct Entry {
     pub(super) key: String,
     pub(super) tries: Tries,
     /// Its estimate of tokens (`--cost`, or a guess): a batch weighs its items' sum.
-    pub(super) tokens: u64,
+    pub(super) tokens: crate::rate::policy::TokenWeight,
 }
 
 /// What became of a batch call's items.

@@ -254,9 +254,9 @@ impl Pool {
     fn over_stated(&self, item: &Item, weight: Weight, tries: &Tries) -> Option<String> {
         let cost = self.cfg.cost.as_ref().filter(|c| !c.guessed())?;
         let (most, name) = self.pacer.most_stated_tokens()?;
-        (weight.tokens > most && !tries.maybe_ran).then(|| {
+        (weight.tokens.total > most && !tries.maybe_ran).then(|| {
             let what = format!("the server's limit {name}");
-            cost.too_heavy(item, weight.tokens, most, &what)
+            cost.too_heavy(item, weight.tokens.total, most, &what)
         })
     }
 

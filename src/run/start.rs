@@ -353,7 +353,7 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
 /// requests say it otherwise (other field names) knows to give `--cost`.
 pub(super) fn uncosted_tokens(settings: &Settings) -> Option<String> {
     let c = &settings.costing;
-    let told = (settings.policies.iter()).any(|p| p.unit == crate::rate::policy::Unit::Tokens);
+    let told = (settings.policies.iter()).any(|p| p.unit.is_tokens());
     (told && c.guessed()).then(|| {
         format!(
             "batchrun: note: a token policy is told and --cost is not: each call is estimated at \

@@ -5,7 +5,7 @@
 use crate::cli::RunArgs;
 use crate::exit::RunError;
 use crate::pace::PacerKind;
-use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use crate::rate::{Limit, Plan};
 
 /// The most calls in flight a pool sized by `--limit` grows to when no plan
@@ -104,13 +104,17 @@ pub fn checked_limits(args: &RunArgs) -> Result<Vec<PolicySpec>, RunError> {
     Ok(all)
 }
 
-/// The least that any policy of tokens among `policies` admits at once,
-/// with the policy: a window's quota, a bucket's burst and one. A bucket
-/// whose burst is not told sets none (what it admits is not known).
-pub(super) fn most_at_once(policies: &[PolicySpec]) -> Option<(u64, String)> {
+/// The least that any policy of tokens among `policies` counting a unit
+/// `counts` admits at once, with the policy: a window's quota, a bucket's
+/// burst and one. A bucket whose burst is not told sets none (what it
+/// admits is not known).
+pub(super) fn most_at_once(
+    policies: &[PolicySpec],
+    counts: impl Fn(Unit) -> bool,
+) -> Option<(u64, String)> {
     policies
         .iter()
-        .filter(|p| p.unit == Unit::Tokens)
+        .filter(|p| p.unit.is_tokens() && counts(p.unit))
         .filter_map(|p| {
             let rate = p.rate()?;
             let most = match p.shape {
@@ -122,14 +126,21 @@ pub(super) fn most_at_once(policies: &[PolicySpec]) -> Option<(u64, String)> {
         .min_by_key(|&(most, _)| most)
 }
 
-/// The least quota of any policy of tokens among `policies` (a bucket's
-/// burst and one where told, else its count per window): what a call's
+/// The least quota of the policies of each unit of tokens among
+/// `policies` (a bucket's burst and one where told, else its count per
+/// window), `u64::MAX` for a unit none counts: what each part of a call's
 /// estimate without `--cost`, a guess, is held to.
-pub(super) fn least_quota(policies: &[PolicySpec]) -> Option<u64> {
-    let told = most_at_once(policies).map(|(m, _)| m);
-    let counts = (policies.iter())
-        .filter(|p| p.unit == Unit::Tokens)
-        .filter_map(|p| p.rate().map(|r| r.count))
-        .min();
-    told.into_iter().chain(counts).min()
+pub(super) fn least_quota(policies: &[PolicySpec]) -> TokenWeight {
+    let of = |unit: Unit| {
+        let told = most_at_once(policies, |u| u == unit).map(|(m, _)| m);
+        let counts = (policies.iter())
+            .filter(|p| p.unit == unit)
+            .filter_map(|p| p.rate().map(|r| r.count));
+        told.into_iter().chain(counts).min().unwrap_or(u64::MAX)
+    };
+    TokenWeight {
+        total: of(Unit::Tokens),
+        input: of(Unit::InputTokens),
+        output: of(Unit::OutputTokens),
+    }
 }

@@ -27,7 +27,7 @@ use crate::fleet::{FleetKeys, FleetSettings, Shard};
 use crate::input::{self, Format};
 use crate::pace::PacerKind;
 use crate::rate::bucket::TokenBucket;
-use crate::rate::policy::PolicySpec;
+use crate::rate::policy::{PolicySpec, Unit};
 use crate::rate::Limit;
 use crate::request::RequestSpec;
 use crate::util::{resolved, same_file};
@@ -462,7 +462,8 @@ fn costing(args: &RunArgs, policies: &[PolicySpec]) -> crate::cost::Costing {
         expr: args.cost.clone(),
         usage: args.usage.clone(),
         file: input_name(&args.input),
-        most: limits::most_at_once(policies),
+        most: limits::most_at_once(policies, |_| true),
+        most_answered: limits::most_at_once(policies, |u| u != Unit::InputTokens),
         guess_cap: limits::least_quota(policies),
     }
 }

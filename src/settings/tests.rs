@@ -323,7 +323,7 @@ fn a_bare_rate_alone_leaves_the_shape_unknown() {
 fn the_most_a_call_may_weigh_is_the_least_a_told_policy_of_tokens_admits_at_once() {
     let most = |all: &[&str]| {
         let specs: Vec<PolicySpec> = all.iter().map(|s| s.parse().unwrap()).collect();
-        limits::most_at_once(&specs)
+        limits::most_at_once(&specs, |_| true)
     };
     assert_eq!(most(&["30/1s"]), None);
     assert_eq!(

@@ -299,6 +299,48 @@ async fn a_token_bucket_stated_as_anthropic_does_is_paced_at_its_refill_without_
     a_token_bucket_stated_in_is_paced_at_its_refill("anthropic", "none").await;
 }
 
+/// Anthropic limits input and output tokens apart, each a bucket, and
+/// states `tokens` as the more restrictive of the two. Read as one quota
+/// of all tokens, a prompt of 50 and an answer of 10 weighed 60 against
+/// the 1,000 output tokens a minute (16 calls a minute where 100 fit),
+/// and the two statements took turns at the one policy. Kept apart, each
+/// counts its part: the output bucket is found and its last tokens go at
+/// its refill, with no 429.
+#[tokio::test(flavor = "multi_thread")]
+async fn anthropics_input_and_output_token_limits_are_kept_apart() {
+    let prompt = "word ".repeat(40);
+    let items: String = (1..=110)
+        .map(|i| format!("{{\"n\": {i}, \"max_tokens\": 20, \"prompt\": \"{prompt}\"}}\n"))
+        .collect();
+    let s = Scenario::new("policies-anthropic-split")
+        .with_sim(&[
+            "--limit",
+            "1000/1m",
+            "--limit",
+            "8000/1m,input-tokens,burst=7999",
+            "--limit",
+            "1000/1m,output-tokens,burst=999",
+            "--dialect",
+            "anthropic",
+        ])
+        .input("prompts.jsonl", &items);
+    let r = s.run(&["--limit", "none", "--json-body", "--concurrency", "10"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert!(
+        r.stderr
+            .contains("\"output-tokens\" of 1000 refills continuously"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("\"input-tokens\""), "{}", r.stderr);
+    assert!(!r.stderr.contains("\"tokens\""), "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert_each_item_once(&s.out_path(), 110);
+    assert_side_effects(&stats, 110);
+}
+
 /// Told three times the limit the sim states in `dialect`, with more
 /// calls in flight than the limit: only the first flight (sent before any
 /// response said the limit) may be refused.

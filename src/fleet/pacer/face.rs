@@ -40,7 +40,7 @@ impl Pacer for FleetPacer {
                 // Each time round: a loss put back with nothing learnt asks
                 // for the start again.
                 inner.ask_start().await?;
-                match inner.try_take(&id, inner.cap, weight.tokens).await? {
+                match inner.try_take(&id, inner.cap, weight.tokens.total).await? {
                     Took::Wait(_, Why::Quota(q)) if q > QUOTA_BOUND && !inner.wait_for_quota => {
                         return Err(inner.quota_error(q).await);
                     }
@@ -258,7 +258,7 @@ impl Said {
                     said.told |= q.is_some() || p.remaining.is_some();
                     said.used_up |= p.remaining == Some(0);
                 }
-                (Unit::Tokens, w, Some(q)) => said.others.push(Stated {
+                (u, w, Some(q)) if u.is_tokens() => said.others.push(Stated {
                     used: used(q),
                     name: p.name,
                     tokens: true,

@@ -267,9 +267,7 @@ impl FleetPacer {
                     .collect(),
             ),
             configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
-            weighed: AtomicBool::new(
-                !tokens.is_empty() || buckets.iter().any(|b| b.2 == Unit::Tokens),
-            ),
+            weighed: AtomicBool::new(!tokens.is_empty() || buckets.iter().any(|b| b.2.is_tokens())),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::pace::{PaceError, Ticket};
+use crate::rate::policy::TokenWeight;
 
 /// Sends completions as they come, so other processes see a slot free up
 /// (and a lease come back) without waiting for this one's next take.
@@ -61,8 +62,9 @@ impl Ticket for SharedTicket {
         self.inner.settled(self.id, Some(arrived), None);
     }
 
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<u64>) {
-        self.inner.settled(self.id, Some(arrived), used);
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
+        self.inner
+            .settled(self.id, Some(arrived), used.map(|u| u.total));
     }
 
     fn cancel(self: Box<Self>) {

@@ -272,12 +272,51 @@ fn anthropic_resets_are_rfc3339() {
             policy("requests", Unit::Calls, Some(50), None, Some(0), secs(20)),
             policy(
                 "input-tokens",
-                Unit::Tokens,
+                Unit::InputTokens,
                 Some(40000),
                 None,
                 Some(39000),
                 Some(Duration::from_millis(10_500))
             ),
+        ]
+    );
+}
+
+/// Anthropic states `tokens` as the most restrictive of its input and
+/// output limits: beside them it is left out (read as all of a call's
+/// tokens, it held prompts and answers together to the output quota);
+/// alone, it is a quota of all tokens.
+#[test]
+fn anthropics_tokens_beside_input_and_output_tokens_is_left_out() {
+    let reset = "2023-08-09T14:28:03Z";
+    let mut fields = vec![
+        ("anthropic-ratelimit-tokens-limit", "8000"),
+        ("anthropic-ratelimit-tokens-remaining", "7000"),
+        ("anthropic-ratelimit-tokens-reset", reset),
+    ];
+    let alone = read(&map(&fields), NOW);
+    assert_eq!(
+        alone.iter().map(|a| a.unit).collect::<Vec<_>>(),
+        [Unit::Tokens]
+    );
+    fields.extend([
+        ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ("anthropic-ratelimit-input-tokens-remaining", "39000"),
+        ("anthropic-ratelimit-input-tokens-reset", reset),
+        ("anthropic-ratelimit-output-tokens-limit", "8000"),
+        ("anthropic-ratelimit-output-tokens-remaining", "7000"),
+        ("anthropic-ratelimit-output-tokens-reset", reset),
+    ]);
+    let split = read(&map(&fields), NOW);
+    let said: Vec<_> = split
+        .iter()
+        .map(|a| (a.name.as_str(), a.unit, a.quota))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("input-tokens", Unit::InputTokens, Some(40000)),
+            ("output-tokens", Unit::OutputTokens, Some(8000)),
         ]
     );
 }
@@ -319,6 +358,8 @@ fn header_name() -> impl Strategy<Value = &'static str> {
         "anthropic-ratelimit-requests-remaining",
         "anthropic-ratelimit-requests-reset",
         "anthropic-ratelimit-output-tokens-reset",
+        "anthropic-ratelimit-input-tokens-limit",
+        "anthropic-ratelimit-tokens-remaining",
     ])
 }
 

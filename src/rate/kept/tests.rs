@@ -33,7 +33,7 @@ fn run_kept(
     let mut c = Weights::new(
         k,
         plan,
-        |k: &mut Kept, now, w| k.try_take(now, w, w),
+        |k: &mut Kept, now, w| k.try_take(now, w, TokenWeight::whole(w)),
         |k: &mut Kept, id, at| k.complete(id, at, None),
         |k: &mut Kept, id| k.cancel(id),
     );
@@ -150,7 +150,7 @@ proptest! {
             (set, HashMap::new(), 0u64),
             plan,
             |s: &mut State, now, w| {
-                let slot = s.0.try_take_weighted(now, 1, w)?;
+                let slot = s.0.try_take_weighted(now, 1, TokenWeight::whole(w))?;
                 s.2 += 1;
                 s.1.insert(s.2, slot);
                 Ok(s.2)
@@ -186,7 +186,7 @@ fn a_bucket_told_its_burst_sends_the_burst_then_the_rate() {
     let mut k = Kept::new(spec("30/1s,burst=5")).unwrap();
     let (mut now, mut sent) = (t0, Vec::new());
     while sent.len() < 210 {
-        match k.try_take(now, 1, 0) {
+        match k.try_take(now, 1, TokenWeight::whole(0)) {
             Ok(id) => {
                 k.complete(id, now, None);
                 sent.push((now, 1));
@@ -209,7 +209,7 @@ fn a_daily_quota_aligned_to_its_reset_refills_at_the_boundary() {
     let mut k = Kept::new(spec("100/1d,fixed")).unwrap();
     let go = |k: &mut Kept, now| {
         let mut n = 0;
-        while let Ok(id) = k.try_take(now, 1, 0) {
+        while let Ok(id) = k.try_take(now, 1, TokenWeight::whole(0)) {
             k.complete(id, now, None);
             n += 1;
         }

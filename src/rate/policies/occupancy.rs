@@ -109,6 +109,7 @@ mod tests {
     use crate::rate::exact::ExactWindow;
     use crate::rate::kept::Kept;
     use crate::rate::policy::PolicySpec;
+    use crate::rate::policy::TokenWeight;
 
     fn spec(s: &str) -> PolicySpec {
         s.parse().unwrap()
@@ -127,7 +128,8 @@ mod tests {
         ]);
         let mut set = set.primary_is_envelope();
         for _ in 0..4 {
-            set.try_take_weighted(t0, 1, 100).unwrap();
+            set.try_take_weighted(t0, 1, TokenWeight::whole(100))
+                .unwrap();
         }
         let o = set.occupancy(t0);
         let shown: Vec<(&str, u64, u64)> = o

@@ -227,16 +227,16 @@ fn an_announced_token_policy_is_paced_and_said_once() {
     assert_eq!((s.windows().len(), s.kept().len()), (1, 1));
     // Calls of 20 tokens each: two fit in 50.
     let mut n = 0;
-    while let Ok(slot) = s.try_take_weighted(t0, 1, 20) {
+    while let Ok(slot) = s.try_take_weighted(t0, 1, TokenWeight::whole(20)) {
         s.complete(slot, t0);
         n += 1;
     }
     assert_eq!(n, 2);
     // A call that used less than estimated leaves the rest for others.
     let t1 = t0 + ms(1000);
-    let slot = s.try_take_weighted(t1, 1, 40).unwrap();
-    s.complete_used(slot, t1, Some(5));
-    assert!(s.try_take_weighted(t1, 1, 45).is_ok());
+    let slot = s.try_take_weighted(t1, 1, TokenWeight::whole(40)).unwrap();
+    s.complete_used(slot, t1, Some(TokenWeight::whole(5)));
+    assert!(s.try_take_weighted(t1, 1, TokenWeight::whole(45)).is_ok());
 }
 
 #[test]
@@ -385,7 +385,7 @@ fn a_token_remaining_below_what_was_counted_counts_the_rest_as_spent() {
         "1000/1m,tokens".parse().unwrap(),
     )
     .unwrap()]);
-    let slot = s.try_take_weighted(t0, 1, 100).unwrap();
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(100)).unwrap();
     s.complete(slot, t0);
     // The server says 300 are left of 1000: 600 more were spent elsewhere.
     let tokens = Announced {
@@ -393,8 +393,8 @@ fn a_token_remaining_below_what_was_counted_counts_the_rest_as_spent() {
         ..calls_policy(1000, None, Some(300))
     };
     s.announce(std::slice::from_ref(&tokens), t0);
-    assert!(s.try_take_weighted(t0, 1, 301).is_err());
-    let slot = s.try_take_weighted(t0, 1, 300).unwrap();
+    assert!(s.try_take_weighted(t0, 1, TokenWeight::whole(301)).is_err());
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(300)).unwrap();
     s.complete(slot, t0);
     // Said again with what this client spent since: nothing more counts.
     s.announce(
@@ -412,24 +412,32 @@ fn a_call_weighing_several_takes_as_many_places_in_every_window() {
     // --batch-weight items: a batch of 4 counts 4 calls in a 10/1s window.
     let t0 = Instant::now();
     let mut set = PolicySet::new(ExactWindow::new(10, Duration::from_secs(1), t0), vec![]);
-    let a = set.try_take_weighted(t0, 4, 0).expect("4 of 10");
-    let b = set.try_take_weighted(t0, 4, 0).expect("8 of 10");
-    assert!(set.try_take_weighted(t0, 4, 0).is_err(), "12 would overrun");
+    let a = set
+        .try_take_weighted(t0, 4, TokenWeight::whole(0))
+        .expect("4 of 10");
+    let b = set
+        .try_take_weighted(t0, 4, TokenWeight::whole(0))
+        .expect("8 of 10");
+    assert!(
+        set.try_take_weighted(t0, 4, TokenWeight::whole(0)).is_err(),
+        "12 would overrun"
+    );
     assert_eq!(
         set.primary().occupancy(t0),
         8,
         "a refused take leaves nothing"
     );
-    set.try_take_weighted(t0, 2, 0).expect("10 of 10");
+    set.try_take_weighted(t0, 2, TokenWeight::whole(0))
+        .expect("10 of 10");
     // A batch larger than the window can ever hold takes the whole window.
     let later = t0 + Duration::from_secs(5);
     set.complete(a, t0);
     set.complete(b, t0);
-    let big = set.try_take_weighted(later, 50, 0);
+    let big = set.try_take_weighted(later, 50, TokenWeight::whole(0));
     assert!(big.is_err(), "the first window still holds the 2 in flight");
     assert!(set.cancel(SetSlot(2)));
     let big = set
-        .try_take_weighted(later, 50, 0)
+        .try_take_weighted(later, 50, TokenWeight::whole(0))
         .expect("capped at the limit");
     assert_eq!(set.primary().occupancy(later), 10);
     assert!(set.cancel(big));
@@ -477,11 +485,11 @@ fn the_pace_under_a_token_policy_is_its_rate_at_the_calls_mean_weight() {
     )
     .unwrap()]);
     assert_eq!(s.per_second(), 1000.0);
-    let slot = s.try_take_weighted(t0, 1, 60).unwrap();
-    s.complete_used(slot, t0 + ms(5), Some(150));
-    let slot = s.try_take_weighted(t0, 1, 50).unwrap();
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(60)).unwrap();
+    s.complete_used(slot, t0 + ms(5), Some(TokenWeight::whole(150)));
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(50)).unwrap();
     s.complete_used(slot, t0 + ms(5), None);
-    let slot = s.try_take_weighted(t0, 1, 400).unwrap();
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(400)).unwrap();
     s.complete_refused(slot, t0 + ms(5));
     // (150 + 50) / 2 = 100 tokens a call.
     assert!((s.per_second() - 6.0).abs() < 1e-9, "{}", s.per_second());
@@ -556,7 +564,9 @@ fn after_an_emptied_buckets_hold_calls_go_one_unit_apart() {
         ..calls_policy(60000, Some(60_000), Some(0))
     };
     tokens.announce(&[said], t0);
-    let at = tokens.try_take_weighted(t0, 1, 10).unwrap_err();
+    let at = tokens
+        .try_take_weighted(t0, 1, TokenWeight::whole(10))
+        .unwrap_err();
     // 10 tokens at 1 ms each, and the skew allowance (200 ms).
     assert!(at - t0 >= ms(10) && at - t0 <= ms(210), "{:?}", at - t0);
 }
@@ -573,16 +583,19 @@ fn a_told_token_bucket_counts_what_the_server_says_was_spent() {
         "1000/1m,burst=1000,tokens".parse().unwrap(),
     )
     .unwrap()]);
-    let slot = s.try_take_weighted(t0, 1, 100).unwrap();
-    s.complete_used(slot, t0, Some(100));
+    let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(100)).unwrap();
+    s.complete_used(slot, t0, Some(TokenWeight::whole(100)));
     assert!(s
-        .try_take_weighted(t0, 1, 800)
+        .try_take_weighted(t0, 1, TokenWeight::whole(800))
         .is_ok_and(|slot| s.cancel(slot)));
     let said = Announced {
         unit: Unit::Tokens,
         ..calls_policy(1000, None, Some(300))
     };
     s.announce(&[said], t0);
-    assert!(s.try_take_weighted(t0, 1, 400).is_err(), "300 are left");
-    assert!(s.try_take_weighted(t0, 1, 250).is_ok());
+    assert!(
+        s.try_take_weighted(t0, 1, TokenWeight::whole(400)).is_err(),
+        "300 are left"
+    );
+    assert!(s.try_take_weighted(t0, 1, TokenWeight::whole(250)).is_ok());
 }

@@ -38,25 +38,34 @@ impl PolicySet {
         true
     }
 
-    /// A token policy: kept by the token policy of the same window (or the
-    /// nearest quota when none is stated), else added.
     /// The least quota of the token policies the server stated, with its
     /// name: the most one call may weigh there.
     pub fn most_stated_tokens(&self) -> Option<(u64, String)> {
         self.kept[self.configured.1.min(self.kept.len())..]
             .iter()
-            .filter(|k| k.unit() == Unit::Tokens)
+            .filter(|k| k.unit().is_tokens())
             .map(|k| (k.quota(), format!("{}{}", k.spec(), crate::rate::STATED)))
             .min_by_key(|(q, _)| *q)
     }
 
-    pub(super) fn follow_tokens(&mut self, p: &Announced, now: Instant) {
-        let i = match self.kept_for(p, Unit::Tokens) {
+    /// A token policy counting `unit`: kept by the token policy of that
+    /// unit of the same window (or the nearest quota when none is stated),
+    /// else added.
+    pub(super) fn follow_tokens(&mut self, p: &Announced, unit: Unit, now: Instant) {
+        let i = match self.kept_for(p, unit) {
             Some(i) => i,
             None => match p.quota {
                 Some(q) if self.kept.len() < MAX_WINDOWS => {
                     let window = p.window.unwrap_or(TOKEN_WINDOW);
-                    self.add_tokens(p, q, window, now)
+                    self.add_tokens(
+                        p,
+                        Rate {
+                            count: q.max(1),
+                            period: window,
+                        },
+                        unit,
+                        now,
+                    )
                 }
                 _ => return,
             },
@@ -177,11 +186,12 @@ impl PolicySet {
         let Some(rate) = self.kept[i].heard_reset(said, now) else {
             return;
         };
+        let unit = self.kept[i].unit();
         let (slots, tokens): (Vec<SetSlot>, Vec<u64>) = self
             .in_flight
             .iter()
             .filter(|(_, (_, _, ids, _))| ids.len() > i)
-            .map(|(slot, (.., tokens))| (*slot, *tokens))
+            .map(|(slot, (.., tokens))| (*slot, tokens.of(unit)))
             .unzip();
         let ids = self.kept[i].become_bucket(rate, said, &tokens, now);
         for (slot, id) in slots.into_iter().zip(ids) {
@@ -212,17 +222,15 @@ impl PolicySet {
         }
     }
 
-    /// A token policy of `q` per `window` the set did not have. What the
-    /// server says was used already counts as spent now, and each call in
-    /// flight as its estimate.
-    fn add_tokens(&mut self, p: &Announced, q: u64, window: Duration, now: Instant) -> usize {
+    /// A token policy of `rate` counting `unit` the set did not have. What
+    /// the server says was used already counts as spent now, and each call
+    /// in flight as its estimate.
+    fn add_tokens(&mut self, p: &Announced, rate: Rate, unit: Unit, now: Instant) -> usize {
+        let (q, window) = (rate.count, rate.period);
         let spec = PolicySpec {
-            limit: Limit::Rate(Rate {
-                count: q.max(1),
-                period: window,
-            }),
+            limit: Limit::Rate(rate),
             shape: Shape::Sliding,
-            unit: Unit::Tokens,
+            unit,
             named: true,
         };
         let mut k = Kept::new(spec).expect("a rate");
@@ -232,7 +240,7 @@ impl PolicySet {
             k.watch_refill();
         }
         let used = q.saturating_sub(p.remaining.unwrap_or(q));
-        k.admit_answered(now, used.max(self.untracked_tokens));
+        k.admit_answered(now, used.max(self.untracked_tokens.of(unit)));
         // The calls out weigh their estimates until they are answered:
         // the server counts them, and what it said was used did not.
         let index = self.kept.len();

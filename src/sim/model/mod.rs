@@ -90,10 +90,7 @@ impl Model {
     /// Whether a policy counts tokens: then requests are weighed by their
     /// tokens and answers carry their `usage`.
     pub fn keeps_tokens(&self) -> bool {
-        self.cfg
-            .policies
-            .iter()
-            .any(|p| p.unit == crate::rate::policy::Unit::Tokens)
+        self.cfg.policies.iter().any(|p| p.unit.is_tokens())
     }
 
     /// The credit headers as they stand.
@@ -258,7 +255,7 @@ impl Model {
     ) -> Admission {
         self.record(key, tokens, now);
         self.stats.accepted += 1;
-        self.stats.tokens_charged += tokens.charged;
+        self.stats.tokens_charged += tokens.charged.total;
         self.account.reserve(cost);
         if let Some(k) = &scoped {
             self.idem.claim(k);

@@ -17,18 +17,29 @@ use super::gcra::Gcra;
 use super::sliding_window::{RetryIn, SlidingWindow};
 use super::spike_arrest::SpikeArrest;
 use super::weighted_window::WeightedWindow;
-use crate::rate::policy::{PolicySpec, Shape, Unit};
+use crate::rate::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use crate::rate::Rate;
 
-/// A request's tokens: what it may need and what it is charged. (It is
-/// one call whatever its tokens.)
+/// A request's tokens: what it may need and what it is charged, in all
+/// and its prompt's (input) and answer's (output) apart. (It is one call
+/// whatever its tokens.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tokens {
     /// Tokens the request is estimated to need (checked against the
     /// token policies).
-    pub estimate: u64,
+    pub estimate: TokenWeight,
     /// Tokens it is charged (counted in the token policies).
-    pub charged: u64,
+    pub charged: TokenWeight,
+}
+
+impl Tokens {
+    /// `estimate` and `charged` tokens, not told apart.
+    pub fn whole(estimate: u64, charged: u64) -> Tokens {
+        Tokens {
+            estimate: TokenWeight::whole(estimate),
+            charged: TokenWeight::whole(charged),
+        }
+    }
 }
 
 /// The most one policy saw, over every key: what integration tests assert
@@ -85,7 +96,7 @@ fn burst_of(spec: &PolicySpec, rate: Rate) -> u64 {
     match (spec.shape, spec.unit) {
         (Shape::Bucket { burst: Some(b) }, _) => b,
         (_, Unit::Calls) => 0,
-        (_, Unit::Tokens) => rate.count.saturating_sub(1),
+        (_, _) => rate.count.saturating_sub(1),
     }
 }
 
@@ -105,9 +116,7 @@ impl Policy {
                 Counter::Spike(SpikeArrest::new(rate, now))
             }
             (Shape::Sliding, Unit::Calls) => Counter::Sliding(SlidingWindow::for_rate(rate)),
-            (Shape::Sliding, Unit::Tokens) => {
-                Counter::Weighted(WeightedWindow::new(rate.count, rate.period))
-            }
+            (Shape::Sliding, _) => Counter::Weighted(WeightedWindow::new(rate.count, rate.period)),
             (Shape::Fixed, _) => Counter::Fixed(FixedWindow::new(rate.count, rate.period, origin)),
             (Shape::Bucket { .. }, _) => {
                 Counter::Bucket(Gcra::new(rate, burst_of(spec, rate), now))
@@ -132,10 +141,10 @@ impl Policy {
         matches!(self.counter, Counter::Sliding(_))
     }
 
-    fn units(&self, tokens: u64) -> u64 {
+    fn units(&self, tokens: TokenWeight) -> u64 {
         match self.unit {
             Unit::Calls => 1,
-            Unit::Tokens => tokens,
+            unit => tokens.of(unit),
         }
     }
 
@@ -262,10 +271,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = policy("100/1m,tokens", t0);
         let mut stats = PolicyStats::of(&"100/1m,tokens".parse().unwrap());
-        let tokens = Tokens {
-            estimate: 80,
-            charged: 50,
-        };
+        let tokens = Tokens::whole(80, 50);
         assert_eq!(p.check(t0, tokens), Ok(20));
         p.record(t0, tokens, &mut stats);
         assert_eq!(p.remaining(t0), 50);

@@ -13,7 +13,7 @@ fn one(m: &mut Model, at: Instant) -> Out {
 /// Admits (and completes) a request of `estimate` tokens charged
 /// `charged`: its refusal, if refused.
 fn with_tokens(m: &mut Model, estimate: u64, charged: u64, at: Instant) -> Option<Rejection> {
-    let tokens = Tokens { estimate, charged };
+    let tokens = Tokens::whole(estimate, charged);
     match m.admit_tokens("k", "echo", None, tokens, at) {
         Admission::Admitted { ticket, .. } => {
             let _ = m.complete(ticket, Bytes::new(), at);

@@ -11,6 +11,7 @@
 use serde_json::{json, Value};
 
 use super::policy::Tokens;
+use crate::rate::policy::TokenWeight;
 
 /// The tokens of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,21 +56,26 @@ impl Usage {
         }
     }
 
-    /// What the token policies check (the estimate) and count (the charge).
+    /// What the token policies check (the estimate) and count (the
+    /// charge): the prompt is its input, the answer its output.
     pub fn tokens(&self) -> Tokens {
         Tokens {
-            estimate: self.max_tokens.saturating_add(self.prompt),
-            charged: self.prompt.saturating_add(self.completion),
+            estimate: TokenWeight::split(self.prompt, self.max_tokens),
+            charged: TokenWeight::split(self.prompt, self.completion),
         }
     }
 
-    /// The `usage` object of the answer, as OpenAI writes it.
-    pub fn to_json(self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "total_tokens": self.prompt + self.completion,
-        })
+    /// The `usage` object of the answer, as OpenAI writes it, or as
+    /// Anthropic does (`anthropic`: input and output, no total).
+    pub fn to_json(self, anthropic: bool) -> Value {
+        match anthropic {
+            true => json!({"input_tokens": self.prompt, "output_tokens": self.completion}),
+            false => json!({
+                "prompt_tokens": self.prompt,
+                "completion_tokens": self.completion,
+                "total_tokens": self.prompt + self.completion,
+            }),
+        }
     }
 }
 
@@ -120,9 +126,9 @@ mod tests {
         let body = json!({"max_tokens": 100, "prompt": "abcdefghi"});
         let u = Usage::of(&body, 7);
         assert_eq!((u.prompt, u.max_tokens), (3, 100));
-        assert_eq!(u.tokens().estimate, 103);
+        assert_eq!(u.tokens().estimate, TokenWeight::split(3, 100));
         assert!(u.completion <= 100);
-        assert_eq!(u.tokens().charged, 3 + u.completion);
+        assert_eq!(u.tokens().charged.total, 3 + u.completion);
         assert_eq!(Usage::of(&body, 7), u, "the same body costs the same");
     }
 
@@ -139,8 +145,12 @@ mod tests {
         // 4 + 8 + 5 characters: 17, so 5 tokens; no max_tokens: no answer.
         assert_eq!((u.prompt, u.max_tokens, u.completion), (5, 0, 0));
         assert_eq!(
-            u.to_json(),
+            u.to_json(false),
             json!({"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5})
+        );
+        assert_eq!(
+            u.to_json(true),
+            json!({"input_tokens": 5, "output_tokens": 0})
         );
         assert_eq!(Usage::of(&json!({}), 0), Usage::default());
     }

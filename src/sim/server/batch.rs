@@ -193,7 +193,7 @@ impl BatchRun {
         }
         let mut answer = json!({"status": "ok", "results": results});
         if let Some(u) = self.usage {
-            answer["usage"] = u.to_json();
+            answer["usage"] = u.to_json(app.dialect == crate::sim::model::Dialect::Anthropic);
         }
         let mut r = echo.json(StatusCode::OK, answer);
         metered_headers(r.headers_mut(), rate, credits);

@@ -61,8 +61,8 @@ fn go(d: Duration) -> String {
 /// calls states when the next call fits.
 fn reset_of(t: &PolicyView) -> Duration {
     match t.unit {
-        Unit::Tokens => t.idle,
         Unit::Calls => t.reset,
+        _ => t.idle,
     }
 }
 
@@ -116,7 +116,20 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
             }
         }
         Dialect::Anthropic => {
-            for (p, unit) in [(calls, "requests"), (tokens, "tokens")] {
+            // As Anthropic: `tokens` is the most restrictive of the limits
+            // of tokens, the input and output ones stated apart too.
+            let (input, output) = (
+                tightest(view, Unit::InputTokens),
+                tightest(view, Unit::OutputTokens),
+            );
+            let most = [tokens, input, output].into_iter().flatten();
+            let tokens = most.min_by_key(|p| (p.remaining, std::cmp::Reverse(p.reset)));
+            for (p, unit) in [
+                (calls, "requests"),
+                (tokens, "tokens"),
+                (input, "input-tokens"),
+                (output, "output-tokens"),
+            ] {
                 let Some(t) = p else { continue };
                 let name = |f: &str| format!("anthropic-ratelimit-{unit}-{f}");
                 put(h, &name("limit"), t.limit.to_string());
@@ -149,6 +162,8 @@ fn ietf(h: &mut HeaderMap, view: &[PolicyView]) {
         let qu = match p.unit {
             Unit::Calls => "",
             Unit::Tokens => ";qu=\"tokens\"",
+            Unit::InputTokens => ";qu=\"input-tokens\"",
+            Unit::OutputTokens => ";qu=\"output-tokens\"",
         };
         format!(
             "\"{}\";q={};w={}{qu}",

@@ -327,7 +327,11 @@ impl Run {
         let (stored, body) = match self.payload {
             Payload::Echo(data) => {
                 let b = match self.usage {
-                    Some(u) => self.echo.ok_body_with(&self.endpoint, data, u.to_json()),
+                    Some(u) => {
+                        let anthropic = app.dialect == crate::sim::model::Dialect::Anthropic;
+                        let usage = u.to_json(anthropic);
+                        self.echo.ok_body_with(&self.endpoint, data, usage)
+                    }
                     None => self.echo.ok_body(&self.endpoint, data),
                 };
                 (b.clone(), Body::from(b))

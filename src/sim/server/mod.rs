@@ -112,10 +112,7 @@ pub(crate) async fn serve(
         refuse: cfg.refuse.clone(),
         dialect: cfg.dialect,
         seed: cfg.seed,
-        tokens: cfg
-            .policies
-            .iter()
-            .any(|p| p.unit == crate::rate::policy::Unit::Tokens),
+        tokens: cfg.policies.iter().any(|p| p.unit.is_tokens()),
         model: Mutex::new(Model::new(cfg, Instant::now(), unix_now)),
     });
     let router = Router::new()

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
 use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
 use batchrun::pace::{PaceNote, Pacer, Weight};
+use batchrun::rate::policy::TokenWeight;
 use batchrun::rate::Limit;
 
 use super::support::{fleet_name, Proxy, Redis};
@@ -561,7 +562,10 @@ async fn tokens_another_client_spent_count_in_the_fleets_window() {
     // end a minute on), one of 300 goes.
     let b = pacer(fleet_on(&redis, &name).await, "50/1s");
     b.observe(&said(300)).await;
-    let weighing = |tokens| Weight { calls: 1, tokens };
+    let weighing = |tokens| Weight {
+        calls: 1,
+        tokens: TokenWeight::whole(tokens),
+    };
     let wait = Duration::from_millis(300);
     let heavy = tokio::time::timeout(wait, b.take_weighted(weighing(400))).await;
     assert!(heavy.is_err(), "a call of 400 tokens went with 300 left");

@@ -308,12 +308,14 @@ fn an_exact_reset_holds_the_even_pace_and_a_whole_second_does_not() {
 }
 
 /// A server's token bucket as OpenAI and Anthropic keep it: `quota`
-/// refilling over a minute, a call admitted when its tokens fit, stating
-/// what is left and when it is full again (to the millisecond, `exact`, or
-/// in whole seconds rounded up and one more, as the sim's RFC 3339
-/// instant, read against the response's `Date`).
+/// refilling over a minute, counting `unit` of a call's tokens (all of
+/// them, or Anthropic's input or output apart), stating what is left and
+/// when it is full again (to the millisecond, `exact`, or in whole seconds
+/// rounded up and one more, as the sim's RFC 3339 instant, read against
+/// the response's `Date`).
 struct TokenBucket {
     quota: u64,
+    unit: Unit,
     exact: bool,
     /// Tokens in the bucket as of `at`.
     level: f64,
@@ -321,66 +323,98 @@ struct TokenBucket {
 }
 
 impl TokenBucket {
+    fn new(quota: u64, unit: Unit, exact: bool, t0: Instant) -> TokenBucket {
+        TokenBucket {
+            quota,
+            unit,
+            exact,
+            level: 0.0,
+            at: t0,
+        }
+    }
+
     fn drain(&mut self, now: Instant) {
         let gone = now.saturating_duration_since(self.at).as_secs_f64() * self.quota as f64 / 60.0;
         self.level = (self.level - gone).max(0.0);
         self.at = self.at.max(now);
     }
 
-    /// Admits `tokens` at `now`, or refuses; then states (remaining, reset).
-    fn admit(&mut self, now: Instant, tokens: u64) -> (bool, Announced) {
+    /// The part of `w` it counts.
+    fn counts(&self, w: TokenWeight) -> f64 {
+        w.of(self.unit.counted()) as f64
+    }
+
+    /// Whether `w` fits at `now`.
+    fn fits(&mut self, now: Instant, w: TokenWeight) -> bool {
         self.drain(now);
-        let fits = self.level + tokens as f64 <= self.quota as f64;
-        if fits {
-            self.level += tokens as f64;
+        self.level + self.counts(w) <= self.quota as f64
+    }
+
+    /// Counts `w` at `now` when `admitted`; then states (remaining, reset).
+    fn state(&mut self, now: Instant, w: TokenWeight, admitted: bool) -> Announced {
+        self.drain(now);
+        if admitted {
+            self.level += self.counts(w);
         }
         let reset = Duration::from_secs_f64(self.level * 60.0 / self.quota as f64);
         let reset = match self.exact {
             true => ms(reset.as_nanos().div_ceil(1_000_000) as u64),
             false => Duration::from_secs(reset.as_nanos().div_ceil(1_000_000_000) as u64 + 1),
         };
-        let said = Announced {
-            unit: Unit::Tokens,
+        let remaining = self.quota.saturating_sub(self.level.ceil() as u64);
+        Announced {
+            name: format!("{:?}", self.unit),
+            unit: self.unit,
             reset_in: Some(reset),
             reset_exact: self.exact,
             reset_dated: !self.exact,
-            ..calls_policy(
-                self.quota,
-                None,
-                Some(self.quota - self.level.ceil() as u64),
-            )
-        };
-        (fits, said)
+            ..calls_policy(self.quota, None, Some(remaining))
+        }
+    }
+}
+
+/// A server of one or more [`TokenBucket`]s: a call is admitted when it
+/// fits in each, and then counted in each.
+struct Buckets(Vec<TokenBucket>);
+
+impl Buckets {
+    /// Admits `w` at `now`, or refuses; then states every bucket.
+    fn admit(&mut self, now: Instant, w: TokenWeight) -> (bool, Vec<Announced>) {
+        let fits = self.0.iter_mut().all(|b| b.fits(now, w));
+        (
+            fits,
+            self.0.iter_mut().map(|b| b.state(now, w, fits)).collect(),
+        )
     }
 }
 
 /// A call out: its arrival at the server, its response back, its slot,
 /// its tokens, and the server's verdict once it arrived.
-type Out = (Instant, Instant, SetSlot, u64, Option<(bool, Announced)>);
+type Out = (
+    Instant,
+    Instant,
+    SetSlot,
+    TokenWeight,
+    Option<(bool, Vec<Announced>)>,
+);
 
-/// Drives a set told `--limit 1000/1s` against a [`TokenBucket`] of
-/// `quota` stating itself as OpenAI (`exact`) or Anthropic does, with
-/// calls of `weights` tokens each, `latency` ms each way (the way back
-/// taken from the next entry, so that responses come back out of the
-/// order the server admitted them in), at most `workers` at once. The
-/// server admits calls in the order they reach it; the client reads each
-/// answer when it is back. The first call goes alone (before it, the token
-/// quota is unknown). Returns the calls refused, when the last was sent,
-/// and whether a refill was heard.
-fn against_a_token_bucket(
-    (quota, exact): (u64, bool),
-    weights: &[u64],
+/// Drives a set told `--limit 1000/1s` against `server`'s token buckets,
+/// stating themselves as OpenAI (`exact`) or Anthropic does, with calls of
+/// `weights` tokens each, `latency` ms each way (the way back taken from
+/// the next entry, so that responses come back out of the order the
+/// server admitted them in), at most `workers` at once. The server admits
+/// calls in the order they reach it; the client reads each answer when it
+/// is back. The first call goes alone (before it, the token quotas are
+/// unknown). Returns the calls refused, when the last was sent, and
+/// whether a refill was heard.
+fn against_buckets(
+    mut server: Buckets,
+    weights: &[TokenWeight],
     latency: &[u64],
     workers: usize,
     t0: Instant,
 ) -> (usize, Instant, bool) {
     let mut s = PolicySet::new(ExactWindow::new(1000, ms(1000), t0), Vec::new());
-    let mut server = TokenBucket {
-        quota,
-        exact,
-        level: 0.0,
-        at: t0,
-    };
     let mut out: Vec<Out> = Vec::new();
     let (mut now, mut refused, mut last, mut heard) = (t0, 0, t0, false);
     let mut next = 0;
@@ -419,7 +453,7 @@ fn against_a_token_bucket(
                 refused += 1;
                 s.complete_refused(slot, back);
             }
-            s.announce(&[said], back);
+            s.announce(&said, back);
             while let Some(n) = s.take_note(back) {
                 heard |= matches!(n, Note::Heard(Heard::Refills { .. }));
             }
@@ -428,12 +462,47 @@ fn against_a_token_bucket(
     (refused, last, heard)
 }
 
-fn heard_any(s: &PolicySet) -> bool {
-    s.kept()
-        .iter()
-        .any(|k| k.unit() == crate::rate::policy::Unit::Tokens)
+/// [`against_buckets`] of one bucket of all tokens, of `quota`, stating
+/// itself as OpenAI (`exact`) or Anthropic.
+fn against_a_token_bucket(
+    (quota, exact): (u64, bool),
+    weights: &[u64],
+    latency: &[u64],
+    workers: usize,
+    t0: Instant,
+) -> (usize, Instant, bool) {
+    let server = Buckets(vec![TokenBucket::new(quota, Unit::Tokens, exact, t0)]);
+    let weights: Vec<TokenWeight> = weights.iter().map(|&w| TokenWeight::whole(w)).collect();
+    against_buckets(server, &weights, latency, workers, t0)
 }
 
+fn heard_any(s: &PolicySet) -> bool {
+    s.kept().iter().any(|k| k.unit().is_tokens())
+}
+
+/// Anthropic's input and output buckets, stated apart: each counts only
+/// its part of a call (read as one quota of all tokens, each held prompts
+/// and answers together, 3.6-3.7 times the ideal time against 6,000
+/// output tokens a minute). 200 calls of 1,000 input and 150 output
+/// tokens against 40,000 input and 6,000 output a minute: 40 calls a
+/// minute either way, the first 40 at once, then 160 at the refill: 240
+/// s, and 4 s of skew allowance (each call is counted in full only once
+/// the other bucket admits it).
+#[test]
+fn anthropics_input_and_output_buckets_are_paced_apart() {
+    let t0 = Instant::now();
+    let server = || {
+        Buckets(vec![
+            TokenBucket::new(40_000, Unit::InputTokens, false, t0),
+            TokenBucket::new(6_000, Unit::OutputTokens, false, t0),
+        ])
+    };
+    let weights = vec![TokenWeight::split(1000, 150); 200];
+    let (refused, last, heard) = against_buckets(server(), &weights, &[20], 4, t0);
+    assert_eq!((refused, heard), (0, true));
+    let took = last - t0;
+    assert!(took >= ms(238_000) && took <= ms(252_000), "{took:?}");
+}
 /// OpenAI's token bucket, whose quota is stated without a window: kept
 /// as a sliding minute it sent the quota, then waited out the minute
 /// (2.3 times the ideal time in trial K); its resets keep proportion with
@@ -479,6 +548,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Against Anthropic's input and output buckets, whatever each call's
+    /// prompt and answer weigh, the latency and the calls at once: no call
+    /// after the first answer is refused.
+    #[test]
+    fn input_and_output_buckets_never_refuse_a_call_after_the_first_answer(
+        weights in proptest::collection::vec((1u64..3000, 0u64..600), 10..60),
+        latency in proptest::collection::vec(1u64..150, 1..8),
+        workers in 1usize..12,
+        quotas in (4_000u64..40_000, 1_000u64..8_000),
+        exact in any::<bool>(),
+    ) {
+        let t0 = Instant::now();
+        let server = Buckets(vec![
+            TokenBucket::new(quotas.0, Unit::InputTokens, exact, t0),
+            TokenBucket::new(quotas.1, Unit::OutputTokens, exact, t0),
+        ]);
+        let weights: Vec<TokenWeight> = (weights.iter())
+            .map(|&(i, o)| TokenWeight::split(i, o))
+            .collect();
+        let (refused, _, _) = against_buckets(server, &weights, &latency, workers, t0);
+        prop_assert_eq!(refused, 0);
+    }
+}
+
 /// A found bucket whose quota the server then states lower (a tier
 /// changed, or a proxy's lower quota): the bucket shrinks to it. It kept
 /// its first size and let 7,900 tokens go at once against a stated 4,000.
@@ -498,6 +594,10 @@ fn a_found_bucket_stated_smaller_shrinks_to_it() {
     assert!(s.kept()[0].refills(), "{:?}", s.kept()[0].spec());
     let later = t0 + ms(60_000);
     s.announce(&[said(4000, 1)], later);
-    assert!(s.try_take_weighted(later, 1, 4500).is_err());
-    assert!(s.try_take_weighted(later, 1, 3500).is_ok());
+    assert!(s
+        .try_take_weighted(later, 1, TokenWeight::whole(4500))
+        .is_err());
+    assert!(s
+        .try_take_weighted(later, 1, TokenWeight::whole(3500))
+        .is_ok());
 }
