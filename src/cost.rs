@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use crate::rate::policy::TokenWeight;
+use crate::rate::policy::{TokenWeight, Used};
 
 /// The default `--usage`: where OpenAI-style responses say what a call used.
 pub const DEFAULT_USAGE: &str = "/usage/total_tokens";
@@ -351,36 +351,34 @@ impl Costing {
     /// What the response body says the call used, if it says: at the
     /// default `--usage`, OpenAI's total with its prompt's and answer's
     /// parts, else Anthropic's input tokens (those it writes to its cache
-    /// count as input too) and output tokens. A total not split (another
-    /// `--usage`) counts whole in each part.
-    pub fn used(&self, body: &str) -> Option<TokenWeight> {
+    /// count as input too) and output tokens. Another `--usage` is a total:
+    /// it says nothing of the parts, whose estimates stand, and neither
+    /// does an answer without them.
+    pub fn used(&self, body: &str) -> Option<Used> {
         if self.usage != DEFAULT_USAGE {
-            return used(body, &self.usage).map(TokenWeight::whole);
+            return used(body, &self.usage).map(Used::total);
         }
         let v: Value = serde_json::from_str(body).ok()?;
         let at = |p: &str| v.pointer(p).and_then(Value::as_u64);
-        if let Some(total) = at(DEFAULT_USAGE) {
-            // Chat completions name the parts so, the Responses API as
-            // Anthropic does.
-            let part = |a: &str, b: &str| at(a).or_else(|| at(b));
-            let parts = (
-                part("/usage/prompt_tokens", "/usage/input_tokens"),
-                part("/usage/completion_tokens", "/usage/output_tokens"),
-            );
-            return Some(match parts {
-                (Some(i), Some(o)) => TokenWeight {
-                    total,
-                    input: i,
-                    output: o,
-                },
-                _ => TokenWeight::whole(total),
-            });
+        // Chat completions name the parts so, the Responses API and
+        // Anthropic as below.
+        let part = |a: &str, b: &str| at(a).or_else(|| at(b));
+        let input = part("/usage/prompt_tokens", "/usage/input_tokens");
+        let output = part("/usage/completion_tokens", "/usage/output_tokens");
+        let total = at(DEFAULT_USAGE);
+        if total.is_none() && input.is_none() && output.is_none() {
+            return None;
         }
-        let (i, o) = (at("/usage/input_tokens"), at("/usage/output_tokens"));
-        i.or(o)?;
         let cached = at("/usage/cache_creation_input_tokens").unwrap_or(0);
-        let input = i.unwrap_or(0).saturating_add(cached);
-        Some(TokenWeight::split(input, o.unwrap_or(0)))
+        let input = match total {
+            Some(_) => input,
+            None => input.map(|i| i.saturating_add(cached)),
+        };
+        Some(Used {
+            total,
+            input,
+            output,
+        })
     }
 }
 
@@ -568,6 +566,7 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rate::policy::Unit;
     use serde_json::json;
 
     fn cost(e: &str, item: Value) -> Result<u64, String> {
@@ -792,7 +791,7 @@ mod tests {
     /// At the default `--usage`, Anthropic's usage (input and output
     /// tokens, no total) counts as their sum, apart as well; OpenAI's
     /// total with its parts; another `--usage` is read as given, a total
-    /// not split.
+    /// that says nothing of the parts.
     #[test]
     fn anthropics_usage_is_read_at_the_default_pointer() {
         let mut c = Costing {
@@ -804,26 +803,53 @@ mod tests {
             guess_cap: TokenWeight::whole(u64::MAX),
         };
         let anthropic = r#"{"usage": {"input_tokens": 12, "output_tokens": 30}}"#;
-        assert_eq!(c.used(anthropic), Some(TokenWeight::split(12, 30)));
+        let both = |i, o| Used {
+            total: None,
+            input: Some(i),
+            output: Some(o),
+        };
+        assert_eq!(c.used(anthropic), Some(both(12, 30)));
+        assert_eq!(c.used(anthropic).unwrap().of(Unit::Tokens), Some(42));
         let written = r#"{"usage": {"input_tokens": 12, "cache_creation_input_tokens": 8,
             "cache_read_input_tokens": 500, "output_tokens": 30}}"#;
-        assert_eq!(c.used(written), Some(TokenWeight::split(20, 30)));
+        assert_eq!(c.used(written), Some(both(20, 30)));
+        // A part not said leaves its estimate standing, and the total too.
+        let output_only = c.used(r#"{"usage": {"output_tokens": 30}}"#).unwrap();
+        assert_eq!(output_only.of(Unit::InputTokens), None);
+        assert_eq!(output_only.of(Unit::Tokens), None);
+        let estimate = TokenWeight::split(50, 100);
         assert_eq!(
-            c.used(r#"{"usage": {"output_tokens": 30}}"#),
-            Some(TokenWeight::split(0, 30))
-        );
-        assert_eq!(
-            c.used(r#"{"usage": {"total_tokens": 5, "input_tokens": 9}}"#),
-            Some(TokenWeight::whole(5))
+            output_only.or(estimate),
+            TokenWeight {
+                total: 150,
+                input: 50,
+                output: 30
+            }
         );
         let openai =
             r#"{"usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}"#;
-        assert_eq!(c.used(openai), Some(TokenWeight::split(9, 4)));
+        assert_eq!(
+            c.used(openai),
+            Some(Used {
+                total: Some(13),
+                input: Some(9),
+                output: Some(4)
+            })
+        );
         assert_eq!(c.used(r#"{"usage": {}}"#), None);
         c.usage = "/usage/total_tokens/x".into();
         assert_eq!(c.used(anthropic), None);
+        // Another --usage is a total: the parts keep their estimates.
         c.usage = "/usage/output_tokens".into();
-        assert_eq!(c.used(anthropic), Some(TokenWeight::whole(30)));
+        assert_eq!(c.used(anthropic), Some(Used::total(30)));
+        assert_eq!(
+            Used::total(30).or(estimate),
+            TokenWeight {
+                total: 30,
+                input: 50,
+                output: 100
+            }
+        );
     }
 
     #[test]

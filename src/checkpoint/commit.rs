@@ -8,7 +8,8 @@
 //! a fired alert). Otherwise it lets a group gather for
 //! [`GroupCommit::max_wait`], so recording a call costs a lock and a push,
 //! not a wake-up. Each commit follows the order the module docs of
-//! [`crate::checkpoint`] explain: log entries written and fsynced, their
+//! [`crate::checkpoint`] explain: log entries written and fsynced (closed
+//! by a group end, so that a crash's catch-up takes a group whole), their
 //! offsets written to the index and fsynced, then one sled transaction for
 //! the line states, the counts and the job record, then a sled flush, and
 //! only then the in-memory bits. While a group is written the next one
@@ -480,7 +481,8 @@ impl Writer {
             )));
         }
         // 1. The results, then where they are, on disk for good before the
-        // checkpoint vouches for them.
+        // checkpoint vouches for them; the group end says they are whole.
+        super::log::group_end(&mut self.buf, self.log.version(), self.log.end());
         self.log.append(&self.buf)?;
         self.slots.clear();
         self.slots

@@ -21,6 +21,13 @@
 //! Only entries the checkpoint points at count. Anything else (an entry
 //! written but never committed, a torn tail after a crash) is never read,
 //! and new entries go after it.
+//!
+//! Each group commit's entries end with a group end: an entry of line 0
+//! (no line is 0) with no payload, written in the same append, whose
+//! digest is the offset of the group's first entry. A crash between the
+//! log and sled leaves groups that opening the job takes from the log
+//! (`recover.rs`); the group end says which are whole, so that one call's
+//! items (a batch's) are taken all or none.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
@@ -100,6 +107,23 @@ impl Entry<'_> {
         }
         out.extend_from_slice(payload);
     }
+}
+
+/// Appends a group end (see the module docs) to `out`, as a log of
+/// `version` holds it, for the group whose first entry starts at `start`
+/// (in the digest's place): a group end closes only the entries from
+/// there, never a torn group's before them.
+pub fn group_end(out: &mut Vec<u8>, version: u8, start: u64) {
+    Entry {
+        line: 0,
+        state: ItemState::Done,
+        status: None,
+        attempts: 0,
+        payload: &[],
+        unknown: false,
+        digest: Some(start),
+    }
+    .encode(out, version);
 }
 
 pub(super) fn io_err(path: &Path, e: io::Error) -> CheckpointError {
@@ -200,6 +224,33 @@ impl LogReader {
             window: Window::new(file, path, WINDOW),
             version,
         })
+    }
+
+    /// The log's version: how its entries are laid out.
+    pub fn version(&self) -> u8 {
+        self.version
+    }
+
+    /// Where the entry after one at `offset` of `payload` bytes starts.
+    pub fn next(&self, offset: u64, payload: usize) -> u64 {
+        offset + (header_len(self.version) + payload) as u64
+    }
+
+    /// Whether a whole entry of at most `most` payload bytes, with its
+    /// checksum, starts at `offset` of a log `end` bytes long: a cheap
+    /// look for one past torn bytes (most offsets fail on their first
+    /// byte, and no length reads past the end or beyond `most`).
+    pub fn starts_entry(&mut self, offset: u64, end: u64, most: usize) -> bool {
+        let hlen = header_len(self.version);
+        if hlen != ENTRY_HEADER || offset.saturating_add(hlen as u64) > end {
+            return false;
+        }
+        let Ok(head) = self.window.bytes(offset, hlen) else {
+            return false;
+        };
+        let len = u32::from_le_bytes([head[24], head[25], head[26], head[27]]) as usize;
+        let fits = offset.saturating_add((hlen + len) as u64) <= end && len <= most;
+        head[0] == MAGIC && matches!(head[1], 1..=3) && fits && self.entry(offset).is_ok()
     }
 
     /// The entry starting at `offset`.

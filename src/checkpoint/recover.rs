@@ -17,14 +17,31 @@
 //! edited line the outputs set pending again) and stays pending. The same
 //! catch-up takes the entries of a group whose sled commit a crash cut
 //! off: those calls finished and their results are on disk.
+//!
+//! A group is taken whole or not at all: the log is read from the end the
+//! states account for, group by group, up to the last group end (see
+//! `log.rs`), and the index is written for what is taken. Through the
+//! index alone, a crash among a group's index writes left some of a
+//! batch's items done and the rest pending: a resume sent the rest as a
+//! batch of their own, under another key, and the API ran them twice. A
+//! log without group ends (written before they were) is read through the
+//! index as it was.
 
 use sled::transaction::{ConflictableTransactionError, Transactional};
 
-use super::index::IndexReader;
+use super::index::{IndexReader, IndexWriter};
 use super::log::{LogReader, FILE_HEADER};
 use super::{
     progress_key, progress_log_end, progress_value, CheckpointError, ItemState, JobItems, JobMeta,
 };
+
+/// A line taken from the log: its state, and where its entry starts.
+type Found = (u64, ItemState, u64);
+
+/// The longest payload looked for past torn bytes: a length read from
+/// them is read no further (an entry longer than this, right after them,
+/// is passed over, and its group is not taken).
+const RESYNC_MOST: usize = 16 << 20;
 
 impl JobItems {
     /// Takes into the line states the results the log holds beyond the
@@ -44,7 +61,11 @@ impl JobItems {
         if log_end <= accounted {
             return Ok(0);
         }
-        let found = self.logged_from(accounted.max(FILE_HEADER.len() as u64), last_line);
+        let from = accounted.max(FILE_HEADER.len() as u64);
+        let found = match self.logged_groups(from, last_line) {
+            Some(found) => found,
+            None => self.logged_from(from, last_line),
+        };
         if found.is_empty() {
             return Ok(0);
         }
@@ -66,12 +87,76 @@ impl JobItems {
         }
     }
 
+    /// The entries of the whole groups the log holds from `from` on, for
+    /// lines up to `last_line`: each line's latest, with the state it
+    /// records and where it starts, where that state differs from the
+    /// line's. An entry that cannot be read is a torn append: reading
+    /// goes on at the next whole entry, and a group is taken only when its
+    /// group end follows its first entry (named in the group end), so that
+    /// neither a torn group nor the part of one read past torn bytes is.
+    /// The entries after the last group end are a group a crash cut short,
+    /// not taken either. `None` when no group end follows `from` (a log
+    /// written before group ends were, or a torn group alone), and for a
+    /// version 1 log.
+    fn logged_groups(&self, from: u64, last_line: u64) -> Option<Vec<Found>> {
+        let mut log = LogReader::open(&self.log_path).ok()?;
+        let end = std::fs::metadata(&self.log_path).ok()?.len();
+        // Without checksums, an entry after a torn one cannot be told.
+        if log.version() < 2 {
+            return None;
+        }
+        let (mut whole, mut group): (Vec<Found>, Vec<Found>) = (Vec::new(), Vec::new());
+        let (mut at, mut ends) = (from, 0);
+        while at < end {
+            let read = log
+                .entry(at)
+                .map(|e| (e.line, e.state, e.digest, e.payload.len()));
+            match read {
+                // A group end closes the entries from where its group
+                // began: those before are a torn group's, and a group whose
+                // beginning was not read (torn bytes read past into its
+                // middle) is not taken.
+                Ok((0, _, began, len)) => {
+                    if let Some(i) = group.iter().position(|f| Some(f.2) == began) {
+                        whole.extend(group.drain(i..));
+                    }
+                    group.clear();
+                    ends += 1;
+                    at = log.next(at, len);
+                }
+                Ok((line, state, _, len)) => {
+                    group.push((line, state, at));
+                    at = log.next(at, len);
+                }
+                // A torn append, and groups appended after it (a run went
+                // on after the crash): reading goes on at the next entry
+                // whole with its checksum.
+                Err(_) => match (at + 1..end).find(|&o| log.starts_entry(o, end, RESYNC_MOST)) {
+                    Some(next) => at = next,
+                    None => break,
+                },
+            }
+        }
+        if ends == 0 {
+            return None;
+        }
+        // Each line's latest entry: the last in the log's order, first once
+        // reversed (the sort is stable).
+        whole.reverse();
+        whole.sort_by_key(|f| f.0);
+        whole.dedup_by_key(|f| f.0);
+        whole.retain(|&(line, state, _)| {
+            line <= last_line && self.states.state(line) != Some(state)
+        });
+        Some(whole)
+    }
+
     /// Lines up to `last_line` whose latest entry starts at `from` or
     /// later, with the state that entry records, where it differs from the
     /// line's. An offset or an entry that cannot be read, or that belongs
     /// to another line, is passed over: that line keeps its state, and if
     /// it is pending it goes again under the key it was sent with.
-    fn logged_from(&self, from: u64, last_line: u64) -> Vec<(u64, ItemState)> {
+    fn logged_from(&self, from: u64, last_line: u64) -> Vec<Found> {
         let opened = (
             std::fs::metadata(&self.index_path),
             IndexReader::open(&self.index_path),
@@ -91,23 +176,26 @@ impl JobItems {
                 continue;
             };
             if entry.line == line && self.states.state(line) != Some(entry.state) {
-                found.push((line, entry.state));
+                found.push((line, entry.state, offset));
             }
         }
         found
     }
 
-    /// Writes `found` into the chunks, with the
-    /// counts, the revision and the log end in the progress record, in one
-    /// transaction as a group commit does; then the bits.
+    /// Writes `found` into the index and the chunks, with the counts, the
+    /// revision and the log end in the progress record, in one transaction
+    /// as a group commit does; then the bits.
     fn commit_adopted(
         &self,
         meta: &mut JobMeta,
-        found: &[(u64, ItemState)],
+        found: &[Found],
         log_end: u64,
     ) -> Result<(), CheckpointError> {
+        let mut slots: Vec<(u64, u64)> = found.iter().map(|&(l, _, at)| (l, at)).collect();
+        IndexWriter::open(&self.index_path)?.write(&mut slots)?;
         let mut next = meta.clone();
-        let chunks = self.chunks_set(found.iter().copied(), &mut next)?;
+        let states = found.iter().map(|&(line, state, _)| (line, state));
+        let chunks = self.chunks_set(states, &mut next)?;
         next.revision += 1;
         let progress = progress_value(&next, log_end);
         let key = progress_key(&self.id);
@@ -121,7 +209,7 @@ impl JobItems {
             })
             .map_err(|e| self.tx_err(e))?;
         self.db.flush().map_err(|e| self.err(e))?;
-        for &(line, state) in found {
+        for &(line, state, _) in found {
             self.states.set(line, Some(state));
         }
         *meta = next;
@@ -133,6 +221,7 @@ impl JobItems {
 mod tests {
     use std::path::{Path, PathBuf};
 
+    use super::super::log::{Entry, ENTRY_HEADER};
     use super::super::{Counts, GroupCommit, Record, Store, LAYOUT};
     use super::*;
 
@@ -284,17 +373,173 @@ mod tests {
         go_back(&s, "j", &(progress[..24].to_vec(), chunk.clone()));
         let (items, mut meta) = open(&s, "j", 3);
         assert_eq!(items.adopt_logged(&mut meta, 3).unwrap(), 0);
-        // With the log end, an index pointing past the log's accounted end
-        // but at no entry's start is passed over: the line goes again under
-        // its key.
+        // With the log end, an entry that fails its checksum is a group a
+        // crash cut short: nothing of it is taken, and the line goes again
+        // under its key.
         go_back(&s, "j", &(progress, chunk));
-        let index = items.index_path.clone();
-        let at = std::fs::read(&index).unwrap()[2 * 8..3 * 8].to_vec();
-        let at = u64::from_le_bytes(at.try_into().unwrap());
-        overwrite(&index, 2 * 8, &(at + 1).to_le_bytes());
+        let log = items.log_path.clone();
+        let end = std::fs::metadata(&log).unwrap().len();
+        overwrite(&log, end - ENTRY_HEADER as u64 - 1, b"X");
         let (items, mut meta) = open(&s, "j", 3);
         assert_eq!(items.adopt_logged(&mut meta, 3).unwrap(), 0);
         assert_eq!(states(&items, 3), [DONE, None, None]);
+        drop((items, s));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A crash among a group's index writes (one per run of lines) left
+    /// some of its lines pointing at their entries and not the others; sled
+    /// had none of it. Taken through the index, some of a batch's items
+    /// were done and the rest pending, and a resume sent the rest under
+    /// another key. Taken from the log, the group is whole, and the index
+    /// is written for it.
+    #[test]
+    fn a_group_whose_index_a_crash_cut_short_is_taken_whole() {
+        let dir = tmp("index-cut");
+        let s = Store::open(&dir).unwrap();
+        let (items, meta) = open(&s, "j", 9);
+        let meta = commit(&items, meta, vec![record(1, ItemState::Done)]);
+        let older = older_state(&s, "j");
+        let lines = [2, 4, 6, 8];
+        let records = lines.iter().map(|&l| record(l, ItemState::Done)).collect();
+        commit(&items, meta, records);
+        go_back(&s, "j", &older);
+        let index = items.index_path.clone();
+        for l in [6, 8] {
+            overwrite(&index, l * 8, &0u64.to_le_bytes());
+        }
+        drop(items);
+        let (items, mut meta) = open(&s, "j", 9);
+        assert_eq!(items.adopt_logged(&mut meta, 9).unwrap(), 4);
+        let done: Vec<u64> = (1..=9)
+            .filter(|&l| items.states().state(l) == DONE)
+            .collect();
+        assert_eq!(done, [1, 2, 4, 6, 8]);
+        items.check_counts(&meta, 9).unwrap();
+        items.check_results().unwrap();
+        drop((items, s));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A torn append left in the middle of the log (runs went on after
+    /// the crash), then sled lost everything: the groups after it are
+    /// taken too, each line at its latest entry. Reading stopped at the
+    /// torn bytes, and the results after them went again.
+    #[test]
+    fn groups_after_a_torn_append_are_taken_too() {
+        let dir = tmp("torn-middle");
+        let s = Store::open(&dir).unwrap();
+        let (items, meta) = open(&s, "j", 3);
+        commit(&items, meta, vec![record(1, ItemState::Done)]);
+        let mut torn = Vec::new();
+        Entry {
+            line: 3,
+            state: ItemState::Done,
+            status: Some(200),
+            attempts: 1,
+            payload: b"{\"cut\": true}",
+            unknown: false,
+            digest: Some(1),
+        }
+        .encode(&mut torn, 2);
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&items.log_path)
+            .unwrap();
+        std::io::Write::write_all(&mut log, &torn[..torn.len() - 5]).unwrap();
+        drop(log);
+        let (items, meta) = open(&s, "j", 3);
+        let meta = commit(&items, meta, vec![record(2, ItemState::Failed)]);
+        commit(
+            &items,
+            meta,
+            vec![record(2, ItemState::Done), record(3, ItemState::Done)],
+        );
+        drop((items, s));
+        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
+        let s = Store::open(&dir).unwrap();
+        let (items, mut meta) = open(&s, "j", 3);
+        assert_eq!(items.adopt_logged(&mut meta, 3).unwrap(), 3);
+        assert_eq!(states(&items, 3), [DONE, DONE, DONE]);
+        items.check_counts(&meta, 3).unwrap();
+        items.check_results().unwrap();
+        drop((items, s));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A kill that stopped a group's append at an entry boundary leaves
+    /// whole entries and no group end; the next run's group follows. Its
+    /// group end closes its own entries only: the torn group's calls go
+    /// again under their keys (taken in part, a batch's rest went under
+    /// another key).
+    #[test]
+    fn a_group_end_closes_only_its_own_group() {
+        let dir = tmp("boundary");
+        let s = Store::open(&dir).unwrap();
+        let (items, meta) = open(&s, "j", 4);
+        commit(&items, meta, vec![record(1, ItemState::Done)]);
+        let mut torn = Vec::new();
+        for line in [2, 3] {
+            let r = record(line, ItemState::Done);
+            Entry {
+                line,
+                state: r.state,
+                status: r.status,
+                attempts: r.attempts,
+                payload: &r.payload,
+                unknown: false,
+                digest: Some(r.digest),
+            }
+            .encode(&mut torn, 2);
+        }
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&items.log_path)
+            .unwrap();
+        std::io::Write::write_all(&mut log, &torn).unwrap();
+        drop(log);
+        let (items, meta) = open(&s, "j", 4);
+        commit(&items, meta, vec![record(4, ItemState::Done)]);
+        drop((items, s));
+        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
+        let s = Store::open(&dir).unwrap();
+        let (items, mut meta) = open(&s, "j", 4);
+        assert_eq!(items.adopt_logged(&mut meta, 4).unwrap(), 2);
+        assert_eq!(states(&items, 4), [DONE, None, None, DONE]);
+        items.check_results().unwrap();
+        drop((items, s));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A crash in the middle of a group's log append (before its index
+    /// writes): its first entry is whole, its last one and its group end
+    /// are not. The whole group before it is taken, none of this one.
+    #[test]
+    fn a_group_a_crash_cut_short_in_the_log_is_not_taken() {
+        let dir = tmp("log-cut");
+        let s = Store::open(&dir).unwrap();
+        let (items, meta) = open(&s, "j", 5);
+        let meta = commit(&items, meta, vec![record(1, ItemState::Done)]);
+        let older = older_state(&s, "j");
+        let meta = commit(&items, meta, vec![record(2, ItemState::Done)]);
+        let records = vec![record(3, ItemState::Done), record(4, ItemState::Done)];
+        commit(&items, meta, records);
+        go_back(&s, "j", &older);
+        for l in [3, 4] {
+            overwrite(&items.index_path, l * 8, &0u64.to_le_bytes());
+        }
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&items.log_path)
+            .unwrap();
+        let end = log.metadata().unwrap().len();
+        // The group end, and half of line 4's entry.
+        log.set_len(end - ENTRY_HEADER as u64 - 20).unwrap();
+        drop((log, items));
+        let (items, mut meta) = open(&s, "j", 5);
+        assert_eq!(items.adopt_logged(&mut meta, 5).unwrap(), 1);
+        assert_eq!(states(&items, 5), [DONE, DONE, None, None, None]);
+        items.check_results().unwrap();
         drop((items, s));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -16,7 +16,7 @@ use crate::rate::bucket::{SizingError, TokenBucket};
 use crate::rate::exact::Learning;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::Heard;
-use crate::rate::policy::{PolicySpec, TokenWeight};
+use crate::rate::policy::{PolicySpec, TokenWeight, Used};
 use crate::rate::retry_after::MAX_QUOTA_RESET;
 use crate::rate::spike_pace::SpikePace;
 use crate::rate::Limit;
@@ -262,7 +262,7 @@ pub trait Ticket: Send {
     fn complete(self: Box<Self>, arrived: Instant);
     /// [`complete`](Self::complete), with the tokens the call really used
     /// when the response said so. Pacers that count no tokens ignore it.
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<Used>) {
         let _ = used;
         self.complete(arrived);
     }
@@ -313,7 +313,7 @@ impl Permit {
     /// [`complete`](Self::complete), settling the call at the tokens it
     /// really `used` (from the response; `None`: the estimate stands), so
     /// that a token policy counts what was spent.
-    pub fn complete_used(mut self, arrived: Instant, used: Option<TokenWeight>) {
+    pub fn complete_used(mut self, arrived: Instant, used: Option<Used>) {
         if let Some(t) = self.ticket.take() {
             t.complete_used(arrived, used);
         }

@@ -297,6 +297,7 @@ impl Pacer for Unpaced {
 mod tests {
     use super::*;
     use crate::pace::testing::{call, limit_header, max_in_window};
+    use crate::rate::policy::Used;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -475,12 +476,12 @@ mod tests {
             "{said:?}"
         );
         for permit in on_their_way {
-            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
+            permit.complete_used(Instant::now(), Some(Used::whole(100)));
         }
         let mut stamps = Vec::new();
         for _ in 0..40 {
             let permit = p.take_weighted(HEAVY).await.expect("permit");
-            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
+            permit.complete_used(Instant::now(), Some(Used::whole(100)));
             stamps.push(Instant::now());
         }
         let minute = Duration::from_secs(60);
@@ -514,7 +515,7 @@ mod tests {
         ]);
         p.observe(&h).await;
         for permit in on_their_way {
-            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
+            permit.complete_used(Instant::now(), Some(Used::whole(100)));
         }
         let mut in_first_minute = 0;
         while Instant::now() - t0 < Duration::from_secs(60) {
@@ -522,7 +523,7 @@ mod tests {
             if Instant::now() - t0 < Duration::from_secs(60) {
                 in_first_minute += 1;
             }
-            permit.complete_used(Instant::now(), Some(TokenWeight::whole(100)));
+            permit.complete_used(Instant::now(), Some(Used::whole(100)));
         }
         assert!(
             in_first_minute <= 7,

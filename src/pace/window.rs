@@ -17,7 +17,7 @@ use super::{
 use crate::rate::exact::ExactWindow;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::{Heard, Note, PolicySet, SetSlot};
-use crate::rate::policy::{PolicySpec, TokenWeight};
+use crate::rate::policy::{PolicySpec, Used};
 use crate::rate::Rate;
 
 /// The exact sliding-window pacer, shared by every worker.
@@ -132,7 +132,7 @@ impl Ticket for WindowTicket {
         self.complete_used(arrived, None);
     }
 
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<Used>) {
         self.guarded
             .lock()
             .complete_used(self.slot, arrived.into_std(), used);

@@ -372,13 +372,13 @@ fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         push(out, a);
     }
     // `tokens` is the most restrictive of the input and output limits
-    // (Anthropic's documentation): where they are stated apart, it adds
+    // (Anthropic's documentation): where both are stated apart, it adds
     // nothing, and read as all of a call's tokens it would hold the
-    // prompt and the answer together to the lesser quota.
-    let split = out[start..]
-        .iter()
-        .any(|a| matches!(a.unit, Unit::InputTokens | Unit::OutputTokens));
-    if split {
+    // prompt and the answer together to the lesser quota. Beside one of
+    // them alone (a proxy passing some headers on), it is kept: it may be
+    // the only statement of the other.
+    let stated = |unit| out[start..].iter().any(|a| a.unit == unit);
+    if stated(Unit::InputTokens) && stated(Unit::OutputTokens) {
         let stated = out.split_off(start);
         out.extend(stated.into_iter().filter(|a| a.unit != Unit::Tokens));
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::exact::later;
 use super::fixed::{Align, FixedWindow};
 use super::gcra::Gcra;
-use super::policy::{PolicySpec, Shape, TokenWeight, Unit};
+use super::policy::{PolicySpec, Shape, TokenWeight, Unit, Used};
 use super::refill::{RefillFit, Said};
 use super::tally::Tally;
 use super::{Limit, Rate};
@@ -221,9 +221,8 @@ impl Kept {
 
     /// Call `id` came back at `arrived`; `used` is the tokens it really
     /// cost, when the response said (calls are counted as taken).
-    pub fn complete(&mut self, id: u64, arrived: Instant, used: Option<TokenWeight>) {
-        let unit = self.spec.unit;
-        let used = used.filter(|_| unit.is_tokens()).map(|u| u.of(unit));
+    pub fn complete(&mut self, id: u64, arrived: Instant, used: Option<Used>) {
+        let used = used.and_then(|u| u.of(self.spec.unit));
         match &mut self.rule {
             Rule::Sliding(t, window) => {
                 let arrived = t.sent(id).map_or(arrived, |s| arrived.max(s));

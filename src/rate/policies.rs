@@ -22,7 +22,7 @@ use super::announce::{Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
 use super::learn::even_interval;
-use super::policy::{TokenWeight, Unit as PolicyUnit};
+use super::policy::{TokenWeight, Unit as PolicyUnit, Used};
 
 mod heard;
 mod occupancy;
@@ -290,7 +290,7 @@ impl PolicySet {
     /// [`complete`](Self::complete), with the tokens the call really used
     /// when the response said: the token policies count those instead of
     /// the estimate.
-    pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<TokenWeight>) {
+    pub fn complete_used(&mut self, slot: SetSlot, arrived: Instant, used: Option<Used>) {
         self.settle(slot, arrived, used, false);
     }
 
@@ -300,17 +300,11 @@ impl PolicySet {
         self.settle(slot, arrived, None, true);
     }
 
-    fn settle(
-        &mut self,
-        slot: SetSlot,
-        arrived: Instant,
-        used: Option<TokenWeight>,
-        refused: bool,
-    ) {
+    fn settle(&mut self, slot: SetSlot, arrived: Instant, used: Option<Used>, refused: bool) {
         if let Some((sent, slots, kept, estimate)) = self.in_flight.remove(&slot) {
             if !refused {
                 let (tokens, calls) = self.weighed;
-                let weighed = used.unwrap_or(estimate);
+                let weighed = used.map_or(estimate, |u| u.or(estimate));
                 self.weighed = (tokens.saturating_add(weighed), calls.saturating_add(1));
             }
             self.rtt = self.rtt.max(arrived.saturating_duration_since(sent));

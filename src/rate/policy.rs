@@ -89,6 +89,72 @@ pub struct TokenWeight {
     pub output: u64,
 }
 
+/// What an answer says a call used, by part: a part it does not say
+/// (no such field, or a `--usage` other than the default, a total) leaves
+/// the call's estimate standing for that unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Used {
+    /// All of its tokens.
+    pub total: Option<u64>,
+    /// Its prompt's.
+    pub input: Option<u64>,
+    /// Its answer's.
+    pub output: Option<u64>,
+}
+
+impl From<TokenWeight> for Used {
+    /// Every part said.
+    fn from(w: TokenWeight) -> Used {
+        Used {
+            total: Some(w.total),
+            input: Some(w.input),
+            output: Some(w.output),
+        }
+    }
+}
+
+impl Used {
+    /// `n` tokens said for every part alike.
+    pub const fn whole(n: u64) -> Used {
+        Used {
+            total: Some(n),
+            input: Some(n),
+            output: Some(n),
+        }
+    }
+
+    /// A total, its parts not said.
+    pub const fn total(n: u64) -> Used {
+        Used {
+            total: Some(n),
+            input: None,
+            output: None,
+        }
+    }
+
+    /// What it says a policy counting `unit` counts (`None`: not said; a
+    /// total not said is its parts' sum when both are).
+    pub fn of(self, unit: Unit) -> Option<u64> {
+        match unit {
+            Unit::Calls => None,
+            Unit::Tokens => self
+                .total
+                .or_else(|| Some(self.input?.saturating_add(self.output?))),
+            Unit::InputTokens => self.input,
+            Unit::OutputTokens => self.output,
+        }
+    }
+
+    /// `estimate` corrected by what it says.
+    pub fn or(self, estimate: TokenWeight) -> TokenWeight {
+        TokenWeight {
+            total: self.of(Unit::Tokens).unwrap_or(estimate.total),
+            input: self.input.unwrap_or(estimate.input),
+            output: self.output.unwrap_or(estimate.output),
+        }
+    }
+}
+
 impl TokenWeight {
     /// `n` tokens not split: counted whole by every unit of tokens.
     pub const fn whole(n: u64) -> TokenWeight {

@@ -24,7 +24,7 @@ use super::announce::Announced;
 use super::exact::{ExactWindow, Learning};
 use super::kept::Kept;
 use super::policies::{PolicySet, SetSlot};
-use super::policy::{PolicySpec, Shape, TokenWeight, Unit};
+use super::policy::{PolicySpec, Shape, TokenWeight, Unit, Used};
 use super::{Limit, Rate};
 
 pub mod design;
@@ -493,7 +493,7 @@ impl Store for InProcess {
             Call::Settle(id, ago, used) => {
                 if let Some(slot) = self.slots.remove(&id) {
                     self.w
-                        .complete_used(slot, at(now - ago), used.map(TokenWeight::whole));
+                        .complete_used(slot, at(now - ago), used.map(Used::whole));
                 }
                 Answer::Noted
             }

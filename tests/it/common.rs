@@ -125,8 +125,12 @@ impl TempDir {
 }
 
 impl Drop for TempDir {
+    /// Removes the directory, unless `BATCHRUN_TEST_KEEP` is set (to look
+    /// at a failed test's state, inputs and outputs).
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::env::var_os("BATCHRUN_TEST_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::pace::{PaceError, Ticket};
-use crate::rate::policy::TokenWeight;
+use crate::rate::policy::{Unit, Used};
 
 /// Sends completions as they come, so other processes see a slot free up
 /// (and a lease come back) without waiting for this one's next take.
@@ -62,9 +62,12 @@ impl Ticket for SharedTicket {
         self.inner.settled(self.id, Some(arrived), None);
     }
 
-    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<TokenWeight>) {
-        self.inner
-            .settled(self.id, Some(arrived), used.map(|u| u.total));
+    fn complete_used(self: Box<Self>, arrived: Instant, used: Option<Used>) {
+        self.inner.settled(
+            self.id,
+            Some(arrived),
+            used.and_then(|u| u.of(Unit::Tokens)),
+        );
     }
 
     fn cancel(self: Box<Self>) {

@@ -283,9 +283,9 @@ fn anthropic_resets_are_rfc3339() {
 }
 
 /// Anthropic states `tokens` as the most restrictive of its input and
-/// output limits: beside them it is left out (read as all of a call's
+/// output limits: beside both it is left out (read as all of a call's
 /// tokens, it held prompts and answers together to the output quota);
-/// alone, it is a quota of all tokens.
+/// alone, or beside one of them, it is a quota of all tokens.
 #[test]
 fn anthropics_tokens_beside_input_and_output_tokens_is_left_out() {
     let reset = "2023-08-09T14:28:03Z";
@@ -303,6 +303,12 @@ fn anthropics_tokens_beside_input_and_output_tokens_is_left_out() {
         ("anthropic-ratelimit-input-tokens-limit", "40000"),
         ("anthropic-ratelimit-input-tokens-remaining", "39000"),
         ("anthropic-ratelimit-input-tokens-reset", reset),
+    ]);
+    // Beside the input limit alone, it may be the only word of the output
+    // one: kept.
+    let units: Vec<Unit> = read(&map(&fields), NOW).iter().map(|a| a.unit).collect();
+    assert_eq!(units, [Unit::Tokens, Unit::InputTokens]);
+    fields.extend([
         ("anthropic-ratelimit-output-tokens-limit", "8000"),
         ("anthropic-ratelimit-output-tokens-remaining", "7000"),
         ("anthropic-ratelimit-output-tokens-reset", reset),

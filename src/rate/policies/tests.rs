@@ -235,7 +235,7 @@ fn an_announced_token_policy_is_paced_and_said_once() {
     // A call that used less than estimated leaves the rest for others.
     let t1 = t0 + ms(1000);
     let slot = s.try_take_weighted(t1, 1, TokenWeight::whole(40)).unwrap();
-    s.complete_used(slot, t1, Some(TokenWeight::whole(5)));
+    s.complete_used(slot, t1, Some(Used::whole(5)));
     assert!(s.try_take_weighted(t1, 1, TokenWeight::whole(45)).is_ok());
 }
 
@@ -486,7 +486,7 @@ fn the_pace_under_a_token_policy_is_its_rate_at_the_calls_mean_weight() {
     .unwrap()]);
     assert_eq!(s.per_second(), 1000.0);
     let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(60)).unwrap();
-    s.complete_used(slot, t0 + ms(5), Some(TokenWeight::whole(150)));
+    s.complete_used(slot, t0 + ms(5), Some(Used::whole(150)));
     let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(50)).unwrap();
     s.complete_used(slot, t0 + ms(5), None);
     let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(400)).unwrap();
@@ -584,7 +584,7 @@ fn a_told_token_bucket_counts_what_the_server_says_was_spent() {
     )
     .unwrap()]);
     let slot = s.try_take_weighted(t0, 1, TokenWeight::whole(100)).unwrap();
-    s.complete_used(slot, t0, Some(TokenWeight::whole(100)));
+    s.complete_used(slot, t0, Some(Used::whole(100)));
     assert!(s
         .try_take_weighted(t0, 1, TokenWeight::whole(800))
         .is_ok_and(|slot| s.cancel(slot)));

@@ -448,7 +448,7 @@ fn against_buckets(
             let (_, back, slot, tokens, verdict) = out.remove(0);
             let (fits, said) = verdict.expect("admitted before it is back");
             if fits {
-                s.complete_used(slot, back, Some(tokens));
+                s.complete_used(slot, back, Some(tokens.into()));
             } else {
                 refused += 1;
                 s.complete_refused(slot, back);
