@@ -431,23 +431,8 @@ mod tests {
         let s = Store::open(&dir).unwrap();
         let (items, meta) = open(&s, "j", 3);
         commit(&items, meta, vec![record(1, ItemState::Done)]);
-        let mut torn = Vec::new();
-        Entry {
-            line: 3,
-            state: ItemState::Done,
-            status: Some(200),
-            attempts: 1,
-            payload: b"{\"cut\": true}",
-            unknown: false,
-            digest: Some(1),
-        }
-        .encode(&mut torn, 2);
-        let mut log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&items.log_path)
-            .unwrap();
-        std::io::Write::write_all(&mut log, &torn[..torn.len() - 5]).unwrap();
-        drop(log);
+        let torn = entries(&[3]);
+        append_raw(&items, &torn[..torn.len() - 5]);
         let (items, meta) = open(&s, "j", 3);
         let meta = commit(&items, meta, vec![record(2, ItemState::Failed)]);
         commit(
@@ -455,10 +440,7 @@ mod tests {
             meta,
             vec![record(2, ItemState::Done), record(3, ItemState::Done)],
         );
-        drop((items, s));
-        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
-        let s = Store::open(&dir).unwrap();
-        let (items, mut meta) = open(&s, "j", 3);
+        let (s, items, mut meta) = lose_database(&dir, s, items, 3);
         assert_eq!(items.adopt_logged(&mut meta, 3).unwrap(), 3);
         assert_eq!(states(&items, 3), [DONE, DONE, DONE]);
         items.check_counts(&meta, 3).unwrap();
@@ -478,32 +460,10 @@ mod tests {
         let s = Store::open(&dir).unwrap();
         let (items, meta) = open(&s, "j", 4);
         commit(&items, meta, vec![record(1, ItemState::Done)]);
-        let mut torn = Vec::new();
-        for line in [2, 3] {
-            let r = record(line, ItemState::Done);
-            Entry {
-                line,
-                state: r.state,
-                status: r.status,
-                attempts: r.attempts,
-                payload: &r.payload,
-                unknown: false,
-                digest: Some(r.digest),
-            }
-            .encode(&mut torn, 2);
-        }
-        let mut log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&items.log_path)
-            .unwrap();
-        std::io::Write::write_all(&mut log, &torn).unwrap();
-        drop(log);
+        append_raw(&items, &entries(&[2, 3]));
         let (items, meta) = open(&s, "j", 4);
         commit(&items, meta, vec![record(4, ItemState::Done)]);
-        drop((items, s));
-        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
-        let s = Store::open(&dir).unwrap();
-        let (items, mut meta) = open(&s, "j", 4);
+        let (s, items, mut meta) = lose_database(&dir, s, items, 4);
         assert_eq!(items.adopt_logged(&mut meta, 4).unwrap(), 2);
         assert_eq!(states(&items, 4), [DONE, None, None, DONE]);
         items.check_results().unwrap();
@@ -542,6 +502,50 @@ mod tests {
         items.check_results().unwrap();
         drop((items, s));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The log entries of `lines`, done, as a group commit encodes them
+    /// (with no group end).
+    fn entries(lines: &[u64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &line in lines {
+            let r = record(line, ItemState::Done);
+            Entry {
+                line,
+                state: r.state,
+                status: r.status,
+                attempts: r.attempts,
+                payload: &r.payload,
+                unknown: false,
+                digest: Some(r.digest),
+            }
+            .encode(&mut out, 2);
+        }
+        out
+    }
+
+    /// Appends `bytes` to the job's log as a torn append left them.
+    fn append_raw(items: &JobItems, bytes: &[u8]) {
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&items.log_path)
+            .unwrap();
+        std::io::Write::write_all(&mut log, bytes).unwrap();
+    }
+
+    /// sled's files are gone (the log and index stay); the job `j` of
+    /// `total` lines opened again.
+    fn lose_database(
+        dir: &Path,
+        s: Store,
+        items: JobItems,
+        total: u64,
+    ) -> (Store, JobItems, JobMeta) {
+        drop((items, s));
+        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
+        let s = Store::open(dir).unwrap();
+        let (items, meta) = open(&s, "j", total);
+        (s, items, meta)
     }
 
     fn overwrite(path: &Path, at: u64, bytes: &[u8]) {
