@@ -77,8 +77,8 @@ impl Unit {
 
 /// What a call weighs in tokens as each unit of tokens counts it: all of
 /// its tokens, its prompt's (input) and its answer's (output). A weight
-/// that is not split (a `--cost` expression, a `--usage` total) counts
-/// whole in each, which never under-counts.
+/// that is not split (a `--cost` expression) counts whole in each, which
+/// never under-counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TokenWeight {
     /// Every token of the call.
