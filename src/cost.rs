@@ -290,12 +290,14 @@ impl Costing {
     ) -> Result<TokenWeight, String> {
         let Some(e) = &self.expr else {
             let read = rendered.unwrap_or(&item.value);
-            let cap = answers_cap(read, rendered.is_some());
+            let guess = requested(read, rendered.is_some());
+            // Its output is the answers' cap, the certain part.
+            let cap = guess.output;
             let most = self.most_answered.as_ref();
             if let Some((most, limit)) = most.filter(|(m, _)| cap > *m) {
                 return Err(self.too_heavy(item, cap, *most, &format!("--limit {limit}")));
             }
-            return Ok(self.held(requested(read, rendered.is_some())));
+            return Ok(self.held(guess));
         };
         let at = |why: String| {
             format!(
