@@ -323,12 +323,7 @@ impl Costing {
     /// call may weigh: each part to the least told quota counting it, and
     /// at most about a trillion (`MAX_ESTIMATE`).
     pub fn held(&self, tokens: TokenWeight) -> TokenWeight {
-        let cap = self.guess_cap.at_most(MAX_ESTIMATE);
-        TokenWeight {
-            total: tokens.total.min(cap.total),
-            input: tokens.input.min(cap.input),
-            output: tokens.output.min(cap.output),
-        }
+        (tokens.min(self.guess_cap)).min(TokenWeight::whole(MAX_ESTIMATE))
     }
 
     /// Why an item estimated at `tokens` is failed unsent: more than the

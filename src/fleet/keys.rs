@@ -144,7 +144,7 @@ impl FleetKeys {
         // or output tokens too (never less than it counts).
         let of = match unit {
             Unit::Calls => "",
-            Unit::Tokens | Unit::InputTokens | Unit::OutputTokens => ":tokens",
+            _ => ":tokens",
         };
         format!("{}:gcra:{}:{tau}:{d}{of}", self.prefix, t.as_nanos())
     }

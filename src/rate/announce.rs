@@ -59,7 +59,7 @@ impl Unit {
 
     /// Whether it counts tokens of any kind.
     pub fn is_tokens(self) -> bool {
-        matches!(self, Unit::Tokens | Unit::InputTokens | Unit::OutputTokens)
+        self.counted().is_tokens()
     }
 }
 

@@ -384,10 +384,9 @@ impl PolicySet {
             match p.unit {
                 Unit::Calls if self.follow_kept(p, now) => {}
                 Unit::Calls => self.follow(p, now),
-                Unit::Tokens | Unit::InputTokens | Unit::OutputTokens => {
-                    self.follow_tokens(p, p.unit.counted(), now)
-                }
-                Unit::Other => {}
+                u if u.is_tokens() => self.follow_tokens(p, u.counted(), now),
+                // Content bytes, concurrent requests: nothing paced here.
+                _ => {}
             }
         }
         self.windows.iter().zip(before).any(|(w, b)| w.limit() > b)

@@ -193,12 +193,12 @@ impl TokenWeight {
         }
     }
 
-    /// Each part held to at most `most`.
-    pub fn at_most(self, most: u64) -> TokenWeight {
+    /// Each part the lesser of the two.
+    pub fn min(self, o: TokenWeight) -> TokenWeight {
         TokenWeight {
-            total: self.total.min(most),
-            input: self.input.min(most),
-            output: self.output.min(most),
+            total: self.total.min(o.total),
+            input: self.input.min(o.input),
+            output: self.output.min(o.output),
         }
     }
 }

@@ -26,6 +26,13 @@ fn stated(r: Duration, exact: bool) -> Duration {
     }
 }
 
+/// OpenAI's statement of a bucket of 8,000 tokens a minute with `used`
+/// used, observed.
+fn observe_used(fit: &mut RefillFit, used: u64) -> Option<Duration> {
+    let (left, r) = bucket_says(8000, MINUTE, used);
+    fit.observe(say(8000, left, r, true), MINUTE)
+}
+
 /// What a bucket of `quota` refilling over `period` states with `used`.
 fn bucket_says(quota: u64, period: Duration, used: u64) -> (u64, Duration) {
     let r = period.as_nanos() * u128::from(used) / u128::from(quota);
@@ -39,17 +46,9 @@ fn openai_statements_of_a_minute_bucket_are_believed_at_the_eighth() {
     let mut fit = RefillFit::new();
     assert_eq!(fit.observe(say(8000, 7927, ms(547), true), MINUTE), None);
     for used in [500, 1000, 1500, 2000, 2500, 3000] {
-        let (left, r) = bucket_says(8000, MINUTE, used);
-        assert_eq!(
-            fit.observe(say(8000, left, r, true), MINUTE),
-            None,
-            "{used}"
-        );
+        assert_eq!(observe_used(&mut fit, used), None, "{used}");
     }
-    let (left, r) = bucket_says(8000, MINUTE, 3500);
-    let period = fit
-        .observe(say(8000, left, r, true), MINUTE)
-        .expect("a minute's bucket");
+    let period = observe_used(&mut fit, 3500).expect("a minute's bucket");
     assert!(period >= MINUTE && period <= MINUTE + ms(500), "{period:?}");
 }
 
@@ -57,34 +56,22 @@ fn openai_statements_of_a_minute_bucket_are_believed_at_the_eighth() {
 fn a_spread_under_a_quarter_of_the_quota_is_not_enough() {
     let mut fit = RefillFit::new();
     for used in (100..=1900).step_by(200) {
-        let (left, r) = bucket_says(8000, MINUTE, used);
-        assert_eq!(
-            fit.observe(say(8000, left, r, true), MINUTE),
-            None,
-            "{used}"
-        );
+        assert_eq!(observe_used(&mut fit, used), None, "{used}");
     }
     // 2,100 of 8,000 used: the spread is now over a quarter.
-    let (left, r) = bucket_says(8000, MINUTE, 2100);
-    assert!(fit.observe(say(8000, left, r, true), MINUTE).is_some());
+    assert!(observe_used(&mut fit, 2100).is_some());
 }
 
 #[test]
 fn a_reset_out_of_proportion_starts_the_run_again() {
     let mut fit = RefillFit::new();
     for used in (500..=3000).step_by(500) {
-        let (left, r) = bucket_says(8000, MINUTE, used);
-        fit.observe(say(8000, left, r, true), MINUTE);
+        observe_used(&mut fit, used);
     }
     // A window's reset: used up half, yet full again only in 50 s.
     assert_eq!(fit.observe(say(8000, 4000, ms(50_000), true), MINUTE), None);
     for used in [4500, 5000] {
-        let (left, r) = bucket_says(8000, MINUTE, used);
-        assert_eq!(
-            fit.observe(say(8000, left, r, true), MINUTE),
-            None,
-            "{used}"
-        );
+        assert_eq!(observe_used(&mut fit, used), None, "{used}");
     }
 }
 
@@ -92,12 +79,10 @@ fn a_reset_out_of_proportion_starts_the_run_again() {
 fn a_reset_with_nothing_used_is_no_bucket() {
     let mut fit = RefillFit::new();
     for used in (500..=3500).step_by(500) {
-        let (left, r) = bucket_says(8000, MINUTE, used);
-        fit.observe(say(8000, left, r, true), MINUTE);
+        observe_used(&mut fit, used);
     }
     assert_eq!(fit.observe(say(8000, 8000, ms(30_000), true), MINUTE), None);
-    let (left, r) = bucket_says(8000, MINUTE, 4000);
-    assert_eq!(fit.observe(say(8000, left, r, true), MINUTE), None);
+    assert_eq!(observe_used(&mut fit, 4000), None);
 }
 
 #[test]
