@@ -253,6 +253,16 @@ async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
     assert_each_item_once(&s.out_path(), 60);
 }
 
+/// `n` items of a prompt of 50 tokens (200 characters) and `max_tokens`.
+fn prompts_of_50(n: u64, max_tokens: u64) -> String {
+    let prompt = "word ".repeat(40);
+    (1..=n)
+        .map(|i| {
+            format!("{{\"n\": {i}, \"max_tokens\": {max_tokens}, \"prompt\": \"{prompt}\"}}\n")
+        })
+        .collect()
+}
+
 /// OpenAI and Anthropic state their token limits without a window, and
 /// keep them as buckets refilling continuously, their reset the time until
 /// full (to the millisecond, or an RFC 3339 instant in whole seconds). Kept
@@ -264,10 +274,7 @@ async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
 async fn a_token_bucket_stated_in_is_paced_at_its_refill(dialect: &str, told: &str) {
     // 50 tokens of prompt and 1 of answer at most: charged about what is
     // estimated.
-    let prompt = "word ".repeat(40);
-    let items: String = (1..=130)
-        .map(|i| format!("{{\"n\": {i}, \"max_tokens\": 1, \"prompt\": \"{prompt}\"}}\n"))
-        .collect();
+    let items = prompts_of_50(130, 1);
     let s = Scenario::new(&format!("policies-{dialect}-bucket"))
         .with_sim(&["--limit", "6000/1m,tokens,burst=5999", "--dialect", dialect])
         .input("prompts.jsonl", &items);
@@ -308,10 +315,7 @@ async fn a_token_bucket_stated_as_anthropic_does_is_paced_at_its_refill_without_
 /// its refill, with no 429.
 #[tokio::test(flavor = "multi_thread")]
 async fn anthropics_input_and_output_token_limits_are_kept_apart() {
-    let prompt = "word ".repeat(40);
-    let items: String = (1..=110)
-        .map(|i| format!("{{\"n\": {i}, \"max_tokens\": 20, \"prompt\": \"{prompt}\"}}\n"))
-        .collect();
+    let items = prompts_of_50(110, 20);
     let s = Scenario::new("policies-anthropic-split")
         .with_sim(&[
             "--limit",
