@@ -64,7 +64,7 @@ run_fleet_pair() {
     START=$(date +%s.%N)
     local shards=()
     for i in 1 2; do
-        BATCHRUN_API_KEY=k "$BIN" "$dir/items.jsonl" "$@" --json \
+        BATCHRUN_API_KEY=sk-bench-fleet-key "$BIN" "$dir/items.jsonl" "$@" --json \
             --redis "redis://127.0.0.1:$RPORT/0" --fleet-key "$key" \
             --shard "$i/2" --state-dir "$dir/state" >"$dir/out$i.json" 2>"$dir/err$i" &
         shards+=($!)

@@ -25,6 +25,12 @@
 # and 3,000 output tokens a minute; prompts of 50 tokens and answers of at
 # most 20 (about 10 charged). The ideal is the slower of the two buckets'
 # refill times for what they were charged (from the answers' usage).
+#
+# FLEET=1: two processes on one Redis key (`--shard i/2`, `-c CONC`
+# each) instead of one; the 429s are both processes'. TOLD_ONLY=1 runs
+# only the row told the buckets.
+#
+#   SPLIT=1 FLEET=1 CALLS=400 examples/token_bucket_bench.sh
 set -euo pipefail
 
 BIN=${BIN:-target/release/batchrun}
@@ -34,12 +40,18 @@ CONC=${CONC:-10}
 CALLS=${CALLS:-585}
 QUOTA=20000
 SPLIT=${SPLIT:-}
+FLEET=${FLEET:-}
+TOLD_ONLY=${TOLD_ONLY:-}
 OUT_QUOTA=3000
 
 [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
 
 . "$(dirname "$0")/bench_common.sh"
 bench_tmp token_bucket_bench
+if [ -n "$FLEET" ]; then
+    start_redis "$TMP"
+    PIDS+=("$REDIS_PID")
+fi
 
 if [ -n "$SPLIT" ]; then
     ANSWER=20
@@ -53,6 +65,8 @@ else
     SIM_TOKENS=(--limit "$QUOTA/1m,tokens,burst=$((QUOTA - 1))")
     TOLD_BUCKET="--limit 500/1s --limit $QUOTA/1m,tokens,burst=$QUOTA"
 fi
+TOLDS=("--limit 500/1s" "--limit none" "$TOLD_BUCKET")
+[ -z "$TOLD_ONLY" ] || TOLDS=("$TOLD_BUCKET")
 
 python3 - "$CALLS" "$ANSWER" >"$TMP/items.jsonl" <<'PY'
 import sys
@@ -64,16 +78,25 @@ PY
 printf '%-10s %-38s %7s %5s %7s %7s %6s  %s\n' dialect told charged 429s wall_s ideal_s ratio found
 for run in $(seq "$REPEAT"); do
     for dialect in $DIALECTS; do
-        for told in "--limit 500/1s" "--limit none" "$TOLD_BUCKET"; do
+        for told in "${TOLDS[@]}"; do
             start_sim_with --limit 1000/1s "${SIM_TOKENS[@]}" \
                 --dialect "$dialect" --latency "$LATENCY" --concurrency 1000 --credits 1000000000
             dir="$TMP/run$run-$dialect-$(echo "$told" | tr -c 'a-z0-9' _)"
-            mkdir -p "$dir"
-            cp "$TMP/items.jsonl" "$dir/items.jsonl"
-            start=$(date +%s.%N)
-            # shellcheck disable=SC2086
-            BATCHRUN_API_KEY=sk-bench-token-key "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" $told \
-                --json-body -c "$CONC" --json --state-dir "$dir/state" >"$dir/out.json" 2>"$dir/err" || true
+            if [ -n "$FLEET" ]; then
+                # shellcheck disable=SC2086
+                run_fleet_pair "$dir" "tb-$run-$dialect-$RANDOM" --url "$URL/v1/echo?n={n}" $told \
+                    --json-body -c "$CONC"
+                start=$START
+                cat "$dir/out1.json" "$dir/out2.json" >"$dir/out.json"
+                cat "$dir/err1" "$dir/err2" >"$dir/err"
+            else
+                mkdir -p "$dir"
+                cp "$TMP/items.jsonl" "$dir/items.jsonl"
+                start=$(date +%s.%N)
+                # shellcheck disable=SC2086
+                BATCHRUN_API_KEY=sk-bench-token-key "$BIN" "$dir/items.jsonl" --url "$URL/v1/echo?n={n}" $told \
+                    --json-body -c "$CONC" --json --state-dir "$dir/state" >"$dir/out.json" 2>"$dir/err" || true
+            fi
             end=$(date +%s.%N)
             python3 -c "
 import urllib.request
@@ -81,15 +104,18 @@ print(urllib.request.urlopen('$URL/admin/stats').read().decode())" >"$dir/stats.
             kill "$SIM_PID" 2>/dev/null || true
             wait "$SIM_PID" 2>/dev/null || true
             python3 - "$dir" "$start" "$end" "$QUOTA" "$dialect" "$told" "$SPLIT" "$OUT_QUOTA" <<'PY'
-import json, sys
+import glob, json, sys
 d, t0, t1, quota, dialect, told, split, out_quota = sys.argv[1:9]
 quota, out_quota = int(quota), int(out_quota)
 stats = json.load(open(f"{d}/stats.json"))
 charged = stats["tokens_charged"]
 summary = [json.loads(l) for l in open(f"{d}/out.json") if l.startswith("{")]
-limited = summary[-1].get("rate_limited", "?") if summary else "?"
+# One summary per process (two in a fleet), the last line of each run.
+ends = [s for s in summary if "rate_limited" in s]
+limited = sum(s["rate_limited"] for s in ends) if ends else "?"
 if split:
-    usage = [json.loads(l)["body"]["usage"] for l in open(f"{d}/items.results.jsonl")]
+    usage = [json.loads(l)["body"]["usage"]
+             for f in glob.glob(f"{d}/items*.results.jsonl") for l in open(f)]
     spent = sum(u["input_tokens"] for u in usage), sum(u["output_tokens"] for u in usage)
     ideal = max(max(c - q, 0) / (q / 60) for c, q in zip(spent, (quota, out_quota)))
 else:

@@ -123,28 +123,39 @@ impl FleetKeys {
         format!("{}:window:{count}:{window_ms}", self.prefix)
     }
 
-    /// The token window of `quota` tokens per `window_ms`
-    /// (`--limit Q/W,tokens`, after `--headroom`): a hash of each call's
-    /// weight and end; the script reads both from the name.
-    pub fn tokens(&self, quota: u64, window_ms: u64) -> String {
-        format!("{}:tokens:{quota}:{window_ms}", self.prefix)
+    /// The token window of `quota` tokens per `window_ms` counting `unit`
+    /// (`--limit Q/W,tokens`, `,input-tokens`, `,output-tokens`, after
+    /// `--headroom`): a hash of each call's weight and end; the script
+    /// reads all three from the name.
+    pub fn tokens(&self, unit: Unit, quota: u64, window_ms: u64) -> String {
+        format!("{}:{}:{quota}:{window_ms}", self.prefix, unit.name())
+    }
+
+    /// Whether `name` is one of this fleet's windows adopted from what a
+    /// server stated: a further window of calls or a token window.
+    pub fn is_stated(&self, name: &str) -> bool {
+        let Some(rest) = name.strip_prefix(&self.prefix) else {
+            return false;
+        };
+        let words = [Unit::Tokens, Unit::InputTokens, Unit::OutputTokens].map(Unit::name);
+        std::iter::once("window")
+            .chain(words)
+            .any(|word| rest.starts_with(&format!(":{word}:")))
     }
 
     /// The GCRA bucket of `rate` with `burst` (`--limit N/W,burst=B`,
     /// after `--headroom`), of calls or of tokens (`unit`), kept as
     /// in-process: its emission interval, its tolerance and its skew
-    /// allowance, in ns, and a bucket of tokens's `:tokens` are in its
+    /// allowance, in ns, and what a bucket of tokens counts are in its
     /// name, so processes on different buckets never share one.
     pub fn bucket(&self, rate: crate::rate::Rate, burst: u64, unit: Unit) -> String {
         use crate::rate::gcra::{interval, Gcra};
         let t = interval(rate);
         let d = Gcra::new(rate, burst).allowance().as_nanos();
         let tau = t.as_nanos().saturating_mul(u128::from(burst));
-        // The script weighs a call by all its tokens in a bucket of input
-        // or output tokens too (never less than it counts).
         let of = match unit {
-            Unit::Calls => "",
-            _ => ":tokens",
+            Unit::Calls => String::new(),
+            u => format!(":{}", u.name()),
         };
         format!("{}:gcra:{}:{tau}:{d}{of}", self.prefix, t.as_nanos())
     }
@@ -210,6 +221,35 @@ mod tests {
         assert_ne!(account_of("https://a.example", "k2"), a);
         assert!(!a.contains("k1") && a.len() == 16);
         assert_eq!(n.pacer()[2], "batchrun:{name:nightly-backfill}:pause");
+    }
+
+    #[test]
+    fn each_unit_of_tokens_has_keys_of_its_own_and_the_stated_ones_are_known() {
+        let n = FleetKeys::named("llm");
+        let keys = [Unit::Tokens, Unit::InputTokens, Unit::OutputTokens].map(|u| {
+            (
+                n.tokens(u, 1000, 60_000),
+                n.bucket(
+                    crate::rate::Rate {
+                        count: 10,
+                        period: std::time::Duration::from_secs(1),
+                    },
+                    5,
+                    u,
+                ),
+            )
+        });
+        assert_eq!(keys[1].0, "batchrun:{name:llm}:input-tokens:1000:60000");
+        assert!(keys[2].1.ends_with(":output-tokens"), "{}", keys[2].1);
+        for (i, a) in keys.iter().enumerate() {
+            assert!(n.is_stated(&a.0) && !n.is_stated(&a.1), "{a:?}");
+            for b in &keys[i + 1..] {
+                assert!(a.0 != b.0 && a.1 != b.1, "{a:?} {b:?}");
+            }
+        }
+        assert!(n.is_stated(&n.further(5, 1000)));
+        assert!(!n.is_stated(&n.limit()));
+        assert!(!FleetKeys::named("other").is_stated(&keys[0].0));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use crate::pace::PaceNote;
 use crate::rate::exact::MAX_EVENTS;
 use crate::rate::learn::{Learnt, LearntShape};
+use crate::rate::policy::TokenWeight;
 use crate::rate::Limit;
 
 /// What this process knows of its own calls.
@@ -16,11 +17,12 @@ pub(super) struct Local {
     /// Permits not yet completed: their leases are renewed.
     pub(super) in_flight: HashSet<String>,
     /// Completed calls still occupying the window, with when they stop
-    /// and the tokens their responses said they used.
-    pub(super) recent: VecDeque<(String, Instant, Option<u64>)>,
+    /// and the tokens their responses said they used (each part not said
+    /// at its estimate).
+    pub(super) recent: VecDeque<(String, Instant, Option<TokenWeight>)>,
     /// Completions and cancellations not yet in Redis, with the tokens a
-    /// response said its call used.
-    pub(super) settles: Vec<(String, Option<Instant>, Option<u64>)>,
+    /// response said its call used, as for `recent`.
+    pub(super) settles: Vec<(String, Option<Instant>, Option<TokenWeight>)>,
     /// Redis failed since the last take that put our calls back.
     pub(super) lost: bool,
     pub(super) paused_until: Option<Instant>,

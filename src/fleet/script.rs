@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::Fleet;
 use crate::rate::exact::stale_grace;
+use crate::rate::policy::TokenWeight;
 
 /// The script every fleet process runs: one script in seven files, joined
 /// in this order (each file's header has its part of the contract).
@@ -59,6 +60,24 @@ impl ScriptArgs {
     }
 }
 
+/// A call's tokens as the script reads them (`weight_of` in
+/// `lua/common.lua`): all of them, its prompt's and its answer's, so that
+/// each window or bucket of tokens takes the part it counts.
+pub fn tokens_arg(w: TokenWeight) -> String {
+    format!("{},{},{}", w.total, w.input, w.output)
+}
+
+/// The weight [`tokens_arg`] wrote, or `None` for anything else.
+pub fn parse_tokens_arg(s: &str) -> Option<TokenWeight> {
+    let mut parts = s.split(',').map(str::parse::<u64>);
+    let w = TokenWeight {
+        total: parts.next()?.ok()?,
+        input: parts.next()?.ok()?,
+        output: parts.next()?.ok()?,
+    };
+    parts.next().is_none().then_some(w)
+}
+
 /// Runs the script once, harmlessly, at join: a user without the rights
 /// to run it (an ACL without `EVALSHA`/`EVAL`) or a Redis that takes no
 /// writes (a read-only replica) is a configuration error to hear of before
@@ -104,4 +123,19 @@ const PROBE_WITHIN: Duration = Duration::from_secs(5);
 /// Whole milliseconds of `d`, as the script takes them.
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weight_goes_to_the_script_and_back_in_parts() {
+        let w = TokenWeight::split(40, 7);
+        assert_eq!(tokens_arg(w), "47,40,7");
+        assert_eq!(parse_tokens_arg(&tokens_arg(w)), Some(w));
+        for bad in ["", "47", "47,40", "47,40,7,1", "47,x,7", "-1,0,0"] {
+            assert_eq!(parse_tokens_arg(bad), None, "{bad:?}");
+        }
+    }
 }

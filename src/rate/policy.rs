@@ -64,13 +64,14 @@ impl Unit {
         self != Unit::Calls
     }
 
-    /// As `--limit` spells it after the rate (`""` for calls).
-    fn suffix(self) -> &'static str {
+    /// Its name, as `--limit` spells it after the rate and the fleet's
+    /// keys name it.
+    pub fn name(self) -> &'static str {
         match self {
-            Unit::Calls => "",
-            Unit::Tokens => ",tokens",
-            Unit::InputTokens => ",input-tokens",
-            Unit::OutputTokens => ",output-tokens",
+            Unit::Calls => "calls",
+            Unit::Tokens => "tokens",
+            Unit::InputTokens => "input-tokens",
+            Unit::OutputTokens => "output-tokens",
         }
     }
 }
@@ -267,7 +268,10 @@ impl fmt::Display for PolicySpec {
             Shape::Bucket { burst: None } => f.write_str(",bucket")?,
             Shape::Bucket { burst: Some(b) } => write!(f, ",burst={b}")?,
         }
-        f.write_str(self.unit.suffix())
+        if self.unit.is_tokens() {
+            write!(f, ",{}", self.unit.name())?;
+        }
+        Ok(())
     }
 }
 

@@ -45,19 +45,21 @@ pub enum Op {
         ago: u64,
     },
     /// A worker asks for a place for a call estimated at `tokens` tokens
-    /// (against the scenario's token windows).
+    /// (against the scenario's token windows and buckets, each taking the
+    /// part it counts).
     TakeTokens {
         /// The estimate.
-        tokens: u64,
+        tokens: TokenWeight,
     },
-    /// As [`Op::Settle`], the response saying the call used `used` tokens.
+    /// As [`Op::Settle`], the response saying what the call used (a part
+    /// it does not say stays at the estimate).
     SettleUsed {
         /// Which call still out.
         pick: usize,
         /// How long ago its response arrived.
         ago: u64,
         /// The tokens it used.
-        used: u64,
+        used: Used,
     },
     /// A call still out (as for [`Op::Settle`]) was never sent.
     Cancel {
@@ -87,8 +89,8 @@ pub enum Op {
         window: u64,
         /// How much of it the server says is used.
         used: u64,
-        /// Whether it counts tokens (else calls).
-        tokens: bool,
+        /// What it counts.
+        unit: Unit,
     },
 }
 
@@ -121,14 +123,16 @@ pub struct Scenario {
     /// window no reset aligned is a sliding one, and as further windows by
     /// the script (which never aligns one).
     pub fixed: Vec<(u64, u64)>,
-    /// Token windows every call must keep as well (`--limit Q/W,tokens`),
-    /// as (Q, W ms): kept as [`Kept`] policies (a weighted tally)
-    /// in-process, as the script's `tokens` keys in Redis.
-    pub tokens: Vec<(u64, u64)>,
+    /// Token windows every call must keep as well (`--limit Q/W,tokens`,
+    /// `,input-tokens`, `,output-tokens`), as (Q, W ms, what it counts):
+    /// kept as [`Kept`] policies (a weighted tally) in-process, as the
+    /// script's token window keys in Redis.
+    pub tokens: Vec<(u64, u64, Unit)>,
     /// Token buckets every call must keep as well
-    /// (`--limit Q/W,burst=B,tokens`), as (Q, W ms, B): kept as [`Kept`]
-    /// policies in-process, as the script's `gcra` keys of tokens in Redis.
-    pub token_buckets: Vec<(u64, u64, u64)>,
+    /// (`--limit Q/W,burst=B,tokens` and the like), as (Q, W ms, B, what
+    /// it counts): kept as [`Kept`] policies in-process, as the script's
+    /// `gcra` keys of tokens in Redis.
+    pub token_buckets: Vec<(u64, u64, u64, Unit)>,
     /// What happens, in time order.
     pub steps: Vec<Step>,
 }
@@ -162,11 +166,15 @@ impl fmt::Display for Scenario {
         for (n, w) in &self.fixed {
             write!(f, ", a fixed window of {n} per {w} ms")?;
         }
-        for (q, w) in &self.tokens {
-            write!(f, ", {q} tokens per {w} ms")?;
+        for (q, w, u) in &self.tokens {
+            write!(f, ", {q} {} per {w} ms", u.name())?;
         }
-        for (q, w, b) in &self.token_buckets {
-            write!(f, ", a bucket of {q} tokens per {w} ms with burst {b}")?;
+        for (q, w, b, u) in &self.token_buckets {
+            write!(
+                f,
+                ", a bucket of {q} {} per {w} ms with burst {b}",
+                u.name()
+            )?;
         }
         writeln!(f, ":")?;
         // Runs of one step at one instant (a burst of takes) take one line.
@@ -191,10 +199,10 @@ impl fmt::Display for Scenario {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
     /// A take for call `id`, estimated at this many tokens.
-    Take(u64, u64),
+    Take(u64, TokenWeight),
     /// Call `id` was answered `ago` ms before now, having used this many
     /// tokens when the response said.
-    Settle(u64, u64, Option<u64>),
+    Settle(u64, u64, Option<Used>),
     /// Call `id` was never sent.
     Cancel(u64),
     /// A 429, then a pause of this many ms.
@@ -203,8 +211,8 @@ pub enum Call {
     InForce(u64),
     /// `remaining: 0`.
     Full,
-    /// A stated policy: quota, window (ms), used, whether of tokens.
-    Stated(u64, u64, u64, bool),
+    /// A stated policy: quota, window (ms), used, what it counts.
+    Stated(u64, u64, u64, Unit),
 }
 
 /// What a store answered.
@@ -324,7 +332,7 @@ impl Calls {
                 self.next += 1;
                 let tokens = match step.op {
                     Op::TakeTokens { tokens } => tokens,
-                    _ => 0,
+                    _ => TokenWeight::default(),
                 };
                 Call::Take(self.next - 1, tokens)
             }
@@ -345,8 +353,8 @@ impl Calls {
                 quota,
                 window,
                 used,
-                tokens,
-            } => Call::Stated(quota, window, used, tokens),
+                unit,
+            } => Call::Stated(quota, window, used, unit),
         })
     }
 
@@ -410,8 +418,8 @@ impl InProcess {
         }
     }
 
-    fn take(&mut self, id: u64, tokens: u64, now: Instant) -> Answer {
-        let r = self.w.try_take_weighted(now, 1, TokenWeight::whole(tokens));
+    fn take(&mut self, id: u64, tokens: TokenWeight, now: Instant) -> Answer {
+        let r = self.w.try_take_weighted(now, 1, tokens);
         self.hear(now);
         match r {
             Ok(slot) => {
@@ -446,23 +454,23 @@ pub fn bucket((n, w, b): (u64, u64, u64)) -> PolicySpec {
     }
 }
 
-/// The policy of a scenario's token bucket (Q, W ms, B).
-pub fn token_bucket(b: (u64, u64, u64)) -> PolicySpec {
+/// The policy of a scenario's token bucket (Q, W ms, B, what it counts).
+pub fn token_bucket((q, w, b, unit): (u64, u64, u64, Unit)) -> PolicySpec {
     PolicySpec {
-        unit: Unit::Tokens,
-        ..bucket(b)
+        unit,
+        ..bucket((q, w, b))
     }
 }
 
-/// The policy of a scenario's token window (Q, W ms).
-pub fn tokens((q, w): (u64, u64)) -> PolicySpec {
+/// The policy of a scenario's token window (Q, W ms, what it counts).
+pub fn tokens((q, w, unit): (u64, u64, Unit)) -> PolicySpec {
     PolicySpec {
         limit: Limit::Rate(Rate {
             count: q,
             period: Duration::from_millis(w),
         }),
         shape: Shape::Sliding,
-        unit: Unit::Tokens,
+        unit,
         named: true,
     }
 }
@@ -492,8 +500,7 @@ impl Store for InProcess {
             Call::Take(id, tokens) => self.take(id, tokens, t),
             Call::Settle(id, ago, used) => {
                 if let Some(slot) = self.slots.remove(&id) {
-                    self.w
-                        .complete_used(slot, at(now - ago), used.map(Used::whole));
+                    self.w.complete_used(slot, at(now - ago), used);
                 }
                 Answer::Noted
             }
@@ -525,12 +532,15 @@ impl Store for InProcess {
                     ms: self.ms_from(t, until),
                 }
             }
-            Call::Stated(quota, window, used, tokens) => {
+            Call::Stated(quota, window, used, unit) => {
+                use crate::rate::announce::Unit as Said;
                 let stated = Announced {
-                    name: "stated".into(),
-                    unit: match tokens {
-                        true => crate::rate::announce::Unit::Tokens,
-                        false => crate::rate::announce::Unit::Calls,
+                    name: format!("stated {}", unit.name()),
+                    unit: match unit {
+                        Unit::Calls => Said::Calls,
+                        Unit::Tokens => Said::Tokens,
+                        Unit::InputTokens => Said::InputTokens,
+                        Unit::OutputTokens => Said::OutputTokens,
                     },
                     quota: Some(quota),
                     window: Some(Duration::from_millis(window)),

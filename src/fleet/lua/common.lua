@@ -44,14 +44,15 @@
 --                       start_ends, even, even_tat = a bare rate's start
 --                       and even pace (window.lua)
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and
---                       after a space its estimated tokens when not 0 (in
---                       flight only)
+--                       after a space its estimated tokens when not 0, as
+--                       'T,I,O' (weight_of; in flight only)
 -- KEYS[6...] further windows (--limit given more than once), each a ZSET
 --                       as KEYS[1], named `...:window:L:Wms`: the key says its
 --                       own limit and window. The window rule only: a call
 --                       must fit in each, and only KEYS[1] learns. Among
---                       them, GCRA buckets named `...:gcra:T:TAU:D[:tokens]` (gcra.lua)
---                       and token windows `...:tokens:Q:Wms` (tokens.lua)
+--                       them, GCRA buckets named `...:gcra:T:TAU:D[:U]` (gcra.lua)
+--                       and token windows `...:U:Q:Wms` (tokens.lua), U
+--                       what they count: tokens, input-tokens or output-tokens
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt | start | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
@@ -93,13 +94,33 @@ for k = 6, #KEYS do
   end
 end
 
+-- What a bucket or a window of tokens may count, as its key names it.
+local TOKEN_UNITS = {['tokens'] = true, ['input-tokens'] = true, ['output-tokens'] = true}
+
+-- A call's tokens as each unit of tokens counts them, from 'T,I,O' (all
+-- of them, its prompt's, its answer's) or a bare 'T' (a weight not split,
+-- counted whole in each: never less than it counts). '' or nil: none.
+local function weight_of(s)
+  local t, i, o = string.match(s or '', '^(%d+),(%d+),(%d+)$')
+  if not t then
+    t = string.match(s or '', '^(%d+)$') or '0'
+    i, o = t, t
+  end
+  return {['tokens'] = tonumber(t), ['input-tokens'] = tonumber(i),
+    ['output-tokens'] = tonumber(o)}
+end
+
+local function weighs(w)
+  return w['tokens'] > 0 or w['input-tokens'] > 0 or w['output-tokens'] > 0
+end
+
 -- A call's value in KEYS[5]: when it was granted (nil: not in flight), and
--- its estimated tokens.
+-- its estimated tokens (weight_of).
 local function sent_entry(v)
-  if not v then return nil, 0 end
-  local ms, w = string.match(v, '^(%-?%d+) (%d+)$')
-  if ms then return tonumber(ms), tonumber(w) end
-  return tonumber(v), 0
+  if not v then return nil, weight_of(nil) end
+  local ms, w = string.match(v, '^(%-?%d+) ([%d,]+)$')
+  if ms then return tonumber(ms), weight_of(w) end
+  return tonumber(v), weight_of(nil)
 end
 
 -- Keys expire on Redis's own clock: under a test's clock, which runs

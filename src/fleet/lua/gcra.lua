@@ -1,29 +1,30 @@
--- The GCRA buckets (`--limit N/W,burst=B`, of calls or `,tokens`), each
+-- The GCRA buckets (`--limit N/W,burst=B`, of calls or of tokens), each
 -- kept beside the window rule as rate/gcra.rs keeps it in-process: a call
 -- must fit in every window and in every bucket. KEYS[6...] named
 -- `...:gcra:T:TAU:D` (ns, from the client's Gcra: T = W/N rounded up, TAU
--- = B·T, D the skew allowance), or `...:gcra:T:TAU:D:tokens` for a bucket
--- of tokens, where T is one token's share and a call weighs its estimate
--- until its response says what it used. Each is a HASH: tat_ms + tat_ns =
--- the theoretical arrival time (unix ms and the ns within it: a double
--- holds unix ms exactly, not unix ns), c:ID = the units of each call in
--- flight (so that a call never sent gives them back once). A bucket
--- forgotten with the fleet (FLUSHALL, DEL of the limit) is a loss the
--- epoch tells; one evicted alone starts again full.
+-- = B·T, D the skew allowance), or `...:gcra:T:TAU:D:U` for a bucket of
+-- tokens, U what it counts (tokens, input-tokens, output-tokens), where T
+-- is one token's share and a call weighs its estimate of that part
+-- (weight_of) until its response says what it used. Each is a HASH:
+-- tat_ms + tat_ns = the theoretical arrival time (unix ms and the ns within
+-- it: a double holds unix ms exactly, not unix ns), c:ID = the units of
+-- each call in flight (so that a call never sent gives them back once). A
+-- bucket forgotten with the fleet (FLUSHALL, DEL of the limit) is a loss
+-- the epoch tells; one evicted alone starts again full.
 local buckets = {}
 for k = 6, #KEYS do
-  local t, tau, d, unit = string.match(KEYS[k], ':gcra:(%d+):(%d+):(%d+)(:?%a*)$')
-  if t and (unit == '' or unit == ':tokens') then
+  local t, tau, d, unit = string.match(KEYS[k], ':gcra:(%d+):(%d+):(%d+):?([%a%-]*)$')
+  if t and (unit == '' or TOKEN_UNITS[unit]) then
     buckets[#buckets + 1] = {
       key = KEYS[k], T = tonumber(t), tau = tonumber(tau), D = tonumber(d),
-      tokens = unit == ':tokens',
+      unit = TOKEN_UNITS[unit] and unit or nil,
     }
   end
 end
 
--- The units a call estimated at `weight` tokens takes of bucket b.
+-- The units a call of `weight` (weight_of) takes of bucket b.
 local function units(b, weight)
-  if b.tokens then return weight end
+  if b.unit then return weight[b.unit] end
   return 1
 end
 
@@ -107,10 +108,10 @@ local function buckets_widen()
   end
 end
 
--- Call id came back (sent: true, having used `used` tokens when its
+-- Call id came back (sent: true, having used `used` (weight_of) when its
 -- response said) or was never sent: it leaves the buckets. One never sent
--- gives its units back; a bucket of tokens moves by what it used beyond
--- (or short of) its estimate.
+-- gives its units back; a bucket of tokens moves by what it used of its
+-- part beyond (or short of) its estimate.
 local function buckets_settle(id, sent, used)
   for _, b in ipairs(buckets) do
     local w = tonumber(redis.call('HGET', b.key, 'c:' .. id) or '-1')
@@ -119,8 +120,8 @@ local function buckets_settle(id, sent, used)
       local rel = tat_rel(b)
       if rel and not sent then
         set_tat(b, rel - w * b.T)
-      elseif rel and b.tokens and used then
-        set_tat(b, rel + (used - w) * b.T)
+      elseif rel and b.unit and used then
+        set_tat(b, rel + (used[b.unit] - w) * b.T)
       end
     end
   end

@@ -31,7 +31,7 @@ local function stated_unknown()
 end
 
 -- The calls occupying KEYS[1] now: those in flight, as {id, estimated
--- tokens} (KEYS[5] keeps both, and only calls still in the window count,
+-- tokens (weight_of)} (KEYS[5] keeps both, and only calls still in the window count,
 -- so a crashed process's are not), and how many are answered.
 local function occupying()
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -79,7 +79,7 @@ end
 -- already, ending one window from now.
 local function seed_tokens(t, used)
   for _, c in ipairs(occupying()) do
-    redis.call('HSETNX', t.key, 'c:' .. c[1], c[2] .. ' ' .. (now + t.hold) .. ' 1')
+    redis.call('HSETNX', t.key, 'c:' .. c[1], c[2][t.unit] .. ' ' .. (now + t.hold) .. ' 1')
   end
   local _, done = tally_used(t)
   local known = 0

@@ -1,19 +1,23 @@
--- The token windows (`--limit Q/W,tokens`): weighted sliding windows, each
--- the rule of rate/tally.rs as rate/kept.rs keeps a sliding policy of
--- tokens. A call occupies its weight from its send until W after its
--- response; it may start when nothing occupies, or when the weight
--- occupying plus its own fits in Q (a call heavier than Q goes alone, as
--- in-process). Its weight is the take's estimate until it is answered,
--- then what the response said it used (when it said).
--- KEYS[6...] named `...:tokens:Q:Wms` (Q after --headroom), each a HASH:
+-- The token windows (`--limit Q/W,tokens`, `,input-tokens`,
+-- `,output-tokens`): weighted sliding windows, each the rule of
+-- rate/tally.rs as rate/kept.rs keeps a sliding policy of tokens. A call
+-- occupies its weight from its send until W after its response; it may
+-- start when nothing occupies, or when the weight occupying plus its own
+-- fits in Q (a call heavier than Q goes alone, as in-process). Its weight
+-- is the part of the take's estimate the window counts (weight_of) until
+-- it is answered, then what the response said it used of that part (when
+-- it said).
+-- KEYS[6...] named `...:U:Q:Wms` (U: tokens, input-tokens or
+-- output-tokens; Q after --headroom), each a HASH:
 -- c:ID = "weight end flying" (end: unix ms it stops occupying, provisional
 -- while in flight, as in the window: hold less the primary W plus its own).
 local tallies = {}
 for k = 6, #KEYS do
-  local q, w = string.match(KEYS[k], ':tokens:(%d+):(%d+)$')
-  if q then
+  local unit, q, w = string.match(KEYS[k], ':([%a%-]+):(%d+):(%d+)$')
+  if q and TOKEN_UNITS[unit] then
     local tw = tonumber(w)
-    tallies[#tallies + 1] = {key = KEYS[k], Q = tonumber(q), W = tw, hold = hold - W + tw}
+    tallies[#tallies + 1] = {key = KEYS[k], Q = tonumber(q), W = tw, hold = hold - W + tw,
+      unit = unit}
   end
 end
 
@@ -40,15 +44,17 @@ local function tally_used(t)
   return used, done
 end
 
--- The wait (ms, 0: none) the token windows ask of a take weighing `weight`:
+-- The wait (ms, 0: none) the token windows ask of a take weighing `weight`
+-- (weight_of):
 -- until the answered calls whose ends free enough have ended; when only
 -- calls in flight are in the way, look again in W (as Tally's fallback).
 local function tallies_wait(weight)
   local wait = 0
   for _, t in ipairs(tallies) do
     local used, done = tally_used(t)
-    if used > 0 and used + weight > t.Q then
-      local free, ms = used + weight - t.Q, nil
+    local w = weight[t.unit]
+    if used > 0 and used + w > t.Q then
+      local free, ms = used + w - t.Q, nil
       for _, d in ipairs(done) do
         if d[2] >= free then ms = d[1] - now break end
         free = free - d[2]
@@ -61,13 +67,14 @@ end
 
 local function tallies_grant(id, weight)
   for _, t in ipairs(tallies) do
-    redis.call('HSET', t.key, 'c:' .. id, weight .. ' ' .. (now + t.hold) .. ' 1')
+    redis.call('HSET', t.key, 'c:' .. id, weight[t.unit] .. ' ' .. (now + t.hold) .. ' 1')
     keep(t.key, t.hold + 1000)
   end
 end
 
 -- Call id came back at back (ms; nil: never sent), having used `used`
--- (nil: its estimate stands). Only a call still in flight changes.
+-- (weight_of; nil: its estimate stands). Only a call still in flight
+-- changes.
 local function tallies_settle(id, back, used)
   for _, t in ipairs(tallies) do
     local v = redis.call('HGET', t.key, 'c:' .. id)
@@ -76,7 +83,8 @@ local function tallies_settle(id, back, used)
       if flying and not back then
         redis.call('HDEL', t.key, 'c:' .. id)
       elseif flying then
-        redis.call('HSET', t.key, 'c:' .. id, (used or w) .. ' ' .. (back + t.W + round) .. ' 0')
+        local u = used and used[t.unit] or w
+        redis.call('HSET', t.key, 'c:' .. id, u .. ' ' .. (back + t.W + round) .. ' 0')
       end
     end
   end

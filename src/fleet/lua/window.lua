@@ -12,11 +12,11 @@ local function settle(i)
   i = i + 1
   local lowered = tonumber(redis.call('HGET', KEYS[4], 'lowered_at') or '0')
   for _ = 1, n do
-    -- ago may carry the tokens the call used: 'ago/used'.
+    -- ago may carry the tokens the call used: 'ago/used' (weight_of).
     local id, ago, used = ARGV[i], tonumber(ARGV[i + 1]), nil
     if not ago then
-      local a, u = string.match(ARGV[i + 1], '^(%-?%d+)/(%d+)$')
-      ago, used = tonumber(a), tonumber(u)
+      local a, u = string.match(ARGV[i + 1], '^(%-?%d+)/([%d,]+)$')
+      ago, used = tonumber(a), weight_of(u)
     end
     i = i + 2
     local sent = sent_entry(redis.call('HGET', KEYS[5], id)) or -1
@@ -152,9 +152,9 @@ end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
--- tokens (tokens.lua, gcra.lua; 0 without token windows or buckets), then a settle list (an
--- ago may be 'ago/used', the tokens the response said the call used), then a restore
--- block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled,
+-- tokens (weight_of; tokens.lua, gcra.lua; 0 without token windows or
+-- buckets), then a settle list (an ago may be 'ago/used', the tokens the
+-- response said the call used, as the estimate), then a restore block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled,
 -- 1 if the fleet is paced evenly} when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
@@ -242,7 +242,7 @@ end
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local weight = tonumber(ARGV[11])
+  local weight = weight_of(ARGV[11])
   local lost, epoch, began = forgotten(after_blocks(12), KEYS[1], forgotten_span())
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)
@@ -343,8 +343,9 @@ if op == 'take' then
   redis.call('ZADD', KEYS[2], now + lease, id)
   -- The estimate goes with the call, for a token window adopted while it
   -- is out (stated.lua).
-  if weight > 0 then
-    redis.call('HSET', KEYS[5], id, now .. ' ' .. weight)
+  if weighs(weight) then
+    local w = weight['tokens'] .. ',' .. weight['input-tokens'] .. ',' .. weight['output-tokens']
+    redis.call('HSET', KEYS[5], id, now .. ' ' .. w)
   else
     redis.call('HSET', KEYS[5], id, now)
   end

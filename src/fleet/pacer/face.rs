@@ -17,6 +17,7 @@ use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
 use crate::rate::announce::Unit;
 use crate::rate::learn::Learnt;
 use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
+use crate::rate::policy::Unit as Counted;
 use crate::util::BoxFuture;
 
 impl Pacer for FleetPacer {
@@ -40,7 +41,7 @@ impl Pacer for FleetPacer {
                 // Each time round: a loss put back with nothing learnt asks
                 // for the start again.
                 inner.ask_start().await?;
-                match inner.try_take(&id, inner.cap, weight.tokens.total).await? {
+                match inner.try_take(&id, inner.cap, weight.tokens).await? {
                     Took::Wait(_, Why::Quota(q)) if q > QUOTA_BOUND && !inner.wait_for_quota => {
                         return Err(inner.quota_error(q).await);
                     }
@@ -49,6 +50,7 @@ impl Pacer for FleetPacer {
                         return Ok(Permit::tracked(Box::new(SharedTicket {
                             inner: inner.clone(),
                             id,
+                            estimate: weight.tokens,
                         })));
                     }
                     // Queued for a while: look again before sleeping.
@@ -206,8 +208,8 @@ pub(super) struct Said {
 pub(super) struct Stated {
     /// Its name in the headers.
     pub(super) name: String,
-    /// Whether it counts tokens (else calls).
-    pub(super) tokens: bool,
+    /// What it counts.
+    pub(super) unit: Counted,
     pub(super) quota: u64,
     /// Its window; a token quota stated without one is per minute
     /// ([`TOKEN_WINDOW`]), as in-process.
@@ -245,7 +247,7 @@ impl Said {
                         said.others.push(Stated {
                             used: used(q),
                             name: p.name,
-                            tokens: false,
+                            unit: Counted::Calls,
                             quota: q,
                             window: w,
                         });
@@ -261,7 +263,7 @@ impl Said {
                 (u, w, Some(q)) if u.is_tokens() => said.others.push(Stated {
                     used: used(q),
                     name: p.name,
-                    tokens: true,
+                    unit: u.counted(),
                     quota: q,
                     window: w.unwrap_or(TOKEN_WINDOW),
                 }),

@@ -17,6 +17,7 @@ use super::{scaled, Inner, Local};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
+use crate::rate::policy::Unit;
 
 /// The longest spacing between two corrections of a token window for what
 /// was spent elsewhere; a window shorter than ten of them is spaced by a
@@ -77,10 +78,22 @@ impl Inner {
     fn stated_key(&self, p: &Stated) -> String {
         let quota = scaled(p.quota, self.headroom);
         let ms = millis(p.window);
-        match p.tokens {
-            true => self.fleet.keys().tokens(quota, ms),
-            false => self.fleet.keys().further(quota, ms),
+        match p.unit {
+            Unit::Calls => self.fleet.keys().further(quota, ms),
+            u => self.fleet.keys().tokens(u, quota, ms),
         }
+    }
+
+    /// Whether a configured policy of tokens keeps `p` already: one
+    /// counting the same part of a call over the same window, with no
+    /// more than its quota (a bucket told with its burst, say, which a
+    /// window of the stated quota would pace slower: as in-process, where
+    /// the stated quota is read against the configured policy).
+    fn told_keeps(&self, p: &Stated) -> bool {
+        p.unit.is_tokens()
+            && self.told_tokens.iter().any(|&(unit, window, quota)| {
+                unit == p.unit && window == p.window && quota <= p.quota
+            })
     }
 
     /// Adopts `p` for the fleet unless this process keeps its key already
@@ -89,6 +102,9 @@ impl Inner {
     /// had it, the fleet's list is full, or Redis did not answer (the next
     /// response tries again).
     pub(super) async fn adopt(&self, p: &Stated) -> Option<PaceNote> {
+        if self.told_keeps(p) {
+            return None;
+        }
         let key = self.stated_key(p);
         let mut keys = {
             let keys = self.keys();
@@ -109,7 +125,7 @@ impl Inner {
                 name: p.name.clone(),
                 quota: p.quota,
                 window: p.window,
-                tokens: p.tokens,
+                tokens: p.unit.is_tokens(),
             })
         })
     }
@@ -123,7 +139,7 @@ impl Inner {
     /// response would double the fleet's Redis traffic, and a correction a
     /// tenth of a window late errs by a tenth of what the window spends.
     pub(super) async fn spent_elsewhere(&self, p: &Stated) {
-        if !p.tokens || p.used == 0 {
+        if !p.unit.is_tokens() || p.used == 0 {
             return;
         }
         let key = self.stated_key(p);
@@ -195,7 +211,7 @@ impl Inner {
         if keys.contains(&key) || keys.len() >= self.configured_keys + MAX_WINDOWS {
             return false;
         }
-        if key.contains(":tokens:") {
+        if !key.contains(":window:") {
             self.weighed.store(true, Ordering::SeqCst);
         }
         keys.push(key);
@@ -235,16 +251,11 @@ impl Inner {
             .limit_field("stated", within, |e| self.lost_contact(e))
             .await
             .map_err(|e| PaceError::Unavailable(e.to_string()))?;
-        let prefix = self.fleet.keys().prefix().to_string();
-        let ours = |n: &str| {
-            [":window:", ":tokens:"]
-                .iter()
-                .any(|k| n.starts_with(&format!("{prefix}{k}")))
-        };
+        let keys = self.fleet.keys();
         for name in names
             .unwrap_or_default()
             .split_whitespace()
-            .filter(|n| ours(n))
+            .filter(|n| keys.is_stated(n))
         {
             self.take_on(name.to_string());
         }

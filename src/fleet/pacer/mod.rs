@@ -28,12 +28,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::local::{Local, Restore};
-use super::script::{millis, ScriptArgs, SCRIPT};
+use super::script::{millis, tokens_arg, ScriptArgs, SCRIPT};
 use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
 use crate::rate::learn::Learnt;
-use crate::rate::policy::{PolicySpec, Unit};
+use crate::rate::policy::{PolicySpec, TokenWeight, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use settles::PUT_BACK;
@@ -129,6 +129,10 @@ struct Inner {
     weighed: AtomicBool,
     /// How many keys were configured (those after were adopted).
     configured_keys: usize,
+    /// The configured policies of tokens, windows and buckets, as (what
+    /// each counts, its window, its quota): a stated quota one of them
+    /// keeps already is not adopted ([`heard`]).
+    told_tokens: Vec<(Unit, Duration, u64)>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -207,14 +211,14 @@ impl FleetPacer {
     /// and a GCRA bucket for each of `buckets` (rate, burst, of calls or
     /// of tokens): a call must fit in every window and every bucket, and
     /// only the first window learns; and a token window for each of
-    /// `tokens`. A call's estimate must fit in each of tokens, and its
-    /// usage corrects them.
+    /// `tokens` (rate, what it counts). A call's estimate of each part
+    /// must fit in each that counts it, and its usage corrects them.
     pub fn with_limits(
         fleet: Fleet,
         cfg: FleetPacing,
         further: &[Rate],
         buckets: &[(Rate, u64, Unit)],
-        tokens: &[Rate],
+        tokens: &[(Rate, Unit)],
     ) -> FleetPacer {
         FleetPacer::build(fleet, cfg, further, buckets, tokens, |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
@@ -227,7 +231,7 @@ impl FleetPacer {
         cfg: FleetPacing,
         further: &[Rate],
         buckets: &[(Rate, u64, Unit)],
-        tokens: &[Rate],
+        tokens: &[(Rate, Unit)],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -260,13 +264,23 @@ impl FleetPacer {
                         let count = scaled(r.count, headroom);
                         fleet.keys().bucket(Rate { count, ..r }, burst, unit)
                     }))
-                    .chain(tokens.iter().map(|r| {
+                    .chain(tokens.iter().map(|&(r, unit)| {
                         let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
-                        fleet.keys().tokens(scaled(r.count, headroom), ms)
+                        fleet.keys().tokens(unit, scaled(r.count, headroom), ms)
                     }))
                     .collect(),
             ),
             configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
+            told_tokens: tokens
+                .iter()
+                .map(|&(r, unit)| (unit, r.period, r.count))
+                .chain(
+                    buckets
+                        .iter()
+                        .filter(|b| b.2.is_tokens())
+                        .map(|&(r, _, unit)| (unit, r.period, r.count)),
+                )
+                .collect(),
             weighed: AtomicBool::new(!tokens.is_empty() || buckets.iter().any(|b| b.2.is_tokens())),
             args: ScriptArgs {
                 window,
@@ -390,7 +404,7 @@ impl Inner {
         Ok(())
     }
 
-    async fn try_take(&self, id: &str, cap: u64, tokens: u64) -> Result<Took, PaceError> {
+    async fn try_take(&self, id: &str, cap: u64, tokens: TokenWeight) -> Result<Took, PaceError> {
         let settles = self.take_settles();
         // What the take's restore block carried (see `restore_args`).
         let restored = AtomicU8::new(0);
@@ -406,7 +420,7 @@ impl Inner {
                     inv.arg(id).arg(&a).arg(&b).arg(self.ceiling);
                     // Only the window rule's take weighs its call.
                     if self.rule.windowed() {
-                        inv.arg(tokens);
+                        inv.arg(tokens_arg(tokens));
                     }
                     inv.arg(settles.len());
                     for (sid, ago) in &settles {

@@ -166,15 +166,14 @@ pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<Rate> {
         .collect()
 }
 
-/// The windows of tokens among `policies`, each kept as the in-process
-/// token window (`rate/tally.rs`); a fixed one as a sliding one, as the
-/// windows of calls. The script weighs a call by all its tokens in each,
-/// a window of input or output tokens too (never less than it counts).
-pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<Rate> {
+/// The windows of tokens among `policies`, with what each counts, each
+/// kept as the in-process token window (`rate/tally.rs`); a fixed one as a
+/// sliding one, as the windows of calls.
+pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<(Rate, Unit)> {
     policies
         .iter()
         .filter(|p| p.unit.is_tokens() && matches!(p.shape, Shape::Sliding | Shape::Fixed))
-        .filter_map(PolicySpec::rate)
+        .filter_map(|p| Some((p.rate()?, p.unit)))
         .collect()
 }
 

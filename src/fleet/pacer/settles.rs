@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use super::rule::Verb;
 use super::{millis, Inner, Restore};
 use crate::fleet::local::Source;
+use crate::fleet::script::{parse_tokens_arg, tokens_arg};
 use crate::pace::PaceError;
+use crate::rate::policy::TokenWeight;
 
 /// A take's restore block carried only a job checkpoint's learning.
 pub(super) const RECALLED: u8 = 1;
@@ -24,8 +26,8 @@ pub(super) const UNLEARNT: u8 = 4;
 impl Inner {
     /// Pending completions as (id, ms since the response arrived; -1 for a
     /// call never sent; `ago/used` when the response said the tokens it
-    /// used and a token window counts them), with the tokens apart for a
-    /// requeue.
+    /// used and a policy of tokens counts them, `used` as
+    /// [`tokens_arg`] writes it).
     pub(super) fn take_settles(&self) -> Vec<(String, String)> {
         let now = Instant::now();
         let weighed = self.weighed.load(Ordering::SeqCst);
@@ -34,7 +36,7 @@ impl Inner {
             .map(|(id, at, used)| {
                 let ago = at.map_or(-1, |a| millis(now.saturating_duration_since(a)) as i64);
                 match used.filter(|_| weighed && ago >= 0) {
-                    Some(u) => (id, format!("{ago}/{u}")),
+                    Some(u) => (id, format!("{ago}/{}", tokens_arg(u))),
                     None => (id, ago.to_string()),
                 }
             })
@@ -48,7 +50,7 @@ impl Inner {
         let mut l = self.lock();
         l.settles.extend(settles.into_iter().map(|(id, ago)| {
             let sent = !ago.starts_with('-');
-            let used = ago.split_once('/').and_then(|(_, u)| u.parse().ok());
+            let used = ago.split_once('/').and_then(|(_, u)| parse_tokens_arg(u));
             (id, sent.then_some(now), used)
         }));
     }
@@ -222,7 +224,7 @@ impl Inner {
     }
 
     /// A permit was completed (`arrived`) or dropped unused (`None`).
-    pub(super) fn settled(&self, id: String, arrived: Option<Instant>, used: Option<u64>) {
+    pub(super) fn settled(&self, id: String, arrived: Option<Instant>, used: Option<TokenWeight>) {
         {
             let mut l = self.lock();
             l.in_flight.remove(&id);

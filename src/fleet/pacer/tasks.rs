@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::pace::{PaceError, Ticket};
-use crate::rate::policy::{Unit, Used};
+use crate::rate::policy::{TokenWeight, Used};
 
 /// Sends completions as they come, so other processes see a slot free up
 /// (and a lease come back) without waiting for this one's next take.
@@ -55,6 +55,9 @@ pub(super) async fn heartbeat(inner: Weak<Inner>, every: Duration) {
 pub(super) struct SharedTicket {
     pub(super) inner: Arc<Inner>,
     pub(super) id: String,
+    /// The call's estimate: what its response does not say it used stays
+    /// at that.
+    pub(super) estimate: TokenWeight,
 }
 
 impl Ticket for SharedTicket {
@@ -63,11 +66,8 @@ impl Ticket for SharedTicket {
     }
 
     fn complete_used(self: Box<Self>, arrived: Instant, used: Option<Used>) {
-        self.inner.settled(
-            self.id,
-            Some(arrived),
-            used.and_then(|u| u.of(Unit::Tokens)),
-        );
+        let used = used.map(|u| u.or(self.estimate));
+        self.inner.settled(self.id, Some(arrived), used);
     }
 
     fn cancel(self: Box<Self>) {

@@ -150,10 +150,10 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
     let second = Duration::from_secs(1);
     let others = |pairs: &[(&str, &str)]| {
         let s = Said::of(&headers(pairs), second);
-        let o: Vec<(bool, u64, u64, u64)> = s
+        let o: Vec<(Unit, u64, u64, u64)> = s
             .others
             .iter()
-            .map(|p| (p.tokens, p.quota, p.window.as_secs(), p.used))
+            .map(|p| (p.unit, p.quota, p.window.as_secs(), p.used))
             .collect();
         (s.limit, s.told, o)
     };
@@ -162,12 +162,12 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
             ("ratelimit-policy", r#""s";q=20;w=1,"hour";q=500;w=3600"#),
             ("ratelimit", r#""hour";r=440;t=900"#),
         ]),
-        (Some(20), true, vec![(false, 500, 3600, 60)])
+        (Some(20), true, vec![(Unit::Calls, 500, 3600, 60)])
     );
     // A window of another length alone is no secret either.
     assert_eq!(
         others(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
-        (None, true, vec![(false, 5, 3600, 0)])
+        (None, true, vec![(Unit::Calls, 5, 3600, 0)])
     );
     assert_eq!(
         others(&[
@@ -175,11 +175,28 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
             ("x-ratelimit-limit-tokens", "150000"),
             ("x-ratelimit-remaining-tokens", "149000"),
         ]),
-        (Some(20), true, vec![(true, 150000, 60, 1000)])
+        (Some(20), true, vec![(Unit::Tokens, 150000, 60, 1000)])
     );
     assert_eq!(
         others(&[("ratelimit-policy", r#""t";q=900;w=10;qu="tokens""#)]),
-        (None, false, vec![(true, 900, 10, 0)])
+        (None, false, vec![(Unit::Tokens, 900, 10, 0)])
+    );
+    // Anthropic's input and output tokens, each adopted as what it counts.
+    assert_eq!(
+        others(&[
+            ("anthropic-ratelimit-input-tokens-limit", "20000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "19000"),
+            ("anthropic-ratelimit-output-tokens-limit", "4000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "4000"),
+        ]),
+        (
+            None,
+            false,
+            vec![
+                (Unit::InputTokens, 20000, 60, 1000),
+                (Unit::OutputTokens, 4000, 60, 0)
+            ]
+        )
     );
 }
 

@@ -3,6 +3,7 @@
 //! script answers the same.
 
 use super::{Op, Scenario, Step};
+use crate::rate::policy::{TokenWeight, Unit, Used};
 
 /// A scenario written step by step.
 struct Build(Scenario);
@@ -257,8 +258,10 @@ pub fn fixed_5_per_1s() -> Scenario {
 /// the whole budget waits until nothing occupies.
 pub fn tokens_100_per_1s() -> Scenario {
     let mut b = Build::new(10, 1000);
-    b.0.tokens = vec![(100, 1000)];
-    let take = |tokens| Op::TakeTokens { tokens };
+    b.0.tokens = vec![(100, 1000, Unit::Tokens)];
+    let take = |n| Op::TakeTokens {
+        tokens: TokenWeight::whole(n),
+    };
     b.at(0, take(60))
         .at(0, take(50))
         .at(
@@ -266,7 +269,7 @@ pub fn tokens_100_per_1s() -> Scenario {
             Op::SettleUsed {
                 pick: 0,
                 ago: 0,
-                used: 30,
+                used: Used::whole(30),
             },
         )
         .at(10, take(50))
@@ -284,8 +287,10 @@ pub fn tokens_100_per_1s() -> Scenario {
 /// heavier than the whole bucket goes alone once the bucket is empty.
 pub fn token_bucket_100_per_1s_burst_50() -> Scenario {
     let mut b = Build::new(10, 1000);
-    b.0.token_buckets = vec![(100, 1000, 50)];
-    let take = |tokens| Op::TakeTokens { tokens };
+    b.0.token_buckets = vec![(100, 1000, 50, Unit::Tokens)];
+    let take = |n| Op::TakeTokens {
+        tokens: TokenWeight::whole(n),
+    };
     b.at(0, take(30))
         .at(0, take(30))
         .at(
@@ -293,7 +298,7 @@ pub fn token_bucket_100_per_1s_burst_50() -> Scenario {
             Op::SettleUsed {
                 pick: 0,
                 ago: 0,
-                used: 10,
+                used: Used::whole(10),
             },
         )
         .at(10, take(30))
@@ -301,6 +306,40 @@ pub fn token_bucket_100_per_1s_burst_50() -> Scenario {
         .at(20, Op::Cancel { pick: 0 })
         .at(460, take(200))
         .at(470, take(1))
+        .0
+}
+
+/// Anthropic's budgets kept apart (`--limit 100/1s,input-tokens --limit
+/// 40/1s,burst=20,output-tokens`) beside 10 calls per 1 s: the window
+/// takes each call's prompt, the bucket its answer (T = 25 ms a token).
+/// Two calls of 40 + 30 fit the window's 100 together where their totals
+/// (140) would not; a third's prompt waits for room; a response saying
+/// only its output moves the bucket and leaves the window at the
+/// estimate, one saying only its input frees the window at once.
+pub fn input_and_output_tokens() -> Scenario {
+    let mut b = Build::new(10, 1000);
+    b.0.tokens = vec![(100, 1000, Unit::InputTokens)];
+    b.0.token_buckets = vec![(40, 1000, 20, Unit::OutputTokens)];
+    let take = |input, output| Op::TakeTokens {
+        tokens: TokenWeight::split(input, output),
+    };
+    let said = |input, output| Op::SettleUsed {
+        pick: 0,
+        ago: 0,
+        used: Used {
+            total: None,
+            input,
+            output,
+        },
+    };
+    b.at(0, take(40, 3))
+        .at(0, take(40, 3))
+        .at(0, take(30, 0))
+        .at(10, said(None, Some(1)))
+        .at(10, take(30, 0))
+        .at(20, said(Some(10), None))
+        .at(20, take(30, 0))
+        .at(20, take(0, 30))
         .0
 }
 
@@ -337,6 +376,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             "token_bucket_100_per_1s_burst_50",
             token_bucket_100_per_1s_burst_50(),
         ),
+        ("input_and_output_tokens", input_and_output_tokens()),
     ]
 }
 

@@ -284,3 +284,17 @@ fn a_bucket_of_tokens_takes_each_estimate_and_gives_back_what_was_not_used() {
     // it runs the TAT 2 s ahead, and one token waits 1.54 s.
     assert_eq!(a, [g(1), wait(140), g(2), wait(430), g(2), wait(1540)]);
 }
+
+#[test]
+fn a_prompt_and_an_answer_are_each_counted_by_their_own_budget() {
+    let a: Vec<Answer> = answers(&input_and_output_tokens());
+    let g = |occ| granted(10, occ, 0, false);
+    // 40 + 40 prompt tokens fit the 100: a prompt of 30 waits for a
+    // window, the first answered call's 40 still at its estimate (its
+    // response said only its answer's 1 token), then until its end; the
+    // second said its prompt used 10, and 30 fit. The answers took 3 + 3
+    // of the bucket (T = 25 ms), 2 given back; 30 is more than its burst
+    // of 20 and goes alone once it is empty, 80 ms on plus the 50 ms skew
+    // allowance.
+    assert_eq!(a, [g(1), g(2), wait(1000), wait(1000), g(3), wait(130)]);
+}

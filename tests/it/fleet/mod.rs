@@ -9,6 +9,7 @@ mod even;
 mod faults;
 mod pacer;
 mod rule;
+mod stated_tokens;
 mod stops;
 mod support;
 mod tokens;

@@ -6,13 +6,12 @@ use std::time::{Duration, Instant};
 
 use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
 use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
-use batchrun::pace::{PaceNote, Pacer, Weight};
-use batchrun::rate::policy::TokenWeight;
+use batchrun::pace::{PaceNote, Pacer};
 use batchrun::rate::Limit;
 
 use super::support::{fleet_name, Proxy, Redis};
 
-async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
+pub(super) async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
     Fleet::connect(&FleetSettings {
         url: redis.url.clone(),
         headroom: 1.0,
@@ -23,7 +22,7 @@ async fn fleet_on(redis: &Redis, name: &str) -> Fleet {
     .expect("connect")
 }
 
-fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
+pub(super) fn pacer(fleet: Fleet, limit: &str) -> Arc<FleetPacer> {
     paced(fleet, limit, false)
 }
 
@@ -514,95 +513,6 @@ async fn a_call_back_before_its_process_took_on_an_adopted_window_is_settled_the
     b.flush().await;
     let left = end_of(&mut c) - back;
     assert!((9_000.0..=10_050.0).contains(&left), "{left} ms left");
-}
-
-/// A response stating a budget of 1000 tokens a minute, `left` of it left.
-fn tokens_left(left: u64) -> reqwest::header::HeaderMap {
-    let mut h = reqwest::header::HeaderMap::new();
-    h.insert(
-        "ratelimit-policy",
-        r#""tok";q=1000;w=60;qu="tokens""#.parse().unwrap(),
-    );
-    h.insert(
-        "ratelimit",
-        format!(r#""tok";r={left};t=30"#).parse().unwrap(),
-    );
-    h
-}
-
-/// A token budget the fleet adopted, of which a later response says more
-/// is spent than the fleet counts: the rest was spent elsewhere (another
-/// client on the key) and counts in the fleet's window, for every process,
-/// as in-process. Said again within the second, it is not asked again.
-#[tokio::test(flavor = "multi_thread")]
-async fn tokens_another_client_spent_count_in_the_fleets_window() {
-    let redis = Redis::start();
-    let name = fleet_name("elsewhere");
-    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let said = tokens_left;
-    let note = a.observe(&said(1000)).await;
-    assert!(
-        matches!(&note, Some(PaceNote::Heard(_))),
-        "adopted: {note:?}"
-    );
-    let key = FleetKeys::named(&name).tokens(1000, 60_000);
-    let mut c = redis.conn();
-    let counted = |c: &mut redis::Connection| -> u64 {
-        let v: Vec<String> = redis::cmd("HVALS").arg(&key).query(c).unwrap();
-        v.iter()
-            .filter_map(|e| e.split(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
-    assert_eq!(counted(&mut c), 0, "nothing used when adopted");
-    a.observe(&said(300)).await;
-    assert_eq!(counted(&mut c), 700, "700 spent elsewhere");
-    a.observe(&said(100)).await;
-    assert_eq!(counted(&mut c), 700, "asked again only a second on");
-    // Every process paces to it: 300 left, a call of 400 waits (the 700
-    // end a minute on), one of 300 goes.
-    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
-    b.observe(&said(300)).await;
-    let weighing = |tokens| Weight {
-        calls: 1,
-        tokens: TokenWeight::whole(tokens),
-    };
-    let wait = Duration::from_millis(300);
-    let heavy = tokio::time::timeout(wait, b.take_weighted(weighing(400))).await;
-    assert!(heavy.is_err(), "a call of 400 tokens went with 300 left");
-    let fits = tokio::time::timeout(Duration::from_secs(5), b.take_weighted(weighing(300))).await;
-    assert!(matches!(fits, Ok(Ok(_))), "a call of 300 waited");
-}
-
-/// With `--headroom 0.9` the fleet keeps 900 of a stated 1000 tokens: the
-/// other 100 are left for other traffic, so what the server says was spent
-/// counts against the fleet's 900 only beyond them.
-#[tokio::test(flavor = "multi_thread")]
-async fn tokens_spent_elsewhere_within_the_headroom_are_not_counted_again() {
-    let redis = Redis::start();
-    let name = fleet_name("elsewhere-headroom");
-    let fleet = Fleet::connect(&FleetSettings {
-        url: redis.url.clone(),
-        headroom: 0.9,
-        keys: FleetKeys::named(&name),
-        redis_timeout: Duration::from_secs(5),
-    })
-    .await
-    .expect("connect");
-    let a = pacer(fleet, "50/1s");
-    let said = tokens_left;
-    a.observe(&said(1000)).await;
-    let key = FleetKeys::named(&name).tokens(900, 60_000);
-    a.observe(&said(300)).await;
-    let v: Vec<String> = redis::cmd("HVALS")
-        .arg(&key)
-        .query(&mut redis.conn())
-        .unwrap();
-    let counted: u64 = v
-        .iter()
-        .filter_map(|e| e.split(' ').next()?.parse::<u64>().ok())
-        .sum();
-    // 700 spent, 100 of them within the headroom: 300 left of the 900.
-    assert_eq!(counted, 600);
 }
 
 /// Redis forgetting the fleet forgets the list of adopted policies too: the

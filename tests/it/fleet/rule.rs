@@ -3,10 +3,12 @@
 //! both, the script in a real Redis on the scenario's clock, and any
 //! answer that differs fails the test with the scenario.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use batchrun::fleet::script::{ScriptArgs, SCRIPT};
+use batchrun::fleet::script::{tokens_arg, ScriptArgs, SCRIPT};
 use batchrun::fleet::FleetKeys;
+use batchrun::rate::policy::{TokenWeight, Unit, Used};
 use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
@@ -29,6 +31,9 @@ pub(super) struct Lua {
     secret: bool,
     /// A limit was reported to the script (it keeps one in force).
     reported: bool,
+    /// Each call's estimate, which a response's usage corrects part by
+    /// part (as the fleet pacer's permit keeps it).
+    estimates: HashMap<u64, TokenWeight>,
 }
 
 impl Lua {
@@ -43,7 +48,7 @@ impl Lua {
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
                 // A fixed window no reset aligned: a further window.
                 keys.extend(s.fixed.iter().map(|&(l, w)| k.further(l, w)));
-                keys.extend(s.tokens.iter().map(|&(q, w)| k.tokens(q, w)));
+                keys.extend(s.tokens.iter().map(|&(q, w, u)| k.tokens(u, q, w)));
                 keys.extend(s.buckets.iter().filter_map(|&b| {
                     let spec = scenario::bucket(b);
                     Some(k.bucket(spec.rate()?, b.2, spec.unit))
@@ -65,6 +70,7 @@ impl Lua {
             limit: s.limit,
             secret: true,
             reported: false,
+            estimates: HashMap::new(),
         }
     }
 
@@ -97,9 +103,14 @@ impl Lua {
     }
 }
 
-fn settle_list(inv: &mut redis::ScriptInvocation<'_>, id: u64, ago: i64, used: Option<u64>) {
+fn settle_list(
+    inv: &mut redis::ScriptInvocation<'_>,
+    id: u64,
+    ago: i64,
+    used: Option<TokenWeight>,
+) {
     let ago = match used {
-        Some(u) => format!("{ago}/{u}"),
+        Some(u) => format!("{ago}/{}", tokens_arg(u)),
         None => ago.to_string(),
     };
     inv.arg(1).arg(id.to_string()).arg(ago);
@@ -114,10 +125,12 @@ impl Store for Lua {
         match call {
             Call::Take(id, tokens) => {
                 let cap = self.limit;
+                self.estimates.insert(id, tokens);
                 let v: Vec<i64> = self.op(now, "take", |inv| {
                     // Headroom 1, no ceiling, the estimate, no settles,
                     // nothing to put back.
-                    inv.arg(id.to_string()).arg(cap).arg(1).arg(0).arg(tokens);
+                    inv.arg(id.to_string()).arg(cap).arg(1).arg(0);
+                    inv.arg(tokens_arg(tokens));
                     inv.arg(0);
                     inv.arg(0).arg(0).arg(0).arg(0);
                 });
@@ -138,10 +151,13 @@ impl Store for Lua {
                 }
             }
             Call::Settle(id, ago, used) => {
+                let estimate = self.estimates.remove(&id).unwrap_or_default();
+                let used = used.map(|u| u.or(estimate));
                 let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, ago as i64, used));
                 Answer::Noted
             }
             Call::Cancel(id) => {
+                self.estimates.remove(&id);
                 let _: i64 = self.op(now, "settle", |inv| settle_list(inv, id, -1, None));
                 Answer::Noted
             }
@@ -175,13 +191,14 @@ impl Store for Lua {
                 let ms: i64 = self.op(now, "full", |_| {});
                 Answer::Held { ms: ms as u64 }
             }
-            Call::Stated(quota, window, used, tokens) => {
+            Call::Stated(quota, window, used, unit) => {
                 // As the fleet's pacer: a stated policy of calls means no
                 // secret limit to learn; the adopted key is passed from
                 // then on.
-                let key = match tokens {
-                    true => self.names.tokens(quota, window),
-                    false => self.names.further(quota, window),
+                let tokens = unit.is_tokens();
+                let key = match unit {
+                    Unit::Calls => self.names.further(quota, window),
+                    u => self.names.tokens(u, quota, window),
                 };
                 self.secret &= tokens;
                 match self.keys.iter().position(|k| *k == key) {
@@ -221,6 +238,39 @@ fn the_script_answers_the_design_scenarios_as_the_state_machine_does() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
+/// What a policy of tokens counts.
+fn unit() -> impl Strategy<Value = Unit> {
+    prop_oneof![
+        Just(Unit::Tokens),
+        Just(Unit::InputTokens),
+        Just(Unit::OutputTokens)
+    ]
+}
+
+/// A call's estimate: split into prompt and answer, or not split (a
+/// `--cost` expression, counted whole by every unit).
+fn weight() -> impl Strategy<Value = TokenWeight> {
+    prop_oneof![
+        (0u64..=200, 0u64..=100).prop_map(|(i, o)| TokenWeight::split(i, o)),
+        (0u64..=250).prop_map(TokenWeight::whole),
+    ]
+}
+
+/// What a response says a call used: every part, its total only (a
+/// custom `--usage`), or one part (the other stays at the estimate).
+fn usage() -> impl Strategy<Value = Used> {
+    let part = proptest::option::of(0u64..=200);
+    prop_oneof![
+        (0u64..=200, 0u64..=100).prop_map(|(i, o)| Used::from(TokenWeight::split(i, o))),
+        (0u64..=250).prop_map(Used::total),
+        (part.clone(), part).prop_map(|(input, output)| Used {
+            total: None,
+            input,
+            output
+        }),
+    ]
+}
+
 pub(super) fn op(window: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         12 => Just(Op::Take),
@@ -249,17 +299,21 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
         5 => Just(Vec::new()),
         1 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=1),
     ];
-    // Token windows (Q, W ms) in a third of them, now and then two, with
-    // weighed takes and settles that correct them.
+    // Token windows (Q, W ms, of all tokens or a prompt's or an answer's)
+    // in a third of them, now and then two, with weighed takes and settles
+    // that correct them.
     let tokens = prop_oneof![
         4 => Just(Vec::new()),
-        2 => proptest::collection::vec((1u64..=200, 20u64..=3000), 1..=2),
+        2 => proptest::collection::vec((1u64..=200, 20u64..=3000, unit()), 1..=2),
     ];
-    // Token buckets (Q, W ms, burst) in a sixth of them: weighed as the
-    // token windows, a call heavier than the bucket now and then.
+    // Token buckets (Q, W ms, burst, unit) in a sixth of them: weighed as
+    // the token windows, a call heavier than the bucket now and then.
     let token_buckets = prop_oneof![
         5 => Just(Vec::new()),
-        1 => proptest::collection::vec((1u64..=300, 20u64..=3000, 0u64..=200), 1..=2),
+        1 => proptest::collection::vec(
+            (1u64..=300, 20u64..=3000, 0u64..=200, unit()),
+            1..=2
+        ),
     ];
     (
         1u64..=8,
@@ -277,21 +331,33 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                 } else {
                     20
                 };
-                let weighed_op = prop_oneof![
-                    (0u64..=250).prop_map(|tokens| Op::TakeTokens { tokens }),
-                    (0usize..8, 0..=window, 0u64..=250)
-                        .prop_map(|(pick, ago, used)| Op::SettleUsed { pick, ago, used }),
-                ];
+                let weighed_op =
+                    prop_oneof![
+                        weight().prop_map(|tokens| Op::TakeTokens { tokens }),
+                        (0usize..8, 0..=window, usage())
+                            .prop_map(|(pick, ago, used)| Op::SettleUsed { pick, ago, used }),
+                    ];
                 // A policy stated in a window no policy of the scenario
                 // keeps (a fleet adopts it as a key of its own), once of
                 // calls at most, and one of tokens, stated again and again.
                 let taken: Vec<u64> = std::iter::once(window)
-                    .chain(further.iter().chain(&fixed).chain(&tokens).map(|p| p.1))
-                    .chain(buckets.iter().chain(&token_buckets).map(|b| b.1))
+                    .chain(further.iter().chain(&fixed).map(|p| p.1))
+                    .chain(tokens.iter().map(|t| t.1))
+                    .chain(buckets.iter().map(|b| b.1))
+                    .chain(token_buckets.iter().map(|b| b.1))
                     .collect();
-                let stated = (any::<bool>(), 1u64..=200, 20u64..=3000, 0.0..1.0f64).prop_map(
-                    move |(tokens, quota, mut window, used)| {
-                        let quota = if tokens { quota } else { quota % 8 + 1 };
+                let stated = (
+                    prop_oneof![Just(Unit::Calls), unit()],
+                    1u64..=200,
+                    20u64..=3000,
+                    0.0..1.0f64,
+                )
+                    .prop_map(move |(unit, quota, mut window, used)| {
+                        let quota = if unit.is_tokens() {
+                            quota
+                        } else {
+                            quota % 8 + 1
+                        };
                         while taken.contains(&window) {
                             window += 1;
                         }
@@ -300,10 +366,9 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                             quota,
                             window,
                             used,
-                            tokens,
+                            unit,
                         }
-                    },
-                );
+                    });
                 let op = prop_oneof![
                     40 => op(window),
                     u32::from(reports) => inforce,
@@ -315,29 +380,29 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     let mut calls_once = false;
                     // A token policy stated again is the same policy with
                     // what the server says is used of it now.
-                    let mut budget: Option<(u64, u64)> = None;
+                    let mut budget: Option<(u64, u64, Unit)> = None;
                     let steps = steps
                         .into_iter()
                         .filter_map(|(gap, op)| match op {
-                            Op::Stated { tokens: false, .. } => {
-                                (!std::mem::replace(&mut calls_once, true)).then_some((gap, op))
-                            }
+                            Op::Stated {
+                                unit: Unit::Calls, ..
+                            } => (!std::mem::replace(&mut calls_once, true)).then_some((gap, op)),
                             Op::Stated {
                                 quota,
                                 window,
                                 used,
-                                tokens: true,
+                                unit,
                             } => {
-                                let (quota, window) = *budget.get_or_insert((quota, window));
+                                let (quota, window, unit) =
+                                    *budget.get_or_insert((quota, window, unit));
                                 let used = used.min(quota.saturating_sub(1));
-                                let tokens = true;
                                 Some((
                                     gap,
                                     Op::Stated {
                                         quota,
                                         window,
                                         used,
-                                        tokens,
+                                        unit,
                                     },
                                 ))
                             }
@@ -387,7 +452,7 @@ fn the_script_and_the_state_machine_answer_every_scenario_alike() {
 fn only_the_process_that_finds_a_loss_holds_the_fleet() {
     let redis = Redis::start();
     let s = Scenario {
-        tokens: vec![(100, 3000)],
+        tokens: vec![(100, 3000, Unit::Tokens)],
         ..Scenario::of(10, 1000)
     };
     let mut lua = Lua::new(&redis, &s);
