@@ -247,7 +247,19 @@ impl Pacer for Unpaced {
                     self.lock().pending = more;
                     Some(said)
                 }
-                None => more,
+                // One still waiting from the hand-over goes first, and
+                // this one waits in its place: the window pacer queues
+                // the rest behind them.
+                None => {
+                    let mut l = self.lock();
+                    match l.pending.take() {
+                        Some(first) => {
+                            l.pending = more;
+                            Some(first)
+                        }
+                        None => more,
+                    }
+                }
             }
         })
     }
@@ -380,6 +392,29 @@ mod tests {
         p.observe(&daily_quota_used_up()).await;
         call(&p).await;
         assert!(Instant::now() - t0 >= Duration::from_secs(86_000));
+    }
+
+    /// What the hand-over heard is said in the order heard, even when
+    /// another response is read before the run drains the notes.
+    #[tokio::test(start_paused = true)]
+    async fn notes_of_the_hand_over_keep_their_order() {
+        let p = Unpaced::default();
+        let first = headers(&[("ratelimit-policy", r#""a";q=10;w=1, "b";q=25;w=5"#)]);
+        let next = headers(&[(
+            "ratelimit-policy",
+            r#""a";q=10;w=1, "b";q=25;w=5, "c";q=50;w=10"#,
+        )]);
+        let mut said: Vec<_> = p.observe(&first).await.into_iter().collect();
+        said.extend(p.observe(&next).await);
+        said.extend(std::iter::from_fn(|| p.note()));
+        let quotas: Vec<u64> = said
+            .iter()
+            .filter_map(|n| match n {
+                PaceNote::Heard(Heard::Added { quota, .. }) => Some(*quota),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(quotas, [10, 25, 50], "{said:?}");
     }
 
     /// Nothing left, resetting soon: calls are held until the reset.
