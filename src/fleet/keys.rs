@@ -128,6 +128,7 @@ impl FleetKeys {
     /// `--headroom`): a hash of each call's weight and end; the script
     /// reads all three from the name.
     pub fn tokens(&self, unit: Unit, quota: u64, window_ms: u64) -> String {
+        debug_assert!(unit.is_tokens(), "a window of calls is `further`");
         format!("{}:{}:{quota}:{window_ms}", self.prefix, unit.name())
     }
 

@@ -99,11 +99,14 @@ local TOKEN_UNITS = {['tokens'] = true, ['input-tokens'] = true, ['output-tokens
 
 -- A call's tokens as each unit of tokens counts them, from 'T,I,O' (all
 -- of them, its prompt's, its answer's) or a bare 'T' (a weight not split,
--- counted whole in each: never less than it counts). '' or nil: none.
+-- counted whole in each: never less than it counts). '' or nil: none;
+-- anything else: nil (a usage not understood leaves the estimate).
 local function weight_of(s)
-  local t, i, o = string.match(s or '', '^(%d+),(%d+),(%d+)$')
+  s = s or ''
+  local t, i, o = string.match(s, '^(%d+),(%d+),(%d+)$')
   if not t then
-    t = string.match(s or '', '^(%d+)$') or '0'
+    t = string.match(s, '^(%d+)$') or (s == '' and '0') or nil
+    if not t then return nil end
     i, o = t, t
   end
   return {['tokens'] = tonumber(t), ['input-tokens'] = tonumber(i),
@@ -119,7 +122,7 @@ end
 local function sent_entry(v)
   if not v then return nil, weight_of(nil) end
   local ms, w = string.match(v, '^(%-?%d+) ([%d,]+)$')
-  if ms then return tonumber(ms), weight_of(w) end
+  if ms then return tonumber(ms), weight_of(w) or weight_of(nil) end
   return tonumber(v), weight_of(nil)
 end
 

@@ -117,7 +117,8 @@ if op == 'adopt' then
   return 1
 end
 
--- elsewhere: ARGV[7] the index in KEYS of a token window the fleet keeps,
+-- elsewhere: ARGV[7] the index in KEYS of a token window (or bucket) the
+-- fleet keeps,
 -- ARGV[8] what the server says was spent of its quota. What it says beyond
 -- what the window holds (the fleet's calls, those in flight at their
 -- estimates) was spent elsewhere: another client on the key, or calls
@@ -137,6 +138,19 @@ if op == 'elsewhere' then
       redis.call('HSET', t.key, field, entry)
       keep(t.key, t.hold + 1000)
       return spent - used
+    end
+  end
+  -- A bucket of tokens a process was told, which keeps the stated quota
+  -- (heard.rs): its level (the units its TAT runs ahead of now, as
+  -- Gcra::level) is what the fleet counts; the rest moves the TAT on, as
+  -- Gcra::spend.
+  for _, b in ipairs(buckets) do
+    if b.key == key and b.unit then
+      local ahead = math.max(tat_rel(b) or 0, 0)
+      local level = math.ceil(ahead / b.T)
+      if spent <= level then return 0 end
+      set_tat(b, ahead + (spent - level) * b.T)
+      return spent - level
     end
   end
   return 0

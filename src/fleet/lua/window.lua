@@ -152,8 +152,7 @@ end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
--- tokens (weight_of; tokens.lua, gcra.lua; 0 without token windows or
--- buckets), then a settle list (an ago may be 'ago/used', the tokens the
+-- tokens (weight_of; tokens.lua, gcra.lua), then a settle list (an ago may be 'ago/used', the tokens the
 -- response said the call used, as the estimate), then a restore block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled,
 -- 1 if the fleet is paced evenly} when the call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
@@ -242,7 +241,7 @@ end
 if op == 'take' then
   local id = ARGV[7]
   local cap, headroom, ceiling = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local weight = weight_of(ARGV[11])
+  local weight = weight_of(ARGV[11]) or weight_of(nil)
   local lost, epoch, began = forgotten(after_blocks(12), KEYS[1], forgotten_span())
   if lost then return {0, 1, 4, epoch} end
   local i = settle(12)

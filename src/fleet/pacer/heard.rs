@@ -84,16 +84,23 @@ impl Inner {
         }
     }
 
-    /// Whether a configured policy of tokens keeps `p` already: one
-    /// counting the same part of a call over the same window, with no
-    /// more than its quota (a bucket told with its burst, say, which a
-    /// window of the stated quota would pace slower: as in-process, where
-    /// the stated quota is read against the configured policy).
-    fn told_keeps(&self, p: &Stated) -> bool {
-        p.unit.is_tokens()
-            && self.told_tokens.iter().any(|&(unit, window, quota)| {
-                unit == p.unit && window == p.window && quota <= p.quota
-            })
+    /// The configured policy of tokens that keeps `p` already, if one
+    /// does: it counts the same part of a call over the same window, with
+    /// no more than `--headroom`'s share of the stated quota, and a bucket
+    /// no larger a burst. A bucket told with its burst, say, which a
+    /// window of the stated quota would pace slower: in-process, the
+    /// stated quota is read against the configured policy too (whose
+    /// window may differ there; the fleet adopts a window then, which errs
+    /// on the slow side).
+    fn told_keeps(&self, p: &Stated) -> Option<&super::ToldTokens> {
+        let share = scaled(p.quota, self.headroom);
+        self.told_tokens.iter().find(|t| {
+            t.unit == p.unit
+                && p.unit.is_tokens()
+                && t.window == p.window
+                && t.quota <= share
+                && t.burst.map_or(true, |b| b <= share)
+        })
     }
 
     /// Adopts `p` for the fleet unless this process keeps its key already
@@ -102,7 +109,7 @@ impl Inner {
     /// had it, the fleet's list is full, or Redis did not answer (the next
     /// response tries again).
     pub(super) async fn adopt(&self, p: &Stated) -> Option<PaceNote> {
-        if self.told_keeps(p) {
+        if self.told_keeps(p).is_some() {
             return None;
         }
         let key = self.stated_key(p);
@@ -130,8 +137,9 @@ impl Inner {
         })
     }
 
-    /// A token window the fleet keeps, of which a response says `p.used`
-    /// was spent: what the fleet counts less than that was spent elsewhere
+    /// A token window (or a configured bucket) the fleet keeps, of which a
+    /// response says `p.used` was spent: what the fleet counts less than
+    /// that was spent elsewhere
     /// (another client on the key, calls that cost more than estimated)
     /// and counts as spent now (the script's `elsewhere`), as in-process.
     /// Each window is corrected at most once per tenth of it, or per
@@ -142,17 +150,19 @@ impl Inner {
         if !p.unit.is_tokens() || p.used == 0 {
             return;
         }
-        let key = self.stated_key(p);
+        let (key, kept) = match self.told_keeps(p) {
+            Some(t) => (t.key.clone(), t.quota),
+            None => (self.stated_key(p), scaled(p.quota, self.headroom)),
+        };
         let Some(index) = self.keys().iter().position(|k| *k == key) else {
             return;
         };
-        // The key keeps `--headroom`'s share of the quota: what the server
-        // says was spent is read against that share, as in-process against
-        // the lower of the stated and the kept quota. Spending elsewhere
-        // within the rest of the quota is what the headroom is for.
-        let spent = p
-            .used
-            .saturating_sub(p.quota - scaled(p.quota, self.headroom).min(p.quota));
+        // The key keeps `--headroom`'s share of the quota (or less): what
+        // the server says was spent is read against that share, as
+        // in-process against the lower of the stated and the kept quota.
+        // Spending elsewhere within the rest of the quota is what the
+        // headroom is for.
+        let spent = p.used.saturating_sub(p.quota - kept.min(p.quota));
         if spent == 0 {
             return;
         }

@@ -110,6 +110,53 @@ pub fn scaled(count: u64, headroom: f64) -> u64 {
     ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
 }
 
+/// A configured policy of tokens, as its key keeps it.
+struct ToldTokens {
+    /// What it counts.
+    unit: Unit,
+    window: Duration,
+    /// Its quota after `--headroom`.
+    quota: u64,
+    /// A bucket's burst (units beyond one; not scaled by `--headroom`).
+    burst: Option<u64>,
+    key: String,
+}
+
+/// The configured policies of tokens among `buckets` and `tokens`, with
+/// their keys, as `build` names them.
+fn told_tokens(
+    fleet: &Fleet,
+    buckets: &[(Rate, u64, Unit)],
+    tokens: &[(Rate, Unit)],
+    headroom: f64,
+) -> Vec<ToldTokens> {
+    let windows = tokens.iter().map(|&(r, unit)| {
+        let quota = scaled(r.count, headroom);
+        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
+        ToldTokens {
+            unit,
+            window: r.period,
+            quota,
+            burst: None,
+            key: fleet.keys().tokens(unit, quota, ms),
+        }
+    });
+    let buckets = buckets
+        .iter()
+        .filter(|b| b.2.is_tokens())
+        .map(|&(r, burst, unit)| {
+            let quota = scaled(r.count, headroom);
+            ToldTokens {
+                unit,
+                window: r.period,
+                quota,
+                burst: Some(burst),
+                key: fleet.keys().bucket(Rate { count: quota, ..r }, burst, unit),
+            }
+        });
+    windows.chain(buckets).collect()
+}
+
 /// The fleet pacer. See the module docs.
 pub struct FleetPacer {
     inner: Arc<Inner>,
@@ -129,10 +176,10 @@ struct Inner {
     weighed: AtomicBool,
     /// How many keys were configured (those after were adopted).
     configured_keys: usize,
-    /// The configured policies of tokens, windows and buckets, as (what
-    /// each counts, its window, its quota): a stated quota one of them
-    /// keeps already is not adopted ([`heard`]).
-    told_tokens: Vec<(Unit, Duration, u64)>,
+    /// The configured policies of tokens, windows and buckets: a stated
+    /// quota one of them keeps already is not adopted, and corrects it
+    /// ([`heard`]).
+    told_tokens: Vec<ToldTokens>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -271,16 +318,7 @@ impl FleetPacer {
                     .collect(),
             ),
             configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
-            told_tokens: tokens
-                .iter()
-                .map(|&(r, unit)| (unit, r.period, r.count))
-                .chain(
-                    buckets
-                        .iter()
-                        .filter(|b| b.2.is_tokens())
-                        .map(|&(r, _, unit)| (unit, r.period, r.count)),
-                )
-                .collect(),
+            told_tokens: told_tokens(&fleet, buckets, tokens, headroom),
             weighed: AtomicBool::new(!tokens.is_empty() || buckets.iter().any(|b| b.2.is_tokens())),
             args: ScriptArgs {
                 window,

@@ -175,7 +175,8 @@ fn rejected(why: Rejection, rate: Option<RateInfo>, credits: CreditView, echo: &
 /// key's policies `view` in it. GitHub answers its rate limits with a 403
 /// (as it documents, a 429 as often): with no `Retry-After` once the
 /// quota it states is used up (its primary limit: the reset says when),
-/// with one otherwise (its secondary limits).
+/// with one otherwise (its secondary limits, as the cooldown after an
+/// overrun is, whatever the quota says meanwhile).
 pub(super) fn refused_in(
     why: Rejection,
     (rate, credits): (Option<RateInfo>, CreditView),
@@ -183,13 +184,14 @@ pub(super) fn refused_in(
     dialect: Dialect,
     view: &[PolicyView],
 ) -> Response {
-    let for_rate = matches!(why, Rejection::Rate { .. } | Rejection::Cooldown { .. });
+    let cooling = matches!(why, Rejection::Cooldown { .. });
+    let for_rate = cooling || matches!(why, Rejection::Rate { .. });
     let mut r = rejected(why, rate, credits, echo);
     super::dialect::write(r.headers_mut(), dialect, view);
     if dialect == Dialect::Github && for_rate {
         *r.status_mut() = StatusCode::FORBIDDEN;
         let h = r.headers_mut();
-        if h.get("x-ratelimit-remaining").is_some_and(|v| v == "0") {
+        if !cooling && h.get("x-ratelimit-remaining").is_some_and(|v| v == "0") {
             h.remove(wire::RETRY_AFTER);
         }
     }
@@ -239,6 +241,38 @@ mod tests {
             .await
             .unwrap();
         serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// GitHub's primary limit used up: a 403 whose reset says when, no
+    /// `Retry-After`; its secondary limit (the cooldown): a 403 with one,
+    /// though the quota it states is used up as well.
+    #[tokio::test]
+    async fn github_drops_retry_after_for_its_primary_limit_only() {
+        let used_up = [PolicyView {
+            limit: 10,
+            window: Duration::from_secs(60),
+            remaining: 0,
+            reset: Duration::from_secs(30),
+            idle: Duration::from_secs(30),
+            unit: crate::rate::policy::Unit::Calls,
+        }];
+        let refuse = |why| {
+            let r = refused_in(
+                why,
+                (None, CREDITS),
+                &Echo::default(),
+                Dialect::Github,
+                &used_up,
+            );
+            (r.status(), r.headers().get(wire::RETRY_AFTER).cloned())
+        };
+        let primary = refuse(Rejection::Rate { retry_after: 30 });
+        assert_eq!(primary, (StatusCode::FORBIDDEN, None));
+        let secondary = refuse(Rejection::Cooldown { retry_after: 50 });
+        assert_eq!(
+            secondary,
+            (StatusCode::FORBIDDEN, Some(HeaderValue::from(50u64)))
+        );
     }
 
     #[tokio::test]

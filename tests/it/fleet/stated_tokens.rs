@@ -139,21 +139,23 @@ async fn anthropic_input_and_output_budgets_each_count_their_own_part() {
     );
 }
 
-/// A bucket of output tokens the fleet was told (`--limit
-/// 100/1m,output-tokens,burst=100`) keeps Anthropic's stated 100 a minute
-/// already: the statement is not adopted as a window of its own, which
-/// would pace the burst over a minute. A stated quota below it is.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stated_quota_a_told_bucket_keeps_is_not_adopted_again() {
-    let redis = Redis::start();
-    let name = fleet_name("told-bucket");
-    let minute = Duration::from_secs(60);
+/// A fleet told a bucket of 100 output tokens a minute with a burst of
+/// 100 (`--limit 100/1m,output-tokens,burst=100`), its share `headroom`.
+async fn told_a_bucket(redis: &Redis, name: &str, headroom: f64) -> FleetPacer {
+    let fleet = Fleet::connect(&FleetSettings {
+        url: redis.url.clone(),
+        headroom,
+        keys: FleetKeys::named(name),
+        redis_timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect");
     let told = batchrun::rate::Rate {
         count: 100,
-        period: minute,
+        period: Duration::from_secs(60),
     };
-    let a = FleetPacer::with_limits(
-        fleet_on(&redis, &name).await,
+    FleetPacer::with_limits(
+        fleet,
         FleetPacing {
             limit: "50/1s".parse::<Limit>().unwrap(),
             concurrency: 100,
@@ -166,33 +168,84 @@ async fn a_stated_quota_a_told_bucket_keeps_is_not_adopted_again() {
         &[],
         &[(told, 100, Unit::OutputTokens)],
         &[],
+    )
+}
+
+/// Anthropic's output tokens stated: `quota` a minute, `left` of it left.
+fn output_tokens(quota: u64, left: u64) -> reqwest::header::HeaderMap {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        "anthropic-ratelimit-output-tokens-limit",
+        quota.to_string().parse().unwrap(),
     );
-    let stating = |quota: u64| {
-        let mut h = reqwest::header::HeaderMap::new();
-        let q = quota.to_string();
-        h.insert(
-            "anthropic-ratelimit-output-tokens-limit",
-            q.parse().unwrap(),
-        );
-        h.insert(
-            "anthropic-ratelimit-output-tokens-remaining",
-            q.parse().unwrap(),
-        );
-        h
+    h.insert(
+        "anthropic-ratelimit-output-tokens-remaining",
+        left.to_string().parse().unwrap(),
+    );
+    h
+}
+
+/// The keys the fleet `name` adopted from what a server stated.
+fn listed(redis: &Redis, name: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(FleetKeys::named(name).limit())
+        .arg("stated")
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// The told bucket keeps Anthropic's stated 100 output tokens a minute
+/// already: the statement is not adopted as a window of its own, which
+/// would pace the burst over a minute, but what it says another client
+/// spent fills the told bucket (as in-process): 60 spent elsewhere leave
+/// room for an answer of 30, not one of 50. A stated quota below the told
+/// one is adopted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stated_quota_a_told_bucket_keeps_corrects_it_and_is_not_adopted() {
+    let redis = Redis::start();
+    let name = fleet_name("told-bucket");
+    let a = told_a_bucket(&redis, &name, 1.0).await;
+    assert_eq!(a.observe(&output_tokens(100, 100)).await, None);
+    assert_eq!(listed(&redis, &name), None, "the told bucket keeps it");
+    a.observe(&output_tokens(100, 40)).await;
+    let answer = |o| Weight {
+        calls: 1,
+        tokens: TokenWeight::split(0, o),
     };
-    let listed = || -> Option<String> {
-        redis::cmd("HGET")
-            .arg(FleetKeys::named(&name).limit())
-            .arg("stated")
-            .query(&mut redis.conn())
-            .unwrap()
-    };
-    assert_eq!(a.observe(&stating(100)).await, None);
-    assert_eq!(listed(), None, "the told bucket keeps it");
-    let note = a.observe(&stating(80)).await;
+    let wait = Duration::from_millis(300);
+    let heavy = tokio::time::timeout(wait, a.take_weighted(answer(50))).await;
+    assert!(heavy.is_err(), "an answer of 50 went with 40 left");
+    let fits = tokio::time::timeout(Duration::from_secs(5), a.take_weighted(answer(30))).await;
+    assert!(
+        matches!(fits, Ok(Ok(_))),
+        "an answer of 30 waited with 40 left"
+    );
+    let note = a.observe(&output_tokens(80, 80)).await;
     assert!(matches!(note, Some(PaceNote::Heard(_))), "{note:?}");
     let key = FleetKeys::named(&name).tokens(Unit::OutputTokens, 80, 60_000);
-    assert!(listed().is_some_and(|l| l.contains(&key)), "{:?}", listed());
+    assert!(
+        listed(&redis, &name).is_some_and(|l| l.contains(&key)),
+        "{:?}",
+        listed(&redis, &name)
+    );
+}
+
+/// Under `--headroom 0.8` the fleet keeps 80 of a stated 100: the told
+/// bucket's rate is scaled, its burst of 100 is not, so it does not keep
+/// the share and the stated quota is adopted (80 a minute).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_told_bucket_whose_burst_passes_the_headroom_share_does_not_keep_it() {
+    let redis = Redis::start();
+    let name = fleet_name("told-bucket-headroom");
+    let a = told_a_bucket(&redis, &name, 0.8).await;
+    let note = a.observe(&output_tokens(100, 100)).await;
+    assert!(matches!(note, Some(PaceNote::Heard(_))), "{note:?}");
+    let key = FleetKeys::named(&name).tokens(Unit::OutputTokens, 80, 60_000);
+    assert!(
+        listed(&redis, &name).is_some_and(|l| l.contains(&key)),
+        "{:?}",
+        listed(&redis, &name)
+    );
 }
 
 /// With `--headroom 0.9` the fleet keeps 900 of a stated 1000 tokens: the
