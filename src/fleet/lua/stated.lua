@@ -8,9 +8,10 @@
 -- first, so no call is granted outside a policy the fleet adopted, and a
 -- call granted before the adoption is in KEYS[1] and KEYS[5], whence the
 -- seeding counts it. And a policy of any kind said to have nothing left
--- holds the fleet until it resets (`hold`). What a server says is left of
--- a token window the fleet keeps corrects it for what was spent elsewhere
--- (`elsewhere`).
+-- holds the fleet until it resets (`hold`; not a told bucket of tokens
+-- that keeps it, heard.rs). What a server says is left of a token window
+-- or a told bucket of tokens the fleet keeps corrects it for what was
+-- spent elsewhere (`elsewhere`).
 
 -- The keys KEYS[4] lists as adopted, in a table, and the list as stored.
 local function stated_list()

@@ -152,9 +152,11 @@ end
 
 -- take: ARGV[7] id, ARGV[8] cap (0: no window limit), ARGV[9] headroom,
 -- ARGV[10] concurrency ceiling (0: none), ARGV[11] the call's estimated
--- tokens (weight_of; tokens.lua, gcra.lua), then a settle list (an ago may be 'ago/used', the tokens the
--- response said the call used, as the estimate), then a restore block. Returns {1, limit, occupancy, learnt limit or 0, 1 if it settled,
--- 1 if the fleet is paced evenly} when the call may start (its entry and lease are added), or {0, ms to
+-- tokens (weight_of; tokens.lua, gcra.lua), then a settle list (an ago
+-- may be 'ago/used', the tokens the response said the call used, as the
+-- estimate), then a restore block. Returns {1, limit, occupancy, learnt
+-- limit or 0, 1 if it settled, 1 if the fleet is paced evenly} when the
+-- call may start (its entry and lease are added), or {0, ms to
 -- wait, why}: 1 paused, 2 window full (or held after remaining: 0),
 -- 3 concurrency ceiling reached, 4 Redis forgot the fleet (put your calls
 -- back), 5 a policy was adopted whose key this take did not pass (fetch

@@ -103,7 +103,16 @@ impl Pacer for FleetPacer {
                     None => inner.spent_elsewhere(p).await,
                 }
             }
-            for (name, reset) in &said.spent {
+            // A told bucket of tokens keeping a quota said to have nothing
+            // left refills continuously (OpenAI's and Anthropic's reset is
+            // when it is full): its level, corrected above, paces it, not
+            // a hold until the reset (as in-process, `Kept::refills`).
+            let refilling = |name: &str| {
+                said.others.iter().any(|p| {
+                    p.name == name && inner.told_keeps(p).is_some_and(|t| t.burst.is_some())
+                })
+            };
+            for (name, reset) in said.spent.iter().filter(|(n, _)| !refilling(n)) {
                 inner.hold_for(name, *reset).await;
             }
             let queued = inner.lock().notes.pop_front();

@@ -92,7 +92,7 @@ impl Inner {
     /// stated quota is read against the configured policy too (whose
     /// window may differ there; the fleet adopts a window then, which errs
     /// on the slow side).
-    fn told_keeps(&self, p: &Stated) -> Option<&super::ToldTokens> {
+    pub(super) fn told_keeps(&self, p: &Stated) -> Option<&super::ToldTokens> {
         let share = scaled(p.quota, self.headroom);
         self.told_tokens.iter().find(|t| {
             t.unit == p.unit

@@ -118,7 +118,7 @@ struct ToldTokens {
     /// Its quota after `--headroom`.
     quota: u64,
     /// A bucket's burst (units beyond one; not scaled by `--headroom`).
-    burst: Option<u64>,
+    pub(super) burst: Option<u64>,
     key: String,
 }
 

@@ -139,9 +139,9 @@ async fn anthropic_input_and_output_budgets_each_count_their_own_part() {
     );
 }
 
-/// A fleet told a bucket of 100 output tokens a minute with a burst of
+/// A fleet told a bucket of 100 tokens of `unit` a minute with a burst of
 /// 100 (`--limit 100/1m,output-tokens,burst=100`), its share `headroom`.
-async fn told_a_bucket(redis: &Redis, name: &str, headroom: f64) -> FleetPacer {
+async fn told_a_bucket(redis: &Redis, name: &str, headroom: f64, unit: Unit) -> FleetPacer {
     let fleet = Fleet::connect(&FleetSettings {
         url: redis.url.clone(),
         headroom,
@@ -166,7 +166,7 @@ async fn told_a_bucket(redis: &Redis, name: &str, headroom: f64) -> FleetPacer {
             ran_lately: false,
         },
         &[],
-        &[(told, 100, Unit::OutputTokens)],
+        &[(told, 100, unit)],
         &[],
     )
 }
@@ -197,22 +197,25 @@ fn listed(redis: &Redis, name: &str) -> Option<String> {
 /// The told bucket keeps Anthropic's stated 100 output tokens a minute
 /// already: the statement is not adopted as a window of its own, which
 /// would pace the burst over a minute, but what it says another client
-/// spent fills the told bucket (as in-process): 60 spent elsewhere leave
-/// room for an answer of 30, not one of 50. A stated quota below the told
-/// one is adopted.
+/// spent fills the told bucket (as in-process): of 60 said spent, 20 are
+/// the fleet's own answer, 40 were spent elsewhere, and the 41 left of
+/// the bucket's 101 take an answer of 30, not one of 50. A stated quota
+/// below the told one is adopted.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stated_quota_a_told_bucket_keeps_corrects_it_and_is_not_adopted() {
     let redis = Redis::start();
     let name = fleet_name("told-bucket");
-    let a = told_a_bucket(&redis, &name, 1.0).await;
+    let a = told_a_bucket(&redis, &name, 1.0, Unit::OutputTokens).await;
     assert_eq!(a.observe(&output_tokens(100, 100)).await, None);
     assert_eq!(listed(&redis, &name), None, "the told bucket keeps it");
-    a.observe(&output_tokens(100, 40)).await;
     let answer = |o| Weight {
         calls: 1,
         tokens: TokenWeight::split(0, o),
     };
     let wait = Duration::from_millis(300);
+    let own = tokio::time::timeout(wait, a.take_weighted(answer(20))).await;
+    assert!(matches!(own, Ok(Ok(_))), "the bucket was empty");
+    a.observe(&output_tokens(100, 40)).await;
     let heavy = tokio::time::timeout(wait, a.take_weighted(answer(50))).await;
     assert!(heavy.is_err(), "an answer of 50 went with 40 left");
     let fits = tokio::time::timeout(Duration::from_secs(5), a.take_weighted(answer(30))).await;
@@ -220,14 +223,7 @@ async fn a_stated_quota_a_told_bucket_keeps_corrects_it_and_is_not_adopted() {
         matches!(fits, Ok(Ok(_))),
         "an answer of 30 waited with 40 left"
     );
-    let note = a.observe(&output_tokens(80, 80)).await;
-    assert!(matches!(note, Some(PaceNote::Heard(_))), "{note:?}");
-    let key = FleetKeys::named(&name).tokens(Unit::OutputTokens, 80, 60_000);
-    assert!(
-        listed(&redis, &name).is_some_and(|l| l.contains(&key)),
-        "{:?}",
-        listed(&redis, &name)
-    );
+    adopts_80_a_minute(&a, &redis, &name, output_tokens(80, 80)).await;
 }
 
 /// Under `--headroom 0.8` the fleet keeps 80 of a stated 100: the told
@@ -237,15 +233,23 @@ async fn a_stated_quota_a_told_bucket_keeps_corrects_it_and_is_not_adopted() {
 async fn a_told_bucket_whose_burst_passes_the_headroom_share_does_not_keep_it() {
     let redis = Redis::start();
     let name = fleet_name("told-bucket-headroom");
-    let a = told_a_bucket(&redis, &name, 0.8).await;
-    let note = a.observe(&output_tokens(100, 100)).await;
+    let a = told_a_bucket(&redis, &name, 0.8, Unit::OutputTokens).await;
+    adopts_80_a_minute(&a, &redis, &name, output_tokens(100, 100)).await;
+}
+
+/// Reading `stated`, fleet `name` adopts a window of 80 output tokens a
+/// minute, and says so.
+async fn adopts_80_a_minute(
+    a: &FleetPacer,
+    redis: &Redis,
+    name: &str,
+    stated: reqwest::header::HeaderMap,
+) {
+    let note = a.observe(&stated).await;
     assert!(matches!(note, Some(PaceNote::Heard(_))), "{note:?}");
-    let key = FleetKeys::named(&name).tokens(Unit::OutputTokens, 80, 60_000);
-    assert!(
-        listed(&redis, &name).is_some_and(|l| l.contains(&key)),
-        "{:?}",
-        listed(&redis, &name)
-    );
+    let key = FleetKeys::named(name).tokens(Unit::OutputTokens, 80, 60_000);
+    let list = listed(redis, name);
+    assert!(list.as_ref().is_some_and(|l| l.contains(&key)), "{list:?}");
 }
 
 /// With `--headroom 0.9` the fleet keeps 900 of a stated 1000 tokens: the
@@ -271,4 +275,30 @@ async fn tokens_spent_elsewhere_within_the_headroom_are_not_counted_again() {
     let counted = counted_in(&mut redis.conn(), &key);
     // 700 spent, 100 of them within the headroom: 300 left of the 900.
     assert_eq!(counted, 600);
+}
+
+/// OpenAI's stated 100 tokens a minute with nothing left, full again in
+/// 30 s, kept by a told bucket: it refills continuously, so the fleet is
+/// not held until the reset; the bucket, filled by what was said, takes
+/// a call of 1 token within its skew allowance, as in-process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_told_bucket_said_to_be_empty_refills_without_a_hold() {
+    let redis = Redis::start();
+    let name = fleet_name("told-bucket-empty");
+    let a = told_a_bucket(&redis, &name, 1.0, Unit::Tokens).await;
+    let mut empty = reqwest::header::HeaderMap::new();
+    for (k, v) in [
+        ("x-ratelimit-limit-tokens", "100"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "30s"),
+    ] {
+        empty.insert(k, v.parse().unwrap());
+    }
+    assert_eq!(a.observe(&empty).await, None);
+    let one = Weight {
+        calls: 1,
+        tokens: TokenWeight::whole(1),
+    };
+    let soon = tokio::time::timeout(Duration::from_secs(5), a.take_weighted(one)).await;
+    assert!(matches!(soon, Ok(Ok(_))), "held for the reset");
 }
