@@ -61,19 +61,46 @@ pub async fn enter(settings: &Settings, fleet: &Fleet) -> Told {
         fleet.at(),
         fleet.keys().prefix()
     ));
-    let mine = told(settings);
-    let (told, others) = Told::join(fleet, &mine).await;
+    let here = told(settings);
+    let mark = build_mark();
+    let (told, others) = Told::join(fleet, &format!("{mark} | {here}")).await;
+    let mut other_build = false;
     for other in others {
+        // A build before the mark said only what it paces to.
+        let (theirs_mark, theirs) = other.split_once(" | ").unwrap_or(("", &other));
+        other_build |= theirs_mark != mark;
+        if theirs == here {
+            continue;
+        }
         err_line(&format!(
             "batchrun: fleet: warning: another process of this fleet (running, or ended less than \
-             {} ago) paces to {other}, this one to {mine}: each keeps its own, so the fleet keeps \
+             {} ago) paces to {theirs}, this one to {here}: each keeps its own, so the fleet keeps \
              neither as a whole: the fleet may go past the lower, or (windows of other lengths \
              filling each other) crawl far under both; give every process the same --pacer \
              and --limit",
             humantime::format_duration(crate::fleet::told::STANDS_FOR)
         ));
     }
+    if other_build {
+        err_line(&format!(
+            "batchrun: fleet: warning: another process of this fleet (running, or ended less than \
+             {} ago) runs another batchrun build (this one's fleet {mark}): builds may keep the \
+             fleet's state under other keys and in other forms, so the fleet may go past a limit \
+             or stall; run one build in every process",
+            humantime::format_duration(crate::fleet::told::STANDS_FOR)
+        ));
+    }
     told
+}
+
+/// What marks this build in the fleet: its script's hash. Builds with
+/// other scripts may name and fill the fleet's keys otherwise (a window of
+/// input tokens, a call's weights).
+fn build_mark() -> String {
+    let hash = redis::Script::new(crate::fleet::script::SCRIPT)
+        .get_hash()
+        .to_string();
+    format!("script {}", hash.get(..8).unwrap_or(&hash))
 }
 
 /// What this process paces to, as the fleet's processes compare it: its

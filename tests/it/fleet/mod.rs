@@ -496,6 +496,34 @@ async fn a_fleet_with_more_workers_than_the_limit_keeps_pace_with_one_process() 
     );
 }
 
+/// A process of another build (one from before the build mark, whose
+/// record says only what it paces to) in the fleet: a process told the
+/// same limit is warned of the build, not of a limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_of_another_build_in_the_fleet_is_warned() {
+    let redis = Redis::start();
+    let s = Scenario::new("fleet-build")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    let name = fleet_name("build");
+    let until = batchrun::util::unix_now().as_millis() as u64 + 60_000;
+    let _: i64 = redis::cmd("HSET")
+        .arg(batchrun::fleet::FleetKeys::named(&name).told())
+        .arg("4242\t--pacer window --limit 40ps")
+        .arg(until)
+        .query(&mut redis.conn())
+        .unwrap();
+    let r = s.run(&fleet_args(&redis.url, &name, &[]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("runs another batchrun build (this one's fleet script "),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("paces to"), "{}", r.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_process_told_another_limit_than_the_running_fleet_is_warned() {
     let redis = Redis::start();
