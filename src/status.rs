@@ -569,6 +569,14 @@ fn describe_job(
                 describe_renewal(s.renewal)
             );
         }
+        // Items done and no balance: the API states none (not every API
+        // meters credits), which "no response yet" would belie.
+        None if c.done > 0 => {
+            let _ = writeln!(
+                out,
+                "  credits:  not stated by this API (its responses carry no credit headers)"
+            );
+        }
         None => {
             let _ = writeln!(out, "  credits:  unknown (no metered response yet)");
         }

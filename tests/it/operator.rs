@@ -384,3 +384,19 @@ fn a_joblog_onto_the_input_is_refused_before_any_call() {
     assert!(r.stderr.contains("is the input file"), "{}", r.stderr);
     assert_eq!(std::fs::read(s.input_path()).unwrap(), items);
 }
+
+/// An API that states no credits (many do not meter them): once items
+/// are done, `status` says the API states none, not that no metered
+/// response came yet.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_says_when_the_api_states_no_credits() {
+    let app =
+        axum::Router::new().fallback(|| async { axum::Json(serde_json::json!({"ok": true})) });
+    let url = format!("http://{}/v1/x?n={{n}}", serve(app).await);
+    let s = Scenario::new("status-no-credits").numbers(3);
+    let r = s.run(&["--url", &url, "--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = s.tool("status").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("credits:  not stated by this API"), "{text}");
+}
