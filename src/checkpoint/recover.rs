@@ -62,7 +62,7 @@ impl JobItems {
             return Ok(0);
         }
         let from = accounted.max(FILE_HEADER.len() as u64);
-        let found = match self.logged_groups(from, last_line) {
+        let found = match self.logged_groups(from, log_end, last_line) {
             Some(found) => found,
             None => self.logged_from(from, last_line),
         };
@@ -87,8 +87,8 @@ impl JobItems {
         }
     }
 
-    /// The entries of the whole groups the log holds from `from` on, for
-    /// lines up to `last_line`: each line's latest, with the state it
+    /// The entries of the whole groups the log holds from `from` to its
+    /// `end`, for lines up to `last_line`: each line's latest, with the state it
     /// records and where it starts, where that state differs from the
     /// line's. An entry that cannot be read is a torn append: reading
     /// goes on at the next whole entry, and a group is taken only when its
@@ -98,9 +98,8 @@ impl JobItems {
     /// not taken either. `None` when no group end follows `from` (a log
     /// written before group ends were, or a torn group alone), and for a
     /// version 1 log.
-    fn logged_groups(&self, from: u64, last_line: u64) -> Option<Vec<Found>> {
+    fn logged_groups(&self, from: u64, end: u64, last_line: u64) -> Option<Vec<Found>> {
         let mut log = LogReader::open(&self.log_path).ok()?;
-        let end = std::fs::metadata(&self.log_path).ok()?.len();
         // Without checksums, an entry after a torn one cannot be told.
         if log.version() < 2 {
             return None;

@@ -138,7 +138,10 @@ impl FleetKeys {
         let Some(rest) = name.strip_prefix(&self.prefix) else {
             return false;
         };
-        let words = [Unit::Tokens, Unit::InputTokens, Unit::OutputTokens].map(Unit::name);
+        let words = Unit::ALL
+            .into_iter()
+            .filter(|u| u.is_tokens())
+            .map(Unit::name);
         std::iter::once("window")
             .chain(words)
             .any(|word| rest.starts_with(&format!(":{word}:")))

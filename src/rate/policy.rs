@@ -64,6 +64,22 @@ impl Unit {
         self != Unit::Calls
     }
 
+    /// Every unit, calls first.
+    pub const ALL: [Unit; 4] = [
+        Unit::Calls,
+        Unit::Tokens,
+        Unit::InputTokens,
+        Unit::OutputTokens,
+    ];
+
+    /// The unit `--limit` names `word` (`requests` is calls too).
+    pub fn named(word: &str) -> Option<Unit> {
+        match word {
+            "requests" => Some(Unit::Calls),
+            w => Unit::ALL.into_iter().find(|u| u.name() == w),
+        }
+    }
+
     /// Its name, as `--limit` spells it after the rate and the fleet's
     /// keys name it.
     pub fn name(self) -> &'static str {
@@ -307,25 +323,11 @@ impl FromStr for PolicySpec {
                 "sliding" | "window" => Some(Shape::Sliding),
                 "fixed" => Some(Shape::Fixed),
                 "bucket" | "gcra" => Some(Shape::Bucket { burst: None }),
-                "calls" | "requests" | "tokens" | "input-tokens" | "output-tokens"
-                    if unit.is_some() =>
-                {
-                    return Err(err("two units given".into()))
-                }
-                "calls" | "requests" => {
-                    unit = Some(Unit::Calls);
-                    None
-                }
-                "tokens" => {
-                    unit = Some(Unit::Tokens);
-                    None
-                }
-                "input-tokens" => {
-                    unit = Some(Unit::InputTokens);
-                    None
-                }
-                "output-tokens" => {
-                    unit = Some(Unit::OutputTokens);
+                w if Unit::named(w).is_some() => {
+                    if unit.is_some() {
+                        return Err(err("two units given".into()));
+                    }
+                    unit = Unit::named(w);
                     None
                 }
                 b if b.starts_with("burst=") && burst.is_none() => {

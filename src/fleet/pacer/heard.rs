@@ -96,7 +96,6 @@ impl Inner {
         let share = scaled(p.quota, self.headroom);
         self.told_tokens.iter().find(|t| {
             t.unit == p.unit
-                && p.unit.is_tokens()
                 && t.window == p.window
                 && t.quota <= share
                 && t.burst.map_or(true, |b| b <= share)

@@ -118,12 +118,12 @@ struct ToldTokens {
     /// Its quota after `--headroom`.
     quota: u64,
     /// A bucket's burst (units beyond one; not scaled by `--headroom`).
-    pub(super) burst: Option<u64>,
+    burst: Option<u64>,
     key: String,
 }
 
 /// The configured policies of tokens among `buckets` and `tokens`, with
-/// their keys, as `build` names them.
+/// the keys the fleet keeps them under.
 fn told_tokens(
     fleet: &Fleet,
     buckets: &[(Rate, u64, Unit)],
@@ -132,13 +132,12 @@ fn told_tokens(
 ) -> Vec<ToldTokens> {
     let windows = tokens.iter().map(|&(r, unit)| {
         let quota = scaled(r.count, headroom);
-        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
         ToldTokens {
             unit,
             window: r.period,
             quota,
             burst: None,
-            key: fleet.keys().tokens(unit, quota, ms),
+            key: fleet.keys().tokens(unit, quota, millis(r.period)),
         }
     });
     let buckets = buckets
@@ -295,57 +294,59 @@ impl FleetPacer {
             count: cap,
             period: window,
         }))?;
-        let inner = Arc::new(Inner {
-            rule,
-            script: redis::Script::new(SCRIPT),
-            keys: RwLock::new(
-                fleet
-                    .keys()
-                    .pacer()
-                    .into_iter()
-                    .chain(further.iter().map(|r| {
-                        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
-                        fleet.keys().further(scaled(r.count, headroom), ms)
-                    }))
-                    .chain(buckets.iter().map(|&(r, burst, unit)| {
-                        let count = scaled(r.count, headroom);
-                        fleet.keys().bucket(Rate { count, ..r }, burst, unit)
-                    }))
-                    .chain(tokens.iter().map(|&(r, unit)| {
-                        let ms = u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX);
-                        fleet.keys().tokens(unit, scaled(r.count, headroom), ms)
-                    }))
-                    .collect(),
-            ),
-            configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
-            told_tokens: told_tokens(&fleet, buckets, tokens, headroom),
-            weighed: AtomicBool::new(!tokens.is_empty() || buckets.iter().any(|b| b.2.is_tokens())),
-            args: ScriptArgs {
+        let told_tokens = told_tokens(&fleet, buckets, tokens, headroom);
+        let inner =
+            Arc::new(Inner {
+                rule,
+                script: redis::Script::new(SCRIPT),
+                keys: RwLock::new(
+                    fleet
+                        .keys()
+                        .pacer()
+                        .into_iter()
+                        .chain(further.iter().map(|r| {
+                            fleet
+                                .keys()
+                                .further(scaled(r.count, headroom), millis(r.period))
+                        }))
+                        .chain(buckets.iter().filter(|b| !b.2.is_tokens()).map(
+                            |&(r, burst, unit)| {
+                                let count = scaled(r.count, headroom);
+                                fleet.keys().bucket(Rate { count, ..r }, burst, unit)
+                            },
+                        ))
+                        .chain(told_tokens.iter().map(|t| t.key.clone()))
+                        .collect(),
+                ),
+                configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
+                weighed: AtomicBool::new(!told_tokens.is_empty()),
+                told_tokens,
+                args: ScriptArgs {
+                    window,
+                    hold: cfg.timeout + window + HOLD_SLACK,
+                    lease: lease_for(cfg.timeout),
+                },
+                fleet,
                 window,
-                hold: cfg.timeout + window + HOLD_SLACK,
-                lease: lease_for(cfg.timeout),
-            },
-            fleet,
-            window,
-            cap,
-            configured,
-            headroom,
-            ceiling: cfg.concurrency as u64,
-            wait_for_quota: cfg.wait_for_quota,
-            tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
-            seq: AtomicU64::new(0),
-            local: Mutex::new(Local {
-                ran_lately: cfg.ran_lately,
-                ..Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)
-            }),
-            front: tokio::sync::Mutex::new(()),
-            settling: tokio::sync::Mutex::new(()),
-            wake: Arc::new(Notify::new()),
-            secret: AtomicBool::new(true),
-            shape_unknown: cfg.shape_unknown,
-            start_asked: tokio::sync::Mutex::new(false),
-            reported: AtomicU64::new(0),
-        });
+                cap,
+                configured,
+                headroom,
+                ceiling: cfg.concurrency as u64,
+                wait_for_quota: cfg.wait_for_quota,
+                tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
+                seq: AtomicU64::new(0),
+                local: Mutex::new(Local {
+                    ran_lately: cfg.ran_lately,
+                    ..Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)
+                }),
+                front: tokio::sync::Mutex::new(()),
+                settling: tokio::sync::Mutex::new(()),
+                wake: Arc::new(Notify::new()),
+                secret: AtomicBool::new(true),
+                shape_unknown: cfg.shape_unknown,
+                start_asked: tokio::sync::Mutex::new(false),
+                reported: AtomicU64::new(0),
+            });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
         tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.args.lease / 3));
         Ok(FleetPacer { inner })
