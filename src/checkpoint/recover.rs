@@ -330,10 +330,7 @@ mod tests {
         commit(&items, meta, vec![record(1, ItemState::Done)]);
         let (items, meta) = open(&s, "j", 3);
         commit(&items, meta, vec![record(3, ItemState::Done)]);
-        drop((items, s));
-        std::fs::remove_dir_all(dir.join("checkpoint")).unwrap();
-        let s = Store::open(&dir).unwrap();
-        let (items, mut meta) = open(&s, "j", 3);
+        let (s, items, mut meta) = lose_database(&dir, s, items, 3);
         assert_eq!(items.adopt_logged(&mut meta, 3).unwrap(), 2);
         assert_eq!(states(&items, 3), [DONE, None, DONE]);
         items.check_counts(&meta, 3).unwrap();
