@@ -132,19 +132,24 @@ impl FleetKeys {
         format!("{}:{}:{quota}:{window_ms}", self.prefix, unit.name())
     }
 
-    /// Whether `name` is one of this fleet's windows adopted from what a
-    /// server stated: a further window of calls or a token window.
+    /// Whether `name` is one of this fleet's policies adopted from what a
+    /// server stated: a further window of calls, a token window, or a
+    /// bucket of tokens (a token window found to refill continuously).
     pub fn is_stated(&self, name: &str) -> bool {
         let Some(rest) = name.strip_prefix(&self.prefix) else {
             return false;
         };
-        let words = Unit::ALL
+        let mut words = Unit::ALL
             .into_iter()
             .filter(|u| u.is_tokens())
             .map(Unit::name);
-        std::iter::once("window")
-            .chain(words)
-            .any(|word| rest.starts_with(&format!(":{word}:")))
+        let bucket = rest.starts_with(":gcra:");
+        match bucket {
+            true => words.any(|word| rest.ends_with(&format!(":{word}"))),
+            false => std::iter::once("window")
+                .chain(words)
+                .any(|word| rest.starts_with(&format!(":{word}:"))),
+        }
     }
 
     /// The GCRA bucket of `rate` with `burst` (`--limit N/W,burst=B`,
@@ -246,12 +251,18 @@ mod tests {
         assert_eq!(keys[1].0, "batchrun:{name:llm}:input-tokens:1000:60000");
         assert!(keys[2].1.ends_with(":output-tokens"), "{}", keys[2].1);
         for (i, a) in keys.iter().enumerate() {
-            assert!(n.is_stated(&a.0) && !n.is_stated(&a.1), "{a:?}");
+            // A bucket of tokens may be a window found to refill.
+            assert!(n.is_stated(&a.0) && n.is_stated(&a.1), "{a:?}");
             for b in &keys[i + 1..] {
                 assert!(a.0 != b.0 && a.1 != b.1, "{a:?} {b:?}");
             }
         }
         assert!(n.is_stated(&n.further(5, 1000)));
+        let calls = crate::rate::Rate {
+            count: 10,
+            period: std::time::Duration::from_secs(1),
+        };
+        assert!(!n.is_stated(&n.bucket(calls, 5, Unit::Calls)));
         assert!(!n.is_stated(&n.limit()));
         assert!(!FleetKeys::named("other").is_stated(&keys[0].0));
     }

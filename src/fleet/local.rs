@@ -9,6 +9,7 @@ use crate::pace::PaceNote;
 use crate::rate::exact::MAX_EVENTS;
 use crate::rate::learn::{Learnt, LearntShape};
 use crate::rate::policy::TokenWeight;
+use crate::rate::refill::RefillFit;
 use crate::rate::Limit;
 
 /// What this process knows of its own calls.
@@ -76,6 +77,12 @@ pub(super) struct Local {
     /// when a burst under it was refused) is still to be said, with how
     /// to name a bucket's shape to keep its burst.
     pub(super) name_the_shape: Option<String>,
+    /// The statements of each adopted window of tokens stated without a
+    /// window, read for a continuous refill, by the window's key.
+    pub(super) fits: HashMap<String, RefillFit>,
+    /// Each such window the fleet keeps as a bucket since, with the
+    /// bucket's key.
+    pub(super) refilled: HashMap<String, String>,
 }
 
 /// What a job's checkpoint says an earlier run learnt, as the fleet keeps

@@ -139,7 +139,9 @@ impl Kept {
     ) -> Vec<u64> {
         let mut g = Gcra::new(rate, rate.count - 1);
         if let Rule::Sliding(t, window) = &self.rule {
-            for &(until, w) in t.answered() {
+            // Those ended occupy the window no more (the script has
+            // dropped them).
+            for &(until, w) in t.answered().iter().filter(|(u, _)| *u > now) {
                 g.spend(until.checked_sub(*window).unwrap_or(until).min(now), w);
             }
         }

@@ -92,6 +92,17 @@ pub enum Op {
         /// What it counts.
         unit: Unit,
     },
+    /// The server's statements show the stated token window (the last
+    /// [`Op::Stated`] of tokens) to refill continuously, in full over
+    /// `period` ms, with `used` of it used: it is kept as a bucket of its
+    /// quota over `period` with room for all of it from then on, and
+    /// stated again, it is read against that bucket.
+    Refill {
+        /// The period it refills over, in ms.
+        period: u64,
+        /// How much of it the server says is used.
+        used: u64,
+    },
 }
 
 /// An [`Op`] at `at` ms from the scenario's start.
@@ -213,6 +224,8 @@ pub enum Call {
     Full,
     /// A stated policy: quota, window (ms), used, what it counts.
     Stated(u64, u64, u64, Unit),
+    /// The stated token window refills: period (ms), used.
+    Refill(u64, u64),
 }
 
 /// What a store answered.
@@ -238,6 +251,8 @@ pub enum Answer {
     },
     /// A settle or cancel: nothing to say.
     Noted,
+    /// A refill: whether the stated window became a bucket.
+    Refilled(bool),
     /// A 429: calls are paused for `ms` and it taught `learnt` (0: nothing).
     Paused {
         /// The pause in force, from now.
@@ -355,6 +370,7 @@ impl Calls {
                 used,
                 unit,
             } => Call::Stated(quota, window, used, unit),
+            Op::Refill { period, used } => Call::Refill(period, used),
         })
     }
 
@@ -374,6 +390,10 @@ pub struct InProcess {
     slots: HashMap<u64, SetSlot>,
     /// Whether the learnt limit has settled, as its events said.
     settled: bool,
+    /// The last policy of tokens stated (quota, window ms, unit), and the
+    /// period it refills over once an [`Op::Refill`] said so.
+    stated: Option<(u64, u64, Unit)>,
+    refilled: Option<u64>,
 }
 
 impl InProcess {
@@ -401,6 +421,8 @@ impl InProcess {
             t0,
             slots: HashMap::new(),
             settled: false,
+            stated: None,
+            refilled: None,
         }
     }
 
@@ -532,8 +554,31 @@ impl Store for InProcess {
                     ms: self.ms_from(t, until),
                 }
             }
+            Call::Refill(period, used) => {
+                let Some((q, w, unit)) = self.stated.filter(|_| self.refilled.is_none()) else {
+                    return Answer::Refilled(false);
+                };
+                let rate = Rate {
+                    count: q,
+                    period: Duration::from_millis(period),
+                };
+                let window = Duration::from_millis(w);
+                let done = self.w.refill_stated(unit, window, rate, used, t);
+                if done {
+                    self.refilled = Some(period);
+                }
+                Answer::Refilled(done)
+            }
             Call::Stated(quota, window, used, unit) => {
                 use crate::rate::announce::Unit as Said;
+                // Kept as a bucket since: its window is its period.
+                let window = match self.refilled {
+                    Some(period) if self.stated == Some((quota, window, unit)) => period,
+                    _ => window,
+                };
+                if unit.is_tokens() && self.refilled.is_none() {
+                    self.stated = Some((quota, window, unit));
+                }
                 let stated = Announced {
                     name: format!("stated {}", unit.name()),
                     unit: match unit {

@@ -254,7 +254,7 @@ async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
 }
 
 /// `n` items of a prompt of 50 tokens (200 characters) and `max_tokens`.
-fn prompts_of_50(n: u64, max_tokens: u64) -> String {
+pub(crate) fn prompts_of_50(n: u64, max_tokens: u64) -> String {
     let prompt = "word ".repeat(40);
     (1..=n)
         .map(|i| {

@@ -40,7 +40,9 @@
 --                       bucket's state (drip.lua), here so that losing it
 --                       is losing the epoch too; stated = the keys of
 --                       the policies adopted from what a server stated
---                       (stated.lua), space-separated; started,
+--                       (stated.lua), space-separated; refilled:KEY =
+--                       the bucket adopted token window KEY became
+--                       (stated.lua `refill`); started,
 --                       start_ends, even, even_tat = a bare rate's start
 --                       and even pace (window.lua)
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and
@@ -54,7 +56,8 @@
 --                       and token windows `...:U:Q:Wms` (tokens.lua), U
 --                       what they count: tokens, input-tokens or output-tokens
 --
--- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt | start | probe, and
+-- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt |
+--         elsewhere | hold | refill | start | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)

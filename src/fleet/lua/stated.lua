@@ -21,7 +21,9 @@ local function stated_list()
   return list, names
 end
 
--- Whether KEYS[4] lists an adopted key this run was not given.
+-- Whether KEYS[4] lists an adopted key this run was not given (a window
+-- the fleet found to refill continuously is listed as its bucket, so a
+-- run still passing the window is told of it too: `refill`).
 local function stated_unknown()
   local given = {}
   for k = 6, #KEYS do given[KEYS[k]] = true end
@@ -99,9 +101,11 @@ local MAX_STATED = 8
 -- server says was used of its quota already (0 when it did not say).
 -- Lists the key in KEYS[4] `stated` and seeds it (seed_window,
 -- seed_tokens), unless it is listed already. Returns 1 when it listed it,
--- 0 when it was listed, -1 when the list is full.
+-- 0 when it was listed, -1 when the list is full, -2 when the fleet keeps
+-- it as a bucket since (`refill`).
 if op == 'adopt' then
   local key, used = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
+  if redis.call('HEXISTS', KEYS[4], 'refilled:' .. key) == 1 then return -2 end
   local list, names = stated_list()
   for _, n in ipairs(list) do
     if n == key then return 0 end
@@ -126,9 +130,13 @@ end
 -- that cost more than estimated. It counts as spent now, ending one window
 -- from now, as `spent_elsewhere` in rate/policies/tokens.rs counts it
 -- in-process (counting some of the fleet's own again errs on the slow
--- side). Returns the tokens added.
+-- side). Returns the tokens added, or -2 for a window kept as a bucket
+-- since.
 if op == 'elsewhere' then
   local key, spent = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
+  -- A window kept as a bucket since (`refill`), by a process that does
+  -- not know yet: not made again; it fetches the bucket.
+  if redis.call('HEXISTS', KEYS[4], 'refilled:' .. key) == 1 then return -2 end
   for _, t in ipairs(tallies) do
     if t.key == key then
       local used = tally_used(t)
@@ -167,4 +175,64 @@ if op == 'hold' then
   end
   keep(KEYS[4], limit_ttl)
   return tonumber(redis.call('HGET', KEYS[4], 'held_until')) - now
+end
+
+-- refill: ARGV[7] the index in KEYS of an adopted token window whose
+-- statements show a continuous refill (rate/refill.rs, read by the process
+-- that found it), ARGV[8] the index of the bucket it becomes (a `gcra` key
+-- of its unit with room for its whole quota), ARGV[9] what the server says
+-- is used of the quota. As Kept::become_bucket in-process: the window's
+-- answered calls are spent into the bucket from their answers (one window
+-- before their ends) in order, the calls in flight at their estimates now
+-- (kept as c:ID, so their settles correct them), then what the server
+-- says is used beyond that level now. The bucket takes the window's place
+-- in KEYS[4] `stated`, `refilled:WINDOW` names it (a process passing the
+-- window is told to fetch; adopting the window again is refused), and the
+-- window goes. A bucket kept already (listed again after Redis forgot the
+-- fleet, and the window adopted again since) keeps what it holds. Returns 1 when done, 0 when the window is not listed (done
+-- by another process), -1 when the keys do not fit.
+if op == 'refill' then
+  local from, to = KEYS[tonumber(ARGV[7])], KEYS[tonumber(ARGV[8])]
+  local used = tonumber(ARGV[9]) or 0
+  local list = stated_list()
+  local at
+  for j, n in ipairs(list) do
+    if n == from then at = j end
+  end
+  if not at then return 0 end
+  local t, b
+  for _, x in ipairs(tallies) do
+    if x.key == from then t = x end
+  end
+  for _, x in ipairs(buckets) do
+    if x.key == to then b = x end
+  end
+  if not (t and b and b.unit == t.unit) then return -1 end
+  -- Kept already (relisted after Redis forgot the fleet, the window
+  -- adopted again since): what it holds stays, the window's added.
+  local rel = tat_rel(b)
+  local _, done = tally_used(t)
+  for _, d in ipairs(done) do
+    local spent = (math.min(d[1] - t.W - round, now) - now) * 1e6
+    rel = math.max(rel or spent, spent) + d[2] * b.T
+  end
+  for _, c in ipairs(tally_flying(t)) do
+    rel = math.max(rel or 0, 0) + c[2] * b.T
+    redis.call('HSET', b.key, 'c:' .. c[1], c[2])
+  end
+  local level = math.ceil(math.max(rel or 0, 0) / b.T)
+  if used > level then rel = math.max(rel or 0, 0) + (used - level) * b.T end
+  if rel then set_tat(b, rel) end
+  keep_bucket(b, rel)
+  list[at] = to
+  for j, n in ipairs(list) do
+    if n == to and j ~= at then
+      table.remove(list, at)
+      break
+    end
+  end
+  redis.call('HSET', KEYS[4], 'stated', ' ' .. table.concat(list, ' '), 'refilled:' .. from, to)
+  keep(KEYS[4], limit_ttl)
+  redis.call('DEL', from)
+  return 1
 end

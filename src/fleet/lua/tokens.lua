@@ -44,6 +44,17 @@ local function tally_used(t)
   return used, done
 end
 
+-- The calls in flight in t, as {id, weight}.
+local function tally_flying(t)
+  local all = redis.call('HGETALL', t.key)
+  local flying = {}
+  for j = 1, #all, 2 do
+    local w, e, f = tally_entry(all[j + 1])
+    if f and e > now then flying[#flying + 1] = {string.sub(all[j], 3), w} end
+  end
+  return flying
+end
+
 -- The wait (ms, 0: none) the token windows ask of a take weighing `weight`
 -- (weight_of):
 -- until the answered calls whose ends free enough have ended; when only

@@ -97,24 +97,18 @@ impl Pacer for FleetPacer {
                 inner.hold().await;
             }
             for p in &said.others {
-                match inner.adopt(p).await {
+                let adopted = inner.adopt(p).await;
+                let found = inner.heard_reset(p).await;
+                match adopted {
                     Some(note) => inner.lock().push(note),
                     // Seeded from what it says when adopted; kept since.
                     None => inner.spent_elsewhere(p).await,
                 }
+                if let Some(note) = found {
+                    inner.lock().push(note);
+                }
             }
-            // A told bucket of tokens keeping a quota said to have nothing
-            // left refills continuously (OpenAI's and Anthropic's reset is
-            // when it is full): its level, corrected above, paces it, not
-            // a hold until the reset (as in-process, `Kept::refills`).
-            let refilling = |name: &str| {
-                said.others.iter().any(|p| {
-                    p.name == name && inner.told_keeps(p).is_some_and(|t| t.burst.is_some())
-                })
-            };
-            for (name, reset) in said.spent.iter().filter(|(n, _)| !refilling(n)) {
-                inner.hold_for(name, *reset).await;
-            }
+            inner.hold_spent(&said).await;
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
                 return queued;
@@ -225,6 +219,14 @@ pub(super) struct Stated {
     pub(super) window: Duration,
     /// What the server says was used of it already.
     pub(super) used: u64,
+    /// Stated without a window (OpenAI's, Anthropic's token quotas): it
+    /// may be a bucket refilling continuously ([`crate::rate::refill`]).
+    pub(super) windowless: bool,
+    /// When it is full again, as stated; whether to the millisecond, and
+    /// whether read against the response's `Date`.
+    pub(super) reset: Option<Duration>,
+    pub(super) reset_exact: bool,
+    pub(super) reset_dated: bool,
 }
 
 impl Said {
@@ -259,6 +261,10 @@ impl Said {
                             unit: Counted::Calls,
                             quota: q,
                             window: w,
+                            windowless: false,
+                            reset: None,
+                            reset_exact: false,
+                            reset_dated: false,
                         });
                     }
                 }
@@ -275,6 +281,10 @@ impl Said {
                     unit: u.counted(),
                     quota: q,
                     window: w.unwrap_or(TOKEN_WINDOW),
+                    windowless: w.is_none(),
+                    reset: p.reset_in,
+                    reset_exact: p.reset_exact,
+                    reset_dated: p.reset_dated,
                 }),
                 _ => {}
             }

@@ -19,6 +19,10 @@ use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 use crate::rate::policy::Unit;
 
+/// The script's answer to `adopt` and `elsewhere` for a window the fleet
+/// keeps as a bucket since (`refill.rs`).
+const REFILLED: i64 = -2;
+
 /// The longest spacing between two corrections of a token window for what
 /// was spent elsewhere; a window shorter than ten of them is spaced by a
 /// tenth of it.
@@ -75,7 +79,7 @@ impl Inner {
     }
 
     /// The key this process keeps for `p`, after `--headroom`.
-    fn stated_key(&self, p: &Stated) -> String {
+    pub(super) fn stated_key(&self, p: &Stated) -> String {
         let quota = scaled(p.quota, self.headroom);
         let ms = millis(p.window);
         match p.unit {
@@ -112,6 +116,10 @@ impl Inner {
             return None;
         }
         let key = self.stated_key(p);
+        // Kept as a bucket since (`refill.rs`).
+        if self.lock().refilled.contains_key(&key) {
+            return None;
+        }
         let mut keys = {
             let keys = self.keys();
             if keys.contains(&key) || keys.len() >= self.configured_keys + MAX_WINDOWS {
@@ -123,6 +131,16 @@ impl Inner {
         // Listed and seeded before this process's takes pass it, so that
         // none of them is granted outside it.
         let listed = self.run_adopt(&keys, p.used).await.ok()?;
+        if listed == REFILLED {
+            // Another process found it to refill before this one adopted
+            // it: its bucket is what this process corrects from now on
+            // (listed, so passed from the next take).
+            let field = format!("refilled:{key}");
+            let to = self.limit_field(&field, Duration::from_secs(2), |_| {});
+            if let Ok(Some(to)) = to.await {
+                self.swap_key(&key, to);
+            }
+        }
         if listed < 0 {
             return None;
         }
@@ -151,7 +169,10 @@ impl Inner {
         }
         let (key, kept) = match self.told_keeps(p) {
             Some(t) => (t.key.clone(), t.quota),
-            None => (self.stated_key(p), scaled(p.quota, self.headroom)),
+            None => (
+                self.kept_as(self.stated_key(p)),
+                scaled(p.quota, self.headroom),
+            ),
         };
         let Some(index) = self.keys().iter().position(|k| *k == key) else {
             return;
@@ -175,11 +196,14 @@ impl Inner {
                 .insert(key, now + ELSEWHERE_EVERY.min(p.window / 10));
         }
         // Not corrected now: a response after the spacing tries again.
-        let _: Result<i64, PaceError> = self
+        let done: Result<i64, PaceError> = self
             .run("elsewhere", Duration::from_secs(2), |inv| {
                 inv.arg(index + 1).arg(spent);
             })
             .await;
+        if let Ok(REFILLED) = done {
+            let _ = self.fetch_stated().await;
+        }
     }
 
     /// Runs the script's `adopt` for the last of `keys`, with `used`.
@@ -236,7 +260,7 @@ impl Inner {
     /// key, its settle left that end there. Settling again is harmless to
     /// everything else (each rule moves a call only while it is in flight,
     /// and the window to the same end).
-    fn resettle(&self) {
+    pub(super) fn resettle(&self) {
         let gap = self.occupied_after();
         {
             let mut l = self.lock();
@@ -251,24 +275,66 @@ impl Inner {
         self.wake.notify_one();
     }
 
-    /// Takes on every key the fleet adopted (the limit hash's `stated`):
-    /// a take was told this process lacks one. Only names of this fleet's
-    /// windows are taken.
+    /// Takes on every key the fleet adopted (the limit hash's `stated`),
+    /// and passes the bucket in place of each window the fleet found to
+    /// refill continuously (its `refilled:KEY`): a take was told this
+    /// process lacks one or passes the other. Only names of this fleet's
+    /// windows and buckets are taken.
     pub(super) async fn fetch_stated(&self) -> Result<(), PaceError> {
+        // Adopted keys only: a window configured under the same name as
+        // an adopted one stays this process's (its told policy), beside
+        // the bucket.
+        let mut fields = vec!["stated".to_string()];
+        let adopted = {
+            let keys = self.keys();
+            keys[self.configured_keys.min(keys.len())..].to_vec()
+        };
+        fields.extend(adopted.iter().map(|k| format!("refilled:{k}")));
+        let limit = self.fleet.keys().limit();
+        let get = |mut c: redis::aio::ConnectionManager| {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(&limit).arg(&fields);
+            async move { cmd.query_async::<Vec<Option<String>>>(&mut c).await }
+        };
         let within = self.fleet.redis_timeout();
-        let names = self
-            .limit_field("stated", within, |e| self.lost_contact(e))
+        let got = (self.fleet.retry(within, get, |e| self.lost_contact(e)))
             .await
             .map_err(|e| PaceError::Unavailable(e.to_string()))?;
         let keys = self.fleet.keys();
-        for name in names
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter(|n| keys.is_stated(n))
-        {
+        for (field, to) in fields.iter().zip(&got).skip(1) {
+            let (Some(window), Some(to)) = (field.strip_prefix("refilled:"), to) else {
+                continue;
+            };
+            if keys.is_stated(to) {
+                self.swap_key(window, to.clone());
+            }
+        }
+        let names = got.into_iter().next().flatten().unwrap_or_default();
+        for name in names.split_whitespace().filter(|n| keys.is_stated(n)) {
             self.take_on(name.to_string());
         }
         Ok(())
+    }
+
+    /// Holds the fleet for each policy `said` says has nothing left, but a
+    /// bucket of tokens keeping it, which refills continuously (OpenAI's
+    /// and Anthropic's reset is when it is full): its level, corrected from
+    /// what was said, paces it, not a hold until the reset (as in-process,
+    /// `Kept::refills`). A told one, or one found to refill while its
+    /// statements still show the refill; asked of Redis when another
+    /// process may have found it since this one last heard (once per such
+    /// statement, a round trip).
+    pub(super) async fn hold_spent(&self, said: &super::face::Said) {
+        for (name, reset) in &said.spent {
+            let mut refilling = false;
+            for p in said.others.iter().filter(|p| p.name == *name) {
+                let told = self.told_keeps(p).is_some_and(|t| t.burst.is_some());
+                refilling |= told || self.refills_asked(p).await;
+            }
+            if !refilling {
+                self.hold_for(name, *reset).await;
+            }
+        }
     }
 
     /// A response said policy `name` has nothing left until `reset` from
@@ -324,7 +390,7 @@ impl Inner {
 
     /// One field of the fleet's limit hash, retried for at most `within`
     /// (`on_retry` hears each failed try).
-    async fn limit_field(
+    pub(super) async fn limit_field(
         &self,
         field: &str,
         within: Duration,

@@ -41,6 +41,7 @@ use tasks::{heartbeat, settler};
 
 mod face;
 mod heard;
+mod refill;
 mod rule;
 mod settles;
 mod tasks;
@@ -378,7 +379,8 @@ impl Inner {
 
     /// The script's keys as they are now.
     fn keys(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
-        // A panic elsewhere leaves the list whole: it is only pushed to.
+        // A panic elsewhere leaves the list whole: it is only pushed to,
+        // or a key replaced in place.
         self.keys.read().unwrap_or_else(|p| p.into_inner())
     }
 

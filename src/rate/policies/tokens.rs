@@ -186,6 +186,48 @@ impl PolicySet {
         let Some(rate) = self.kept[i].heard_reset(said, now) else {
             return;
         };
+        self.become_bucket(i, rate, said, now);
+        self.heard.push_back(Heard::Refills {
+            name: p.name.clone(),
+            quota,
+            period: rate.period,
+        });
+    }
+
+    /// The stated window of tokens counting `unit` over `window` refills
+    /// continuously at `rate`, `used` of it used: kept as a bucket from
+    /// `now`, as when its statements show it. The scenario harness's step
+    /// ([`crate::rate::scenario::Op::Refill`]), which the fleet's script
+    /// answers too. Returns whether there was such a window.
+    pub fn refill_stated(
+        &mut self,
+        unit: Unit,
+        window: Duration,
+        rate: Rate,
+        used: u64,
+        now: Instant,
+    ) -> bool {
+        let stated = self.configured.1.min(self.kept.len());
+        let Some(i) = (stated..self.kept.len()).find(|&i| {
+            let k = &self.kept[i];
+            k.unit() == unit && k.window() == window && k.spec().shape == Shape::Sliding
+        }) else {
+            return false;
+        };
+        let said = Said {
+            quota: rate.count,
+            remaining: rate.count.saturating_sub(used),
+            reset: Duration::ZERO,
+            early: Duration::ZERO,
+            late: Duration::ZERO,
+        };
+        self.become_bucket(i, rate, said, now);
+        true
+    }
+
+    /// Kept policy `i` is kept as a bucket of `rate` from `now`
+    /// ([`Kept::become_bucket`]), the calls out counted in it anew.
+    fn become_bucket(&mut self, i: usize, rate: Rate, said: Said, now: Instant) {
         let unit = self.kept[i].unit();
         let (slots, tokens): (Vec<SetSlot>, Vec<u64>) = self
             .in_flight
@@ -199,11 +241,6 @@ impl PolicySet {
                 ids[i] = id;
             }
         }
-        self.heard.push_back(Heard::Refills {
-            name: p.name.clone(),
-            quota,
-            period: rate.period,
-        });
     }
 
     /// The server says less is left than this client counts spent: the

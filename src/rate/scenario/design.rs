@@ -343,6 +343,49 @@ pub fn input_and_output_tokens() -> Scenario {
         .0
 }
 
+/// 100 tokens per 2 s stated while two calls of 40 are out, then found to
+/// refill continuously over 1 s: the window's answered call and the calls
+/// out are replayed into a bucket of 100 per 1 s, which what the server
+/// says is used and each usage correct from then on.
+pub fn stated_window_refills() -> Scenario {
+    let take = Op::TakeTokens {
+        tokens: TokenWeight::whole(40),
+    };
+    let stated = |used| Op::Stated {
+        quota: 100,
+        window: 2000,
+        used,
+        unit: Unit::Tokens,
+    };
+    let said = |used| Op::SettleUsed {
+        pick: 0,
+        ago: 0,
+        used: Used {
+            total: Some(used),
+            input: None,
+            output: None,
+        },
+    };
+    Build::new(10, 1000)
+        .n(2, 0, take)
+        .at(0, stated(0))
+        .at(10, said(30))
+        .at(20, take)
+        .at(
+            20,
+            Op::Refill {
+                period: 1000,
+                used: 60,
+            },
+        )
+        .at(20, take)
+        .at(20, stated(95))
+        .at(20, take)
+        .at(30, said(10))
+        .at(30, take)
+        .0
+}
+
 /// Every hand-written scenario, named.
 pub fn all() -> Vec<(&'static str, Scenario)> {
     vec![
@@ -377,6 +420,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             token_bucket_100_per_1s_burst_50(),
         ),
         ("input_and_output_tokens", input_and_output_tokens()),
+        ("stated_window_refills", stated_window_refills()),
     ]
 }
 

@@ -298,3 +298,21 @@ fn a_prompt_and_an_answer_are_each_counted_by_their_own_budget() {
     // allowance.
     assert_eq!(a, [g(1), g(2), wait(1000), wait(1000), g(3), wait(130)]);
 }
+
+#[test]
+fn a_stated_window_found_to_refill_becomes_a_bucket_of_what_it_holds() {
+    let a: Vec<Answer> = answers(&stated_window_refills());
+    let g = |occ| granted(10, occ, 0, false);
+    let (refilled, a) = a.split_at(4);
+    assert_eq!(refilled[3], Answer::Refilled(true));
+    let a = [&refilled[..3], a].concat();
+    // 30 answered and 40 out fill 70 of the 100: 40 more waits until the
+    // 30 end, 2 s after their answer. As a bucket of 100 per 1 s (T =
+    // 10 ms, tolerance 990 ms, skew allowance 50 ms), the 30 spent at
+    // 10 ms and the 40 out at 20 ms put its TAT 690 ms ahead (60 said
+    // used is less): 40 more fit once 690 + 50 + 390 ms is within the
+    // 990 ms, in 140 ms. Said to hold 95, its TAT runs 260 ms further
+    // (400 ms); the call out used 10 of its 40, which gives 300 ms back
+    // (at 30 ms, 90 ms).
+    assert_eq!(a, [g(1), g(2), wait(1990), wait(140), wait(400), wait(90)]);
+}

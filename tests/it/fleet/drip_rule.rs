@@ -145,7 +145,7 @@ impl Store for DripLua {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy.
-            Call::Stated(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) => Answer::Noted,
         }
     }
 }

@@ -8,6 +8,7 @@ mod drip_rule;
 mod even;
 mod faults;
 mod pacer;
+mod refill;
 mod rule;
 mod stated_tokens;
 mod stops;

@@ -10,6 +10,7 @@ use batchrun::fleet::script::{tokens_arg, ScriptArgs, SCRIPT};
 use batchrun::fleet::FleetKeys;
 use batchrun::rate::policy::{TokenWeight, Unit, Used};
 use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
+use batchrun::rate::Rate;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
@@ -34,6 +35,10 @@ pub(super) struct Lua {
     /// Each call's estimate, which a response's usage corrects part by
     /// part (as the fleet pacer's permit keeps it).
     estimates: HashMap<u64, TokenWeight>,
+    /// The last policy of tokens stated (quota, window ms, unit), and
+    /// each adopted window kept as a bucket since, by its bucket's key.
+    stated: Option<(u64, u64, Unit)>,
+    refilled: HashMap<String, String>,
 }
 
 impl Lua {
@@ -71,7 +76,39 @@ impl Lua {
             secret: true,
             reported: false,
             estimates: HashMap::new(),
+            stated: None,
+            refilled: HashMap::new(),
         }
+    }
+
+    /// The stated window of tokens becomes a bucket refilling over
+    /// `period` ms, as the fleet's pacer asks once it finds the refill:
+    /// passed in the window's place when the script did it.
+    fn refill(&mut self, now: u64, period: u64, used: u64) -> bool {
+        let Some((q, w, unit)) = self.stated.filter(|_| self.refilled.is_empty()) else {
+            return false;
+        };
+        let window = self.names.tokens(unit, q, w);
+        let Some(at) = self.keys.iter().position(|k| *k == window) else {
+            return false;
+        };
+        let rate = Rate {
+            count: q,
+            period: Duration::from_millis(period),
+        };
+        let bucket = self.names.bucket(rate, q - 1, unit);
+        self.keys.push(bucket.clone());
+        let (from, to) = (at + 1, self.keys.len());
+        let done: i64 = self.op(now, "refill", |inv| {
+            inv.arg(from).arg(to).arg(used);
+        });
+        if done == 1 {
+            self.keys.swap_remove(at);
+            self.refilled.insert(window, bucket);
+        } else {
+            self.keys.pop();
+        }
+        done == 1
     }
 
     pub(super) fn op<T: redis::FromRedisValue>(
@@ -191,6 +228,7 @@ impl Store for Lua {
                 let ms: i64 = self.op(now, "full", |_| {});
                 Answer::Held { ms: ms as u64 }
             }
+            Call::Refill(period, used) => Answer::Refilled(self.refill(now, period, used)),
             Call::Stated(quota, window, used, unit) => {
                 // As the fleet's pacer: a stated policy of calls means no
                 // secret limit to learn; the adopted key is passed from
@@ -200,6 +238,10 @@ impl Store for Lua {
                     Unit::Calls => self.names.further(quota, window),
                     u => self.names.tokens(u, quota, window),
                 };
+                if tokens && self.stated.is_none() {
+                    self.stated = Some((quota, window, unit));
+                }
+                let key = self.refilled.get(&key).cloned().unwrap_or(key);
                 self.secret &= tokens;
                 match self.keys.iter().position(|k| *k == key) {
                     None => {
@@ -326,8 +368,11 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
             |(limit, window, reports, further, (buckets, fixed, tokens, token_buckets))| {
                 let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
                 let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
+                // Weighed takes now and then with no policy of tokens
+                // configured, for one the server states (and a refill
+                // then counts the calls out at their estimates).
                 let weighed = if tokens.is_empty() && token_buckets.is_empty() {
-                    1
+                    4
                 } else {
                     20
                 };
@@ -346,6 +391,7 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     .chain(buckets.iter().map(|b| b.1))
                     .chain(token_buckets.iter().map(|b| b.1))
                     .collect();
+                let periods = taken.clone();
                 let stated = (
                     prop_oneof![Just(Unit::Calls), unit()],
                     1u64..=200,
@@ -369,11 +415,20 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                             unit,
                         }
                     });
+                // Now and then the stated window of tokens is found to
+                // refill continuously, over a period no policy keeps.
+                let refill = (20u64..=3000, 0u64..=300).prop_map(move |(mut period, used)| {
+                    while periods.contains(&period) {
+                        period += 1;
+                    }
+                    Op::Refill { period, used }
+                });
                 let op = prop_oneof![
                     40 => op(window),
                     u32::from(reports) => inforce,
                     weighed => weighed_op,
                     2 => stated,
+                    1 => refill,
                 ];
                 proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
                     let mut at = 0;
@@ -381,9 +436,20 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     // A token policy stated again is the same policy with
                     // what the server says is used of it now.
                     let mut budget: Option<(u64, u64, Unit)> = None;
+                    let mut refilled = false;
                     let steps = steps
                         .into_iter()
                         .filter_map(|(gap, op)| match op {
+                            // Once, of the budget stated, at a period
+                            // other than its window.
+                            Op::Refill { period, used } => {
+                                let (quota, w, _) = budget?;
+                                if period == w || std::mem::replace(&mut refilled, true) {
+                                    return None;
+                                }
+                                let used = used.min(quota.saturating_sub(1));
+                                Some((gap, Op::Refill { period, used }))
+                            }
                             Op::Stated {
                                 unit: Unit::Calls, ..
                             } => (!std::mem::replace(&mut calls_once, true)).then_some((gap, op)),

@@ -1,0 +1,169 @@
+//! A quota of tokens a server states without a window (OpenAI's and
+//! Anthropic's), which the fleet adopts as a window of a minute, may be a
+//! bucket refilling continuously. Each process reads the statements it
+//! receives for that ([`crate::rate::refill`], as in-process
+//! `Kept::watch_refill`); the first to find the refill has the script keep
+//! the quota as a bucket from then on (`refill` in `lua/stated.lua`), and
+//! every other process passes the bucket in the window's place from its
+//! next take, told to fetch it. The bucket's period is the finder's: later
+//! statements do not retime it, as in-process they do (the period found is
+//! the slowest they fit, so it errs on the slow side).
+
+use std::time::Duration;
+
+use super::face::Stated;
+use super::{scaled, Inner};
+use crate::pace::{PaceError, PaceNote};
+use crate::rate::policies::Heard;
+use crate::rate::refill::Said;
+use crate::rate::Rate;
+
+/// How late a reset stated as an instant, with no `Date` to read it
+/// against, may be read: in-process, the round trip and a second of
+/// skew; the fleet keeps no round trip, so the second alone (such a
+/// reset, in whole seconds, is too coarse to show a refill over a minute
+/// either way).
+const READ_LATE: Duration = Duration::from_secs(1);
+
+impl Inner {
+    /// Reads what `p` says of its reset for a continuous refill, when it
+    /// is stated without a window and adopted by this process. Once found,
+    /// the fleet keeps it as a bucket: what the operator hears when this
+    /// process found it.
+    pub(super) async fn heard_reset(&self, p: &Stated) -> Option<PaceNote> {
+        let reset = p.reset.filter(|_| p.windowless && p.unit.is_tokens())?;
+        if self.told_keeps(p).is_some() {
+            return None;
+        }
+        let key = self.stated_key(p);
+        let read_late = if p.reset_dated {
+            Duration::ZERO
+        } else {
+            READ_LATE
+        };
+        let said = Said::new(
+            p.quota,
+            p.quota.saturating_sub(p.used),
+            reset,
+            p.reset_exact,
+            read_late,
+        );
+        let period = {
+            let mut l = self.lock();
+            let found = l
+                .fits
+                .entry(key.clone())
+                .or_default()
+                .observe(said, p.window);
+            found.filter(|_| !l.refilled.contains_key(&key))?
+        };
+        if !self.keys().contains(&key) {
+            return None;
+        }
+        let count = scaled(p.quota, self.headroom);
+        let rate = Rate { count, period };
+        let bucket = self.fleet.keys().bucket(rate, count - 1, p.unit);
+        // Read against the share of the quota kept, as `spent_elsewhere`.
+        let used = p.used.saturating_sub(p.quota - count.min(p.quota));
+        match self.run_refill(&key, &bucket, used).await {
+            Ok(1) => {
+                self.swap_key(&key, bucket);
+                Some(PaceNote::Heard(Heard::Refills {
+                    name: p.name.clone(),
+                    quota: p.quota,
+                    period,
+                }))
+            }
+            // Another process found it first: its bucket, then.
+            Ok(0) => {
+                let _ = self.fetch_stated().await;
+                None
+            }
+            // Not done: the next statement tries again.
+            _ => None,
+        }
+    }
+
+    /// Whether `p` is kept as a bucket found to refill continuously, its
+    /// statements still showing the refill: a `remaining` of 0 is its
+    /// level then, not a hold until its reset (as in-process,
+    /// `Kept::refills`).
+    pub(super) fn refills(&self, p: &Stated) -> bool {
+        let key = self.stated_key(p);
+        let l = self.lock();
+        l.refilled.contains_key(&key) && l.fits.get(&key).is_some_and(|f| f.holding())
+    }
+
+    /// The key the fleet keeps `key` under: the bucket it became, when it
+    /// did.
+    pub(super) fn kept_as(&self, key: String) -> String {
+        self.lock().refilled.get(&key).cloned().unwrap_or(key)
+    }
+
+    /// Passes `bucket` in place of window `window` from now on. The calls
+    /// this process settled since the refill went to the window, not the
+    /// bucket, which holds them at their estimates: they are settled
+    /// again ([`resettle`](Self::resettle)).
+    pub(super) fn swap_key(&self, window: &str, bucket: String) {
+        let swapped = {
+            let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+            let at = keys.iter().position(|k| k == window);
+            if let Some(i) = at {
+                if keys.contains(&bucket) {
+                    keys.remove(i);
+                } else {
+                    keys[i] = bucket.clone();
+                }
+            }
+            at.is_some()
+        };
+        self.lock().refilled.insert(window.to_string(), bucket);
+        if swapped {
+            self.resettle();
+        }
+    }
+
+    /// Whether the fleet keeps `p` as a bucket found to refill, its
+    /// statements still showing the refill ([`refills`](Self::refills)),
+    /// asked of Redis when this process does not know yet: a `remaining:
+    /// 0` read just after another process's refill holds nothing then.
+    pub(super) async fn refills_asked(&self, p: &Stated) -> bool {
+        if !p.windowless || !p.unit.is_tokens() || self.told_keeps(p).is_some() {
+            return false;
+        }
+        let key = self.stated_key(p);
+        if self.lock().refilled.contains_key(&key) {
+            return self.refills(p);
+        }
+        let field = format!("refilled:{key}");
+        let to = self.limit_field(&field, Duration::from_secs(2), |_| {});
+        let Ok(Some(to)) = to.await else {
+            return false;
+        };
+        self.swap_key(&key, to);
+        self.refills(p)
+    }
+
+    /// Runs the script's `refill` of window `from` into bucket `to`, `used`
+    /// of the quota used.
+    async fn run_refill(&self, from: &str, to: &str, used: u64) -> Result<i64, PaceError> {
+        let mut keys = self.keys().clone();
+        let Some(at) = keys.iter().position(|k| k == from) else {
+            return Ok(-1);
+        };
+        keys.push(to.to_string());
+        let (from, to) = (at + 1, keys.len());
+        self.fleet
+            .retry(
+                Duration::from_secs(2),
+                |mut c| {
+                    let mut inv = self.args.invoke(&self.script, &keys, "refill", None);
+                    inv.arg(from).arg(to).arg(used);
+                    async move { inv.invoke_async::<i64>(&mut c).await }
+                },
+                |e| self.lost_contact(e),
+            )
+            .await
+            .map_err(|e| PaceError::Unavailable(e.to_string()))
+    }
+}

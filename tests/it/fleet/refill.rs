@@ -1,0 +1,255 @@
+//! OpenAI's and Anthropic's token quotas, stated without a window, kept by
+//! a fleet: adopted as a window of a minute, then found to refill
+//! continuously and kept as a bucket by every process, as in-process.
+
+use std::time::Duration;
+
+use batchrun::fleet::FleetKeys;
+use batchrun::pace::{PaceNote, Pacer, Weight};
+use batchrun::rate::policies::Heard;
+use batchrun::rate::policy::{TokenWeight, Unit, Used};
+
+use super::pacer::{fleet_on, pacer};
+use super::support::{fleet_name, Redis};
+
+/// OpenAI's statement of 1,000 tokens, `used` of them used, full again
+/// in `reset_ms`.
+fn openai(used: u64, reset_ms: u64) -> reqwest::header::HeaderMap {
+    let mut h = reqwest::header::HeaderMap::new();
+    for (k, v) in [
+        ("x-ratelimit-limit-tokens", "1000".to_string()),
+        ("x-ratelimit-remaining-tokens", (1000 - used).to_string()),
+        ("x-ratelimit-reset-tokens", format!("{reset_ms}ms")),
+    ] {
+        h.insert(k, v.parse().unwrap());
+    }
+    h
+}
+
+/// A statement of a bucket refilling 1,000 tokens a minute, `used` used
+/// (OpenAI's resets are to the millisecond: used, here, other than a
+/// multiple of 50, whose resets of whole seconds say less).
+fn refilling(used: u64) -> reqwest::header::HeaderMap {
+    openai(used, used * 60)
+}
+
+fn tokens(n: u64) -> Weight {
+    Weight {
+        calls: 1,
+        tokens: TokenWeight::whole(n),
+    }
+}
+
+/// Whether `notes` say the quota was found to refill over about a minute.
+fn says_refills(notes: &[PaceNote]) -> bool {
+    notes.iter().any(|n| {
+        matches!(n, PaceNote::Heard(Heard::Refills { quota: 1000, period, .. })
+            if (59.0..61.0).contains(&period.as_secs_f64()))
+    })
+}
+
+/// Eight statements whose resets keep proportion with what is used (a
+/// minute's refill of it) show process A a bucket: the fleet keeps the
+/// quota as one from then on, filled with what the window held (101 said
+/// used, and B's call of 100 out) and then to the 451 said used, in place
+/// of the window of a minute. The other processes adopted the window
+/// before. B, whose call came back using 10 before it knew, is told by
+/// its next correction (the window is not made again), passes the bucket
+/// and settles that call again: the bucket gives back 90, so a call of
+/// 700 waits and one of 600 goes. D, told the quota is used up before
+/// it knew, asks, and does not hold the fleet until the reset a minute
+/// on: the bucket's next token is back within a fraction of a second.
+/// Nor does a process joining later, which never adopts the window.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowless_token_quota_that_refills_is_kept_as_a_bucket_by_every_process() {
+    let redis = Redis::start();
+    let name = fleet_name("refill");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let d = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let keys = FleetKeys::named(&name);
+    let window = keys.tokens(Unit::Tokens, 1000, 60_000);
+    let mut c = redis.conn();
+    let exists = |c: &mut redis::Connection, k: &str| -> bool {
+        redis::cmd("EXISTS").arg(k).query::<i64>(c).unwrap() == 1
+    };
+    let mut notes = Vec::new();
+    notes.extend(a.observe(&refilling(101)).await);
+    b.observe(&refilling(151)).await;
+    d.observe(&refilling(151)).await;
+    d.observe(&refilling(201)).await;
+    assert!(exists(&mut c, &window), "the window adopted");
+    let soon = Duration::from_secs(5);
+    let out = tokio::time::timeout(soon, b.take_weighted(tokens(100))).await;
+    let Ok(Ok(out)) = out else {
+        panic!("B's call of 100 waited")
+    };
+    for used in (151..=451).step_by(50) {
+        notes.extend(a.observe(&refilling(used)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    assert!(says_refills(&notes), "{notes:?}");
+    let listed: String = redis::cmd("HGET")
+        .arg(keys.limit())
+        .arg("stated")
+        .query(&mut c)
+        .unwrap();
+    let bucket = listed
+        .split_whitespace()
+        .find(|k| k.contains(":gcra:"))
+        .unwrap_or_else(|| panic!("no bucket listed: {listed}"))
+        .to_string();
+    assert!(
+        !exists(&mut c, &window),
+        "the window kept beside the bucket"
+    );
+
+    let ten = Used {
+        total: Some(10),
+        input: None,
+        output: None,
+    };
+    out.complete_used(tokio::time::Instant::now(), Some(ten));
+    b.flush().await;
+    b.observe(&refilling(501)).await;
+    b.flush().await;
+    assert!(!exists(&mut c, &window), "B made the window again");
+    let held: Vec<String> = redis::cmd("HKEYS").arg(&bucket).query(&mut c).unwrap();
+    assert!(
+        !held.iter().any(|f| f.starts_with("c:")),
+        "B's call held at its estimate: {held:?}"
+    );
+    let wait = Duration::from_millis(300);
+    let heavy = tokio::time::timeout(wait, b.take_weighted(tokens(700))).await;
+    assert!(heavy.is_err(), "a call of 700 went with 361 of 1000 used");
+    let fits = tokio::time::timeout(soon, b.take_weighted(tokens(600))).await;
+    assert!(matches!(fits, Ok(Ok(_))), "a call of 600 waited");
+
+    // Used up, full again in a minute: the bucket's level paces it, not
+    // a hold until the reset.
+    d.observe(&openai(1000, 60_220)).await;
+    let next = tokio::time::timeout(soon, a.take_weighted(tokens(1))).await;
+    assert!(
+        matches!(next, Ok(Ok(_))),
+        "D held the fleet until the reset"
+    );
+    let late = pacer(fleet_on(&redis, &name).await, "50/1s");
+    for used in [701, 751] {
+        late.observe(&refilling(used)).await;
+    }
+    late.observe(&openai(1000, 60_220)).await;
+    let next = tokio::time::timeout(soon, a.take_weighted(tokens(1))).await;
+    assert!(matches!(next, Ok(Ok(_))), "a late process held the fleet");
+    assert!(!exists(&mut c, &window), "the window adopted again");
+}
+
+/// Resets that keep no proportion with what is used (a window's: the
+/// same reset whatever the use) are no refill: the window stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowless_quota_whose_resets_keep_no_proportion_stays_a_window() {
+    let redis = Redis::start();
+    let name = fleet_name("no-refill");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let mut notes = Vec::new();
+    for used in (101..=801).step_by(50) {
+        notes.extend(a.observe(&openai(used, 30_500)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    assert!(!says_refills(&notes), "{notes:?}");
+    let window = FleetKeys::named(&name).tokens(Unit::Tokens, 1000, 60_000);
+    let held: i64 = redis::cmd("EXISTS")
+        .arg(&window)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(held, 1);
+}
+
+/// End to end, as in-process (`policies.rs`): Anthropic's token bucket of
+/// 6,000 a minute, stated without a window, against 130 prompts of about
+/// 50 tokens run through a fleet under `--limit none`. Kept as a window
+/// of a minute, the last 630 tokens waited out the minute (the fleet ran
+/// 3.4-4.2x the ideal time on such jobs); found to refill, they go at its
+/// refill, about 6 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_paces_a_stated_token_bucket_at_its_refill() {
+    let redis = Redis::start();
+    let items = crate::policies::prompts_of_50(130, 1);
+    let s = crate::common::Scenario::new("fleet-refill")
+        .with_sim(&[
+            "--limit",
+            "6000/1m,tokens,burst=5999",
+            "--dialect",
+            "anthropic",
+        ])
+        .input("prompts.jsonl", &items);
+    let name = fleet_name("refill-run");
+    let t0 = std::time::Instant::now();
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "--json-body",
+        "--concurrency",
+        "10",
+        "--redis",
+        &redis.url,
+        "--fleet-key",
+        &name,
+    ]);
+    let took = t0.elapsed().as_secs_f64();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
+    assert!(
+        r.stderr.contains("\"tokens\" of 6000 refills continuously"),
+        "{}",
+        r.stderr
+    );
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["rejected_rate"], 0, "{stats}");
+    assert!(stats["tokens_charged"].as_u64().unwrap() > 6000, "{stats}");
+    assert!(took < 30.0, "took {took:.1} s");
+    crate::common::assert_each_item_once(&s.out_path(), 130);
+}
+
+/// A process told the window the server states (`--limit 1000/1m,tokens`)
+/// keeps it: another process finding the quota to refill has the fleet
+/// keep the bucket beside it, not in its place, for the told process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_told_window_stays_beside_the_bucket_found() {
+    let redis = Redis::start();
+    let name = fleet_name("refill-told");
+    let told = batchrun::fleet::pacer::FleetPacer::with_limits(
+        fleet_on(&redis, &name).await,
+        batchrun::fleet::pacer::FleetPacing {
+            limit: "50/1s".parse::<batchrun::rate::Limit>().unwrap(),
+            concurrency: 100,
+            timeout: Duration::from_secs(1),
+            wait_for_quota: false,
+            shape_unknown: false,
+            learnt: None,
+            ran_lately: false,
+        },
+        &[],
+        &[],
+        &[(
+            batchrun::rate::Rate {
+                count: 1000,
+                period: Duration::from_secs(60),
+            },
+            Unit::Tokens,
+        )],
+    );
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let mut notes = Vec::new();
+    for used in (101..=451).step_by(50) {
+        notes.extend(a.observe(&refilling(used)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    assert!(says_refills(&notes), "{notes:?}");
+    let soon = Duration::from_secs(5);
+    let out = tokio::time::timeout(soon, told.take_weighted(tokens(100))).await;
+    assert!(matches!(out, Ok(Ok(_))), "the told process's call waited");
+    let window = FleetKeys::named(&name).tokens(Unit::Tokens, 1000, 60_000);
+    let mut c = redis.conn();
+    let counted: Vec<String> = redis::cmd("HVALS").arg(&window).query(&mut c).unwrap();
+    assert_eq!(counted.len(), 1, "the told window does not hold the call");
+}
