@@ -125,16 +125,17 @@ impl Gcra {
 
     /// Claims `weight` units at `now`, or says when to look again.
     pub fn try_take(&mut self, now: Instant, weight: u64) -> Result<u64, Instant> {
-        if let Some(h) = self.held_until.filter(|&h| h > now) {
-            return Err(h);
-        }
+        // Held: not before the hold's end, nor before the bucket admits
+        // the call then (as the fleet's script answers: the later wait).
+        let held = self.held_until.filter(|&h| h > now);
+        let at = held.unwrap_or(now);
         let extra = mul(self.interval, weight.saturating_sub(1));
         if let Some(tat) = self.tat {
-            let start = later(tat, self.allowance).max(now);
+            let start = later(tat, self.allowance).max(at);
             let lhs = later(start, extra);
-            let rhs = later(now, self.tolerance);
+            let rhs = later(at, self.tolerance);
             // A call heavier than the whole bucket can only go alone.
-            let alone = weight > self.burst.saturating_add(1) && start == now;
+            let alone = weight > self.burst.saturating_add(1) && start == at;
             if lhs > rhs && !alone {
                 // Heavier than the bucket: when it is empty; else when the
                 // TAT has drained far enough.
@@ -143,8 +144,11 @@ impl Gcra {
                 } else {
                     lhs.checked_sub(self.tolerance).unwrap_or(lhs)
                 };
-                return Err(due);
+                return Err(due.max(at));
             }
+        }
+        if let Some(h) = held {
+            return Err(h);
         }
         let tat = self.tat.map_or(now, |t| t.max(now));
         self.tat = Some(later(tat, mul(self.interval, weight)));

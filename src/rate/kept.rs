@@ -342,21 +342,16 @@ impl Kept {
     }
 
     /// How long a response stating this policy used up holds calls, its
-    /// reset said `reset` (stated to the millisecond: `exact`). A bucket of
-    /// calls' next call drips in within one interval, so a reset in whole
-    /// seconds no later than that and the second it is rounded up by says
-    /// no more (nginx's IETF `t=1` held a bucket of 10 a second for a
-    /// second each time it emptied); [`hold_until`](Self::hold_until)
-    /// empties the bucket kept here as the server's is, so whoever emptied
-    /// it, no burst follows the hold. A longer reset, a window's, and a
-    /// bucket of tokens' (a token's interval says nothing of when a call
-    /// fits) hold as said.
+    /// reset said `reset` (stated to the millisecond: `exact`): a bucket
+    /// of calls' as [`bucket_emptied_hold`] says;
+    /// [`hold_until`](Self::hold_until) empties the bucket kept here as
+    /// the server's is, so whoever emptied it, no burst follows the hold.
+    /// A window's, and a bucket of tokens' (a token's interval says
+    /// nothing of when a call fits), hold as said.
     pub fn emptied_hold(&self, reset: Duration, exact: bool) -> Duration {
-        let calls = self.spec.unit == Unit::Calls && matches!(self.rule, Rule::Bucket(_));
-        let unit = super::gcra::interval(self.rate);
-        match calls && !exact && reset <= unit + Duration::from_secs(1) {
-            true => unit,
-            false => reset,
+        match (self.spec.unit, &self.rule) {
+            (Unit::Calls, Rule::Bucket(_)) => bucket_emptied_hold(self.rate, reset, exact),
+            _ => reset,
         }
     }
 
@@ -383,6 +378,22 @@ pub fn envelope(spec: &PolicySpec) -> Option<(u64, Duration)> {
         }
     };
     Some((n, r.period))
+}
+
+/// How long a response stating a bucket of calls of `rate` used up holds
+/// calls, its reset said `reset` (stated to the millisecond: `exact`). Its
+/// next call drips in within one interval, so a reset in whole seconds no
+/// later than that and the second it is rounded up by says no more
+/// (nginx's IETF `t=1` held a bucket of 10 a second for a second each time
+/// it emptied): one interval, in whole ms (the fleet's clock's grain).
+/// A longer reset holds as said.
+pub fn bucket_emptied_hold(rate: Rate, reset: Duration, exact: bool) -> Duration {
+    let unit = super::gcra::interval(rate);
+    if exact || reset > unit + Duration::from_secs(1) {
+        return reset;
+    }
+    let ms = unit.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 /// Whether `spec` is kept by an [`ExactWindow`](crate::rate::exact::ExactWindow).

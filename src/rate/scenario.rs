@@ -92,6 +92,18 @@ pub enum Op {
         /// What it counts.
         unit: Unit,
     },
+    /// A response said the policy of calls a bucket of the scenario keeps
+    /// (the `bucket`-th, modulo how many; stated for its window) has
+    /// nothing left, resetting in `reset` ms (to the millisecond:
+    /// `exact`).
+    Emptied {
+        /// Which bucket.
+        bucket: usize,
+        /// Its reset, in ms.
+        reset: u64,
+        /// Whether stated to the millisecond.
+        exact: bool,
+    },
     /// The server's statements show the stated token window (the last
     /// [`Op::Stated`] of tokens) to refill continuously, in full over
     /// `period` ms, with `used` of it used: it is kept as a bucket of its
@@ -226,6 +238,8 @@ pub enum Call {
     Stated(u64, u64, u64, Unit),
     /// The stated token window refills: period (ms), used.
     Refill(u64, u64),
+    /// A bucket's policy is used up: which bucket, reset (ms), exact.
+    Emptied(usize, u64, bool),
 }
 
 /// What a store answered.
@@ -371,6 +385,11 @@ impl Calls {
                 unit,
             } => Call::Stated(quota, window, used, unit),
             Op::Refill { period, used } => Call::Refill(period, used),
+            Op::Emptied {
+                bucket,
+                reset,
+                exact,
+            } => Call::Emptied(bucket, reset, exact),
         })
     }
 
@@ -394,6 +413,8 @@ pub struct InProcess {
     /// period it refills over once an [`Op::Refill`] said so.
     stated: Option<(u64, u64, Unit)>,
     refilled: Option<u64>,
+    /// The scenario's buckets of calls (N, W ms, B).
+    buckets: Vec<(u64, u64, u64)>,
 }
 
 impl InProcess {
@@ -423,6 +444,7 @@ impl InProcess {
             settled: false,
             stated: None,
             refilled: None,
+            buckets: s.buckets.clone(),
         }
     }
 
@@ -568,6 +590,22 @@ impl Store for InProcess {
                     self.refilled = Some(period);
                 }
                 Answer::Refilled(done)
+            }
+            Call::Emptied(bucket, reset, exact) => {
+                if let Some(&(n, w, _)) = self.buckets.get(bucket % self.buckets.len().max(1)) {
+                    let said = Announced {
+                        name: "emptied".into(),
+                        unit: crate::rate::announce::Unit::Calls,
+                        quota: Some(n),
+                        window: Some(Duration::from_millis(w)),
+                        remaining: Some(0),
+                        reset_in: Some(Duration::from_millis(reset)),
+                        reset_exact: exact,
+                        reset_dated: false,
+                    };
+                    self.w.announce(&[said], t);
+                }
+                Answer::Noted
             }
             Call::Stated(quota, window, used, unit) => {
                 use crate::rate::announce::Unit as Said;

@@ -54,15 +54,18 @@ end
 
 -- ns until bucket b admits a call of w units (0: now): it passes when
 -- max(TAT + D, now) + (w-1)·T <= now + TAU; one heavier than the whole
--- bucket goes alone, once the bucket is empty.
+-- bucket goes alone, once the bucket is empty. A bucket held (`held`, by
+-- `empty`) admits nothing before its hold ends, and then as it would then.
 local function bucket_due(b, w)
   local rel, d = tat_rel(b)
-  if not rel then return 0 end
-  local start = math.max(rel + d, 0)
+  local held = (tonumber(redis.call('HGET', b.key, 'held') or '0') - now) * 1e6
+  local at = math.max(held, 0)
+  if not rel then return at end
+  local start = math.max(rel + d, at)
   local extra = math.max(w - 1, 0) * b.T
-  if start + extra <= b.tau then return 0 end
+  if start + extra <= at + b.tau then return at end
   if extra > b.tau then return start end
-  return start + extra - b.tau
+  return math.max(start + extra - b.tau, at)
 end
 
 -- A take refused elsewhere: a bucket that would have admitted the call

@@ -177,6 +177,28 @@ if op == 'hold' then
   return tonumber(redis.call('HGET', KEYS[4], 'held_until')) - now
 end
 
+-- empty: ARGV[7] the index in KEYS of a told bucket of calls whose policy
+-- a response said has nothing left, ARGV[8] ms until the bucket takes a
+-- call again. As Gcra::empty_until in-process: the bucket holds its calls
+-- until then (`held`, unix ms; a later hold stays), and is empty then,
+-- its TAT at least the hold's end plus its tolerance less its allowance,
+-- so no burst follows (whoever emptied the server's bucket). The rest of
+-- the fleet's policies are not held. Returns 1 when it was a bucket.
+if op == 'empty' then
+  local key, ms = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
+  for _, b in ipairs(buckets) do
+    if b.key == key and not b.unit then
+      local was = tonumber(redis.call('HGET', b.key, 'held') or '0')
+      redis.call('HSET', b.key, 'held', math.max(was, now + ms))
+      local rel, d = tat_rel(b)
+      local empty = ms * 1e6 + b.tau - d
+      set_tat(b, math.max(rel or empty, empty))
+      return 1
+    end
+  end
+  return 0
+end
+
 -- refill: ARGV[7] the index in KEYS of an adopted token window whose
 -- statements show a continuous refill (rate/refill.rs, read by the process
 -- that found it), ARGV[8] the index of the bucket it becomes (a `gcra` key

@@ -89,7 +89,7 @@ impl Pacer for FleetPacer {
                 let queued = inner.lock().notes.pop_front();
                 return inner.drip_in_force(headers).await.or(queued);
             }
-            let said = Said::of(headers, inner.window);
+            let said = Said::of(headers, inner.window, &inner.call_bucket_periods());
             if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
             }
@@ -109,6 +109,9 @@ impl Pacer for FleetPacer {
                 }
             }
             inner.hold_spent(&said).await;
+            for (name, reset, exact, bucket) in &said.emptied {
+                inner.emptied(name, *reset, *exact, *bucket).await;
+            }
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
                 return queued;
@@ -204,6 +207,11 @@ pub(super) struct Said {
     /// Policies of any kind with nothing left, and how long until each
     /// resets: the fleet holds new calls until then.
     pub(super) spent: Vec<(String, Duration)>,
+    /// Policies of calls a told bucket keeps (one of the same window, as
+    /// in-process), with nothing left: how long until each resets, whether
+    /// to the millisecond, and the bucket (its index among the told
+    /// buckets of calls). Not the primary window's.
+    pub(super) emptied: Vec<(String, Duration, bool, usize)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -239,10 +247,26 @@ impl Said {
         self.told_elsewhere || (self.told && !above)
     }
 
-    pub(super) fn of(headers: &HeaderMap, window: Duration) -> Said {
+    /// What `headers` say, the primary window being `window` and the told
+    /// buckets of calls refilling over `buckets`.
+    pub(super) fn of(headers: &HeaderMap, window: Duration, buckets: &[Duration]) -> Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
+            let kept = match (p.unit, p.window) {
+                (Unit::Calls, Some(w)) => buckets.iter().position(|&b| b == w),
+                _ => None,
+            };
+            if let Some(i) = kept {
+                // A stated policy of calls: no secret to learn.
+                said.told |= p.quota.is_some();
+                said.told_elsewhere |= p.quota.is_some();
+                let reset = p.reset_in.filter(|r| !r.is_zero());
+                if let Some(r) = reset.filter(|_| p.remaining == Some(0)) {
+                    said.emptied.push((p.name, r, p.reset_exact, i));
+                }
+                continue;
+            }
             if let Some(r) = p
                 .reset_in
                 .filter(|r| p.remaining == Some(0) && !r.is_zero())

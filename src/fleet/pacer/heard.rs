@@ -16,6 +16,7 @@ use super::rule::Verb;
 use super::{scaled, Inner, Local};
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote};
+use crate::rate::kept::bucket_emptied_hold;
 use crate::rate::policies::{Heard, LONG_HOLD, MAX_WINDOWS};
 use crate::rate::policy::Unit;
 
@@ -334,6 +335,36 @@ impl Inner {
             if !refilling {
                 self.hold_for(name, *reset).await;
             }
+        }
+    }
+
+    /// The periods of the told buckets of calls, in their order.
+    pub(super) fn call_bucket_periods(&self) -> Vec<Duration> {
+        self.call_buckets.iter().map(|(r, _)| r.period).collect()
+    }
+
+    /// A response said the policy told bucket of calls `bucket` keeps has
+    /// nothing left until `reset` (to the millisecond: `exact`): the
+    /// bucket holds its calls as in-process (`Kept::emptied_hold`: one
+    /// interval for a reset in whole seconds no later than it and the
+    /// second of rounding) and is empty then (the script's `empty`; the
+    /// rest of the fleet's policies are not held). A hold of more than a
+    /// minute holds the fleet as any used-up quota's does, and is said.
+    pub(super) async fn emptied(&self, name: &str, reset: Duration, exact: bool, bucket: usize) {
+        let Some((rate, key)) = self.call_buckets.get(bucket) else {
+            return;
+        };
+        let Some(index) = self.keys().iter().position(|k| k == key) else {
+            return;
+        };
+        let hold = bucket_emptied_hold(*rate, reset, exact);
+        let _: Result<i64, PaceError> = self
+            .run("empty", Duration::from_secs(2), |inv| {
+                inv.arg(index + 1).arg(millis(hold));
+            })
+            .await;
+        if hold > LONG_HOLD {
+            self.hold_for(name, hold).await;
         }
     }
 

@@ -180,6 +180,9 @@ struct Inner {
     /// quota one of them keeps already is not adopted, and corrects it
     /// ([`heard`]).
     told_tokens: Vec<ToldTokens>,
+    /// The configured buckets of calls (after `--headroom`), with their
+    /// keys: a stated policy of calls of the same window is theirs.
+    call_buckets: Vec<(Rate, String)>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -296,58 +299,64 @@ impl FleetPacer {
             period: window,
         }))?;
         let told_tokens = told_tokens(&fleet, buckets, tokens, headroom);
-        let inner =
-            Arc::new(Inner {
-                rule,
-                script: redis::Script::new(SCRIPT),
-                keys: RwLock::new(
-                    fleet
-                        .keys()
-                        .pacer()
-                        .into_iter()
-                        .chain(further.iter().map(|r| {
-                            fleet
-                                .keys()
-                                .further(scaled(r.count, headroom), millis(r.period))
-                        }))
-                        .chain(buckets.iter().filter(|b| !b.2.is_tokens()).map(
-                            |&(r, burst, unit)| {
-                                let count = scaled(r.count, headroom);
-                                fleet.keys().bucket(Rate { count, ..r }, burst, unit)
-                            },
-                        ))
-                        .chain(told_tokens.iter().map(|t| t.key.clone()))
-                        .collect(),
-                ),
-                configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
-                weighed: AtomicBool::new(!told_tokens.is_empty()),
-                told_tokens,
-                args: ScriptArgs {
-                    window,
-                    hold: cfg.timeout + window + HOLD_SLACK,
-                    lease: lease_for(cfg.timeout),
-                },
-                fleet,
+        let call_buckets: Vec<(Rate, String)> = buckets
+            .iter()
+            .filter(|b| !b.2.is_tokens())
+            .map(|&(r, burst, unit)| {
+                let rate = Rate {
+                    count: scaled(r.count, headroom),
+                    ..r
+                };
+                (rate, fleet.keys().bucket(rate, burst, unit))
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            rule,
+            script: redis::Script::new(SCRIPT),
+            keys: RwLock::new(
+                fleet
+                    .keys()
+                    .pacer()
+                    .into_iter()
+                    .chain(further.iter().map(|r| {
+                        fleet
+                            .keys()
+                            .further(scaled(r.count, headroom), millis(r.period))
+                    }))
+                    .chain(call_buckets.iter().map(|(_, key)| key.clone()))
+                    .chain(told_tokens.iter().map(|t| t.key.clone()))
+                    .collect(),
+            ),
+            configured_keys: 5 + further.len() + buckets.len() + tokens.len(),
+            weighed: AtomicBool::new(!told_tokens.is_empty()),
+            told_tokens,
+            call_buckets,
+            args: ScriptArgs {
                 window,
-                cap,
-                configured,
-                headroom,
-                ceiling: cfg.concurrency as u64,
-                wait_for_quota: cfg.wait_for_quota,
-                tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
-                seq: AtomicU64::new(0),
-                local: Mutex::new(Local {
-                    ran_lately: cfg.ran_lately,
-                    ..Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)
-                }),
-                front: tokio::sync::Mutex::new(()),
-                settling: tokio::sync::Mutex::new(()),
-                wake: Arc::new(Notify::new()),
-                secret: AtomicBool::new(true),
-                shape_unknown: cfg.shape_unknown,
-                start_asked: tokio::sync::Mutex::new(false),
-                reported: AtomicU64::new(0),
-            });
+                hold: cfg.timeout + window + HOLD_SLACK,
+                lease: lease_for(cfg.timeout),
+            },
+            fleet,
+            window,
+            cap,
+            configured,
+            headroom,
+            ceiling: cfg.concurrency as u64,
+            wait_for_quota: cfg.wait_for_quota,
+            tag: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            seq: AtomicU64::new(0),
+            local: Mutex::new(Local {
+                ran_lately: cfg.ran_lately,
+                ..Local::new(cfg.limit, cfg.shape_unknown, cfg.learnt)
+            }),
+            front: tokio::sync::Mutex::new(()),
+            settling: tokio::sync::Mutex::new(()),
+            wake: Arc::new(Notify::new()),
+            secret: AtomicBool::new(true),
+            shape_unknown: cfg.shape_unknown,
+            start_asked: tokio::sync::Mutex::new(false),
+            reported: AtomicU64::new(0),
+        });
         tokio::spawn(settler(Arc::downgrade(&inner), inner.wake.clone()));
         tokio::spawn(heartbeat(Arc::downgrade(&inner), inner.args.lease / 3));
         Ok(FleetPacer { inner })

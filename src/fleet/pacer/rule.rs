@@ -139,7 +139,9 @@ impl ScriptRule {
 /// The primary limit and every further policy the fleet keeps for
 /// `policies` (every `--limit`, the primary first), as in-process: the
 /// primary window is the primary policy's envelope when it is of another
-/// shape (see [`envelope`]), and that policy is kept as well.
+/// shape (see [`envelope`]), and that policy is kept as well, first of
+/// the rest, in `--limit` order as in-process (a policy a server states
+/// for the window of several buckets is the first one's).
 pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<PolicySpec>) {
     let Some(first) = policies.first() else {
         return (limit, Vec::new());
@@ -148,11 +150,8 @@ pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<Poli
         Some((count, period)) => Limit::Rate(Rate { count, period }),
         None => limit,
     };
-    let mut rest: Vec<PolicySpec> = policies[1..].to_vec();
-    if !is_sliding_calls(first) {
-        rest.push(*first);
-    }
-    (primary, rest)
+    let skip = usize::from(is_sliding_calls(first));
+    (primary, policies[skip..].to_vec())
 }
 
 /// The windows of calls among `policies`. A fixed window is kept as a
@@ -228,6 +227,11 @@ mod tests {
         let w = windows_of(&rest);
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w.contains(&per_second(20).unwrap()));
+        // Two buckets of one window stay in `--limit` order: a statement of
+        // that window is the first one's, as in-process.
+        let (_, rest) = fleet_policies(given, &specs(&["10/1s,burst=5", "20/1s,burst=1"]));
+        let b = buckets_of(&rest);
+        assert_eq!(b[0], (per_second(10).unwrap(), 5, Unit::Calls), "{b:?}");
         // A sliding window first is the primary as given, and tokens are
         // never a window of calls; a bucket of tokens is a bucket of them.
         let (primary, rest) = fleet_policies(given, &specs(&["30/1s", "900/1m,tokens"]));

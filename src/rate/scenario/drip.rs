@@ -126,7 +126,7 @@ impl Store for InProcessSpike {
             },
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
         }
     }
 }
@@ -227,7 +227,7 @@ impl Store for InProcessBucket {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
         }
     }
 }

@@ -13,7 +13,8 @@ use batchrun::rate::Rate;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
-use super::rule::{op, Lua};
+use super::rule::Lua;
+use super::scenarios::op;
 use super::support::Redis;
 
 /// The script keeping one drip rule for one scenario.
@@ -145,7 +146,7 @@ impl Store for DripLua {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy.
-            Call::Stated(..) | Call::Refill(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
         }
     }
 }

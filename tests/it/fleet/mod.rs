@@ -5,11 +5,13 @@
 
 mod drip;
 mod drip_rule;
+mod emptied;
 mod even;
 mod faults;
 mod pacer;
 mod refill;
 mod rule;
+mod scenarios;
 mod stated_tokens;
 mod stops;
 mod support;

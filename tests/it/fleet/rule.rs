@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use batchrun::fleet::script::{tokens_arg, ScriptArgs, SCRIPT};
 use batchrun::fleet::FleetKeys;
-use batchrun::rate::policy::{TokenWeight, Unit, Used};
-use batchrun::rate::scenario::{self, Answer, Call, InProcess, Op, Scenario, Step, Store};
+use batchrun::rate::policy::{TokenWeight, Unit};
+use batchrun::rate::scenario::{self, Answer, Call, InProcess, Scenario, Store};
 use batchrun::rate::Rate;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
+use super::scenarios::scenarios;
 use super::support::{fleet_name, Redis};
 
 /// Where the script's clock starts: a unix time in ms, as from `TIME`.
@@ -39,12 +40,15 @@ pub(super) struct Lua {
     /// each adopted window kept as a bucket since, by its bucket's key.
     stated: Option<(u64, u64, Unit)>,
     refilled: HashMap<String, String>,
+    /// The scenario's buckets of calls, with their keys.
+    buckets: Vec<(Rate, String)>,
 }
 
 impl Lua {
     pub(super) fn new(redis: &Redis, s: &Scenario) -> Lua {
         let window = Duration::from_millis(s.window);
         let k = FleetKeys::named(&fleet_name("rule"));
+        let names = k.clone();
         Lua {
             conn: redis.conn(),
             script: redis::Script::new(SCRIPT),
@@ -78,7 +82,35 @@ impl Lua {
             estimates: HashMap::new(),
             stated: None,
             refilled: HashMap::new(),
+            buckets: s
+                .buckets
+                .iter()
+                .filter_map(|&b| {
+                    let spec = scenario::bucket(b);
+                    let r = spec.rate()?;
+                    Some((r, names.bucket(r, b.2, spec.unit)))
+                })
+                .collect(),
         }
+    }
+
+    /// A bucket's policy said used up, as the fleet's pacer reads it: the
+    /// first bucket of its window keeps it, held for as long as
+    /// in-process, and emptied.
+    fn emptied(&mut self, now: u64, bucket: usize, reset: u64, exact: bool) {
+        let Some((rate, _)) = self.buckets.get(bucket % self.buckets.len().max(1)) else {
+            return;
+        };
+        let Some((rate, key)) = self.buckets.iter().find(|(r, _)| r.period == rate.period) else {
+            return;
+        };
+        self.secret = false;
+        let reset = Duration::from_millis(reset);
+        let hold = batchrun::rate::kept::bucket_emptied_hold(*rate, reset, exact);
+        let index = 1 + self.keys.iter().position(|k| k == key).expect("passed");
+        let _: i64 = self.op(now, "empty", |inv| {
+            inv.arg(index).arg(hold.as_millis() as u64);
+        });
     }
 
     /// The stated window of tokens becomes a bucket refilling over
@@ -180,7 +212,8 @@ impl Store for Lua {
                         learnt: learnt as u64,
                         settled: settled == 1,
                     },
-                    [0, ms, why] => Answer::Wait {
+                    // A quota hold says how long it lasts besides.
+                    [0, ms, why, ..] => Answer::Wait {
                         ms: ms as u64,
                         paused: why == 1,
                     },
@@ -229,6 +262,10 @@ impl Store for Lua {
                 Answer::Held { ms: ms as u64 }
             }
             Call::Refill(period, used) => Answer::Refilled(self.refill(now, period, used)),
+            Call::Emptied(bucket, reset, exact) => {
+                self.emptied(now, bucket, reset, exact);
+                Answer::Noted
+            }
             Call::Stated(quota, window, used, unit) => {
                 // As the fleet's pacer: a stated policy of calls means no
                 // secret limit to learn; the adopted key is passed from
@@ -278,220 +315,6 @@ fn the_script_answers_the_design_scenarios_as_the_state_machine_does() {
         .filter_map(|(name, s)| check(&redis, &s).err().map(|e| format!("{name}: {e}")))
         .collect();
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
-}
-
-/// What a policy of tokens counts.
-fn unit() -> impl Strategy<Value = Unit> {
-    prop_oneof![
-        Just(Unit::Tokens),
-        Just(Unit::InputTokens),
-        Just(Unit::OutputTokens)
-    ]
-}
-
-/// A call's estimate: split into prompt and answer, or not split (a
-/// `--cost` expression, counted whole by every unit).
-fn weight() -> impl Strategy<Value = TokenWeight> {
-    prop_oneof![
-        (0u64..=200, 0u64..=100).prop_map(|(i, o)| TokenWeight::split(i, o)),
-        (0u64..=250).prop_map(TokenWeight::whole),
-    ]
-}
-
-/// What a response says a call used: every part, its total only (a
-/// custom `--usage`), or one part (the other stays at the estimate).
-fn usage() -> impl Strategy<Value = Used> {
-    let part = proptest::option::of(0u64..=200);
-    prop_oneof![
-        (0u64..=200, 0u64..=100).prop_map(|(i, o)| Used::from(TokenWeight::split(i, o))),
-        (0u64..=250).prop_map(Used::total),
-        (part.clone(), part).prop_map(|(input, output)| Used {
-            total: None,
-            input,
-            output
-        }),
-    ]
-}
-
-pub(super) fn op(window: u64) -> impl Strategy<Value = Op> {
-    prop_oneof![
-        12 => Just(Op::Take),
-        8 => (0usize..8, 0..=window).prop_map(|(pick, ago)| Op::Settle { pick, ago }),
-        1 => (0usize..8).prop_map(|pick| Op::Cancel { pick }),
-        2 => prop_oneof![0..=window / 8, 0..=2 * window].prop_map(|pause| Op::RateLimited { pause }),
-        1 => Just(Op::Full),
-    ]
-}
-
-/// Steps often in one instant, else a few ms apart, now and then a window
-/// or two; a limit reported in half the scenarios.
-fn scenarios() -> impl Strategy<Value = Scenario> {
-    // A further limit in a third of them, two now and then.
-    let further = prop_oneof![
-        4 => Just(Vec::new()),
-        2 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=2),
-    ];
-    // A GCRA bucket in a third of them (N, W ms, burst), now and then two.
-    let buckets = prop_oneof![
-        4 => Just(Vec::new()),
-        2 => proptest::collection::vec((1u64..=12, 20u64..=3000, 0u64..=4), 1..=2),
-    ];
-    // A fixed window in a sixth of them.
-    let fixed = prop_oneof![
-        5 => Just(Vec::new()),
-        1 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=1),
-    ];
-    // Token windows (Q, W ms, of all tokens or a prompt's or an answer's)
-    // in a third of them, now and then two, with weighed takes and settles
-    // that correct them.
-    let tokens = prop_oneof![
-        4 => Just(Vec::new()),
-        2 => proptest::collection::vec((1u64..=200, 20u64..=3000, unit()), 1..=2),
-    ];
-    // Token buckets (Q, W ms, burst, unit) in a sixth of them: weighed as
-    // the token windows, a call heavier than the bucket now and then.
-    let token_buckets = prop_oneof![
-        5 => Just(Vec::new()),
-        1 => proptest::collection::vec(
-            (1u64..=300, 20u64..=3000, 0u64..=200, unit()),
-            1..=2
-        ),
-    ];
-    (
-        1u64..=8,
-        20u64..=1500,
-        any::<bool>(),
-        further,
-        (buckets, fixed, tokens, token_buckets),
-    )
-        .prop_flat_map(
-            |(limit, window, reports, further, (buckets, fixed, tokens, token_buckets))| {
-                let gap = prop_oneof![3 => Just(0), 6 => 1..=window / 8, 1 => window..=2 * window];
-                let inforce = (1u64..=10).prop_map(|limit| Op::InForce { limit });
-                // Weighed takes now and then with no policy of tokens
-                // configured, for one the server states (and a refill
-                // then counts the calls out at their estimates).
-                let weighed = if tokens.is_empty() && token_buckets.is_empty() {
-                    4
-                } else {
-                    20
-                };
-                let weighed_op =
-                    prop_oneof![
-                        weight().prop_map(|tokens| Op::TakeTokens { tokens }),
-                        (0usize..8, 0..=window, usage())
-                            .prop_map(|(pick, ago, used)| Op::SettleUsed { pick, ago, used }),
-                    ];
-                // A policy stated in a window no policy of the scenario
-                // keeps (a fleet adopts it as a key of its own), once of
-                // calls at most, and one of tokens, stated again and again.
-                let taken: Vec<u64> = std::iter::once(window)
-                    .chain(further.iter().chain(&fixed).map(|p| p.1))
-                    .chain(tokens.iter().map(|t| t.1))
-                    .chain(buckets.iter().map(|b| b.1))
-                    .chain(token_buckets.iter().map(|b| b.1))
-                    .collect();
-                let periods = taken.clone();
-                let stated = (
-                    prop_oneof![Just(Unit::Calls), unit()],
-                    1u64..=200,
-                    20u64..=3000,
-                    0.0..1.0f64,
-                )
-                    .prop_map(move |(unit, quota, mut window, used)| {
-                        let quota = if unit.is_tokens() {
-                            quota
-                        } else {
-                            quota % 8 + 1
-                        };
-                        while taken.contains(&window) {
-                            window += 1;
-                        }
-                        let used = (quota as f64 * used) as u64;
-                        Op::Stated {
-                            quota,
-                            window,
-                            used,
-                            unit,
-                        }
-                    });
-                // Now and then the stated window of tokens is found to
-                // refill continuously, over a period no policy keeps.
-                let refill = (20u64..=3000, 0u64..=300).prop_map(move |(mut period, used)| {
-                    while periods.contains(&period) {
-                        period += 1;
-                    }
-                    Op::Refill { period, used }
-                });
-                let op = prop_oneof![
-                    40 => op(window),
-                    u32::from(reports) => inforce,
-                    weighed => weighed_op,
-                    2 => stated,
-                    1 => refill,
-                ];
-                proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
-                    let mut at = 0;
-                    let mut calls_once = false;
-                    // A token policy stated again is the same policy with
-                    // what the server says is used of it now.
-                    let mut budget: Option<(u64, u64, Unit)> = None;
-                    let mut refilled = false;
-                    let steps = steps
-                        .into_iter()
-                        .filter_map(|(gap, op)| match op {
-                            // Once, of the budget stated, at a period
-                            // other than its window.
-                            Op::Refill { period, used } => {
-                                let (quota, w, _) = budget?;
-                                if period == w || std::mem::replace(&mut refilled, true) {
-                                    return None;
-                                }
-                                let used = used.min(quota.saturating_sub(1));
-                                Some((gap, Op::Refill { period, used }))
-                            }
-                            Op::Stated {
-                                unit: Unit::Calls, ..
-                            } => (!std::mem::replace(&mut calls_once, true)).then_some((gap, op)),
-                            Op::Stated {
-                                quota,
-                                window,
-                                used,
-                                unit,
-                            } => {
-                                let (quota, window, unit) =
-                                    *budget.get_or_insert((quota, window, unit));
-                                let used = used.min(quota.saturating_sub(1));
-                                Some((
-                                    gap,
-                                    Op::Stated {
-                                        quota,
-                                        window,
-                                        used,
-                                        unit,
-                                    },
-                                ))
-                            }
-                            op => Some((gap, op)),
-                        })
-                        .map(|(gap, op)| {
-                            at += gap;
-                            Step { at, op }
-                        })
-                        .collect();
-                    Scenario {
-                        limit,
-                        window,
-                        further: further.clone(),
-                        buckets: buckets.clone(),
-                        fixed: fixed.clone(),
-                        tokens: tokens.clone(),
-                        token_buckets: token_buckets.clone(),
-                        steps,
-                    }
-                })
-            },
-        )
 }
 
 #[test]
