@@ -254,7 +254,7 @@ async fn a_server_stating_only_tokens_is_paced_to_them_without_a_limit() {
 }
 
 /// `n` items of a prompt of 50 tokens (200 characters) and `max_tokens`.
-pub(crate) fn prompts_of_50(n: u64, max_tokens: u64) -> String {
+fn prompts_of_50(n: u64, max_tokens: u64) -> String {
     let prompt = "word ".repeat(40);
     (1..=n)
         .map(|i| {
@@ -270,8 +270,13 @@ pub(crate) fn prompts_of_50(n: u64, max_tokens: u64) -> String {
 /// sent the 6,000 and then waited out the minute; the resets keep
 /// proportion with what is used, so it is found to be a bucket and the
 /// last 630 go at its refill, about 6 s. Told a rate of calls, or
-/// `--limit none` (pacing handed over to the only quota stated).
-async fn a_token_bucket_stated_in_is_paced_at_its_refill(dialect: &str, told: &str) {
+/// `--limit none` (pacing handed over to the only quota stated); `more`
+/// arguments besides (a fleet's).
+pub(crate) async fn a_token_bucket_stated_in_is_paced_at_its_refill(
+    dialect: &str,
+    told: &str,
+    more: &[&str],
+) {
     // 50 tokens of prompt and 1 of answer at most: charged about what is
     // estimated.
     let items = prompts_of_50(130, 1);
@@ -279,7 +284,9 @@ async fn a_token_bucket_stated_in_is_paced_at_its_refill(dialect: &str, told: &s
         .with_sim(&["--limit", "6000/1m,tokens,burst=5999", "--dialect", dialect])
         .input("prompts.jsonl", &items);
     let t0 = Instant::now();
-    let r = s.run(&["--limit", told, "--json-body", "--concurrency", "10"]);
+    let mut args = vec!["--limit", told, "--json-body", "--concurrency", "10"];
+    args.extend(more);
+    let r = s.run(&args);
     let took = t0.elapsed().as_secs_f64();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
@@ -298,12 +305,12 @@ async fn a_token_bucket_stated_in_is_paced_at_its_refill(dialect: &str, told: &s
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_bucket_stated_as_openai_does_is_paced_at_its_refill() {
-    a_token_bucket_stated_in_is_paced_at_its_refill("openai", "1000/1s").await;
+    a_token_bucket_stated_in_is_paced_at_its_refill("openai", "1000/1s", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_bucket_stated_as_anthropic_does_is_paced_at_its_refill_without_a_limit() {
-    a_token_bucket_stated_in_is_paced_at_its_refill("anthropic", "none").await;
+    a_token_bucket_stated_in_is_paced_at_its_refill("anthropic", "none", &[]).await;
 }
 
 /// Anthropic limits input and output tokens apart, each a bucket, and

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
+use batchrun::fleet::pacer::FleetPacer;
 use batchrun::fleet::FleetKeys;
 use batchrun::pace::Pacer;
 use batchrun::rate::policy::Unit;
-use batchrun::rate::{Limit, Rate};
+use batchrun::rate::Rate;
 
-use super::pacer::fleet_on;
+use super::pacer::{fleet_on, pacing};
 use super::support::{fleet_name, Redis};
 
 /// Told `--limit 10/1s,burst=5` (the fleet's primary window is the
@@ -31,15 +31,7 @@ async fn a_told_bucket_of_calls_said_empty_is_held_one_interval() {
     };
     let p = FleetPacer::with_limits(
         fleet_on(&redis, &name).await,
-        FleetPacing {
-            limit: "16/1s".parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown: false,
-            learnt: None,
-            ran_lately: false,
-        },
+        pacing("16/1s"),
         &[],
         &[(told, 5, Unit::Calls)],
         &[],

@@ -38,18 +38,26 @@ fn paced_from(
     shape_unknown: bool,
     learnt: Option<batchrun::rate::learn::Learnt>,
 ) -> Arc<FleetPacer> {
-    Arc::new(FleetPacer::new(
-        fleet,
-        FleetPacing {
-            limit: limit.parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown,
-            learnt,
-            ran_lately: false,
-        },
-    ))
+    let cfg = FleetPacing {
+        shape_unknown,
+        learnt,
+        ..pacing(limit)
+    };
+    Arc::new(FleetPacer::new(fleet, cfg))
+}
+
+/// What a test's pacer paces to: `limit` named (not a bare rate), 100 in
+/// flight at most, calls timing out after a second, nothing learnt before.
+pub(super) fn pacing(limit: &str) -> FleetPacing {
+    FleetPacing {
+        limit: limit.parse::<Limit>().unwrap(),
+        concurrency: 100,
+        timeout: Duration::from_secs(1),
+        wait_for_quota: false,
+        shape_unknown: false,
+        learnt: None,
+        ran_lately: false,
+    }
 }
 
 /// Redis forgets the fleet's window, leases and limit hash, as a restart

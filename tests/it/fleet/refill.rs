@@ -9,7 +9,7 @@ use batchrun::pace::{PaceNote, Pacer, Weight};
 use batchrun::rate::policies::Heard;
 use batchrun::rate::policy::{TokenWeight, Unit, Used};
 
-use super::pacer::{fleet_on, pacer};
+use super::pacer::{fleet_on, pacer, pacing};
 use super::support::{fleet_name, Redis};
 
 /// OpenAI's statement of 1,000 tokens, `used` of them used, full again
@@ -173,41 +173,10 @@ async fn a_windowless_quota_whose_resets_keep_no_proportion_stays_a_window() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fleet_paces_a_stated_token_bucket_at_its_refill() {
     let redis = Redis::start();
-    let items = crate::policies::prompts_of_50(130, 1);
-    let s = crate::common::Scenario::new("fleet-refill")
-        .with_sim(&[
-            "--limit",
-            "6000/1m,tokens,burst=5999",
-            "--dialect",
-            "anthropic",
-        ])
-        .input("prompts.jsonl", &items);
     let name = fleet_name("refill-run");
-    let t0 = std::time::Instant::now();
-    let r = s.run(&[
-        "--limit",
-        "none",
-        "--json-body",
-        "--concurrency",
-        "10",
-        "--redis",
-        &redis.url,
-        "--fleet-key",
-        &name,
-    ]);
-    let took = t0.elapsed().as_secs_f64();
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
-    assert!(
-        r.stderr.contains("\"tokens\" of 6000 refills continuously"),
-        "{}",
-        r.stderr
-    );
-    let stats = s.sim().stats().await;
-    assert_eq!(stats["rejected_rate"], 0, "{stats}");
-    assert!(stats["tokens_charged"].as_u64().unwrap() > 6000, "{stats}");
-    assert!(took < 30.0, "took {took:.1} s");
-    crate::common::assert_each_item_once(&s.out_path(), 130);
+    let fleet = ["--redis", &redis.url, "--fleet-key", &name];
+    crate::policies::a_token_bucket_stated_in_is_paced_at_its_refill("anthropic", "none", &fleet)
+        .await;
 }
 
 /// A process told the window the server states (`--limit 1000/1m,tokens`)
@@ -219,15 +188,7 @@ async fn a_told_window_stays_beside_the_bucket_found() {
     let name = fleet_name("refill-told");
     let told = batchrun::fleet::pacer::FleetPacer::with_limits(
         fleet_on(&redis, &name).await,
-        batchrun::fleet::pacer::FleetPacing {
-            limit: "50/1s".parse::<batchrun::rate::Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown: false,
-            learnt: None,
-            ran_lately: false,
-        },
+        pacing("50/1s"),
         &[],
         &[],
         &[(

@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
+use batchrun::fleet::pacer::FleetPacer;
 use batchrun::fleet::{Fleet, FleetKeys, FleetSettings};
 use batchrun::pace::{PaceNote, Pacer, Weight};
 use batchrun::rate::policy::{TokenWeight, Unit, Used};
-use batchrun::rate::Limit;
 
-use super::pacer::{fleet_on, pacer};
+use super::pacer::{fleet_on, pacer, pacing};
 use super::support::{fleet_name, Redis};
 
 /// A response stating a budget of 1000 tokens a minute, `left` of it left.
@@ -154,21 +153,7 @@ async fn told_a_bucket(redis: &Redis, name: &str, headroom: f64, unit: Unit) -> 
         count: 100,
         period: Duration::from_secs(60),
     };
-    FleetPacer::with_limits(
-        fleet,
-        FleetPacing {
-            limit: "50/1s".parse::<Limit>().unwrap(),
-            concurrency: 100,
-            timeout: Duration::from_secs(1),
-            wait_for_quota: false,
-            shape_unknown: false,
-            learnt: None,
-            ran_lately: false,
-        },
-        &[],
-        &[(told, 100, unit)],
-        &[],
-    )
+    FleetPacer::with_limits(fleet, pacing("50/1s"), &[], &[(told, 100, unit)], &[])
 }
 
 /// Anthropic's output tokens stated: `quota` a minute, `left` of it left.
