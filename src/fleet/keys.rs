@@ -169,6 +169,12 @@ impl FleetKeys {
         format!("{}:gcra:{}:{tau}:{d}{of}", self.prefix, t.as_nanos())
     }
 
+    /// The emission interval (ns) a bucket's key names (see
+    /// [`bucket`](Self::bucket)); `None` for a key of another kind.
+    pub fn interval_of(name: &str) -> Option<u128> {
+        name.split(":gcra:").nth(1)?.split(':').next()?.parse().ok()
+    }
+
     /// The keys of the pacer script, in its KEYS order.
     pub fn pacer(&self) -> [String; 5] {
         [
@@ -263,6 +269,9 @@ mod tests {
             period: std::time::Duration::from_secs(1),
         };
         assert!(!n.is_stated(&n.bucket(calls, 5, Unit::Calls)));
+        let interval = FleetKeys::interval_of(&n.bucket(calls, 5, Unit::Calls));
+        assert_eq!(interval, Some(100_000_000));
+        assert_eq!(FleetKeys::interval_of(&keys[0].0), None);
         assert!(!n.is_stated(&n.limit()));
         assert!(!FleetKeys::named("other").is_stated(&keys[0].0));
     }

@@ -113,11 +113,22 @@ impl Kept {
         }
         let was = self.rate;
         let moved = rate.period.max(was.period) - rate.period.min(was.period) > was.period / 100;
-        if let (Rule::Bucket(g), true) = (&mut self.rule, moved || rate.count != was.count) {
-            g.retime(rate, rate.count - 1, now);
-            self.bucket_of(rate);
+        if moved || rate.count != was.count {
+            self.retime_bucket(rate, now);
         }
         None
+    }
+
+    /// A bucket found to refill is kept from `now` at `rate`, with room
+    /// for all of it, its level kept ([`Gcra::retime`]): what narrower
+    /// statements show. Returns whether it was a bucket.
+    pub fn retime_bucket(&mut self, rate: Rate, now: Instant) -> bool {
+        let Rule::Bucket(g) = &mut self.rule else {
+            return false;
+        };
+        g.retime(rate, rate.count - 1, now);
+        self.bucket_of(rate);
+        true
     }
 
     /// Kept from `now` as a bucket of `rate` with room for all of it, after

@@ -104,11 +104,12 @@ pub enum Op {
         /// Whether stated to the millisecond.
         exact: bool,
     },
-    /// The server's statements show the stated token window (the last
+    /// The server's statements show the stated token window (the first
     /// [`Op::Stated`] of tokens) to refill continuously, in full over
     /// `period` ms, with `used` of it used: it is kept as a bucket of its
     /// quota over `period` with room for all of it from then on, and
-    /// stated again, it is read against that bucket.
+    /// stated again, it is read against that bucket. Found already, the
+    /// bucket is retimed to the new period, its level kept.
     Refill {
         /// The period it refills over, in ms.
         period: u64,
@@ -577,14 +578,15 @@ impl Store for InProcess {
                 }
             }
             Call::Refill(period, used) => {
-                let Some((q, w, unit)) = self.stated.filter(|_| self.refilled.is_none()) else {
+                let Some((q, w, unit)) = self.stated else {
                     return Answer::Refilled(false);
                 };
                 let rate = Rate {
                     count: q,
                     period: Duration::from_millis(period),
                 };
-                let window = Duration::from_millis(w);
+                // Found already: retimed from the period it keeps.
+                let window = Duration::from_millis(self.refilled.unwrap_or(w));
                 let done = self.w.refill_stated(unit, window, rate, used, t);
                 if done {
                     self.refilled = Some(period);

@@ -41,8 +41,9 @@
 --                       is losing the epoch too; stated = the keys of
 --                       the policies adopted from what a server stated
 --                       (stated.lua), space-separated; refilled:KEY =
---                       the bucket adopted token window KEY became
---                       (stated.lua `refill`); started,
+--                       the bucket in force for adopted token window KEY
+--                       (or for a bucket it was retimed from), stated.lua
+--                       `refill`; started,
 --                       start_ends, even, even_tat = a bare rate's start
 --                       and even pace (window.lua)
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and

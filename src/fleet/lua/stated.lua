@@ -199,6 +199,49 @@ if op == 'empty' then
   return 0
 end
 
+-- Bucket `to` takes the place of `from` (listed at `at` in `list`) in
+-- KEYS[4] `stated` (once), `refilled:FROM` names it, and so does every
+-- `refilled:` that named `from` (a window whose bucket is retimed: a
+-- process still passing the window, or adopting it later, is told the
+-- bucket in force, not one gone), and `from` goes.
+local function swap_refilled(list, at, from, to)
+  list[at] = to
+  for j, n in ipairs(list) do
+    if n == to and j ~= at then
+      table.remove(list, at)
+      break
+    end
+  end
+  local all = redis.call('HGETALL', KEYS[4])
+  for j = 1, #all, 2 do
+    if all[j + 1] == from and string.sub(all[j], 1, 9) == 'refilled:' then
+      redis.call('HSET', KEYS[4], all[j], to)
+    end
+  end
+  redis.call('HSET', KEYS[4], 'stated', ' ' .. table.concat(list, ' '), 'refilled:' .. from, to)
+  keep(KEYS[4], limit_ttl)
+  redis.call('DEL', from)
+  return 1
+end
+
+-- Bucket `b` keeps from now what bucket `was` kept, at its own rate, as
+-- Gcra::retime in-process: the level in units, at most b's room (its
+-- burst and one), the calls in flight (their units, so their settles
+-- correct b), and the wider of the two skew allowances.
+local function retime(was, b)
+  local rel, d = tat_rel(was)
+  local all = redis.call('HGETALL', was.key)
+  local level = math.ceil(math.max(rel or 0, 0) / was.T)
+  level = math.min(level, math.floor(b.tau / b.T + 0.5) + 1)
+  redis.call('DEL', b.key)
+  if level > 0 then set_tat(b, level * b.T) end
+  if d > b.D then redis.call('HSET', b.key, 'd', d) end
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 2) == 'c:' then redis.call('HSET', b.key, all[j], all[j + 1]) end
+  end
+  keep_bucket(b, level * b.T)
+end
+
 -- refill: ARGV[7] the index in KEYS of an adopted token window whose
 -- statements show a continuous refill (rate/refill.rs, read by the process
 -- that found it), ARGV[8] the index of the bucket it becomes (a `gcra` key
@@ -211,23 +254,31 @@ end
 -- in KEYS[4] `stated`, `refilled:WINDOW` names it (a process passing the
 -- window is told to fetch; adopting the window again is refused), and the
 -- window goes. A bucket kept already (listed again after Redis forgot the
--- fleet, and the window adopted again since) keeps what it holds. Returns 1 when done, 0 when the window is not listed (done
+-- fleet, and the window adopted again since) keeps what it holds. From a
+-- bucket found so already (narrower statements show another period): the
+-- bucket is retimed (`retime`) and swapped the same way. Returns 1 when done, 0 when the window is not listed (done
 -- by another process), -1 when the keys do not fit.
 if op == 'refill' then
   local from, to = KEYS[tonumber(ARGV[7])], KEYS[tonumber(ARGV[8])]
   local used = tonumber(ARGV[9]) or 0
+  if from == to then return -1 end
   local list = stated_list()
   local at
   for j, n in ipairs(list) do
     if n == from then at = j end
   end
   if not at then return 0 end
-  local t, b
+  local t, b, was
   for _, x in ipairs(tallies) do
     if x.key == from then t = x end
   end
   for _, x in ipairs(buckets) do
     if x.key == to then b = x end
+    if x.key == from then was = x end
+  end
+  if was and b and was.unit and was.unit == b.unit then
+    retime(was, b)
+    return swap_refilled(list, at, from, to)
   end
   if not (t and b and b.unit == t.unit) then return -1 end
   -- Kept already (relisted after Redis forgot the fleet, the window
@@ -246,15 +297,5 @@ if op == 'refill' then
   if used > level then rel = math.max(rel or 0, 0) + (used - level) * b.T end
   if rel then set_tat(b, rel) end
   keep_bucket(b, rel)
-  list[at] = to
-  for j, n in ipairs(list) do
-    if n == to and j ~= at then
-      table.remove(list, at)
-      break
-    end
-  end
-  redis.call('HSET', KEYS[4], 'stated', ' ' .. table.concat(list, ' '), 'refilled:' .. from, to)
-  keep(KEYS[4], limit_ttl)
-  redis.call('DEL', from)
-  return 1
+  return swap_refilled(list, at, from, to)
 end

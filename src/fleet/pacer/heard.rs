@@ -286,10 +286,15 @@ impl Inner {
         // an adopted one stays this process's (its told policy), beside
         // the bucket.
         let mut fields = vec!["stated".to_string()];
-        let adopted = {
+        let mut adopted = {
             let keys = self.keys();
             keys[self.configured_keys.min(keys.len())..].to_vec()
         };
+        // And each window this process knows became a bucket: the bucket
+        // in force may be a retimed one.
+        adopted.extend(self.lock().refilled.keys().cloned());
+        adopted.sort();
+        adopted.dedup();
         fields.extend(adopted.iter().map(|k| format!("refilled:{k}")));
         let limit = self.fleet.keys().limit();
         let get = |mut c: redis::aio::ConnectionManager| {

@@ -5,14 +5,21 @@
 //! `Kept::watch_refill`); the first to find the refill has the script keep
 //! the quota as a bucket from then on (`refill` in `lua/stated.lua`), and
 //! every other process passes the bucket in the window's place from its
-//! next take, told to fetch it. The bucket's period is the finder's: later
-//! statements do not retime it, as in-process they do (the period found is
-//! the slowest they fit, so it errs on the slow side).
+//! next take, told to fetch it. As later statements narrow the refill
+//! (the period first found is the slowest the first ones fit), a process
+//! whose statements show one more than a hundredth faster has the script
+//! retime the bucket (a new key at the narrower period, in the old one's
+//! place). In-process retimes either way; the fleet only to a shorter
+//! period, so processes reading their own statements never undo each
+//! other's (each process's narrowing is monotone, and each is a bound the
+//! server's refill keeps).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::face::Stated;
 use super::{scaled, Inner};
+use crate::fleet::FleetKeys;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::Heard;
 use crate::rate::refill::Said;
@@ -48,31 +55,38 @@ impl Inner {
             p.reset_exact,
             read_late,
         );
-        let period = {
+        let (period, from) = {
             let mut l = self.lock();
-            let found = l
-                .fits
-                .entry(key.clone())
-                .or_default()
-                .observe(said, p.window);
-            found.filter(|_| !l.refilled.contains_key(&key))?
+            let fit = l.fits.entry(key.clone()).or_default();
+            let found = fit.observe(said, p.window)?;
+            (found, chain(&l.refilled, key.clone()))
         };
-        if !self.keys().contains(&key) {
+        if !self.keys().contains(&from) {
             return None;
         }
         let count = scaled(p.quota, self.headroom);
         let rate = Rate { count, period };
         let bucket = self.fleet.keys().bucket(rate, count - 1, p.unit);
+        // Found already: retimed only once the statements show a refill a
+        // hundredth faster, as in-process (narrower statements only ever
+        // shorten the period, so processes reading their own never undo
+        // each other's).
+        let first = from == key;
+        if !first && !faster(&from, &bucket) {
+            return None;
+        }
         // Read against the share of the quota kept, as `spent_elsewhere`.
         let used = p.used.saturating_sub(p.quota - count.min(p.quota));
-        match self.run_refill(&key, &bucket, used).await {
+        match self.run_refill(&from, &bucket, used).await {
             Ok(1) => {
-                self.swap_key(&key, bucket);
-                Some(PaceNote::Heard(Heard::Refills {
-                    name: p.name.clone(),
-                    quota: p.quota,
-                    period,
-                }))
+                self.swap_key(&from, bucket);
+                first.then(|| {
+                    PaceNote::Heard(Heard::Refills {
+                        name: p.name.clone(),
+                        quota: p.quota,
+                        period,
+                    })
+                })
             }
             // Another process found it first: its bucket, then.
             Ok(0) => {
@@ -95,9 +109,9 @@ impl Inner {
     }
 
     /// The key the fleet keeps `key` under: the bucket it became, when it
-    /// did.
+    /// did (and the bucket that one was retimed to, and so on).
     pub(super) fn kept_as(&self, key: String) -> String {
-        self.lock().refilled.get(&key).cloned().unwrap_or(key)
+        chain(&self.lock().refilled, key)
     }
 
     /// Passes `bucket` in place of window `window` from now on. The calls
@@ -165,5 +179,26 @@ impl Inner {
             )
             .await
             .map_err(|e| PaceError::Unavailable(e.to_string()))
+    }
+}
+
+/// Where `key` is kept now, following `refilled` (a window to the bucket
+/// it became, a bucket to the one it was retimed to); a few steps at most.
+fn chain(refilled: &HashMap<String, String>, mut key: String) -> String {
+    for _ in 0..16 {
+        match refilled.get(&key) {
+            Some(next) if *next != key => key = next.clone(),
+            _ => break,
+        }
+    }
+    key
+}
+
+/// Whether bucket `to` refills more than a hundredth faster than `from`
+/// (their intervals, as their keys name them).
+fn faster(from: &str, to: &str) -> bool {
+    match (FleetKeys::interval_of(from), FleetKeys::interval_of(to)) {
+        (Some(a), Some(b)) => b < a && a - b > a / 100,
+        _ => false,
     }
 }

@@ -196,9 +196,11 @@ impl PolicySet {
 
     /// The stated window of tokens counting `unit` over `window` refills
     /// continuously at `rate`, `used` of it used: kept as a bucket from
-    /// `now`, as when its statements show it. The scenario harness's step
+    /// `now`, as when its statements show it; a bucket found so already
+    /// (its period `window`) is retimed to `rate`, as narrower statements
+    /// do. The scenario harness's step
     /// ([`crate::rate::scenario::Op::Refill`]), which the fleet's script
-    /// answers too. Returns whether there was such a window.
+    /// answers too. Returns whether there was such a policy.
     pub fn refill_stated(
         &mut self,
         unit: Unit,
@@ -210,10 +212,13 @@ impl PolicySet {
         let stated = self.configured.1.min(self.kept.len());
         let Some(i) = (stated..self.kept.len()).find(|&i| {
             let k = &self.kept[i];
-            k.unit() == unit && k.window() == window && k.spec().shape == Shape::Sliding
+            k.unit() == unit && k.window() == window
         }) else {
             return false;
         };
+        if self.kept[i].spec().shape != Shape::Sliding {
+            return self.kept[i].retime_bucket(rate, now);
+        }
         let said = Said {
             quota: rate.count,
             remaining: rate.count.saturating_sub(used),

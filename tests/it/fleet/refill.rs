@@ -214,3 +214,100 @@ async fn a_told_window_stays_beside_the_bucket_found() {
     let counted: Vec<String> = redis::cmd("HVALS").arg(&window).query(&mut c).unwrap();
     assert_eq!(counted.len(), 1, "the told window does not hold the call");
 }
+
+/// Anthropic's statement of 1,000 tokens, `used` of them used, its reset
+/// an RFC 3339 instant in whole seconds (rounded up) read against `Date`.
+fn anthropic(used: u64) -> reqwest::header::HeaderMap {
+    let date = 1_796_637_600; // 2026-12-07T10:00:00Z
+    let reset = date + (used * 60).div_ceil(1000);
+    let instant = |secs: u64| {
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let mut h = reqwest::header::HeaderMap::new();
+    for (k, v) in [
+        ("anthropic-ratelimit-tokens-limit", "1000".to_string()),
+        (
+            "anthropic-ratelimit-tokens-remaining",
+            (1000 - used).to_string(),
+        ),
+        ("anthropic-ratelimit-tokens-reset", instant(reset)),
+        (
+            "date",
+            httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(date)),
+        ),
+    ] {
+        h.insert(k, v.parse().unwrap());
+    }
+    h
+}
+
+/// The bucket the fleet `name` lists now.
+fn listed_bucket(redis: &Redis, name: &str) -> String {
+    let listed: String = redis::cmd("HGET")
+        .arg(FleetKeys::named(name).limit())
+        .arg("stated")
+        .query(&mut redis.conn())
+        .unwrap();
+    let bucket = listed.split_whitespace().find(|k| k.contains(":gcra:"));
+    bucket
+        .unwrap_or_else(|| panic!("no bucket: {listed}"))
+        .to_string()
+}
+
+/// Anthropic's resets are whole seconds: the refill found from the first
+/// statements is loose (about 64 s for a minute's), as in-process, where
+/// later statements narrow it and the bucket is retimed. The fleet
+/// retimes too: once the statements show a refill a hundredth faster,
+/// the bucket is swapped for one at the narrower period, its level kept,
+/// and the old one goes; takes go on passing the new one, those of a
+/// process still passing the window and of one adopting it later too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_found_from_whole_seconds_is_retimed_as_the_statements_narrow() {
+    let redis = Redis::start();
+    let name = fleet_name("retime");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    // B adopts the window first and hears nothing more.
+    let b = pacer(fleet_on(&redis, &name).await, "50/1s");
+    b.observe(&anthropic(51)).await;
+    let mut notes = Vec::new();
+    for used in (101..=451).step_by(50) {
+        notes.extend(a.observe(&anthropic(used)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    let found = notes
+        .iter()
+        .any(|n| matches!(n, PaceNote::Heard(Heard::Refills { .. })));
+    assert!(found, "{notes:?}");
+    let first = listed_bucket(&redis, &name);
+    for used in [601, 751, 901] {
+        a.observe(&anthropic(used)).await;
+    }
+    let now = listed_bucket(&redis, &name);
+    let interval = |k: &str| FleetKeys::interval_of(k).unwrap() as f64;
+    let faster = interval(&first) / interval(&now);
+    assert!(faster > 1.02, "{first} -> {now}");
+    let gone: i64 = redis::cmd("EXISTS")
+        .arg(&first)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(gone, 0, "the first bucket kept beside the second");
+    let soon = Duration::from_secs(5);
+    let next = tokio::time::timeout(soon, a.take_weighted(tokens(1))).await;
+    assert!(matches!(next, Ok(Ok(_))), "a take after the retime waited");
+    // B, still passing the window, and C, adopting it only now, are told
+    // the bucket in force, not the one gone (which their takes would
+    // make again).
+    let c = pacer(fleet_on(&redis, &name).await, "50/1s");
+    c.observe(&anthropic(951)).await;
+    for p in [&b, &c] {
+        let next = tokio::time::timeout(soon, p.take_weighted(tokens(1))).await;
+        assert!(matches!(next, Ok(Ok(_))), "a take after the retime waited");
+    }
+    let gone: i64 = redis::cmd("EXISTS")
+        .arg(&first)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(gone, 0, "the first bucket made again");
+    assert_eq!(listed_bucket(&redis, &name), now);
+}

@@ -117,11 +117,17 @@ impl Lua {
     /// `period` ms, as the fleet's pacer asks once it finds the refill:
     /// passed in the window's place when the script did it.
     fn refill(&mut self, now: u64, period: u64, used: u64) -> bool {
-        let Some((q, w, unit)) = self.stated.filter(|_| self.refilled.is_empty()) else {
+        let Some((q, w, unit)) = self.stated else {
             return false;
         };
+        // Found already: retimed from the bucket it became.
         let window = self.names.tokens(unit, q, w);
-        let Some(at) = self.keys.iter().position(|k| *k == window) else {
+        let from = self
+            .refilled
+            .get(&window)
+            .cloned()
+            .unwrap_or(window.clone());
+        let Some(at) = self.keys.iter().position(|k| *k == from) else {
             return false;
         };
         let rate = Rate {

@@ -177,17 +177,20 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                     // A token policy stated again is the same policy with
                     // what the server says is used of it now.
                     let mut budget: Option<(u64, u64, Unit)> = None;
-                    let mut refilled = false;
+                    let mut refilled: Vec<u64> = Vec::new();
                     let steps = steps
                         .into_iter()
                         .filter_map(|(gap, op)| match op {
-                            // Once, of the budget stated, at a period
-                            // other than its window.
+                            // Twice at most, of the budget stated, each
+                            // at a period other than its window and the
+                            // last (the second retimes the bucket found).
                             Op::Refill { period, used } => {
                                 let (quota, w, _) = budget?;
-                                if period == w || std::mem::replace(&mut refilled, true) {
+                                if period == w || refilled.len() == 2 || refilled.contains(&period)
+                                {
                                     return None;
                                 }
+                                refilled.push(period);
                                 let used = used.min(quota.saturating_sub(1));
                                 Some((gap, Op::Refill { period, used }))
                             }
