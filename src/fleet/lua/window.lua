@@ -226,7 +226,11 @@ local function recall(l, even, from, epoch)
   keep(KEYS[4], limit_ttl)
   if h[2] then return end
   if l > 0 and (not h[1] or tonumber(h[1]) > l) then
-    redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', now, 'pressed', 0)
+    -- Its clean window starts when calls may go again, as after a pause:
+    -- the hold a loss begins is no window of the limit used in full
+    -- (counted as one, the limit was probed a window early).
+    local from_t = math.max(now, tonumber(redis.call('HGET', KEYS[4], 'held_until') or '0'))
+    redis.call('HSET', KEYS[4], 'learnt', l, 'settled', 1, 'learnt_at', from_t, 'pressed', 0)
     if kind == 'c' and arg ~= '' then
       redis.call('HSET', KEYS[4], 'refused_at', math.max(l, tonumber(arg)) + 1)
     end

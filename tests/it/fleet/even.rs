@@ -545,3 +545,27 @@ fn a_bucket_at_the_told_rate_never_refuses_the_fleets_start() {
         })
         .unwrap();
 }
+
+/// A limit put back after a loss is probed only after a window of its
+/// own: its clean window starts when calls may go again, after the hold
+/// the loss began, not when it was put back during that hold. Put back
+/// 100 ms into a hold of 1 s and used in full at its end, it is not
+/// raised 100 ms later (once seen on a loaded machine: a probe, and the
+/// 429 it may cost, a window early).
+#[test]
+fn a_limit_put_back_during_a_hold_is_not_probed_before_a_window_of_its_own() {
+    let redis = Redis::start();
+    let mut lua = Lua::new(&redis, &Scenario::of(10, 1000));
+    let _: i64 = lua.op(0, "hold", |inv| {
+        inv.arg(1000).arg("the loss");
+    });
+    let v = take_putting_back(&mut lua, 100, "a", 10, (7, 0));
+    assert_eq!(v[0], 0, "held: {v:?}");
+    for i in 0..7 {
+        let v = take10(&mut lua, 1000, &format!("b{i}"));
+        assert_eq!(v[..2], [1, 7], "{v:?}");
+    }
+    let v = take10(&mut lua, 1150, "c");
+    assert_eq!(v[0], 0, "probed above 7 within the window: {v:?}");
+    assert_eq!(lua.limit_field("learnt").as_deref(), Some("7"));
+}
