@@ -80,8 +80,8 @@ pub(super) struct Local {
     /// The statements of each adopted window of tokens stated without a
     /// window, read for a continuous refill, by the window's key.
     pub(super) fits: HashMap<String, RefillFit>,
-    /// Each such window the fleet keeps as a bucket since, with the
-    /// bucket's key.
+    /// Each such window the fleet keeps as a bucket since, and each such
+    /// bucket retimed since, with the key that replaced it.
     pub(super) refilled: HashMap<String, String>,
 }
 

@@ -266,7 +266,8 @@ pub enum Answer {
     },
     /// A settle or cancel: nothing to say.
     Noted,
-    /// A refill: whether the stated window became a bucket.
+    /// A refill: whether the stated window became a bucket (or the bucket
+    /// it became was retimed).
     Refilled(bool),
     /// A 429: calls are paused for `ms` and it taught `learnt` (0: nothing).
     Paused {
@@ -410,7 +411,7 @@ pub struct InProcess {
     slots: HashMap<u64, SetSlot>,
     /// Whether the learnt limit has settled, as its events said.
     settled: bool,
-    /// The last policy of tokens stated (quota, window ms, unit), and the
+    /// The first policy of tokens stated (quota, window ms, unit), and the
     /// period it refills over once an [`Op::Refill`] said so.
     stated: Option<(u64, u64, Unit)>,
     refilled: Option<u64>,
@@ -577,67 +578,85 @@ impl Store for InProcess {
                     ms: self.ms_from(t, until),
                 }
             }
-            Call::Refill(period, used) => {
-                let Some((q, w, unit)) = self.stated else {
-                    return Answer::Refilled(false);
-                };
-                let rate = Rate {
-                    count: q,
-                    period: Duration::from_millis(period),
-                };
-                // Found already: retimed from the period it keeps.
-                let window = Duration::from_millis(self.refilled.unwrap_or(w));
-                let done = self.w.refill_stated(unit, window, rate, used, t);
-                if done {
-                    self.refilled = Some(period);
-                }
-                Answer::Refilled(done)
-            }
+            Call::Refill(period, used) => self.refill(period, used, t),
             Call::Emptied(bucket, reset, exact) => {
-                if let Some(&(n, w, _)) = self.buckets.get(bucket % self.buckets.len().max(1)) {
-                    let said = Announced {
-                        name: "emptied".into(),
-                        unit: crate::rate::announce::Unit::Calls,
-                        quota: Some(n),
-                        window: Some(Duration::from_millis(w)),
-                        remaining: Some(0),
-                        reset_in: Some(Duration::from_millis(reset)),
-                        reset_exact: exact,
-                        reset_dated: false,
-                    };
-                    self.w.announce(&[said], t);
-                }
+                self.emptied(bucket, reset, exact, t);
                 Answer::Noted
             }
             Call::Stated(quota, window, used, unit) => {
-                use crate::rate::announce::Unit as Said;
-                // Kept as a bucket since: its window is its period.
-                let window = match self.refilled {
-                    Some(period) if self.stated == Some((quota, window, unit)) => period,
-                    _ => window,
-                };
-                if unit.is_tokens() && self.refilled.is_none() {
-                    self.stated = Some((quota, window, unit));
-                }
-                let stated = Announced {
-                    name: format!("stated {}", unit.name()),
-                    unit: match unit {
-                        Unit::Calls => Said::Calls,
-                        Unit::Tokens => Said::Tokens,
-                        Unit::InputTokens => Said::InputTokens,
-                        Unit::OutputTokens => Said::OutputTokens,
-                    },
-                    quota: Some(quota),
-                    window: Some(Duration::from_millis(window)),
-                    remaining: Some(quota.saturating_sub(used)),
-                    reset_in: None,
-                    reset_exact: false,
-                    reset_dated: false,
-                };
-                self.w.announce(&[stated], t);
+                self.stated(quota, window, used, unit, t);
                 Answer::Noted
             }
         }
+    }
+}
+
+impl InProcess {
+    /// The first budget of tokens stated refills over `period` ms: kept as
+    /// a bucket, or, found already, retimed from the period it keeps.
+    fn refill(&mut self, period: u64, used: u64, t: Instant) -> Answer {
+        let Some((q, w, unit)) = self.stated else {
+            return Answer::Refilled(false);
+        };
+        let rate = Rate {
+            count: q,
+            period: Duration::from_millis(period),
+        };
+        let window = Duration::from_millis(self.refilled.unwrap_or(w));
+        let done = self.w.refill_stated(unit, window, rate, used, t);
+        if done {
+            self.refilled = Some(period);
+        }
+        Answer::Refilled(done)
+    }
+
+    /// The policy of calls bucket `bucket` (modulo how many) keeps is said
+    /// to be used up, resetting in `reset` ms, for its window.
+    fn emptied(&mut self, bucket: usize, reset: u64, exact: bool, t: Instant) {
+        let Some(&(n, w, _)) = self.buckets.get(bucket % self.buckets.len().max(1)) else {
+            return;
+        };
+        let said = Announced {
+            name: "emptied".into(),
+            unit: crate::rate::announce::Unit::Calls,
+            quota: Some(n),
+            window: Some(Duration::from_millis(w)),
+            remaining: Some(0),
+            reset_in: Some(Duration::from_millis(reset)),
+            reset_exact: exact,
+            reset_dated: false,
+        };
+        self.w.announce(&[said], t);
+    }
+
+    /// A policy stated: `quota` of `unit` per `window` ms, `used` of it
+    /// used. The budget of tokens found to refill is read against the
+    /// bucket it became, whose window is its period.
+    fn stated(&mut self, quota: u64, window: u64, used: u64, unit: Unit, t: Instant) {
+        use crate::rate::announce::Unit as Said;
+        let window = match self.refilled {
+            Some(period) if self.stated == Some((quota, window, unit)) => period,
+            _ => window,
+        };
+        if unit.is_tokens() && self.stated.is_none() {
+            self.stated = Some((quota, window, unit));
+        }
+        let stated = Announced {
+            name: format!("stated {}", unit.name()),
+            unit: match unit {
+                Unit::Calls => Said::Calls,
+                Unit::Tokens => Said::Tokens,
+                Unit::InputTokens => Said::InputTokens,
+                Unit::OutputTokens => Said::OutputTokens,
+            },
+            quota: Some(quota),
+            window: Some(Duration::from_millis(window)),
+            remaining: Some(quota.saturating_sub(used)),
+            reset_in: None,
+            reset_exact: false,
+            reset_dated: false,
+        };
+        self.w.announce(&[stated], t);
     }
 }
 

@@ -58,7 +58,7 @@
 --                       what they count: tokens, input-tokens or output-tokens
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt |
---         elsewhere | hold | refill | start | probe, and
+--         elsewhere | hold | empty | refill | start | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)

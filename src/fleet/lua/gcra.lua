@@ -8,7 +8,8 @@
 -- (weight_of) until its response says what it used. Each is a HASH:
 -- tat_ms + tat_ns = the theoretical arrival time (unix ms and the ns within
 -- it: a double holds unix ms exactly, not unix ns), c:ID = the units of
--- each call in flight (so that a call never sent gives them back once). A
+-- each call in flight (so that a call never sent gives them back once),
+-- held_until = no call before then (unix ms; stated.lua `empty`). A
 -- bucket forgotten with the fleet (FLUSHALL, DEL of the limit) is a loss
 -- the epoch tells; one evicted alone starts again full.
 local buckets = {}
@@ -58,7 +59,7 @@ end
 -- `empty`) admits nothing before its hold ends, and then as it would then.
 local function bucket_due(b, w)
   local rel, d = tat_rel(b)
-  local held = (tonumber(redis.call('HGET', b.key, 'held') or '0') - now) * 1e6
+  local held = (tonumber(redis.call('HGET', b.key, 'held_until') or '0') - now) * 1e6
   local at = math.max(held, 0)
   if not rel then return at end
   local start = math.max(rel + d, at)

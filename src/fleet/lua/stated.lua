@@ -180,7 +180,7 @@ end
 -- empty: ARGV[7] the index in KEYS of a told bucket of calls whose policy
 -- a response said has nothing left, ARGV[8] ms until the bucket takes a
 -- call again. As Gcra::empty_until in-process: the bucket holds its calls
--- until then (`held`, unix ms; a later hold stays), and is empty then,
+-- until then (`held_until`, unix ms; a later hold stays), and is empty then,
 -- its TAT at least the hold's end plus its tolerance less its allowance,
 -- so no burst follows (whoever emptied the server's bucket). The rest of
 -- the fleet's policies are not held. Returns 1 when it was a bucket.
@@ -188,8 +188,8 @@ if op == 'empty' then
   local key, ms = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
   for _, b in ipairs(buckets) do
     if b.key == key and not b.unit then
-      local was = tonumber(redis.call('HGET', b.key, 'held') or '0')
-      redis.call('HSET', b.key, 'held', math.max(was, now + ms))
+      local was = tonumber(redis.call('HGET', b.key, 'held_until') or '0')
+      redis.call('HSET', b.key, 'held_until', math.max(was, now + ms))
       local rel, d = tat_rel(b)
       local empty = ms * 1e6 + b.tau - d
       set_tat(b, math.max(rel or empty, empty))
@@ -256,8 +256,9 @@ end
 -- window goes. A bucket kept already (listed again after Redis forgot the
 -- fleet, and the window adopted again since) keeps what it holds. From a
 -- bucket found so already (narrower statements show another period): the
--- bucket is retimed (`retime`) and swapped the same way. Returns 1 when done, 0 when the window is not listed (done
--- by another process), -1 when the keys do not fit.
+-- bucket is retimed (`retime`) and swapped the same way. Returns 1 when
+-- done, 0 when the old key is not listed (done by another process), -1
+-- when the keys do not fit or are one.
 if op == 'refill' then
   local from, to = KEYS[tonumber(ARGV[7])], KEYS[tonumber(ARGV[8])]
   local used = tonumber(ARGV[9]) or 0

@@ -230,10 +230,11 @@ pub(super) struct Stated {
     /// Stated without a window (OpenAI's, Anthropic's token quotas): it
     /// may be a bucket refilling continuously ([`crate::rate::refill`]).
     pub(super) windowless: bool,
-    /// When it is full again, as stated; whether to the millisecond, and
-    /// whether read against the response's `Date`.
+    /// When it is full again, as stated.
     pub(super) reset: Option<Duration>,
+    /// Whether the reset is stated to the millisecond.
     pub(super) reset_exact: bool,
+    /// Whether the reset was read against the response's `Date`.
     pub(super) reset_dated: bool,
 }
 

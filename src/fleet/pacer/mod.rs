@@ -157,6 +157,25 @@ fn told_tokens(
     windows.chain(buckets).collect()
 }
 
+/// The configured buckets of calls among `buckets`, after `--headroom`,
+/// with the keys the fleet keeps them under.
+fn call_buckets(
+    fleet: &Fleet,
+    buckets: &[(Rate, u64, Unit)],
+    headroom: f64,
+) -> Vec<(Rate, String)> {
+    let calls = buckets.iter().filter(|b| !b.2.is_tokens());
+    calls
+        .map(|&(r, burst, unit)| {
+            let rate = Rate {
+                count: scaled(r.count, headroom),
+                ..r
+            };
+            (rate, fleet.keys().bucket(rate, burst, unit))
+        })
+        .collect()
+}
+
 /// The fleet pacer. See the module docs.
 pub struct FleetPacer {
     inner: Arc<Inner>,
@@ -299,17 +318,7 @@ impl FleetPacer {
             period: window,
         }))?;
         let told_tokens = told_tokens(&fleet, buckets, tokens, headroom);
-        let call_buckets: Vec<(Rate, String)> = buckets
-            .iter()
-            .filter(|b| !b.2.is_tokens())
-            .map(|&(r, burst, unit)| {
-                let rate = Rate {
-                    count: scaled(r.count, headroom),
-                    ..r
-                };
-                (rate, fleet.keys().bucket(rate, burst, unit))
-            })
-            .collect();
+        let call_buckets = call_buckets(&fleet, buckets, headroom);
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),

@@ -22,7 +22,7 @@ use super::{scaled, Inner};
 use crate::fleet::FleetKeys;
 use crate::pace::{PaceError, PaceNote};
 use crate::rate::policies::Heard;
-use crate::rate::refill::Said;
+use crate::rate::refill::Said as Statement;
 use crate::rate::Rate;
 
 /// How late a reset stated as an instant, with no `Date` to read it
@@ -48,7 +48,7 @@ impl Inner {
         } else {
             READ_LATE
         };
-        let said = Said::new(
+        let said = Statement::new(
             p.quota,
             p.quota.saturating_sub(p.used),
             reset,
@@ -114,14 +114,15 @@ impl Inner {
         chain(&self.lock().refilled, key)
     }
 
-    /// Passes `bucket` in place of window `window` from now on. The calls
-    /// this process settled since the refill went to the window, not the
-    /// bucket, which holds them at their estimates: they are settled
-    /// again ([`resettle`](Self::resettle)).
-    pub(super) fn swap_key(&self, window: &str, bucket: String) {
+    /// Passes `bucket` in place of `old` (a window found to refill, or a
+    /// bucket retimed) from now on. The calls this process settled since
+    /// then went to the old key, not the new one, which holds them at
+    /// their estimates: they are settled again
+    /// ([`resettle`](Self::resettle)).
+    pub(super) fn swap_key(&self, old: &str, bucket: String) {
         let swapped = {
             let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-            let at = keys.iter().position(|k| k == window);
+            let at = keys.iter().position(|k| k == old);
             if let Some(i) = at {
                 if keys.contains(&bucket) {
                     keys.remove(i);
@@ -131,7 +132,7 @@ impl Inner {
             }
             at.is_some()
         };
-        self.lock().refilled.insert(window.to_string(), bucket);
+        self.lock().refilled.insert(old.to_string(), bucket);
         if swapped {
             self.resettle();
         }

@@ -64,7 +64,7 @@ async fn a_told_bucket_of_calls_said_empty_is_held_one_interval() {
     // at least the hold plus its tolerance (500 ms) less its allowance
     // (50 ms) ahead, where the one call had left it 100 ms ahead.
     let bucket = keys.bucket(told, 5, Unit::Calls);
-    let held = field(&mut c, &bucket, "held").expect("the bucket held");
+    let held = field(&mut c, &bucket, "held_until").expect("the bucket held");
     let tat = field(&mut c, &bucket, "tat_ms").expect("a TAT");
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut c).unwrap();
     let now = secs * 1000 + micros / 1000;

@@ -36,7 +36,7 @@ pub(super) struct Lua {
     /// Each call's estimate, which a response's usage corrects part by
     /// part (as the fleet pacer's permit keeps it).
     estimates: HashMap<u64, TokenWeight>,
-    /// The last policy of tokens stated (quota, window ms, unit), and
+    /// The first policy of tokens stated (quota, window ms, unit), and
     /// each adopted window kept as a bucket since, by its bucket's key.
     stated: Option<(u64, u64, Unit)>,
     refilled: HashMap<String, String>,
