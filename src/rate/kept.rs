@@ -132,7 +132,8 @@ impl Kept {
     }
 
     /// Kept from `now` as a bucket of `rate` with room for all of it, after
-    /// `said` showed a continuous refill. Its level is this client's own
+    /// a statement showed a continuous refill and said `stated` of the
+    /// quota is used. Its level is this client's own
     /// calls replayed into it, each from when its answer came back (the
     /// server counted it no later, so it drains no sooner), and the calls
     /// on their way (their tokens: `in_flight`), or what the statement says
@@ -144,7 +145,7 @@ impl Kept {
     pub fn become_bucket(
         &mut self,
         rate: Rate,
-        said: Said,
+        stated: u64,
         in_flight: &[u64],
         now: Instant,
     ) -> Vec<u64> {
@@ -157,7 +158,6 @@ impl Kept {
             }
         }
         let ids = in_flight.iter().map(|&t| g.admit(now, t)).collect();
-        let stated = said.quota.saturating_sub(said.remaining);
         let ours = g.level(now);
         if stated > ours {
             g.spend(now, stated - ours);

@@ -30,13 +30,22 @@ local function units(b, weight)
 end
 
 -- The TAT in ns after now (negative: before), or nil for an idle bucket;
--- and the skew allowance D in ns: the name's, or the wider one a 429 left
--- in the hash (`d`, buckets_widen).
+-- the skew allowance D in ns: the name's, or the wider one a 429 left in
+-- the hash (`d`, buckets_widen); and ns until its hold ends (0: none; a
+-- told bucket of calls said empty, stated.lua `empty`). One read of the
+-- hash: a take asks it of every bucket.
 local function tat_rel(b)
-  local h = redis.call('HMGET', b.key, 'tat_ms', 'tat_ns', 'd')
+  local h = redis.call('HMGET', b.key, 'tat_ms', 'tat_ns', 'd', 'held_until')
   local d = math.max(b.D, tonumber(h[3] or '0') or 0)
-  if not h[1] then return nil, d end
-  return (tonumber(h[1]) - now) * 1e6 + tonumber(h[2]), d
+  local held = math.max((tonumber(h[4] or '0') - now) * 1e6, 0)
+  if not h[1] then return nil, d, held end
+  return (tonumber(h[1]) - now) * 1e6 + tonumber(h[2]), d, held
+end
+
+-- The units bucket b holds, its TAT `rel` ns from now (nil: idle), as
+-- Gcra::level: the intervals the TAT runs ahead, rounded up.
+local function level_of(b, rel)
+  return math.ceil(math.max(rel or 0, 0) / b.T)
 end
 
 -- Keeps bucket b for the hold and until its TAT (`rel` ns from now) has
@@ -58,9 +67,7 @@ end
 -- bucket goes alone, once the bucket is empty. A bucket held (`held`, by
 -- `empty`) admits nothing before its hold ends, and then as it would then.
 local function bucket_due(b, w)
-  local rel, d = tat_rel(b)
-  local held = (tonumber(redis.call('HGET', b.key, 'held_until') or '0') - now) * 1e6
-  local at = math.max(held, 0)
+  local rel, d, at = tat_rel(b)
   if not rel then return at end
   local start = math.max(rel + d, at)
   local extra = math.max(w - 1, 0) * b.T

@@ -150,13 +150,12 @@ if op == 'elsewhere' then
     end
   end
   -- A bucket of tokens a process was told, which keeps the stated quota
-  -- (heard.rs): its level (the units its TAT runs ahead of now, as
-  -- Gcra::level) is what the fleet counts; the rest moves the TAT on, as
-  -- Gcra::spend.
+  -- (heard.rs): its level (level_of) is what the fleet counts; the rest
+  -- moves the TAT on, as Gcra::spend.
   for _, b in ipairs(buckets) do
     if b.key == key and b.unit then
       local ahead = math.max(tat_rel(b) or 0, 0)
-      local level = math.ceil(ahead / b.T)
+      local level = level_of(b, ahead)
       if spent <= level then return 0 end
       set_tat(b, ahead + (spent - level) * b.T)
       return spent - level
@@ -231,7 +230,7 @@ end
 local function retime(was, b)
   local rel, d = tat_rel(was)
   local all = redis.call('HGETALL', was.key)
-  local level = math.ceil(math.max(rel or 0, 0) / was.T)
+  local level = level_of(was, rel)
   level = math.min(level, math.floor(b.tau / b.T + 0.5) + 1)
   redis.call('DEL', b.key)
   if level > 0 then set_tat(b, level * b.T) end
@@ -294,7 +293,7 @@ if op == 'refill' then
     rel = math.max(rel or 0, 0) + c[2] * b.T
     redis.call('HSET', b.key, 'c:' .. c[1], c[2])
   end
-  local level = math.ceil(math.max(rel or 0, 0) / b.T)
+  local level = level_of(b, rel)
   if used > level then rel = math.max(rel or 0, 0) + (used - level) * b.T end
   if rel then set_tat(b, rel) end
   keep_bucket(b, rel)

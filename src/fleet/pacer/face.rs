@@ -258,20 +258,19 @@ impl Said {
                 (Unit::Calls, Some(w)) => buckets.iter().position(|&b| b == w),
                 _ => None,
             };
+            let spent = p
+                .reset_in
+                .filter(|r| p.remaining == Some(0) && !r.is_zero());
             if let Some(i) = kept {
                 // A stated policy of calls: no secret to learn.
                 said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
-                let reset = p.reset_in.filter(|r| !r.is_zero());
-                if let Some(r) = reset.filter(|_| p.remaining == Some(0)) {
+                if let Some(r) = spent {
                     said.emptied.push((p.name, r, p.reset_exact, i));
                 }
                 continue;
             }
-            if let Some(r) = p
-                .reset_in
-                .filter(|r| p.remaining == Some(0) && !r.is_zero())
-            {
+            if let Some(r) = spent {
                 said.spent.push((p.name.clone(), r));
             }
             let used = |q: u64| q.saturating_sub(p.remaining.unwrap_or(q));

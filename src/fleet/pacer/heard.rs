@@ -136,11 +136,7 @@ impl Inner {
             // Another process found it to refill before this one adopted
             // it: its bucket is what this process corrects from now on
             // (listed, so passed from the next take).
-            let field = format!("refilled:{key}");
-            let to = self.limit_field(&field, Duration::from_secs(2), |_| {});
-            if let Ok(Some(to)) = to.await {
-                self.swap_key(&key, to);
-            }
+            self.learn_refilled(&key).await;
         }
         if listed < 0 {
             return None;
@@ -209,12 +205,26 @@ impl Inner {
 
     /// Runs the script's `adopt` for the last of `keys`, with `used`.
     async fn run_adopt(&self, keys: &[String], used: u64) -> Result<i64, PaceError> {
+        self.run_on(keys, "adopt", |inv| {
+            inv.arg(keys.len()).arg(used);
+        })
+        .await
+    }
+
+    /// Runs script op `op` on `keys` (not this process's list: one more
+    /// key, or another order), retried while Redis is away for at most 2 s.
+    pub(super) async fn run_on(
+        &self,
+        keys: &[String],
+        op: &str,
+        build: impl Fn(&mut redis::ScriptInvocation<'_>),
+    ) -> Result<i64, PaceError> {
         self.fleet
             .retry(
                 Duration::from_secs(2),
                 |mut c| {
-                    let mut inv = self.args.invoke(&self.script, keys, "adopt", None);
-                    inv.arg(keys.len()).arg(used);
+                    let mut inv = self.args.invoke(&self.script, keys, op, None);
+                    build(&mut inv);
                     async move { inv.invoke_async::<i64>(&mut c).await }
                 },
                 |e| self.lost_contact(e),
@@ -296,14 +306,8 @@ impl Inner {
         adopted.sort();
         adopted.dedup();
         fields.extend(adopted.iter().map(|k| format!("refilled:{k}")));
-        let limit = self.fleet.keys().limit();
-        let get = |mut c: redis::aio::ConnectionManager| {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(&limit).arg(&fields);
-            async move { cmd.query_async::<Vec<Option<String>>>(&mut c).await }
-        };
         let within = self.fleet.redis_timeout();
-        let got = (self.fleet.retry(within, get, |e| self.lost_contact(e)))
+        let got = (self.limit_fields(&fields, within, |e| self.lost_contact(e)))
             .await
             .map_err(|e| PaceError::Unavailable(e.to_string()))?;
         let keys = self.fleet.keys();
@@ -432,10 +436,23 @@ impl Inner {
         within: Duration,
         on_retry: impl FnMut(&redis::RedisError),
     ) -> Result<Option<String>, crate::fleet::FleetError> {
+        let fields = [field.to_string()];
+        let got = self.limit_fields(&fields, within, on_retry).await?;
+        Ok(got.into_iter().next().flatten())
+    }
+
+    /// Fields of the fleet's limit hash, in one read, as
+    /// [`limit_field`](Self::limit_field).
+    async fn limit_fields(
+        &self,
+        fields: &[String],
+        within: Duration,
+        on_retry: impl FnMut(&redis::RedisError),
+    ) -> Result<Vec<Option<String>>, crate::fleet::FleetError> {
         let limit = self.fleet.keys().limit();
         let get = |mut c: redis::aio::ConnectionManager| {
-            let mut cmd = redis::cmd("HGET");
-            cmd.arg(&limit).arg(field);
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(&limit).arg(fields);
             async move { cmd.query_async(&mut c).await }
         };
         self.fleet.retry(within, get, on_retry).await

@@ -38,11 +38,8 @@ impl Inner {
     /// the fleet keeps it as a bucket: what the operator hears when this
     /// process found it.
     pub(super) async fn heard_reset(&self, p: &Stated) -> Option<PaceNote> {
-        let reset = p.reset.filter(|_| p.windowless && p.unit.is_tokens())?;
-        if self.told_keeps(p).is_some() {
-            return None;
-        }
-        let key = self.stated_key(p);
+        let reset = p.reset?;
+        let key = self.refill_key(p)?;
         let read_late = if p.reset_dated {
             Duration::ZERO
         } else {
@@ -143,20 +140,31 @@ impl Inner {
     /// asked of Redis when this process does not know yet: a `remaining:
     /// 0` read just after another process's refill holds nothing then.
     pub(super) async fn refills_asked(&self, p: &Stated) -> bool {
-        if !p.windowless || !p.unit.is_tokens() || self.told_keeps(p).is_some() {
+        let Some(key) = self.refill_key(p) else {
             return false;
-        }
-        let key = self.stated_key(p);
-        if self.lock().refilled.contains_key(&key) {
-            return self.refills(p);
-        }
+        };
+        let known = self.lock().refilled.contains_key(&key);
+        (known || self.learn_refilled(&key).await) && self.refills(p)
+    }
+
+    /// Asks Redis which bucket window `key` became (`refilled:KEY`), if it
+    /// did, and keeps that bucket in its place; whether it did.
+    pub(super) async fn learn_refilled(&self, key: &str) -> bool {
         let field = format!("refilled:{key}");
         let to = self.limit_field(&field, Duration::from_secs(2), |_| {});
         let Ok(Some(to)) = to.await else {
             return false;
         };
-        self.swap_key(&key, to);
-        self.refills(p)
+        self.swap_key(key, to);
+        true
+    }
+
+    /// The key of the window this process keeps for `p` when `p` may be a
+    /// bucket refilling continuously: a quota of tokens stated without a
+    /// window, which no told policy keeps.
+    fn refill_key(&self, p: &Stated) -> Option<String> {
+        let may = p.windowless && p.unit.is_tokens() && self.told_keeps(p).is_none();
+        may.then(|| self.stated_key(p))
     }
 
     /// Runs the script's `refill` of window `from` into bucket `to`, `used`
@@ -168,18 +176,10 @@ impl Inner {
         };
         keys.push(to.to_string());
         let (from, to) = (at + 1, keys.len());
-        self.fleet
-            .retry(
-                Duration::from_secs(2),
-                |mut c| {
-                    let mut inv = self.args.invoke(&self.script, &keys, "refill", None);
-                    inv.arg(from).arg(to).arg(used);
-                    async move { inv.invoke_async::<i64>(&mut c).await }
-                },
-                |e| self.lost_contact(e),
-            )
-            .await
-            .map_err(|e| PaceError::Unavailable(e.to_string()))
+        self.run_on(&keys, "refill", |inv| {
+            inv.arg(from).arg(to).arg(used);
+        })
+        .await
     }
 }
 

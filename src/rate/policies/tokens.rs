@@ -186,7 +186,7 @@ impl PolicySet {
         let Some(rate) = self.kept[i].heard_reset(said, now) else {
             return;
         };
-        self.become_bucket(i, rate, said, now);
+        self.become_bucket(i, rate, quota.saturating_sub(left), now);
         self.heard.push_back(Heard::Refills {
             name: p.name.clone(),
             quota,
@@ -219,20 +219,14 @@ impl PolicySet {
         if self.kept[i].spec().shape != Shape::Sliding {
             return self.kept[i].retime_bucket(rate, now);
         }
-        let said = Said {
-            quota: rate.count,
-            remaining: rate.count.saturating_sub(used),
-            reset: Duration::ZERO,
-            early: Duration::ZERO,
-            late: Duration::ZERO,
-        };
-        self.become_bucket(i, rate, said, now);
+        self.become_bucket(i, rate, used, now);
         true
     }
 
-    /// Kept policy `i` is kept as a bucket of `rate` from `now`
-    /// ([`Kept::become_bucket`]), the calls out counted in it anew.
-    fn become_bucket(&mut self, i: usize, rate: Rate, said: Said, now: Instant) {
+    /// Kept policy `i` is kept as a bucket of `rate` from `now`, `stated`
+    /// of its quota said used ([`Kept::become_bucket`]), the calls out
+    /// counted in it anew.
+    fn become_bucket(&mut self, i: usize, rate: Rate, stated: u64, now: Instant) {
         let unit = self.kept[i].unit();
         let (slots, tokens): (Vec<SetSlot>, Vec<u64>) = self
             .in_flight
@@ -240,7 +234,7 @@ impl PolicySet {
             .filter(|(_, (_, _, ids, _))| ids.len() > i)
             .map(|(slot, (.., tokens))| (*slot, tokens.of(unit)))
             .unzip();
-        let ids = self.kept[i].become_bucket(rate, said, &tokens, now);
+        let ids = self.kept[i].become_bucket(rate, stated, &tokens, now);
         for (slot, id) in slots.into_iter().zip(ids) {
             if let Some((_, _, ids, _)) = self.in_flight.get_mut(&slot) {
                 ids[i] = id;

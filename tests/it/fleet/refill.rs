@@ -89,16 +89,7 @@ async fn a_windowless_token_quota_that_refills_is_kept_as_a_bucket_by_every_proc
     }
     notes.extend(std::iter::from_fn(|| a.note()));
     assert!(says_refills(&notes), "{notes:?}");
-    let listed: String = redis::cmd("HGET")
-        .arg(keys.limit())
-        .arg("stated")
-        .query(&mut c)
-        .unwrap();
-    let bucket = listed
-        .split_whitespace()
-        .find(|k| k.contains(":gcra:"))
-        .unwrap_or_else(|| panic!("no bucket listed: {listed}"))
-        .to_string();
+    let bucket = listed_bucket(&redis, &name);
     assert!(
         !exists(&mut c, &window),
         "the window kept beside the bucket"
@@ -244,11 +235,7 @@ fn anthropic(used: u64) -> reqwest::header::HeaderMap {
 
 /// The bucket the fleet `name` lists now.
 fn listed_bucket(redis: &Redis, name: &str) -> String {
-    let listed: String = redis::cmd("HGET")
-        .arg(FleetKeys::named(name).limit())
-        .arg("stated")
-        .query(&mut redis.conn())
-        .unwrap();
+    let listed = super::stated_tokens::listed(redis, name).unwrap_or_default();
     let bucket = listed.split_whitespace().find(|k| k.contains(":gcra:"));
     bucket
         .unwrap_or_else(|| panic!("no bucket: {listed}"))

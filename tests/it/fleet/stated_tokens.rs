@@ -171,7 +171,7 @@ fn output_tokens(quota: u64, left: u64) -> reqwest::header::HeaderMap {
 }
 
 /// The keys the fleet `name` adopted from what a server stated.
-fn listed(redis: &Redis, name: &str) -> Option<String> {
+pub(super) fn listed(redis: &Redis, name: &str) -> Option<String> {
     redis::cmd("HGET")
         .arg(FleetKeys::named(name).limit())
         .arg("stated")
