@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{CheckpointError, JobMeta, ReadStore, Store};
 use crate::cli::StatusArgs;
-use crate::credits::describe_renewal;
+use crate::credits::{describe_renewal, CreditSnapshot};
 use crate::fleet::Shard;
 use crate::rate::bucket::TokenBucket;
 use crate::rate::{Limit, Plan};
@@ -559,28 +559,7 @@ fn describe_job(
             .unwrap_or_default()
     );
     last_run_lines(&st, out);
-    match last {
-        Some(s) => {
-            let _ = writeln!(
-                out,
-                "  credits:  {} remaining of {} (last seen), {}",
-                s.remaining,
-                s.max,
-                describe_renewal(s.renewal)
-            );
-        }
-        // Items done and no balance: the API states none (not every API
-        // meters credits), which "no response yet" would belie.
-        None if c.done > 0 => {
-            let _ = writeln!(
-                out,
-                "  credits:  not stated by this API (its responses carry no credit headers)"
-            );
-        }
-        None => {
-            let _ = writeln!(out, "  credits:  unknown (no metered response yet)");
-        }
-    }
+    credit_lines(last, c.done, out);
     let fired = if meta.meter.fired.is_empty() {
         "none".to_string()
     } else {
@@ -594,6 +573,32 @@ fn describe_job(
         st.requests, st.rate_limited, meta.retries
     );
     Ok(())
+}
+
+/// The credits line of a job: the balance last seen, or why there is none.
+fn credit_lines(last: Option<CreditSnapshot>, done: u64, out: &mut String) {
+    match last {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "  credits:  {} remaining of {} (last seen), {}",
+                s.remaining,
+                s.max,
+                describe_renewal(s.renewal)
+            );
+        }
+        // Items done and no balance: the API states none (not every API
+        // meters credits), which "no response yet" would belie.
+        None if done > 0 => {
+            let _ = writeln!(
+                out,
+                "  credits:  not stated by this API (its responses carry no credit headers)"
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  credits:  unknown (no metered response yet)");
+        }
+    }
 }
 
 #[cfg(test)]

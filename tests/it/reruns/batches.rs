@@ -1,0 +1,185 @@
+//! A batch size changed between runs: calls of unknown outcome are never
+//! sent again under other keys.
+
+use super::*;
+
+/// A batch's Idempotency-Key is made of its items': a rerun that forms its
+/// batches otherwise while calls may have run unanswered would send those
+/// items under other keys, and the API would run them twice. It is refused
+/// before any call: after items failed with their outcome unknown (sent
+/// again by `--retry-failed`), and after a run killed with calls in flight.
+/// Run as before, the calls go under their old keys and nothing runs twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_batch_size_never_sends_calls_of_unknown_outcome_again() {
+    // Every executed call's connection drops: its outcome is unknown.
+    let s = Scenario::new("rerun-batch-size")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "1"])
+        .numbers(10);
+    let url = batch_url(&s);
+    let run = |size: &str, extra: &[&str]| {
+        let args = [
+            &[
+                "--url",
+                &url,
+                "--json-body",
+                "--limit",
+                "none",
+                "--max-attempts",
+                "1",
+            ][..],
+            &["--batch", size],
+            extra,
+        ]
+        .concat();
+        s.run(&args)
+    };
+    let r = run("5", &[]);
+    assert_eq!(r.summary["failed"], 10, "{}", r.summary);
+    assert_side_effects(&s.sim().stats().await, 10);
+    // Not sent by this run, still refused: a run that took the new
+    // batching would let a later --retry-failed by.
+    let r = run("4", &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = run("4", &["--retry-failed"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("10 item(s) failed with their outcome unknown")
+            && r.stderr.contains("in batches (--batch 5)")
+            && r.stderr.contains("Nothing was sent"),
+        "{}",
+        r.stderr
+    );
+    // One item per call is another way of forming them too.
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--limit",
+        "none",
+        "--retry-failed",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("one item per call"), "{}", r.stderr);
+    let stats = s.sim().stats().await;
+    assert_eq!(stats["requests"], 2, "nothing sent: {stats}");
+    // As before: the same batches, replayed (a replay's answer is not
+    // lost), never run again.
+    let r = run("5", &["--retry-failed"]);
+    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
+    assert_eq!(r.summary["done"], 10, "{}", r.summary);
+    let stats = s.sim().stats().await;
+    assert_side_effects(&stats, 10);
+    assert_eq!(stats["idempotent_replays"], 10, "{stats}");
+}
+
+/// Killed while its batches are retried (each answer lost), then run in
+/// batches of another size: refused; as before: the old keys.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_size_changed_after_a_kill_is_refused_and_the_old_keys_go_again() {
+    let s = Scenario::new("rerun-batch-killed")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "2"])
+        .numbers(10);
+    let url = batch_url(&s);
+    let args = |size: &'static str| {
+        vec![
+            "--url".to_string(),
+            url.clone(),
+            "--json-body".into(),
+            "--limit".into(),
+            "none".into(),
+            "--batch".into(),
+            size.into(),
+        ]
+    };
+    let five = args("5");
+    let first: Vec<&str> = five.iter().map(String::as_str).collect();
+    let killed = s
+        .signal_when(&first, |st| st["side_effects"] == 10, libc::SIGKILL)
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    let other = args("10");
+    let other: Vec<&str> = other.iter().map(String::as_str).collect();
+    let r = s.run(&[&other[..], &["--max-attempts", "1"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("a run of this job was killed"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 10);
+    let r = s.run(&[&first[..], &["--max-attempts", "1"]].concat());
+    assert_ne!(r.code, 2, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 10);
+}
+
+/// Rows appended while the last block's batch is of unknown outcome would
+/// join it under another key: refused until it settles.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_appended_to_a_batch_of_unknown_outcome_are_refused() {
+    let s = Scenario::new("rerun-batch-grown")
+        .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "3"])
+        .numbers(7);
+    let url = batch_url(&s);
+    let args = [
+        "--url",
+        &url,
+        "--json-body",
+        "--limit",
+        "none",
+        "--batch",
+        "5",
+        "--max-attempts",
+        "1",
+    ];
+    let r = s.run(&args);
+    assert_eq!(r.summary["failed"], 7, "{}", r.summary);
+    s.append_numbers(8..=8);
+    let r = s.run(&[&args[..], &["--retry-failed"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("grew while calls of this job may have run in batches"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 7);
+}
+
+/// `--keep-done` sends the pending items under the changed request's keys:
+/// after a run killed with calls in flight (which may have run under the
+/// earlier request's keys), it is refused before any call; run as before,
+/// the job settles, and the change is then taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_done_after_a_killed_run_is_refused_until_it_settles() {
+    let s = Scenario::new("keep-done-killed")
+        .with_sim(&["--limit", "none", "--latency", "300ms"])
+        .numbers(20);
+    let before = ["--limit", "none", "-H", "X-Source: a"];
+    let killed = s
+        .signal_when(
+            &before,
+            |st| st["side_effects"].as_u64() >= Some(4),
+            libc::SIGKILL,
+        )
+        .await;
+    assert_ne!(killed.code, 0, "{}", killed.stderr);
+    let after = ["--limit", "none", "-H", "X-Source: b", "--keep-done"];
+    let r = s.run(&after);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("was killed with items pending"),
+        "{}",
+        r.stderr
+    );
+    // Without --keep-done too: the killed run finished nothing, and a job
+    // that finished nothing is otherwise replaced.
+    let r = s.run(&["--limit", "none", "-H", "X-Source: b"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = s.run(&before);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+    let r = s.run(&after);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+}
