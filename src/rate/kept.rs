@@ -82,11 +82,12 @@ impl Kept {
     /// Whether its level follows the server's `remaining` and its reset is
     /// when it is full again, so that a `remaining` of 0 is its level, not
     /// a hold until the reset: a bucket of tokens told (OpenAI's and
-    /// Anthropic's reset is when full), or found while the statements still
-    /// keep proportion (when they stop, a `remaining` of 0 holds again).
+    /// Anthropic's reset is when full), or found unless the statements
+    /// since stopped keeping proportion (then a `remaining` of 0 holds
+    /// again, until they keep it anew).
     pub fn refills(&self) -> bool {
         match &self.refill {
-            Refill::Found(fit, _) => fit.holding(),
+            Refill::Found(fit, _) => !fit.doubted(),
             // Watched, it is still a window.
             _ => self.spec.unit.is_tokens() && matches!(self.rule, Rule::Bucket(_)),
         }

@@ -48,6 +48,8 @@ pub struct RefillFit {
     /// The least and the most used in the run.
     used: Option<(u64, u64)>,
     statements: u32,
+    /// A run of two or more was broken, and no run of two holds since.
+    doubted: bool,
 }
 
 /// One statement of a quota: what is left and when it is full again.
@@ -121,7 +123,10 @@ impl RefillFit {
         if used == 0 {
             // Nothing used and a reset to wait for: no bucket of this quota.
             if reset > late {
-                *self = RefillFit::new();
+                *self = RefillFit {
+                    doubted: self.broken(),
+                    ..RefillFit::new()
+                };
             }
             return None;
         }
@@ -135,12 +140,14 @@ impl RefillFit {
             let (least, most) = self.used.unwrap_or((used, used));
             self.used = Some((least.min(used), most.max(used)));
             self.statements += 1;
+            self.doubted = false;
         } else {
             *self = RefillFit {
                 lo,
                 hi,
                 used: Some((used, used)),
                 statements: 1,
+                doubted: self.broken(),
             };
         }
         self.period(quota, early + late, window)
@@ -150,6 +157,19 @@ impl RefillFit {
     /// still seen.
     pub fn holding(&self) -> bool {
         self.statements >= 2
+    }
+
+    /// Whether the latest statements broke a run that held (two or more),
+    /// and none holds since: evidence against the refill. A fit with too
+    /// few statements to hold, and none broken, doubts nothing (a process
+    /// of a fleet that found the refill before it heard enough).
+    pub fn doubted(&self) -> bool {
+        self.doubted
+    }
+
+    /// Whether a statement that breaks the run leaves the refill doubted.
+    fn broken(&self) -> bool {
+        self.holding() || self.doubted
     }
 
     /// The period the run shows, when it is enough.

@@ -130,13 +130,16 @@ end
 -- that cost more than estimated. It counts as spent now, ending one window
 -- from now, as `spent_elsewhere` in rate/policies/tokens.rs counts it
 -- in-process (counting some of the fleet's own again errs on the slow
--- side). Returns the tokens added, or -2 for a window kept as a bucket
--- since.
+-- side). ARGV[9] is 1 for a window the process was told: corrected even
+-- under the name of an adopted one kept as a bucket since (the told
+-- window is the process's own promise, kept beside the bucket). Returns
+-- the tokens added, or -2 for an adopted window kept as a bucket since.
 if op == 'elsewhere' then
   local key, spent = KEYS[tonumber(ARGV[7])], tonumber(ARGV[8])
-  -- A window kept as a bucket since (`refill`), by a process that does
-  -- not know yet: not made again; it fetches the bucket.
-  if redis.call('HEXISTS', KEYS[4], 'refilled:' .. key) == 1 then return -2 end
+  -- An adopted window kept as a bucket since (`refill`), by a process that
+  -- does not know yet: not made again; it fetches the bucket.
+  local told = ARGV[9] == '1'
+  if not told and redis.call('HEXISTS', KEYS[4], 'refilled:' .. key) == 1 then return -2 end
   for _, t in ipairs(tallies) do
     if t.key == key then
       local used = tally_used(t)

@@ -164,14 +164,18 @@ impl Inner {
         if !p.unit.is_tokens() || p.used == 0 {
             return;
         }
-        let (key, kept) = match self.told_keeps(p) {
-            Some(t) => (t.key.clone(), t.quota),
+        let (key, kept, told) = match self.told_keeps(p) {
+            Some(t) => (t.key.clone(), t.quota, true),
             None => (
                 self.kept_as(self.stated_key(p)),
                 scaled(p.quota, self.headroom),
+                false,
             ),
         };
-        let Some(index) = self.keys().iter().position(|k| *k == key) else {
+        // The index is of this list: the process's own may shrink (a swap
+        // to a bucket it passes already) before the op runs.
+        let keys = self.keys().clone();
+        let Some(index) = keys.iter().position(|k| *k == key) else {
             return;
         };
         // The key keeps `--headroom`'s share of the quota (or less): what
@@ -193,9 +197,9 @@ impl Inner {
                 .insert(key, now + ELSEWHERE_EVERY.min(p.window / 10));
         }
         // Not corrected now: a response after the spacing tries again.
-        let done: Result<i64, PaceError> = self
-            .run("elsewhere", Duration::from_secs(2), |inv| {
-                inv.arg(index + 1).arg(spent);
+        let done = self
+            .run_on(&keys, "elsewhere", |inv| {
+                inv.arg(index + 1).arg(spent).arg(u8::from(told));
             })
             .await;
         if let Ok(REFILLED) = done {
@@ -363,12 +367,13 @@ impl Inner {
         let Some((rate, key)) = self.call_buckets.get(bucket) else {
             return;
         };
-        let Some(index) = self.keys().iter().position(|k| k == key) else {
+        let keys = self.keys().clone();
+        let Some(index) = keys.iter().position(|k| k == key) else {
             return;
         };
         let hold = bucket_emptied_hold(*rate, reset, exact);
-        let _: Result<i64, PaceError> = self
-            .run("empty", Duration::from_secs(2), |inv| {
+        let _ = self
+            .run_on(&keys, "empty", |inv| {
                 inv.arg(index + 1).arg(millis(hold));
             })
             .await;

@@ -397,8 +397,9 @@ impl Inner {
 
     /// The script's keys as they are now.
     fn keys(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
-        // A panic elsewhere leaves the list whole: it is only pushed to,
-        // or a key replaced in place.
+        // A panic elsewhere leaves the list whole: it is only pushed to, a
+        // key replaced in place, or one removed (a swap to a bucket passed
+        // already).
         self.keys.read().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -95,14 +95,15 @@ impl Inner {
         }
     }
 
-    /// Whether `p` is kept as a bucket found to refill continuously, its
-    /// statements still showing the refill: a `remaining` of 0 is its
-    /// level then, not a hold until its reset (as in-process,
-    /// `Kept::refills`).
+    /// Whether `p` is kept as a bucket found to refill continuously, and
+    /// this process's statements since do not doubt it: a `remaining` of 0
+    /// is its level then, not a hold until its reset (as in-process,
+    /// `Kept::refills`). A process that learnt of the refill from the
+    /// fleet before it heard enough to fit one doubts nothing.
     pub(super) fn refills(&self, p: &Stated) -> bool {
         let key = self.stated_key(p);
         let l = self.lock();
-        l.refilled.contains_key(&key) && l.fits.get(&key).is_some_and(|f| f.holding())
+        l.refilled.contains_key(&key) && !l.fits.get(&key).is_some_and(|f| f.doubted())
     }
 
     /// The key the fleet keeps `key` under: the bucket it became, when it

@@ -75,6 +75,36 @@ fn a_reset_out_of_proportion_starts_the_run_again() {
     }
 }
 
+/// A refill is doubted only once a run that held is broken, until a run
+/// holds again: a fit with too little heard, as a process of a fleet that
+/// learnt the refill from another has, doubts nothing.
+#[test]
+fn a_refill_is_doubted_once_a_run_that_held_breaks_until_one_holds_again() {
+    let mut fit = RefillFit::new();
+    assert!(!fit.doubted());
+    observe_used(&mut fit, 500);
+    assert!(!fit.doubted() && !fit.holding());
+    // Out of proportion before any run held: nothing to doubt yet.
+    fit.observe(say(8000, 4000, ms(50_000), true), MINUTE);
+    assert!(!fit.doubted());
+    for used in [4500, 5000] {
+        observe_used(&mut fit, used);
+    }
+    assert!(fit.holding() && !fit.doubted());
+    fit.observe(say(8000, 2000, ms(50_000), true), MINUTE);
+    assert!(fit.doubted());
+    // Another statement out of proportion with that one: still doubted.
+    fit.observe(say(8000, 7000, ms(50_000), true), MINUTE);
+    assert!(fit.doubted());
+    for used in [1000, 1500] {
+        observe_used(&mut fit, used);
+    }
+    assert!(fit.holding() && !fit.doubted());
+    // Nothing used and a reset to wait for breaks the run too.
+    fit.observe(say(8000, 8000, ms(30_000), true), MINUTE);
+    assert!(fit.doubted());
+}
+
 #[test]
 fn a_reset_with_nothing_used_is_no_bucket() {
     let mut fit = RefillFit::new();

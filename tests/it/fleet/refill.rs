@@ -172,7 +172,11 @@ async fn a_fleet_paces_a_stated_token_bucket_at_its_refill() {
 
 /// A process told the window the server states (`--limit 1000/1m,tokens`)
 /// keeps it: another process finding the quota to refill has the fleet
-/// keep the bucket beside it, not in its place, for the told process.
+/// keep the bucket beside it, not in its place, for the told process. What
+/// the server says is used still reaches the told window under the
+/// adopted one's name: with 950 of 1,000 said used, a call of 400 waits
+/// (the fleet refused its corrections for good, and the bucket, which
+/// knew only 551, let it go).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_told_window_stays_beside_the_bucket_found() {
     let redis = Redis::start();
@@ -204,6 +208,40 @@ async fn a_told_window_stays_beside_the_bucket_found() {
     let mut c = redis.conn();
     let counted: Vec<String> = redis::cmd("HVALS").arg(&window).query(&mut c).unwrap();
     assert_eq!(counted.len(), 1, "the told window does not hold the call");
+    told.observe(&refilling(950)).await;
+    told.flush().await;
+    let wait = Duration::from_millis(500);
+    let heavy = tokio::time::timeout(wait, told.take_weighted(tokens(400))).await;
+    assert!(
+        heavy.is_err(),
+        "a call of 400 went with 950 of 1,000 said used"
+    );
+}
+
+/// A process joining after the fleet found the refill, whose first
+/// statement says the quota is used up (full again in a minute), learns
+/// the bucket and holds nothing: one statement of its own is no evidence
+/// against the refill, and the bucket's next token is back in a fraction
+/// of a second. It held the whole fleet until the reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_joining_after_the_refill_told_it_is_used_up_holds_nothing() {
+    let redis = Redis::start();
+    let name = fleet_name("refill-late-empty");
+    let a = pacer(fleet_on(&redis, &name).await, "50/1s");
+    let mut notes = Vec::new();
+    for used in (101..=451).step_by(50) {
+        notes.extend(a.observe(&refilling(used)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    assert!(says_refills(&notes), "{notes:?}");
+    let late = pacer(fleet_on(&redis, &name).await, "50/1s");
+    late.observe(&openai(1000, 60_220)).await;
+    let soon = Duration::from_secs(5);
+    let next = tokio::time::timeout(soon, a.take_weighted(tokens(1))).await;
+    assert!(
+        matches!(next, Ok(Ok(_))),
+        "the fleet was held until the reset"
+    );
 }
 
 /// Anthropic's statement of 1,000 tokens, `used` of them used, its reset
