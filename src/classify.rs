@@ -110,9 +110,15 @@ pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
 }
 
 /// The response's `Retry-After`, uncapped (beyond the cap it is a used-up
-/// quota's reset).
+/// quota's reset). An HTTP-date is on the server's clock: measured from
+/// the response's `Date` where it has a sane one.
 fn retry_after_header(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, now))
+    let unix = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let server = crate::rate::announce::server_now(headers, unix)
+        .map_or(now, |d| SystemTime::UNIX_EPOCH + d);
+    header_str(headers, "retry-after").and_then(|v| retry_after::parse_uncapped(v, server))
 }
 
 /// How long a 403 that is a rate limit's asks to wait (`said`: its
@@ -639,6 +645,33 @@ mod tests {
                 "{refused:?}"
             );
         }
+    }
+
+    /// A `Retry-After` HTTP-date is on the server's clock: from a server an
+    /// hour ahead of this one, a date 5 s after its own `Date` is a pause of
+    /// 5 s, not a quota used up for an hour (a run halted on it, exit 75).
+    #[test]
+    fn a_retry_after_date_is_measured_from_the_responses_date() {
+        let now = SystemTime::now();
+        let ahead = now + Duration::from_secs(3600);
+        let pairs = [
+            ("date", httpdate::fmt_http_date(ahead)),
+            (
+                "retry-after",
+                httpdate::fmt_http_date(ahead + Duration::from_secs(5)),
+            ),
+        ];
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let wait = match classify(StatusCode::TOO_MANY_REQUESTS, &h(&pairs), "", now, None) {
+            Err(CallError::RateLimited { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        // `Date` is truncated to the second: up to a second long.
+        let wait = wait.expect("a pause");
+        assert!(
+            wait >= Duration::from_secs(5) && wait <= Duration::from_secs(6),
+            "{wait:?}"
+        );
     }
 
     /// A 429 with no `Retry-After` waits what else its headers ask:

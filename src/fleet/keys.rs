@@ -123,6 +123,13 @@ impl FleetKeys {
         format!("{}:window:{count}:{window_ms}", self.prefix)
     }
 
+    /// The fixed window of `count` calls per `window_ms` (`--limit
+    /// N/W,fixed`): a further window the script aligns to the server's
+    /// reset once one is stated (`lua/fixed.lua`).
+    pub fn fixed(&self, count: u64, window_ms: u64) -> String {
+        format!("{}:fixed:{count}:{window_ms}", self.prefix)
+    }
+
     /// The token window of `quota` tokens per `window_ms` counting `unit`
     /// (`--limit Q/W,tokens`, `,input-tokens`, `,output-tokens`, after
     /// `--headroom`): a hash of each call's weight and end; the script

@@ -2,6 +2,7 @@
 //! should Redis lose the fleet's state, and the notes it has for its run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -83,6 +84,12 @@ pub(super) struct Local {
     /// Each such window the fleet keeps as a bucket since, and each such
     /// bucket retimed since, with the key that replaced it.
     pub(super) refilled: HashMap<String, String>,
+    /// The longest round trip of this process's calls, grant to answer:
+    /// how much earlier than read a stated reset may have been measured.
+    pub(super) longest_trip: Duration,
+    /// The fixed windows whose alignment is settled: aligned, by this
+    /// process or another (`fleet/pacer/fixed.rs`).
+    pub(super) aligned: HashSet<String>,
 }
 
 /// What a job's checkpoint says an earlier run learnt, as the fleet keeps

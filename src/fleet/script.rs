@@ -8,13 +8,14 @@ use super::Fleet;
 use crate::rate::exact::stale_grace;
 use crate::rate::policy::TokenWeight;
 
-/// The script every fleet process runs: one script in seven files, joined
+/// The script every fleet process runs: one script in eight files, joined
 /// in this order (each file's header has its part of the contract).
 pub const SCRIPT: &str = concat!(
     include_str!("lua/common.lua"),
     include_str!("lua/gcra.lua"),
     include_str!("lua/tokens.lua"),
     include_str!("lua/stated.lua"),
+    include_str!("lua/fixed.lua"),
     include_str!("lua/window.lua"),
     include_str!("lua/drip.lua"),
     include_str!("lua/tail.lua"),

@@ -121,9 +121,13 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(EPOCH_AFTER_SECS);
 
 /// Every policy the headers announce, in any dialect, as of `now_unix`
 /// (the response's arrival, as unix time). Several dialects on one
-/// response are all read; the caller decides which it paces to.
+/// response are all read; the caller decides which it paces to. An
+/// instant a server states (an epoch reset, an RFC 3339 one) is measured
+/// from the response's `Date` where it has a sane one ([`server_now`]).
 pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     let mut out = Vec::new();
+    let dated = server_now(h, now_unix);
+    let now_unix = dated.unwrap_or(now_unix);
     ietf(h, now_unix, &mut out);
     for prefix in ["x-ratelimit", "x-rate-limit"] {
         x_ratelimit(h, prefix, now_unix, &mut out);
@@ -131,8 +135,22 @@ pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     for unit in ["requests", "tokens"] {
         openai(h, unit, &mut out);
     }
-    anthropic(h, now_unix, &mut out);
+    anthropic(h, now_unix, dated.is_some(), &mut out);
     out.into_iter().map(bounded).collect()
+}
+
+/// The response's `Date` as unix time, where it is sane (within a day of
+/// this clock's `now_unix`): the instants a server states (an epoch reset,
+/// an RFC 3339 one, an HTTP-date `Retry-After`) are on its clock, and
+/// measured from its `Date` they are not moved by a skew between the two
+/// clocks (a server an hour ahead held a run an hour for a reset 5 s
+/// off). `Date` is truncated to the second, so a reset so measured may be
+/// read up to a second long, never short.
+pub fn server_now(h: &HeaderMap, now_unix: Duration) -> Option<Duration> {
+    text(h, "date")
+        .and_then(|d| httpdate::parse_http_date(d).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .filter(|&d| d.max(now_unix) - d.min(now_unix) < Duration::from_secs(86_400))
 }
 
 /// A statement within what the pacer can act on: a window of at most
@@ -343,11 +361,9 @@ fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
 }
 
 /// Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
-fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
-    // The instants are measured from the response's `Date` where it has a
-    // sane one (within a day of this clock): both the server's. Read once,
-    // and only for a response that states a quota this way.
-    let mut date = None;
+fn anthropic(h: &HeaderMap, since: Duration, dated: bool, out: &mut Vec<Announced>) {
+    // The instants are measured from `since`, the response's `Date` where
+    // it has a sane one (`dated`): both the server's.
     let start = out.len();
     for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
         let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));
@@ -355,20 +371,13 @@ fn anthropic(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         if limit.is_none() && remaining.is_none() {
             continue;
         }
-        let date = *date.get_or_insert_with(|| {
-            text(h, "date")
-                .and_then(|d| httpdate::parse_http_date(d).ok())
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .filter(|&d| d.max(now_unix) - d.min(now_unix) < Duration::from_secs(86_400))
-        });
-        let since = date.unwrap_or(now_unix);
         let mut a = Announced::new(unit, unit_named(unit));
         a.quota = quota(limit);
         a.remaining = remaining;
         a.reset_in = latest(h, &format!("anthropic-ratelimit-{unit}-reset"), |t| {
             fields::rfc3339_unix(t).map(|at| at.saturating_sub(since))
         });
-        a.reset_dated = date.is_some() && a.reset_in.is_some();
+        a.reset_dated = dated && a.reset_in.is_some();
         push(out, a);
     }
     // `tokens` is the most restrictive of the input and output limits

@@ -380,7 +380,13 @@ impl PolicySet {
     /// report replaced a lower learnt limit), so that waiters look again.
     pub fn announce(&mut self, policies: &[Announced], now: Instant) -> bool {
         let before: Vec<u64> = self.windows.iter().map(ExactWindow::limit).collect();
-        for p in policies {
+        // Beyond the most a set keeps, the loosest policies a response
+        // states are the ones left out: read the tightest first then.
+        let ordered = match self.overflows(policies) {
+            true => tightest_first(policies),
+            false => policies.iter().collect(),
+        };
+        for p in ordered {
             match p.unit {
                 Unit::Calls if self.follow_kept(p, now) => {}
                 Unit::Calls => self.follow(p, now),
@@ -400,7 +406,7 @@ impl PolicySet {
             (None, Some(q)) => Some(self.nearest(q)),
             (Some(w), q) => match self.windows.iter().position(|x| x.window() == w) {
                 Some(i) => Some(i),
-                None => q.and_then(|q| self.add(p, q, w, now)),
+                None => q.and_then(|q| self.add(p, q, w, now).or_else(|| self.ignored(p, q))),
             },
         };
         let Some(i) = i else { return };
@@ -515,6 +521,53 @@ impl PolicySet {
     /// A window for a policy of `q` per `w` the set did not have, counting
     /// the calls in flight and, when the server says how much is left, the
     /// calls it already accepted. `None` when the set is full.
+    /// Whether `policies` state more new windows than the set has room
+    /// for: of calls, beside its windows (and the fixed windows and
+    /// buckets it keeps), or of tokens, beside the policies it keeps.
+    fn overflows(&self, policies: &[Announced]) -> bool {
+        let mut calls: Vec<Duration> = Vec::new();
+        let mut tokens: Vec<(Unit, Duration)> = Vec::new();
+        for p in policies.iter().filter(|p| p.quota.is_some()) {
+            let (Some(w), Unit::Calls) = (p.window, p.unit) else {
+                if p.unit.is_tokens() {
+                    let key = (p.unit, p.window.unwrap_or(tokens::TOKEN_WINDOW));
+                    let kept = self
+                        .kept
+                        .iter()
+                        .any(|k| k.unit() == key.0.counted() && k.window() == key.1);
+                    if !kept && !tokens.contains(&key) {
+                        tokens.push(key);
+                    }
+                }
+                continue;
+            };
+            let kept = self.windows.iter().any(|x| x.window() == w)
+                || self
+                    .kept
+                    .iter()
+                    .any(|k| k.unit() == crate::rate::policy::Unit::Calls && k.window() == w);
+            if !kept && !calls.contains(&w) {
+                calls.push(w);
+            }
+        }
+        self.windows.len() + calls.len() > MAX_WINDOWS
+            || self.kept.len() + tokens.len() > MAX_WINDOWS
+    }
+
+    /// A policy `p` of quota `q` left out, the set keeping the most it
+    /// keeps: said once. Always `None`.
+    pub(super) fn ignored(&mut self, p: &Announced, q: u64) -> Option<usize> {
+        if self.said.insert(format!("ignored {}", p.name)) {
+            self.heard.push_back(Heard::Ignored {
+                name: p.name.clone(),
+                quota: q,
+                window: p.window,
+                tokens: p.unit.is_tokens(),
+            });
+        }
+        None
+    }
+
     fn add(&mut self, p: &Announced, q: u64, w: Duration, now: Instant) -> Option<usize> {
         if self.windows.len() >= MAX_WINDOWS {
             return None;
@@ -552,4 +605,16 @@ impl PolicySet {
         });
         Some(self.windows.len() - 1)
     }
+}
+
+/// `policies` with those of a known rate (a quota and a window) first,
+/// the tightest (least per second) first, then the rest as stated.
+fn tightest_first(policies: &[Announced]) -> Vec<&Announced> {
+    let mut v: Vec<&Announced> = policies.iter().collect();
+    let rate = |p: &Announced| match (p.quota, p.window) {
+        (Some(q), Some(w)) if !w.is_zero() => q as f64 / w.as_secs_f64(),
+        _ => f64::INFINITY,
+    };
+    v.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    v
 }

@@ -3,7 +3,7 @@
 //! window rule's in-process store is [`InProcess`] ([`ExactWindow`]); the
 //! drip rules' (the SpikeArrest mirror, the token bucket) are in [`drip`]. A [`Scenario`] is a timed sequence of what the two
 //! have in common (takes, completions, cancellations, 429s, reported limits,
-//! `remaining: 0`), on a clock in whole milliseconds from its start; each
+//! `remaining: 0`, a fixed window's reset), on a clock in whole milliseconds from its start; each
 //! store answers every step, and [`compare`] fails at the first step where
 //! they disagree.
 //!
@@ -111,6 +111,21 @@ pub enum Op {
         period: u64,
         /// How much of it the server says is used.
         used: u64,
+    },
+    /// A response said the policy of calls a fixed window of the scenario
+    /// keeps (the `fixed`-th, modulo how many) resets in `reset` ms, the
+    /// true reset up to `early` ms before that and `late` ms after: the
+    /// window is aligned to it, if not yet and if that is certain to a
+    /// tenth of its window.
+    Aligned {
+        /// Which fixed window.
+        fixed: usize,
+        /// Its reset, in ms.
+        reset: u64,
+        /// How much earlier the true reset may lie, in ms.
+        early: u64,
+        /// How much later, in ms.
+        late: u64,
     },
 }
 
@@ -237,6 +252,9 @@ pub enum Call {
     Refill(u64, u64),
     /// A bucket's policy is used up: which bucket, reset (ms), exact.
     Emptied(usize, u64, bool),
+    /// A fixed window's reset: which fixed window (modulo how many),
+    /// reset, early, late (ms).
+    Aligned(usize, u64, u64, u64),
 }
 
 /// What a store answered.
@@ -265,6 +283,8 @@ pub enum Answer {
     /// A refill: whether the stated window became a bucket (or the bucket
     /// it became was retimed).
     Refilled(bool),
+    /// A fixed window's reset: whether it aligned the window now.
+    Aligned(bool),
     /// A 429: calls are paused for `ms` and it taught `learnt` (0: nothing).
     Paused {
         /// The pause in force, from now.
@@ -388,6 +408,12 @@ impl Calls {
                 reset,
                 exact,
             } => Call::Emptied(bucket, reset, exact),
+            Op::Aligned {
+                fixed,
+                reset,
+                early,
+                late,
+            } => Call::Aligned(fixed, reset, early, late),
         })
     }
 

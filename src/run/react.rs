@@ -509,9 +509,18 @@ fn transient(
     if attempts < policy.max_attempts {
         let after = policy.backoff.wait(attempts, retry_after, jitter);
         let asked = retry_after.filter(|&r| r > policy.backoff.cap).map(|r| {
+            // A pause is capped: a longer ask is said as what it is at least.
+            let cap = retry_after::MAX_RETRY_AFTER;
+            let (more, waits) = match r >= cap {
+                true => (
+                    " or more",
+                    format!("at most {}", humantime::format_duration(cap)),
+                ),
+                false => ("", "that long".to_string()),
+            };
             format!(
-                "batchrun: line {}: {reason}: the server asks to try again in {} \
-                 (Retry-After); the item waits that long, the others go on",
+                "batchrun: line {}: {reason}: the server asks to try again in {}{more} \
+                 (Retry-After); the item waits {waits}, the others go on",
                 item.line,
                 humantime::format_duration(r)
             )

@@ -1,10 +1,10 @@
 -- batchrun fleet pacer: the pacing rules and the concurrency ceiling of
 -- one API key, shared by every process through Redis. One script, kept in
--- seven files joined in this order (src/fleet/script.rs): common.lua (the
+-- eight files joined in this order (src/fleet/script.rs): common.lua (the
 -- arguments, the clock, putting calls back, the loss check), gcra.lua (the
 -- GCRA buckets kept beside the window rule), tokens.lua (the weighted
 -- token windows kept beside it), stated.lua (policies a server states,
--- adopted by the fleet), window.lua
+-- adopted by the fleet), fixed.lua (fixed windows aligned to a reset), window.lua
 -- (the exact sliding-window rule), drip.lua (the SpikeArrest mirror and
 -- the token bucket), tail.lua (the heartbeat and the probe).
 --
@@ -43,14 +43,18 @@
 --                       (stated.lua), space-separated; refilled:KEY =
 --                       the bucket in force for adopted token window KEY
 --                       (or for a bucket it was retimed from), stated.lua
---                       `refill`; started,
+--                       `refill`; align:KEY = the boundary, early and
+--                       late (ms) fixed window KEY is aligned to
+--                       (fixed.lua); started,
 --                       start_ends, even, even_tat = a bare rate's start
 --                       and even pace (window.lua)
 -- KEYS[5] sent    HASH  member = permit id, value = ms it was granted, and
 --                       after a space its estimated tokens when not 0, as
 --                       'T,I,O' (weight_of; in flight only)
 -- KEYS[6...] further windows (--limit given more than once), each a ZSET
---                       as KEYS[1], named `...:window:L:Wms`: the key says its
+--                       as KEYS[1], named `...:window:L:Wms` (or
+--                       `...:fixed:L:Wms`, a fixed window: fixed.lua, its
+--                       alignment in KEYS[4] `align:KEY`): the key says its
 --                       own limit and window. The window rule only: a call
 --                       must fit in each, and only KEYS[1] learns. Among
 --                       them, GCRA buckets named `...:gcra:T:TAU:D[:U]` (gcra.lua)
@@ -58,7 +62,7 @@
 --                       what they count: tokens, input-tokens or output-tokens
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt |
---         elsewhere | hold | empty | refill | start | probe, and
+--         elsewhere | hold | empty | refill | align | start | probe, and
 --         spike_* / bucket_* (take, settle, pause, inforce) for drip.lua
 -- ARGV[2] W, the window, in ms
 -- ARGV[3] hold: ms an in-flight call occupies past now (timeout + W + slack)
@@ -88,13 +92,16 @@ local fake = round == 0
 local limit_ttl = math.max(W * 10, 3600000)
 
 -- The further windows, from their keys' names. In each, an in-flight call
--- occupies for `hold` less W plus its own window.
+-- occupies for `hold` less W plus its own window. A fixed window told
+-- (`...:fixed:L:Wms`, fixed.lua) is one of them, kept as a sliding one
+-- until a reset aligns it.
 local further = {}
 for k = 6, #KEYS do
-  local l, w = string.match(KEYS[k], ':window:(%d+):(%d+)$')
-  if l then
+  local kind, l, w = string.match(KEYS[k], ':(%a+):(%d+):(%d+)$')
+  if kind == 'window' or kind == 'fixed' then
     local fw = tonumber(w)
-    further[#further + 1] = {key = KEYS[k], L = tonumber(l), W = fw, hold = hold - W + fw}
+    further[#further + 1] = {key = KEYS[k], L = tonumber(l), W = fw, hold = hold - W + fw,
+      fixed = kind == 'fixed'}
   end
 end
 

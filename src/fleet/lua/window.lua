@@ -42,7 +42,9 @@ local function settle(i)
       if ago < 0 then
         redis.call('ZREM', f.key, id)
       else
-        redis.call('ZADD', f.key, 'XX', back + f.W + round, id)
+        local ends = occupied_until(f, back)
+        redis.call('ZADD', f.key, 'XX', ends, id)
+        if f.align then keep_until(f.key, ends) end
       end
     end
     redis.call('ZREM', KEYS[2], id)

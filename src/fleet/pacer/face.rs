@@ -51,6 +51,7 @@ impl Pacer for FleetPacer {
                             inner: inner.clone(),
                             id,
                             estimate: weight.tokens,
+                            granted: Instant::now(),
                         })));
                     }
                     // Queued for a while: look again before sleeping.
@@ -89,14 +90,16 @@ impl Pacer for FleetPacer {
                 let queued = inner.lock().notes.pop_front();
                 return inner.drip_in_force(headers).await.or(queued);
             }
-            let said = Said::of(headers, inner.window, &inner.call_bucket_periods());
+            let heard = Instant::now();
+            let fixed: Vec<_> = inner.fixed.iter().map(|(w, q, _)| (*w, *q)).collect();
+            let said = Said::of(headers, inner.window, &inner.call_bucket_periods(), &fixed);
             if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
             }
             if said.used_up {
                 inner.hold().await;
             }
-            for p in &said.others {
+            for p in said.tightest_others() {
                 let adopted = inner.adopt(p).await;
                 let found = inner.heard_reset(p).await;
                 match adopted {
@@ -112,6 +115,7 @@ impl Pacer for FleetPacer {
             for (name, reset, exact, bucket) in &said.emptied {
                 inner.emptied(name, *reset, *exact, *bucket).await;
             }
+            inner.align(&said.resets, heard).await;
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
                 return queued;
@@ -212,6 +216,10 @@ pub(super) struct Said {
     /// to the millisecond, and the bucket (its index among the told
     /// buckets of calls). Not the primary window's.
     pub(super) emptied: Vec<(String, Duration, bool, usize)>,
+    /// Policies of calls stated with a window and a reset: (the window,
+    /// how long until it resets). A configured fixed window of that
+    /// window is aligned to it.
+    pub(super) resets: Vec<(Duration, Duration)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -239,6 +247,20 @@ pub(super) struct Stated {
 }
 
 impl Said {
+    /// The policies stated besides the primary window's, those of calls
+    /// first and then those of tokens, each the tightest (least per
+    /// second) first: beyond the most the fleet adopts, the loosest are
+    /// the ones left out.
+    pub(super) fn tightest_others(&self) -> Vec<&Stated> {
+        let mut v: Vec<&Stated> = self.others.iter().collect();
+        let rate = |p: &Stated| p.quota as f64 / p.window.as_secs_f64().max(1e-9);
+        v.sort_by(|a, b| {
+            let tokens = |p: &Stated| p.unit.is_tokens();
+            tokens(a).cmp(&tokens(b)).then(rate(a).total_cmp(&rate(b)))
+        });
+        v
+    }
+
     /// Whether what was stated binds a fleet configured `configured` per
     /// window (0: none): the limit is then no secret to learn from 429s.
     /// A quota of the primary window above the configured one does not
@@ -248,12 +270,41 @@ impl Said {
         self.told_elsewhere || (self.told && !above)
     }
 
-    /// What `headers` say, the primary window being `window` and the told
-    /// buckets of calls refilling over `buckets`.
-    pub(super) fn of(headers: &HeaderMap, window: Duration, buckets: &[Duration]) -> Said {
+    /// What `headers` say, the primary window being `window`, the told
+    /// buckets of calls refilling over `buckets` and the told fixed
+    /// windows of calls being `fixed` (W, quota).
+    pub(super) fn of(
+        headers: &HeaderMap,
+        window: Duration,
+        buckets: &[Duration],
+        fixed: &[(Duration, u64)],
+    ) -> Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
+            if let (Unit::Calls, Some(w), Some(r)) = (p.unit, p.window, p.reset_in) {
+                if !r.is_zero() {
+                    said.resets.push((w, r));
+                }
+            }
+            // A policy of a told fixed window's window, of no less than its
+            // quota, is that window's, as in-process: it aligns it and
+            // holds the fleet when used up, but lowers no other window.
+            let fixed_keeps = p.unit == Unit::Calls
+                && fixed
+                    .iter()
+                    .any(|&(w, q)| Some(w) == p.window && p.quota.map_or(true, |s| s >= q));
+            if fixed_keeps {
+                said.told |= p.quota.is_some();
+                said.told_elsewhere |= p.quota.is_some();
+                if let Some(r) = p
+                    .reset_in
+                    .filter(|r| p.remaining == Some(0) && !r.is_zero())
+                {
+                    said.spent.push((p.name, r));
+                }
+                continue;
+            }
             let kept = match (p.unit, p.window) {
                 (Unit::Calls, Some(w)) => buckets.iter().position(|&b| b == w),
                 _ => None,

@@ -24,6 +24,10 @@ use crate::rate::policy::Unit;
 /// keeps as a bucket since (`refill.rs`).
 const REFILLED: i64 = -2;
 
+/// The script's answer to an adoption when the fleet adopted the most it
+/// keeps (`adopt`'s −1).
+const LIST_FULL: i64 = -1;
+
 /// The longest spacing between two corrections of a token window for what
 /// was spent elsewhere; a window shorter than ten of them is spaced by a
 /// tenth of it.
@@ -123,8 +127,12 @@ impl Inner {
         }
         let mut keys = {
             let keys = self.keys();
-            if keys.contains(&key) || keys.len() >= self.configured_keys + MAX_WINDOWS {
+            if keys.contains(&key) {
                 return None;
+            }
+            if keys.len() >= self.configured_keys + MAX_WINDOWS {
+                drop(keys);
+                return self.ignored(p);
             }
             keys.clone()
         };
@@ -138,6 +146,9 @@ impl Inner {
             // (listed, so passed from the next take).
             self.learn_refilled(&key).await;
         }
+        if listed == LIST_FULL {
+            return self.ignored(p);
+        }
         if listed < 0 {
             return None;
         }
@@ -149,6 +160,21 @@ impl Inner {
                 tokens: p.unit.is_tokens(),
             })
         })
+    }
+
+    /// Policy `p` left out, the fleet keeping the most it adopts: said
+    /// once (the note is queued; `None` is returned for the caller's).
+    fn ignored(&self, p: &Stated) -> Option<PaceNote> {
+        let mut l = self.lock();
+        if l.said.insert(format!("ignored {}", p.name)) {
+            l.push(PaceNote::Heard(Heard::Ignored {
+                name: p.name.clone(),
+                quota: p.quota,
+                window: Some(p.window),
+                tokens: p.unit.is_tokens(),
+            }));
+        }
+        None
     }
 
     /// A token window (or a configured bucket) the fleet keeps, of which a

@@ -33,13 +33,14 @@ use super::Fleet;
 use crate::pace::{PaceError, PaceNote, Pacer};
 use crate::rate::bucket::SizingError;
 use crate::rate::learn::Learnt;
-use crate::rate::policy::{PolicySpec, TokenWeight, Unit};
+use crate::rate::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use crate::rate::{Limit, Rate};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use settles::PUT_BACK;
 use tasks::{heartbeat, settler};
 
 mod face;
+mod fixed;
 mod heard;
 mod refill;
 mod rule;
@@ -202,6 +203,10 @@ struct Inner {
     /// The configured buckets of calls (after `--headroom`), with their
     /// keys: a stated policy of calls of the same window is theirs.
     call_buckets: Vec<(Rate, String)>,
+    /// The configured fixed windows of calls (W, quota after the
+    /// headroom, their keys): aligned to a reset a response states for
+    /// their window ([`fixed`]).
+    fixed: Vec<(Duration, u64, String)>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -276,7 +281,8 @@ impl FleetPacer {
     }
 
     /// A pacer on `fleet` for `cfg` keeping the window rule for its limit
-    /// and for each of `further` as well (`--limit` given more than once),
+    /// and for each of `further` as well (`--limit` given more than once;
+    /// a fixed window aligned to its reset once one is stated),
     /// and a GCRA bucket for each of `buckets` (rate, burst, of calls or
     /// of tokens): a call must fit in every window and every bucket, and
     /// only the first window learns; and a token window for each of
@@ -285,7 +291,7 @@ impl FleetPacer {
     pub fn with_limits(
         fleet: Fleet,
         cfg: FleetPacing,
-        further: &[Rate],
+        further: &[(Rate, Shape)],
         buckets: &[(Rate, u64, Unit)],
         tokens: &[(Rate, Unit)],
     ) -> FleetPacer {
@@ -298,7 +304,7 @@ impl FleetPacer {
     fn build<E>(
         fleet: Fleet,
         cfg: FleetPacing,
-        further: &[Rate],
+        further: &[(Rate, Shape)],
         buckets: &[(Rate, u64, Unit)],
         tokens: &[(Rate, Unit)],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
@@ -319,6 +325,16 @@ impl FleetPacer {
         }))?;
         let told_tokens = told_tokens(&fleet, buckets, tokens, headroom);
         let call_buckets = call_buckets(&fleet, buckets, headroom);
+        let windows: Vec<(Duration, u64, String, bool)> = further
+            .iter()
+            .map(|&(r, shape)| {
+                let (count, ms) = (scaled(r.count, headroom), millis(r.period));
+                match shape {
+                    Shape::Fixed => (r.period, count, fleet.keys().fixed(count, ms), true),
+                    _ => (r.period, count, fleet.keys().further(count, ms), false),
+                }
+            })
+            .collect();
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),
@@ -327,11 +343,7 @@ impl FleetPacer {
                     .keys()
                     .pacer()
                     .into_iter()
-                    .chain(further.iter().map(|r| {
-                        fleet
-                            .keys()
-                            .further(scaled(r.count, headroom), millis(r.period))
-                    }))
+                    .chain(windows.iter().map(|w| w.2.clone()))
                     .chain(call_buckets.iter().map(|(_, key)| key.clone()))
                     .chain(told_tokens.iter().map(|t| t.key.clone()))
                     .collect(),
@@ -340,6 +352,11 @@ impl FleetPacer {
             weighed: AtomicBool::new(!told_tokens.is_empty()),
             told_tokens,
             call_buckets,
+            fixed: windows
+                .into_iter()
+                .filter(|w| w.3)
+                .map(|(w, count, key, _)| (w, count, key))
+                .collect(),
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,

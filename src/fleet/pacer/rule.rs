@@ -154,14 +154,14 @@ pub fn fleet_policies(limit: Limit, policies: &[PolicySpec]) -> (Limit, Vec<Poli
     (primary, policies[skip..].to_vec())
 }
 
-/// The windows of calls among `policies`. A fixed window is kept as a
-/// sliding one, as in-process until a reset aligns it: the fleet reads no
-/// reset.
-pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<Rate> {
+/// The windows of calls among `policies`, with their shapes. A fixed
+/// window is kept as a sliding one until a stated reset aligns it, as
+/// in-process (`lua/fixed.lua`).
+pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<(Rate, Shape)> {
     policies
         .iter()
         .filter(|p| p.unit == Unit::Calls && matches!(p.shape, Shape::Sliding | Shape::Fixed))
-        .filter_map(PolicySpec::rate)
+        .filter_map(|p| Some((p.rate()?, p.shape)))
         .collect()
 }
 
@@ -226,7 +226,10 @@ mod tests {
         assert_eq!(primary, Limit::Rate(per_second(40).unwrap()));
         let w = windows_of(&rest);
         assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w.contains(&per_second(20).unwrap()));
+        assert!(
+            w.contains(&(per_second(20).unwrap(), Shape::Fixed)),
+            "{w:?}"
+        );
         // Two buckets of one window stay in `--limit` order: a statement of
         // that window is the first one's, as in-process.
         let (_, rest) = fleet_policies(given, &specs(&["10/1s,burst=5", "20/1s,burst=1"]));

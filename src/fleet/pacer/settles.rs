@@ -165,6 +165,9 @@ impl Inner {
             if put_back {
                 l.lost = false;
                 l.epoch_before_loss = None;
+                // The alignments went with the fleet's data: the next
+                // reset stated aligns each window again.
+                l.aligned.clear();
             }
         }
         if carried & UNLEARNT != 0 {

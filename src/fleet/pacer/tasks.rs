@@ -58,14 +58,20 @@ pub(super) struct SharedTicket {
     /// The call's estimate: what its response does not say it used stays
     /// at that.
     pub(super) estimate: TokenWeight,
+    /// When the fleet granted it: its round trip is measured from then.
+    pub(super) granted: Instant,
 }
 
 impl Ticket for SharedTicket {
     fn complete(self: Box<Self>, arrived: Instant) {
+        self.inner
+            .trip(arrived.saturating_duration_since(self.granted));
         self.inner.settled(self.id, Some(arrived), None);
     }
 
     fn complete_used(self: Box<Self>, arrived: Instant, used: Option<Used>) {
+        self.inner
+            .trip(arrived.saturating_duration_since(self.granted));
         let used = used.map(|u| u.or(self.estimate));
         self.inner.settled(self.id, Some(arrived), used);
     }

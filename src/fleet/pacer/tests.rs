@@ -80,7 +80,7 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     use face::Said;
     let second = Duration::from_secs(1);
-    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[]);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[], &[]);
     let thousand = said(&[("x-ratelimit-limit", "1000")]);
     assert!(!thousand.binds(40));
     assert!(thousand.binds(1000) && thousand.binds(2000) && thousand.binds(0));
@@ -93,7 +93,7 @@ fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
 fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
     use face::Said;
     let second = Duration::from_secs(1);
-    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[]);
+    let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[], &[]);
     let twenty = Said {
         limit: Some(20),
         told: true,
@@ -149,7 +149,7 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
     use face::Said;
     let second = Duration::from_secs(1);
     let others = |pairs: &[(&str, &str)]| {
-        let s = Said::of(&headers(pairs), second, &[]);
+        let s = Said::of(&headers(pairs), second, &[], &[]);
         let o: Vec<(Unit, u64, u64, u64)> = s
             .others
             .iter()
@@ -207,7 +207,7 @@ fn a_used_up_policy_with_a_reset_is_said_with_its_reset() {
     use face::Said;
     let second = Duration::from_secs(1);
     let spent = |pairs: &[(&str, &str)]| -> Vec<u64> {
-        let s = Said::of(&headers(pairs), second, &[]);
+        let s = Said::of(&headers(pairs), second, &[], &[]);
         s.spent.iter().map(|(_, r)| r.as_secs()).collect()
     };
     assert_eq!(

@@ -533,3 +533,32 @@ fn an_anthropic_reset_is_measured_from_the_responses_date() {
     assert_eq!(said("Fri, 09 Aug 2024 14:27:40 GMT"), (secs(20), false));
     assert_eq!(said("not a date"), (secs(20), false));
 }
+
+/// An epoch reset (GitHub's `X-RateLimit-Reset`, in seconds or ms) is an
+/// instant on the server's clock too: a server an hour ahead of this one,
+/// whose quota resets 5 s after its own `Date`, holds for 5 s, not an
+/// hour and 5 s; a server behind this clock, not for nothing. Without a
+/// `Date`, this clock.
+#[test]
+fn an_epoch_reset_is_measured_from_the_responses_date() {
+    let said = |date: Option<&str>, reset: &str| {
+        let mut pairs = vec![
+            ("x-ratelimit-limit", "60"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", reset),
+        ];
+        pairs.extend(date.map(|d| ("date", d)));
+        read(&map(&pairs), NOW).remove(0).reset_in
+    };
+    // NOW is 14:27:43 here; an hour ahead, the server's clock says 15:27:43.
+    let ahead = Some("Wed, 09 Aug 2023 15:27:43 GMT");
+    let at = NOW.as_secs() + 3600 + 5;
+    assert_eq!(said(ahead, &at.to_string()), secs(5));
+    assert_eq!(said(ahead, &(at * 1000).to_string()), secs(5));
+    let behind = Some("Wed, 09 Aug 2023 13:27:43 GMT");
+    assert_eq!(
+        said(behind, &(NOW.as_secs() - 3600 + 5).to_string()),
+        secs(5)
+    );
+    assert_eq!(said(None, &(NOW.as_secs() + 5).to_string()), secs(5));
+}

@@ -57,6 +57,18 @@ pub enum Heard {
         /// The period it refills the whole quota over.
         period: Duration,
     },
+    /// The server keeps a policy it was not told of, beyond the most the
+    /// set keeps: not paced to. The tightest are kept first.
+    Ignored {
+        /// The policy's name in the headers.
+        name: String,
+        /// Its quota per window.
+        quota: u64,
+        /// Its window, when the headers state it.
+        window: Option<Duration>,
+        /// Whether it counts tokens (else calls).
+        tokens: bool,
+    },
     /// A policy is used up: calls are held until it resets.
     Exhausted {
         /// The policy's name in the headers.
@@ -98,9 +110,16 @@ impl fmt::Display for Heard {
             ),
             Heard::Above { name, quota, window, configured, tokens } => write!(
                 f,
-                "the server announces a {} {name:?} of {quota} {}, above the {configured} in force: keeping that one",
+                "the server announces a {} {name:?} of {quota} {}, above the {configured} in force: keeping the {configured}",
                 what(*tokens),
                 per(*window)
+            ),
+            Heard::Ignored { name, quota, window, tokens } => write!(
+                f,
+                "the server announces a further {} {name:?} of {quota} {}, beyond the {} batchrun keeps (the tightest): not paced to",
+                what(*tokens),
+                per(*window),
+                super::MAX_WINDOWS
             ),
             Heard::Refills { name, quota, period } => write!(
                 f,

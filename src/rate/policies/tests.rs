@@ -3,6 +3,7 @@ use crate::rate::learn::Phase;
 use crate::rate::testing::{check_windows, drive, fates, Call, Client, Fate};
 use proptest::prelude::*;
 
+mod bounded;
 mod stated;
 
 fn ms(n: u64) -> Duration {
@@ -237,21 +238,6 @@ fn an_announced_token_policy_is_paced_and_said_once() {
     let slot = s.try_take_weighted(t1, 1, TokenWeight::whole(40)).unwrap();
     s.complete_used(slot, t1, Some(Used::whole(5)));
     assert!(s.try_take_weighted(t1, 1, TokenWeight::whole(45)).is_ok());
-}
-
-#[test]
-fn announcements_stop_the_learning_and_the_set_is_bounded() {
-    let t0 = Instant::now();
-    let mut s = set(&[(10, 1000)], t0);
-    for i in 0..20 {
-        s.announce(&[calls_policy(50, Some(2000 + i), None)], t0);
-    }
-    assert_eq!(s.windows().len(), MAX_WINDOWS);
-    for _ in 0..3 {
-        let slot = s.try_take(t0).unwrap();
-        s.complete(slot, t0);
-    }
-    assert_eq!(s.rate_limited(t0), None);
 }
 
 /// The set as the driver sees it.

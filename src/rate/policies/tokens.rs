@@ -67,7 +67,11 @@ impl PolicySet {
                         now,
                     )
                 }
-                _ => return,
+                Some(q) => {
+                    self.ignored(p, q);
+                    return;
+                }
+                None => return,
             },
         };
         self.keep(i, p, now, true);
@@ -221,6 +225,18 @@ impl PolicySet {
         }
         self.become_bucket(i, rate, used, now);
         true
+    }
+
+    /// The configured fixed window of calls of `window` is aligned to `a`
+    /// ([`Kept::align`]), as a stated reset of that window aligns it: the
+    /// scenario harness's step ([`crate::rate::scenario::Op::Aligned`]),
+    /// which the fleet's script answers too. Returns whether it aligned
+    /// now.
+    pub fn align_fixed(&mut self, window: Duration, a: Align) -> bool {
+        self.kept
+            .iter_mut()
+            .find(|k| k.is_fixed() && k.unit() == Unit::Calls && k.window() == window)
+            .is_some_and(|k| k.align(a))
     }
 
     /// Kept policy `i` is kept as a bucket of `rate` from `now`, `stated`

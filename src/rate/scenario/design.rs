@@ -251,6 +251,34 @@ pub fn fixed_5_per_1s() -> Scenario {
         .0
 }
 
+/// `--limit 5/1s,fixed` aligned to a stated reset: four calls answered
+/// at 100 ms and one out; a reset too uncertain (80 ms early, 30 late: over
+/// a tenth of W) aligns nothing; one at 500 ms, 20 ms early and 10 late at
+/// most, aligns the window: the four occupy until the boundary after
+/// their answer and early, plus late (510 ms), not until 1100 ms, and so
+/// does the call out, answered at 400 ms. A call at 510 goes; answered at
+/// 520 ms it occupies until 1510 ms. A second reset changes nothing.
+pub fn fixed_5_per_1s_aligned() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(4, 100);
+    b.0.fixed = vec![(5, 1000)];
+    let aligned = |reset, early, late| Op::Aligned {
+        fixed: 0,
+        reset,
+        early,
+        late,
+    };
+    b.at(100, Op::Take)
+        .at(150, aligned(350, 80, 30))
+        .at(200, aligned(300, 20, 10))
+        .at(300, Op::Take)
+        .at(400, OLDEST)
+        .at(510, Op::Take)
+        .at(520, OLDEST)
+        .at(600, aligned(100, 0, 0))
+        .n(5, 1000, Op::Take)
+        .0
+}
+
 /// 100 tokens per 1 s beside 10 calls per 1 s (`--limit 100/1s,tokens`):
 /// an estimate waits on calls in flight for W; a response's usage
 /// corrects its call's weight, which frees room at once; a call that does
@@ -414,6 +442,7 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ),
         ("bucket_10_per_1s_widened", bucket_10_per_1s_widened()),
         ("fixed_5_per_1s", fixed_5_per_1s()),
+        ("fixed_5_per_1s_aligned", fixed_5_per_1s_aligned()),
         ("tokens_100_per_1s", tokens_100_per_1s()),
         (
             "token_bucket_100_per_1s_burst_50",

@@ -126,7 +126,9 @@ impl Store for InProcessSpike {
             },
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
+                Answer::Noted
+            }
         }
     }
 }
@@ -227,7 +229,9 @@ impl Store for InProcessBucket {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
+                Answer::Noted
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::{Answer, Call, Scenario, Store};
 use crate::rate::announce::Announced;
 use crate::rate::exact::{ExactWindow, Learning};
+use crate::rate::fixed::Align;
 use crate::rate::kept::Kept;
 use crate::rate::policies::{PolicySet, SetSlot};
 use crate::rate::policy::{PolicySpec, Shape, TokenWeight, Unit};
@@ -28,6 +29,8 @@ pub struct InProcess {
     refilled: Option<u64>,
     /// The scenario's buckets of calls (N, W ms, B).
     buckets: Vec<(u64, u64, u64)>,
+    /// The scenario's fixed windows (N, W ms).
+    fixed: Vec<(u64, u64)>,
 }
 
 impl InProcess {
@@ -58,6 +61,7 @@ impl InProcess {
             stated: None,
             refilled: None,
             buckets: s.buckets.clone(),
+            fixed: s.fixed.clone(),
         }
     }
 
@@ -194,6 +198,9 @@ impl Store for InProcess {
                 self.emptied(bucket, reset, exact, t);
                 Answer::Noted
             }
+            Call::Aligned(fixed, reset, early, late) => {
+                Answer::Aligned(self.align(fixed, reset, early, late, t))
+            }
             Call::Stated(quota, window, used, unit) => {
                 self.stated(quota, window, used, unit, t);
                 Answer::Noted
@@ -238,6 +245,22 @@ impl InProcess {
             reset_dated: false,
         };
         self.w.announce(&[said], t);
+    }
+
+    /// Fixed window `fixed` (modulo how many) is said to reset in `reset`
+    /// ms, `early` ms earlier or `late` ms later at most: aligned to it
+    /// (whether now).
+    fn align(&mut self, fixed: usize, reset: u64, early: u64, late: u64, t: Instant) -> bool {
+        let Some(&(_, w)) = self.fixed.get(fixed % self.fixed.len().max(1)) else {
+            return false;
+        };
+        let ms = Duration::from_millis;
+        let a = Align {
+            origin: t + ms(reset),
+            early: ms(early),
+            late: ms(late),
+        };
+        self.w.align_fixed(ms(w), a)
     }
 
     /// A policy stated: `quota` of `unit` per `window` ms, `used` of it

@@ -259,6 +259,34 @@ fn a_fixed_window_no_reset_aligned_is_kept_as_a_sliding_one() {
 }
 
 #[test]
+fn a_fixed_window_aligned_to_a_reset_frees_at_its_boundary() {
+    let a: Vec<Answer> = answers(&fixed_5_per_1s_aligned())
+        .into_iter()
+        .filter(|a| *a != Answer::Noted)
+        .collect();
+    let g = |occ| granted(10, occ, 0, false);
+    assert_eq!(a[..5], [g(1), g(2), g(3), g(4), g(5)]);
+    // Too uncertain, then aligned: the 6th waits until 510 ms (sliding, it
+    // waited until 1100 ms), and goes then.
+    assert_eq!(
+        a[5..9],
+        [
+            Answer::Aligned(false),
+            Answer::Aligned(true),
+            wait(210),
+            g(6)
+        ]
+    );
+    // Aligned once; at 1000 ms the fixed window holds one call (until
+    // 1510 ms) and takes four more; the fifth waits until 1510 ms, past
+    // the primary's 1100 ms.
+    assert_eq!(
+        a[9..],
+        [Answer::Aligned(false), g(7), g(8), g(9), g(10), wait(510)]
+    );
+}
+
+#[test]
 fn a_token_window_weighs_estimates_and_corrects_them_by_usage() {
     let a: Vec<Answer> = answers(&tokens_100_per_1s())
         .into_iter()

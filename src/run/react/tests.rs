@@ -423,7 +423,7 @@ fn a_transient_error_is_retried_with_backoff_until_the_last_attempt() {
     assert!(later, "a long wait sets the item aside");
     assert_eq!(
         asked.as_deref(),
-        Some("batchrun: line 7: HTTP 503: the server asks to try again in 15m (Retry-After); the item waits that long, the others go on")
+        Some("batchrun: line 7: HTTP 503: the server asks to try again in 15m or more (Retry-After); the item waits at most 15m, the others go on")
     );
     let r = on(error(transient("HTTP 503", false)), 3, false, &p);
     let event = Event::Failed {

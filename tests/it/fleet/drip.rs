@@ -309,9 +309,9 @@ async fn a_bucket_through_redis_is_kept_for_two_processes() {
 
 /// A fixed window through Redis (`--limit 20/1s,fixed`, as
 /// express-rate-limit keeps it), two processes on one key against a sim
-/// that keeps it: the fleet keeps it as a sliding window of 20 a second
-/// (it reads no reset to align to, as in-process before one is heard),
-/// which no fixed window of the server can overrun.
+/// that keeps it and states nothing: the fleet keeps it as a sliding
+/// window of 20 a second (no reset to align to, as in-process before one
+/// is heard), which no fixed window of the server can overrun.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fixed_window_through_redis_is_kept_for_two_processes() {
     let redis = Redis::start();
@@ -341,11 +341,11 @@ async fn a_fixed_window_through_redis_is_kept_for_two_processes() {
     let (runs, _) = run_all(cmds);
     assert_runs_clean(&runs, "fleet");
     fleet_job_held(&s, 20, n, 2).await;
-    // The sliding window of 20 a second has a key of its own, beside the
-    // primary window (the fixed window's envelope, 40 a second).
+    // The fixed window of 20 a second has a key of its own, beside the
+    // primary window (its envelope, 40 a second).
     let mut c = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(batchrun::fleet::FleetKeys::named(&name).further(20, 1000))
+        .arg(batchrun::fleet::FleetKeys::named(&name).fixed(20, 1000))
         .query(&mut c)
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");

@@ -146,7 +146,9 @@ impl Store for DripLua {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) => Answer::Noted,
+            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
+                Answer::Noted
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ mod drip_rule;
 mod emptied;
 mod even;
 mod faults;
+mod fixed;
 mod pacer;
 mod refill;
 mod rule;

@@ -55,8 +55,8 @@ impl Lua {
             keys: {
                 let mut keys = k.pacer().to_vec();
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
-                // A fixed window no reset aligned: a further window.
-                keys.extend(s.fixed.iter().map(|&(l, w)| k.further(l, w)));
+                // A fixed window: a further window until a reset aligns it.
+                keys.extend(s.fixed.iter().map(|&(l, w)| k.fixed(l, w)));
                 keys.extend(s.tokens.iter().map(|&(q, w, u)| k.tokens(u, q, w)));
                 keys.extend(s.buckets.iter().filter_map(|&b| {
                     let spec = scenario::bucket(b);
@@ -111,6 +111,18 @@ impl Lua {
         let _: i64 = self.op(now, "empty", |inv| {
             inv.arg(index).arg(hold.as_millis() as u64);
         });
+    }
+
+    /// The index in the script's keys (from 1) of fixed window `fixed`,
+    /// modulo how many.
+    fn fixed_index(&self, fixed: usize) -> Option<usize> {
+        let n = self.keys.iter().filter(|k| k.contains(":fixed:")).count();
+        let key = self
+            .keys
+            .iter()
+            .filter(|k| k.contains(":fixed:"))
+            .nth(fixed % n.max(1))?;
+        Some(1 + self.keys.iter().position(|k| k == key)?)
     }
 
     /// The stated window of tokens becomes a bucket refilling over
@@ -271,6 +283,15 @@ impl Store for Lua {
             Call::Emptied(bucket, reset, exact) => {
                 self.emptied(now, bucket, reset, exact);
                 Answer::Noted
+            }
+            Call::Aligned(fixed, reset, early, late) => {
+                let Some(index) = self.fixed_index(fixed) else {
+                    return Answer::Aligned(false);
+                };
+                let aligned: i64 = self.op(now, "align", |inv| {
+                    inv.arg(index).arg(BASE + now + reset).arg(early).arg(late);
+                });
+                Answer::Aligned(aligned == 1)
             }
             Call::Stated(quota, window, used, unit) => {
                 // As the fleet's pacer: a stated policy of calls means no

@@ -163,6 +163,18 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                         reset,
                         exact,
                     });
+                // A fixed window's reset stated, now and then, when the
+                // scenario keeps one: certain enough to align it, or not.
+                let fixed_w = fixed.first().map_or(0, |f| f.1);
+                let aligned_weight = if fixed.is_empty() { 0 } else { 2 };
+                let aligned = (0..=2 * fixed_w, 0..=fixed_w / 8, 0..=fixed_w / 8).prop_map(
+                    |(reset, early, late)| Op::Aligned {
+                        fixed: 0,
+                        reset,
+                        early,
+                        late,
+                    },
+                );
                 let op = prop_oneof![
                     40 => op(window),
                     u32::from(reports) => inforce,
@@ -170,6 +182,7 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                     2 => stated,
                     1 => refill,
                     emptied_weight => emptied,
+                    aligned_weight => aligned,
                 ];
                 proptest::collection::vec((gap, op), 1..=80).prop_map(move |steps| {
                     let mut at = 0;

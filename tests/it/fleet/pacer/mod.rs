@@ -484,3 +484,39 @@ async fn a_bare_rates_first_window_is_paced_evenly_for_every_worker() {
         t0.elapsed()
     );
 }
+
+/// A response stating ten policies of calls, the tightest last (nine of
+/// 1,000 per 2-10 s, then 3 per 20 s): the fleet adopts the most it keeps,
+/// the tightest first, so 3 per 20 s is paced to, and says which it left
+/// out. It adopted the first eight as stated, and sent a call a
+/// millisecond where the server allowed 3 in 20 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn beyond_the_most_adopted_the_loosest_policies_are_left_out_and_said() {
+    let redis = Redis::start();
+    let name = fleet_name("many-stated");
+    let p = pacer(fleet_on(&redis, &name).await, "100/1s");
+    let loose: Vec<String> = (2..=10)
+        .map(|i| format!(r#""p{i}";q=1000;w={i}"#))
+        .collect();
+    let policy = format!(r#"{}, "tight";q=3;w=20"#, loose.join(", "));
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("ratelimit-policy", policy.parse().unwrap());
+    p.observe(&h).await;
+    let notes: Vec<PaceNote> = std::iter::from_fn(|| p.note()).collect();
+    let ignored: Vec<&str> = notes
+        .iter()
+        .filter_map(|n| match n {
+            PaceNote::Heard(batchrun::rate::policies::Heard::Ignored { name, .. }) => {
+                Some(name.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ignored, ["p3", "p2"], "{notes:?}");
+    calls(&p, 3).await;
+    let fourth = tokio::time::timeout(Duration::from_secs(2), p.take()).await;
+    assert!(
+        fourth.is_err(),
+        "a fourth call went in 20 s where 3 were stated"
+    );
+}

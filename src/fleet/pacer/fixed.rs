@@ -1,0 +1,95 @@
+//! The fixed windows of calls a fleet was told (`--limit N/W,fixed`): the
+//! script keeps each as a sliding one until a response states when the
+//! server's window resets, and then, for the whole fleet, aligned to that
+//! reset (`align` in `lua/fixed.lua`), as in-process (`rate::fixed`): an
+//! answered call occupies until the first boundary after its answer, so a
+//! new server window's quota is used at once rather than a window after
+//! the calls of the last one.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Inner;
+use crate::fleet::script::millis;
+
+/// How long after its answer a response's headers may be read (its body
+/// checked and cleaned first): the server measured the reset before the
+/// answer, so up to a round trip and this before the headers are read.
+const READ_AFTER: Duration = Duration::from_millis(250);
+
+/// How long the read of Redis's clock may take: a slower one says too
+/// little of when Redis read it, and the alignment waits for the next
+/// statement.
+const CLOCK_WITHIN: Duration = Duration::from_millis(500);
+
+impl Inner {
+    /// A call's round trip, grant to answer: the longest bounds how early
+    /// a server may have measured a reset that an answer states.
+    pub(super) fn trip(&self, d: Duration) {
+        let mut l = self.lock();
+        l.longest_trip = l.longest_trip.max(d);
+    }
+
+    /// A response read at `heard` stated, for each `(window, reset)`, a
+    /// policy of calls of that window resetting that long after: each
+    /// configured fixed window of that window not aligned yet is aligned to
+    /// it, when the reset is certain to a tenth of the window (as
+    /// in-process: the round trip and the grain of whole seconds, here
+    /// with the script's way to Redis as well). Once the fleet answers, an
+    /// alignment is settled for this process: the script aligns once.
+    pub(super) async fn align(&self, resets: &[(Duration, Duration)], heard: Instant) {
+        for &(window, reset) in resets {
+            let Some((.., key)) = self.fixed.iter().find(|f| f.0 == window) else {
+                continue;
+            };
+            if self.lock().aligned.contains(key) {
+                continue;
+            }
+            // Whole seconds may be rounded either way, as in-process.
+            let grain = match reset.subsec_nanos() {
+                0 => Duration::from_secs(1),
+                _ => Duration::from_millis(1),
+            };
+            let early = self.lock().longest_trip + READ_AFTER + grain;
+            if (early + grain) * 10 > window {
+                continue;
+            }
+            // The reset on the script's clock: as late as Redis's reading
+            // allows, and as much earlier as its round trip.
+            let Some((clock, before, after)) = self.redis_clock().await else {
+                continue;
+            };
+            let to_reset = (heard + reset).saturating_duration_since(before);
+            let origin = clock + millis(to_reset) + 1;
+            let early = early + (after - before) + Duration::from_millis(1);
+            let keys = self.keys().clone();
+            let Some(index) = keys.iter().position(|k| k == key) else {
+                continue;
+            };
+            let answer = self
+                .run_on(&keys, "align", |inv| {
+                    inv.arg(index + 1)
+                        .arg(origin)
+                        .arg(millis(early))
+                        .arg(millis(grain));
+                })
+                .await;
+            if matches!(answer, Ok(0 | 1)) {
+                self.lock().aligned.insert(key.clone());
+            }
+        }
+    }
+
+    /// Redis's clock (unix ms), with the instants just before it was asked
+    /// and just after it answered; `None` when it did not answer soon.
+    async fn redis_clock(&self) -> Option<(u64, Instant, Instant)> {
+        let mut c = self.fleet.conn();
+        let before = Instant::now();
+        let time = redis::cmd("TIME");
+        let asked = time.query_async::<(u64, u64)>(&mut c);
+        let (s, us) = tokio::time::timeout(CLOCK_WITHIN, asked).await.ok()?.ok()?;
+        let after = Instant::now();
+        Some((s.checked_mul(1000)? + us / 1000, before, after))
+    }
+}
