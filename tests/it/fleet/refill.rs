@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use batchrun::fleet::pacer::FleetPacer;
 use batchrun::fleet::FleetKeys;
 use batchrun::pace::{PaceNote, Pacer, Weight};
 use batchrun::rate::policies::Heard;
@@ -46,6 +47,17 @@ fn says_refills(notes: &[PaceNote]) -> bool {
         matches!(n, PaceNote::Heard(Heard::Refills { quota: 1000, period, .. })
             if (59.0..61.0).contains(&period.as_secs_f64()))
     })
+}
+
+/// Process `a` hears eight statements of a minute's refill (101 to 451
+/// used) and finds it: the fleet keeps the quota as a bucket.
+async fn finds_the_refill(a: &FleetPacer) {
+    let mut notes = Vec::new();
+    for used in (101..=451).step_by(50) {
+        notes.extend(a.observe(&refilling(used)).await);
+    }
+    notes.extend(std::iter::from_fn(|| a.note()));
+    assert!(says_refills(&notes), "{notes:?}");
 }
 
 /// Eight statements whose resets keep proportion with what is used (a
@@ -195,12 +207,7 @@ async fn a_told_window_stays_beside_the_bucket_found() {
         )],
     );
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let mut notes = Vec::new();
-    for used in (101..=451).step_by(50) {
-        notes.extend(a.observe(&refilling(used)).await);
-    }
-    notes.extend(std::iter::from_fn(|| a.note()));
-    assert!(says_refills(&notes), "{notes:?}");
+    finds_the_refill(&a).await;
     let soon = Duration::from_secs(5);
     let out = tokio::time::timeout(soon, told.take_weighted(tokens(100))).await;
     assert!(matches!(out, Ok(Ok(_))), "the told process's call waited");
@@ -228,12 +235,7 @@ async fn a_process_joining_after_the_refill_told_it_is_used_up_holds_nothing() {
     let redis = Redis::start();
     let name = fleet_name("refill-late-empty");
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");
-    let mut notes = Vec::new();
-    for used in (101..=451).step_by(50) {
-        notes.extend(a.observe(&refilling(used)).await);
-    }
-    notes.extend(std::iter::from_fn(|| a.note()));
-    assert!(says_refills(&notes), "{notes:?}");
+    finds_the_refill(&a).await;
     let late = pacer(fleet_on(&redis, &name).await, "50/1s");
     late.observe(&openai(1000, 60_220)).await;
     let soon = Duration::from_secs(5);
