@@ -207,10 +207,15 @@ fn quota(v: Option<u64>) -> Option<u64> {
 /// milliseconds since the epoch are recognized too: any value beyond 10^11,
 /// which in seconds would be past the year 5000 and in milliseconds is
 /// 1973. (A hundred times the delta bound, its first try, read a reset in
-/// the year 3000, in seconds, as milliseconds of 1971: already past.)
+/// the year 3000, in seconds, as milliseconds of 1971: already past.) Such
+/// a value that as milliseconds lies more than a day past, is seconds of
+/// a far future (`253402300799`, the end of the year 9999): a quota
+/// used up for good, not one reset long ago.
 pub fn reset_secs(v: u64, now_unix: Duration) -> Duration {
     const MS_EPOCH_AFTER: u64 = 100_000_000_000;
-    if v > MS_EPOCH_AFTER {
+    const DAY: Duration = Duration::from_secs(86_400);
+    let long_past = Duration::from_millis(v) + DAY < now_unix;
+    if v > MS_EPOCH_AFTER && !long_past {
         Duration::from_millis(v).saturating_sub(now_unix)
     } else if v > EPOCH_AFTER_SECS {
         Duration::from_secs(v).saturating_sub(now_unix)

@@ -204,6 +204,15 @@ fn x_ratelimit_resets_may_be_deltas_and_batchrun_spells_it_its_way() {
         reset_secs(32_503_680_000, NOW),
         Duration::from_secs(32_503_680_000) - NOW
     );
+    // The end of the year 9999, in epoch seconds: far off, not 1978 in
+    // milliseconds (a quota said used up for good was read as reset). A
+    // millisecond epoch of a day ago is still milliseconds, and past.
+    assert_eq!(
+        reset_secs(253_402_300_799, NOW),
+        Duration::from_secs(253_402_300_799) - NOW
+    );
+    let yesterday = (NOW - Duration::from_secs(86_000)).as_millis() as u64;
+    assert_eq!(reset_secs(yesterday, NOW), Duration::ZERO);
 }
 
 #[test]
