@@ -85,7 +85,8 @@ pub struct Announced {
     pub reset_exact: bool,
     /// Whether the reset, an instant, was measured from the response's own
     /// `Date` (the server's clock as it answered), so that neither the way
-    /// back nor a skew between the clocks is in it.
+    /// back nor a skew between the clocks is in it; `Date` is whole
+    /// seconds, so it may be read up to a second long.
     pub reset_dated: bool,
 }
 
@@ -126,17 +127,32 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(EPOCH_AFTER_SECS);
 /// from the response's `Date` where it has a sane one ([`server_now`]).
 pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     let mut out = Vec::new();
-    let dated = server_now(h, now_unix);
-    let now_unix = dated.unwrap_or(now_unix);
-    ietf(h, now_unix, &mut out);
+    let server = server_now(h, now_unix);
+    let (now_unix, dated) = (server.unwrap_or(now_unix), server.is_some());
+    ietf(h, Clock(now_unix, dated), &mut out);
     for prefix in ["x-ratelimit", "x-rate-limit"] {
-        x_ratelimit(h, prefix, now_unix, &mut out);
+        x_ratelimit(h, prefix, Clock(now_unix, dated), &mut out);
     }
     for unit in ["requests", "tokens"] {
         openai(h, unit, &mut out);
     }
-    anthropic(h, now_unix, dated.is_some(), &mut out);
+    anthropic(h, now_unix, dated, &mut out);
     out.into_iter().map(bounded).collect()
+}
+
+/// What a stated instant is measured from: unix time, and whether it is
+/// the response's `Date` ([`server_now`]).
+#[derive(Clone, Copy)]
+struct Clock(Duration, bool);
+
+impl Clock {
+    /// A reset `v` in seconds (or an epoch, [`reset_secs`]), and whether it
+    /// was an instant measured from the response's `Date`: whole seconds,
+    /// so up to a second long.
+    fn reset(self, v: u64) -> (Duration, bool) {
+        let r = reset_secs(v, self.0);
+        (r, self.1 && v > EPOCH_AFTER_SECS)
+    }
 }
 
 /// The response's `Date` as unix time, where it is sane (within a day of
@@ -233,7 +249,7 @@ fn ietf_unit(qu: Option<&str>) -> Unit {
 }
 
 /// Both IETF forms.
-fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
+fn ietf(h: &HeaderMap, clock: Clock, out: &mut Vec<Announced>) {
     let start = out.len();
     // `RateLimit-Policy`: named (current draft) or bare quotas (older). An
     // early draft listed the policies after the limit in `RateLimit-Limit`
@@ -262,7 +278,7 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
             out.push(a);
         }
     }
-    ietf_left(h, now_unix, out, start);
+    ietf_left(h, clock, out, start);
     // The older `RateLimit-Limit` / `-Remaining` / `-Reset` (delta seconds).
     let limit = each(h, "ratelimit-limit")
         .filter_map(|line| match members(line).first().map(|m| &m.item) {
@@ -274,8 +290,9 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
     if limit.is_none() && remaining.is_none() {
         return;
     }
+    let dated = each(h, "ratelimit-reset").any(|t| t.parse().is_ok_and(|v| clock.reset(v).1));
     let reset_in = latest(h, "ratelimit-reset", |t| {
-        Some(reset_secs(t.parse().ok()?, now_unix))
+        Some(clock.reset(t.parse().ok()?).0)
     });
     // The policy of that quota, if `RateLimit-Policy` listed it.
     let listed = out[start..]
@@ -285,12 +302,14 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
         Some(a) => {
             a.remaining = remaining;
             a.reset_in = reset_in;
+            a.reset_dated |= dated;
         }
         None => {
             let mut a = Announced::new("ratelimit", Unit::Calls);
             a.quota = quota(limit);
             a.remaining = remaining;
             a.reset_in = reset_in;
+            a.reset_dated = dated;
             push(out, a);
         }
     }
@@ -298,7 +317,7 @@ fn ietf(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>) {
 
 /// `RateLimit: "name";r=..;t=..` (current draft): what is left of the
 /// policies read from `out[start..]`, or of policies named only there.
-fn ietf_left(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>, start: usize) {
+fn ietf_left(h: &HeaderMap, clock: Clock, out: &mut Vec<Announced>, start: usize) {
     for m in list(h, "ratelimit")
         .as_deref()
         .map(members)
@@ -306,21 +325,25 @@ fn ietf_left(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>, start:
     {
         let Item::Name(name) = &m.item else { continue };
         let remaining = m.int("r");
-        let reset_in = m.int("t").map(|t| reset_secs(t, now_unix));
+        let reset = m.int("t").map(|t| clock.reset(t));
+        let (reset_in, dated) = (reset.map(|r| r.0), reset.is_some_and(|r| r.1));
         match out[start..].iter_mut().find(|a| &a.name == name) {
             // Named twice (two lines): the least left, the latest reset.
             Some(a) if a.remaining.is_some() => {
                 a.remaining = a.remaining.min(remaining).or(remaining);
                 a.reset_in = a.reset_in.max(reset_in);
+                a.reset_dated |= dated;
             }
             Some(a) => {
                 a.remaining = remaining;
                 a.reset_in = reset_in;
+                a.reset_dated |= dated;
             }
             None => {
                 let mut a = Announced::new(name, Unit::Calls);
                 a.remaining = remaining;
                 a.reset_in = reset_in;
+                a.reset_dated = dated;
                 if a.says_something() {
                     out.push(a);
                 }
@@ -330,7 +353,7 @@ fn ietf_left(h: &HeaderMap, now_unix: Duration, out: &mut Vec<Announced>, start:
 }
 
 /// `X-RateLimit-*` (GitHub and many others) or `x-rate-limit-*`.
-fn x_ratelimit(h: &HeaderMap, prefix: &str, now_unix: Duration, out: &mut Vec<Announced>) {
+fn x_ratelimit(h: &HeaderMap, prefix: &str, clock: Clock, out: &mut Vec<Announced>) {
     let limit = whole(h, &format!("{prefix}-limit"));
     let remaining = whole(h, &format!("{prefix}-remaining"));
     if limit.is_none() && remaining.is_none() {
@@ -343,9 +366,9 @@ fn x_ratelimit(h: &HeaderMap, prefix: &str, now_unix: Duration, out: &mut Vec<An
     let mut a = Announced::new(name, Unit::Calls);
     a.quota = quota(limit);
     a.remaining = remaining;
-    a.reset_in = latest(h, &format!("{prefix}-reset"), |t| {
-        Some(reset_secs(t.parse().ok()?, now_unix))
-    });
+    let name = format!("{prefix}-reset");
+    a.reset_in = latest(h, &name, |t| Some(clock.reset(t.parse().ok()?).0));
+    a.reset_dated = each(h, &name).any(|t| t.parse().is_ok_and(|v| clock.reset(v).1));
     push(out, a);
 }
 

@@ -24,10 +24,21 @@
 //! Why no server window k holds more than N: of the calls it counted, take
 //! the last sent, j. Every other one was sent before j and arrived in
 //! window k, so at j's send it was in flight, or answered with its
-//! occupancy reaching past the start of server window k, which lies after
-//! j's send less `late`; the rule counted it when j started. With j, at
-//! most N. The aligned rule is used only when the uncertainty is small next
-//! to the window (a tenth of it): otherwise the sliding rule keeps more.
+//! occupancy reaching past the end of server window k (which lies after
+//! j's send): the rule counted it when j started. With j, at most N. That
+//! holds for any call whose occupancy reaches the end of the server window
+//! it arrived in, which the sliding end (W after its answer) always does
+//! and the aligned end does within the uncertainty: so a call occupies
+//! until the earlier of the two. The aligned rule is used only when the
+//! uncertainty is small next to the window (a tenth of it): otherwise the
+//! sliding rule keeps more.
+//!
+//! The alignment is made once and assumes the boundaries stay where the
+//! reset said: a server whose window starts at the first call after the
+//! last one ended (rate-limiter-flexible's) moves them whenever no call
+//! comes at one, and a restarted server moves them too. Against those the
+//! sliding rule (no reset read, `--limit N/W` with no `fixed`) is the safe
+//! one.
 //!
 //! Pure: every method takes the instant it acts at.
 
@@ -45,6 +56,43 @@ pub struct Align {
     pub early: Duration,
     /// How much later the true boundaries may lie.
     pub late: Duration,
+}
+
+/// How long after its answer a response's headers may be read (its body
+/// checked and cleaned first): a reset the server measured before the
+/// answer is up to a round trip and this older when it is read.
+pub const READ_AFTER: Duration = Duration::from_millis(250);
+
+impl Align {
+    /// The alignment a reset read at `origin` says, `reset` having been
+    /// stated (its grain: whole seconds unless it has a fraction of one),
+    /// `dated` measured from the response's `Date` (whole seconds: up to
+    /// one long), by a server that measured it up to `trip` (the longest
+    /// round trip) and [`READ_AFTER`] before it was read. In-process and
+    /// in the fleet alike.
+    pub fn of(origin: Instant, reset: Duration, dated: bool, trip: Duration) -> Align {
+        let (early, late) = margins(reset, dated, trip);
+        Align {
+            origin,
+            early,
+            late,
+        }
+    }
+}
+
+/// How much earlier and later than read a stated reset may lie (see
+/// [`Align::of`]): whole seconds may be rounded either way.
+pub fn margins(reset: Duration, dated: bool, trip: Duration) -> (Duration, Duration) {
+    let grain = match reset.subsec_nanos() {
+        0 => Duration::from_secs(1),
+        _ => Duration::from_millis(1),
+    };
+    let truncated = if dated {
+        Duration::from_secs(1)
+    } else {
+        Duration::ZERO
+    };
+    (trip + READ_AFTER + grain + truncated, grain)
 }
 
 /// A fixed window of `quota` units per `window`.
@@ -93,10 +141,11 @@ impl FixedWindow {
         if self.align.is_some() || a.early.saturating_add(a.late) > self.window / 10 {
             return false;
         }
+        let window = self.window;
         // Answered calls were given the sliding end, W after their
-        // response: they take the aligned one from that response.
+        // response: each takes the earlier of it and the aligned one.
         self.align = Some(a);
-        let (window, this) = (self.window, self.clone());
+        let this = self.clone();
         self.tally
             .remap_done(|until| match until.checked_sub(window) {
                 Some(arrived) => this.until(arrived),
@@ -118,13 +167,16 @@ impl FixedWindow {
         self.tally.complete(id, until, used);
     }
 
-    /// When a call answered at `arrived` stops occupying.
+    /// When a call answered at `arrived` stops occupying: W after its
+    /// answer, or, aligned, the first boundary after its answer and
+    /// `early`, plus `late`, when that is earlier.
     fn until(&self, arrived: Instant) -> Instant {
+        let sliding = later(arrived, self.window);
         match self.align {
-            None => later(arrived, self.window),
+            None => sliding,
             Some(a) => {
                 let t = later(arrived, a.early);
-                later(boundary_after(a.origin, self.window, t), a.late)
+                sliding.min(later(boundary_after(a.origin, self.window, t), a.late))
             }
         }
     }

@@ -29,21 +29,15 @@ local function boundary_after(origin, w, t)
 end
 
 -- When a call of window f answered at `back` stops occupying: W after its
--- answer in a sliding window, the aligned end in an aligned fixed one (the
--- clock's rounding margin either way).
+-- answer, or in an aligned fixed window the aligned end when that is
+-- earlier (either reaches the end of the server window the call arrived
+-- in; the clock's rounding margin either way). Never past the sliding
+-- end, so no end outlives the expiry the takes keep.
 local function occupied_until(f, back)
+  local sliding = back + f.W + round
   local a = alignment(f)
-  if not a then return back + f.W + round end
-  return boundary_after(a.origin, f.W, back + a.early) + a.late + round
-end
-
--- Keeps `key` at least until `at` (ms): an aligned end may lie past the
--- expiry the takes set (early + late beyond W), and no end may outlive
--- its key. Never shortens an expiry another call set.
-local function keep_until(key, at)
-  if fake then return end
-  local ttl = redis.call('PTTL', key)
-  if ttl >= 0 and ttl < at - now + 1000 then redis.call('PEXPIRE', key, at - now + 1000) end
+  if not a then return sliding end
+  return math.min(sliding, boundary_after(a.origin, f.W, back + a.early) + a.late + round)
 end
 
 -- align: ARGV[7] the index in KEYS of a fixed window, ARGV[8] when the
@@ -52,8 +46,9 @@ end
 -- the true reset may lie (ms). As FixedWindow::align: aligns the window the first
 -- time, when early + late is at most a tenth of W; the calls answered
 -- since then take the aligned end from their answer (W before their
--- sliding end). Returns 1 when it aligned now, 0 when it was aligned
--- already or the reset is too uncertain, -1 when the key is no fixed window.
+-- sliding end) where it is earlier. Returns 1 when it aligned now, 0 when
+-- it was aligned already, -3 when the reset is too uncertain, -1 when the
+-- key is no fixed window.
 if op == 'align' then
   local key = KEYS[tonumber(ARGV[7])]
   local f
@@ -63,21 +58,18 @@ if op == 'align' then
   if not f then return -1 end
   local origin = tonumber(ARGV[8])
   local early, late = tonumber(ARGV[9]), tonumber(ARGV[10])
-  if alignment(f) or (early + late) * 10 > f.W then return 0 end
+  if alignment(f) then return 0 end
+  if (early + late) * 10 > f.W then return -3 end
   redis.call('HSET', KEYS[4], 'align:' .. key, string.format('%d %d %d', origin, early, late))
   keep(KEYS[4], limit_ttl)
   f.align = {origin = origin, early = early, late = late}
   local all = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
-  local last = now
   for j = 1, #all, 2 do
     local id, ends = all[j], tonumber(all[j + 1])
     -- In flight (granted, not settled): its settle aligns it.
     if redis.call('HEXISTS', KEYS[5], id) == 0 then
-      local to = occupied_until(f, ends - f.W - round)
-      redis.call('ZADD', key, 'XX', to, id)
-      last = math.max(last, to)
+      redis.call('ZADD', key, 'XX', occupied_until(f, ends - f.W - round), id)
     end
   end
-  keep_until(key, last)
   return 1
 end

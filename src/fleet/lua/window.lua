@@ -42,9 +42,7 @@ local function settle(i)
       if ago < 0 then
         redis.call('ZREM', f.key, id)
       else
-        local ends = occupied_until(f, back)
-        redis.call('ZADD', f.key, 'XX', ends, id)
-        if f.align then keep_until(f.key, ends) end
+        redis.call('ZADD', f.key, 'XX', occupied_until(f, back), id)
       end
     end
     redis.call('ZREM', KEYS[2], id)

@@ -217,9 +217,9 @@ pub(super) struct Said {
     /// buckets of calls). Not the primary window's.
     pub(super) emptied: Vec<(String, Duration, bool, usize)>,
     /// Policies of calls stated with a window and a reset: (the window,
-    /// how long until it resets). A configured fixed window of that
-    /// window is aligned to it.
-    pub(super) resets: Vec<(Duration, Duration)>,
+    /// how long until it resets, whether measured from the response's
+    /// `Date`). A configured fixed window of that window is aligned to it.
+    pub(super) resets: Vec<(Duration, Duration, bool)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -284,7 +284,7 @@ impl Said {
         for p in stated {
             if let (Unit::Calls, Some(w), Some(r)) = (p.unit, p.window, p.reset_in) {
                 if !r.is_zero() {
-                    said.resets.push((w, r));
+                    said.resets.push((w, r, p.reset_dated));
                 }
             }
             // A policy of a told fixed window's window, of no less than its

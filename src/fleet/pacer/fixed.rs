@@ -12,11 +12,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::fleet::script::millis;
-
-/// How long after its answer a response's headers may be read (its body
-/// checked and cleaned first): the server measured the reset before the
-/// answer, so up to a round trip and this before the headers are read.
-const READ_AFTER: Duration = Duration::from_millis(250);
+use crate::rate::fixed::margins;
 
 /// How long the read of Redis's clock may take: a slower one says too
 /// little of when Redis read it, and the alignment waits for the next
@@ -31,36 +27,36 @@ impl Inner {
         l.longest_trip = l.longest_trip.max(d);
     }
 
-    /// A response read at `heard` stated, for each `(window, reset)`, a
-    /// policy of calls of that window resetting that long after: each
-    /// configured fixed window of that window not aligned yet is aligned to
-    /// it, when the reset is certain to a tenth of the window (as
-    /// in-process: the round trip and the grain of whole seconds, here
-    /// with the script's way to Redis as well). Once the fleet answers, an
-    /// alignment is settled for this process: the script aligns once.
-    pub(super) async fn align(&self, resets: &[(Duration, Duration)], heard: Instant) {
-        for &(window, reset) in resets {
+    /// A response read at `heard` stated, for each `(window, reset,
+    /// dated)`, a policy of calls of that window resetting that long after
+    /// (measured from the response's `Date`: `dated`): each configured
+    /// fixed window of that window not aligned yet is aligned to it, when
+    /// the reset is certain to a tenth of the window (the margins of
+    /// `rate::fixed::margins`, as in-process, and the read of Redis's
+    /// clock). Once the script aligned it, or found it aligned, this
+    /// process asks no more: the script aligns once.
+    pub(super) async fn align(&self, resets: &[(Duration, Duration, bool)], heard: Instant) {
+        for &(window, reset, dated) in resets {
             let Some((.., key)) = self.fixed.iter().find(|f| f.0 == window) else {
                 continue;
             };
             if self.lock().aligned.contains(key) {
                 continue;
             }
-            // Whole seconds may be rounded either way, as in-process.
-            let grain = match reset.subsec_nanos() {
-                0 => Duration::from_secs(1),
-                _ => Duration::from_millis(1),
-            };
-            let early = self.lock().longest_trip + READ_AFTER + grain;
-            if (early + grain) * 10 > window {
+            let trip = self.lock().longest_trip;
+            let (early, late) = margins(reset, dated, trip);
+            if (early + late) * 10 > window {
                 continue;
             }
             // The reset on the script's clock: as late as Redis's reading
-            // allows, and as much earlier as its round trip.
+            // allows, and as much earlier as its round trip. One past
+            // already says nothing of the next.
             let Some((clock, before, after)) = self.redis_clock().await else {
                 continue;
             };
-            let to_reset = (heard + reset).saturating_duration_since(before);
+            let Some(to_reset) = (heard + reset).checked_duration_since(before) else {
+                continue;
+            };
             let origin = clock + millis(to_reset) + 1;
             let early = early + (after - before) + Duration::from_millis(1);
             let keys = self.keys().clone();
@@ -72,7 +68,7 @@ impl Inner {
                     inv.arg(index + 1)
                         .arg(origin)
                         .arg(millis(early))
-                        .arg(millis(grain));
+                        .arg(millis(late));
                 })
                 .await;
             if matches!(answer, Ok(0 | 1)) {

@@ -571,3 +571,48 @@ fn an_epoch_reset_is_measured_from_the_responses_date() {
     );
     assert_eq!(said(None, &(NOW.as_secs() + 5).to_string()), secs(5));
 }
+
+/// An epoch reset measured from a whole-second `Date` may be read up to a
+/// second long, whatever its own grain: an IETF `t` in epoch milliseconds
+/// (a fraction of a second) read a second long was given a millisecond's
+/// margin, and a fixed window aligned to it freed its calls up to a second
+/// before the server's window ended (a review found it). Marked as
+/// measured from `Date`, the margins of an alignment hold the true reset.
+#[test]
+fn a_reset_measured_from_date_is_marked_and_its_margins_hold_the_truth() {
+    // The server's clock reads NOW + 999 ms as it answers; its `Date` says
+    // NOW, truncated; this clock agrees with the server's.
+    let server = NOW + Duration::from_millis(999);
+    let boundary = NOW + Duration::from_millis(7_500);
+    let t = boundary.as_millis().to_string();
+    let h = map(&[
+        ("date", "Wed, 09 Aug 2023 14:27:43 GMT"),
+        ("ratelimit-policy", r#""p";q=100;w=60"#),
+        ("ratelimit", &format!(r#""p";r=50;t={t}"#)),
+    ]);
+    let p = read(&h, server).remove(0);
+    assert!(p.reset_dated);
+    let reset = p.reset_in.unwrap();
+    let (early, late) = crate::rate::fixed::margins(reset, p.reset_dated, Duration::ZERO);
+    let truth = boundary - server;
+    assert!(
+        truth + early >= reset && truth <= reset + late,
+        "{reset:?} {truth:?}"
+    );
+    // A delta is not measured from `Date`; nor an epoch with no `Date`.
+    let delta = map(&[
+        ("date", "Wed, 09 Aug 2023 14:27:43 GMT"),
+        ("x-ratelimit-limit", "60"),
+        ("x-ratelimit-reset", "30"),
+    ]);
+    assert!(!read(&delta, NOW).remove(0).reset_dated);
+    let epoch = (NOW.as_secs() + 30).to_string();
+    let undated = map(&[("x-ratelimit-limit", "60"), ("x-ratelimit-reset", &epoch)]);
+    assert!(!read(&undated, NOW).remove(0).reset_dated);
+    let dated = map(&[
+        ("date", "Wed, 09 Aug 2023 14:27:43 GMT"),
+        ("x-ratelimit-limit", "60"),
+        ("x-ratelimit-reset", &epoch),
+    ]);
+    assert!(read(&dated, NOW).remove(0).reset_dated);
+}

@@ -128,17 +128,8 @@ impl PolicySet {
             return;
         };
         if self.kept[i].is_fixed() {
-            // Whole seconds may be rounded either way.
-            let grain = if reset.subsec_nanos() == 0 {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_millis(1)
-            };
-            self.kept[i].align(Align {
-                origin: later(now, reset),
-                early: self.rtt.saturating_add(grain),
-                late: grain,
-            });
+            let a = Align::of(later(now, reset), reset, p.reset_dated, self.rtt);
+            self.kept[i].align(a);
         }
         // A bucket refilling continuously is full again at its reset, and
         // takes the next call as soon as its tokens are back: its level

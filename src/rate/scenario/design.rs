@@ -279,6 +279,28 @@ pub fn fixed_5_per_1s_aligned() -> Scenario {
         .0
 }
 
+/// `--limit 5/1s,fixed`, the window aligned only after its calls ended:
+/// five answered at 100 ms stop occupying at 1100 ms; a reset aligning the
+/// window at 1150 ms (its boundary then) leaves them ended, for each call
+/// occupies until the earlier of its sliding and its aligned end, so a
+/// call at 1160 ms goes. In-process gave them their aligned end (1200 ms)
+/// where the script had let them go (a review found it).
+pub fn fixed_aligned_after_its_calls_ended() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(5, 100);
+    b.0.fixed = vec![(5, 1000)];
+    b.at(
+        1150,
+        Op::Aligned {
+            fixed: 0,
+            reset: 0,
+            early: 50,
+            late: 50,
+        },
+    )
+    .at(1160, Op::Take)
+    .0
+}
+
 /// 100 tokens per 1 s beside 10 calls per 1 s (`--limit 100/1s,tokens`):
 /// an estimate waits on calls in flight for W; a response's usage
 /// corrects its call's weight, which frees room at once; a call that does
@@ -443,6 +465,10 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         ("bucket_10_per_1s_widened", bucket_10_per_1s_widened()),
         ("fixed_5_per_1s", fixed_5_per_1s()),
         ("fixed_5_per_1s_aligned", fixed_5_per_1s_aligned()),
+        (
+            "fixed_aligned_after_its_calls_ended",
+            fixed_aligned_after_its_calls_ended(),
+        ),
         ("tokens_100_per_1s", tokens_100_per_1s()),
         (
             "token_bucket_100_per_1s_burst_50",

@@ -287,6 +287,12 @@ fn a_fixed_window_aligned_to_a_reset_frees_at_its_boundary() {
 }
 
 #[test]
+fn a_window_aligned_after_its_calls_ended_keeps_them_ended() {
+    let a = answers(&fixed_aligned_after_its_calls_ended());
+    assert_eq!(a.last(), Some(&granted(10, 1, 0, false)));
+}
+
+#[test]
 fn a_token_window_weighs_estimates_and_corrects_them_by_usage() {
     let a: Vec<Answer> = answers(&tokens_100_per_1s())
         .into_iter()

@@ -579,3 +579,24 @@ fn a_checkpoints_learning_is_put_back_only_where_no_fleet_ran() {
     let fields = ["learnt", "refused_at", "even", "recalled"].map(|f| lua.limit_field(f));
     assert_eq!(fields, [None, None, None, None]);
 }
+
+/// The script tells a reset too uncertain to align (−3) from a window
+/// aligned already (0): a process marks the window settled on the second
+/// answer only, and asks again after the first (it marked both, and a
+/// reset the script found too uncertain kept it from ever aligning).
+#[test]
+fn the_script_tells_a_reset_too_uncertain_from_a_window_aligned_already() {
+    let redis = Redis::start();
+    let mut s = Scenario::of(10, 1000);
+    s.fixed = vec![(5, 1000)];
+    let mut lua = Lua::new(&redis, &s);
+    let index = lua.fixed_index(0).expect("a fixed window");
+    let mut ask = |early: u64| -> i64 {
+        lua.op(0, "align", |inv| {
+            inv.arg(index).arg(BASE + 500).arg(early).arg(10);
+        })
+    };
+    assert_eq!(ask(200), -3, "too uncertain");
+    assert_eq!(ask(20), 1, "aligned");
+    assert_eq!(ask(20), 0, "aligned already");
+}
