@@ -198,6 +198,12 @@ pub trait Pacer: Send + Sync {
     /// display only, so it may be approximate for the fleet's pacer.
     fn paused_until(&self) -> Option<Instant>;
 
+    /// When the hold for a quota a response said used up ends, if one is
+    /// in force: for the progress display only.
+    fn held_until(&self) -> Option<Instant> {
+        None
+    }
+
     /// The limit per window learnt from 429s of a server that does not
     /// report its limit, if any, with what it was learnt to be beyond its
     /// count (a bucket's burst, the fixed window its refusal switches to,

@@ -248,6 +248,13 @@ impl Pacer for WindowPacer {
             .map(Instant::from_std)
     }
 
+    fn held_until(&self) -> Option<Instant> {
+        self.guarded
+            .lock()
+            .held_until(now_std())
+            .map(Instant::from_std)
+    }
+
     fn learnt(&self) -> Option<crate::rate::learn::Learnt> {
         let g = self.guarded.lock();
         let w = g.primary();

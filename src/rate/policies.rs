@@ -106,6 +106,9 @@ pub struct PolicySet {
     said: HashSet<String>,
     /// The latest used-up quota resetting beyond [`QUOTA_BOUND`].
     exhausted: Option<Exhausted>,
+    /// When the latest hold for a quota a response said used up ends: for
+    /// the progress display.
+    held_until: Option<Instant>,
     heard: VecDeque<Heard>,
     /// Windows and kept policies configured (those after were stated).
     configured: (usize, usize),
@@ -137,6 +140,7 @@ impl PolicySet {
             announced: false,
             said: HashSet::new(),
             exhausted: None,
+            held_until: None,
             heard: VecDeque::new(),
             configured: (0, 0),
             envelope_first: false,
@@ -467,6 +471,7 @@ impl PolicySet {
     /// A used-up quota that resets in `r`: remembered when beyond the bound.
     fn used_up(&mut self, p: &Announced, r: Duration, now: Instant) {
         let until = later(now, r);
+        self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));
         if r > QUOTA_BOUND && self.exhausted.as_ref().map_or(true, |e| e.until < until) {
             self.exhausted = Some(Exhausted {
                 name: p.name.clone(),
@@ -474,6 +479,12 @@ impl PolicySet {
                 until,
             });
         }
+    }
+
+    /// When the hold for a quota a response said used up ends, while one
+    /// is in force (the progress display's; the rules hold the calls).
+    pub fn held_until(&self, now: Instant) -> Option<Instant> {
+        self.held_until.filter(|&h| h > now)
     }
 
     /// The used-up quota that resets beyond [`QUOTA_BOUND`], while it lasts.

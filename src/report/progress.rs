@@ -29,6 +29,9 @@ pub struct View {
     pub credits: Option<i64>,
     /// Time left in a fleet-wide pause, if one is in force.
     pub paused_for: Option<Duration>,
+    /// Time left in a hold for a quota a response said used up, if one is
+    /// in force.
+    pub held_for: Option<Duration>,
     /// Waiting for credits: time to the next probe.
     pub waiting_probe_in: Option<Duration>,
     /// The pace the limit allows, items per minute (None when unlimited).
@@ -66,10 +69,12 @@ impl View {
         let left = total.saturating_sub(self.done + self.failed);
         // Waiting for a top-up, the rest waits on the account, not a pace.
         if left > 0 && rate > 0.0 && self.waiting_probe_in.is_none() {
-            // A pause in force holds every call first: the rest goes after it.
+            // A pause or a quota's hold in force holds every call first:
+            // the rest goes after it.
+            let first = self.paused_for.max(self.held_for).unwrap_or_default();
             let eta = Duration::try_from_secs_f64(left as f64 * 60.0 / rate)
                 .unwrap_or(Duration::MAX)
-                .saturating_add(self.paused_for.unwrap_or_default());
+                .saturating_add(first);
             parts.push(format!("ETA {}", fmt_secs(eta)));
         }
         if let Some(c) = self.credits {
@@ -82,7 +87,10 @@ impl View {
             parts.push(format!("429s {}", self.rate_limited));
         }
         if let Some(p) = self.paused_for {
-            parts.push(paused(p, SystemTime::now()));
+            parts.push(paused("PAUSED", p, SystemTime::now()));
+        }
+        if let Some(h) = self.held_for.filter(|h| Some(*h) > self.paused_for) {
+            parts.push(paused("HELD for a quota", h, SystemTime::now()));
         }
         if let Some(w) = self.waiting_probe_in {
             parts.push(format!(
@@ -102,9 +110,10 @@ fn fmt_rate(per_min: f64) -> String {
     }
 }
 
-/// A pause of `p` from `now`: its seconds and its end, the time of day,
-/// with the date when it ends on another day (a quota waited for).
-fn paused(p: Duration, now: SystemTime) -> String {
+/// A wait of `p` from `now` (a pause, or a quota's hold, as `what` says):
+/// its seconds and its end, the time of day, with the date when it ends on
+/// another day (a quota waited for).
+fn paused(what: &str, p: Duration, now: SystemTime) -> String {
     let stamp = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
     let (today, end) = (stamp(now), stamp(now + p));
     let until = match today[..10] == end[..10] {
@@ -112,7 +121,7 @@ fn paused(p: Duration, now: SystemTime) -> String {
         false => format!("{} {}", &end[..10], &end[11..19]),
     };
     format!(
-        "PAUSED {}s (until {until} UTC)",
+        "{what} {}s (until {until} UTC)",
         p.as_secs_f64().ceil() as u64
     )
 }
@@ -276,11 +285,11 @@ mod tests {
         // 2026-12-06T12:00:00Z.
         let noon = std::time::UNIX_EPOCH + Duration::from_secs(1_796_558_400);
         assert_eq!(
-            paused(Duration::from_secs(90), noon),
+            paused("PAUSED", Duration::from_secs(90), noon),
             "PAUSED 90s (until 12:01:30 UTC)"
         );
         assert_eq!(
-            paused(Duration::from_secs(2 * 86_400), noon),
+            paused("PAUSED", Duration::from_secs(2 * 86_400), noon),
             "PAUSED 172800s (until 2026-12-08 12:00:00 UTC)"
         );
     }
@@ -316,6 +325,31 @@ mod tests {
             ..View::default()
         };
         assert!(w.status(1).contains("next probe in 4m50s"));
+    }
+
+    /// A quota a response said used up holds every call until it resets:
+    /// the ETA begins after the hold and the line says so. It showed the
+    /// limit's pace alone ("ETA 1s" while held for 6 minutes).
+    #[test]
+    fn a_quotas_hold_is_shown_and_counted_in_the_eta() {
+        let v = View {
+            done: 1,
+            done_this_run: 1,
+            elapsed: Duration::from_secs(1),
+            steady_per_min: Some(600.0),
+            held_for: Some(Duration::from_secs(360)),
+            ..View::default()
+        };
+        let s = v.status(21);
+        assert!(s.contains("ETA 6m02s"), "{s}");
+        assert!(s.contains("HELD for a quota 360s (until "), "{s}");
+        // A pause as long or longer says it alone.
+        let both = View {
+            paused_for: Some(Duration::from_secs(400)),
+            ..v
+        };
+        let s = both.status(21);
+        assert!(s.contains("ETA 6m42s") && !s.contains("HELD"), "{s}");
     }
 
     #[test]

@@ -96,6 +96,7 @@ impl Ticks {
             rate_limited: Stats::get(&stats.rate_limited),
             credits: g.ledger.last().map(|s| s.remaining),
             paused_for: g.pacer.paused_until().map(|u| u - now),
+            held_for: g.pacer.held_until().map(|u| u - now),
             waiting_probe_in: g.gate.waiting_probe_in(now),
             steady_per_min: steady(
                 g.pacer.steady_per_min().or(self.steady_per_min),

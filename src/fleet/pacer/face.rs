@@ -162,6 +162,11 @@ impl Pacer for FleetPacer {
         self.inner.lock().paused_until.filter(|&u| u > now)
     }
 
+    fn held_until(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.inner.lock().held_until.filter(|&u| u > now)
+    }
+
     fn note(&self) -> Option<PaceNote> {
         self.inner.lock().notes.pop_front()
     }

@@ -159,7 +159,10 @@ fn used_up_holds_until_the_reset_in_any_dialect() {
             .any(|n| matches!(n, Note::Heard(Heard::Exhausted { .. }))),
         "{notes:?}"
     );
+    // The progress display hears of the hold until it ends.
+    assert_eq!(s.held_until(t0), Some(t0 + Duration::from_secs(90)));
     assert!(s.try_take(t0 + Duration::from_secs(90)).is_ok());
+    assert_eq!(s.held_until(t0 + Duration::from_secs(90)), None);
     // Without a reset: until one of this client's calls ends.
     let mut s = set(&[(10, 1000)], t0);
     let slot = s.try_take(t0).unwrap();
