@@ -331,7 +331,7 @@ pub fn open(
             // lines are the same items, and the appended ones are pending.
             // Blank lines alone add no item: nothing to say.
             let added = scan.total.saturating_sub(meta.total);
-            if added > 0 {
+            if added > 0 && !settings.style.quiet {
                 crate::report::err_line(&format!(
                     "batchrun: {} grew by {added} item(s) since its checkpoint was made: they are added to the job",
                     shown_input(settings),

@@ -10,7 +10,7 @@ use crate::checkpoint::{JobMeta, Store};
 use crate::exit::RunError;
 use crate::input;
 use crate::report::Summary;
-use crate::settings::{PoolSize, Settings};
+use crate::settings::{PoolSize, Settings, DRY_RUN_KEY};
 
 /// Results exist where this job writes, but the checkpoint knows nothing
 /// of them: say so before sending anything, and say only what is known.
@@ -273,6 +273,13 @@ pub(super) fn dry_run(
     crate::report::err_line(&format!(
         "batchrun: dry run: {total} item(s) checked, nothing sent"
     ));
+    let keyless = (spec.key.as_ref()).is_some_and(|k| k.expose() == DRY_RUN_KEY);
+    if keyless {
+        crate::report::err_line(
+            "batchrun: dry run: no API key is set: the real run stops there (set \
+             BATCHRUN_API_KEY, or the variable --api-key-env names)",
+        );
+    }
     if let Some(note) = changed_note(settings) {
         crate::report::err_line(&note);
     }

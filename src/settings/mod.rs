@@ -14,8 +14,8 @@ pub use limits::{
 };
 use places::places;
 pub use places::{piped, recorded_input, shard_checkpoints, state_dir_for};
-pub use request::SIM_KEY;
 use request::{api_key, batch_spec, identity, request_spec, url_source};
+pub use request::{DRY_RUN_KEY, SIM_KEY};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

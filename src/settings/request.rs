@@ -60,6 +60,10 @@ pub(super) fn path_of(url: &str) -> String {
     }
 }
 
+/// The stand-in a `--dry-run` shows (hidden) when no key is set: the real
+/// run would stop there, and the dry run says so.
+pub const DRY_RUN_KEY: &str = "dry-run-no-key";
+
 /// The key to send. A rehearsal sends the sim's demo key, never the one in
 /// the environment: the sim needs none, and a real key has no business in
 /// a rehearsal's requests.
@@ -73,7 +77,7 @@ pub(super) fn api_key(args: &RunArgs, sim: bool) -> Result<Option<Secret>, RunEr
         // the header, and would echo it back trimmed, past the scrubbing).
         Ok(k) if !k.trim().is_empty() => Secret::new(k.trim()),
         // Nothing is sent, and the key is shown hidden anyway.
-        _ if args.dry_run.is_some() => Secret::new("dry-run-no-key"),
+        _ if args.dry_run.is_some() => Secret::new(DRY_RUN_KEY),
         Ok(_) => {
             return Err(usage(format!(
                 "no API key: the environment variable {name} is empty"

@@ -20,13 +20,21 @@ async fn a_dry_run_shows_requests_with_the_key_hidden_and_sends_nothing() {
         !s.state_dir().join("checkpoint").exists(),
         "no job was opened"
     );
-    // Checking a job needs no key: nothing is sent.
+    assert!(!f.stderr.contains("no API key"), "{}", f.stderr);
+    // Checking a job needs no key: nothing is sent. It says the real run
+    // would stop there (it passed silently, and the real run failed).
     let plain = format!("{}/v1/echo?n={{n}}", s.sim().url);
     let mut c = s.cmd(&["--url", &plain, "--dry-run", "1"]);
     c.env_remove("BATCHRUN_API_KEY");
     let f = finish(c);
     assert_eq!(f.code, 0, "{}", f.stderr);
     assert_eq!(f.summary["state"], "checked");
+    assert!(
+        f.stderr
+            .contains("no API key is set: the real run stops there"),
+        "{}",
+        f.stderr
+    );
 }
 
 #[test]

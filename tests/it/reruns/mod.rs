@@ -439,6 +439,12 @@ async fn a_grown_pipe_is_named_as_the_pipe_and_sends_only_its_new_row() {
     let r = piped(&s, &format!("{}\n\n", rows(6)), &out, &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(!r.stderr.contains("grew by"), "{}", r.stderr);
+    // `-q` is the summary, alerts and errors alone: a row added is no news.
+    let grown = format!("{}\n\n{{\"n\": 7}}\n", rows(6));
+    let r = piped(&s, &grown, &out, &["-q"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("grew by"), "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 1, "{}", r.summary);
 }
 
 /// A reserve halt's reason reads as one sentence: the alert's words go on
