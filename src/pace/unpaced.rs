@@ -277,6 +277,10 @@ impl Pacer for Unpaced {
         s.paused_until.filter(|&u| u > Instant::now())
     }
 
+    fn held_until(&self) -> Option<Instant> {
+        self.stated.get()?.held_until()
+    }
+
     fn learnt(&self) -> Option<crate::rate::learn::Learnt> {
         self.stated.get()?.learnt()
     }
@@ -576,5 +580,24 @@ mod tests {
         assert_eq!(p.paused_until(), Some(t0 + Duration::from_secs(3)));
         call(&p).await;
         assert_eq!(Instant::now(), t0 + Duration::from_secs(3));
+    }
+
+    /// A quota's hold followed after the hand-over reaches the progress
+    /// line too (it heard of none under `--limit none`; a review found it).
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_after_the_hand_over_reaches_the_progress_line() {
+        let p = Unpaced::default();
+        call(&p).await;
+        p.observe(&headers(&[
+            ("x-ratelimit-limit", "5"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "600"),
+        ]))
+        .await;
+        let held = p.held_until().expect("a hold");
+        assert!(
+            held >= Instant::now() + Duration::from_secs(599),
+            "{held:?}"
+        );
     }
 }

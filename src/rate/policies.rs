@@ -108,7 +108,7 @@ pub struct PolicySet {
     exhausted: Option<Exhausted>,
     /// When the latest hold for a quota a response said used up ends: for
     /// the progress display.
-    held_until: Option<Instant>,
+    pub(super) held_until: Option<Instant>,
     heard: VecDeque<Heard>,
     /// Windows and kept policies configured (those after were stated).
     configured: (usize, usize),

@@ -69,12 +69,13 @@ impl View {
         let left = total.saturating_sub(self.done + self.failed);
         // Waiting for a top-up, the rest waits on the account, not a pace.
         if left > 0 && rate > 0.0 && self.waiting_probe_in.is_none() {
-            // A pause or a quota's hold in force holds every call first:
-            // the rest goes after it.
-            let first = self.paused_for.max(self.held_for).unwrap_or_default();
+            // A pause in force holds every call first: the rest goes after
+            // it. A quota's hold is at least as long: the pace may count
+            // it already (a window's end), so it is not added to it.
             let eta = Duration::try_from_secs_f64(left as f64 * 60.0 / rate)
                 .unwrap_or(Duration::MAX)
-                .saturating_add(first);
+                .max(self.held_for.unwrap_or_default())
+                .saturating_add(self.paused_for.unwrap_or_default());
             parts.push(format!("ETA {}", fmt_secs(eta)));
         }
         if let Some(c) = self.credits {
@@ -89,7 +90,10 @@ impl View {
         if let Some(p) = self.paused_for {
             parts.push(paused("PAUSED", p, SystemTime::now()));
         }
-        if let Some(h) = self.held_for.filter(|h| Some(*h) > self.paused_for) {
+        // Holds of a few seconds are the pace's own (a bucket's next unit, a
+        // window's end): not said.
+        let long = |h: &Duration| *h >= SAID_HOLD && Some(*h) > self.paused_for;
+        if let Some(h) = self.held_for.filter(long) {
             parts.push(paused("HELD for a quota", h, SystemTime::now()));
         }
         if let Some(w) = self.waiting_probe_in {
@@ -109,6 +113,10 @@ fn fmt_rate(per_min: f64) -> String {
         format!("{per_min:.2}")
     }
 }
+
+/// The shortest quota's hold the progress line says: shorter ones are the
+/// pace's own (a bucket's next unit, a window's last seconds).
+const SAID_HOLD: Duration = Duration::from_secs(10);
 
 /// A wait of `p` from `now` (a pause, or a quota's hold, as `what` says):
 /// its seconds and its end, the time of day, with the date when it ends on
@@ -341,15 +349,31 @@ mod tests {
             ..View::default()
         };
         let s = v.status(21);
-        assert!(s.contains("ETA 6m02s"), "{s}");
+        assert!(s.contains("ETA 6m00s"), "{s}");
         assert!(s.contains("HELD for a quota 360s (until "), "{s}");
-        // A pause as long or longer says it alone.
+        // A pause as long or longer says it alone, and comes first.
         let both = View {
             paused_for: Some(Duration::from_secs(400)),
-            ..v
+            ..v.clone()
         };
         let s = both.status(21);
-        assert!(s.contains("ETA 6m42s") && !s.contains("HELD"), "{s}");
+        assert!(s.contains("ETA 12m40s") && !s.contains("HELD"), "{s}");
+        // A hold of a few seconds is the pace's own: not said. Nor is a
+        // hold the pace takes longer than added to it.
+        let short = View {
+            held_for: Some(Duration::from_secs(2)),
+            ..v.clone()
+        };
+        assert!(!short.status(21).contains("HELD"), "{}", short.status(21));
+        let slow = View {
+            steady_per_min: Some(1.0),
+            ..v
+        };
+        assert!(
+            slow.status(21).contains("ETA 20m00s"),
+            "{}",
+            slow.status(21)
+        );
     }
 
     #[test]

@@ -276,8 +276,8 @@ pub(super) fn dry_run(
     let keyless = (spec.key.as_ref()).is_some_and(|k| k.expose() == DRY_RUN_KEY);
     if keyless {
         crate::report::err_line(
-            "batchrun: dry run: no API key is set: the real run stops there (set \
-             BATCHRUN_API_KEY, or the variable --api-key-env names)",
+            "batchrun: dry run: no usable API key is set: the real run stops there \
+             (set BATCHRUN_API_KEY, or the variable --api-key-env names)",
         );
     }
     if let Some(note) = changed_note(settings) {

@@ -31,7 +31,7 @@ async fn a_dry_run_shows_requests_with_the_key_hidden_and_sends_nothing() {
     assert_eq!(f.summary["state"], "checked");
     assert!(
         f.stderr
-            .contains("no API key is set: the real run stops there"),
+            .contains("no usable API key is set: the real run stops there"),
         "{}",
         f.stderr
     );

@@ -242,6 +242,9 @@ impl PolicySet {
             .map(|(slot, (.., tokens))| (*slot, tokens.of(unit)))
             .unzip();
         let ids = self.kept[i].become_bucket(rate, stated, &tokens, now);
+        // The bucket keeps no hold of the window it replaces: nor does the
+        // progress display.
+        self.held_until = None;
         for (slot, id) in slots.into_iter().zip(ids) {
             if let Some((_, _, ids, _)) = self.in_flight.get_mut(&slot) {
                 ids[i] = id;

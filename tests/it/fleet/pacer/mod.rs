@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use batchrun::fleet::pacer::{FleetPacer, FleetPacing};
 use batchrun::fleet::{Fleet, FleetAlerts, FleetKeys, FleetSettings};
 use batchrun::pace::{PaceNote, Pacer};
+use batchrun::rate::policies::Heard;
 use batchrun::rate::Limit;
 
 use super::support::{fleet_name, Proxy, Redis};
@@ -506,9 +507,7 @@ async fn beyond_the_most_adopted_the_loosest_policies_are_left_out_and_said() {
     let ignored: Vec<&str> = notes
         .iter()
         .filter_map(|n| match n {
-            PaceNote::Heard(batchrun::rate::policies::Heard::Ignored { name, .. }) => {
-                Some(name.as_str())
-            }
+            PaceNote::Heard(Heard::Ignored { name, .. }) => Some(name.as_str()),
             _ => None,
         })
         .collect();
@@ -519,4 +518,41 @@ async fn beyond_the_most_adopted_the_loosest_policies_are_left_out_and_said() {
         fourth.is_err(),
         "a fourth call went in 20 s where 3 were stated"
     );
+}
+
+/// A process that left out a stated policy still says the fleet is held
+/// for a used-up quota another process found: the note that a policy was
+/// left out stood for a hold said already (a review found it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_left_out_does_not_silence_a_quotas_hold() {
+    let redis = Redis::start();
+    let name = fleet_name("left-out-held");
+    let a = Arc::new(FleetPacer::new(
+        fleet_on(&redis, &name).await,
+        FleetPacing {
+            wait_for_quota: true,
+            ..pacing("100/1s")
+        },
+    ));
+    let b = pacer(fleet_on(&redis, &name).await, "100/1s");
+    let loose: Vec<String> = (2..=10)
+        .map(|i| format!(r#""p{i}";q=1000;w={i}"#))
+        .collect();
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("ratelimit-policy", loose.join(", ").parse().unwrap());
+    a.observe(&h).await;
+    let notes: Vec<PaceNote> = std::iter::from_fn(|| a.note()).collect();
+    let ignored = |n: &PaceNote| matches!(n, PaceNote::Heard(Heard::Ignored { .. }));
+    assert!(notes.iter().any(ignored), "{notes:?}");
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        "ratelimit-policy",
+        r#""day";q=1000;w=86400"#.parse().unwrap(),
+    );
+    h.insert("ratelimit", r#""day";r=0;t=7200"#.parse().unwrap());
+    b.observe(&h).await;
+    let _ = tokio::time::timeout(Duration::from_millis(1500), a.take()).await;
+    let notes: Vec<PaceNote> = std::iter::from_fn(|| a.note()).collect();
+    let held = |n: &PaceNote| matches!(n, PaceNote::Heard(Heard::Exhausted { .. }));
+    assert!(notes.iter().any(held), "the hold was not said: {notes:?}");
 }
