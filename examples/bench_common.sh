@@ -21,14 +21,21 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Stops the bench unless $BIN is a batchrun to run.
+need_bin() {
+    [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
+}
+
 # Starts redis-server on a free loopback port with nothing kept on disk,
-# its files under $1; sets RPORT and REDIS_PID and waits until it answers.
+# its files under $1; sets RPORT and REDIS_PID (also in PIDS, stopped at
+# exit) and waits until it answers.
 start_redis() {
     command -v redis-server >/dev/null || { echo "no redis-server on PATH" >&2; exit 2; }
     RPORT=$(free_port)
     redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
         --dir "$1" >"$1/redis.log" 2>&1 &
     REDIS_PID=$!
+    PIDS+=("$REDIS_PID")
     for _ in $(seq 100); do
         redis-cli -p "$RPORT" ping >/dev/null 2>&1 && return 0
         sleep 0.05

@@ -13,12 +13,10 @@ set -euo pipefail
 
 BIN=${BIN:-target/release/batchrun}
 REPEAT=${REPEAT:-3}
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp emptied_bucket_bench
 start_redis "$TMP"
-PIDS+=("$REDIS_PID")
 
 printf '%-11s %4s %7s %5s\n' mode run wall_s 429s
 for mode in in-process fleet; do

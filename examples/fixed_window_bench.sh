@@ -24,12 +24,10 @@ REPEAT=${REPEAT:-1}
 MODES=${MODES:-"one fleet"}
 SPEC=20/30s,fixed
 
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp fixed_window_bench
 start_redis "$TMP"
-PIDS+=("$REDIS_PID")
 
 for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
 # 20 at once, 20 at the next boundary, the rest at the one after.

@@ -27,12 +27,10 @@ CONC=${CONC:-5}
 SHAPES=${SHAPES:-"sliding fixed bucket5 bucket0"}
 REPEAT=${REPEAT:-1}
 
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp fleet_shapes_bench
 start_redis "$TMP"
-PIDS+=("$REDIS_PID")
 
 for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
 

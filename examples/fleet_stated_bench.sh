@@ -28,12 +28,10 @@ DIALECTS=${DIALECTS:-"ietf ietf-old"}
 CONC=${CONC:-5}
 POLICIES=${POLICIES:-"window tokens"}
 
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp fleet_stated_bench
 start_redis "$TMP"
-PIDS+=("$REDIS_PID")
 
 for i in $(seq "$ITEMS"); do
     echo "{\"n\": $i, \"max_tokens\": $((10 + i % 5 * 8)), \"prompt\": \"$(printf 'word %.0s' $(seq $((i % 7 * 4 + 1))))\"}"

@@ -27,12 +27,10 @@ CONC=${CONC:-5}
 REPEAT=${REPEAT:-1}
 BUDGET=3000
 
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp fleet_tokens_bench
 start_redis "$TMP"
-PIDS+=("$REDIS_PID")
 
 # The items of shapes_bench's token budget: prompts of 4-52 words,
 # max_tokens 20-100.

@@ -44,13 +44,11 @@ FLEET=${FLEET:-}
 TOLD_ONLY=${TOLD_ONLY:-}
 OUT_QUOTA=3000
 
-[ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
-
 . "$(dirname "$0")/bench_common.sh"
+need_bin
 bench_tmp token_bucket_bench
 if [ -n "$FLEET" ]; then
     start_redis "$TMP"
-    PIDS+=("$REDIS_PID")
 fi
 
 if [ -n "$SPLIT" ]; then
