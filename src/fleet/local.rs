@@ -58,6 +58,9 @@ pub(super) struct Local {
     pub(super) held_until: Option<Instant>,
     /// The quotas whose long hold was said already (each said once).
     pub(super) said: HashSet<String>,
+    /// The stated policies left out, the fleet adopting the most it keeps
+    /// (each said once).
+    pub(super) left_out: HashSet<String>,
     /// When each token window kept may next be corrected for what a
     /// response says was spent elsewhere (see `Inner::spent_elsewhere`).
     pub(super) elsewhere_at: HashMap<String, Instant>,

@@ -128,15 +128,15 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(EPOCH_AFTER_SECS);
 pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     let mut out = Vec::new();
     let server = server_now(h, now_unix);
-    let (now_unix, dated) = (server.unwrap_or(now_unix), server.is_some());
-    ietf(h, Clock(now_unix, dated), &mut out);
+    let clock = Clock(server.unwrap_or(now_unix), server.is_some());
+    ietf(h, clock, &mut out);
     for prefix in ["x-ratelimit", "x-rate-limit"] {
-        x_ratelimit(h, prefix, Clock(now_unix, dated), &mut out);
+        x_ratelimit(h, prefix, clock, &mut out);
     }
     for unit in ["requests", "tokens"] {
         openai(h, unit, &mut out);
     }
-    anthropic(h, now_unix, dated, &mut out);
+    anthropic(h, clock, &mut out);
     out.into_iter().map(bounded).collect()
 }
 
@@ -152,6 +152,16 @@ impl Clock {
     fn reset(self, v: u64) -> (Duration, bool) {
         let r = reset_secs(v, self.0);
         (r, self.1 && v > EPOCH_AFTER_SECS)
+    }
+
+    /// The latest reset the lines of header `name` say (as [`latest`]),
+    /// and whether any was an instant measured from the response's `Date`.
+    fn resets(self, h: &HeaderMap, name: &str) -> (Option<Duration>, bool) {
+        let said: Vec<(Duration, bool)> = each(h, name)
+            .filter_map(|t| Some(self.reset(t.parse().ok()?)))
+            .collect();
+        let latest = said.iter().map(|r| r.0).max();
+        (latest, said.iter().any(|r| r.1))
     }
 }
 
@@ -290,10 +300,7 @@ fn ietf(h: &HeaderMap, clock: Clock, out: &mut Vec<Announced>) {
     if limit.is_none() && remaining.is_none() {
         return;
     }
-    let dated = each(h, "ratelimit-reset").any(|t| t.parse().is_ok_and(|v| clock.reset(v).1));
-    let reset_in = latest(h, "ratelimit-reset", |t| {
-        Some(clock.reset(t.parse().ok()?).0)
-    });
+    let (reset_in, dated) = clock.resets(h, "ratelimit-reset");
     // The policy of that quota, if `RateLimit-Policy` listed it.
     let listed = out[start..]
         .iter_mut()
@@ -366,9 +373,7 @@ fn x_ratelimit(h: &HeaderMap, prefix: &str, clock: Clock, out: &mut Vec<Announce
     let mut a = Announced::new(name, Unit::Calls);
     a.quota = quota(limit);
     a.remaining = remaining;
-    let name = format!("{prefix}-reset");
-    a.reset_in = latest(h, &name, |t| Some(clock.reset(t.parse().ok()?).0));
-    a.reset_dated = each(h, &name).any(|t| t.parse().is_ok_and(|v| clock.reset(v).1));
+    (a.reset_in, a.reset_dated) = clock.resets(h, &format!("{prefix}-reset"));
     push(out, a);
 }
 
@@ -389,9 +394,10 @@ fn openai(h: &HeaderMap, unit: &str, out: &mut Vec<Announced>) {
 }
 
 /// Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
-fn anthropic(h: &HeaderMap, since: Duration, dated: bool, out: &mut Vec<Announced>) {
-    // The instants are measured from `since`, the response's `Date` where
-    // it has a sane one (`dated`): both the server's.
+fn anthropic(h: &HeaderMap, clock: Clock, out: &mut Vec<Announced>) {
+    // The instants are measured from the response's `Date` where it has a
+    // sane one: both the server's.
+    let Clock(since, dated) = clock;
     let start = out.len();
     for unit in ["requests", "tokens", "input-tokens", "output-tokens"] {
         let limit = whole(h, &format!("anthropic-ratelimit-{unit}-limit"));

@@ -529,24 +529,18 @@ impl PolicySet {
         }
     }
 
-    /// A window for a policy of `q` per `w` the set did not have, counting
-    /// the calls in flight and, when the server says how much is left, the
-    /// calls it already accepted. `None` when the set is full.
     /// Whether `policies` state more new windows than the set has room
     /// for: of calls, beside its windows (and the fixed windows and
-    /// buckets it keeps), or of tokens, beside the policies it keeps.
+    /// buckets it keeps), or of tokens, beside the policies it keeps (as
+    /// `follow_tokens` reads them).
     fn overflows(&self, policies: &[Announced]) -> bool {
         let mut calls: Vec<Duration> = Vec::new();
         let mut tokens: Vec<(Unit, Duration)> = Vec::new();
         for p in policies.iter().filter(|p| p.quota.is_some()) {
             let (Some(w), Unit::Calls) = (p.window, p.unit) else {
-                if p.unit.is_tokens() {
+                if p.unit.is_tokens() && self.kept_for(p, p.unit.counted()).is_none() {
                     let key = (p.unit, p.window.unwrap_or(tokens::TOKEN_WINDOW));
-                    let kept = self
-                        .kept
-                        .iter()
-                        .any(|k| k.unit() == key.0.counted() && k.window() == key.1);
-                    if !kept && !tokens.contains(&key) {
+                    if !tokens.contains(&key) {
                         tokens.push(key);
                     }
                 }
@@ -579,6 +573,9 @@ impl PolicySet {
         None
     }
 
+    /// A window for a policy of `q` per `w` the set did not have, counting
+    /// the calls in flight and, when the server says how much is left, the
+    /// calls it already accepted. `None` when the set is full.
     fn add(&mut self, p: &Announced, q: u64, w: Duration, now: Instant) -> Option<usize> {
         if self.windows.len() >= MAX_WINDOWS {
             return None;

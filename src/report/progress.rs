@@ -88,13 +88,13 @@ impl View {
             parts.push(format!("429s {}", self.rate_limited));
         }
         if let Some(p) = self.paused_for {
-            parts.push(paused("PAUSED", p, SystemTime::now()));
+            parts.push(waiting("PAUSED", p, SystemTime::now()));
         }
         // Holds of a few seconds are the pace's own (a bucket's next unit, a
         // window's end): not said.
         let long = |h: &Duration| *h >= SAID_HOLD && Some(*h) > self.paused_for;
         if let Some(h) = self.held_for.filter(long) {
-            parts.push(paused("HELD for a quota", h, SystemTime::now()));
+            parts.push(waiting("HELD for a quota", h, SystemTime::now()));
         }
         if let Some(w) = self.waiting_probe_in {
             parts.push(format!(
@@ -121,7 +121,7 @@ const SAID_HOLD: Duration = Duration::from_secs(10);
 /// A wait of `p` from `now` (a pause, or a quota's hold, as `what` says):
 /// its seconds and its end, the time of day, with the date when it ends on
 /// another day (a quota waited for).
-fn paused(what: &str, p: Duration, now: SystemTime) -> String {
+fn waiting(what: &str, p: Duration, now: SystemTime) -> String {
     let stamp = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
     let (today, end) = (stamp(now), stamp(now + p));
     let until = match today[..10] == end[..10] {
@@ -293,11 +293,11 @@ mod tests {
         // 2026-12-06T12:00:00Z.
         let noon = std::time::UNIX_EPOCH + Duration::from_secs(1_796_558_400);
         assert_eq!(
-            paused("PAUSED", Duration::from_secs(90), noon),
+            waiting("PAUSED", Duration::from_secs(90), noon),
             "PAUSED 90s (until 12:01:30 UTC)"
         );
         assert_eq!(
-            paused("PAUSED", Duration::from_secs(2 * 86_400), noon),
+            waiting("PAUSED", Duration::from_secs(2 * 86_400), noon),
             "PAUSED 172800s (until 2026-12-08 12:00:00 UTC)"
         );
     }
@@ -336,7 +336,7 @@ mod tests {
     }
 
     /// A quota a response said used up holds every call until it resets:
-    /// the ETA begins after the hold and the line says so. It showed the
+    /// the ETA is at least the hold and the line says so. It showed the
     /// limit's pace alone ("ETA 1s" while held for 6 minutes).
     #[test]
     fn a_quotas_hold_is_shown_and_counted_in_the_eta() {

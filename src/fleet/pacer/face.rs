@@ -292,6 +292,9 @@ impl Said {
                     said.resets.push((w, r, p.reset_dated));
                 }
             }
+            let spent = p
+                .reset_in
+                .filter(|r| p.remaining == Some(0) && !r.is_zero());
             // A policy of a told fixed window's window, of no less than its
             // quota, is that window's, as in-process: it aligns it and
             // holds the fleet when used up, but lowers no other window.
@@ -302,10 +305,7 @@ impl Said {
             if fixed_keeps {
                 said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
-                if let Some(r) = p
-                    .reset_in
-                    .filter(|r| p.remaining == Some(0) && !r.is_zero())
-                {
+                if let Some(r) = spent {
                     said.spent.push((p.name, r));
                 }
                 continue;
@@ -314,9 +314,6 @@ impl Said {
                 (Unit::Calls, Some(w)) => buckets.iter().position(|&b| b == w),
                 _ => None,
             };
-            let spent = p
-                .reset_in
-                .filter(|r| p.remaining == Some(0) && !r.is_zero());
             if let Some(i) = kept {
                 // A stated policy of calls: no secret to learn.
                 said.told |= p.quota.is_some();

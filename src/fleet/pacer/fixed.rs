@@ -40,10 +40,13 @@ impl Inner {
             let Some((.., key)) = self.fixed.iter().find(|f| f.0 == window) else {
                 continue;
             };
-            if self.lock().aligned.contains(key) {
-                continue;
-            }
-            let trip = self.lock().longest_trip;
+            let trip = {
+                let l = self.lock();
+                match l.aligned.contains(key) {
+                    true => continue,
+                    false => l.longest_trip,
+                }
+            };
             let (early, late) = margins(reset, dated, trip);
             if (early + late) * 10 > window {
                 continue;

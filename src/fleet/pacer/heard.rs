@@ -24,10 +24,6 @@ use crate::rate::policy::Unit;
 /// keeps as a bucket since (`refill.rs`).
 const REFILLED: i64 = -2;
 
-/// What `Local::said` keeps for a policy left out (beside the quotas whose
-/// long hold was said).
-const IGNORED: &str = "ignored ";
-
 /// The script's answer to an adoption when the fleet adopted the most it
 /// keeps (`adopt`'s −1).
 const LIST_FULL: i64 = -1;
@@ -170,7 +166,7 @@ impl Inner {
     /// once (the note is queued; `None` is returned for the caller's).
     fn ignored(&self, p: &Stated) -> Option<PaceNote> {
         let mut l = self.lock();
-        if l.said.insert(format!("{IGNORED}{}", p.name)) {
+        if l.left_out.insert(p.name.clone()) {
             l.push(PaceNote::Heard(Heard::Ignored {
                 name: p.name.clone(),
                 quota: p.quota,
@@ -438,9 +434,7 @@ impl Inner {
     /// heard here, or a run joining a held fleet would say nothing for
     /// hours.
     pub(super) async fn say_held(&self, left: Duration) {
-        // A quota's hold said already (a policy left out is no hold).
-        let said = self.lock().said.iter().any(|s| !s.starts_with(IGNORED));
-        if left <= LONG_HOLD || said {
+        if left <= LONG_HOLD || !self.lock().said.is_empty() {
             return;
         }
         let name = self.held_by().await;

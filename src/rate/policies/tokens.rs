@@ -78,7 +78,7 @@ impl PolicySet {
     }
 
     /// The kept policy of `unit` an announcement is read against.
-    fn kept_for(&self, p: &Announced, unit: Unit) -> Option<usize> {
+    pub(super) fn kept_for(&self, p: &Announced, unit: Unit) -> Option<usize> {
         let of_unit = || {
             self.kept
                 .iter()
