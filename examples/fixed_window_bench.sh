@@ -7,11 +7,16 @@
 # goes at its boundary; kept as a sliding window, a window after the
 # first calls' answers.
 #
+# With UNIT=tokens the window counts tokens instead (`--limit
+# 1000/30s,fixed,tokens`, each item a prompt of 50 tokens, told `--cost
+# 'chars(prompt)/4'`): the same 20 calls a window.
+#
 # Prints one row per run: mode, wall time, the ideal (the three windows'
 # boundaries the job needs, from its start), their ratio and the 429s.
 #
 #   examples/fixed_window_bench.sh              # target/release/batchrun
 #   REPEAT=2 BIN=/path/to/older/batchrun examples/fixed_window_bench.sh
+#   UNIT=tokens examples/fixed_window_bench.sh
 #
 # Needs redis-server on PATH; runs it on a free loopback port under a
 # temporary directory.
@@ -22,14 +27,20 @@ ITEMS=${ITEMS:-50}
 PHASE=${PHASE:-15}
 REPEAT=${REPEAT:-1}
 MODES=${MODES:-"one fleet"}
-SPEC=20/30s,fixed
+UNIT=${UNIT:-calls}
+case "$UNIT" in
+calls) SPEC=20/30s,fixed WEIGH=() ;;
+tokens) SPEC=1000/30s,fixed,tokens WEIGH=(--cost 'chars(prompt)/4' --json-body) ;;
+*) echo "UNIT is calls or tokens" >&2 && exit 2 ;;
+esac
 
 . "$(dirname "$0")/bench_common.sh"
 need_bin
 bench_tmp fixed_window_bench
 start_redis "$TMP"
 
-for i in $(seq "$ITEMS"); do echo "{\"n\": $i}"; done >"$TMP/items.jsonl"
+prompt=$(printf 'x%.0s' $(seq 200))
+for i in $(seq "$ITEMS"); do echo "{\"n\": $i, \"prompt\": \"$prompt\"}"; done >"$TMP/items.jsonl"
 # 20 at once, 20 at the next boundary, the rest at the one after.
 ideal=$(python3 -c "print(30 * (($ITEMS - 1) // 20) - $PHASE)")
 
@@ -43,7 +54,7 @@ for _ in $(seq "$REPEAT"); do
         sim=$SIM_PID url=$URL
         sleep "$PHASE"
         dir="$TMP/run$run"
-        args=(--url "$url/v1/echo?n={n}" --limit "$SPEC" -c 5)
+        args=(--url "$url/v1/echo?n={n}" --limit "$SPEC" -c 5 "${WEIGH[@]}")
         if [ "$mode" = fleet ]; then
             run_fleet_pair "$dir" "fixed$run" "${args[@]}"
         else

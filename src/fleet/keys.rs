@@ -139,6 +139,15 @@ impl FleetKeys {
         format!("{}:{}:{quota}:{window_ms}", self.prefix, unit.name())
     }
 
+    /// The fixed window of `quota` tokens per `window_ms` counting `unit`
+    /// (`--limit Q/W,fixed,tokens` and the like, after `--headroom`): a
+    /// token window the script aligns to the server's reset once one is
+    /// stated, as a fixed window of calls (`lua/fixed.lua`).
+    pub fn fixed_tokens(&self, unit: Unit, quota: u64, window_ms: u64) -> String {
+        debug_assert!(unit.is_tokens(), "a fixed window of calls is `fixed`");
+        format!("{}:fixed:{}:{quota}:{window_ms}", self.prefix, unit.name())
+    }
+
     /// Whether `name` is one of this fleet's policies adopted from what a
     /// server stated: a further window of calls, a token window, or a
     /// bucket of tokens (a token window found to refill continuously).

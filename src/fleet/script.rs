@@ -13,9 +13,9 @@ use crate::rate::policy::TokenWeight;
 pub const SCRIPT: &str = concat!(
     include_str!("lua/common.lua"),
     include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed.lua"),
     include_str!("lua/tokens.lua"),
     include_str!("lua/stated.lua"),
-    include_str!("lua/fixed.lua"),
     include_str!("lua/window.lua"),
     include_str!("lua/drip.lua"),
     include_str!("lua/tail.lua"),

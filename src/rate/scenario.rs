@@ -112,8 +112,8 @@ pub enum Op {
         /// How much of it the server says is used.
         used: u64,
     },
-    /// A response said the policy of calls a fixed window of the scenario
-    /// keeps (the `fixed`-th, modulo how many) resets in `reset` ms, the
+    /// A response said the policy a fixed window of the scenario keeps
+    /// (the `fixed`-th, modulo how many) resets in `reset` ms, the
     /// true reset up to `early` ms before that and `late` ms after: the
     /// window is aligned to it, if not yet and if that is certain to a
     /// tenth of its window.
@@ -153,11 +153,12 @@ pub struct Scenario {
     /// as (N, W ms, B): kept as [`Kept`] policies in-process, as the
     /// script's `gcra` keys in Redis.
     pub buckets: Vec<(u64, u64, u64)>,
-    /// Fixed windows every call must keep as well (`--limit N/W,fixed`),
-    /// as (N, W ms): kept as [`Kept`] policies in-process, where a fixed
-    /// window no reset aligned is a sliding one, and as further windows by
-    /// the script (which never aligns one).
-    pub fixed: Vec<(u64, u64)>,
+    /// Fixed windows every call must keep as well (`--limit N/W,fixed`,
+    /// `--limit Q/W,fixed,tokens` and the like), as (N, W ms, what it
+    /// counts): kept as [`Kept`] policies in-process and as the script's
+    /// fixed windows (of calls, or of tokens), each a sliding one until an
+    /// [`Op::Aligned`] aligns it.
+    pub fixed: Vec<(u64, u64, Unit)>,
     /// Token windows every call must keep as well (`--limit Q/W,tokens`,
     /// `,input-tokens`, `,output-tokens`), as (Q, W ms, what it counts):
     /// kept as [`Kept`] policies (a weighted tally) in-process, as the
@@ -198,8 +199,8 @@ impl fmt::Display for Scenario {
         for (n, w, b) in &self.buckets {
             write!(f, ", a bucket of {n} per {w} ms with burst {b}")?;
         }
-        for (n, w) in &self.fixed {
-            write!(f, ", a fixed window of {n} per {w} ms")?;
+        for (n, w, u) in &self.fixed {
+            write!(f, ", a fixed window of {n} {} per {w} ms", u.name())?;
         }
         for (q, w, u) in &self.tokens {
             write!(f, ", {q} {} per {w} ms", u.name())?;

@@ -2,9 +2,10 @@
 -- one API key, shared by every process through Redis. One script, kept in
 -- eight files joined in this order (src/fleet/script.rs): common.lua (the
 -- arguments, the clock, putting calls back, the loss check), gcra.lua (the
--- GCRA buckets kept beside the window rule), tokens.lua (the weighted
--- token windows kept beside it), stated.lua (policies a server states,
--- adopted by the fleet), fixed.lua (fixed windows aligned to a reset), window.lua
+-- GCRA buckets kept beside the window rule), fixed.lua (when a call of a
+-- fixed window aligned to a reset stops occupying), tokens.lua (the
+-- weighted token windows kept beside it), stated.lua (policies a server
+-- states, adopted by the fleet, and the alignment of a fixed window), window.lua
 -- (the exact sliding-window rule), drip.lua (the SpikeArrest mirror and
 -- the token bucket), tail.lua (the heartbeat and the probe).
 --
@@ -60,6 +61,8 @@
 --                       them, GCRA buckets named `...:gcra:T:TAU:D[:U]` (gcra.lua)
 --                       and token windows `...:U:Q:Wms` (tokens.lua), U
 --                       what they count: tokens, input-tokens or output-tokens
+--                       (`...:fixed:U:Q:Wms` a fixed one, aligned as the
+--                       fixed windows of calls are)
 --
 -- ARGV[1] op: take | settle | beat | pause | inforce | full | adopt |
 --         elsewhere | hold | empty | refill | align | start | probe, and

@@ -302,3 +302,55 @@ if op == 'refill' then
   keep_bucket(b, rel)
   return swap_refilled(list, at, from, to)
 end
+
+-- align: ARGV[7] the index in KEYS of a fixed window (of calls, or of
+-- tokens), ARGV[8] when the server says its window resets, on this
+-- script's clock (unix ms, as late as it may be measured), ARGV[9] and
+-- ARGV[10] how much earlier and later the true reset may lie (ms). As
+-- FixedWindow::align (fixed.lua has the rule): aligns the window the
+-- first time, when early + late is at most a tenth of W; the calls
+-- answered since then take the aligned end from their answer (W before
+-- their sliding end) where it is earlier, as do the tokens counted spent
+-- elsewhere. Returns 1 when it aligned now, 0 when it was aligned
+-- already, -3 when the reset is too uncertain, -1 when the key is no
+-- fixed window.
+if op == 'align' then
+  local key = KEYS[tonumber(ARGV[7])]
+  local f
+  for _, x in ipairs(further) do
+    if x.key == key and x.fixed then f = x end
+  end
+  for _, x in ipairs(tallies) do
+    if x.key == key and x.fixed then f = x end
+  end
+  if not f then return -1 end
+  local origin = tonumber(ARGV[8])
+  local early, late = tonumber(ARGV[9]), tonumber(ARGV[10])
+  if alignment(f) then return 0 end
+  if (early + late) * 10 > f.W then return -3 end
+  redis.call('HSET', KEYS[4], 'align:' .. key, string.format('%d %d %d', origin, early, late))
+  keep(KEYS[4], limit_ttl)
+  f.align = {origin = origin, early = early, late = late}
+  local aligned = function(ends) return occupied_until(f, ends - f.W - round) end
+  if f.Q then
+    -- A token window: its answered entries (a call in flight is aligned
+    -- by its settle).
+    local all = redis.call('HGETALL', key)
+    for j = 1, #all, 2 do
+      local w, ends, flying = tally_entry(all[j + 1])
+      if w and not flying and ends > now then
+        redis.call('HSET', key, all[j], string.format('%d %d 0', w, aligned(ends)))
+      end
+    end
+    return 1
+  end
+  local all = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
+  for j = 1, #all, 2 do
+    local id, ends = all[j], tonumber(all[j + 1])
+    -- In flight (granted, not settled): its settle aligns it.
+    if redis.call('HEXISTS', KEYS[5], id) == 0 then
+      redis.call('ZADD', key, 'XX', aligned(ends), id)
+    end
+  end
+  return 1
+end

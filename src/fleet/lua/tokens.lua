@@ -8,7 +8,10 @@
 -- it is answered, then what the response said it used of that part (when
 -- it said).
 -- KEYS[6...] named `...:U:Q:Wms` (U: tokens, input-tokens or
--- output-tokens; Q after --headroom), each a HASH:
+-- output-tokens; Q after --headroom), or `...:fixed:U:Q:Wms` for a fixed
+-- window told (`--limit Q/W,fixed,tokens`): kept as a sliding one until a
+-- stated reset aligns it (fixed.lua), then an answered call's weight
+-- occupies until the aligned end where that is earlier. Each a HASH:
 -- c:ID = "weight end flying" (end: unix ms it stops occupying, provisional
 -- while in flight, as in the window: hold less the primary W plus its own).
 local tallies = {}
@@ -17,7 +20,7 @@ for k = 6, #KEYS do
   if q and TOKEN_UNITS[unit] then
     local tw = tonumber(w)
     tallies[#tallies + 1] = {key = KEYS[k], Q = tonumber(q), W = tw, hold = hold - W + tw,
-      unit = unit}
+      unit = unit, fixed = string.find(KEYS[k], ':fixed:[%a%-]+:%d+:%d+$') ~= nil}
   end
 end
 
@@ -95,7 +98,7 @@ local function tallies_settle(id, back, used)
         redis.call('HDEL', t.key, 'c:' .. id)
       elseif flying then
         local u = used and used[t.unit] or w
-        redis.call('HSET', t.key, 'c:' .. id, u .. ' ' .. (back + t.W + round) .. ' 0')
+        redis.call('HSET', t.key, 'c:' .. id, u .. ' ' .. occupied_until(t, back) .. ' 0')
       end
     end
   end

@@ -91,7 +91,10 @@ impl Pacer for FleetPacer {
                 return inner.drip_in_force(headers).await.or(queued);
             }
             let heard = Instant::now();
-            let fixed: Vec<_> = inner.fixed.iter().map(|(w, q, _)| (*w, *q)).collect();
+            let fixed: Vec<_> = (inner.fixed.iter())
+                .filter(|f| f.unit == Counted::Calls)
+                .map(|f| (f.window, f.quota))
+                .collect();
             let said = Said::of(headers, inner.window, &inner.call_bucket_periods(), &fixed);
             if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
@@ -221,10 +224,13 @@ pub(super) struct Said {
     /// to the millisecond, and the bucket (its index among the told
     /// buckets of calls). Not the primary window's.
     pub(super) emptied: Vec<(String, Duration, bool, usize)>,
-    /// Policies of calls stated with a window and a reset: (the window,
+    /// Policies stated with a reset: (what they count, their window (a
+    /// token quota's per minute when none is stated, [`TOKEN_WINDOW`]),
     /// how long until it resets, whether measured from the response's
-    /// `Date`). A configured fixed window of that window is aligned to it.
-    pub(super) resets: Vec<(Duration, Duration, bool)>,
+    /// `Date`). A configured fixed window counting the same over that
+    /// window is aligned to it. Policies of calls stated with no window
+    /// are not among them.
+    pub(super) resets: Vec<(Counted, Duration, Duration, bool)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -287,9 +293,13 @@ impl Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
-            if let (Unit::Calls, Some(w), Some(r)) = (p.unit, p.window, p.reset_in) {
+            let over = match p.unit {
+                Unit::Calls => p.window,
+                _ => Some(p.window.unwrap_or(TOKEN_WINDOW)),
+            };
+            if let (Some(w), Some(r)) = (over, p.reset_in) {
                 if !r.is_zero() {
-                    said.resets.push((w, r, p.reset_dated));
+                    said.resets.push((p.unit.counted(), w, r, p.reset_dated));
                 }
             }
             let spent = p

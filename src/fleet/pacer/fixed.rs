@@ -1,4 +1,5 @@
-//! The fixed windows of calls a fleet was told (`--limit N/W,fixed`): the
+//! The fixed windows a fleet was told (`--limit N/W,fixed`, of calls or of
+//! tokens: `--limit Q/W,fixed,tokens` and the like): the
 //! script keeps each as a sliding one until a response states when the
 //! server's window resets, and then, for the whole fleet, aligned to that
 //! reset (`align` in `lua/fixed.lua`), as in-process (`rate::fixed`): an
@@ -10,9 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Inner;
+use super::{FixedKept, Inner};
 use crate::fleet::script::millis;
 use crate::rate::fixed::margins;
+use crate::rate::policy::Unit;
 
 /// How long the read of Redis's clock may take: a slower one says too
 /// little of when Redis read it, and the alignment waits for the next
@@ -27,17 +29,20 @@ impl Inner {
         l.longest_trip = l.longest_trip.max(d);
     }
 
-    /// A response read at `heard` stated, for each `(window, reset,
-    /// dated)`, a policy of calls of that window resetting that long after
-    /// (measured from the response's `Date`: `dated`): each configured
-    /// fixed window of that window not aligned yet is aligned to it, when
+    /// A response read at `heard` stated, for each `(unit, window, reset,
+    /// dated)`, a policy counting `unit` over that window resetting that
+    /// long after (measured from the response's `Date`: `dated`): each
+    /// configured fixed window counting the same over that window not
+    /// aligned yet is aligned to it, when
     /// the reset is certain to a tenth of the window (the margins of
     /// `rate::fixed::margins`, as in-process, and the read of Redis's
     /// clock). Once the script aligned it, or found it aligned, this
     /// process asks no more: the script aligns once.
-    pub(super) async fn align(&self, resets: &[(Duration, Duration, bool)], heard: Instant) {
-        for &(window, reset, dated) in resets {
-            let Some((.., key)) = self.fixed.iter().find(|f| f.0 == window) else {
+    pub(super) async fn align(&self, resets: &[(Unit, Duration, Duration, bool)], heard: Instant) {
+        for &(unit, window, reset, dated) in resets {
+            let Some(FixedKept { key, .. }) =
+                (self.fixed.iter()).find(|f| f.unit == unit && f.window == window)
+            else {
                 continue;
             };
             let trip = {

@@ -112,6 +112,17 @@ pub fn scaled(count: u64, headroom: f64) -> u64 {
     ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
 }
 
+/// A configured fixed window, of calls or of tokens: aligned to a reset a
+/// response states for what it counts over its window ([`fixed`]).
+struct FixedKept {
+    /// What it counts.
+    unit: Unit,
+    window: Duration,
+    /// Its quota after `--headroom`.
+    quota: u64,
+    key: String,
+}
+
 /// A configured policy of tokens, as its key keeps it.
 struct ToldTokens {
     /// What it counts.
@@ -121,7 +132,27 @@ struct ToldTokens {
     quota: u64,
     /// A bucket's burst (units beyond one; not scaled by `--headroom`).
     burst: Option<u64>,
+    /// A fixed window (kept as a sliding one until a reset aligns it).
+    fixed: bool,
     key: String,
+}
+
+/// The configured fixed windows among `windows` of calls (W, quota, key,
+/// whether fixed) and `tokens`.
+fn fixed_kept(windows: &[(Duration, u64, String, bool)], tokens: &[ToldTokens]) -> Vec<FixedKept> {
+    let calls = (windows.iter().filter(|w| w.3)).map(|(window, quota, key, _)| FixedKept {
+        unit: Unit::Calls,
+        window: *window,
+        quota: *quota,
+        key: key.clone(),
+    });
+    let tokens = (tokens.iter().filter(|t| t.fixed)).map(|t| FixedKept {
+        unit: t.unit,
+        window: t.window,
+        quota: t.quota,
+        key: t.key.clone(),
+    });
+    calls.chain(tokens).collect()
 }
 
 /// The configured policies of tokens among `buckets` and `tokens`, with
@@ -129,17 +160,23 @@ struct ToldTokens {
 fn told_tokens(
     fleet: &Fleet,
     buckets: &[(Rate, u64, Unit)],
-    tokens: &[(Rate, Unit)],
+    tokens: &[(Rate, Unit, Shape)],
     headroom: f64,
 ) -> Vec<ToldTokens> {
-    let windows = tokens.iter().map(|&(r, unit)| {
+    let windows = tokens.iter().map(|&(r, unit, shape)| {
         let quota = scaled(r.count, headroom);
+        let fixed = shape == Shape::Fixed;
+        let key = match fixed {
+            true => fleet.keys().fixed_tokens(unit, quota, millis(r.period)),
+            false => fleet.keys().tokens(unit, quota, millis(r.period)),
+        };
         ToldTokens {
             unit,
             window: r.period,
             quota,
             burst: None,
-            key: fleet.keys().tokens(unit, quota, millis(r.period)),
+            fixed,
+            key,
         }
     });
     let buckets = buckets
@@ -152,6 +189,7 @@ fn told_tokens(
                 window: r.period,
                 quota,
                 burst: Some(burst),
+                fixed: false,
                 key: fleet.keys().bucket(Rate { count: quota, ..r }, burst, unit),
             }
         });
@@ -203,10 +241,8 @@ struct Inner {
     /// The configured buckets of calls (after `--headroom`), with their
     /// keys: a stated policy of calls of the same window is theirs.
     call_buckets: Vec<(Rate, String)>,
-    /// The configured fixed windows of calls (W, quota after the
-    /// headroom, their keys): aligned to a reset a response states for
-    /// their window ([`fixed`]).
-    fixed: Vec<(Duration, u64, String)>,
+    /// The configured fixed windows, of calls and of tokens.
+    fixed: Vec<FixedKept>,
     args: ScriptArgs,
     window: Duration,
     /// The configured limit scaled by the headroom; 0 for none.
@@ -293,7 +329,7 @@ impl FleetPacer {
         cfg: FleetPacing,
         further: &[(Rate, Shape)],
         buckets: &[(Rate, u64, Unit)],
-        tokens: &[(Rate, Unit)],
+        tokens: &[(Rate, Unit, Shape)],
     ) -> FleetPacer {
         FleetPacer::build(fleet, cfg, further, buckets, tokens, |_| {
             Ok::<_, std::convert::Infallible>(ScriptRule::Window)
@@ -306,7 +342,7 @@ impl FleetPacer {
         cfg: FleetPacing,
         further: &[(Rate, Shape)],
         buckets: &[(Rate, u64, Unit)],
-        tokens: &[(Rate, Unit)],
+        tokens: &[(Rate, Unit, Shape)],
         size: impl FnOnce(Option<Rate>) -> Result<ScriptRule, E>,
     ) -> Result<FleetPacer, E> {
         let (window, configured) = match cfg.limit {
@@ -335,6 +371,7 @@ impl FleetPacer {
                 }
             })
             .collect();
+        let fixed = fixed_kept(&windows, &told_tokens);
         let inner = Arc::new(Inner {
             rule,
             script: redis::Script::new(SCRIPT),
@@ -352,11 +389,7 @@ impl FleetPacer {
             weighed: AtomicBool::new(!told_tokens.is_empty()),
             told_tokens,
             call_buckets,
-            fixed: windows
-                .into_iter()
-                .filter(|w| w.3)
-                .map(|(w, count, key, _)| (w, count, key))
-                .collect(),
+            fixed,
             args: ScriptArgs {
                 window,
                 hold: cfg.timeout + window + HOLD_SLACK,

@@ -165,14 +165,15 @@ pub(super) fn windows_of(policies: &[PolicySpec]) -> Vec<(Rate, Shape)> {
         .collect()
 }
 
-/// The windows of tokens among `policies`, with what each counts, each
-/// kept as the in-process token window (`rate/tally.rs`); a fixed one as a
-/// sliding one, as the windows of calls.
-pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<(Rate, Unit)> {
+/// The windows of tokens among `policies`, with what each counts and its
+/// shape, each kept as the in-process token window (`rate/tally.rs`); a
+/// fixed one as a sliding one until a stated reset aligns it, as the
+/// windows of calls.
+pub(super) fn tokens_of(policies: &[PolicySpec]) -> Vec<(Rate, Unit, Shape)> {
     policies
         .iter()
         .filter(|p| p.unit.is_tokens() && matches!(p.shape, Shape::Sliding | Shape::Fixed))
-        .filter_map(|p| Some((p.rate()?, p.unit)))
+        .filter_map(|p| Some((p.rate()?, p.unit, p.shape)))
         .collect()
 }
 

@@ -218,15 +218,15 @@ impl PolicySet {
         true
     }
 
-    /// The configured fixed window of calls of `window` is aligned to `a`
-    /// ([`Kept::align`]), as a stated reset of that window aligns it: the
-    /// scenario harness's step ([`crate::rate::scenario::Op::Aligned`]),
-    /// which the fleet's script answers too. Returns whether it aligned
-    /// now.
-    pub fn align_fixed(&mut self, window: Duration, a: Align) -> bool {
+    /// The configured fixed window counting `unit` over `window` is
+    /// aligned to `a` ([`Kept::align`]), as a stated reset of that window
+    /// aligns it: the scenario harness's step
+    /// ([`crate::rate::scenario::Op::Aligned`]), which the fleet's script
+    /// answers too. Returns whether it aligned now.
+    pub fn align_fixed(&mut self, unit: Unit, window: Duration, a: Align) -> bool {
         self.kept
             .iter_mut()
-            .find(|k| k.is_fixed() && k.unit() == Unit::Calls && k.window() == window)
+            .find(|k| k.is_fixed() && k.unit() == unit && k.window() == window)
             .is_some_and(|k| k.align(a))
     }
 

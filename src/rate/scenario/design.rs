@@ -240,7 +240,7 @@ pub fn bucket_10_per_1s_widened() -> Scenario {
 /// after its response.
 pub fn fixed_5_per_1s() -> Scenario {
     let mut b = Build::new(10, 1000).calls(5, 0);
-    b.0.fixed = vec![(5, 1000)];
+    b.0.fixed = vec![(5, 1000, Unit::Calls)];
     b.at(0, Op::Take)
         .at(500, Op::Take)
         .at(1000, Op::Take)
@@ -260,7 +260,7 @@ pub fn fixed_5_per_1s() -> Scenario {
 /// 520 ms it occupies until 1510 ms. A second reset changes nothing.
 pub fn fixed_5_per_1s_aligned() -> Scenario {
     let mut b = Build::new(10, 1000).calls(4, 100);
-    b.0.fixed = vec![(5, 1000)];
+    b.0.fixed = vec![(5, 1000, Unit::Calls)];
     let aligned = |reset, early, late| Op::Aligned {
         fixed: 0,
         reset,
@@ -287,7 +287,7 @@ pub fn fixed_5_per_1s_aligned() -> Scenario {
 /// where the script had let them go (a review found it).
 pub fn fixed_aligned_after_its_calls_ended() -> Scenario {
     let mut b = Build::new(10, 1000).calls(5, 100);
-    b.0.fixed = vec![(5, 1000)];
+    b.0.fixed = vec![(5, 1000, Unit::Calls)];
     b.at(
         1150,
         Op::Aligned {
@@ -326,6 +326,46 @@ pub fn tokens_100_per_1s() -> Scenario {
         .at(20, take(30))
         .at(20, take(150))
         .at(1010, take(20))
+        .0
+}
+
+/// A fixed window of 100 tokens per 1 s beside 10 calls per 1 s
+/// (`--limit 100/1s,fixed,tokens`): 60 tokens taken at 0 ms and answered
+/// at 100 ms occupy until 1100 ms while no reset aligned the window, so a
+/// call of 50 at 150 ms waits; a reset stated at 200 ms (at 500 ms, 20 ms
+/// early and 10 late at most) aligns it, and the 60 occupy until the
+/// boundary after their answer and early, plus late (510 ms): a call of 50
+/// at 300 ms waits until then and goes; answered at 520 ms using 45, its
+/// tokens occupy until 1510 ms, so 60 more at 1000 ms wait until then.
+pub fn fixed_tokens_100_per_1s_aligned() -> Scenario {
+    let mut b = Build::new(10, 1000);
+    b.0.fixed = vec![(100, 1000, Unit::Tokens)];
+    let take = |n| Op::TakeTokens {
+        tokens: TokenWeight::whole(n),
+    };
+    b.at(0, take(60))
+        .at(100, OLDEST)
+        .at(150, take(50))
+        .at(
+            200,
+            Op::Aligned {
+                fixed: 0,
+                reset: 300,
+                early: 20,
+                late: 10,
+            },
+        )
+        .at(300, take(50))
+        .at(510, take(50))
+        .at(
+            520,
+            Op::SettleUsed {
+                pick: 0,
+                ago: 0,
+                used: Used::whole(45),
+            },
+        )
+        .at(1000, take(60))
         .0
 }
 
@@ -468,6 +508,10 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         (
             "fixed_aligned_after_its_calls_ended",
             fixed_aligned_after_its_calls_ended(),
+        ),
+        (
+            "fixed_tokens_100_per_1s_aligned",
+            fixed_tokens_100_per_1s_aligned(),
         ),
         ("tokens_100_per_1s", tokens_100_per_1s()),
         (

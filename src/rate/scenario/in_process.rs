@@ -29,8 +29,8 @@ pub struct InProcess {
     refilled: Option<u64>,
     /// The scenario's buckets of calls (N, W ms, B).
     buckets: Vec<(u64, u64, u64)>,
-    /// The scenario's fixed windows (N, W ms).
-    fixed: Vec<(u64, u64)>,
+    /// The scenario's fixed windows (N, W ms, what each counts).
+    fixed: Vec<(u64, u64, Unit)>,
 }
 
 impl InProcess {
@@ -136,15 +136,15 @@ pub fn tokens((q, w, unit): (u64, u64, Unit)) -> PolicySpec {
     }
 }
 
-/// The policy of a scenario's fixed window (N, W ms).
-pub fn fixed((n, w): (u64, u64)) -> PolicySpec {
+/// The policy of a scenario's fixed window (N, W ms, what it counts).
+pub fn fixed((n, w, unit): (u64, u64, Unit)) -> PolicySpec {
     PolicySpec {
         limit: Limit::Rate(Rate {
             count: n,
             period: Duration::from_millis(w),
         }),
         shape: Shape::Fixed,
-        unit: Unit::Calls,
+        unit,
         named: true,
     }
 }
@@ -251,7 +251,7 @@ impl InProcess {
     /// ms, `early` ms earlier or `late` ms later at most: aligned to it
     /// (whether now).
     fn align(&mut self, fixed: usize, reset: u64, early: u64, late: u64, t: Instant) -> bool {
-        let Some(&(_, w)) = self.fixed.get(fixed % self.fixed.len().max(1)) else {
+        let Some(&(_, w, unit)) = self.fixed.get(fixed % self.fixed.len().max(1)) else {
             return false;
         };
         let ms = Duration::from_millis;
@@ -260,7 +260,7 @@ impl InProcess {
             early: ms(early),
             late: ms(late),
         };
-        self.w.align_fixed(ms(w), a)
+        self.w.align_fixed(unit, ms(w), a)
     }
 
     /// A policy stated: `quota` of `unit` per `window` ms, `used` of it

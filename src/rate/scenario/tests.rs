@@ -293,6 +293,26 @@ fn a_window_aligned_after_its_calls_ended_keeps_them_ended() {
 }
 
 #[test]
+fn a_fixed_window_of_tokens_aligned_to_a_reset_frees_at_its_boundary() {
+    let a = answers(&fixed_tokens_100_per_1s_aligned());
+    let g = |occ| granted(10, occ, 0, false);
+    assert_eq!(
+        a,
+        [
+            g(1),
+            // 60 answered at 100 ms occupy until 1100 ms, kept sliding.
+            wait(950),
+            Answer::Aligned(true),
+            // Aligned: until 510 ms.
+            wait(210),
+            g(2),
+            // 45 answered at 520 ms occupy until 1510 ms.
+            wait(510),
+        ]
+    );
+}
+
+#[test]
 fn a_token_window_weighs_estimates_and_corrects_them_by_usage() {
     let a: Vec<Answer> = answers(&tokens_100_per_1s())
         .into_iter()

@@ -1,13 +1,13 @@
-//! A fixed window told a fleet (`--limit 5/1m,fixed`): kept as a sliding
-//! one until a response states when the server's window resets, then
-//! aligned to that reset for every process, as in-process.
+//! A fixed window told a fleet (`--limit 5/1m,fixed`, or of tokens): kept
+//! as a sliding one until a response states when the server's window
+//! resets, then aligned to that reset for every process, as in-process.
 
 use std::time::Duration;
 
 use batchrun::fleet::pacer::FleetPacer;
 use batchrun::fleet::FleetKeys;
-use batchrun::pace::Pacer;
-use batchrun::rate::policy::Shape;
+use batchrun::pace::{Pacer, Weight};
+use batchrun::rate::policy::{Shape, TokenWeight, Unit};
 use batchrun::rate::Rate;
 use tokio::time::Instant;
 
@@ -59,6 +59,60 @@ async fn a_fixed_window_stated_to_reset_frees_at_the_reset_for_every_process() {
         "the sixth call waited the minute"
     );
     // Not before the reset the server stated.
+    assert!(
+        stated.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        stated.elapsed()
+    );
+}
+
+/// A fixed window of tokens told a fleet (`--limit 1000/1m,fixed,tokens`):
+/// 1000 tokens answered fill it, so another process's call of 100 waits.
+/// A response states the token quota used up, resetting in 4 s (IETF
+/// fields, `qu="tokens"`): the fleet aligns the window to that reset, so
+/// the call goes once the reset (and its second of rounding) has passed,
+/// not a minute after the first call's answer. Before, the fleet kept a
+/// told fixed window of tokens as a sliding one for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_window_of_tokens_stated_to_reset_frees_at_the_reset_for_every_process() {
+    let redis = Redis::start();
+    let name = fleet_name("fixed-tokens-aligned");
+    let fixed = Rate {
+        count: 1000,
+        period: Duration::from_secs(60),
+    };
+    let told = [(fixed, Unit::Tokens, Shape::Fixed)];
+    let pacer = |fleet| FleetPacer::with_limits(fleet, pacing("10/1m"), &[], &[], &told);
+    let a = pacer(fleet_on(&redis, &name).await);
+    let b = pacer(fleet_on(&redis, &name).await);
+    let tokens = |n| Weight {
+        calls: 1,
+        tokens: TokenWeight::whole(n),
+    };
+    a.take_weighted(tokens(1000))
+        .await
+        .unwrap()
+        .complete(Instant::now());
+    let soon = tokio::time::timeout(Duration::from_millis(500), b.take_weighted(tokens(100))).await;
+    assert!(soon.is_err(), "a call went past a window of tokens used up");
+
+    let mut h = reqwest::header::HeaderMap::new();
+    let policy = r#""tok";q=1000;w=60;qu="tokens""#;
+    h.insert("ratelimit-policy", policy.parse().unwrap());
+    h.insert("ratelimit", r#""tok";r=0;t=4"#.parse().unwrap());
+    let stated = Instant::now();
+    a.observe(&h).await;
+    let key = FleetKeys::named(&name).fixed_tokens(Unit::Tokens, 1000, 60_000);
+    let mut c = redis.conn();
+    let align: Option<String> = redis::cmd("HGET")
+        .arg(FleetKeys::named(&name).limit())
+        .arg(format!("align:{key}"))
+        .query(&mut c)
+        .unwrap();
+    assert!(align.is_some(), "the window of tokens was not aligned");
+
+    let next = tokio::time::timeout(Duration::from_secs(20), b.take_weighted(tokens(100))).await;
+    assert!(matches!(next, Ok(Ok(_))), "the call waited the minute");
     assert!(
         stated.elapsed() >= Duration::from_secs(4),
         "{:?}",

@@ -204,6 +204,7 @@ async fn a_told_window_stays_beside_the_bucket_found() {
                 period: Duration::from_secs(60),
             },
             Unit::Tokens,
+            batchrun::rate::policy::Shape::Sliding,
         )],
     );
     let a = pacer(fleet_on(&redis, &name).await, "50/1s");

@@ -55,8 +55,12 @@ impl Lua {
             keys: {
                 let mut keys = k.pacer().to_vec();
                 keys.extend(s.further.iter().map(|&(l, w)| k.further(l, w)));
-                // A fixed window: a further window until a reset aligns it.
-                keys.extend(s.fixed.iter().map(|&(l, w)| k.fixed(l, w)));
+                // A fixed window: a further window (or a token window)
+                // until a reset aligns it.
+                keys.extend(s.fixed.iter().map(|&(l, w, u)| match u {
+                    Unit::Calls => k.fixed(l, w),
+                    u => k.fixed_tokens(u, l, w),
+                }));
                 keys.extend(s.tokens.iter().map(|&(q, w, u)| k.tokens(u, q, w)));
                 keys.extend(s.buckets.iter().filter_map(|&b| {
                     let spec = scenario::bucket(b);
@@ -588,7 +592,7 @@ fn a_checkpoints_learning_is_put_back_only_where_no_fleet_ran() {
 fn the_script_tells_a_reset_too_uncertain_from_a_window_aligned_already() {
     let redis = Redis::start();
     let mut s = Scenario::of(10, 1000);
-    s.fixed = vec![(5, 1000)];
+    s.fixed = vec![(5, 1000, Unit::Calls)];
     let mut lua = Lua::new(&redis, &s);
     let index = lua.fixed_index(0).expect("a fixed window");
     let mut ask = |early: u64| -> i64 {

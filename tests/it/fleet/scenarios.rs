@@ -62,10 +62,13 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
         4 => Just(Vec::new()),
         2 => proptest::collection::vec((1u64..=12, 20u64..=3000, 0u64..=4), 1..=2),
     ];
-    // A fixed window in a sixth of them.
+    // A fixed window in a sixth of them: of calls, or now and then of
+    // tokens (weighed takes and settles then correct it, as a token
+    // window's).
     let fixed = prop_oneof![
-        5 => Just(Vec::new()),
-        1 => proptest::collection::vec((1u64..=8, 20u64..=3000), 1..=1),
+        10 => Just(Vec::new()),
+        1 => (1u64..=8, 20u64..=3000).prop_map(|(n, w)| vec![(n, w, Unit::Calls)]),
+        1 => (1u64..=200, 20u64..=3000, unit()).prop_map(|f| vec![f]),
     ];
     // Token windows (Q, W ms, of all tokens or a prompt's or an answer's)
     // in a third of them, now and then two, with weighed takes and settles
@@ -97,7 +100,8 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                 // Weighed takes now and then with no policy of tokens
                 // configured, for one the server states (and a refill
                 // then counts the calls out at their estimates).
-                let weighed = if tokens.is_empty() && token_buckets.is_empty() {
+                let fixed_tokens = fixed.iter().any(|f| f.2.is_tokens());
+                let weighed = if tokens.is_empty() && token_buckets.is_empty() && !fixed_tokens {
                     4
                 } else {
                     20
@@ -112,7 +116,8 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                 // keeps (a fleet adopts it as a key of its own), once of
                 // calls at most, and one of tokens, stated again and again.
                 let taken: Vec<u64> = std::iter::once(window)
-                    .chain(further.iter().chain(&fixed).map(|p| p.1))
+                    .chain(further.iter().map(|p| p.1))
+                    .chain(fixed.iter().map(|p| p.1))
                     .chain(tokens.iter().map(|t| t.1))
                     .chain(buckets.iter().map(|b| b.1))
                     .chain(token_buckets.iter().map(|b| b.1))
