@@ -127,6 +127,17 @@ pub enum Op {
         /// How much later, in ms.
         late: u64,
     },
+    /// A response said the policy a fixed window of the scenario keeps
+    /// (the `fixed`-th, modulo how many; stated with its quota and window)
+    /// has `used` of its quota used: what it says beyond what the window
+    /// counts was spent elsewhere (another client on the key) and counts
+    /// as answered now.
+    Spent {
+        /// Which fixed window.
+        fixed: usize,
+        /// How much of it the server says is used.
+        used: u64,
+    },
 }
 
 /// An [`Op`] at `at` ms from the scenario's start.
@@ -256,6 +267,9 @@ pub enum Call {
     /// A fixed window's reset: which fixed window (modulo how many),
     /// reset, early, late (ms).
     Aligned(usize, u64, u64, u64),
+    /// What a fixed window's policy has used: which fixed window (modulo
+    /// how many), used.
+    Spent(usize, u64),
 }
 
 /// What a store answered.
@@ -415,6 +429,7 @@ impl Calls {
                 early,
                 late,
             } => Call::Aligned(fixed, reset, early, late),
+            Op::Spent { fixed, used } => Call::Spent(fixed, used),
         })
     }
 

@@ -122,8 +122,8 @@ if op == 'adopt' then
   return 1
 end
 
--- elsewhere: ARGV[7] the index in KEYS of a token window (or bucket) the
--- fleet keeps,
+-- elsewhere: ARGV[7] the index in KEYS of a token window (or bucket, or
+-- a fixed window of calls told) the fleet keeps,
 -- ARGV[8] what the server says was spent of its quota. What it says beyond
 -- what the window holds (the fleet's calls, those in flight at their
 -- estimates) was spent elsewhere: another client on the key, or calls
@@ -140,13 +140,30 @@ if op == 'elsewhere' then
   -- does not know yet: not made again; it fetches the bucket.
   local told = ARGV[9] == '1'
   if not told and redis.call('HEXISTS', KEYS[4], 'refilled:' .. key) == 1 then return -2 end
+  -- A fixed window of calls told: the calls it counts beyond those
+  -- occupying it (in flight, or answered and not ended) count as answered
+  -- now, as Kept::admit_answered, each ending where a call answered now
+  -- would (fixed.lua); at most its limit.
+  for _, f in ipairs(further) do
+    if f.key == key and f.fixed then
+      local ours = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+      if spent <= ours then return 0 end
+      local n = math.min(spent - ours, f.L)
+      local ends = occupied_until(f, now)
+      for j = 1, n do
+        redis.call('ZADD', key, ends, 'elsewhere:' .. now .. ':' .. ours .. ':' .. j)
+      end
+      keep(key, math.max(hold, f.hold) + 1000)
+      return n
+    end
+  end
   for _, t in ipairs(tallies) do
     if t.key == key then
       local used = tally_used(t)
       if spent <= used then return 0 end
       -- Unique: a second correction in the same ms sees this one in `used`.
       local field = 'c:elsewhere:' .. now .. ':' .. used
-      local entry = string.format('%d %d 0', spent - used, now + t.W + round)
+      local entry = string.format('%d %d 0', spent - used, occupied_until(t, now))
       redis.call('HSET', t.key, field, entry)
       keep(t.key, t.hold + 1000)
       return spent - used

@@ -118,6 +118,7 @@ impl Pacer for FleetPacer {
             for (name, reset, exact, bucket) in &said.emptied {
                 inner.emptied(name, *reset, *exact, *bucket).await;
             }
+            inner.fixed_spent(&said.fixed_left).await;
             inner.align(&said.resets, heard).await;
             let queued = inner.lock().notes.pop_front();
             let Some(l) = said.limit else {
@@ -231,6 +232,9 @@ pub(super) struct Said {
     /// window is aligned to it. Policies of calls stated with no window
     /// are not among them.
     pub(super) resets: Vec<(Counted, Duration, Duration, bool)>,
+    /// Policies of calls a told fixed window keeps, saying what is left:
+    /// (the window, the quota stated, what is left).
+    pub(super) fixed_left: Vec<(Duration, Option<u64>, u64)>,
 }
 
 /// A policy a server states that is not the primary window.
@@ -315,6 +319,9 @@ impl Said {
             if fixed_keeps {
                 said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
+                if let (Some(w), Some(left)) = (p.window, p.remaining) {
+                    said.fixed_left.push((w, p.quota, left));
+                }
                 if let Some(r) = spent {
                     said.spent.push((p.name, r));
                 }

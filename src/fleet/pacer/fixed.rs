@@ -85,6 +85,37 @@ impl Inner {
         }
     }
 
+    /// Responses stated, for each `(window, quota, left)`, what is left of
+    /// the policy of calls a told fixed window of that window keeps: what
+    /// they say was spent beyond the calls the fleet counts in it was
+    /// spent elsewhere (another client on the key) and counts as answered
+    /// now (the script's `elsewhere`), as in-process
+    /// (`PolicySet::spent_elsewhere`), read against the lower of the
+    /// stated quota and the window's share of it. At most once per tenth
+    /// of the window, as for a window of tokens.
+    pub(super) async fn fixed_spent(&self, left: &[(Duration, Option<u64>, u64)]) {
+        for &(window, quota, left) in left {
+            let Some(f) = (self.fixed.iter()).find(|f| f.unit == Unit::Calls && f.window == window)
+            else {
+                continue;
+            };
+            let spent = quota.unwrap_or(f.quota).min(f.quota).saturating_sub(left);
+            if spent == 0 || !self.may_correct(&f.key, window) {
+                continue;
+            }
+            let keys = self.keys().clone();
+            let Some(index) = keys.iter().position(|k| *k == f.key) else {
+                continue;
+            };
+            // Not corrected now: a response after the spacing tries again.
+            let _ = self
+                .run_on(&keys, "elsewhere", |inv| {
+                    inv.arg(index + 1).arg(spent).arg(1);
+                })
+                .await;
+        }
+    }
+
     /// Redis's clock (unix ms), with the instants just before it was asked
     /// and just after it answered; `None` when it did not answer soon.
     async fn redis_clock(&self) -> Option<(u64, Instant, Instant)> {

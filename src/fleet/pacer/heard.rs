@@ -182,10 +182,8 @@ impl Inner {
     /// that was spent elsewhere
     /// (another client on the key, calls that cost more than estimated)
     /// and counts as spent now (the script's `elsewhere`), as in-process.
-    /// Each window is corrected at most once per tenth of it, or per
-    /// [`ELSEWHERE_EVERY`] if that is shorter: a round trip for every
-    /// response would double the fleet's Redis traffic, and a correction a
-    /// tenth of a window late errs by a tenth of what the window spends.
+    /// Each window is corrected at most once per tenth of it
+    /// ([`Self::may_correct`]).
     pub(super) async fn spent_elsewhere(&self, p: &Stated) {
         if !p.unit.is_tokens() || p.used == 0 {
             return;
@@ -213,14 +211,8 @@ impl Inner {
         if spent == 0 {
             return;
         }
-        let now = Instant::now();
-        {
-            let mut l = self.lock();
-            if l.elsewhere_at.get(&key).is_some_and(|&at| now < at) {
-                return;
-            }
-            l.elsewhere_at
-                .insert(key, now + ELSEWHERE_EVERY.min(p.window / 10));
+        if !self.may_correct(&key, p.window) {
+            return;
         }
         // Not corrected now: a response after the spacing tries again.
         let done = self
@@ -231,6 +223,23 @@ impl Inner {
         if let Ok(REFILLED) = done {
             let _ = self.fetch_stated().await;
         }
+    }
+
+    /// Whether `key`, a window of `window` the fleet keeps, may be
+    /// corrected for what was spent elsewhere now: at most once per tenth
+    /// of it, or per [`ELSEWHERE_EVERY`] if that is shorter (a round trip
+    /// for every response would double the fleet's Redis traffic, and a
+    /// correction a tenth of a window late errs by a tenth of what the
+    /// window spends). Yes means the next one waits.
+    pub(super) fn may_correct(&self, key: &str, window: Duration) -> bool {
+        let now = Instant::now();
+        let mut l = self.lock();
+        if l.elsewhere_at.get(key).is_some_and(|&at| now < at) {
+            return false;
+        }
+        l.elsewhere_at
+            .insert(key.to_string(), now + ELSEWHERE_EVERY.min(window / 10));
+        true
     }
 
     /// Runs the script's `adopt` for the last of `keys`, with `used`.

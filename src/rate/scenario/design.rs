@@ -329,6 +329,38 @@ pub fn tokens_100_per_1s() -> Scenario {
         .0
 }
 
+/// `--limit 5/1s,fixed`, another client on the key: one call answered at
+/// 0 ms; at 10 ms a statement says 4 of the 5 are used, so 3 count as
+/// answered then (until 1010 ms) and a call at 20 ms is the last that
+/// fits: the next waits until the first ends (1000 ms). Aligned at 30 ms
+/// (boundary 500 ms), the answered ones and the 3 end at 500 ms, so the
+/// call in flight and those four fill it until then. Past the boundary, 4
+/// used again means 3 more beside the call in flight, until 1500 ms: one
+/// call goes and the next waits for the boundary.
+pub fn fixed_5_per_1s_spent_elsewhere() -> Scenario {
+    let mut b = Build::new(10, 1000).calls(1, 0);
+    b.0.fixed = vec![(5, 1000, Unit::Calls)];
+    let spent = |used| Op::Spent { fixed: 0, used };
+    b.at(10, spent(4))
+        .at(20, Op::Take)
+        .at(20, Op::Take)
+        .at(
+            30,
+            Op::Aligned {
+                fixed: 0,
+                reset: 470,
+                early: 0,
+                late: 0,
+            },
+        )
+        .at(40, Op::Take)
+        .at(40, spent(5))
+        .at(600, spent(4))
+        .at(600, Op::Take)
+        .at(600, Op::Take)
+        .0
+}
+
 /// A fixed window of 100 tokens per 1 s beside 10 calls per 1 s
 /// (`--limit 100/1s,fixed,tokens`): 60 tokens taken at 0 ms and answered
 /// at 100 ms occupy until 1100 ms while no reset aligned the window, so a
@@ -508,6 +540,10 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
         (
             "fixed_aligned_after_its_calls_ended",
             fixed_aligned_after_its_calls_ended(),
+        ),
+        (
+            "fixed_5_per_1s_spent_elsewhere",
+            fixed_5_per_1s_spent_elsewhere(),
         ),
         (
             "fixed_tokens_100_per_1s_aligned",

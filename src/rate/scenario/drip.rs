@@ -126,9 +126,11 @@ impl Store for InProcessSpike {
             },
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
-                Answer::Noted
-            }
+            Call::Stated(..)
+            | Call::Refill(..)
+            | Call::Emptied(..)
+            | Call::Aligned(..)
+            | Call::Spent(..) => Answer::Noted,
         }
     }
 }
@@ -229,9 +231,11 @@ impl Store for InProcessBucket {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy, in-process or in Redis.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
-                Answer::Noted
-            }
+            Call::Stated(..)
+            | Call::Refill(..)
+            | Call::Emptied(..)
+            | Call::Aligned(..)
+            | Call::Spent(..) => Answer::Noted,
         }
     }
 }

@@ -205,6 +205,13 @@ impl Store for InProcess {
                 self.stated(quota, window, used, unit, t);
                 Answer::Noted
             }
+            Call::Spent(fixed, used) => {
+                if let Some(&(n, w, unit)) = self.fixed.get(fixed % self.fixed.len().max(1)) {
+                    self.w
+                        .announce(&[announced(n, w, n.saturating_sub(used), unit)], t);
+                }
+                Answer::Noted
+            }
         }
     }
 }
@@ -267,7 +274,6 @@ impl InProcess {
     /// used. The budget of tokens found to refill is read against the
     /// bucket it became, whose window is its period.
     fn stated(&mut self, quota: u64, window: u64, used: u64, unit: Unit, t: Instant) {
-        use crate::rate::announce::Unit as Said;
         let window = match self.refilled {
             Some(period) if self.stated == Some((quota, window, unit)) => period,
             _ => window,
@@ -275,21 +281,28 @@ impl InProcess {
         if unit.is_tokens() && self.stated.is_none() {
             self.stated = Some((quota, window, unit));
         }
-        let stated = Announced {
-            name: format!("stated {}", unit.name()),
-            unit: match unit {
-                Unit::Calls => Said::Calls,
-                Unit::Tokens => Said::Tokens,
-                Unit::InputTokens => Said::InputTokens,
-                Unit::OutputTokens => Said::OutputTokens,
-            },
-            quota: Some(quota),
-            window: Some(Duration::from_millis(window)),
-            remaining: Some(quota.saturating_sub(used)),
-            reset_in: None,
-            reset_exact: false,
-            reset_dated: false,
-        };
+        let stated = announced(quota, window, quota.saturating_sub(used), unit);
         self.w.announce(&[stated], t);
+    }
+}
+
+/// A statement of `quota` of `unit` per `window` ms with `left` left and
+/// no reset.
+fn announced(quota: u64, window: u64, left: u64, unit: Unit) -> Announced {
+    use crate::rate::announce::Unit as Said;
+    Announced {
+        name: format!("stated {}", unit.name()),
+        unit: match unit {
+            Unit::Calls => Said::Calls,
+            Unit::Tokens => Said::Tokens,
+            Unit::InputTokens => Said::InputTokens,
+            Unit::OutputTokens => Said::OutputTokens,
+        },
+        quota: Some(quota),
+        window: Some(Duration::from_millis(window)),
+        remaining: Some(left),
+        reset_in: None,
+        reset_exact: false,
+        reset_dated: false,
     }
 }

@@ -293,6 +293,28 @@ fn a_window_aligned_after_its_calls_ended_keeps_them_ended() {
 }
 
 #[test]
+fn a_fixed_window_counts_what_another_client_spent_of_it() {
+    let a = answers(&fixed_5_per_1s_spent_elsewhere());
+    let g = |occ| granted(10, occ, 0, false);
+    assert_eq!(
+        a,
+        [
+            g(1),
+            // 1 answered and 3 spent elsewhere: the fifth goes, the sixth
+            // waits for the first to end.
+            g(2),
+            wait(980),
+            Answer::Aligned(true),
+            // Those four end at the boundary (500 ms), not 1000 ms.
+            wait(460),
+            // Past it: the call in flight and 3 spent elsewhere.
+            g(3),
+            wait(900),
+        ]
+    );
+}
+
+#[test]
 fn a_fixed_window_of_tokens_aligned_to_a_reset_frees_at_its_boundary() {
     let a = answers(&fixed_tokens_100_per_1s_aligned());
     let g = |occ| granted(10, occ, 0, false);

@@ -146,9 +146,11 @@ impl Store for DripLua {
             }
             Call::Full => Answer::Held { ms: 0 },
             // The drip rules keep no stated policy.
-            Call::Stated(..) | Call::Refill(..) | Call::Emptied(..) | Call::Aligned(..) => {
-                Answer::Noted
-            }
+            Call::Stated(..)
+            | Call::Refill(..)
+            | Call::Emptied(..)
+            | Call::Aligned(..)
+            | Call::Spent(..) => Answer::Noted,
         }
     }
 }

@@ -119,3 +119,33 @@ async fn a_fixed_window_of_tokens_stated_to_reset_frees_at_the_reset_for_every_p
         stated.elapsed()
     );
 }
+
+/// Another client on the key spent 4 of a fixed window of 5 a minute: a
+/// response saying only 1 is left makes the fleet count the 4 as spent
+/// (as in-process), so another process's first call goes and its second
+/// waits. Before, the fleet counted only its own calls and sent five more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_window_counts_what_another_client_spent_for_every_process() {
+    let redis = Redis::start();
+    let name = fleet_name("fixed-elsewhere");
+    let fixed = Rate {
+        count: 5,
+        period: Duration::from_secs(60),
+    };
+    let pacer =
+        |fleet| FleetPacer::with_limits(fleet, pacing("10/1m"), &[(fixed, Shape::Fixed)], &[], &[]);
+    let a = pacer(fleet_on(&redis, &name).await);
+    let b = pacer(fleet_on(&redis, &name).await);
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("ratelimit-policy", r#""fixed";q=5;w=60"#.parse().unwrap());
+    h.insert("ratelimit", r#""fixed";r=1;t=40"#.parse().unwrap());
+    a.observe(&h).await;
+
+    let first = tokio::time::timeout(Duration::from_secs(2), b.take()).await;
+    assert!(matches!(first, Ok(Ok(_))), "the one call left did not go");
+    let second = tokio::time::timeout(Duration::from_millis(500), b.take()).await;
+    assert!(
+        second.is_err(),
+        "a call went past what the server said is left"
+    );
+}

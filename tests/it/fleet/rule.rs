@@ -288,6 +288,24 @@ impl Store for Lua {
                 self.emptied(now, bucket, reset, exact);
                 Answer::Noted
             }
+            Call::Spent(fixed, used) => {
+                // As the fleet's pacer: what the statement says beyond the
+                // fleet's count was spent elsewhere (the quota stated is the
+                // window's own, so what it says is used is what is spent).
+                if let Some(index) = self.fixed_index(fixed) {
+                    // A stated policy of calls means no secret limit to
+                    // learn (`...:fixed:L:W`; one of tokens names its unit).
+                    let calls = self.keys[index - 1]
+                        .rsplit(':')
+                        .nth(2)
+                        .is_some_and(|l| l == "fixed");
+                    self.secret &= !calls;
+                    let _: i64 = self.op(now, "elsewhere", |inv| {
+                        inv.arg(index).arg(used).arg(1);
+                    });
+                }
+                Answer::Noted
+            }
             Call::Aligned(fixed, reset, early, late) => {
                 let Some(index) = self.fixed_index(fixed) else {
                     return Answer::Aligned(false);

@@ -180,8 +180,20 @@ pub(super) fn scenarios() -> impl Strategy<Value = Scenario> {
                         late,
                     },
                 );
+                // What a fixed window's policy has used, now and then: more
+                // than the window counts (spent elsewhere) or not. Not where
+                // a bucket keeps the same window (in-process reads the
+                // statement against the bucket then) or the stated quota
+                // is a bucket's.
+                let fixed_n = fixed.first().map_or(1, |f| f.0);
+                let shared = fixed
+                    .first()
+                    .is_some_and(|f| buckets.iter().any(|b| b.1 == f.1));
+                let spent_weight = if fixed.is_empty() || shared { 0 } else { 2 };
+                let spent = (0..=fixed_n).prop_map(|used| Op::Spent { fixed: 0, used });
                 let op = prop_oneof![
                     40 => op(window),
+                    spent_weight => spent,
                     u32::from(reports) => inforce,
                     weighed => weighed_op,
                     2 => stated,
