@@ -209,8 +209,10 @@ pub struct JobMeta {
     /// keep theirs, as their results and keys were recorded.
     #[serde(default)]
     pub any_field_order: bool,
-    /// A run was killed with items pending: calls it had in flight may
-    /// have run, and nothing says which. Until every item is finished (or
+    /// A run was killed with items pending, or ended with items pending
+    /// after calls that may have run got no answer (timed out, lost their
+    /// connection) or ran unrecorded (the checkpoint could not be
+    /// written): those calls may have run, and nothing says which. Until every item is finished (or
     /// `--fresh`), nothing may send them under other keys (other batches,
     /// a lone call at the reserve, a regenerated input's moved blocks).
     #[serde(default)]

@@ -100,6 +100,22 @@ impl CallStats {
         self.counts.clone()
     }
 
+    /// Calls that got no response though the server may have run them (a
+    /// timeout, a connection lost while the answer was read).
+    pub fn may_have_run(&self) -> u64 {
+        let unsure = [
+            FailureKind::Timeout,
+            FailureKind::Body,
+            FailureKind::Unreadable,
+            FailureKind::Other,
+        ];
+        debug_assert!(unsure.iter().all(|k| k.may_have_run()));
+        unsure
+            .iter()
+            .filter_map(|&k| self.counts.get(&Answer::Failure(k).key()))
+            .sum()
+    }
+
     /// Calls that came to an outcome: a status, or a failure to get one.
     pub fn answered(&self) -> u64 {
         self.counts.values().sum()

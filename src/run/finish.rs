@@ -217,9 +217,13 @@ pub async fn finish(
         _ => exit::for_state(state, counts.failed),
     };
     // Calls still out when the run stopped (its grace ran out, a second
-    // Ctrl-C, a halt) got no outcome.
-    let unanswered = Stats::get(&e.stats.requests).saturating_sub(calls.answered());
-    close_record(&e, &mut meta, (state, unanswered), &halt_reason);
+    // Ctrl-C, a halt) got no outcome; calls that timed out or lost their
+    // answer may have run, their items pending again; and calls answered
+    // while the checkpoint could not be written ran unrecorded.
+    let unsure = Stats::get(&e.stats.requests).saturating_sub(calls.answered())
+        + calls.may_have_run()
+        + u64::from(matches!(halt, Some(Halt::Checkpoint(_))));
+    close_record(&e, &mut meta, (state, unsure), &halt_reason);
     close_run(&e, &mut meta, state, exit_code);
     let written = write(&e, &meta, &halt, counts.done);
     match written {
@@ -287,7 +291,7 @@ async fn raise(e: &Ending<'_>, meter: &mut CreditMeter, a: &Alert) {
 fn close_record(
     e: &Ending<'_>,
     meta: &mut JobMeta,
-    (state, unanswered): (RunState, u64),
+    (state, unsure): (RunState, u64),
     why: &Option<String>,
 ) {
     if let Some(c) = e.ledger.measured_cost() {
@@ -296,11 +300,12 @@ fn close_record(
     meta.requests += Stats::get(&e.stats.requests);
     meta.rate_limited += Stats::get(&e.stats.rate_limited);
     // Every item finished: whatever a killed run had in flight has its
-    // verdict. Else calls this run abandoned may have run, as a killed
-    // run's may: a changed request must not send them under other keys.
+    // verdict. Else calls this run abandoned (or that timed out, or ran
+    // unrecorded) may have run, as a killed run's may: a changed request
+    // must not send them under other keys.
     if meta.done + meta.failed >= meta.total {
         meta.unsettled = false;
-    } else if unanswered > 0 {
+    } else if unsure > 0 {
         meta.unsettled = true;
     }
     meta.retries += Stats::get(&e.stats.retries);

@@ -398,7 +398,8 @@ fn changed_request(
     if super::job::unsettled(old) && !settings.fresh {
         return Err(RunError::Usage(format!(
             "the request changed since job {} on {}, whose run was killed with items pending (or \
-             stopped before its calls in flight came back): those calls may have run under the \
+             stopped before its calls in flight came back, or halted with calls that timed out or \
+             went unrecorded): those calls may have run under the \
              earlier request's keys, and the new request would send them again under its own. \
              Nothing was sent. Run the earlier \
              command once more to settle them (the API replays what ran), then change the \

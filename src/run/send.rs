@@ -50,7 +50,7 @@ impl Pool {
         let sent = Instant::now();
         let result = self.transport.send(req).await;
         let latency = match &result {
-            Err(e) if matches!(e.kind, FailureKind::Connect | FailureKind::Resources) => None,
+            Err(e) if !e.kind.may_have_run() => None,
             _ => Some(sent.elapsed()),
         };
         self.heard(&result);

@@ -76,6 +76,14 @@ pub enum FailureKind {
     Other,
 }
 
+impl FailureKind {
+    /// Whether the server may have run the call: it left this client
+    /// (every kind but a connection never made and handles run out).
+    pub fn may_have_run(self) -> bool {
+        !matches!(self, FailureKind::Connect | FailureKind::Resources)
+    }
+}
+
 /// A call that got no response.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{reason}")]

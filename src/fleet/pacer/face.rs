@@ -297,9 +297,12 @@ impl Said {
         let mut said = Said::default();
         let stated = crate::rate::announce::read(headers, crate::util::unix_now());
         for p in stated {
+            // Content bytes, concurrent requests: nothing paced (as
+            // in-process), so no window of calls is theirs to align.
             let over = match p.unit {
                 Unit::Calls => p.window,
-                _ => Some(p.window.unwrap_or(TOKEN_WINDOW)),
+                u if u.is_tokens() => Some(p.window.unwrap_or(TOKEN_WINDOW)),
+                _ => None,
             };
             if let (Some(w), Some(r)) = (over, p.reset_in) {
                 if !r.is_zero() {

@@ -2,7 +2,7 @@
 //! tokens: `--limit Q/W,fixed,tokens` and the like): the
 //! script keeps each as a sliding one until a response states when the
 //! server's window resets, and then, for the whole fleet, aligned to that
-//! reset (`align` in `lua/fixed.lua`), as in-process (`rate::fixed`): an
+//! reset (the `align` op in `lua/stated.lua`), as in-process (`rate::fixed`): an
 //! answered call occupies until the first boundary after its answer, so a
 //! new server window's quota is used at once rather than a window after
 //! the calls of the last one.

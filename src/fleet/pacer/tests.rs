@@ -228,3 +228,41 @@ fn a_used_up_policy_with_a_reset_is_said_with_its_reset() {
     assert!(spent(&[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "60")]).is_empty());
     assert!(spent(&[("x-ratelimit-remaining", "0")]).is_empty());
 }
+
+/// The resets a fixed window may be aligned to: a policy of calls stated
+/// with its window, and one of tokens (a minute's when stated with none);
+/// never one of content bytes or concurrent requests, which pace nothing
+/// (a review found them read as calls, aligning a fixed window of calls
+/// to a reset of bytes).
+#[test]
+fn only_policies_of_calls_and_tokens_say_a_reset_to_align_to() {
+    use crate::rate::policy::Unit;
+    use face::Said;
+    let second = Duration::from_secs(1);
+    let resets = |pairs: &[(&str, &str)]| {
+        let s = Said::of(&headers(pairs), second, &[], &[]);
+        (s.resets.iter())
+            .map(|&(u, w, r, _)| (u, w.as_secs(), r.as_secs()))
+            .collect::<Vec<_>>()
+    };
+    let policy = r#""m";q=5;w=60,"t";q=900;w=60;qu="tokens",
+        "b";q=65535;w=10;qu="content-bytes","c";q=4;qu="concurrent-requests""#;
+    assert_eq!(
+        resets(&[
+            ("ratelimit-policy", &policy.replace('\n', "")),
+            (
+                "ratelimit",
+                r#""m";r=1;t=40,"t";r=9;t=30,"b";r=9;t=7,"c";r=1;t=3"#
+            ),
+        ]),
+        [(Unit::Calls, 60, 40), (Unit::Tokens, 60, 30)]
+    );
+    assert_eq!(
+        resets(&[
+            ("x-ratelimit-limit-tokens", "9000"),
+            ("x-ratelimit-remaining-tokens", "10"),
+            ("x-ratelimit-reset-tokens", "12s"),
+        ]),
+        [(Unit::Tokens, 60, 12)]
+    );
+}

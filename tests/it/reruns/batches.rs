@@ -183,3 +183,65 @@ async fn keep_done_after_a_killed_run_is_refused_until_it_settles() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_side_effects(&s.sim().stats().await, 20);
 }
+
+/// A run halted because its calls timed out (every call runs 1.5 s at the
+/// server, which keeps working; the client gives up at 0.3 s): its items
+/// stay pending, but the calls may have run. A rerun that forms its
+/// batches otherwise, or changes the request with --keep-done, would send
+/// them under other keys: refused before any call, as after a kill. Run
+/// as before, each item runs once. Before, only calls abandoned at a stop
+/// marked the job unsettled: a changed batch size ran 20 items 30 times.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_after_a_timeout_halt_never_sends_its_calls_under_other_keys() {
+    let s = Scenario::new("rerun-after-timeouts")
+        .with_sim(&["--limit", "none", "--latency", "1500ms", "--keep-working"])
+        .numbers(20);
+    let url = batch_url(&s);
+    let args = |size: &str, timeout: &str, extra: &[&str]| -> Vec<String> {
+        let base = [
+            "--url",
+            &url,
+            "--json-body",
+            "--limit",
+            "none",
+            "-c",
+            "2",
+            "--batch",
+            size,
+            "--timeout",
+            timeout,
+        ];
+        base.iter().chain(extra).map(|a| a.to_string()).collect()
+    };
+    let run = |a: Vec<String>| s.run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let halted = run(args("5", "300ms", &[]));
+    assert_eq!(halted.code, 75, "{}", halted.stderr);
+    assert_eq!(halted.summary["done"], 0, "{}", halted.summary);
+    // The calls it gave up on finish at the server.
+    let mut stats = s.sim().stats().await;
+    for _ in 0..200 {
+        if stats["in_flight"] == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        stats = s.sim().stats().await;
+    }
+    assert_eq!(stats["in_flight"], 0, "{stats}");
+    let ran = stats["side_effects"].as_u64().unwrap();
+    assert!(ran > 0, "no call ran at the server");
+
+    let other_size = run(args("4", "5s", &[]));
+    assert_eq!(other_size.code, 2, "{}", other_size.stderr);
+    let keep_done = run(args("5", "5s", &["-H", "X-Run: 2", "--keep-done"]));
+    assert_eq!(keep_done.code, 2, "{}", keep_done.stderr);
+    assert!(
+        keep_done.stderr.contains("Nothing was sent"),
+        "{}",
+        keep_done.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, ran);
+
+    let settled = run(args("5", "5s", &[]));
+    assert_eq!(settled.code, 0, "{}", settled.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+}
