@@ -204,7 +204,14 @@ async fn a_checkpoint_that_cannot_be_written_stops_the_pool_at_once() {
         ran <= recorded + 3 * WORKERS,
         "{ran} calls ran, {recorded} recorded"
     );
-    // Room again: the same command finishes, and nothing ran twice.
+    // Room again. Calls ran unrecorded: a changed request (with
+    // --keep-done) would send their items under other keys, so it is
+    // refused, as after a kill; the same command finishes, and nothing ran
+    // twice.
+    let changed = ["--limit", "none", "-H", "X-Run: 2", "--keep-done"];
+    let refused = s.run(&changed);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert_side_effects(&s.sim().stats().await, ran);
     let again = s.run(&["--limit", "none", "--concurrency", &workers]);
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert_each_item_once(&s.out_path(), N);
