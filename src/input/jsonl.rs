@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Read};
 use serde_json::Value;
 
 use super::bytes::{io_reason, SkipBom};
+use super::numbers::first_rounded;
 use super::{InputError, Item};
 
 pub(super) struct JsonlItems<R: Read> {
@@ -117,11 +118,18 @@ impl<R: Read> JsonlItems<R> {
                 self.content_error(format!("invalid JSON: {}{}", json_reason(&e), hint(text)))
             })?;
             if has_float(&value) {
-                if let Some((column, digits)) = wide_integer(text) {
-                    return Err(self.content_error(format!(
-                        "the integer {digits} at column {column} does not fit in 64 bits: it \
-                         would be sent rounded; quote it as a string"
-                    )));
+                if let Some(r) = first_rounded(text) {
+                    let (column, literal) = (r.column, r.literal);
+                    return Err(self.content_error(match r.sent {
+                        None => format!(
+                            "the integer {literal} at column {column} does not fit in 64 bits: \
+                             it would be sent rounded; quote it as a string"
+                        ),
+                        Some(sent) => format!(
+                            "the number {literal} at column {column} has more digits than a \
+                             64-bit float holds: it would be sent as {sent}; quote it as a string"
+                        ),
+                    }));
                 }
             }
             self.row_error = false;
@@ -130,8 +138,8 @@ impl<R: Read> JsonlItems<R> {
     }
 }
 
-/// Whether `v` holds a number kept as a float: where an integer too wide
-/// for 64 bits went (serde_json reads it as the nearest f64).
+/// Whether `v` holds a number kept as a float: a decimal, or an integer
+/// too wide for 64 bits (serde_json reads it as the nearest f64).
 fn has_float(v: &Value) -> bool {
     match v {
         Value::Number(n) => n.is_f64(),
@@ -139,39 +147,6 @@ fn has_float(v: &Value) -> bool {
         Value::Object(o) => o.values().any(has_float),
         _ => false,
     }
-}
-
-/// The first integer literal of the JSON `text`, outside strings, that
-/// fits neither i64 nor u64: its column and digits.
-fn wide_integer(text: &str) -> Option<(usize, &str)> {
-    let b = text.as_bytes();
-    let (mut i, mut in_string) = (0, false);
-    while i < b.len() {
-        match (in_string, b[i]) {
-            (true, b'\\') => i += 1,
-            (_, b'"') => in_string = !in_string,
-            (false, c) if c == b'-' || c.is_ascii_digit() => {
-                let start = i;
-                i += 1;
-                while i < b.len() && b[i].is_ascii_digit() {
-                    i += 1;
-                }
-                let fraction = i < b.len() && matches!(b[i], b'.' | b'e' | b'E');
-                let digits = &text[start..i];
-                if !fraction && digits.parse::<i64>().is_err() && digits.parse::<u64>().is_err() {
-                    return Some((start + 1, digits));
-                }
-                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
-                {
-                    i += 1;
-                }
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
 }
 
 /// serde_json's message without its "at line 1 column N" tail: the line it
@@ -262,6 +237,21 @@ mod tests {
         let msg = reader.next().unwrap().unwrap_err().to_string();
         assert!(
             msg.ends_with(":3: the integer 123456789012345678901234567890 at column 20 does not fit in 64 bits: it would be sent rounded; quote it as a string"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_decimal_a_float_cannot_hold_is_refused_not_sent_rounded() {
+        let f = TempFile::new(
+            "pay.jsonl",
+            b"{\"amount\": 12.5, \"rate\": 1e2}\n{\"amount\": 1234567890123456.78}\n",
+        );
+        let mut reader = Reader::open(f.path(), Format::Jsonl).unwrap();
+        assert!(reader.next().unwrap().is_ok());
+        let msg = reader.next().unwrap().unwrap_err().to_string();
+        assert!(
+            msg.ends_with(":2: the number 1234567890123456.78 at column 12 has more digits than a 64-bit float holds: it would be sent as 1234567890123456.8; quote it as a string"),
             "{msg}"
         );
     }

@@ -12,6 +12,7 @@ mod bytes;
 mod csv;
 mod item;
 mod jsonl;
+mod numbers;
 mod spool;
 #[cfg(test)]
 mod test_support;
