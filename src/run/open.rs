@@ -68,7 +68,7 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
-        check_regenerated(settings, &items, &old)?;
+        check_regenerated(settings, &items, &old, &scan)?;
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
@@ -195,7 +195,26 @@ fn field_order(
 /// could send a call twice: batches whose blocks of lines moved after
 /// calls that may have run, and shards split by line (rows moved between
 /// shards, and a shard cannot know what another did).
-fn check_regenerated(settings: &Settings, items: &JobItems, old: &JobMeta) -> Result<(), RunError> {
+fn check_regenerated(
+    settings: &Settings,
+    items: &JobItems,
+    old: &JobMeta,
+    scan: &input::Scan,
+) -> Result<(), RunError> {
+    // An export cut off before its first row, or a file emptied by
+    // mistake: carrying nothing over would drop every result, and the
+    // file restored would send them again.
+    let finished = old.done + old.failed;
+    if scan.total == 0 && finished > 0 {
+        return Err(RunError::Usage(format!(
+            "{} holds no items now, where its job {} finished {finished}: running on it \
+             would drop their results from the checkpoint and the outputs. Nothing was sent \
+             and nothing changed. Restore the file (an export cut short?) and run again; to \
+             start over, use another --state-dir",
+            super::job::shown_input(settings),
+            old.id
+        )));
+    }
     let so = "batches are formed from blocks of lines, which moved, so they would go again";
     check_moved_batches(
         settings,

@@ -96,9 +96,19 @@ pub(super) fn by_content(
         0 => "none is changed or new".to_string(),
         n => format!("the other {n} (changed or new) are pending"),
     };
+    // A feed that rolled over drops its old rows' results on purpose; a
+    // file cut short drops them by mistake, and its user must hear it.
+    let gone = match (old.done + old.failed).saturating_sub(kept) {
+        0 => String::new(),
+        n => format!(
+            "; the results of {n} finished item(s) it no longer holds leave the checkpoint \
+             and the outputs (a file cut short? restore it before the next run: its items \
+             would go again under their keys, which an API replays only while it keeps them)"
+        ),
+    };
     crate::report::err_line(&format!(
         "batchrun: {} changed since its checkpoint was made: {kept} item(s) it still holds \
-         keep their results (matched by content); {rest}",
+         keep their results (matched by content); {rest}{gone}",
         super::job::shown_input(settings),
     ));
     Ok(new_id)

@@ -545,3 +545,43 @@ async fn a_regenerated_input_never_runs_a_call_twice_nor_loses_one() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("may have run in batches"), "{}", r.stderr);
 }
+
+/// An input emptied (an export cut off before its first row) is refused:
+/// carrying nothing over would drop every result, and the file restored
+/// would send them again. Nothing is sent or changed; restored, the job
+/// resumes with its results. A file cut to one row says how many finished
+/// items' results it drops. Before, the emptied file's run ended with exit 0,
+/// an empty results file and the job's results gone from the checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_emptied_input_is_refused_and_a_shrunk_one_says_what_it_drops() {
+    let s = Scenario::new("emptied")
+        .with_sim(&["--limit", "none"])
+        .numbers(6);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let whole = std::fs::read_to_string(s.dir().path().join("items.jsonl")).unwrap();
+    let results = std::fs::read_to_string(s.out_path()).unwrap();
+
+    s.dir().write("items.jsonl", "");
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("holds no items now"), "{}", r.stderr);
+    assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
+
+    s.dir().write("items.jsonl", &whole);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["requests"], 0, "{}", r.summary);
+    assert_eq!(r.summary["done"], 6, "{}", r.summary);
+
+    s.dir().write("items.jsonl", whole.lines().next().unwrap());
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the results of 5 finished item(s) it no longer holds leave"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 6);
+}
