@@ -60,6 +60,9 @@ pub struct CallStats {
     counts: BTreeMap<String, u64>,
     buckets: Vec<u64>,
     calls: u64,
+    /// Answers the API replayed from its record of an earlier call under
+    /// the same Idempotency-Key (`Idempotent-Replayed: true`).
+    replayed: u64,
     /// The shortest and longest latency seen (µs): a percentile is never
     /// outside them (a bucket's middle may be).
     span_us: Option<(u64, u64)>,
@@ -71,6 +74,7 @@ impl Default for CallStats {
             counts: BTreeMap::new(),
             buckets: vec![0; BUCKETS],
             calls: 0,
+            replayed: 0,
             span_us: None,
         }
     }
@@ -98,6 +102,16 @@ impl CallStats {
     /// Calls per status (or failure kind).
     pub fn status_counts(&self) -> BTreeMap<String, u64> {
         self.counts.clone()
+    }
+
+    /// An answer was the API's replay of an earlier call's.
+    pub fn add_replayed(&mut self) {
+        self.replayed += 1;
+    }
+
+    /// How many answers the API replayed from earlier calls.
+    pub fn replayed(&self) -> u64 {
+        self.replayed
     }
 
     /// Calls that got no response though the server may have run them (a

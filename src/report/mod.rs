@@ -68,6 +68,10 @@ pub struct Summary {
     pub latency_p50_ms: Option<f64>,
     /// 99th-percentile latency of this run's calls, in milliseconds.
     pub latency_p99_ms: Option<f64>,
+    /// Answers of this run the API replayed from its record of an earlier
+    /// call under the same Idempotency-Key (`Idempotent-Replayed: true`):
+    /// those calls did not run again.
+    pub replayed: u64,
 }
 
 /// Writes a line to stderr, ignoring a closed or broken stderr: losing a
@@ -102,6 +106,13 @@ pub fn human_summary(s: &Summary) -> String {
         if let (Some(p50), Some(p99)) = (s.latency_p50_ms, s.latency_p99_ms) {
             out.push_str(&format!("; latency p50 {p50} ms, p99 {p99} ms"));
         }
+    }
+    if s.replayed > 0 {
+        out.push_str(&format!(
+            "\n  replayed: {} answer(s) came from the API's record of earlier calls under the \
+             same Idempotency-Keys (Idempotent-Replayed): those calls did not run again",
+            s.replayed
+        ));
     }
     if let Some(c) = s.credits_remaining {
         out.push_str(&format!("\n  credits remaining: {c}"));

@@ -59,6 +59,10 @@ pub enum Event {
     /// A call came back (or failed to), after this long; no latency for a
     /// call that never left; which call it was.
     Answered(Answer, Option<Duration>, CallId),
+    /// The API answered a call from its record of an earlier one under the
+    /// same Idempotency-Key (`Idempotent-Replayed: true`): it did not run
+    /// again.
+    Replayed,
     /// A transient failure will be retried.
     Retry,
     /// A newer credit balance.

@@ -457,6 +457,7 @@ fn summary(
         },
         latency_p50_ms: calls.percentile_ms(0.5),
         latency_p99_ms: calls.percentile_ms(0.99),
+        replayed: calls.replayed(),
     }
 }
 

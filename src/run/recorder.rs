@@ -330,6 +330,7 @@ impl Recorder {
                 self.sinks.answered(id, answer, latency);
                 self.calls.add(answer, latency);
             }
+            Event::Replayed => self.calls.add_replayed(),
             Event::Retry => Stats::bump(&stats.retries),
             Event::Credits(s) => return Ok(self.credits(s)),
             Event::Pace(note) => return Ok(self.pace_note(note)),

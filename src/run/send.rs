@@ -54,6 +54,12 @@ impl Pool {
             _ => Some(sent.elapsed()),
         };
         self.heard(&result);
+        if result
+            .as_ref()
+            .is_ok_and(|r| crate::wire::replayed(&r.headers))
+        {
+            self.emit(Event::Replayed);
+        }
         self.emit(Event::Answered(
             match &result {
                 Ok(r) if r.status == 429 && crate::wire::exhausted_by_headers(&r.headers) => {

@@ -304,6 +304,7 @@ pub(super) fn dry_run(
         status_counts: Default::default(),
         latency_p50_ms: None,
         latency_p99_ms: None,
+        replayed: 0,
     })
 }
 

@@ -597,3 +597,36 @@ fn completions_and_a_man_page_are_generated() {
     assert!(man.status.success());
     assert!(String::from_utf8_lossy(&man.stdout).contains(".TH batchrun"));
 }
+
+/// The same job copied into another directory (the same file name,
+/// request and rows: the same Idempotency-Keys) is answered from the API's
+/// record: nothing runs again, and the summary says how many answers were
+/// replays, where before it showed 200s as if the calls had run.
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_the_api_replayed_are_counted_and_said() {
+    let s = Scenario::new("replayed")
+        .with_sim(&["--limit", "none"])
+        .numbers(5);
+    let r = s.run(&["--limit", "none"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["replayed"], 0, "{}", r.summary);
+    assert!(!r.stderr.contains("replayed:"), "{}", r.stderr);
+    // A copy elsewhere: a checkpoint and outputs of its own.
+    let copy = s.dir().path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::copy(s.dir().path().join("items.jsonl"), copy.join("items.jsonl")).unwrap();
+    let out = copy.join("items.results.jsonl");
+    let state = copy.join("state");
+    let (out, state) = (out.to_str().unwrap(), state.to_str().unwrap());
+    let mut c = bin();
+    c.arg(copy.join("items.jsonl"))
+        .args(["--url", &format!("{}/v1/echo?n={{n}}", s.sim().url)])
+        .args(["--limit", "none", "--json", "-o", out, "--state-dir", state])
+        .env("BATCHRUN_API_KEY", KEY)
+        .stdin(Stdio::null());
+    let r = finish(c);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.summary["replayed"], 5, "{}", r.summary);
+    assert!(r.stderr.contains("replayed: 5 answer(s)"), "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 5);
+}
