@@ -78,6 +78,16 @@ pub fn exhausted_by_headers(h: &HeaderMap) -> bool {
         .is_some_and(|v| v.is_finite() && v <= 0.0)
 }
 
+/// Whether `headers` say the answer is the API's replay of an earlier
+/// call under the same Idempotency-Key (`Idempotent-Replayed: true`, as
+/// Stripe and the sim say it).
+pub fn replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get(IDEMPOTENT_REPLAYED)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,14 +162,4 @@ mod tests {
         // Other credit headers alone do not mean exhaustion.
         assert!(!exhausted_by_headers(&bytes(&[(MAX_CREDITS, b"0")])));
     }
-}
-
-/// Whether `headers` say the answer is the API's replay of an earlier
-/// call under the same Idempotency-Key (`Idempotent-Replayed: true`, as
-/// Stripe and the sim say it).
-pub fn replayed(headers: &HeaderMap) -> bool {
-    headers
-        .get(IDEMPOTENT_REPLAYED)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
