@@ -125,6 +125,10 @@ impl<R: Read> JsonlItems<R> {
                             "the integer {literal} at column {column} does not fit in 64 bits: \
                              it would be sent rounded; quote it as a string"
                         ),
+                        Some(sent) if sent.trim_start_matches('-') == "0.0" => format!(
+                            "the number {literal} at column {column} is too small for a \
+                             64-bit float: it would be sent as {sent}; quote it as a string"
+                        ),
                         Some(sent) => format!(
                             "the number {literal} at column {column} has more digits than a \
                              64-bit float holds: it would be sent as {sent}; quote it as a string"

@@ -63,6 +63,9 @@ pub struct CallStats {
     /// Answers the API replayed from its record of an earlier call under
     /// the same Idempotency-Key (`Idempotent-Replayed: true`).
     replayed: u64,
+    /// The lines (a batch's first) whose last call may have run without an
+    /// answer (a timeout, a lost connection), until their item finishes.
+    unsure: std::collections::HashSet<u64>,
     /// The shortest and longest latency seen (µs): a percentile is never
     /// outside them (a bucket's middle may be).
     span_us: Option<(u64, u64)>,
@@ -75,6 +78,7 @@ impl Default for CallStats {
             buckets: vec![0; BUCKETS],
             calls: 0,
             replayed: 0,
+            unsure: Default::default(),
             span_us: None,
         }
     }
@@ -114,20 +118,27 @@ impl CallStats {
         self.replayed
     }
 
-    /// Calls that got no response though the server may have run them (a
-    /// timeout, a connection lost while the answer was read).
-    pub fn may_have_run(&self) -> u64 {
-        let unsure = [
-            FailureKind::Timeout,
-            FailureKind::Body,
-            FailureKind::Unreadable,
-            FailureKind::Other,
-        ];
-        debug_assert!(unsure.iter().all(|k| k.may_have_run()));
-        unsure
-            .iter()
-            .filter_map(|&k| self.counts.get(&Answer::Failure(k).key()))
-            .sum()
+    /// The call of `line`'s item (a batch's first item) got `answer`: one
+    /// that may have run without an answer leaves the item unsure until it
+    /// finishes ([`Self::finished`]).
+    pub fn note_outcome(&mut self, line: u64, answer: Answer) {
+        match answer {
+            Answer::Failure(k) if k.may_have_run() => {
+                self.unsure.insert(line);
+            }
+            _ => {}
+        }
+    }
+
+    /// `line`'s item is done or failed: whatever its calls did is settled.
+    pub fn finished(&mut self, line: u64) {
+        self.unsure.remove(&line);
+    }
+
+    /// Items whose last call may have run without an answer, not finished:
+    /// still pending, their calls' outcome unknown.
+    pub fn unsure_pending(&self) -> u64 {
+        self.unsure.len() as u64
     }
 
     /// Calls that came to an outcome: a status, or a failure to get one.

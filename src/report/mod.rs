@@ -109,8 +109,8 @@ pub fn human_summary(s: &Summary) -> String {
     }
     if s.replayed > 0 {
         out.push_str(&format!(
-            "\n  replayed: {} answer(s) came from the API's record of earlier calls under the \
-             same Idempotency-Keys (Idempotent-Replayed): those calls did not run again",
+            "\n  replayed: {} call(s) were answered from the API's record of earlier calls under \
+             the same Idempotency-Keys (Idempotent-Replayed): they did not run again",
             s.replayed
         ));
     }

@@ -217,11 +217,11 @@ pub async fn finish(
         _ => exit::for_state(state, counts.failed),
     };
     // Calls still out when the run stopped (its grace ran out, a second
-    // Ctrl-C, a halt) got no outcome; calls that timed out or lost their
-    // answer may have run, their items pending again; and calls answered
+    // Ctrl-C, a halt) got no outcome; items whose last call timed out or
+    // lost its answer may have run and are pending; and calls answered
     // while the checkpoint could not be written ran unrecorded.
     let unsure = Stats::get(&e.stats.requests).saturating_sub(calls.answered())
-        + calls.may_have_run()
+        + calls.unsure_pending()
         + u64::from(matches!(halt, Some(Halt::Checkpoint(_))));
     close_record(&e, &mut meta, (state, unsure), &halt_reason);
     close_run(&e, &mut meta, state, exit_code);

@@ -68,7 +68,8 @@ pub(super) fn open_job(settings: &Settings) -> Result<Opened, RunError> {
     }
     // A regenerated input: the items it still holds keep their results.
     if let Some(old) = super::regen::regenerated(&store, settings, &id, &scan)? {
-        check_regenerated(settings, &items, &old, &scan)?;
+        let valid = scan.total.saturating_sub(invalid.len() as u64);
+        check_regenerated(settings, &items, &old, valid)?;
         drop(items);
         id = super::regen::by_content(&store, settings, &old, &scan)?;
         items = store.items(&id).context("opening the checkpoint")?;
@@ -199,15 +200,16 @@ fn check_regenerated(
     settings: &Settings,
     items: &JobItems,
     old: &JobMeta,
-    scan: &input::Scan,
+    valid: u64,
 ) -> Result<(), RunError> {
-    // An export cut off before its first row, or a file emptied by
-    // mistake: carrying nothing over would drop every result, and the
-    // file restored would send them again.
+    // An export cut off before its first row, a file emptied by mistake,
+    // or one replaced by something else (an error page, every row invalid
+    // under --skip-invalid): carrying nothing over would drop every
+    // result, and the file restored would send them again.
     let finished = old.done + old.failed;
-    if scan.total == 0 && finished > 0 {
+    if valid == 0 && finished > 0 {
         return Err(RunError::Usage(format!(
-            "{} holds no items now, where its job {} finished {finished}: running on it \
+            "{} holds no valid items now, where its job {} finished {finished}: running on it \
              would drop their results from the checkpoint and the outputs. Nothing was sent \
              and nothing changed. Restore the file (an export cut short?) and run again; to \
              start over, use another --state-dir",
@@ -232,6 +234,33 @@ fn check_regenerated(
         )));
     }
     Ok(())
+}
+
+/// `--keep-done` on a changed request: the pending items go under the new
+/// request's keys, and `--retry-failed` sends the failed ones so too. An
+/// item failed with its outcome unknown may have run under the earlier
+/// request's key: sent under a new one, an API that ran it runs it again.
+/// Refused while there are any; `--retry-failed` with the earlier request
+/// settles them first.
+fn refuse_unknown_under_new_keys(
+    store: &Store,
+    settings: &Settings,
+    old: &JobMeta,
+) -> Result<(), RunError> {
+    let items = store.items(&old.id).context("opening the checkpoint")?;
+    let unknown = items.unknown_failures().context("reading the checkpoint")?;
+    if unknown == 0 {
+        return Ok(());
+    }
+    Err(RunError::Usage(format!(
+        "--keep-done: {unknown} item(s) of job {} on {} failed with their outcome unknown: \
+         their calls may have run under the earlier request's keys, and the new request \
+         would send them again under its own. Nothing was sent. Run the earlier command \
+         with --retry-failed to settle them (the API replays what ran), then change the \
+         request; or use --fresh to send every item again",
+        old.id,
+        settings.input.display()
+    )))
 }
 
 /// `--fresh` means "run them again": the job `id` (`old`) is discarded,
@@ -334,7 +363,9 @@ fn check_moved_batches(
     }
     let why = match may_have_run(items, old)? {
         (0, false) => return Ok(()),
-        (0, true) => "a run was killed, or stopped with calls in flight".to_string(),
+        (0, true) => "a run was killed, stopped with calls in flight, or halted with calls \
+                      that timed out or went unrecorded"
+            .to_string(),
         (n, _) => format!("{n} item(s) of unknown outcome"),
     };
     Err(RunError::Usage(format!(
@@ -428,6 +459,7 @@ fn changed_request(
         )));
     }
     if settings.keep_done {
+        refuse_unknown_under_new_keys(store, settings, old)?;
         let mut gone = discard(&mut others.chain(located.idle.iter()))?;
         let mut meta = old.clone();
         meta.template = settings.identity.clone();

@@ -299,6 +299,7 @@ impl Recorder {
         let ev = match record_of(ev) {
             Ok(record) => {
                 let done = record.state == ItemState::Done;
+                self.calls.finished(record.line);
                 self.committer.record(record)?;
                 if done {
                     return Ok(self.done());
@@ -329,6 +330,7 @@ impl Recorder {
             Event::Answered(answer, latency, id) => {
                 self.sinks.answered(id, answer, latency);
                 self.calls.add(answer, latency);
+                self.calls.note_outcome(id.line, answer);
             }
             Event::Replayed => self.calls.add_replayed(),
             Event::Retry => Stats::bump(&stats.retries),
@@ -352,6 +354,7 @@ impl Recorder {
                         ItemState::Done => done += 1,
                         _ => failed += 1,
                     }
+                    self.calls.finished(r.line);
                     records.push(r);
                 }
                 // Only items are settled together; anything else on its own.

@@ -627,6 +627,10 @@ async fn answers_the_api_replayed_are_counted_and_said() {
     let r = finish(c);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.summary["replayed"], 5, "{}", r.summary);
-    assert!(r.stderr.contains("replayed: 5 answer(s)"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("replayed: 5 call(s) were answered"),
+        "{}",
+        r.stderr
+    );
     assert_side_effects(&s.sim().stats().await, 5);
 }

@@ -546,7 +546,8 @@ async fn a_regenerated_input_never_runs_a_call_twice_nor_loses_one() {
     assert!(r.stderr.contains("may have run in batches"), "{}", r.stderr);
 }
 
-/// An input emptied (an export cut off before its first row) is refused:
+/// An input emptied (an export cut off before its first row), or holding
+/// only invalid rows (an error page written in its place), is refused:
 /// carrying nothing over would drop every result, and the file restored
 /// would send them again. Nothing is sent or changed; restored, the job
 /// resumes with its results. A file cut to one row says how many finished
@@ -565,7 +566,21 @@ async fn an_emptied_input_is_refused_and_a_shrunk_one_says_what_it_drops() {
     s.dir().write("items.jsonl", "");
     let r = s.run(&["--limit", "none"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("holds no items now"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("holds no valid items now"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
+    // An error page in its place, every row invalid, skipped: the same.
+    s.dir().write("items.jsonl", "<html>\n<body>error</body>\n");
+    let r = s.run(&["--limit", "none", "--skip-invalid"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("holds no valid items now"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
 
     s.dir().write("items.jsonl", &whole);

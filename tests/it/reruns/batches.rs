@@ -245,3 +245,74 @@ async fn a_rerun_after_a_timeout_halt_never_sends_its_calls_under_other_keys() {
     assert_eq!(settled.code, 0, "{}", settled.stderr);
     assert_side_effects(&s.sim().stats().await, 20);
 }
+
+/// Connections reset after the server ran two calls, each item retried
+/// under its key and answered, then a halt (credits out) with items
+/// pending: nothing is in doubt, so a changed request with --keep-done is
+/// taken (it halts on the credits again), where a review found it refused
+/// for good: every timeout or lost connection of the run marked the job
+/// unsettled, though its item had finished.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_answer_retried_and_answered_leaves_nothing_unsettled() {
+    let s = Scenario::new("retried-answered")
+        .with_sim(&[
+            "--limit",
+            "none",
+            "--reset-rate",
+            "0.3",
+            "--seed",
+            "3",
+            "--credits",
+            "12",
+        ])
+        .numbers(20);
+    let r = s.run(&["--limit", "none", "-c", "1"]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert!(
+        r.summary["status_counts"]["transport_error"].as_u64() >= Some(1),
+        "no connection was lost: {}",
+        r.summary
+    );
+    let r = s.run(&[
+        "--limit",
+        "none",
+        "-c",
+        "1",
+        "-H",
+        "X-Run: 2",
+        "--keep-done",
+    ]);
+    assert_eq!(r.code, 75, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 12);
+}
+
+/// Items failed with their outcome unknown (their connection reset after
+/// the server ran them, one attempt allowed) may have run under the
+/// earlier request's keys: --keep-done on a changed request, which would
+/// send them under its own with --retry-failed, is refused before any
+/// call. Retried with the earlier request, they settle (the API replays
+/// them) and the change is then taken. A review found them run twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_done_never_sends_items_of_unknown_outcome_under_new_keys() {
+    let s = Scenario::new("keep-done-unknown")
+        .with_sim(&["--limit", "none", "--reset-rate", "0.2", "--seed", "2"])
+        .numbers(20);
+    let earlier = ["--limit", "none", "--max-attempts", "1"];
+    let r = s.run(&earlier);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(r.summary["failed"].as_u64() >= Some(1), "{}", r.summary);
+    let changed = [&earlier[..], &["-H", "X-Tag: v2", "--keep-done"]].concat();
+    let r = s.run(&[&changed[..], &["--retry-failed"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("failed with their outcome unknown"),
+        "{}",
+        r.stderr
+    );
+    assert_side_effects(&s.sim().stats().await, 20);
+    let r = s.run(&["--limit", "none", "--max-attempts", "9", "--retry-failed"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = s.run(&changed);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_side_effects(&s.sim().stats().await, 20);
+}
