@@ -14,6 +14,17 @@ use tokio::time::Instant;
 use super::pacer::{fleet_on, pacing};
 use super::support::{fleet_name, Redis};
 
+/// Whether fleet `name`'s fixed window `key` is aligned (its limit hash
+/// holds `align:KEY`).
+fn aligned(redis: &Redis, name: &str, key: &str) -> bool {
+    let align: Option<String> = redis::cmd("HGET")
+        .arg(FleetKeys::named(name).limit())
+        .arg(format!("align:{key}"))
+        .query(&mut redis.conn())
+        .unwrap();
+    align.is_some()
+}
+
 /// Five calls of a window of five a minute, answered: a sixth, from
 /// another process, waits. A response states the window used up and
 /// resetting in 4 s (IETF fields, whole seconds): the fleet aligns the
@@ -45,13 +56,7 @@ async fn a_fixed_window_stated_to_reset_frees_at_the_reset_for_every_process() {
     let stated = Instant::now();
     a.observe(&h).await;
     let key = FleetKeys::named(&name).fixed(5, 60_000);
-    let mut c = redis.conn();
-    let align: Option<String> = redis::cmd("HGET")
-        .arg(FleetKeys::named(&name).limit())
-        .arg(format!("align:{key}"))
-        .query(&mut c)
-        .unwrap();
-    assert!(align.is_some(), "the window was not aligned");
+    assert!(aligned(&redis, &name, &key), "the window was not aligned");
 
     let sixth = tokio::time::timeout(Duration::from_secs(20), b.take()).await;
     assert!(
@@ -103,13 +108,10 @@ async fn a_fixed_window_of_tokens_stated_to_reset_frees_at_the_reset_for_every_p
     let stated = Instant::now();
     a.observe(&h).await;
     let key = FleetKeys::named(&name).fixed_tokens(Unit::Tokens, 1000, 60_000);
-    let mut c = redis.conn();
-    let align: Option<String> = redis::cmd("HGET")
-        .arg(FleetKeys::named(&name).limit())
-        .arg(format!("align:{key}"))
-        .query(&mut c)
-        .unwrap();
-    assert!(align.is_some(), "the window of tokens was not aligned");
+    assert!(
+        aligned(&redis, &name, &key),
+        "the window of tokens was not aligned"
+    );
 
     let next = tokio::time::timeout(Duration::from_secs(20), b.take_weighted(tokens(100))).await;
     assert!(matches!(next, Ok(Ok(_))), "the call waited the minute");

@@ -563,25 +563,21 @@ async fn an_emptied_input_is_refused_and_a_shrunk_one_says_what_it_drops() {
     let whole = std::fs::read_to_string(s.dir().path().join("items.jsonl")).unwrap();
     let results = std::fs::read_to_string(s.out_path()).unwrap();
 
-    s.dir().write("items.jsonl", "");
-    let r = s.run(&["--limit", "none"]);
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("holds no valid items now"),
-        "{}",
-        r.stderr
-    );
-    assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
-    // An error page in its place, every row invalid, skipped: the same.
-    s.dir().write("items.jsonl", "<html>\n<body>error</body>\n");
-    let r = s.run(&["--limit", "none", "--skip-invalid"]);
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("holds no valid items now"),
-        "{}",
-        r.stderr
-    );
-    assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
+    // Emptied; then an error page in its place, every row invalid, skipped.
+    for (text, skip) in [
+        ("", &[][..]),
+        ("<html>\n<body>error</body>\n", &["--skip-invalid"]),
+    ] {
+        s.dir().write("items.jsonl", text);
+        let r = s.run(&[&["--limit", "none"][..], skip].concat());
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("holds no valid items now"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(std::fs::read_to_string(s.out_path()).unwrap(), results);
+    }
 
     s.dir().write("items.jsonl", &whole);
     let r = s.run(&["--limit", "none"]);
