@@ -25,6 +25,20 @@ fn aligned(redis: &Redis, name: &str, key: &str) -> bool {
     align.is_some()
 }
 
+/// Two processes of fleet `name`, each told a fixed window of 5 calls a
+/// minute beside 10 a minute.
+async fn two_of_five_a_minute(redis: &Redis, name: &str) -> (FleetPacer, FleetPacer) {
+    let fixed = Rate {
+        count: 5,
+        period: Duration::from_secs(60),
+    };
+    let pacer =
+        |fleet| FleetPacer::with_limits(fleet, pacing("10/1m"), &[(fixed, Shape::Fixed)], &[], &[]);
+    let a = pacer(fleet_on(redis, name).await);
+    let b = pacer(fleet_on(redis, name).await);
+    (a, b)
+}
+
 /// Five calls of a window of five a minute, answered: a sixth, from
 /// another process, waits. A response states the window used up and
 /// resetting in 4 s (IETF fields, whole seconds): the fleet aligns the
@@ -36,14 +50,7 @@ fn aligned(redis: &Redis, name: &str, key: &str) -> bool {
 async fn a_fixed_window_stated_to_reset_frees_at_the_reset_for_every_process() {
     let redis = Redis::start();
     let name = fleet_name("fixed-aligned");
-    let fixed = Rate {
-        count: 5,
-        period: Duration::from_secs(60),
-    };
-    let pacer =
-        |fleet| FleetPacer::with_limits(fleet, pacing("10/1m"), &[(fixed, Shape::Fixed)], &[], &[]);
-    let a = pacer(fleet_on(&redis, &name).await);
-    let b = pacer(fleet_on(&redis, &name).await);
+    let (a, b) = two_of_five_a_minute(&redis, &name).await;
     for _ in 0..5 {
         a.take().await.unwrap().complete(Instant::now());
     }
@@ -130,14 +137,7 @@ async fn a_fixed_window_of_tokens_stated_to_reset_frees_at_the_reset_for_every_p
 async fn a_fixed_window_counts_what_another_client_spent_for_every_process() {
     let redis = Redis::start();
     let name = fleet_name("fixed-elsewhere");
-    let fixed = Rate {
-        count: 5,
-        period: Duration::from_secs(60),
-    };
-    let pacer =
-        |fleet| FleetPacer::with_limits(fleet, pacing("10/1m"), &[(fixed, Shape::Fixed)], &[], &[]);
-    let a = pacer(fleet_on(&redis, &name).await);
-    let b = pacer(fleet_on(&redis, &name).await);
+    let (a, b) = two_of_five_a_minute(&redis, &name).await;
     let mut h = reqwest::header::HeaderMap::new();
     h.insert("ratelimit-policy", r#""fixed";q=5;w=60"#.parse().unwrap());
     h.insert("ratelimit", r#""fixed";r=1;t=40"#.parse().unwrap());
