@@ -64,15 +64,18 @@ impl Secret {
         self.tokens().any(|t| text.contains(t))
     }
 
-    /// `text` with every occurrence of each credential replaced by `***`:
-    /// for a URL the key was templated into, or a body a server echoed it
-    /// in.
+    /// `text` with every occurrence of each credential replaced by `***`,
+    /// as is or percent-encoded: for a URL the key was templated into
+    /// (whose query encodes a key's `/`, `+` or `=`), or a body a server
+    /// echoed it in.
     pub fn redact(&self, text: &str) -> String {
-        self.tokens()
-            .fold(text.to_string(), |s, t| match s.contains(t) {
+        self.tokens().fold(text.to_string(), |s, t| {
+            let s = match s.contains(t) {
                 true => s.replace(t, "***"),
                 false => s,
-            })
+            };
+            unpercent(t, &s).unwrap_or(s)
+        })
     }
 
     /// Whether `text` spells out a credential with other characters woven
@@ -120,6 +123,9 @@ fn scrub_one(key: &str, body: &str, cut: bool) -> Option<String> {
     if body.contains(key) {
         out = Some(body.replace(key, "***"));
     }
+    if let Some(clean) = unpercent(key, out.as_deref().unwrap_or(body)) {
+        out = Some(clean);
+    }
     let text = out.as_deref().unwrap_or(body);
     if escapes_a_key_char(key, text) {
         if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
@@ -135,6 +141,50 @@ fn scrub_one(key: &str, body: &str, cut: bool) -> Option<String> {
         }
     }
     out
+}
+
+/// `text` with every percent-encoded writing of `key` taken out (a server
+/// echoing the key in a URL: `sk-proj%2Fab%2B` for `sk-proj/ab+`, any of
+/// its bytes encoded or not, in either case of hex); None when there is
+/// none (a key of unreserved characters only is never written otherwise).
+fn unpercent(key: &str, text: &str) -> Option<String> {
+    if !text.contains('%') || key.is_empty() {
+        return None;
+    }
+    let (t, k) = (text.as_bytes(), key.as_bytes());
+    // The length of a writing of `key` at `at` with at least one byte
+    // encoded, if there is one.
+    let at = |mut i: usize| -> Option<usize> {
+        let (start, mut encoded) = (i, false);
+        for &want in k {
+            if t.get(i) == Some(&want) {
+                i += 1;
+            } else if t.get(i) == Some(&b'%')
+                && t.get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    == Some(want)
+            {
+                (i, encoded) = (i + 3, true);
+            } else {
+                return None;
+            }
+        }
+        encoded.then_some(i - start)
+    };
+    let (mut out, mut from, mut i, mut found) = (String::new(), 0, 0, false);
+    while i < t.len() {
+        match at(i) {
+            Some(n) => {
+                // Both ends fall on char boundaries: the writing is ASCII.
+                out.push_str(&text[from..i]);
+                out.push_str("***");
+                (i, from, found) = (i + n, i + n, true);
+            }
+            None => i += 1,
+        }
+    }
+    found.then(|| out + &text[from..])
 }
 
 /// How much of the end of `text`, a body cut by the size cap, goes: the
@@ -235,6 +285,25 @@ impl std::fmt::Debug for Secret {
 mod tests {
     use super::*;
     use reqwest::header::HeaderMap;
+
+    #[test]
+    fn a_key_percent_encoded_is_scrubbed_and_redacted() {
+        let k = Secret::new("sk-proj/SECRETKEY+abc==");
+        let echoed = r#"{"next":"https://x/?api_key=sk-proj%2FSECRETKEY%2Babc%3D%3D&p=2","k":"sk-proj/SECRETKEY%2babc%3d="}"#;
+        let clean = k.scrub(echoed, false).unwrap();
+        assert!(!clean.contains("SECRETKEY"), "{clean}");
+        assert!(clean.contains("api_key=***&p=2"), "{clean}");
+        assert_eq!(
+            k.redact("GET /v1?key=sk-proj%2FSECRETKEY%2Babc%3D%3D"),
+            "GET /v1?key=***"
+        );
+        // Nothing encoded, or the key's own text: left to plain redaction.
+        assert_eq!(
+            unpercent("sk-proj/SECRETKEY+abc==", "100% sk-proj/SECRET"),
+            None
+        );
+        assert_eq!(unpercent("plain", "a%20plain"), None);
+    }
 
     #[test]
     fn the_key_is_scrubbed_however_a_server_writes_it_back() {
