@@ -170,6 +170,21 @@ fn used_up_reset(stated: &[crate::rate::announce::Announced]) -> Option<Duration
         .max()
 }
 
+/// When a 429's quota is back, by its headers: the latest reset of the
+/// quotas it states used up; else, where it states no quota at all, the
+/// reset it states alone (`X-RateLimit-Reset` and nothing else: the 429 is
+/// itself the word that nothing is left).
+fn refused_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let stated = stated(headers, now);
+    if !stated.is_empty() {
+        return used_up_reset(&stated);
+    }
+    let unix = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::rate::announce::reset_alone(headers, unix).map(|r| r.min(retry_after::MAX_QUOTA_RESET))
+}
+
 /// How long a 429's message asks to wait, where its headers do not say:
 /// OpenAI's "... Please try again in 240ms." (its token 429s carry no
 /// `Retry-After` when less is left than a call asks, yet not nothing).
@@ -226,7 +241,7 @@ pub fn classify(
         429 => Err(CallError::RateLimited {
             retry_after: (said.or_else(|| retry_after_ms(headers)))
                 .or_else(|| asked_in_body(body))
-                .or_else(|| used_up_reset(&stated(headers, now))),
+                .or_else(|| refused_reset(headers, now)),
             message: short_reason(body, key, SHORT),
         }),
         408 | 500..=599 => Err(transient(code, body, retry_after, key)),
@@ -645,6 +660,42 @@ mod tests {
                 "{refused:?}"
             );
         }
+    }
+
+    /// A 429 stating only when its quota resets (`X-RateLimit-Reset`, epoch
+    /// seconds, three hours ahead; no `Remaining`, no `Retry-After`) waits
+    /// for that reset, which beyond the cap halts the run saying until when.
+    /// Before, it paused a window and asked again for `--max-wait` (an
+    /// adversarial run: 33 calls in 30 s, then "nothing but rate limits").
+    /// A quota stated with some left is not the one that refused.
+    #[test]
+    fn a_429_stating_only_its_reset_waits_for_it() {
+        let limited = |r: Result<(), CallError>| match r {
+            Err(CallError::RateLimited { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let reset = (now.as_secs() + 3 * 3600).to_string();
+        let wait = limited(c(429, &[("x-ratelimit-reset", &reset)], "")).expect("the reset");
+        assert!(
+            wait > Duration::from_secs(3 * 3600 - 10) && wait <= Duration::from_secs(3 * 3600 + 1),
+            "{wait:?}"
+        );
+        let some_left = c(
+            429,
+            &[
+                ("x-ratelimit-remaining", "3"),
+                ("x-ratelimit-reset", &reset),
+            ],
+            "",
+        );
+        assert_eq!(limited(some_left), None);
+        assert_eq!(
+            limited(c(429, &[("ratelimit-reset", "7")], "")),
+            Some(Duration::from_secs(7))
+        );
     }
 
     /// A `Retry-After` HTTP-date is on the server's clock: from a server an

@@ -140,6 +140,19 @@ pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     out.into_iter().map(bounded).collect()
 }
 
+/// The reset a response states with nothing else of its quota
+/// (`X-RateLimit-Reset` alone, or the older IETF `RateLimit-Reset`), as of
+/// `now_unix`: a 429 saying only when its quota is back. The latest, when
+/// several; None when none is stated.
+pub fn reset_alone(h: &HeaderMap, now_unix: Duration) -> Option<Duration> {
+    let server = server_now(h, now_unix);
+    let clock = Clock(server.unwrap_or(now_unix), server.is_some());
+    ["x-ratelimit-reset", "x-rate-limit-reset", "ratelimit-reset"]
+        .into_iter()
+        .filter_map(|n| clock.resets(h, n).0)
+        .max()
+}
+
 /// What a stated instant is measured from: unix time, and whether it is
 /// the response's `Date` ([`server_now`]).
 #[derive(Clone, Copy)]

@@ -136,9 +136,10 @@ pub(crate) fn end_state(
 /// [`MAX_QUOTA_RESET`] was cut to it, so one within a day of that bound
 /// says "or later": the server's own date may be years away.
 fn quota_used_up(name: &str, resets_at: &str, in_: Duration) -> String {
-    // An empty name: a 429's Retry-After said it, naming no quota.
+    // An empty name: a 429 said it (its Retry-After, or a reset alone),
+    // naming no quota.
     let (quota, said) = match name.is_empty() {
-        true => (String::new(), ", as a 429's Retry-After said"),
+        true => (String::new(), ", as a 429 said (its Retry-After or reset)"),
         false => (format!("{name:?} "), ""),
     };
     let later = match in_ + Duration::from_secs(86_400) >= MAX_QUOTA_RESET {
@@ -474,7 +475,7 @@ mod tests {
         );
         let near = quota_used_up("", "2026-12-07T00:00:00Z", Duration::from_secs(86_400));
         assert!(
-            near.starts_with("the server's quota is used up until 2026-12-07T00:00:00Z (in 1day, as a 429's Retry-After said)"),
+            near.starts_with("the server's quota is used up until 2026-12-07T00:00:00Z (in 1day, as a 429 said (its Retry-After or reset))"),
             "{near}"
         );
     }

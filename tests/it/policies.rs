@@ -669,7 +669,8 @@ async fn a_day_asked_for_halts(form: &str) {
     assert_eq!(r.summary["rate_limited"], 0, "{}", r.summary);
     let why = r.summary["halt_reason"].as_str().unwrap_or_default();
     assert!(
-        why.contains("quota is used up until") && why.contains("as a 429's Retry-After said"),
+        why.contains("quota is used up until")
+            && why.contains("as a 429 said (its Retry-After or reset)"),
         "{}",
         r.summary
     );
