@@ -182,7 +182,11 @@ fn refused_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    crate::rate::announce::reset_alone(headers, unix).map(|r| r.min(retry_after::MAX_QUOTA_RESET))
+    // A reset already past (a skewed clock, `0`) says nothing of when:
+    // the default pause, not none.
+    crate::rate::announce::reset_alone(headers, unix)
+        .filter(|r| !r.is_zero())
+        .map(|r| r.min(retry_after::MAX_QUOTA_RESET))
 }
 
 /// How long a 429's message asks to wait, where its headers do not say:
@@ -696,6 +700,8 @@ mod tests {
             limited(c(429, &[("ratelimit-reset", "7")], "")),
             Some(Duration::from_secs(7))
         );
+        // Past already: no wait of nothing, the default pause.
+        assert_eq!(limited(c(429, &[("x-ratelimit-reset", "0")], "")), None);
     }
 
     /// A `Retry-After` HTTP-date is on the server's clock: from a server an
