@@ -35,10 +35,12 @@ use crate::rate::bucket::SizingError;
 use crate::rate::learn::Learnt;
 use crate::rate::policy::{PolicySpec, Shape, TokenWeight, Unit};
 use crate::rate::{Limit, Rate};
+use configured::{call_buckets, fixed_kept, told_tokens, FixedKept, ToldTokens};
 use rule::{buckets_of, tokens_of, windows_of, ScriptRule, Verb};
 use settles::PUT_BACK;
 use tasks::{heartbeat, settler};
 
+mod configured;
 mod face;
 mod fixed;
 mod heard;
@@ -110,109 +112,6 @@ pub fn lease_for(timeout: Duration) -> Duration {
 /// The limit after `--headroom`: at least one call.
 pub fn scaled(count: u64, headroom: f64) -> u64 {
     ((count as f64 * headroom + 1e-9).floor() as u64).max(1)
-}
-
-/// A configured fixed window, of calls or of tokens: aligned to a reset a
-/// response states for what it counts over its window ([`fixed`]).
-struct FixedKept {
-    /// What it counts.
-    unit: Unit,
-    window: Duration,
-    /// Its quota after `--headroom`.
-    quota: u64,
-    key: String,
-}
-
-/// A configured policy of tokens, as its key keeps it.
-struct ToldTokens {
-    /// What it counts.
-    unit: Unit,
-    window: Duration,
-    /// Its quota after `--headroom`.
-    quota: u64,
-    /// A bucket's burst (units beyond one; not scaled by `--headroom`).
-    burst: Option<u64>,
-    /// A fixed window (kept as a sliding one until a reset aligns it).
-    fixed: bool,
-    key: String,
-}
-
-/// The configured fixed windows among `windows` of calls (W, quota, key,
-/// whether fixed) and `tokens`.
-fn fixed_kept(windows: &[(Duration, u64, String, bool)], tokens: &[ToldTokens]) -> Vec<FixedKept> {
-    let calls = (windows.iter().filter(|w| w.3)).map(|(window, quota, key, _)| FixedKept {
-        unit: Unit::Calls,
-        window: *window,
-        quota: *quota,
-        key: key.clone(),
-    });
-    let tokens = (tokens.iter().filter(|t| t.fixed)).map(|t| FixedKept {
-        unit: t.unit,
-        window: t.window,
-        quota: t.quota,
-        key: t.key.clone(),
-    });
-    calls.chain(tokens).collect()
-}
-
-/// The configured policies of tokens among `buckets` and `tokens`, with
-/// the keys the fleet keeps them under.
-fn told_tokens(
-    fleet: &Fleet,
-    buckets: &[(Rate, u64, Unit)],
-    tokens: &[(Rate, Unit, Shape)],
-    headroom: f64,
-) -> Vec<ToldTokens> {
-    let windows = tokens.iter().map(|&(r, unit, shape)| {
-        let quota = scaled(r.count, headroom);
-        let fixed = shape == Shape::Fixed;
-        let key = match fixed {
-            true => fleet.keys().fixed_tokens(unit, quota, millis(r.period)),
-            false => fleet.keys().tokens(unit, quota, millis(r.period)),
-        };
-        ToldTokens {
-            unit,
-            window: r.period,
-            quota,
-            burst: None,
-            fixed,
-            key,
-        }
-    });
-    let buckets = buckets
-        .iter()
-        .filter(|b| b.2.is_tokens())
-        .map(|&(r, burst, unit)| {
-            let quota = scaled(r.count, headroom);
-            ToldTokens {
-                unit,
-                window: r.period,
-                quota,
-                burst: Some(burst),
-                fixed: false,
-                key: fleet.keys().bucket(Rate { count: quota, ..r }, burst, unit),
-            }
-        });
-    windows.chain(buckets).collect()
-}
-
-/// The configured buckets of calls among `buckets`, after `--headroom`,
-/// with the keys the fleet keeps them under.
-fn call_buckets(
-    fleet: &Fleet,
-    buckets: &[(Rate, u64, Unit)],
-    headroom: f64,
-) -> Vec<(Rate, String)> {
-    let calls = buckets.iter().filter(|b| !b.2.is_tokens());
-    calls
-        .map(|&(r, burst, unit)| {
-            let rate = Rate {
-                count: scaled(r.count, headroom),
-                ..r
-            };
-            (rate, fleet.keys().bucket(rate, burst, unit))
-        })
-        .collect()
 }
 
 /// The fleet pacer. See the module docs.
