@@ -69,13 +69,8 @@ impl Secret {
     /// (whose query encodes a key's `/`, `+` or `=`), or a body a server
     /// echoed it in.
     pub fn redact(&self, text: &str) -> String {
-        self.tokens().fold(text.to_string(), |s, t| {
-            let s = match s.contains(t) {
-                true => s.replace(t, "***"),
-                false => s,
-            };
-            unpercent(t, &s).unwrap_or(s)
-        })
+        self.tokens()
+            .fold(text.to_string(), |s, t| redact_one(t, &s).unwrap_or(s))
     }
 
     /// Whether `text` spells out a credential with other characters woven
@@ -119,13 +114,7 @@ impl Secret {
 
 /// [`Secret::scrub`] for one credential, `key`.
 fn scrub_one(key: &str, body: &str, cut: bool) -> Option<String> {
-    let mut out: Option<String> = None;
-    if body.contains(key) {
-        out = Some(body.replace(key, "***"));
-    }
-    if let Some(clean) = unpercent(key, out.as_deref().unwrap_or(body)) {
-        out = Some(clean);
-    }
+    let mut out = redact_one(key, body);
     let text = out.as_deref().unwrap_or(body);
     if escapes_a_key_char(key, text) {
         if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
@@ -141,6 +130,16 @@ fn scrub_one(key: &str, body: &str, cut: bool) -> Option<String> {
         }
     }
     out
+}
+
+/// `text` with `key` taken out, as is and percent-encoded ([`unpercent`]);
+/// None when it holds neither.
+fn redact_one(key: &str, text: &str) -> Option<String> {
+    let plain = text.contains(key).then(|| text.replace(key, "***"));
+    match unpercent(key, plain.as_deref().unwrap_or(text)) {
+        Some(clean) => Some(clean),
+        None => plain,
+    }
 }
 
 /// `text` with every percent-encoded writing of `key` taken out (a server
