@@ -127,8 +127,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(EPOCH_AFTER_SECS);
 /// from the response's `Date` where it has a sane one ([`server_now`]).
 pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
     let mut out = Vec::new();
-    let server = server_now(h, now_unix);
-    let clock = Clock(server.unwrap_or(now_unix), server.is_some());
+    let clock = Clock::of(h, now_unix);
     ietf(h, clock, &mut out);
     for prefix in ["x-ratelimit", "x-rate-limit"] {
         x_ratelimit(h, prefix, clock, &mut out);
@@ -145,8 +144,7 @@ pub fn read(h: &HeaderMap, now_unix: Duration) -> Vec<Announced> {
 /// `now_unix`: a 429 saying only when its quota is back. The latest, when
 /// several; None when none is stated.
 pub fn reset_alone(h: &HeaderMap, now_unix: Duration) -> Option<Duration> {
-    let server = server_now(h, now_unix);
-    let clock = Clock(server.unwrap_or(now_unix), server.is_some());
+    let clock = Clock::of(h, now_unix);
     ["x-ratelimit-reset", "x-rate-limit-reset", "ratelimit-reset"]
         .into_iter()
         .filter_map(|n| clock.resets(h, n).0)
@@ -159,6 +157,13 @@ pub fn reset_alone(h: &HeaderMap, now_unix: Duration) -> Option<Duration> {
 struct Clock(Duration, bool);
 
 impl Clock {
+    /// The clock of the response `h` read at `now_unix`: its `Date` where
+    /// it has a sane one ([`server_now`]), else this clock's time.
+    fn of(h: &HeaderMap, now_unix: Duration) -> Clock {
+        let server = server_now(h, now_unix);
+        Clock(server.unwrap_or(now_unix), server.is_some())
+    }
+
     /// A reset `v` in seconds (or an epoch, [`reset_secs`]), and whether it
     /// was an instant measured from the response's `Date`: whole seconds,
     /// so up to a second long.
