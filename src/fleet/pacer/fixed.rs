@@ -100,19 +100,9 @@ impl Inner {
                 continue;
             };
             let spent = quota.unwrap_or(f.quota).min(f.quota).saturating_sub(left);
-            if spent == 0 || !self.may_correct(&f.key, window) {
-                continue;
+            if spent > 0 {
+                self.correct(&f.key, window, spent, true).await;
             }
-            let keys = self.keys().clone();
-            let Some(index) = keys.iter().position(|k| *k == f.key) else {
-                continue;
-            };
-            // Not corrected now: a response after the spacing tries again.
-            let _ = self
-                .run_on(&keys, "elsewhere", |inv| {
-                    inv.arg(index + 1).arg(spent).arg(1);
-                })
-                .await;
         }
     }
 

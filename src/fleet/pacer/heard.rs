@@ -196,12 +196,6 @@ impl Inner {
                 false,
             ),
         };
-        // The index is of this list: the process's own may shrink (a swap
-        // to a bucket it passes already) before the op runs.
-        let keys = self.keys().clone();
-        let Some(index) = keys.iter().position(|k| *k == key) else {
-            return;
-        };
         // The key keeps `--headroom`'s share of the quota (or less): what
         // the server says was spent is read against that share, as
         // in-process against the lower of the stated and the kept quota.
@@ -211,18 +205,37 @@ impl Inner {
         if spent == 0 {
             return;
         }
-        if !self.may_correct(&key, p.window) {
-            return;
-        }
-        // Not corrected now: a response after the spacing tries again.
-        let done = self
-            .run_on(&keys, "elsewhere", |inv| {
-                inv.arg(index + 1).arg(spent).arg(u8::from(told));
-            })
-            .await;
-        if let Ok(REFILLED) = done {
+        if let Some(REFILLED) = self.correct(&key, p.window, spent, told).await {
             let _ = self.fetch_stated().await;
         }
+    }
+
+    /// Corrects `key`, a window (or bucket) of `window` the fleet keeps,
+    /// for `spent` the server says was spent of it (the script's
+    /// `elsewhere`; `told`: a policy this process was told), at most once
+    /// per tenth of the window ([`Self::may_correct`]). The script's
+    /// answer; None when not run (a key this process does not pass, not
+    /// due yet, Redis not answering: a response after the spacing tries
+    /// again).
+    pub(super) async fn correct(
+        &self,
+        key: &str,
+        window: Duration,
+        spent: u64,
+        told: bool,
+    ) -> Option<i64> {
+        // The index is of this list: the process's own may shrink (a swap
+        // to a bucket it passes already) before the op runs.
+        let keys = self.keys().clone();
+        let index = keys.iter().position(|k| k == key)?;
+        if !self.may_correct(key, window) {
+            return None;
+        }
+        self.run_on(&keys, "elsewhere", |inv| {
+            inv.arg(index + 1).arg(spent).arg(u8::from(told));
+        })
+        .await
+        .ok()
     }
 
     /// Whether `key`, a window of `window` the fleet keeps, may be
@@ -231,7 +244,7 @@ impl Inner {
     /// for every response would double the fleet's Redis traffic, and a
     /// correction a tenth of a window late errs by a tenth of what the
     /// window spends). Yes means the next one waits.
-    pub(super) fn may_correct(&self, key: &str, window: Duration) -> bool {
+    fn may_correct(&self, key: &str, window: Duration) -> bool {
         let now = Instant::now();
         let mut l = self.lock();
         if l.elsewhere_at.get(key).is_some_and(|&at| now < at) {
