@@ -56,6 +56,9 @@ pub(super) struct Local {
     pub(super) notes: VecDeque<PaceNote>,
     /// The fleet holds new calls until then (a response said remaining: 0).
     pub(super) held_until: Option<Instant>,
+    /// Until when a quota the server stated is used up: a 429 before then
+    /// teaches nothing (`Said::explains`).
+    pub(super) explained_until: Option<Instant>,
     /// The quotas whose long hold was said already (each said once).
     pub(super) said: HashSet<String>,
     /// The stated policies left out, the fleet adopting the most it keeps

@@ -63,6 +63,10 @@ impl Unit {
     }
 }
 
+/// How late a reset in whole seconds may be: a second of rounding up,
+/// and a second more for an instant read against the response's `Date`.
+pub const RESET_ROUNDING: Duration = Duration::from_secs(2);
+
 /// One limit a server says it keeps, whatever the dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announced {
@@ -101,6 +105,22 @@ impl Announced {
             reset_in: None,
             reset_exact: false,
             reset_dated: false,
+        }
+    }
+
+    /// How long nothing left of this policy holds calls, for its reset
+    /// `reset`, the policy counting over `window` (its own, or the window
+    /// it is read against when it states none). A reset in whole seconds
+    /// within `window` and the rounding ([`RESET_ROUNDING`]) holds no
+    /// longer than `window`: any window's quota (and a bucket's, stated as
+    /// a quota per window) is back within W of the call this response
+    /// answers, and the rounding alone held a 100 ms window a second, a
+    /// 1 s window two. A finer reset, or one further off, holds as stated.
+    pub fn hold(&self, reset: Duration, window: Duration) -> Duration {
+        let within = window.saturating_add(RESET_ROUNDING);
+        match self.reset_exact || reset > within {
+            true => reset,
+            false => reset.min(window),
         }
     }
 

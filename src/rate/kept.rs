@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::announce::Announced;
 use super::exact::later;
 use super::fixed::{Align, FixedWindow};
 use super::gcra::Gcra;
@@ -353,17 +354,17 @@ impl Kept {
         }
     }
 
-    /// How long a response stating this policy used up holds calls, its
-    /// reset said `reset` (stated to the millisecond: `exact`): a bucket
-    /// of calls' as [`bucket_emptied_hold`] says;
-    /// [`hold_until`](Self::hold_until) empties the bucket kept here as
-    /// the server's is, so whoever emptied it, no burst follows the hold.
-    /// A window's, and a bucket of tokens' (a token's interval says
-    /// nothing of when a call fits), hold as said.
-    pub fn emptied_hold(&self, reset: Duration, exact: bool) -> Duration {
+    /// How long response `p` stating this policy used up holds calls, its
+    /// reset said `reset`: a bucket of calls' as [`bucket_emptied_hold`]
+    /// says; [`hold_until`](Self::hold_until) empties the bucket kept here
+    /// as the server's is, so whoever emptied it, no burst follows the
+    /// hold. A window's, and a bucket of tokens' (a token's interval says
+    /// nothing of when a call fits), hold as said, no longer than the
+    /// window for a reset in whole seconds ([`Announced::hold`]).
+    pub fn emptied_hold(&self, p: &Announced, reset: Duration) -> Duration {
         match (self.spec.unit, &self.rule) {
-            (Unit::Calls, Rule::Bucket(_)) => bucket_emptied_hold(self.rate, reset, exact),
-            _ => reset,
+            (Unit::Calls, Rule::Bucket(_)) => bucket_emptied_hold(self.rate, reset, p.reset_exact),
+            _ => p.hold(reset, p.window.unwrap_or(self.window())),
         }
     }
 

@@ -11,7 +11,8 @@
 //!
 //! The first window is the *primary* one: the slowest configured limit in
 //! calls per second. Pauses start from it, and only it learns a limit from
-//! 429s (and only while no server announced any policy). A window-less
+//! 429s: not once the server states its quota (or a quota of tokens), nor
+//! while a quota it stated is used up, which explains the 429. A window-less
 //! announcement (`X-RateLimit-Limit`, OpenAI's and Anthropic's headers)
 //! lowers the window whose configured limit is nearest to it.
 
@@ -100,8 +101,14 @@ pub struct PolicySet {
     /// server may lie before the response that carried it.
     rtt: Duration,
     next: u64,
-    /// Whether a server announced a call policy: then 429s teach nothing.
+    /// Whether a server stated the primary window's quota (no higher than
+    /// the told one) or a quota of tokens: then 429s teach no lower rate.
+    /// A quota stated for another window leaves a limit the server keeps
+    /// unstated (a second's, beside a stated hour's) to be learnt.
     announced: bool,
+    /// Until when a quota the server stated is used up: a 429 before then
+    /// is that quota's (other clients on the key), not a secret limit's.
+    explained_until: Option<Instant>,
     /// What was said already.
     said: HashSet<String>,
     /// The latest used-up quota resetting beyond [`QUOTA_BOUND`].
@@ -138,6 +145,7 @@ impl PolicySet {
             rtt: Duration::ZERO,
             next: 0,
             announced: false,
+            explained_until: None,
             said: HashSet::new(),
             exhausted: None,
             held_until: None,
@@ -343,10 +351,11 @@ impl PolicySet {
     }
 
     /// A rate-limit 429 at `now`: the primary window learns from it; when a
-    /// server announced its policies, only the shape (a bucket stated as a
-    /// quota per window is paced evenly), never a lower rate.
+    /// server stated the primary window's quota, or a quota it stated is
+    /// used up, only the shape (a bucket stated as a quota per window is
+    /// paced evenly), never a lower rate.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
-        if self.announced {
+        if self.announced || self.explained_until.is_some_and(|u| u > now) {
             self.windows[0].rate_limited_stated(now);
             return None;
         }
@@ -404,7 +413,6 @@ impl PolicySet {
 
     /// One call policy.
     fn follow(&mut self, p: &Announced, now: Instant) {
-        let had = self.windows.len();
         let i = match (p.window, p.quota) {
             (None, None) => Some(0),
             (None, Some(q)) => Some(self.nearest(q)),
@@ -415,10 +423,11 @@ impl PolicySet {
         };
         let Some(i) = i else { return };
         if let Some(q) = p.quota {
-            // A quota above what this window was told does not explain a
-            // 429: a limit the server keeps unstated does, and its 429s
-            // still teach.
-            self.announced |= i >= had || q <= self.windows[i].configured();
+            // A quota above what the primary window was told does not
+            // explain a 429, nor one of another window with room left: a
+            // limit the server keeps unstated does, and its 429s still
+            // teach the primary window.
+            self.announced |= i == 0 && q <= self.windows[i].configured();
             self.report(i, p, q, now);
         }
         // What is left of a quota this response did not state says
@@ -454,11 +463,16 @@ impl PolicySet {
                 // call an hour went for a whole hour's quota.
                 Some(r) => {
                     let r = if r.is_zero() { RESET_NOW } else { r };
+                    let r = p.hold(r, p.window.unwrap_or(w.window()));
                     w.hold_until(later(now, r));
                     r
                 }
             };
             self.used_up(p, r, now);
+            if p.quota.is_some() {
+                let until = later(now, r);
+                self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
+            }
             if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                 self.heard.push_back(Heard::Exhausted {
                     name: p.name.clone(),

@@ -128,6 +128,12 @@ pub struct SimArgs {
     #[arg(long = "secret-limit")]
     pub secret_limit: bool,
 
+    /// Enforce the first --limit without ever stating it, the others
+    /// stated in the dialect: a per-second limit a server keeps unstated
+    /// beside the hourly quota it states.
+    #[arg(long = "secret-first")]
+    pub secret_first: bool,
+
     /// State every Retry-After as the HTTP-date it ends at (`Sat, 05 Dec
     /// 2026 23:40:07 GMT`, rounded up to a whole second), as some servers
     /// do, instead of a delay in seconds.
@@ -176,6 +182,7 @@ impl Default for SimArgs {
             seed: None,
             latency_in: None,
             secret_limit: false,
+            secret_first: false,
             retry_after_date: false,
             rate_limit_forever: false,
             echo_key: false,
@@ -251,6 +258,7 @@ impl SimArgs {
             seed: self.seed.unwrap_or_else(|| fastrand::u64(..)),
             latency_in: self.latency_in.as_deref().map(|l| (l.min, l.max)),
             secret_limit: self.secret_limit,
+            secret_first: self.secret_first,
             retry_after_date: self.retry_after_date,
             rate_limit_forever: self.rate_limit_forever,
             echo_key: self.echo_key,

@@ -102,6 +102,11 @@ impl Pacer for FleetPacer {
             if said.used_up {
                 inner.hold().await;
             }
+            if let Some(r) = said.explains {
+                let mut l = inner.lock();
+                let until = heard + r;
+                l.explained_until = Some(l.explained_until.map_or(until, |e| e.max(until)));
+            }
             for p in said.tightest_others() {
                 let adopted = inner.adopt(p).await;
                 let found = inner.heard_reset(p).await;
@@ -209,8 +214,13 @@ pub(super) struct Said {
     /// Whether a quota of calls or what is left of one is stated at all
     /// (see [`Said::binds`]).
     pub(super) told: bool,
-    /// Whether it was stated for another window than the primary one.
+    /// Whether a told bucket's or fixed window's policy was stated: the
+    /// told policies' quotas, not a secret limit, explain a 429 then.
     pub(super) told_elsewhere: bool,
+    /// The longest a policy stated with its quota is used up for: a 429
+    /// until then is that quota's (other clients on the key), not a secret
+    /// limit's, and teaches the fleet nothing.
+    pub(super) explains: Option<Duration>,
     /// Whether a policy of the primary window has nothing left: the fleet
     /// holds new calls until its window has room.
     pub(super) used_up: bool,
@@ -309,9 +319,16 @@ impl Said {
                     said.resets.push((p.unit.counted(), w, r, p.reset_dated));
                 }
             }
-            let spent = p
+            let emptied = p
                 .reset_in
                 .filter(|r| p.remaining == Some(0) && !r.is_zero());
+            // As in-process: a told bucket's hold is its own
+            // (`Kept::emptied_hold`), any other no longer than its window
+            // for a reset in whole seconds.
+            let spent = emptied.map(|r| p.hold(r, over.unwrap_or(window)));
+            if let (Some(r), Some(_)) = (spent, p.quota) {
+                said.explains = Some(said.explains.map_or(r, |e| e.max(r)));
+            }
             // A policy of a told fixed window's window, of no less than its
             // quota, is that window's, as in-process: it aligns it and
             // holds the fleet when used up, but lowers no other window.
@@ -338,7 +355,7 @@ impl Said {
                 // A stated policy of calls: no secret to learn.
                 said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
-                if let Some(r) = spent {
+                if let Some(r) = emptied {
                     said.emptied.push((p.name, r, p.reset_exact, i));
                 }
                 continue;
@@ -348,23 +365,21 @@ impl Said {
             }
             let used = |q: u64| q.saturating_sub(p.remaining.unwrap_or(q));
             match (p.unit, p.window, p.quota) {
-                (Unit::Calls, Some(w), q) if w != window => {
-                    said.told |= q.is_some();
-                    said.told_elsewhere |= q.is_some();
-                    if let Some(q) = q {
-                        said.others.push(Stated {
-                            used: used(q),
-                            name: p.name,
-                            unit: Counted::Calls,
-                            quota: q,
-                            window: w,
-                            windowless: false,
-                            reset: None,
-                            reset_exact: false,
-                            reset_dated: false,
-                        });
-                    }
-                }
+                // A quota of another window with room left does not
+                // explain a 429: a limit kept unstated beside it (a
+                // second's, beside an hour's) is still learnt from them.
+                (Unit::Calls, Some(w), Some(q)) if w != window => said.others.push(Stated {
+                    used: used(q),
+                    name: p.name,
+                    unit: Counted::Calls,
+                    quota: q,
+                    window: w,
+                    windowless: false,
+                    reset: None,
+                    reset_exact: false,
+                    reset_dated: false,
+                }),
+                (Unit::Calls, Some(w), None) if w != window => {}
                 (Unit::Calls, _, q) => {
                     if let Some(q) = q {
                         said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
@@ -395,8 +410,12 @@ impl super::Inner {
     /// limit may teach the fleet a limit, a quota waited for (`hold`) not.
     async fn paused(&self, for_: Duration, learning: bool) -> Result<(), PaceError> {
         // 2: a bare rate, whose first refused burst paces evenly.
+        let explained = self
+            .lock()
+            .explained_until
+            .is_some_and(|u| u > Instant::now());
         let learn = match (
-            learning && self.secret.load(Ordering::SeqCst),
+            learning && self.secret.load(Ordering::SeqCst) && !explained,
             self.shape_unknown,
         ) {
             (false, _) => 0u8,

@@ -75,7 +75,10 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 }
 
 /// What a server states binds the fleet, switching learning from 429s off,
-/// unless it is a quota of the primary window above the configured one.
+/// unless it is a quota of the primary window above the configured one or
+/// one of another window: a limit kept unstated beside that (a second's,
+/// beside an hour's) is learnt from 429s, but for one while the stated
+/// quota is used up (`explains`), as in-process.
 #[test]
 fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     use face::Said;
@@ -86,7 +89,13 @@ fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     assert!(thousand.binds(1000) && thousand.binds(2000) && thousand.binds(0));
     assert!(said(&[("x-ratelimit-remaining", "3")]).binds(40));
     let other_window = said(&[("ratelimit-policy", r#""h";q=5000;w=3600"#)]);
-    assert!(other_window.binds(40));
+    assert!(!other_window.binds(40));
+    assert_eq!(other_window.explains, None);
+    let used_up = said(&[
+        ("ratelimit-policy", r#""h";q=5000;w=3600"#),
+        ("ratelimit", r#""h";r=0;t=900"#),
+    ]);
+    assert_eq!(used_up.explains, Some(Duration::from_secs(900)));
 }
 
 #[test]
@@ -164,10 +173,11 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
         ]),
         (Some(20), true, vec![(Unit::Calls, 500, 3600, 60)])
     );
-    // A window of another length alone is no secret either.
+    // A window of another length alone leaves a limit of the fleet's own
+    // window unstated.
     assert_eq!(
         others(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
-        (None, true, vec![(Unit::Calls, 5, 3600, 0)])
+        (None, false, vec![(Unit::Calls, 5, 3600, 0)])
     );
     assert_eq!(
         others(&[

@@ -4,7 +4,9 @@ use crate::rate::testing::{check_windows, drive, fates, Call, Client, Fate};
 use proptest::prelude::*;
 
 mod bounded;
+mod resets;
 mod stated;
+mod unstated;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

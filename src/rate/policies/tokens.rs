@@ -135,7 +135,7 @@ impl PolicySet {
         // takes the next call as soon as its tokens are back: its level
         // (the server's, from `spent_elsewhere`) paces it, not the reset.
         if p.remaining == Some(0) && !self.kept[i].refills() {
-            let reset = self.kept[i].emptied_hold(reset, p.reset_exact);
+            let reset = self.kept[i].emptied_hold(p, reset);
             self.kept[i].hold_until(later(now, reset));
             self.used_up(p, reset, now);
             if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {

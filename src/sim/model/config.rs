@@ -92,6 +92,8 @@ pub struct Config {
     pub latency_in: Option<(Duration, Duration)>,
     /// Enforce the limit but never send the rate headers.
     pub secret_limit: bool,
+    /// Enforce the first policy but never state it (the others stated).
+    pub secret_first: bool,
     /// Say every Retry-After as an HTTP-date, not delay seconds.
     pub retry_after_date: bool,
     /// Finish a call whose client went away.
@@ -131,6 +133,7 @@ impl Default for Config {
             seed: 0,
             latency_in: None,
             secret_limit: false,
+            secret_first: false,
             retry_after_date: false,
             rate_limit_forever: false,
             echo_key: false,

@@ -139,7 +139,8 @@ impl Model {
     ) -> Admission {
         let (ControlFlow::Break(a) | ControlFlow::Continue(a)) =
             self.decide(key, endpoint, idem, tokens, now);
-        if self.cfg.secret_limit {
+        // The default headers state the first policy, which is unstated.
+        if self.cfg.secret_limit || self.cfg.secret_first {
             a.without_rate()
         } else {
             a
@@ -415,9 +416,10 @@ impl Model {
         if self.cfg.secret_limit {
             return Vec::new();
         }
-        self.keys
-            .get(key)
-            .map_or_else(Vec::new, |st| st.policies(now))
+        let skip = usize::from(self.cfg.secret_first);
+        self.keys.get(key).map_or_else(Vec::new, |st| {
+            st.policies(now).into_iter().skip(skip).collect()
+        })
     }
 }
 

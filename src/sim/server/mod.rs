@@ -88,6 +88,7 @@ fn describe(cfg: &Config) -> Value {
         "latency_in_ms": cfg.latency_in.map(ms),
         "keep_working": cfg.keep_working,
         "secret_limit": cfg.secret_limit,
+        "secret_first": cfg.secret_first,
         "retry_after_date": cfg.retry_after_date,
         "rate_limit_forever": cfg.rate_limit_forever,
         "echo_key": cfg.echo_key,

@@ -316,9 +316,10 @@ impl Store for Lua {
                 Answer::Aligned(aligned == 1)
             }
             Call::Stated(quota, window, used, unit) => {
-                // As the fleet's pacer: a stated policy of calls means no
-                // secret limit to learn; the adopted key is passed from
-                // then on.
+                // As the fleet's pacer: a stated policy of another window
+                // leaves a secret limit of the primary one to learn (but
+                // for a 429 while it is used up, which `used` never is
+                // here); the adopted key is passed from then on.
                 let tokens = unit.is_tokens();
                 let key = match unit {
                     Unit::Calls => self.names.further(quota, window),
@@ -328,7 +329,6 @@ impl Store for Lua {
                     self.stated = Some((quota, window, unit));
                 }
                 let key = self.refilled.get(&key).cloned().unwrap_or(key);
-                self.secret &= tokens;
                 match self.keys.iter().position(|k| *k == key) {
                     None => {
                         self.keys.push(key);
