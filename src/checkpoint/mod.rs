@@ -199,6 +199,11 @@ pub struct JobMeta {
     /// lines' keys.
     #[serde(default)]
     pub keys_by_content: bool,
+    /// Its Idempotency-Keys take a JSON body by its content, its fields in
+    /// any order (see `run/keys.rs`): true for jobs made since; older jobs
+    /// keep the keys of their bodies as sent.
+    #[serde(default)]
+    pub keys_sorted_body: bool,
     /// `--shard` splits its items by their content, not their lines (see
     /// `fleet/shard.rs`): true for jobs made since; older jobs keep the
     /// split by line.

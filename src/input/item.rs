@@ -73,6 +73,15 @@ impl Item {
     }
 }
 
+/// `v` as JSON with every object's fields sorted by name: the same bytes
+/// for the same content, whatever order a file gave its fields in.
+pub fn sorted_json(v: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = write_sorted(&mut out, v);
+    out
+}
+
 /// Writes `v` as JSON with every object's fields sorted by name. Nesting is
 /// bounded by the parser's (128 levels), and so is this recursion.
 fn write_sorted(w: &mut dyn io::Write, v: &Value) -> io::Result<()> {

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use self::bytes::{io_reason, open_file, HashingReader};
 use self::csv::CsvItems;
-pub use self::item::{FieldOrder, Item};
+pub use self::item::{sorted_json, FieldOrder, Item};
 use self::jsonl::JsonlItems;
 pub use self::spool::{is_spooled_copy, spool, Spooled};
 

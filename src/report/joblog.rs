@@ -39,6 +39,16 @@ fn starts_as_joblog(path: &Path) -> std::io::Result<bool> {
     Ok(first.trim_end_matches(['\n', '\r']) == HEADER)
 }
 
+/// Whether the non-empty file at `path` ends with a newline.
+fn ends_a_line(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    f.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
 impl JobLog {
     /// Opens `path` for appending, writing the header if it is new or
     /// empty. A file that holds something else (its first line is not the
@@ -56,9 +66,15 @@ impl JobLog {
                  header); name another file, or remove it first",
             ));
         }
+        let torn = !empty && !ends_a_line(path)?;
         let mut w = BufWriter::with_capacity(64 * 1024, f);
         if empty {
             writeln!(w, "{HEADER}")?;
+        }
+        // A line cut short (a full disk, a kill mid-write) ends here, or
+        // the next line would be appended to it, one line of both.
+        if torn {
+            writeln!(w)?;
         }
         Ok(JobLog {
             path: path.to_path_buf(),
@@ -170,6 +186,37 @@ mod tests {
                 "4\t1700000000.248\t0.002\t429\t1\trate_limited",
                 "4\t1700000000.250\t0.000\t-\t2\tconnect",
             ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A line a full disk cut short stays a line of its own: the next
+    /// call's was appended to it, one line of seven fields.
+    #[test]
+    fn a_line_cut_short_is_ended_before_the_next() {
+        let dir = std::env::temp_dir().join(format!("batchrun-joblog-cut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("calls.tsv");
+        std::fs::write(&path, format!("{HEADER}\n3\t1700000")).unwrap();
+        let mut log = JobLog::open(&path).unwrap();
+        let now = Duration::from_millis(1_700_000_000_250);
+        let id = CallId {
+            line: 4,
+            attempt: 1,
+        };
+        log.call(
+            id,
+            Answer::Status(200),
+            Some(Duration::from_millis(50)),
+            now,
+        );
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [HEADER, "3\t1700000", "4\t1700000000.200\t0.050\t200\t1\tok"]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -31,6 +31,7 @@ pub fn key_scheme(meta: &JobMeta, spec: &crate::request::RequestSpec) -> super::
         epoch: meta.epoch,
         varying,
         by_content: meta.keys_by_content,
+        sorted_body: meta.keys_sorted_body,
     }
 }
 
@@ -371,6 +372,7 @@ pub fn open(
         input_len: file_len(&settings.input),
         layout: LAYOUT,
         keys_by_content: true,
+        keys_sorted_body: true,
         shards_by_content: true,
         any_field_order: order == input::FieldOrder::Ignored,
         ..JobMeta::default()

@@ -344,6 +344,7 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
         return None;
     }
     let until = crate::util::rfc3339((now + held).as_secs())?;
+    let today = crate::util::rfc3339(now.as_secs())?;
     Some(format!(
         "batchrun: the last run on this API sent calls {} ago, which its {} window may still \
          count: the first calls wait until {} UTC",
@@ -351,8 +352,21 @@ pub(super) fn held_by_last_run(settings: &Settings, last_active: Duration) -> Op
             now.saturating_sub(last_active).as_secs()
         )),
         humantime::format_duration(shortest),
-        &until[11..19]
+        wait_until(&until, &today)
     ))
+}
+
+/// The time of day of RFC 3339 instant `until`, with its date when that
+/// is not `today`'s: a day's window waited "until 19:03:48" read as three
+/// seconds away, not tomorrow.
+fn wait_until<'a>(until: &'a str, today: &str) -> std::borrow::Cow<'a, str> {
+    let (Some(day), Some(time)) = (until.get(..10), until.get(11..19)) else {
+        return until.into();
+    };
+    match today.get(..10) == Some(day) {
+        true => time.into(),
+        false => format!("{day} {time}").into(),
+    }
 }
 
 /// A policy of tokens told with no `--cost`: each call is estimated at
@@ -412,5 +426,20 @@ pub(super) fn announce(
     let counts = meta.counts();
     if let Some(warning) = orphaned_results(settings, meta, counts.done + counts.failed) {
         reporter.say(&warning);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wait_until;
+
+    #[test]
+    fn a_wait_into_another_day_names_the_day() {
+        let today = "2026-12-07T19:03:45Z";
+        assert_eq!(wait_until("2026-12-07T20:03:23Z", today), "20:03:23");
+        assert_eq!(
+            wait_until("2026-12-08T19:03:48Z", today),
+            "2026-12-08 19:03:48"
+        );
     }
 }

@@ -56,6 +56,7 @@ async fn run_pool(
                 epoch: 0,
                 varying: Vec::new(),
                 by_content: true,
+                sorted_body: false,
             },
             policy: super::react::Policy {
                 max_attempts: 5,

@@ -389,3 +389,49 @@ async fn a_run_in_another_layout_while_a_shard_runs_sends_nothing() {
     assert!((1..20).contains(&done), "{}", r.summary);
     assert_side_effects(&s.sim().stats().await, done);
 }
+
+/// A call of unknown outcome sent again by `--retry-failed` after its input
+/// was regenerated with the fields in another order (JSONL keys, CSV
+/// columns), the item being the body (`--json-body`): the same call under
+/// the same key, which the API replays. Its key was the body's as sent,
+/// and every such call ran twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_json_body_with_its_fields_in_another_order_keeps_its_key() {
+    let cases = [
+        (
+            "order-jsonl",
+            "items.jsonl",
+            "{\"id\":1,\"name\":\"a\"}\n{\"id\":2,\"name\":\"b\"}\n",
+            "{\"name\":\"a\",\"id\":1}\n{\"name\":\"b\",\"id\":2}\n",
+        ),
+        (
+            "order-csv",
+            "items.csv",
+            "id,name\n1,a\n2,b\n",
+            "name,id\na,1\nb,2\n",
+        ),
+    ];
+    for (tag, name, before, after) in cases {
+        let s = Scenario::new(tag)
+            .with_sim(&["--limit", "none", "--reset-rate", "1", "--seed", "1"])
+            .input(name, before);
+        let url = format!("{}/v1/echo", s.sim().url);
+        let args = [
+            "--limit",
+            "none",
+            "--max-attempts",
+            "1",
+            "--json-body",
+            "--url",
+            &url,
+        ];
+        let r = s.run(&args);
+        assert_eq!(r.summary["failed"], 2, "{tag}: {}", r.summary);
+        s.dir().write(name, after);
+        let r = s.run(&[&args[..], &["--retry-failed"]].concat());
+        assert_eq!(r.summary["done"], 2, "{tag}: {}", r.stderr);
+        let stats = s.sim().stats().await;
+        assert_eq!(stats["idempotent_replays"], 2, "{tag}: {stats}");
+        assert_side_effects(&stats, 2);
+    }
+}
