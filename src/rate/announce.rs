@@ -63,10 +63,6 @@ impl Unit {
     }
 }
 
-/// How late a reset in whole seconds may be: a second of rounding up,
-/// and a second more for an instant read against the response's `Date`.
-pub const RESET_ROUNDING: Duration = Duration::from_secs(2);
-
 /// One limit a server says it keeps, whatever the dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announced {
@@ -110,15 +106,19 @@ impl Announced {
 
     /// How long nothing left of this policy holds calls, for its reset
     /// `reset`, the policy counting over `window` (its own, or the window
-    /// it is read against when it states none). A reset in whole seconds
-    /// within `window` and the rounding ([`RESET_ROUNDING`]) holds no
-    /// longer than `window`: any window's quota (and a bucket's, stated as
-    /// a quota per window) is back within W of the call this response
-    /// answers, and the rounding alone held a 100 ms window a second, a
-    /// 1 s window two. A finer reset, or one further off, holds as stated.
+    /// it is read against when it states none). Any window's quota (and a
+    /// bucket's, stated as a quota per window) is back within W of the call
+    /// this response answers; a reset in whole seconds that says no more
+    /// than that, rounded up (and a second more for an instant read
+    /// against a whole-second `Date`), holds no longer than `window`: the
+    /// rounding alone held a 100 ms window a second, a 1 s window two. A
+    /// reset to the millisecond holds as stated, and so does a longer one,
+    /// which says the server's window is longer than the one it is read
+    /// against.
     pub fn hold(&self, reset: Duration, window: Duration) -> Duration {
-        let within = window.saturating_add(RESET_ROUNDING);
-        match self.reset_exact || reset > within {
+        let whole = Duration::from_secs(window.as_secs() + u64::from(window.subsec_nanos() > 0));
+        let most = whole.saturating_add(Duration::from_secs(u64::from(self.reset_dated)));
+        match self.reset_exact || reset > most {
             true => reset,
             false => reset.min(window),
         }

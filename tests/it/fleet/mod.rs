@@ -17,6 +17,7 @@ mod stated_tokens;
 mod stops;
 mod support;
 mod tokens;
+mod unstated;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};

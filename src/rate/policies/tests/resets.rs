@@ -27,15 +27,27 @@ fn a_whole_second_reset_of_a_shorter_window_holds_for_the_window() {
 /// A reset instant in whole seconds against a whole-second `Date` (GitHub,
 /// Anthropic) reads up to two seconds long for a one-second window: held
 /// for the window (the reset's 2 s held a 10/1s job at half its pace).
-/// Stated to the millisecond, or beyond the window and its rounding, a
-/// reset holds as stated.
+/// Stated to the millisecond, or beyond what the window's end reads as,
+/// a reset holds as stated: a delta of 2 s for a 1 s window is a longer
+/// window than the one it is read against, which its hold keeps.
 #[test]
 fn a_reset_holds_at_most_its_window_unless_exact_or_further() {
     let t0 = Instant::now();
-    for (reset, exact, held) in [(2000, false, 1000), (1500, true, 1500), (3500, false, 3500)] {
+    let cases = [
+        (2000, false, true, 1000),
+        (2000, false, false, 2000),
+        (1500, true, false, 1500),
+        (3000, false, true, 3000),
+    ];
+    for (reset, exact, dated, held) in cases {
         let mut s = set(&[(10, 1000)], t0);
         assert_eq!(at_once(&mut s, t0), 10);
-        s.announce(&[used_up(10, Some(1000), reset, exact)], t0);
-        assert_eq!(s.held_until(t0), Some(t0 + ms(held)), "reset {reset} ms");
+        let p = Announced {
+            reset_dated: dated,
+            ..used_up(10, Some(1000), reset, exact)
+        };
+        s.announce(&[p], t0);
+        let at = s.held_until(t0);
+        assert_eq!(at, Some(t0 + ms(held)), "reset {reset} ms, dated {dated}");
     }
 }
