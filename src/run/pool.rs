@@ -60,9 +60,9 @@ pub struct Pool {
     pub got_through: std::sync::atomic::AtomicBool,
     /// 401s in a row since the last call that got through.
     pub refusals_in_a_row: std::sync::atomic::AtomicU32,
-    /// An item was set aside for a refusal before any call got through
-    /// (once per run: a second such refusal is the key's).
-    pub deferred: std::sync::atomic::AtomicBool,
+    /// Items set aside for a refusal before any call got through (at most
+    /// [`DEFERRABLE`] a run: one more such refusal is the key's).
+    pub deferred: std::sync::atomic::AtomicU32,
     /// A retry's long wait that the server asked for was said (once a
     /// run).
     pub long_wait_said: std::sync::atomic::AtomicBool,
@@ -94,6 +94,23 @@ pub struct Queued {
     /// The block of the input its batch is formed from, under `--batch`
     /// (see [`super::batch::Blocks`]).
     pub block: u64,
+}
+
+/// How many items a run sets aside for a 403 (or another refusal) before
+/// any call got through, to tell an item's refusal from the key's: the
+/// next refused then is the key's. Three items refused alike and no call
+/// through is a key's refusal; one was not enough where the first two
+/// items of a queue are refused (a cron job's key halted as rejected
+/// every night, the same two items going first each time).
+pub const DEFERRABLE: u32 = 3;
+
+/// How many items are set aside for a refusal of `status` first: a 401
+/// is the credentials' (one, as ever; a 403 may be an item's).
+fn deferrable(status: u16) -> u32 {
+    match status {
+        401 => 1,
+        _ => DEFERRABLE,
+    }
 }
 
 impl Pool {
@@ -300,15 +317,19 @@ impl Pool {
     ) -> Turn {
         let limited_since = *self.limited_since.lock().unwrap_or_else(|p| p.into_inner());
         let got_through = self.got_through.load(std::sync::atomic::Ordering::Relaxed);
-        // One item is set aside per run, claimed here: a second refusal
-        // before any call got through (two workers refused at once, or the
-        // item after the one set aside) is the key's.
+        // Items are set aside a few a run, claimed here: one more refusal
+        // before any call got through is the key's.
         let may_defer = !probing
             && !got_through
-            && matches!(outcome, Outcome::Error(CallError::Refused { .. }, _))
-            && !self
-                .deferred
-                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            && match &outcome {
+                Outcome::Error(CallError::Refused { status, .. }, _) => {
+                    let set_aside = self
+                        .deferred
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    set_aside < deferrable(*status)
+                }
+                _ => false,
+            };
         let call = Call {
             item,
             tries: *tries,

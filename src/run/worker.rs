@@ -41,8 +41,9 @@ impl Pool {
     /// One worker: takes items until the queue is done and its items set
     /// aside are over, or the run stops.
     pub async fn worker(self: Arc<Self>, queue: Queue) {
-        // One item set aside after a first refusal (`Action::Defer`).
-        let mut held: Option<Queued> = None;
+        // Items set aside after a first refusal (`Action::Defer`), at most
+        // `DEFERRABLE` a run.
+        let mut held: Vec<Queued> = Vec::new();
         let mut later = Later::default();
         let mut open = true;
         loop {
@@ -54,7 +55,7 @@ impl Pool {
                 }
                 Take::Item(q) => self.process(q).await,
                 Take::Due(going) => self.drive(*going).await,
-                Take::Idle => match held.take() {
+                Take::Idle => match held.pop() {
                     // With nothing left to tell the key from it, a lone
                     // item set aside goes again, and its refusal halts.
                     Some(h) => self.process(h).await,
@@ -71,18 +72,19 @@ impl Pool {
                     continue;
                 }
             };
-            // The item after the one set aside has had its answer: the one
-            // set aside goes again, its refusal now its own if the key works.
-            if let Some(h) = held.take() {
-                match self.process(h).await {
-                    Left::Over => {}
-                    Left::Defer(q) => held = Some(q),
-                    Left::Later { at, going } => later.put(at, going),
+            // An item after those set aside has had its answer (not a
+            // refusal set aside too): they go again, each refusal now its
+            // own if the key works.
+            if aside.is_none() {
+                for h in std::mem::take(&mut held) {
+                    match self.process(h).await {
+                        Left::Over => {}
+                        Left::Defer(q) => held.push(q),
+                        Left::Later { at, going } => later.put(at, going),
+                    }
                 }
             }
-            if aside.is_some() {
-                held = aside;
-            }
+            held.extend(aside);
         }
     }
 

@@ -246,6 +246,32 @@ async fn a_rejected_key_halts_with_exit_1_and_marks_nothing_failed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("BATCHRUN_API_KEY"));
 }
 
+/// A 403 for the first two items of the queue, before any call got
+/// through: the items after them tell it from the key's (they go through),
+/// and the two are recorded as their own refusals. The second refusal
+/// halted the run as a rejected key, on every rerun, the same two items
+/// going first each time. Four refused alike, none through, are the key's.
+#[tokio::test(flavor = "multi_thread")]
+async fn items_a_403_refuses_first_are_their_own_once_the_next_go_through() {
+    for c in ["1", "4"] {
+        let s = Scenario::new("refused-first")
+            .with_sim(&["--limit", "none", "--refuse", "n=1", "--refuse", "n=2"])
+            .numbers(20);
+        let r = s.run(&["--limit", "none", "-c", c]);
+        assert_eq!(r.code, 3, "-c {c}: {}", r.stderr);
+        assert_eq!(r.summary["done"], 18, "-c {c}: {}", r.summary);
+        assert_eq!(lines_of(&s.failures_path()), [1, 2], "-c {c}");
+    }
+    let refuse: Vec<String> = (1..=4).map(|n| format!("n={n}")).collect();
+    let mut sim = vec!["--limit", "none"];
+    sim.extend(refuse.iter().flat_map(|r| ["--refuse", r.as_str()]));
+    let s = Scenario::new("refused-all").with_sim(&sim).numbers(4);
+    let r = s.run(&["--limit", "none", "-c", "1"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    assert!(r.stderr.contains("rejected the key"), "{}", r.stderr);
+}
+
 /// A key revoked mid-run: after the first calls got through, every call
 /// is a 401. A lone 401 fails its item; three in a row stop the run (exit
 /// 1), the rest of the items pending, where every item left was failed.
