@@ -132,6 +132,27 @@ pub(super) fn keep_learnt(m: &mut JobMeta, learnt: Option<Learnt>) {
     m.learnt_most = shape.most;
 }
 
+/// The input job `m` was last run from, when it is another file of this
+/// input's name that is still there: a `--state-dir` given to two inputs
+/// of one name (a cron job's dated folders), which took one for the other,
+/// dropping the first's results and sending them again. A file moved (its
+/// old path gone), one replaced in place, and a copy of a directory with
+/// its own checkpoint (the default state dir, beside the input) are the
+/// same job, as ever.
+fn another_file_of_this_name(settings: &Settings, m: &JobMeta) -> Option<String> {
+    let default = crate::settings::state_dir_for(&settings.input, None);
+    if settings.spooled.is_some()
+        || m.input_name != settings.input_name
+        || m.input.is_empty()
+        || crate::util::same_file(&settings.state_dir, &default)
+        || settings.state_dir.starts_with(&default)
+    {
+        return None;
+    }
+    let there = Path::new(&m.input);
+    (there.exists() && !crate::util::same_file(there, &settings.input)).then(|| m.input.clone())
+}
+
 /// Finds the job for this input and request in `store`: the one made for
 /// it, or one a changed request was carried over to (`--keep-done`); for a
 /// pipe, one whose content this content is, or starts with.
@@ -197,6 +218,15 @@ pub(super) fn locate(store: &Store, settings: &Settings) -> Result<Located, RunE
             || owned(&settings.failures)
     };
     if let Some(m) = found {
+        if let Some(other) = another_file_of_this_name(settings, m) {
+            return Err(RunError::Usage(format!(
+                "{} holds the job of {other}, another file named {} that is still there: \
+                 two inputs never share a checkpoint; give this one a --state-dir of its own \
+                 (by default each has its own, .batchrun beside it)",
+                settings.state_dir.display(),
+                settings.input_name
+            )));
+        }
         return Ok(Located {
             id: m.id.clone(),
             window,
@@ -268,6 +298,19 @@ pub(super) fn request_diff(old: &str, new: &str) -> Vec<String> {
         if !new.iter().any(|(nk, _)| nk == k) {
             out.push(format!("{k}: {v} (removed)"));
         }
+    }
+    // Read by name, the two are alike: they differ in what a name lookup
+    // does not see (the list of differences was empty).
+    if out.is_empty() && old != new {
+        let sorted = |v: &[(String, String)]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v
+        };
+        out.push(match sorted(&old) == sorted(&new) {
+            true => "the order of the -H headers".to_string(),
+            false => "a header given more than once, or the case of a header's name".to_string(),
+        });
     }
     out
 }
@@ -436,5 +479,18 @@ mod tests {
             vec!["body: {\"a\":1} -> <item as JSON>"]
         );
         assert!(request_diff(old, old).is_empty());
+        let two = format!("{old}\nX-Trace: nightly");
+        let swapped = two.replace("X-Team: ops\n", "") + "\nX-Team: ops";
+        let swapped =
+            swapped.replace("\nkey header: idempotency-key", "") + "\nkey header: idempotency-key";
+        assert_eq!(
+            request_diff(&two, &swapped),
+            vec!["the order of the -H headers"]
+        );
+        let cased = old.replace("X-Team", "x-team");
+        assert_eq!(
+            request_diff(old, &cased),
+            vec!["header x-team: ops (added)", "header X-Team: ops (removed)"]
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! silent server, and the small things a rerun shows.
 
 mod batches;
+mod names;
 mod rehearsals;
 
 use crate::common::*;
