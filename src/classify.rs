@@ -474,6 +474,43 @@ fn visible(text: &str) -> String {
 
 /// The `error` or `message` field of a JSON error body, or the first line of
 /// a text body, trimmed to something a failures file can hold.
+/// The words of an HTML page (a proxy's or nginx's error page): its title,
+/// else its text without the tags (empty: none). Its first line was
+/// quoted, `<html>`.
+fn html_words(body: &str) -> Option<String> {
+    let t = body.trim_start();
+    if !t.starts_with('<') {
+        return None;
+    }
+    let lower = t.to_ascii_lowercase();
+    let title = lower.find("<title>").and_then(|i| {
+        let from = i + "<title>".len();
+        let len = lower[from..].find("</title>")?;
+        t.get(from..from + len)
+    });
+    let text = match title.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => s.to_string(),
+        None => {
+            let mut out = String::new();
+            let mut in_tag = false;
+            for c in t.chars() {
+                match c {
+                    '<' => in_tag = true,
+                    '>' => {
+                        in_tag = false;
+                        out.push(' ');
+                    }
+                    c if !in_tag => out.push(c),
+                    _ => {}
+                }
+            }
+            out.split_whitespace().collect::<Vec<_>>().join(" ")
+        }
+    };
+    // A page with no words says nothing: not its first line either.
+    Some(text)
+}
+
 fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String> {
     // `{"error": "..."}`, `{"message": "..."}`, or OpenAI's and
     // Anthropic's `{"error": {"message": "...", "type": ...}}`: the words,
@@ -487,7 +524,9 @@ fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String>
                 m.as_str().map(str::to_string)
             })
         });
-    let text = from_json.or_else(|| body.lines().next().map(str::to_string))?;
+    let text = from_json
+        .or_else(|| html_words(body))
+        .or_else(|| body.lines().next().map(str::to_string))?;
     // A server's words go into logs and terminals: no escape sequences, no
     // line breaks of their own, nothing that reorders what follows.
     // Cut generously here; the key is looked for in what is kept, and only
@@ -504,6 +543,28 @@ fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String>
 mod tests {
     use super::*;
     use reqwest::header::{HeaderName, HeaderValue};
+
+    /// An HTML error page (nginx's `limit_req` answers one) is quoted by
+    /// its title, else its words: its first line, `<html>`, was quoted.
+    #[test]
+    fn an_html_page_is_quoted_by_its_words() {
+        let nginx = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n\
+                     <body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n\
+                     <hr><center>nginx/1.22.1</center>\r\n</body>\r\n</html>\r\n";
+        assert_eq!(
+            short_reason(nginx, None, SHORT).as_deref(),
+            Some("503 Service Temporarily Unavailable")
+        );
+        assert_eq!(
+            short_reason("<p>Too many\n requests</p>", None, SHORT).as_deref(),
+            Some("Too many requests")
+        );
+        assert_eq!(short_reason("<html></html>", None, SHORT), None);
+        assert_eq!(
+            short_reason("slow down", None, SHORT).as_deref(),
+            Some("slow down")
+        );
+    }
 
     fn h(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut m = HeaderMap::new();

@@ -306,7 +306,9 @@ impl Pool {
                         retry_after: None,
                         unknown: true,
                     };
-                    self.whole(Outcome::Error(err, None), chunk, req, probing)
+                    // Every first answer unpaired: not a batch endpoint.
+                    let systemic = Some(super::watch::Systemic::Unpaired(reason));
+                    self.whole(Outcome::Error(err, systemic), chunk, req, probing)
                         .await
                 }
             },

@@ -25,6 +25,9 @@ pub enum Systemic {
     Connect(String),
     /// The server answered 404 or 405.
     Status(u16),
+    /// A batch's answer could not be paired with its items (no array of
+    /// results, or one of another length); the reason.
+    Unpaired(String),
 }
 
 impl Systemic {
@@ -32,6 +35,7 @@ impl Systemic {
         match (self, other) {
             // The detail (a port, an address) may vary; the kind is the cause.
             (Systemic::Connect(_), Systemic::Connect(_)) => true,
+            (Systemic::Unpaired(_), Systemic::Unpaired(_)) => true,
             (a, b) => a == b,
         }
     }
@@ -47,6 +51,10 @@ impl Systemic {
             Systemic::Connect(_) => "check the host and port in --url, and that the API is up",
             Systemic::Status(405) => "check --method",
             Systemic::Status(_) => "check the path in --url",
+            Systemic::Unpaired(_) => {
+                "check that --url is the API's batch endpoint, and that --batch-results names \
+                 its array of results"
+            }
         }
     }
 
@@ -54,6 +62,7 @@ impl Systemic {
         match self {
             Systemic::Connect(r) => r.clone(),
             Systemic::Status(s) => format!("HTTP {s} on every item"),
+            Systemic::Unpaired(r) => r.clone(),
         }
     }
 }

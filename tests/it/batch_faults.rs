@@ -332,3 +332,34 @@ async fn items_429s_for_max_wait_halt_resumably_with_every_item_pending() {
     );
     assert!(jsonl(&s.failures_path()).is_empty());
 }
+
+/// `--batch` sent to an endpoint that takes one item a call (its answers
+/// hold no array of results): every first answer unpaired stops the run
+/// (exit 1), the items pending, saying what to check. Every batch was
+/// retried five times (each call run and charged) and every item ended
+/// failed, its outcome unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_sent_to_an_endpoint_of_one_item_stop_the_run_at_once() {
+    let s = Scenario::new("batch-wrong-endpoint")
+        .with_sim(&["--limit", "none"])
+        .numbers(200);
+    let url = format!("{}/v1/echo", s.sim().url);
+    let r = s.run(&[
+        "--url",
+        &url,
+        "--json-body",
+        "--batch",
+        "10",
+        "--limit",
+        "none",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--url is the API's batch endpoint"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
+    let requests = r.summary["requests"].as_u64().unwrap();
+    assert!(requests <= 12, "{requests} calls: {}", r.summary);
+}
