@@ -93,11 +93,14 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
             put(h, "ratelimit-limit", t.limit.to_string());
             put(h, "ratelimit-remaining", t.remaining.to_string());
             put(h, "ratelimit-reset", secs_up(t.reset).to_string());
-            let policy = view
+            let policy: Vec<String> = view
                 .iter()
-                .filter(|p| p.unit == Unit::Calls)
-                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)));
-            put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
+                .filter(|p| p.unit == Unit::Calls && whole(p.window))
+                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)))
+                .collect();
+            if !policy.is_empty() {
+                put(h, "ratelimit-policy", policy.join(", "));
+            }
         }
         Dialect::XRatelimit | Dialect::Github => {
             let Some(t) = calls else { return };
@@ -158,26 +161,41 @@ fn ietf(h: &mut HeaderMap, view: &[PolicyView]) {
             format!("p{}", i + 1)
         }
     };
-    let policy = view.iter().enumerate().map(|(i, p)| {
-        let qu = match p.unit {
-            Unit::Calls => "",
-            Unit::Tokens => ";qu=\"tokens\"",
-            Unit::InputTokens => ";qu=\"input-tokens\"",
-            Unit::OutputTokens => ";qu=\"output-tokens\"",
-        };
-        format!(
-            "\"{}\";q={};w={}{qu}",
-            name(i),
-            p.limit,
-            ceil_secs(p.window)
-        )
-    });
-    put(h, "ratelimit-policy", policy.collect::<Vec<_>>().join(", "));
+    // `w` is whole seconds: a window of 100 ms cannot be stated (rounded
+    // up, it stated a limit ten times stricter than the one kept), so its
+    // policy is left out and its `RateLimit` state alone says what is left.
+    let policy = view
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| whole(p.window))
+        .map(|(i, p)| {
+            let qu = match p.unit {
+                Unit::Calls => "",
+                Unit::Tokens => ";qu=\"tokens\"",
+                Unit::InputTokens => ";qu=\"input-tokens\"",
+                Unit::OutputTokens => ";qu=\"output-tokens\"",
+            };
+            format!(
+                "\"{}\";q={};w={}{qu}",
+                name(i),
+                p.limit,
+                ceil_secs(p.window)
+            )
+        });
+    let policy: Vec<String> = policy.collect();
+    if !policy.is_empty() {
+        put(h, "ratelimit-policy", policy.join(", "));
+    }
     let state = view
         .iter()
         .enumerate()
         .map(|(i, p)| format!("\"{}\";r={};t={}", name(i), p.remaining, secs_up(p.reset)));
     put(h, "ratelimit", state.collect::<Vec<_>>().join(", "));
+}
+
+/// Whether `w` is whole seconds, as the IETF fields' `w` must be.
+fn whole(w: Duration) -> bool {
+    w.subsec_nanos() == 0
 }
 
 /// `X-RateLimit-*` of one policy; as GitHub, the reset in epoch seconds
@@ -273,6 +291,21 @@ mod tests {
                 (Some(50), Some(Duration::from_secs(10)), Some(0)),
             ]
         );
+        // A window of 100 ms cannot be stated in whole seconds: its
+        // policy is left out (rounded up, it stated 5 a second for 5 per
+        // 100 ms), what is left of it still said.
+        let short = [PolicyView {
+            window: Duration::from_millis(100),
+            ..view()[0]
+        }];
+        for d in [Dialect::Ietf, Dialect::IetfOld] {
+            let mut h = HeaderMap::new();
+            write(&mut h, d, &short);
+            assert!(h.get("ratelimit-policy").is_none(), "{d:?}");
+            let got = read(&h, unix_now());
+            assert!(got.iter().all(|a| a.window.is_none()), "{d:?}: {got:?}");
+            assert!(got.iter().any(|a| a.remaining == Some(5)), "{d:?}: {got:?}");
+        }
         assert_eq!(go(Duration::from_millis(20)), "20ms");
         assert_eq!(go(Duration::from_secs(360)), "6m0s");
         assert_eq!(go(Duration::from_micros(1_500_001)), "1.501s");
