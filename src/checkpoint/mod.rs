@@ -98,6 +98,12 @@ pub struct JobMeta {
     pub id: String,
     /// The input file, as an absolute path, where it was last run from.
     pub input: String,
+    /// The same path as it was given (made absolute, links not resolved):
+    /// `current/items.jsonl` through a release link is one input whatever
+    /// release it leads to, where two folders' `items.jsonl` are two.
+    /// Empty in records made before it was kept.
+    #[serde(default)]
+    pub input_given: String,
     /// The input's name (its file name, `stdin` for a pipe): what finds
     /// the job wherever the input lives now.
     #[serde(default)]

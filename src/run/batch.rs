@@ -201,38 +201,64 @@ pub(super) struct Element {
     pub(super) exhausted: bool,
 }
 
+/// Why a batch's answer pairs no result with an item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Unpaired {
+    /// What the answer held instead, for the items' failures.
+    pub(super) reason: String,
+    /// It held no array of results at all (not JSON, nothing or no array
+    /// at `--batch-results`): what an endpoint of one item a call answers,
+    /// where a batch endpoint's array of the wrong length (one that leaves
+    /// out a failed item's result) is that batch's alone.
+    pub(super) no_array: bool,
+}
+
+impl std::fmt::Display for Unpaired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 /// The answer's elements, one per item in order, or why there are none.
 pub(super) fn pair(
     spec: &BatchSpec,
     call_status: u16,
     body: &str,
     n: usize,
-) -> Result<Vec<Element>, String> {
-    let v: Value = serde_json::from_str(body)
-        .map_err(|_| "the batch's answer is not JSON: no item's result can be told".to_string())?;
+) -> Result<Vec<Element>, Unpaired> {
+    let none = |reason: String| Unpaired {
+        reason,
+        no_array: true,
+    };
+    let v: Value = serde_json::from_str(body).map_err(|_| {
+        none("the batch's answer is not JSON: no item's result can be told".to_string())
+    })?;
     let array = match &v {
         Value::Array(a) => a,
         other => match other.pointer(&spec.results) {
             Some(Value::Array(a)) => a,
             Some(_) => {
-                return Err(format!(
+                return Err(none(format!(
                     "the batch's answer has no array at {} (--batch-results)",
                     spec.results
-                ))
+                )))
             }
             None => {
-                return Err(format!(
+                return Err(none(format!(
                     "the batch's answer has nothing at {} (--batch-results)",
                     spec.results
-                ))
+                )))
             }
         },
     };
     if array.len() != n {
-        return Err(format!(
-            "the batch's answer holds {} results for {n} items: none is paired with an item",
-            array.len()
-        ));
+        return Err(Unpaired {
+            reason: format!(
+                "the batch's answer holds {} results for {n} items: none is paired with an item",
+                array.len()
+            ),
+            no_array: false,
+        });
     }
     Ok(array
         .iter()

@@ -297,17 +297,19 @@ impl Pool {
         match outcome {
             Outcome::Done(status, body) => match self.pair(&batching.spec, status, &body, n) {
                 Ok(elements) => Step::Done(self.settle_items(chunk, elements, req, probing).await),
-                Err(reason) => {
+                Err(unpaired) => {
                     // Answered but not paired: it may have run; resent
                     // under the same key, the server replays what it did.
                     let err = CallError::Transient {
-                        reason: format!("HTTP {status}: {reason}"),
+                        reason: format!("HTTP {status}: {unpaired}"),
                         status: Some(status),
                         retry_after: None,
                         unknown: true,
                     };
-                    // Every first answer unpaired: not a batch endpoint.
-                    let systemic = Some(super::watch::Systemic::Unpaired(reason));
+                    // Every first answer with no array of results: not a
+                    // batch endpoint (or not its --batch-results).
+                    let systemic = (unpaired.no_array)
+                        .then_some(super::watch::Systemic::Unpaired(unpaired.reason));
                     self.whole(Outcome::Error(err, systemic), chunk, req, probing)
                         .await
                 }

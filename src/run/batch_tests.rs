@@ -80,7 +80,8 @@ fn elements_pair_by_position_only_when_the_count_is_right() {
         ("<html>".to_string(), "not JSON"),
     ] {
         let err = pair(&spec(), 200, &body, 3).unwrap_err();
-        assert!(err.contains(why), "{err}");
+        assert!(err.reason.contains(why), "{err}");
+        assert_eq!(err.no_array, !why.contains("results for"), "{err}");
     }
     let bare = json!([{"status": "ok", "state": {"http": 409}}]).to_string();
     let pointed = BatchSpec {

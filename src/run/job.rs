@@ -133,12 +133,13 @@ pub(super) fn keep_learnt(m: &mut JobMeta, learnt: Option<Learnt>) {
 }
 
 /// The input job `m` was last run from, when it is another file of this
-/// input's name that is still there: a `--state-dir` given to two inputs
-/// of one name (a cron job's dated folders), which took one for the other,
-/// dropping the first's results and sending them again. A file moved (its
-/// old path gone), one replaced in place, and a copy of a directory with
-/// its own checkpoint (the default state dir, beside the input) are the
-/// same job, as ever.
+/// input's name that is still there, given by another path: a
+/// `--state-dir` given to two inputs of one name (a cron job's dated
+/// folders), which took one for the other, dropping the first's results
+/// and sending them again. A file moved (its old path gone), one replaced
+/// in place, one reached through the same link (a release directory's
+/// `current`), and a copy of a directory with its own checkpoint (the
+/// default state dir, beside the input) are the same job, as ever.
 fn another_file_of_this_name(settings: &Settings, m: &JobMeta) -> Option<String> {
     let default = crate::settings::state_dir_for(&settings.input, None);
     if settings.spooled.is_some()
@@ -149,8 +150,20 @@ fn another_file_of_this_name(settings: &Settings, m: &JobMeta) -> Option<String>
     {
         return None;
     }
-    let there = Path::new(&m.input);
-    (there.exists() && !crate::util::same_file(there, &settings.input)).then(|| m.input.clone())
+    let there = Path::new(&m.input_given);
+    let other = !m.input_given.is_empty()
+        && m.input_given != given_path(settings)
+        && there.exists()
+        && !crate::util::same_file(there, &settings.input);
+    other.then(|| m.input_given.clone())
+}
+
+/// The input's path as given, made absolute (links not resolved).
+fn given_path(settings: &Settings) -> String {
+    std::path::absolute(&settings.input)
+        .unwrap_or_else(|_| settings.input.clone())
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Finds the job for this input and request in `store`: the one made for
@@ -358,6 +371,7 @@ pub fn open(
         .with_context(|| format!("{}", settings.input.display()))?
         .to_string_lossy()
         .into_owned();
+    let given = given_path(settings);
     if let Some(mut meta) = store.job(id).context("reading the checkpoint")? {
         // A record made before the key was hidden from it: hidden now.
         if meta.template != settings.identity && settings.same_request(&meta.template) {
@@ -366,8 +380,9 @@ pub fn open(
         }
         // Where the input lives now (moved, or reached by another path):
         // `status` finds the job from there.
-        if meta.input != abs {
+        if meta.input != abs || meta.input_given != given {
             meta.input = abs.clone();
+            meta.input_given = given;
             store.save_job(&meta).context("writing the checkpoint")?;
         }
         if meta.fingerprint != scan.fingerprint && grew(settings, &meta) {
@@ -402,6 +417,7 @@ pub fn open(
     let mut meta = JobMeta {
         id: id.to_string(),
         input: abs,
+        input_given: given,
         input_name: settings.input_name.clone(),
         origin: settings.origin.clone(),
         // The API's window does not know jobs: a new one starts from the

@@ -307,7 +307,7 @@ impl Pool {
         status: u16,
         body: &str,
         n: usize,
-    ) -> Result<Vec<super::batch::Element>, String> {
+    ) -> Result<Vec<super::batch::Element>, super::batch::Unpaired> {
         let elements = super::batch::pair(spec, status, body, n)?;
         Ok(elements
             .into_iter()

@@ -25,8 +25,8 @@ pub enum Systemic {
     Connect(String),
     /// The server answered 404 or 405.
     Status(u16),
-    /// A batch's answer could not be paired with its items (no array of
-    /// results, or one of another length); the reason.
+    /// A batch's answer held no array of results to pair with its items
+    /// (an endpoint of one item a call); the reason.
     Unpaired(String),
 }
 

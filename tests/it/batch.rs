@@ -312,7 +312,8 @@ async fn an_answer_of_the_wrong_length_pairs_nothing_and_is_resent_under_its_key
     for row in jsonl(&s.out_path()) {
         assert_eq!(row["body"]["data"], row["input"], "{row}");
     }
-    // Never right: every item fails with the reason, its outcome unknown.
+    // Never right: every item fails with the reason, its outcome unknown
+    // (an array of the wrong length is the batch's, not the endpoint's).
     let s = Scenario::new("batch-short-always").numbers(20);
     let url = short_answers(usize::MAX).await;
     let r = s.run(&[

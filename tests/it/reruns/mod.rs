@@ -588,15 +588,20 @@ async fn a_refused_first_item_is_that_items_failure_once_the_next_goes_through()
 }
 
 /// A key every call refuses still halts as the key's (exit 1, nothing
-/// failed), after at most the one further call that told it apart.
+/// failed), after the further calls that told it apart: one for a 401,
+/// three for a 403 (which may be an item's: two items refused at the head
+/// of a queue halted every rerun as the key's).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_refused_key_still_halts_after_one_more_call() {
-    let s = Scenario::new("refused-key")
-        .with_sim(&["--limit", "600/1s", "--refuse", "n=1", "--refuse", "n=2"])
-        .numbers(10);
-    let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    assert_eq!(r.summary["failed"], 0, "{}", r.summary);
-    assert_eq!(r.summary["requests"], 2, "{}", r.summary);
-    assert!(jsonl(&s.failures_path()).is_empty());
+async fn a_refused_key_still_halts_after_a_few_more_calls() {
+    for (status, calls) in [("401", 2), ("403", 4)] {
+        let refuse: Vec<String> = (1..=10).map(|n| format!("n={n}:{status}")).collect();
+        let mut sim = vec!["--limit", "600/1s"];
+        sim.extend(refuse.iter().flat_map(|r| ["--refuse", r.as_str()]));
+        let s = Scenario::new("refused-key").with_sim(&sim).numbers(10);
+        let r = s.run(&["--limit", "600/1s", "--concurrency", "1"]);
+        assert_eq!(r.code, 1, "{status}: {}", r.stderr);
+        assert_eq!(r.summary["failed"], 0, "{status}: {}", r.summary);
+        assert_eq!(r.summary["requests"], calls, "{status}: {}", r.summary);
+        assert!(jsonl(&s.failures_path()).is_empty());
+    }
 }
