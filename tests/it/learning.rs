@@ -175,6 +175,23 @@ async fn a_limit_stated_above_the_told_one_leaves_a_lower_secret_one_to_learn() 
     assert_eq!(r.summary["done"], 40, "{}", r.summary);
 }
 
+/// The sim stating only its quota of 100 per 5 s (the IETF fields) and
+/// keeping 10 a second unstated beside it (one process's test and a
+/// fleet's).
+pub const STATED_5S_SECRET_1S: &[&str] = &[
+    "--limit",
+    "10/1s",
+    "--limit",
+    "100/5s",
+    "--secret-first",
+    "--dialect",
+    "ietf",
+    "--cooldown",
+    "1s",
+    "--latency",
+    "1ms..3ms",
+];
+
 /// A server stating only its quota of 100 per 5 s (the IETF fields) and
 /// keeping 10 a second unstated beside it: the 429s come with that quota's
 /// room left, so they are the unstated limit's, learnt as a secret one is.
@@ -183,19 +200,7 @@ async fn a_limit_stated_above_the_told_one_leaves_a_lower_secret_one_to_learn() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quota_stated_for_a_longer_window_leaves_a_secret_one_to_learn() {
     let s = Scenario::new("stated-longer")
-        .with_sim(&[
-            "--limit",
-            "10/1s",
-            "--limit",
-            "100/5s",
-            "--secret-first",
-            "--dialect",
-            "ietf",
-            "--cooldown",
-            "1s",
-            "--latency",
-            "1ms..3ms",
-        ])
+        .with_sim(STATED_5S_SECRET_1S)
         .numbers(60);
     let r = s.run(&["--limit", "30/1s", "--concurrency", "5"]);
     assert_eq!(r.code, 0, "{}", r.stderr);

@@ -13,19 +13,7 @@ async fn a_fleet_learns_a_limit_kept_unstated_beside_a_stated_quota() {
     let redis = Redis::start();
     let name = fleet_name("unstated");
     let s = Scenario::new("fleet-unstated")
-        .with_sim(&[
-            "--limit",
-            "10/1s",
-            "--limit",
-            "100/5s",
-            "--secret-first",
-            "--dialect",
-            "ietf",
-            "--cooldown",
-            "1s",
-            "--latency",
-            "1ms..3ms",
-        ])
+        .with_sim(crate::learning::STATED_5S_SECRET_1S)
         .numbers(60);
     let r = s.run(&[
         "--limit",
