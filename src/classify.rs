@@ -472,8 +472,6 @@ fn visible(text: &str) -> String {
     out
 }
 
-/// The `error` or `message` field of a JSON error body, or the first line of
-/// a text body, trimmed to something a failures file can hold.
 /// The words of an HTML page (a proxy's or nginx's error page): its title,
 /// else its text without the tags (empty: none). Its first line was
 /// quoted, `<html>`.
@@ -511,6 +509,9 @@ fn html_words(body: &str) -> Option<String> {
     Some(text)
 }
 
+/// The `error` or `message` field of a JSON error body, the words of an
+/// HTML one, or the first line of a text body, trimmed to something a
+/// failures file can hold.
 fn short_reason(body: &str, key: Option<&Secret>, room: usize) -> Option<String> {
     // `{"error": "..."}`, `{"message": "..."}`, or OpenAI's and
     // Anthropic's `{"error": {"message": "...", "type": ...}}`: the words,

@@ -11,8 +11,8 @@
 //!
 //! The first window is the *primary* one: the slowest configured limit in
 //! calls per second. Pauses start from it, and only it learns a limit from
-//! 429s: not once the server states its quota (or a quota of tokens), nor
-//! while a quota it stated is used up, which explains the 429. A window-less
+//! 429s: not once the server states its quota, nor while a quota it
+//! stated is used up, which explains the 429. A window-less
 //! announcement (`X-RateLimit-Limit`, OpenAI's and Anthropic's headers)
 //! lowers the window whose configured limit is nearest to it.
 
@@ -102,7 +102,8 @@ pub struct PolicySet {
     rtt: Duration,
     next: u64,
     /// Whether a server stated the primary window's quota (no higher than
-    /// the told one) or a quota of tokens: then 429s teach no lower rate.
+    /// the told one), or a told bucket's or fixed window's: then 429s
+    /// teach no lower rate.
     /// A quota stated for another window leaves a limit the server keeps
     /// unstated (a second's, beside a stated hour's) to be learnt.
     announced: bool,
@@ -469,16 +470,29 @@ impl PolicySet {
                 }
             };
             self.used_up(p, r, now);
-            if p.quota.is_some() {
-                let until = later(now, r);
-                self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
-            }
+            // Until the reset as stated, not as held: a hold cut to the
+            // window (or the even pace) may send before the server's quota
+            // is back, and that call's 429 is the quota's too.
+            let stated = p.reset_in.map_or(Duration::ZERO, |s| match s.is_zero() {
+                true => RESET_NOW,
+                false => s,
+            });
+            self.explain(p, r.max(stated), now);
             if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                 self.heard.push_back(Heard::Exhausted {
                     name: p.name.clone(),
                     for_: r,
                 });
             }
+        }
+    }
+
+    /// Policy `p`, stated with its quota, is used up for `for_` from `now`:
+    /// a 429 until then is that quota's, not a secret limit's.
+    pub(super) fn explain(&mut self, p: &Announced, for_: Duration, now: Instant) {
+        if p.quota.is_some() {
+            let until = later(now, for_);
+            self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
         }
     }
 

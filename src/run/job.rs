@@ -322,7 +322,7 @@ pub(super) fn request_diff(old: &str, new: &str) -> Vec<String> {
         };
         out.push(match sorted(&old) == sorted(&new) {
             true => "the order of the -H headers".to_string(),
-            false => "a header given more than once, or the case of a header's name".to_string(),
+            false => "a header given more than once".to_string(),
         });
     }
     out
@@ -431,7 +431,9 @@ pub fn open(
         input_len: file_len(&settings.input),
         layout: LAYOUT,
         keys_by_content: true,
-        keys_sorted_body: true,
+        // A job the checkpoint lost keys bodies as it did (its outputs'
+        // owner record says how); a new one by their content.
+        keys_sorted_body: super::owner::sorted_body_of(settings, id).unwrap_or(true),
         shards_by_content: true,
         any_field_order: order == input::FieldOrder::Ignored,
         ..JobMeta::default()

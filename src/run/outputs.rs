@@ -279,6 +279,7 @@ fn put_in_place(
             input: meta.input.clone(),
             rehearsal: meta.origin == crate::settings::SIM_ORIGIN,
             field_order: meta.field_order(),
+            sorted_body: meta.keys_sorted_body,
         };
         super::owner::write_owner(p, &owner).map_err(OutputError::Write)?;
     }

@@ -25,6 +25,11 @@ pub(super) struct Owner {
     /// remade with it, or its keys and shards would change (`Kept` in
     /// records written before it was kept, whose jobs all kept it).
     pub(super) field_order: FieldOrder,
+    /// Whether its keys take a JSON body by its content (`keys_sorted_body`):
+    /// a job the checkpoint lost is remade with it, or the keys of its calls
+    /// of unknown outcome would change (false in records written before it
+    /// was kept, whose jobs all keyed bodies as sent).
+    pub(super) sorted_body: bool,
 }
 
 /// The job that wrote `p` last, if batchrun wrote it.
@@ -39,20 +44,31 @@ pub(super) fn owner_of(p: &Path) -> Option<Owner> {
             true => FieldOrder::Ignored,
             false => FieldOrder::Kept,
         },
+        sorted_body: v["keys_sorted_body"] == true,
     })
 }
 
-/// How the job `id`, which the checkpoint does not know, fingerprinted its
-/// items, if its outputs' owner record names it or its input (a job made
-/// again after a regenerated input took another id, and kept its keys).
-pub(super) fn field_order_of(settings: &Settings, id: &str) -> Option<FieldOrder> {
+/// The owner record of the job `id`, which the checkpoint does not know,
+/// if its outputs' record names it or its input (a job made again after a
+/// regenerated input took another id, and kept its keys).
+fn lost_job(settings: &Settings, id: &str) -> Option<Owner> {
     let input = std::fs::canonicalize(&settings.input).ok();
     let ours = |o: &Owner| o.job == id || input.as_deref() == Some(Path::new(&o.input));
     [&settings.out, &settings.failures]
         .into_iter()
         .filter_map(|p| owner_of(p))
         .find(ours)
-        .map(|o| o.field_order)
+}
+
+/// How the job `id`, which the checkpoint lost, fingerprinted its items.
+pub(super) fn field_order_of(settings: &Settings, id: &str) -> Option<FieldOrder> {
+    lost_job(settings, id).map(|o| o.field_order)
+}
+
+/// Whether the job `id`, which the checkpoint lost, keyed JSON bodies by
+/// their content.
+pub(super) fn sorted_body_of(settings: &Settings, id: &str) -> Option<bool> {
+    lost_job(settings, id).map(|o| o.sorted_body)
 }
 
 /// Records that `o.job` (on `o.input`; a rehearsal's, on the built-in
@@ -65,6 +81,7 @@ pub(super) fn write_owner(p: &Path, o: &Owner) -> anyhow::Result<()> {
         "input": o.input,
         "rehearsal": o.rehearsal,
         "any_field_order": o.field_order == FieldOrder::Ignored,
+        "keys_sorted_body": o.sorted_body,
     });
     let text = text.to_string();
     std::fs::write(&tmp, text + "\n")
@@ -157,4 +174,35 @@ fn reads_as_outputs(p: &Path) -> bool {
     // A short or failed read leaves less to compare: not ours.
     let _ = std::fs::File::open(p).and_then(|f| f.take(16).read_to_end(&mut head));
     head.starts_with(b"{\"line\":") || head.starts_with(b"line,status")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How a job keyed its bodies survives in its outputs' owner record,
+    /// and a record written before it was kept says "as sent": a job the
+    /// checkpoint lost is remade with the keys its calls went under.
+    #[test]
+    fn the_owner_record_keeps_how_bodies_were_keyed() {
+        let dir = std::env::temp_dir().join(format!("batchrun-owner-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("items.results.jsonl");
+        let owner = |sorted_body| Owner {
+            job: "j".into(),
+            input: "/in/items.jsonl".into(),
+            rehearsal: false,
+            field_order: FieldOrder::Ignored,
+            sorted_body,
+        };
+        for sorted in [true, false] {
+            write_owner(&out, &owner(sorted)).unwrap();
+            assert_eq!(owner_of(&out).map(|o| o.sorted_body), Some(sorted));
+        }
+        let older = r#"{"job":"j","input":"/in/items.jsonl","any_field_order":true}"#;
+        std::fs::write(owner_path(&out), older).unwrap();
+        assert_eq!(owner_of(&out).map(|o| o.sorted_body), Some(false));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -11,6 +11,7 @@
 //! stop, which leaves them pending as any unsent item (never recorded: the
 //! next run sends them under the same key).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -56,9 +57,14 @@ impl Pool {
                 Take::Item(q) => self.process(q).await,
                 Take::Due(going) => self.drive(*going).await,
                 Take::Idle => match held.pop() {
-                    // With nothing left to tell the key from it, a lone
-                    // item set aside goes again, and its refusal halts.
-                    Some(h) => self.process(h).await,
+                    // With nothing left to tell the key from them, the
+                    // items set aside go again, and a refusal while no
+                    // call got through halts as the key's (set aside
+                    // again, the same refused call went out four times).
+                    Some(h) => {
+                        (self.deferred).fetch_max(super::pool::DEFERRABLE, Ordering::Relaxed);
+                        self.process(h).await
+                    }
                     None => return,
                 },
             };
@@ -72,10 +78,10 @@ impl Pool {
                     continue;
                 }
             };
-            // An item after those set aside has had its answer (not a
-            // refusal set aside too): they go again, each refusal now its
-            // own if the key works.
-            if aside.is_none() {
+            // A call got through (the key works): the items set aside go
+            // again, each refusal now its own. Sent again before that, each
+            // spent the budget of items set aside for nothing.
+            if aside.is_none() && self.got_through.load(Ordering::Relaxed) {
                 for h in std::mem::take(&mut held) {
                     match self.process(h).await {
                         Left::Over => {}

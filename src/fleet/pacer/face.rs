@@ -326,7 +326,14 @@ impl Said {
             // (`Kept::emptied_hold`), any other no longer than its window
             // for a reset in whole seconds.
             let spent = emptied.map(|r| p.hold(r, over.unwrap_or(window)));
-            if let (Some(r), Some(_)) = (spent, p.quota) {
+            // As in-process (`PolicySet::explain`): until the reset as
+            // stated, a second for one of nothing, the window for none.
+            if p.remaining == Some(0) && p.quota.is_some() {
+                let r = match p.reset_in {
+                    Some(r) if r.is_zero() => Duration::from_secs(1),
+                    Some(r) => r,
+                    None => over.unwrap_or(window),
+                };
                 said.explains = Some(said.explains.map_or(r, |e| e.max(r)));
             }
             // A policy of a told fixed window's window, of no less than its

@@ -96,6 +96,15 @@ fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
         ("ratelimit", r#""h";r=0;t=900"#),
     ]);
     assert_eq!(used_up.explains, Some(Duration::from_secs(900)));
+    // With no reset, as in-process: its window (here the fleet's second);
+    // a reset of nothing, a second.
+    let no_reset = said(&[("x-ratelimit-limit", "5"), ("x-ratelimit-remaining", "0")]);
+    assert_eq!(no_reset.explains, Some(second));
+    let zero = said(&[
+        ("ratelimit-policy", r#""h";q=5;w=3600"#),
+        ("ratelimit", r#""h";r=0;t=0"#),
+    ]);
+    assert_eq!(zero.explains, Some(Duration::from_secs(1)));
 }
 
 #[test]
@@ -138,6 +147,8 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         ]),
         Said {
             used_up: true,
+            // A reset already past: the quota is back within the second.
+            explains: Some(Duration::from_secs(1)),
             ..twenty
         }
     );

@@ -135,9 +135,11 @@ impl PolicySet {
         // takes the next call as soon as its tokens are back: its level
         // (the server's, from `spent_elsewhere`) paces it, not the reset.
         if p.remaining == Some(0) && !self.kept[i].refills() {
-            let reset = self.kept[i].emptied_hold(p, reset);
-            self.kept[i].hold_until(later(now, reset));
-            self.used_up(p, reset, now);
+            let held = self.kept[i].emptied_hold(p, reset);
+            self.kept[i].hold_until(later(now, held));
+            self.used_up(p, held, now);
+            self.explain(p, held.max(reset), now);
+            let reset = held;
             if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
                 self.heard.push_back(Heard::Exhausted {
                     name: p.name.clone(),

@@ -59,3 +59,49 @@ fn a_429_while_a_stated_quota_is_used_up_teaches_nothing() {
     assert_eq!(s.primary().limit(), 90);
     assert_eq!(s.held_until(t0 + ms(40)), Some(t0 + ms(3030)));
 }
+
+/// Told `5/100ms`, a server stating a quota of 6 with no window, nothing
+/// left and a reset of a second: the hold is the told window's, and a call
+/// sent after it may meet the quota's 429, which is the stated quota's
+/// until the reset as stated, not a secret limit's. It taught a limit of
+/// 1 where the server keeps more.
+#[test]
+fn a_429_before_a_stated_reset_is_the_quotas_though_the_hold_ended() {
+    let t0 = Instant::now();
+    let mut s = set(&[(5, 100)], t0);
+    assert_eq!(at_once(&mut s, t0), 5);
+    let used_up = Announced {
+        reset_in: Some(ms(1000)),
+        ..calls_policy(6, None, Some(0))
+    };
+    s.announce(&[used_up], t0);
+    let slot = s.try_take(t0 + ms(150)).expect("the window's hold is over");
+    s.complete_refused(slot, t0 + ms(160));
+    assert_eq!(s.rate_limited(t0 + ms(160)), None);
+    assert_eq!(s.primary().limit(), 5);
+}
+
+/// A quota of tokens stated used up (OpenAI's `remaining-tokens: 0`)
+/// explains a 429 as one of calls does, as it does for a fleet.
+#[test]
+fn a_used_up_token_quota_explains_a_429() {
+    let t0 = Instant::now();
+    let mut s = set(&[(90, 1000)], t0);
+    let first = s.try_take(t0).unwrap();
+    s.complete(first, t0 + ms(10));
+    let tokens = Announced {
+        name: "tokens".into(),
+        unit: Unit::Tokens,
+        reset_in: Some(ms(30_000)),
+        ..calls_policy(1000, None, Some(0))
+    };
+    s.announce(&[tokens], t0 + ms(10));
+    let burst: Vec<_> = (0..10)
+        .filter_map(|_| s.try_take(t0 + ms(20)).ok())
+        .collect();
+    for slot in burst {
+        s.complete(slot, t0 + ms(30));
+    }
+    assert_eq!(s.rate_limited(t0 + ms(30)), None);
+    assert_eq!(s.primary().limit(), 90);
+}
