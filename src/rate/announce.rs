@@ -63,6 +63,20 @@ impl Unit {
     }
 }
 
+/// How long a quota with nothing left and a reset of nothing (or already
+/// past) holds calls: the second a reset in whole seconds may be early by.
+pub const RESET_NOW: Duration = Duration::from_secs(1);
+
+/// A stated reset, a reset of nothing (`t=0`, whole seconds rounded down,
+/// an instant already past by the server's clock) read as [`RESET_NOW`]:
+/// the quota is back, or within the second.
+pub fn reset_or_now(reset: Duration) -> Duration {
+    match reset.is_zero() {
+        true => RESET_NOW,
+        false => reset,
+    }
+}
+
 /// One limit a server says it keeps, whatever the dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announced {

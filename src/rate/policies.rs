@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::announce::{Announced, Unit};
+use super::announce::{reset_or_now, Announced, Unit};
 use super::exact::{later, ExactWindow, Learning, SlotId};
 use super::kept::Kept;
 use super::learn::even_interval;
@@ -53,10 +53,6 @@ pub const LONG_HOLD: Duration = Duration::from_secs(60);
 /// a run worth waiting in: the run halts resumably instead (unless told to
 /// wait), as it does when credits run out.
 pub const QUOTA_BOUND: Duration = Duration::from_secs(15 * 60);
-
-/// How long a quota with nothing left and a reset of nothing (or already
-/// past) holds calls: the second a reset in whole seconds may be early by.
-const RESET_NOW: Duration = Duration::from_secs(1);
 
 /// A policy the server says is used up, resetting beyond [`QUOTA_BOUND`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,41 +459,22 @@ impl PolicySet {
                 // back, or within the second. Held for the window, one
                 // call an hour went for a whole hour's quota.
                 Some(r) => {
-                    let r = if r.is_zero() { RESET_NOW } else { r };
-                    let r = p.hold(r, p.window.unwrap_or(w.window()));
+                    let r = p.hold(reset_or_now(r), p.window.unwrap_or(w.window()));
                     w.hold_until(later(now, r));
                     r
                 }
             };
             self.used_up(p, r, now);
-            // Until the reset as stated, not as held: a hold cut to the
-            // window (or the even pace) may send before the server's quota
-            // is back, and that call's 429 is the quota's too.
-            let stated = p.reset_in.map_or(Duration::ZERO, |s| match s.is_zero() {
-                true => RESET_NOW,
-                false => s,
-            });
-            self.explain(p, r.max(stated), now);
-            if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
-                self.heard.push_back(Heard::Exhausted {
-                    name: p.name.clone(),
-                    for_: r,
-                });
-            }
         }
     }
 
-    /// Policy `p`, stated with its quota, is used up for `for_` from `now`:
-    /// a 429 until then is that quota's, not a secret limit's.
-    pub(super) fn explain(&mut self, p: &Announced, for_: Duration, now: Instant) {
-        if p.quota.is_some() {
-            let until = later(now, for_);
-            self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
-        }
-    }
-
-    /// A used-up quota that resets in `r`: remembered when beyond the bound.
-    fn used_up(&mut self, p: &Announced, r: Duration, now: Instant) {
+    /// Policy `p`, said used up, holds calls for `r` from `now`: the hold
+    /// for the progress display, the quota remembered when beyond the
+    /// bound, a hold over a minute said once, and a 429 explained until
+    /// the reset as stated, not as held (a hold cut to the window, or to
+    /// the even pace, may send before the server's quota is back, and that
+    /// call's 429 is the quota's too).
+    pub(super) fn used_up(&mut self, p: &Announced, r: Duration, now: Instant) {
         let until = later(now, r);
         self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));
         if r > QUOTA_BOUND && self.exhausted.as_ref().map_or(true, |e| e.until < until) {
@@ -505,6 +482,17 @@ impl PolicySet {
                 name: p.name.clone(),
                 for_: r,
                 until,
+            });
+        }
+        if p.quota.is_some() {
+            let stated = p.reset_in.map_or(Duration::ZERO, reset_or_now);
+            let until = later(now, r.max(stated));
+            self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
+        }
+        if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
+            self.heard.push_back(Heard::Exhausted {
+                name: p.name.clone(),
+                for_: r,
             });
         }
     }

@@ -144,7 +144,6 @@ fn another_file_of_this_name(settings: &Settings, m: &JobMeta) -> Option<String>
     let default = crate::settings::state_dir_for(&settings.input, None);
     if settings.spooled.is_some()
         || m.input_name != settings.input_name
-        || m.input.is_empty()
         || crate::util::same_file(&settings.state_dir, &default)
         || settings.state_dir.starts_with(&default)
     {

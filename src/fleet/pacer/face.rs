@@ -14,7 +14,7 @@ use super::{
 };
 use crate::fleet::script::millis;
 use crate::pace::{PaceError, PaceNote, Pacer, Permit, Weight};
-use crate::rate::announce::Unit;
+use crate::rate::announce::{reset_or_now, Unit};
 use crate::rate::learn::Learnt;
 use crate::rate::policies::{QUOTA_BOUND, TOKEN_WINDOW};
 use crate::rate::policy::Unit as Counted;
@@ -329,11 +329,7 @@ impl Said {
             // As in-process (`PolicySet::explain`): until the reset as
             // stated, a second for one of nothing, the window for none.
             if p.remaining == Some(0) && p.quota.is_some() {
-                let r = match p.reset_in {
-                    Some(r) if r.is_zero() => Duration::from_secs(1),
-                    Some(r) => r,
-                    None => over.unwrap_or(window),
-                };
+                let r = p.reset_in.map_or(over.unwrap_or(window), reset_or_now);
                 said.explains = Some(said.explains.map_or(r, |e| e.max(r)));
             }
             // A policy of a told fixed window's window, of no less than its

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Heard, PolicySet, SetSlot, LONG_HOLD, MAX_WINDOWS};
+use super::{Heard, PolicySet, SetSlot, MAX_WINDOWS};
 use crate::rate::announce::Announced;
 use crate::rate::exact::later;
 use crate::rate::fixed::Align;
@@ -138,14 +138,6 @@ impl PolicySet {
             let held = self.kept[i].emptied_hold(p, reset);
             self.kept[i].hold_until(later(now, held));
             self.used_up(p, held, now);
-            self.explain(p, held.max(reset), now);
-            let reset = held;
-            if reset > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
-                self.heard.push_back(Heard::Exhausted {
-                    name: p.name.clone(),
-                    for_: reset,
-                });
-            }
         }
     }
 
