@@ -17,6 +17,18 @@
 //! server's, scaled) is not found: it stays a window, paced slower than it
 //! could be.
 //!
+//! One window fits the proportion for as long as it stays full: a sliding
+//! window that states when its newest call ages out (when it is back to
+//! its initial state). Kept full, it frees what it was fed a window
+//! before, about the quota over the window, as a bucket would; each call
+//! it takes sets its reset to the whole window, and each it refuses finds
+//! both reset and use fallen with the time since (the property test found
+//! eight such statements fitting 62 s in a window of 60). It parts from a
+//! bucket where it takes a call with room to spare: its reset is then the
+//! whole window, a bucket's a share of it. So the run must also hold a
+//! statement whose use rose from the one before to at most three quarters
+//! of the quota: a call taken, with a reset well short of the window.
+//!
 //! Pure: it reads what the statements say, and keeps no clock.
 
 use std::time::Duration;
@@ -38,6 +50,10 @@ const SPREAD: u64 = 4;
 /// property test found 2.4 s in a window of 6 s).
 const MIN_GRAINS: f64 = 12.0;
 
+/// The most of the quota a statement whose use rose may say is used and
+/// still show a call taken with room to spare (3/4).
+const ROSE_LOW: (u64, u64) = (3, 4);
+
 /// Statements seen against the hypothesis of a continuous refill.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RefillFit {
@@ -50,6 +66,11 @@ pub struct RefillFit {
     statements: u32,
     /// A run of two or more was broken, and no run of two holds since.
     doubted: bool,
+    /// What the latest statement said was used, in this run or not.
+    last: Option<u64>,
+    /// The run holds a statement whose use rose from the one before to at
+    /// most [`ROSE_LOW`] of the quota.
+    rose_low: bool,
 }
 
 /// One statement of a quota: what is left and when it is full again.
@@ -120,11 +141,15 @@ impl RefillFit {
             late,
         } = said;
         let used = quota.saturating_sub(remaining);
+        let rose = self.last.is_some_and(|last| used > last);
+        let rose_low = rose && used * ROSE_LOW.1 <= quota * ROSE_LOW.0;
+        self.last = Some(used);
         if used == 0 {
             // Nothing used and a reset to wait for: no bucket of this quota.
             if reset > late {
                 *self = RefillFit {
                     doubted: self.broken(),
+                    last: self.last,
                     ..RefillFit::new()
                 };
             }
@@ -141,6 +166,7 @@ impl RefillFit {
             self.used = Some((least.min(used), most.max(used)));
             self.statements += 1;
             self.doubted = false;
+            self.rose_low |= rose_low;
         } else {
             *self = RefillFit {
                 lo,
@@ -148,6 +174,8 @@ impl RefillFit {
                 used: Some((used, used)),
                 statements: 1,
                 doubted: self.broken(),
+                last: self.last,
+                rose_low,
             };
         }
         self.period(quota, early + late, window)
@@ -178,7 +206,7 @@ impl RefillFit {
         let q = quota as f64;
         let shortest = self.lo * q;
         let spread = most - least >= quota.div_ceil(SPREAD);
-        let enough = self.statements >= MIN_STATEMENTS && spread;
+        let enough = self.statements >= MIN_STATEMENTS && spread && self.rose_low;
         let period = self.hi * q;
         let window = window.as_secs_f64();
         let least = (MIN_GRAINS * grains.as_secs_f64()).max(window / 2.0);

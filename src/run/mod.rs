@@ -538,9 +538,18 @@ where
     )
     .map_err(RunError::Usage)?
     .with_metrics(metrics(settings, job, shared, listener)?);
+    // This run's record is on disk, flushed, before any call: killed with
+    // its first calls in flight, it is a run that never ended, whose calls
+    // may have run (a run in another layout must not send them again).
+    let mut meta = job.meta.clone();
+    meta.start_run(crate::util::unix_now().as_millis() as u64);
+    job.store
+        .save_job(&meta)
+        .and_then(|()| job.store.flush())
+        .context("writing the checkpoint")?;
     let committer = job
         .items
-        .committer(job.meta.clone(), GroupCommit::default())
+        .committer(meta.clone(), GroupCommit::default())
         .context("opening the results log")?;
     // No call may go out that cannot be recorded: a failed write (a full
     // disk) stops the pool at once, not at the end of the input.
@@ -585,7 +594,7 @@ where
             None => workers.spawn(pool.clone().worker(queue.clone())),
         };
     }
-    let recorder = recorder(settings, job, pool, shared, meter, committer, sinks);
+    let recorder = recorder(settings, job, pool, shared, (meta, meter), committer, sinks);
     Ok(Running {
         workers,
         queue,
@@ -601,7 +610,7 @@ fn recorder(
     job: &Opened,
     pool: &Pool,
     shared: &Shared,
-    meter: CreditMeter,
+    (meta, meter): (JobMeta, CreditMeter),
     committer: Committer,
     sinks: crate::report::sinks::Sinks,
 ) -> Recorder {
@@ -625,12 +634,7 @@ fn recorder(
         committer,
         reporter: shared.reporter.clone(),
         alerter: shared.alerter.clone(),
-        meta: {
-            // This run's record, on disk with the job's first save.
-            let mut meta = job.meta.clone();
-            meta.start_run(crate::util::unix_now().as_millis() as u64);
-            meta
-        },
+        meta,
         meter,
         origin: settings.origin.clone(),
         fleet_alerts: shared.fleet_alerts.clone(),

@@ -105,6 +105,23 @@ fn a_refill_is_doubted_once_a_run_that_held_breaks_until_one_holds_again() {
     assert!(fit.doubted());
 }
 
+/// A sliding window kept full, stating when its newest call ages out,
+/// frees what it was fed a window before: its statements while it refuses
+/// fall in proportion, as a bucket's do. It is believed a bucket only once
+/// a call is taken with room to spare, at most three quarters used.
+#[test]
+fn a_full_window_freeing_as_fed_is_no_bucket_until_a_call_is_taken_with_room() {
+    let mut fit = RefillFit::new();
+    for used in (5200..=8000).rev().step_by(400) {
+        assert_eq!(observe_used(&mut fit, used), None, "{used}");
+    }
+    // Taken, but with 6,400 of 8,000 used: over three quarters.
+    assert_eq!(observe_used(&mut fit, 6400), None);
+    assert_eq!(observe_used(&mut fit, 5600), None);
+    // Taken with 6,000 used: three quarters.
+    assert!(observe_used(&mut fit, 6000).is_some());
+}
+
 #[test]
 fn a_reset_with_nothing_used_is_no_bucket() {
     let mut fit = RefillFit::new();
