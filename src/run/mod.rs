@@ -546,7 +546,13 @@ where
     job.store
         .save_job(&meta)
         .and_then(|()| job.store.flush())
-        .context("writing the checkpoint")?;
+        .map_err(|e| {
+            RunError::Unable(anyhow::anyhow!(
+                "the checkpoint in {} could not be written ({e}); nothing was sent. Free \
+                 space there (or fix the file) and run the same command",
+                settings.state_dir.display()
+            ))
+        })?;
     let committer = job
         .items
         .committer(meta.clone(), GroupCommit::default())

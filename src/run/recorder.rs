@@ -461,7 +461,7 @@ impl Recorder {
                 false,
             ),
             PaceNote::Learnt(l) => (
-                format!("batchrun: rate limited by a server that does not report its limit: pacing to the {l} calls per window it had accepted, probing upward slowly"),
+                format!("batchrun: rate limited by a limit the server does not state: pacing to the {l} calls per window it had accepted, probing upward slowly"),
                 Some(l),
                 true,
             ),

@@ -153,7 +153,7 @@ async fn a_secret_limit_at_a_third_costs_at_most_three_429s_and_is_remembered() 
     let limited = r.summary["rate_limited"].as_u64().unwrap();
     assert!((1..=3).contains(&limited), "{limited} 429s: {}", r.stderr);
     assert!(
-        r.stderr.contains("does not report its limit"),
+        r.stderr.contains("a limit the server does not state"),
         "{}",
         r.stderr
     );

@@ -264,13 +264,14 @@ impl Store for Lua {
                 }
             }
             // As the fleet's pacer: a limit above the configured one
-            // changes nothing and leaves learning on, unless one is in
-            // force, which it raises back to the configured one.
+            // changes nothing, unless one is in force, which it raises
+            // back to the configured one. Learning stays on: a 429 beneath
+            // a stated limit is of one kept unstated in front of it.
             Call::InForce(l) if l > self.limit && !self.reported => {
                 Answer::InForce { lowered: false }
             }
             Call::InForce(l) => {
-                (self.secret, self.reported) = (false, true);
+                self.reported = true;
                 let l = l.min(self.limit);
                 let lowered: i64 = self.op(now, "inforce", |inv| {
                     inv.arg(l);
