@@ -3,10 +3,10 @@
 # (issue 19): `batchrun sim --limit 20/1s --dialect $DIALECT`, and beside
 # batchrun a steady spender (a Python loop, not batchrun) sending
 # $OTHER calls a second on the same key, whatever the answers. batchrun is
-# told `--limit 20/1s` (-c 10, $ITEMS items): one process, then two fleet
-# processes on one Redis key (`--shard i/2`). The server's statements say
-# how much of the window is spent; what batchrun's own calls do not explain
-# was spent elsewhere.
+# told `--limit $TOLD` (20/1s; -c 10, $ITEMS items): one process, then two
+# fleet processes on one Redis key (`--shard i/2`). The server's
+# statements say how much of the window is spent; what batchrun's own
+# calls do not explain was spent elsewhere.
 #
 # Prints one row per run: mode, the other client's rate, wall time, the
 # ideal (the items at the rest of the window: 20 - $OTHER a second), their
@@ -14,6 +14,7 @@
 #
 #   examples/shared_key_bench.sh              # target/release/batchrun
 #   OTHER="5 10 16" REPEAT=2 BIN=/path/to/older/batchrun examples/shared_key_bench.sh
+#   TOLD=20/1s,sliding MODES=one examples/shared_key_bench.sh
 #
 # Needs redis-server on PATH for the fleet's rows; runs it on a free
 # loopback port under a temporary directory.

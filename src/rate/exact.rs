@@ -358,12 +358,12 @@ impl ExactWindow {
     /// (`x-rate-limit-limit`). A lower report wins at once; a higher one
     /// once the server has said it for a whole window with nothing lower
     /// between (a limit lowered for a moment held a run at a tenth of its
-    /// pace to the end); the limit never grows above the configured one.
-    /// The first report drops a learnt limit (an earlier run's secret one);
-    /// a limit learnt beneath a report since, from 429s the stated quota
-    /// does not explain, is one kept unstated in front of it (a proxy's),
-    /// and stays. A report above the configured one, with none lower in
-    /// force, changes nothing.
+    /// pace to the end); the limit never grows above the configured one. A
+    /// server that reports its limit needs no learning, so a learnt limit
+    /// is dropped. A report above the configured one, with none lower in
+    /// force, changes nothing: 429s then come from a limit the server does
+    /// not state (a gateway's beside the API's stated quota), which is
+    /// learnt.
     ///
     /// Returns whether this report lowered the limit below the configured
     /// one and below every earlier report: worth telling the operator.
@@ -399,15 +399,10 @@ impl ExactWindow {
         self.advance(now);
         let l = l.max(1);
         let lower = l < self.configured && self.reported.map_or(true, |r| l < r);
-        // The first report replaces what was learnt (an earlier run's
-        // secret limit); a later one keeps a limit learnt beneath the
-        // stated one since: one kept unstated in front of it (a proxy's).
-        if self.reported.is_none() {
-            self.learn.learnt = None;
-            self.learn.refused_at = None;
-            self.events.clear();
-        }
         self.reported = Some(self.reported.map_or(l, |r| r.min(l)));
+        self.learn.learnt = None;
+        self.learn.refused_at = None;
+        self.events.clear();
         lower
     }
 
@@ -438,10 +433,7 @@ impl ExactWindow {
     /// [`complete`](Self::complete)d (before any pause it causes). Returns
     /// the new limit when it taught one.
     ///
-    /// The caller asks only when no quota the server stated used up
-    /// explains the 429 ([`PolicySet::rate_limited`](super::policies::PolicySet::rate_limited)):
-    /// beneath a limit the server reported, it is a limit kept unstated in
-    /// front of it (a proxy's), learnt as a window's count. It teaches only
+    /// It teaches only when the server never reported its limit, and only
     /// about calls paced to the current limit: while a pause is in force, or
     /// a call sent before the last lowering is in flight or just came back,
     /// the 429 may be that older call's, and counting it would lower the
@@ -477,7 +469,7 @@ impl ExactWindow {
         }
         // With no answered call occupying, the refused one is not among
         // them as this rule assumes: there is nothing to measure.
-        if self.paused_until(now).is_some() || self.done.is_empty() {
+        if self.reported.is_some() || self.paused_until(now).is_some() || self.done.is_empty() {
             return None;
         }
         let stale_just_back = self
@@ -487,25 +479,17 @@ impl ExactWindow {
         if self.sent_before_the_change() || (self.learn.lowered_at.is_some() && stale_just_back) {
             return None;
         }
-        // Beneath a limit the server reported, the rate is the stated one's
-        // and its shape is not sought: the 429 is of a limit kept unstated
-        // in front of it, counted as a window's (as the fleet's script).
-        let stated = self.reported.is_some();
-        let verdict = match stated {
-            true => None,
-            false => self.shape_verdict(now, true),
-        };
-        match verdict {
+        match self.shape_verdict(now, true) {
             Some(Verdict::Hold) => return None,
             Some(Verdict::Fixed(fixed)) => return Some(self.switched_to_fixed(fixed, now)),
             Some(Verdict::Lower) | None => {}
         }
         let limit = self.limit();
         let accepted = (self.done.len() as u64).saturating_sub(1);
-        let floor = match (&mut self.shape, stated) {
-            (Some(s), false) => s.lowering(limit, accepted),
-            _ => 0,
-        };
+        let floor = self
+            .shape
+            .as_mut()
+            .map_or(0, |s| s.lowering(limit, accepted));
         let new = accepted.max(floor).min(limit - 1).max(1);
         if new >= limit {
             return None;

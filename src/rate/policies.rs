@@ -97,10 +97,11 @@ pub struct PolicySet {
     /// server may lie before the response that carried it.
     rtt: Duration,
     next: u64,
-    /// Whether a server stated a told bucket's or fixed window's policy:
-    /// then 429s teach no lower rate (its own rule keeps the rate, and
-    /// widens for jitter). A quota stated for a window of calls leaves a
-    /// limit the server keeps unstated to be learnt beneath it.
+    /// Whether a server stated the primary window's quota (no higher than
+    /// the told one), or a told bucket's or fixed window's: then 429s
+    /// teach no lower rate.
+    /// A quota stated for another window leaves a limit the server keeps
+    /// unstated (a second's, beside a stated hour's) to be learnt.
     announced: bool,
     /// Until when a quota the server stated is used up: a 429 before then
     /// is that quota's (other clients on the key), not a secret limit's.
@@ -347,9 +348,9 @@ impl PolicySet {
     }
 
     /// A rate-limit 429 at `now`: the primary window learns from it; when a
-    /// server stated a told bucket's or fixed window's policy, or a quota
-    /// it stated is used up, only the shape (a bucket stated as a quota per
-    /// window is paced evenly), never a lower rate.
+    /// server stated the primary window's quota, or a quota it stated is
+    /// used up, only the shape (a bucket stated as a quota per window is
+    /// paced evenly), never a lower rate.
     pub fn rate_limited(&mut self, now: Instant) -> Option<u64> {
         if self.announced || self.explained_until.is_some_and(|u| u > now) {
             self.windows[0].rate_limited_stated(now);
@@ -419,11 +420,11 @@ impl PolicySet {
         };
         let Some(i) = i else { return };
         if let Some(q) = p.quota {
-            // A stated quota with room left explains no 429, whatever its
-            // window: a limit the server keeps unstated does (a proxy's in
-            // front of the API, a gateway's beside GitHub's stated hour),
-            // and its 429s still teach the primary window; one used up
-            // explains them until its reset (`used_up`).
+            // A quota above what the primary window was told does not
+            // explain a 429, nor one of another window with room left: a
+            // limit the server keeps unstated does, and its 429s still
+            // teach the primary window.
+            self.announced |= i == 0 && q <= self.windows[i].configured();
             self.report(i, p, q, now);
         }
         // What is left of a quota this response did not state says

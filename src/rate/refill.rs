@@ -24,10 +24,10 @@
 //! it takes sets its reset to the whole window, and each it refuses finds
 //! both reset and use fallen with the time since (the property test found
 //! eight such statements fitting 62 s in a window of 60). It parts from a
-//! bucket where it takes a call with room to spare: its reset is then the
-//! whole window, a bucket's a share of it. So the run must also hold a
-//! statement whose use rose from the one before to at most three quarters
-//! of the quota: a call taken, with a reset well short of the window.
+//! bucket where it takes a call: its reset is then the whole window, a
+//! bucket's the share of it that is used. So the run must also hold a
+//! statement whose use rose from the one before (a call taken) with a
+//! reset, read at its latest, within seven eighths of the window.
 //!
 //! Pure: it reads what the statements say, and keeps no clock.
 
@@ -50,9 +50,10 @@ const SPREAD: u64 = 4;
 /// property test found 2.4 s in a window of 6 s).
 const MIN_GRAINS: f64 = 12.0;
 
-/// The most of the quota a statement whose use rose may say is used and
-/// still show a call taken with room to spare (3/4).
-const ROSE_LOW: (u64, u64) = (3, 4);
+/// The most of the window the reset of a statement whose use rose may
+/// say (at its latest) and show a bucket's share of it, not a sliding
+/// window's whole window after the call it took (7/8).
+const ROSE_WITHIN: (u32, u32) = (7, 8);
 
 /// Statements seen against the hypothesis of a continuous refill.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -68,9 +69,9 @@ pub struct RefillFit {
     doubted: bool,
     /// What the latest statement said was used, in this run or not.
     last: Option<u64>,
-    /// The run holds a statement whose use rose from the one before to at
-    /// most [`ROSE_LOW`] of the quota.
-    rose_low: bool,
+    /// The run holds a statement whose use rose from the one before with a
+    /// reset within [`ROSE_WITHIN`] of the window.
+    rose_short: bool,
 }
 
 /// One statement of a quota: what is left and when it is full again.
@@ -142,7 +143,8 @@ impl RefillFit {
         } = said;
         let used = quota.saturating_sub(remaining);
         let rose = self.last.is_some_and(|last| used > last);
-        let rose_low = rose && used * ROSE_LOW.1 <= quota * ROSE_LOW.0;
+        let within = window.saturating_mul(ROSE_WITHIN.0) / ROSE_WITHIN.1;
+        let rose_short = rose && reset.saturating_add(early) <= within;
         self.last = Some(used);
         if used == 0 {
             // Nothing used and a reset to wait for: no bucket of this quota.
@@ -166,7 +168,7 @@ impl RefillFit {
             self.used = Some((least.min(used), most.max(used)));
             self.statements += 1;
             self.doubted = false;
-            self.rose_low |= rose_low;
+            self.rose_short |= rose_short;
         } else {
             *self = RefillFit {
                 lo,
@@ -175,7 +177,7 @@ impl RefillFit {
                 statements: 1,
                 doubted: self.broken(),
                 last: self.last,
-                rose_low,
+                rose_short,
             };
         }
         self.period(quota, early + late, window)
@@ -206,7 +208,7 @@ impl RefillFit {
         let q = quota as f64;
         let shortest = self.lo * q;
         let spread = most - least >= quota.div_ceil(SPREAD);
-        let enough = self.statements >= MIN_STATEMENTS && spread && self.rose_low;
+        let enough = self.statements >= MIN_STATEMENTS && spread && self.rose_short;
         let period = self.hi * q;
         let window = window.as_secs_f64();
         let least = (MIN_GRAINS * grains.as_secs_f64()).max(window / 2.0);

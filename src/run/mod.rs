@@ -553,10 +553,20 @@ where
                 settings.state_dir.display()
             ))
         })?;
-    let committer = job
-        .items
-        .committer(meta.clone(), GroupCommit::default())
-        .context("opening the results log")?;
+    let committer = match job.items.committer(meta.clone(), GroupCommit::default()) {
+        Ok(c) => c,
+        Err(e) => {
+            // No call went: the run's record goes, or the next run would
+            // take it for one killed with calls in flight.
+            let _ = job
+                .store
+                .save_job(&job.meta)
+                .and_then(|()| job.store.flush());
+            return Err(anyhow::Error::new(e)
+                .context("opening the results log")
+                .into());
+        }
+    };
     // No call may go out that cannot be recorded: a failed write (a full
     // disk) stops the pool at once, not at the end of the input.
     committer.on_failure({

@@ -192,48 +192,6 @@ pub const STATED_5S_SECRET_1S: &[&str] = &[
     "1ms..3ms",
 ];
 
-/// The sim stating its quota of 100 a second (the IETF fields) and keeping
-/// 10 a second unstated in front of it, as a proxy in front of an API
-/// would (one process's test and a fleet's).
-pub const STATED_1S_SECRET_1S: &[&str] = &[
-    "--limit",
-    "10/1s",
-    "--limit",
-    "100/1s",
-    "--secret-first",
-    "--dialect",
-    "ietf",
-    "--cooldown",
-    "1s",
-    "--latency",
-    "1ms..3ms",
-];
-
-/// A server stating 100 a second and keeping 10 a second unstated in front
-/// of it, told the stated quota: the 429s come with that quota's room
-/// left, so they are the unstated limit's, learnt beneath the stated one.
-/// A quota stated for the primary window switched learning off, and every
-/// second of the run had its 429 (9 in 100 calls); now those of the
-/// start's burst (up to four of the five calls in flight) and a probe's.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_quota_stated_for_the_same_window_leaves_a_limit_in_front_to_learn() {
-    let s = Scenario::new("stated-same")
-        .with_sim(STATED_1S_SECRET_1S)
-        .numbers(100);
-    let r = s.run(&["--limit", "100/1s", "--concurrency", "5"]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("a limit the server does not state"),
-        "{}",
-        r.stderr
-    );
-    let limited = r.summary["rate_limited"].as_u64().unwrap();
-    assert!(limited <= 6, "{limited} 429s: {}", r.stderr);
-    let stats = s.sim().stats().await;
-    assert_each_item_once(&s.out_path(), 100);
-    assert_side_effects(&stats, 100);
-}
-
 /// A server stating only its quota of 100 per 5 s (the IETF fields) and
 /// keeping 10 a second unstated beside it: the 429s come with that quota's
 /// room left, so they are the unstated limit's, learnt as a secret one is.

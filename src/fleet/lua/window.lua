@@ -617,17 +617,9 @@ if op == 'inforce' then
     redis.call('HSET', KEYS[4], 'raise_to', to, 'raise_at', since)
     return 2
   end
-  -- The first report replaces what was learnt (an earlier run's secret
-  -- limit, the start's even pace); a later one keeps a limit learnt beneath
-  -- the stated one since, a limit kept unstated in front of it (a proxy's),
-  -- as in-process (ExactWindow::set_limit_in_force).
-  if old == 0 then
-    redis.call('HDEL', KEYS[4], 'raise_to', 'raise_at', 'learnt', 'learnt_at', 'settled', 'pressed',
-      'refused_at', 'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since',
-      'ramp_a1', 'ramp_t1', 'handover', 'recalled')
-  else
-    redis.call('HDEL', KEYS[4], 'raise_to', 'raise_at')
-  end
+  redis.call('HDEL', KEYS[4], 'raise_to', 'raise_at', 'learnt', 'learnt_at', 'settled', 'pressed', 'refused_at',
+    'lowered_at', 'stale_done', 'even', 'even_tat', 'start_ends', 'ramp_since', 'ramp_a1',
+    'ramp_t1', 'handover', 'recalled')
   if old > 0 and old <= l then
     keep(KEYS[4], limit_ttl)
     return 0

@@ -96,7 +96,7 @@ impl Pacer for FleetPacer {
                 .map(|f| (f.window, f.quota))
                 .collect();
             let said = Said::of(headers, inner.window, &inner.call_bucket_periods(), &fixed);
-            if said.binds() {
+            if said.binds(inner.configured) {
                 inner.secret.store(false, Ordering::SeqCst);
             }
             if said.used_up {
@@ -211,6 +211,9 @@ const RAISING: i64 = 2;
 pub(super) struct Said {
     /// The lowest quota stated for the primary window.
     pub(super) limit: Option<u64>,
+    /// Whether a quota of calls or what is left of one is stated at all
+    /// (see [`Said::binds`]).
+    pub(super) told: bool,
     /// Whether a told bucket's or fixed window's policy was stated: the
     /// told policies' quotas, not a secret limit, explain a 429 then.
     pub(super) told_elsewhere: bool,
@@ -283,13 +286,13 @@ impl Said {
         v
     }
 
-    /// Whether what was stated binds the fleet's rate: a told bucket's or
-    /// fixed window's policy, whose 429s teach no lower rate. A quota of a
-    /// window of calls with room left explains no 429 (a limit kept
-    /// unstated in front of it does, learnt beneath it), and one used up
-    /// explains them until its reset (`explains`), as in-process.
-    pub(super) fn binds(&self) -> bool {
-        self.told_elsewhere
+    /// Whether what was stated binds a fleet configured `configured` per
+    /// window (0: none): the limit is then no secret to learn from 429s.
+    /// A quota of the primary window above the configured one does not
+    /// explain a 429, and leaves learning on (as in-process).
+    pub(super) fn binds(&self, configured: u64) -> bool {
+        let above = self.limit.is_some_and(|l| configured > 0 && l > configured);
+        self.told_elsewhere || (self.told && !above)
     }
 
     /// What `headers` say, the primary window being `window`, the told
@@ -337,6 +340,7 @@ impl Said {
                     .iter()
                     .any(|&(w, q)| Some(w) == p.window && p.quota.map_or(true, |s| s >= q));
             if fixed_keeps {
+                said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
                 if let (Some(w), Some(left)) = (p.window, p.remaining) {
                     said.fixed_left.push((w, p.quota, left));
@@ -352,6 +356,7 @@ impl Said {
             };
             if let Some(i) = kept {
                 // A stated policy of calls: no secret to learn.
+                said.told |= p.quota.is_some();
                 said.told_elsewhere |= p.quota.is_some();
                 if let Some(r) = emptied {
                     said.emptied.push((p.name, r, p.reset_exact, i));
@@ -382,6 +387,7 @@ impl Said {
                     if let Some(q) = q {
                         said.limit = Some(said.limit.map_or(q, |l| l.min(q)));
                     }
+                    said.told |= q.is_some() || p.remaining.is_some();
                     said.used_up |= p.remaining == Some(0);
                 }
                 (u, w, Some(q)) if u.is_tokens() => said.others.push(Stated {

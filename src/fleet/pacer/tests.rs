@@ -74,29 +74,23 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     h
 }
 
-/// What a server states of a window of calls binds no fleet's rate: a
-/// limit kept unstated in front of a stated quota (a proxy's, a second's
+/// What a server states binds the fleet, switching learning from 429s off,
+/// unless it is a quota of the primary window above the configured one or
+/// one of another window: a limit kept unstated beside that (a second's,
 /// beside an hour's) is learnt from 429s, but for one while the stated
-/// quota is used up (`explains`), as in-process. A told bucket's or fixed
-/// window's policy stated binds it (`told_elsewhere`).
+/// quota is used up (`explains`), as in-process.
 #[test]
-fn a_quota_stated_for_a_window_of_calls_leaves_learning_on() {
+fn a_quota_stated_above_the_configured_one_leaves_learning_on() {
     use face::Said;
     let second = Duration::from_secs(1);
     let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[], &[]);
-    assert!(!said(&[("x-ratelimit-limit", "1000")]).binds());
-    assert!(!said(&[("x-ratelimit-limit", "20")]).binds());
-    assert!(!said(&[("x-ratelimit-remaining", "3")]).binds());
+    let thousand = said(&[("x-ratelimit-limit", "1000")]);
+    assert!(!thousand.binds(40));
+    assert!(thousand.binds(1000) && thousand.binds(2000) && thousand.binds(0));
+    assert!(said(&[("x-ratelimit-remaining", "3")]).binds(40));
     let other_window = said(&[("ratelimit-policy", r#""h";q=5000;w=3600"#)]);
-    assert!(!other_window.binds());
+    assert!(!other_window.binds(40));
     assert_eq!(other_window.explains, None);
-    let fixed = Said::of(
-        &headers(&[("ratelimit-policy", r#""m";q=20;w=60"#)]),
-        second,
-        &[],
-        &[(Duration::from_secs(60), 20)],
-    );
-    assert!(fixed.binds());
     let used_up = said(&[
         ("ratelimit-policy", r#""h";q=5000;w=3600"#),
         ("ratelimit", r#""h";r=0;t=900"#),
@@ -120,6 +114,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
     let said = |pairs: &[(&str, &str)]| Said::of(&headers(pairs), second, &[], &[]);
     let twenty = Said {
         limit: Some(20),
+        told: true,
         used_up: false,
         others: Vec::new(),
         spent: Vec::new(),
@@ -137,6 +132,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         said(&[("x-rate-limit-remaining", "0")]),
         Said {
             limit: None,
+            told: true,
             used_up: true,
             others: Vec::new(),
             spent: Vec::new(),
@@ -161,7 +157,7 @@ fn the_fleet_reads_a_limit_of_its_window_in_every_dialect() {
         "ratelimit-policy",
         r#""a";q=30;w=1,"b";q=20;w=1,"hour";q=5;w=3600"#,
     )]);
-    assert_eq!((two.limit, two.used_up), (Some(20), false));
+    assert_eq!((two.limit, two.told, two.used_up), (Some(20), true, false));
     assert_eq!(said(&[]), Said::default());
 }
 
@@ -179,20 +175,20 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
             .iter()
             .map(|p| (p.unit, p.quota, p.window.as_secs(), p.used))
             .collect();
-        (s.limit, o)
+        (s.limit, s.told, o)
     };
     assert_eq!(
         others(&[
             ("ratelimit-policy", r#""s";q=20;w=1,"hour";q=500;w=3600"#),
             ("ratelimit", r#""hour";r=440;t=900"#),
         ]),
-        (Some(20), vec![(Unit::Calls, 500, 3600, 60)])
+        (Some(20), true, vec![(Unit::Calls, 500, 3600, 60)])
     );
     // A window of another length alone leaves a limit of the fleet's own
     // window unstated.
     assert_eq!(
         others(&[("ratelimit-policy", r#""hour";q=5;w=3600"#)]),
-        (None, vec![(Unit::Calls, 5, 3600, 0)])
+        (None, false, vec![(Unit::Calls, 5, 3600, 0)])
     );
     assert_eq!(
         others(&[
@@ -200,11 +196,11 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
             ("x-ratelimit-limit-tokens", "150000"),
             ("x-ratelimit-remaining-tokens", "149000"),
         ]),
-        (Some(20), vec![(Unit::Tokens, 150000, 60, 1000)])
+        (Some(20), true, vec![(Unit::Tokens, 150000, 60, 1000)])
     );
     assert_eq!(
         others(&[("ratelimit-policy", r#""t";q=900;w=10;qu="tokens""#)]),
-        (None, vec![(Unit::Tokens, 900, 10, 0)])
+        (None, false, vec![(Unit::Tokens, 900, 10, 0)])
     );
     // Anthropic's input and output tokens, each adopted as what it counts.
     assert_eq!(
@@ -216,6 +212,7 @@ fn the_fleet_reads_the_policies_of_other_windows_and_of_tokens() {
         ]),
         (
             None,
+            false,
             vec![
                 (Unit::InputTokens, 20000, 60, 1000),
                 (Unit::OutputTokens, 4000, 60, 0)

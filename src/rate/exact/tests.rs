@@ -239,18 +239,12 @@ fn a_429_with_no_answered_call_in_the_window_measures_nothing() {
     assert_eq!(w.limit(), 4);
 }
 
-/// A 429 beneath a limit the server reported (its stated quota had room:
-/// the caller asks only then) is of a limit kept unstated in front of it,
-/// a proxy's: learnt as a window's count, the report kept above it.
 #[test]
-fn a_429_beneath_a_reported_limit_teaches_one_kept_unstated() {
+fn a_server_that_reports_its_limit_teaches_nothing() {
     let (mut w, _, t0) = refused_after(10, 7, 1);
     w.set_limit_in_force(10, t0);
-    assert_eq!(w.rate_limited(t0 + ms(10)), Some(5));
-    assert_eq!((w.limit(), w.learnt()), (5, Some(5)));
-    let (mut w, _, t0) = refused_after(20, 7, 1);
-    w.set_limit_in_force(10, t0);
-    assert_eq!(w.rate_limited(t0 + ms(10)), Some(5));
+    assert_eq!(w.rate_limited(t0 + ms(10)), None);
+    assert_eq!(w.limit(), 10);
     // And a report replaces what an earlier run learnt.
     let mut w = ExactWindow::new(10, W, t0).with_learnt(Some(4));
     assert_eq!(w.limit(), 4);

@@ -107,19 +107,37 @@ fn a_refill_is_doubted_once_a_run_that_held_breaks_until_one_holds_again() {
 
 /// A sliding window kept full, stating when its newest call ages out,
 /// frees what it was fed a window before: its statements while it refuses
-/// fall in proportion, as a bucket's do. It is believed a bucket only once
-/// a call is taken with room to spare, at most three quarters used.
+/// fall in proportion, as a bucket's do. A call it takes sets its reset to
+/// the whole window; a bucket's is the share used, and only that shows it.
 #[test]
-fn a_full_window_freeing_as_fed_is_no_bucket_until_a_call_is_taken_with_room() {
+fn a_full_window_freeing_as_fed_is_no_bucket_until_a_call_taken_resets_short() {
     let mut fit = RefillFit::new();
     for used in (5200..=8000).rev().step_by(400) {
         assert_eq!(observe_used(&mut fit, used), None, "{used}");
     }
-    // Taken, but with 6,400 of 8,000 used: over three quarters.
-    assert_eq!(observe_used(&mut fit, 6400), None);
-    assert_eq!(observe_used(&mut fit, 5600), None);
-    // Taken with 6,000 used: three quarters.
-    assert!(observe_used(&mut fit, 6000).is_some());
+    // Taken, with a reset of 57 s: no shorter than the window's seven
+    // eighths (52.5 s), as a sliding window's after a call it took.
+    assert_eq!(observe_used(&mut fit, 7600), None);
+    assert_eq!(observe_used(&mut fit, 6000), None);
+    // Taken with 6,800 of 8,000 used: a bucket's 51 s.
+    assert!(observe_used(&mut fit, 6800).is_some());
+}
+
+/// Calls each weighing more than three eighths of the quota (12,000
+/// tokens of 30,000 a minute), two at the start of each minute as a
+/// sliding minute of tokens lets them go, still show a bucket: the second
+/// of each pair rises to four fifths used, a reset of 48 s.
+#[test]
+fn a_bucket_of_heavy_calls_is_found() {
+    let calls: Vec<(u64, u64)> = (0..40)
+        .map(|i| (if i % 2 == 0 { 60_000 } else { 0 }, 12_000))
+        .collect();
+    let said = statements(Server::Bucket, 30_000, MINUTE, &calls);
+    let mut fit = RefillFit::new();
+    let found = said
+        .iter()
+        .any(|&(left, r)| fit.observe(say(30_000, left, r, true), MINUTE).is_some());
+    assert!(found, "{fit:?}");
 }
 
 #[test]

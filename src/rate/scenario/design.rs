@@ -95,8 +95,7 @@ pub fn late_429_10_per_1s() -> Scenario {
 
 /// 10 per 1 s: a server that reports its limit lowers it at once, raises
 /// it only after a window of higher reports (a lower one between starts it
-/// again), and a 429 beneath it (none said used up) teaches a limit kept
-/// unstated in front of it, as a secret one's; `remaining: 0` holds new
+/// again), and a 429 then teaches nothing; `remaining: 0` holds new
 /// calls until the first place frees.
 pub fn reported_10_per_1s() -> Scenario {
     Build::new(10, 1000)

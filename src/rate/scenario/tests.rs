@@ -105,7 +105,7 @@ fn a_reported_limit_raised_again_is_followed_after_a_window() {
 }
 
 #[test]
-fn a_reported_limit_wins_a_429_beneath_it_teaches_and_remaining_zero_holds() {
+fn a_reported_limit_wins_and_remaining_zero_holds_until_a_place_frees() {
     let a = answers(&reported_10_per_1s());
     let inforce = |lowered| Answer::InForce { lowered };
     assert_eq!(
@@ -116,11 +116,10 @@ fn a_reported_limit_wins_a_429_beneath_it_teaches_and_remaining_zero_holds() {
             inforce(false),
             granted(4, 4, 0, false),
             wait(970),
-            // Three answered, the refused one among them: two accepted.
-            Answer::Paused { ms: 0, learnt: 2 },
+            Answer::Paused { ms: 0, learnt: 0 },
             Answer::Held { ms: 940 },
             wait(930),
-            granted(2, 2, 2, false),
+            granted(4, 2, 0, false),
         ]
     );
 }

@@ -264,14 +264,13 @@ impl Store for Lua {
                 }
             }
             // As the fleet's pacer: a limit above the configured one
-            // changes nothing, unless one is in force, which it raises
-            // back to the configured one. Learning stays on: a 429 beneath
-            // a stated limit is of one kept unstated in front of it.
+            // changes nothing and leaves learning on, unless one is in
+            // force, which it raises back to the configured one.
             Call::InForce(l) if l > self.limit && !self.reported => {
                 Answer::InForce { lowered: false }
             }
             Call::InForce(l) => {
-                self.reported = true;
+                (self.secret, self.reported) = (false, true);
                 let l = l.min(self.limit);
                 let lowered: i64 = self.op(now, "inforce", |inv| {
                     inv.arg(l);

@@ -144,14 +144,12 @@ fn a_whole_second_reset_at_the_even_pace_holds_for_the_pace() {
         "a window: held"
     );
 
-    // A burst refused, the refusal saying the quota used up: the set
-    // paces evenly from the pause's end.
+    // A burst refused: the set paces evenly from the pause's end.
     let t1 = t0 + ms(2000);
     let burst: Vec<_> = std::iter::from_fn(|| s.try_take(t1).ok()).collect();
     for slot in burst {
         s.complete(slot, t1 + ms(10));
     }
-    s.announce(&[used_up(990)], t1 + ms(10));
     s.rate_limited(t1 + ms(10));
     let t2 = t1 + ms(1010);
     s.primary_mut().pause_until(t2);
