@@ -49,7 +49,7 @@ mod ticks;
 pub mod watch;
 mod worker;
 
-use crate::checkpoint::{Committer, GroupCommit, JobMeta};
+use crate::checkpoint::{Committer, JobMeta};
 use crate::credits::{self, Alerter, CreditMeter, Ledger, MeterConfig, ReserveConfig};
 use crate::exit::{RunError, Signal};
 use crate::fleet::{Fleet, FleetAlerts};
@@ -538,35 +538,7 @@ where
     )
     .map_err(RunError::Usage)?
     .with_metrics(metrics(settings, job, shared, listener)?);
-    // This run's record is on disk, flushed, before any call: killed with
-    // its first calls in flight, it is a run that never ended, whose calls
-    // may have run (a run in another layout must not send them again).
-    let mut meta = job.meta.clone();
-    meta.start_run(crate::util::unix_now().as_millis() as u64);
-    job.store
-        .save_job(&meta)
-        .and_then(|()| job.store.flush())
-        .map_err(|e| {
-            RunError::Unable(anyhow::anyhow!(
-                "the checkpoint in {} could not be written ({e}); nothing was sent. Free \
-                 space there (or fix the file) and run the same command",
-                settings.state_dir.display()
-            ))
-        })?;
-    let committer = match job.items.committer(meta.clone(), GroupCommit::default()) {
-        Ok(c) => c,
-        Err(e) => {
-            // No call went: the run's record goes, or the next run would
-            // take it for one killed with calls in flight.
-            let _ = job
-                .store
-                .save_job(&job.meta)
-                .and_then(|()| job.store.flush());
-            return Err(anyhow::Error::new(e)
-                .context("opening the results log")
-                .into());
-        }
-    };
+    let (meta, committer) = job.start_recording(&settings.state_dir)?;
     // No call may go out that cannot be recorded: a failed write (a full
     // disk) stops the pool at once, not at the end of the input.
     committer.on_failure({

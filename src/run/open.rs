@@ -28,6 +28,39 @@ pub(super) struct Opened {
     pub(super) formation: Option<Formation>,
 }
 
+impl Opened {
+    /// This run's record, on disk and flushed before any call, and the
+    /// committer that records its results. Killed with its first calls in
+    /// flight, the run is one that never ended, whose calls may have run:
+    /// a run in another layout must not send them again. Nothing is sent
+    /// when either fails, and the record goes again if the results log
+    /// cannot be opened (else the next run would take it for a killed one).
+    pub(super) fn start_recording(
+        &self,
+        state_dir: &std::path::Path,
+    ) -> Result<(JobMeta, crate::checkpoint::Committer), RunError> {
+        let mut meta = self.meta.clone();
+        meta.start_run(crate::util::unix_now().as_millis() as u64);
+        let saved = |m: &JobMeta| self.store.save_job(m).and_then(|()| self.store.flush());
+        saved(&meta).map_err(|e| {
+            RunError::Unable(anyhow::anyhow!(
+                "the checkpoint in {} could not be written ({e}); nothing was sent. Free \
+                 space there (or fix the file) and run the same command",
+                state_dir.display()
+            ))
+        })?;
+        match self.items.committer(meta.clone(), GroupCommit::default()) {
+            Ok(c) => Ok((meta, c)),
+            Err(e) => {
+                let _ = saved(&self.meta);
+                Err(anyhow::Error::new(e)
+                    .context("opening the results log")
+                    .into())
+            }
+        }
+    }
+}
+
 /// Opens the checkpoint, checks the whole input before any request is sent,
 /// and opens (or creates) the job. The checkpoint comes first: a line that
 /// will not be sent again is parsed but not rendered.
