@@ -93,14 +93,11 @@ pub(super) fn write(h: &mut HeaderMap, dialect: Dialect, view: &[PolicyView]) {
             put(h, "ratelimit-limit", t.limit.to_string());
             put(h, "ratelimit-remaining", t.remaining.to_string());
             put(h, "ratelimit-reset", secs_up(t.reset).to_string());
-            let policy: Vec<String> = view
+            let policy = view
                 .iter()
                 .filter(|p| p.unit == Unit::Calls && whole(p.window))
-                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)))
-                .collect();
-            if !policy.is_empty() {
-                put(h, "ratelimit-policy", policy.join(", "));
-            }
+                .map(|p| format!("{};w={}", p.limit, ceil_secs(p.window)));
+            put_policies(h, policy);
         }
         Dialect::XRatelimit | Dialect::Github => {
             let Some(t) = calls else { return };
@@ -182,15 +179,21 @@ fn ietf(h: &mut HeaderMap, view: &[PolicyView]) {
                 ceil_secs(p.window)
             )
         });
-    let policy: Vec<String> = policy.collect();
-    if !policy.is_empty() {
-        put(h, "ratelimit-policy", policy.join(", "));
-    }
+    put_policies(h, policy);
     let state = view
         .iter()
         .enumerate()
         .map(|(i, p)| format!("\"{}\";r={};t={}", name(i), p.remaining, secs_up(p.reset)));
     put(h, "ratelimit", state.collect::<Vec<_>>().join(", "));
+}
+
+/// `RateLimit-Policy` listing `policies`, unless none can be stated (every
+/// window under a second): an empty field would state nothing.
+fn put_policies(h: &mut HeaderMap, policies: impl Iterator<Item = String>) {
+    let policies: Vec<String> = policies.collect();
+    if !policies.is_empty() {
+        put(h, "ratelimit-policy", policies.join(", "));
+    }
 }
 
 /// Whether `w` is whole seconds, as the IETF fields' `w` must be.
