@@ -484,16 +484,23 @@ impl PolicySet {
                 until,
             });
         }
-        if p.quota.is_some() {
-            let stated = p.reset_in.map_or(Duration::ZERO, reset_or_now);
-            let until = later(now, r.max(stated));
-            self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
-        }
+        self.explain(p, r, now);
         if r > LONG_HOLD && self.said.insert(format!("exhausted {}", p.name)) {
             self.heard.push_back(Heard::Exhausted {
                 name: p.name.clone(),
                 for_: r,
             });
+        }
+    }
+
+    /// Policy `p`, said used up at `now` and held for `r`, explains a 429
+    /// until the later of the hold and its reset as stated: that 429 is its
+    /// quota's, and teaches no secret limit.
+    pub(super) fn explain(&mut self, p: &Announced, r: Duration, now: Instant) {
+        if p.quota.is_some() {
+            let stated = p.reset_in.map_or(Duration::ZERO, reset_or_now);
+            let until = later(now, r.max(stated));
+            self.explained_until = Some(self.explained_until.map_or(until, |e| e.max(until)));
         }
     }
 

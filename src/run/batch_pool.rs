@@ -19,9 +19,9 @@ use super::alone::Alone;
 use super::batch;
 use super::batch_settle::{failure, Entry, Sent};
 use super::events::Event;
-use super::gate::{Halt, Pass};
+use super::gate::Halt;
 use super::keys::At;
-use super::pool::{Next, Pool, Queue, Queued};
+use super::pool::{Clearance, Cleared, Next, Pool, Queue, Queued};
 use super::react::{react, Action, Call, Outcome, Tries};
 use crate::classify::CallError;
 use crate::pace::Weight;
@@ -234,32 +234,15 @@ impl Pool {
             _ => weight,
         };
         loop {
-            let probing = match self.gate.pass().await {
-                Pass::Run => false,
-                Pass::Probe => true,
-                Pass::Stop => return Sent::Stop,
-            };
-            let slot = tokio::select! {
-                s = self.slots.acquire() => s,
-                _ = self.gate.until_stopped() => None,
-            };
-            let Some(slot) = slot else {
-                if probing {
-                    self.gate.release_probe();
-                }
-                return Sent::Stop;
-            };
-            let Some(permit) = self.pace(probing, weight).await else {
-                return Sent::Stop;
-            };
-            if !probing && !self.gate.is_running() {
-                continue;
-            }
-            let Some(guard) = self.admit(probing, chunk.len() as u64).await else {
-                if self.gate.is_stopped() {
-                    return Sent::Stop;
-                }
-                continue;
+            let Cleared {
+                probing,
+                slot,
+                permit,
+                guard,
+            } = match self.clear(weight, chunk.len() as u64).await {
+                Clearance::Go(c) => c,
+                Clearance::Again => continue,
+                Clearance::Stop => return Sent::Stop,
             };
             if chunk.iter().any(|e| e.tries.n > 0) {
                 self.emit(Event::Retry);

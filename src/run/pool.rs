@@ -13,10 +13,11 @@ use super::events::Event;
 use super::gate::{Gate, Halt, Pass};
 use super::keys::At;
 use super::react::{react, Action, Call, Outcome, Policy, Tries};
+use super::slots::Slot;
 pub use super::slots::Slots;
 use super::watch::{Systemic, Verdict, Watch};
 use crate::classify::CallError;
-use crate::credits::Ledger;
+use crate::credits::{InFlight, Ledger};
 use crate::input::Item;
 use crate::pace::{Pacer, Permit, Weight};
 use crate::report::calls::CallId;
@@ -170,32 +171,15 @@ impl Pool {
                 self.fail_refused_every_time(item, reason, tries.n);
                 return Left::Over;
             }
-            let probing = match self.gate.pass().await {
-                Pass::Run => false,
-                Pass::Probe => true,
-                Pass::Stop => return Left::Over,
-            };
-            let slot = tokio::select! {
-                s = self.slots.acquire() => s,
-                _ = self.gate.until_stopped() => None,
-            };
-            let Some(slot) = slot else {
-                if probing {
-                    self.gate.release_probe();
-                }
-                return Left::Over;
-            };
-            let Some(permit) = self.pace(probing, weight).await else {
-                return Left::Over;
-            };
-            if !probing && !self.gate.is_running() {
-                continue;
-            }
-            let Some(guard) = self.admit(probing, 1).await else {
-                if self.gate.is_stopped() {
-                    return Left::Over;
-                }
-                continue;
+            let Cleared {
+                probing,
+                slot,
+                permit,
+                guard,
+            } = match self.clear(weight, 1).await {
+                Clearance::Go(c) => c,
+                Clearance::Again => continue,
+                Clearance::Stop => return Left::Over,
             };
             // A retry counts when it goes (a run stopped during its
             // backoff sent none): an attempt before this one failed.
@@ -533,6 +517,45 @@ impl Pool {
         }
     }
 
+    /// Waits until a call of `weight` carrying `items` items may go: past
+    /// the gate (a probe while it is paused), a slot of the pool, the
+    /// pacer and the credits' admission, in that order. [`Clearance::Again`]
+    /// when the gate closed meanwhile or admission said wait: the caller
+    /// checks what it must (a stated limit may have changed) and asks again.
+    pub(super) async fn clear(self: &Arc<Self>, weight: Weight, items: u64) -> Clearance<'_> {
+        let probing = match self.gate.pass().await {
+            Pass::Run => false,
+            Pass::Probe => true,
+            Pass::Stop => return Clearance::Stop,
+        };
+        let slot = tokio::select! {
+            s = self.slots.acquire() => s,
+            _ = self.gate.until_stopped() => None,
+        };
+        let Some(slot) = slot else {
+            if probing {
+                self.gate.release_probe();
+            }
+            return Clearance::Stop;
+        };
+        let Some(permit) = self.pace(probing, weight).await else {
+            return Clearance::Stop;
+        };
+        if !probing && !self.gate.is_running() {
+            return Clearance::Again;
+        }
+        match self.admit(probing, items).await {
+            Some(guard) => Clearance::Go(Cleared {
+                probing,
+                slot,
+                permit,
+                guard,
+            }),
+            None if self.gate.is_stopped() => Clearance::Stop,
+            None => Clearance::Again,
+        }
+    }
+
     /// Waits for the pacer, for a call that weighs `weight` (more than one
     /// call for a batch under `--batch-weight items`). None when the run
     /// stopped first (or the pacer failed, which stops it).
@@ -553,6 +576,28 @@ impl Pool {
             }
         }
     }
+}
+
+/// What [`Pool::clear`] found.
+pub(super) enum Clearance<'a> {
+    /// The call may go.
+    Go(Cleared<'a>),
+    /// Not yet: ask again.
+    Again,
+    /// The run stopped.
+    Stop,
+}
+
+/// A call cleared to go: what it holds while it is out.
+pub(super) struct Cleared<'a> {
+    /// Whether it is the probe of a paused run.
+    pub(super) probing: bool,
+    /// Its place in the pool, given back once answered.
+    pub(super) slot: Slot<'a>,
+    /// The pacer's grant.
+    pub(super) permit: Permit,
+    /// Its share of the credits in flight.
+    pub(super) guard: InFlight,
 }
 
 /// Where an item stands when its worker lets go of it.

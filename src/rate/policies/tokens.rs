@@ -124,6 +124,13 @@ impl PolicySet {
         }
         self.heard_reset(i, p, now);
         self.spent_elsewhere(i, p, now);
+        if p.remaining == Some(0) && self.kept[i].refills() {
+            // Its level holds it; a 429 meanwhile is still its quota's, as
+            // the fleet's script reads it (`Said::explains`): until the
+            // reset stated, the window for none.
+            let r = p.reset_in.map_or(self.kept[i].window(), |_| Duration::ZERO);
+            self.explain(p, r, now);
+        }
         let Some(reset) = p.reset_in.filter(|r| !r.is_zero()) else {
             return;
         };

@@ -81,12 +81,10 @@ fn a_429_before_a_stated_reset_is_the_quotas_though_the_hold_ended() {
     assert_eq!(s.primary().limit(), 5);
 }
 
-/// A quota of tokens stated used up (OpenAI's `remaining-tokens: 0`)
-/// explains a 429 as one of calls does, as it does for a fleet.
-#[test]
-fn a_used_up_token_quota_explains_a_429() {
-    let t0 = Instant::now();
-    let mut s = set(&[(90, 1000)], t0);
+/// One call answered at `t0 + 10 ms` whose response says a quota of 1000
+/// tokens is used up for 30 s, then what calls the set still lets go at
+/// `t0 + 20 ms` refused with a 429: returns what the 429 taught.
+fn refused_with_tokens_used_up(s: &mut PolicySet, t0: Instant) -> Option<u64> {
     let first = s.try_take(t0).unwrap();
     s.complete(first, t0 + ms(10));
     let tokens = Announced {
@@ -102,6 +100,29 @@ fn a_used_up_token_quota_explains_a_429() {
     for slot in burst {
         s.complete(slot, t0 + ms(30));
     }
-    assert_eq!(s.rate_limited(t0 + ms(30)), None);
+    s.rate_limited(t0 + ms(30))
+}
+
+/// A quota of tokens stated used up (OpenAI's `remaining-tokens: 0`)
+/// explains a 429 as one of calls does, as it does for a fleet.
+#[test]
+fn a_used_up_token_quota_explains_a_429() {
+    let t0 = Instant::now();
+    let mut s = set(&[(90, 1000)], t0);
+    assert_eq!(refused_with_tokens_used_up(&mut s, t0), None);
+    assert_eq!(s.primary().limit(), 90);
+}
+
+/// A told bucket of tokens (`--limit 1000/1m,burst=1000,tokens`) stated
+/// used up explains a 429 too: its level follows the server's, so it
+/// holds nothing itself, but the 429 is its quota's, not a secret limit of
+/// calls. A fleet's script read it so; in one process it lowered the
+/// window of calls to the calls it held.
+#[test]
+fn a_told_token_bucket_stated_used_up_explains_a_429() {
+    let t0 = Instant::now();
+    let told = "1000/1m,burst=1000,tokens".parse().unwrap();
+    let mut s = set(&[(90, 1000)], t0).with_kept(vec![crate::rate::kept::Kept::new(told).unwrap()]);
+    assert_eq!(refused_with_tokens_used_up(&mut s, t0), None);
     assert_eq!(s.primary().limit(), 90);
 }
