@@ -18,6 +18,7 @@
 #   PACERS="fleet-told" examples/nginx_bench.sh    # the same, told the burst
 #   TOLD=90/1s PACERS="window fleet" examples/nginx_bench.sh  # a limit at a third
 #   BURSTS=0 REPEAT=8 PACERS=fleet-told examples/nginx_bench.sh  # no burst only, 8 runs
+#   STATUS=503 examples/nginx_bench.sh            # nginx's own default refusal
 #
 # `fleet`: two processes on one Redis key (`--shard i/2`, `-c $CONC` each),
 # told the bare rate; needs redis-server on PATH (started here on a free
@@ -35,6 +36,8 @@ BURSTS=${BURSTS:-"5 0"}
 REPEAT=${REPEAT:-1}
 TOLD=${TOLD:-30/1s}
 RATE=30
+# What nginx refuses with: 429 as configured for an API, or its default 503.
+STATUS=${STATUS:-429}
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 
 [ -x "$BIN" ] || { echo "no batchrun at $BIN (cargo build --release, or set BIN)" >&2; exit 2; }
@@ -100,7 +103,7 @@ http {
         listen 127.0.0.1:$port;
         location / {
             limit_req zone=api $clause;
-            limit_req_status 429;
+            limit_req_status $STATUS;
             proxy_pass http://sim;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -128,7 +131,7 @@ stop_nginx() {
     NGINX_PID=""
 }
 
-printf '%-22s %-10s %8s %8s %6s %5s %5s\n' "nginx" "pacer" "wall_s" "ideal_s" "ratio" "429s" "exit"
+printf '%-22s %-10s %8s %8s %6s %5s %5s\n' "nginx" "pacer" "wall_s" "ideal_s" "ratio" "${STATUS}s" "exit"
 run=0
 for burst in $BURSTS; do
     if [ "$burst" = 0 ]; then clause=""; name="rate=30r/s, no burst"; else
@@ -173,7 +176,7 @@ for burst in $BURSTS; do
         set -e
         t1=$(date +%s.%N)
         stop_nginx
-        refused=$(awk '$9 == 429' "$TMP/nginx/access.log" | wc -l)
+        refused=$(awk -v s="$STATUS" '$9 == s' "$TMP/nginx/access.log" | wc -l)
         # KEEP=1: each run's access log stays, its last field the arrival.
         [ -n "${KEEP:-}" ] && cp "$TMP/nginx/access.log" "$TMP/access-$run.log"
         python3 - "$name" "$pacer" "$t0" "$t1" "$ideal" "$refused" "$code" <<'EOF'

@@ -94,7 +94,7 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// Whether a response is the rate limiter's refusal (what [`classify`]
 /// calls [`CallError::RateLimited`]): a 429 that says neither that the
 /// credits ran out nor that the concurrency ceiling was reached, or a 403
-/// that is a rate limit's (see `limited_403`).
+/// or a 503 that is a rate limit's (see `limited_403`, `limited_503`).
 pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
     match code {
         429 => {
@@ -105,6 +105,7 @@ pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
             let now = SystemTime::now();
             limited_403(headers, body, retry_after_header(headers, now), now).is_some()
         }
+        503 => limited_503(headers, body, SystemTime::now()),
         _ => false,
     }
 }
@@ -139,6 +140,22 @@ fn limited_403(
     let stated = stated(headers, now);
     let wait = (said.or_else(|| retry_after_ms(headers))).or_else(|| used_up_reset(&stated))?;
     (!stated.is_empty() || body.to_ascii_lowercase().contains("rate limit")).then_some(wait)
+}
+
+/// Whether a 503 is a rate limiter's refusal, paced as a 429 is. nginx's
+/// `limit_req` answers 503 unless told `limit_req_status 429`, with
+/// nginx's own page, which nothing but nginx itself serves (an upstream's
+/// 503 comes with the upstream's body); S3 asks to "slow down"; a server
+/// may say "rate limit" or state a quota used up. Any other 503 (the API
+/// overloaded, a deploy) stays a passing failure, retried with backoff: as
+/// a rate limit, a long outage would be learnt as a limit.
+fn limited_503(headers: &HeaderMap, body: &str, now: SystemTime) -> bool {
+    const NGINX_PAGE: &str = "<title>503 Service Temporarily Unavailable</title>";
+    const SAYS: [&str; 4] = ["rate limit", "too many requests", "slow down", "slowdown"];
+    let words = body.to_ascii_lowercase();
+    body.contains(NGINX_PAGE)
+        || SAYS.iter().any(|w| words.contains(w))
+        || used_up_reset(&stated(headers, now)).is_some()
 }
 
 /// The policies a response states, in any dialect, read at `now`.
@@ -245,6 +262,11 @@ pub fn classify(
         429 => Err(CallError::RateLimited {
             retry_after: (said.or_else(|| retry_after_ms(headers)))
                 .or_else(|| asked_in_body(body))
+                .or_else(|| refused_reset(headers, now)),
+            message: short_reason(body, key, SHORT),
+        }),
+        503 if limited_503(headers, body, now) => Err(CallError::RateLimited {
+            retry_after: (said.or_else(|| retry_after_ms(headers)))
                 .or_else(|| refused_reset(headers, now)),
             message: short_reason(body, key, SHORT),
         }),
@@ -725,6 +747,60 @@ mod tests {
                 matches!(refused, Err(CallError::Refused { status: 403, .. })),
                 "{refused:?}"
             );
+        }
+    }
+
+    /// nginx's `limit_req` refuses with a 503 and its own page unless told
+    /// `limit_req_status 429`: a rate limit, paced as a 429 (before, each
+    /// was a passing failure, retried with backoff while the pace went on:
+    /// 56 of them in 210 calls behind nginx with no burst). So is a 503
+    /// saying "slow down" (S3) or stating a quota used up; an API's own 503
+    /// is not.
+    #[test]
+    fn a_503_from_a_limiter_is_a_rate_limit_and_an_apis_own_is_not() {
+        let nginx = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n\
+                     <body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n\
+                     <hr><center>nginx/1.22.1</center>\r\n</body>\r\n</html>\r\n";
+        let s3 = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let reset = (now.as_secs() + 30).to_string();
+        let used_up = [
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", &reset[..]),
+        ];
+        for (pairs, body) in [
+            (&[][..], nginx),
+            (&[("retry-after", "2")][..], s3),
+            (&used_up[..], ""),
+        ] {
+            let got = c(503, pairs, body);
+            assert!(matches!(got, Err(CallError::RateLimited { .. })), "{got:?}");
+            assert!(is_rate_limited(503, &h(pairs), body), "{body}");
+        }
+        assert!(matches!(
+            c(503, &[("retry-after", "2")], s3),
+            Err(CallError::RateLimited { retry_after: Some(d), .. }) if d == Duration::from_secs(2)
+        ));
+        let own = r#"{"error": "the service is overloaded, try again later"}"#;
+        for (pairs, body) in [
+            (&[][..], own),
+            (
+                &[
+                    ("x-ratelimit-remaining", "7"),
+                    ("x-ratelimit-reset", &reset[..]),
+                ][..],
+                own,
+            ),
+            (
+                &[][..],
+                "<html><head><title>503 Service Unavailable</title></head></html>",
+            ),
+        ] {
+            let got = c(503, pairs, body);
+            assert!(matches!(got, Err(CallError::Transient { .. })), "{got:?}");
+            assert!(!is_rate_limited(503, &h(pairs), body));
         }
     }
 

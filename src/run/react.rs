@@ -286,7 +286,18 @@ fn action_for(
         CallError::RateLimited {
             retry_after,
             message,
-        } => rate_limited(retry_after, message, call.limited_for, policy),
+        } => match rate_limited(retry_after, message, call.limited_for, policy) {
+            // Nothing got through since the last 429's pause began: the
+            // server refuses whatever comes (an outage, a cooldown, a quota
+            // of a longer window), which tells no rate. Each such 429
+            // lowered the limit, and the limit it was refused at capped
+            // probing: a four-second outage held a run to a call a second
+            // to its end (and its next run, through the checkpoint).
+            Action::Pause { pause, message } if call.limited_for.is_some() => {
+                Action::Hold { pause, message }
+            }
+            action => action,
+        },
         CallError::Concurrency { retry_after } => {
             // Nothing but these for `--max-wait` halts as rate limits do:
             // a server that answers only them would keep the run forever.
@@ -399,12 +410,14 @@ pub(super) fn rate_limited(
     // A zero Retry-After would turn the pause into a hot loop; any other
     // is capped (a quota waited for excepted). A pause of our own choosing
     // (no Retry-After) ends when --max-wait does, so that the next 429
-    // halts then: a window's pause carried `--max-wait 5s` to 30 s.
+    // halts then: a window's pause carried `--max-wait 5s` to 30 s. It
+    // lasts as long as the 429s have (doubling while nothing gets
+    // through): an outage answering 429s or a limiter's 503s was asked a
+    // flight of calls every window, 9,000 in the half hour of --max-wait.
     let pause = match (quota, retry_after) {
         (Some(pause), _) => return Action::Hold { pause, message },
         (None, Some(r)) => retry_after::capped(r).max(MIN_PAUSE),
-        (None, None) => policy
-            .default_pause
+        (None, None) => (policy.default_pause.max(for_))
             .min(policy.max_wait.saturating_sub(for_))
             .max(MIN_PAUSE),
     };

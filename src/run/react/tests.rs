@@ -194,7 +194,7 @@ fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
     // --max-wait, not 29 s past it.
     let one = Duration::from_secs(1);
     assert!(
-        matches!(window, Action::Pause { pause, .. } if pause == one),
+        matches!(window, Action::Hold { pause, .. } if pause == one),
         "{window:?}"
     );
     assert!(matches!(ceiling, Action::FewerInFlight(_)), "{ceiling:?}");
@@ -204,6 +204,50 @@ fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
     };
     // A server answering nothing but concurrency 429s kept the run forever.
     assert_eq!(after(Some(max)), (expected(), expected()));
+}
+
+/// A 429 after nothing got through since the last one's pause began (an
+/// outage, a cooldown with no `Retry-After`) teaches the pacer nothing (a
+/// hold), and its pause lasts as long as the 429s have. Taught, each
+/// lowered the limit, capped by the one refused: a four-second outage
+/// held a run at a call a second to its end; asked every window, a half
+/// hour's outage took a flight of calls a second.
+#[test]
+fn a_429_with_nothing_through_since_the_last_holds_for_as_long_as_they_have_lasted() {
+    let item = item();
+    let on = |limited_for| {
+        let call = Call {
+            item: &item,
+            tries: tries(1),
+            probing: false,
+            limited_for,
+            jitter: 0.5,
+            got_through: true,
+            may_defer: false,
+            refusals_in_a_row: 0,
+        };
+        let e = CallError::RateLimited {
+            retry_after: None,
+            message: None,
+        };
+        react(error(e), call, &policy()).action
+    };
+    let p = policy();
+    assert!(
+        matches!(on(None), Action::Pause { pause, .. } if pause == p.default_pause),
+        "the first teaches"
+    );
+    let held = |for_: u64| match on(Some(Duration::from_secs(for_))) {
+        Action::Hold { pause, .. } => pause,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(held(1), p.default_pause, "no shorter than a pause");
+    assert_eq!(
+        held(120),
+        Duration::from_secs(120),
+        "as long as they lasted"
+    );
+    assert_eq!(held(500), Duration::from_secs(100), "until --max-wait");
 }
 
 #[test]

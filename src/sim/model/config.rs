@@ -50,6 +50,10 @@ pub enum Dialect {
     /// No rate headers at all (the limits are kept, as with
     /// `--secret-limit`, but `retry-after` still goes out on a 429).
     None,
+    /// As nginx's `limit_req` in front of an API, left as installed: no
+    /// rate headers, and a rate refusal is nginx's own 503 page, with no
+    /// `retry-after` and none of the API's headers.
+    Nginx,
 }
 
 /// Everything the model needs to know, already validated.

@@ -186,6 +186,9 @@ pub(super) fn refused_in(
 ) -> Response {
     let cooling = matches!(why, Rejection::Cooldown { .. });
     let for_rate = cooling || matches!(why, Rejection::Rate { .. });
+    if dialect == Dialect::Nginx && for_rate {
+        return nginx_refusal();
+    }
     let mut r = rejected(why, rate, credits, echo);
     super::dialect::write(r.headers_mut(), dialect, view);
     if dialect == Dialect::Github && for_rate {
@@ -195,6 +198,21 @@ pub(super) fn refused_in(
             h.remove(wire::RETRY_AFTER);
         }
     }
+    r
+}
+
+/// nginx's `limit_req` refusal as installed (`limit_req_status` left at
+/// 503): its own page, byte for byte as nginx 1.22 serves it, and nothing
+/// of the API behind it.
+fn nginx_refusal() -> Response {
+    const PAGE: &str =
+        "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n\
+        <body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n\
+        <hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
+    let mut r = Response::new(Body::from(PAGE));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/html"));
     r
 }
 
