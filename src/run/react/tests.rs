@@ -163,20 +163,26 @@ fn a_rate_limit_pauses_for_its_retry_after_at_least_a_second() {
     assert!(on(limited(None), 2, true, &p).release_probe);
 }
 
+/// The item's first call, after 429s for `limited_for` with nothing
+/// through since the first (None: none yet).
+fn limited_call(item: &Item, limited_for: Option<Duration>) -> Call<'_> {
+    Call {
+        item,
+        tries: tries(1),
+        probing: false,
+        limited_for,
+        jitter: 0.5,
+        got_through: false,
+        may_defer: false,
+        refusals_in_a_row: 0,
+    }
+}
+
 #[test]
 fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
     let item = item();
     let after = |limited_for| {
-        let call = Call {
-            item: &item,
-            tries: tries(1),
-            probing: false,
-            limited_for,
-            jitter: 0.5,
-            got_through: false,
-            may_defer: false,
-            refusals_in_a_row: 0,
-        };
+        let call = limited_call(&item, limited_for);
         let e = CallError::RateLimited {
             retry_after: None,
             message: None,
@@ -216,16 +222,7 @@ fn nothing_but_rate_limits_past_max_wait_stalls_the_run() {
 fn a_429_with_nothing_through_since_the_last_holds_for_as_long_as_they_have_lasted() {
     let item = item();
     let on = |limited_for| {
-        let call = Call {
-            item: &item,
-            tries: tries(1),
-            probing: false,
-            limited_for,
-            jitter: 0.5,
-            got_through: true,
-            may_defer: false,
-            refusals_in_a_row: 0,
-        };
+        let call = limited_call(&item, limited_for);
         let e = CallError::RateLimited {
             retry_after: None,
             message: None,
