@@ -105,7 +105,7 @@ pub fn is_rate_limited(code: u16, headers: &HeaderMap, body: &str) -> bool {
             let now = SystemTime::now();
             limited_403(headers, body, retry_after_header(headers, now), now).is_some()
         }
-        503 => limited_503(headers, body, SystemTime::now()),
+        503 => limited_503(body),
         _ => false,
     }
 }
@@ -144,18 +144,33 @@ fn limited_403(
 
 /// Whether a 503 is a rate limiter's refusal, paced as a 429 is. nginx's
 /// `limit_req` answers 503 unless told `limit_req_status 429`, with
-/// nginx's own page, which nothing but nginx itself serves (an upstream's
-/// 503 comes with the upstream's body); S3 asks to "slow down"; a server
-/// may say "rate limit" or state a quota used up. Any other 503 (the API
-/// overloaded, a deploy) stays a passing failure, retried with backoff: as
-/// a rate limit, a long outage would be learnt as a limit.
-fn limited_503(headers: &HeaderMap, body: &str, now: SystemTime) -> bool {
+/// nginx's own page; S3 asks to "slow down"; a server may say "rate limit"
+/// or "too many requests". nginx's page is served in an outage too (its
+/// `return 503`, an ingress with no backend), which a run then waits out
+/// as a spell of 429s (`run::react`) instead of failing items. Any other
+/// 503 (the API's own body: overloaded, a deploy) stays a passing failure,
+/// retried with backoff; so does one that states a quota used up (an
+/// API's overload 503 carries its rate headers too).
+fn limited_503(body: &str) -> bool {
     const NGINX_PAGE: &str = "<title>503 Service Temporarily Unavailable</title>";
-    const SAYS: [&str; 4] = ["rate limit", "too many requests", "slow down", "slowdown"];
+    const SAYS: [&str; 5] = [
+        "rate limit",
+        "rate-limit",
+        "too many requests",
+        "slow down",
+        "slowdown",
+    ];
     let words = body.to_ascii_lowercase();
-    body.contains(NGINX_PAGE)
-        || SAYS.iter().any(|w| words.contains(w))
-        || used_up_reset(&stated(headers, now)).is_some()
+    // At a word's start: "separate limit" says no "rate limit".
+    let said = |w: &str| {
+        words.match_indices(w).any(|(i, _)| {
+            !words[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+        })
+    };
+    body.contains(NGINX_PAGE) || SAYS.iter().any(|w| said(w))
 }
 
 /// The policies a response states, in any dialect, read at `now`.
@@ -265,7 +280,7 @@ pub fn classify(
                 .or_else(|| refused_reset(headers, now)),
             message: short_reason(body, key, SHORT),
         }),
-        503 if limited_503(headers, body, now) => Err(CallError::RateLimited {
+        503 if limited_503(body) => Err(CallError::RateLimited {
             retry_after: (said.or_else(|| retry_after_ms(headers)))
                 .or_else(|| refused_reset(headers, now)),
             message: short_reason(body, key, SHORT),
@@ -754,26 +769,19 @@ mod tests {
     /// `limit_req_status 429`: a rate limit, paced as a 429 (before, each
     /// was a passing failure, retried with backoff while the pace went on:
     /// 56 of them in 210 calls behind nginx with no burst). So is a 503
-    /// saying "slow down" (S3) or stating a quota used up; an API's own 503
-    /// is not.
+    /// saying "slow down" (S3) or "rate limit"; an API's own 503 is not,
+    /// whatever its rate headers say.
     #[test]
     fn a_503_from_a_limiter_is_a_rate_limit_and_an_apis_own_is_not() {
         let nginx = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n\
                      <body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n\
                      <hr><center>nginx/1.22.1</center>\r\n</body>\r\n</html>\r\n";
         let s3 = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap();
-        let reset = (now.as_secs() + 30).to_string();
-        let used_up = [
-            ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", &reset[..]),
-        ];
+        let words = r#"{"error": "Rate limit exceeded, please wait"}"#;
         for (pairs, body) in [
             (&[][..], nginx),
             (&[("retry-after", "2")][..], s3),
-            (&used_up[..], ""),
+            (&[][..], words),
         ] {
             let got = c(503, pairs, body);
             assert!(matches!(got, Err(CallError::RateLimited { .. })), "{got:?}");
@@ -783,20 +791,24 @@ mod tests {
             c(503, &[("retry-after", "2")], s3),
             Err(CallError::RateLimited { retry_after: Some(d), .. }) if d == Duration::from_secs(2)
         ));
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let reset = (now.as_secs() + 30).to_string();
         let own = r#"{"error": "the service is overloaded, try again later"}"#;
+        // An API's overload 503 carries its rate headers too.
+        let used_up = [
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", &reset[..]),
+        ];
         for (pairs, body) in [
             (&[][..], own),
-            (
-                &[
-                    ("x-ratelimit-remaining", "7"),
-                    ("x-ratelimit-reset", &reset[..]),
-                ][..],
-                own,
-            ),
+            (&used_up[..], own),
             (
                 &[][..],
                 "<html><head><title>503 Service Unavailable</title></head></html>",
             ),
+            (&[][..], r#"{"error": "a separate limit on this account"}"#),
         ] {
             let got = c(503, pairs, body);
             assert!(matches!(got, Err(CallError::Transient { .. })), "{got:?}");

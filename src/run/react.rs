@@ -19,6 +19,10 @@ use crate::rate::retry_after;
 /// The shortest pause a 429 causes, whatever its Retry-After says.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 
+/// The longest a pause of batchrun's own choosing grows to during a spell
+/// of 429s, in default pauses.
+const MOST_PAUSES: u32 = 16;
+
 /// A transient failure whose `Retry-After` asks for longer than this sets
 /// its item aside, and its worker goes on with other items meanwhile (see
 /// [`Action::Retry`]). Lower than the backoff's cap: with `-c 1` every
@@ -412,12 +416,15 @@ pub(super) fn rate_limited(
     // (no Retry-After) ends when --max-wait does, so that the next 429
     // halts then: a window's pause carried `--max-wait 5s` to 30 s. It
     // lasts as long as the 429s have (doubling while nothing gets
-    // through): an outage answering 429s or a limiter's 503s was asked a
-    // flight of calls every window, 9,000 in the half hour of --max-wait.
+    // through), up to 16 pauses' worth: an outage answering 429s or a
+    // limiter's 503s was asked a flight of calls every window. The bound
+    // keeps a wait for a quota (which counts as limited) from making the
+    // next pause as long.
+    let grown = for_.min(policy.default_pause.saturating_mul(MOST_PAUSES));
     let pause = match (quota, retry_after) {
         (Some(pause), _) => return Action::Hold { pause, message },
         (None, Some(r)) => retry_after::capped(r).max(MIN_PAUSE),
-        (None, None) => (policy.default_pause.max(for_))
+        (None, None) => (policy.default_pause.max(grown))
             .min(policy.max_wait.saturating_sub(for_))
             .max(MIN_PAUSE),
     };

@@ -133,6 +133,12 @@ pub(super) fn request_spec(
     };
     let mut headers = Vec::new();
     let mut key = key;
+    // A password in the URL (`https://user:PASS@host/…`) is Basic
+    // credentials: kept out of every output as the key is. It was printed
+    // by -v, status and --dry-run, and kept in the checkpoint.
+    if let (Some(k), Some(password)) = (key.as_mut(), url_password(url_src)) {
+        k.also(password);
+    }
     for (n, v) in &args.headers {
         let name = HeaderName::from_bytes(n.as_bytes())
             .map_err(|_| usage(format!("--header: {n:?} is not a header name")))?;
@@ -179,6 +185,16 @@ fn credential_value(name: &HeaderName, t: &Template) -> Option<String> {
     (credential && t.is_static())
         .then(|| t.render(&none, crate::template::Escape::Header).ok())
         .flatten()
+}
+
+/// The password of a URL's userinfo (`scheme://user:PASS@host/…`), if
+/// it has one.
+fn url_password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    (!password.is_empty()).then_some(password)
 }
 
 /// `--batch` and its options, checked.

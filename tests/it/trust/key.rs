@@ -73,6 +73,55 @@ async fn a_key_spelt_out_in_the_url_or_a_header_is_never_recorded() {
     assert_key_absent_from_files(s.dir().path());
 }
 
+/// A password in the URL (`http://user:PASS@host/…`, Basic credentials)
+/// is kept out as the key is: it was shown by `-v`, `status` and the
+/// changed-request refusal, and kept in the checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_in_the_urls_userinfo_is_never_shown_or_recorded() {
+    const PASSWORD: &str = "URLPASS_s3cr3t_42";
+    let s = Scenario::new("url-password")
+        .with_sim(&["--limit", "none"])
+        .numbers(3);
+    let base = s
+        .sim()
+        .url
+        .replacen("://", &format!("://ops:{PASSWORD}@"), 1);
+    let url = format!("{base}/v1/echo?n={{n}}");
+    let r = s.run(&["--limit", "none", "--url", &url, "-v"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("ops:***@"), "{}", r.stderr);
+    assert!(!r.stderr.contains(PASSWORD), "{}", r.stderr);
+    let status = s.tool("status").output().unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    let changed = s.run(&["--limit", "none", "--url", &format!("{url}&x=1")]);
+    assert_eq!(changed.code, 2, "{}", changed.stderr);
+    assert!(!changed.stderr.contains(PASSWORD), "{}", changed.stderr);
+    for entry in walk(s.dir().path()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !bytes
+                .windows(PASSWORD.len())
+                .any(|w| w == PASSWORD.as_bytes()),
+            "the password was written to {}",
+            entry.display()
+        );
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        match p.is_dir() {
+            true => files.extend(walk(&p)),
+            false => files.push(p),
+        }
+    }
+    files
+}
+
 /// A key with whitespace around it (a copy and paste) is sent trimmed, as
 /// the server reads it: the server's echo of it is scrubbed.
 #[tokio::test(flavor = "multi_thread")]
