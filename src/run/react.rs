@@ -290,18 +290,7 @@ fn action_for(
         CallError::RateLimited {
             retry_after,
             message,
-        } => match rate_limited(retry_after, message, call.limited_for, policy) {
-            // Nothing got through since the last 429's pause began: the
-            // server refuses whatever comes (an outage, a cooldown, a quota
-            // of a longer window), which tells no rate. Each such 429
-            // lowered the limit, and the limit it was refused at capped
-            // probing: a four-second outage held a run to a call a second
-            // to its end (and its next run, through the checkpoint).
-            Action::Pause { pause, message } if call.limited_for.is_some() => {
-                Action::Hold { pause, message }
-            }
-            action => action,
-        },
+        } => rate_limited(retry_after, message, call.limited_for, policy),
         CallError::Concurrency { retry_after } => {
             // Nothing but these for `--max-wait` halts as rate limits do:
             // a server that answers only them would keep the run forever.
@@ -389,7 +378,9 @@ pub(super) fn done(item: &Item, status: u16, body: String, attempts: u32) -> Eve
     }
 }
 
-/// A rate-limit 429: every worker pauses; the item goes again after. A
+/// A rate-limit 429: every worker pauses (a hold, teaching the pacer
+/// nothing, when nothing got through since the last one); the item goes
+/// again after. A
 /// server that answers nothing but rate limits would keep the run waiting
 /// forever: past `max_wait` of it, halt resumably. Also what the 429s of
 /// a batch's items lead to (`run/batch_pool.rs`).
@@ -428,7 +419,16 @@ pub(super) fn rate_limited(
             .min(policy.max_wait.saturating_sub(for_))
             .max(MIN_PAUSE),
     };
-    Action::Pause { pause, message }
+    match limited_for {
+        // Nothing got through since the last 429's pause began: the server
+        // refuses whatever comes (an outage, a cooldown, a quota of a longer
+        // window), which tells no rate. Each such 429 lowered the limit, and
+        // the limit it was refused at capped probing: a four-second outage
+        // held a run to a call a second to its end (and its next run,
+        // through the checkpoint).
+        Some(_) => Action::Hold { pause, message },
+        None => Action::Pause { pause, message },
+    }
 }
 
 /// A refusal before any call of the run got through: a 401 or 403 is the

@@ -506,20 +506,25 @@ pub async fn wait_until(secs: u64, what: &str, cond: impl Fn() -> bool) {
 
 /// Asserts that no file under `dir` contains the API key.
 pub fn assert_key_absent_from_files(dir: &Path) {
+    assert_secret_absent_from_files(dir, KEY);
+}
+
+/// Asserts that no file under `dir` contains `secret`.
+pub fn assert_secret_absent_from_files(dir: &Path, secret: &str) {
     // As is, and as a JSON string may carry it (`\u0073\u006b...`).
-    let escaped: String = KEY
+    let escaped: String = secret
         .chars()
         .map(|c| format!("\\u{:04x}", c as u32))
         .collect();
     for entry in std::fs::read_dir(dir).unwrap() {
         let p = entry.unwrap().path();
         if p.is_dir() {
-            assert_key_absent_from_files(&p);
+            assert_secret_absent_from_files(&p, secret);
         } else if let Ok(bytes) = std::fs::read(&p) {
-            for form in [KEY, escaped.as_str()] {
+            for form in [secret, escaped.as_str()] {
                 assert!(
                     !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
-                    "the API key was written to {} ({form})",
+                    "a secret was written to {} ({form})",
                     p.display()
                 );
             }

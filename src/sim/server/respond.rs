@@ -202,8 +202,8 @@ pub(super) fn refused_in(
 }
 
 /// nginx's `limit_req` refusal as installed (`limit_req_status` left at
-/// 503): its own page, byte for byte as nginx 1.22 serves it, and nothing
-/// of the API behind it.
+/// 503): its own page, as nginx 1.22 serves it with `server_tokens off`
+/// (on, it names its version), and nothing of the API behind it.
 fn nginx_refusal() -> Response {
     const PAGE: &str =
         "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n\

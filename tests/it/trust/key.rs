@@ -97,29 +97,7 @@ async fn a_password_in_the_urls_userinfo_is_never_shown_or_recorded() {
     let changed = s.run(&["--limit", "none", "--url", &format!("{url}&x=1")]);
     assert_eq!(changed.code, 2, "{}", changed.stderr);
     assert!(!changed.stderr.contains(PASSWORD), "{}", changed.stderr);
-    for entry in walk(s.dir().path()) {
-        let bytes = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !bytes
-                .windows(PASSWORD.len())
-                .any(|w| w == PASSWORD.as_bytes()),
-            "the password was written to {}",
-            entry.display()
-        );
-    }
-}
-
-/// Every file under `dir`.
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = entry.path();
-        match p.is_dir() {
-            true => files.extend(walk(&p)),
-            false => files.push(p),
-        }
-    }
-    files
+    assert_secret_absent_from_files(s.dir().path(), PASSWORD);
 }
 
 /// A key with whitespace around it (a copy and paste) is sent trimmed, as
